@@ -1,0 +1,1 @@
+"""One module per `autotune` command: add_arguments(parser) and run(args) -> exit code."""

@@ -1,0 +1,107 @@
+"""`autotune estimate`: every config of the space, predicted; those that fit ranked by throughput,
+those that do not grouped by the memory term that breaks the budget."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.table import Table
+
+from autotune.commands.common import add_workload_arguments, hardware_from, size, space_from, workload_from
+from autotune.estimate import MEMORY_TERMS, Estimate, estimate
+from autotune.hardware import Hardware
+from autotune.space import Space
+from autotune.units import format_size
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_workload_arguments(parser)
+    parser.add_argument("--gpu-memory", type=size, default=None,
+                        help="memory budget per device, e.g. 32GiB (2**30), 32GB or 32000MB (10**9, 10**6)"
+                             " (default: the hardware's memory)")
+    parser.add_argument("--top", type=int, default=10, help="rows of the ranking to show (default: 10)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON instead of tables")
+
+
+@dataclass(frozen=True)
+class Ranking:
+    space: Space
+    budget_bytes: int
+    fits: tuple[Estimate, ...]  # fastest first
+    too_big: tuple[Estimate, ...]  # smallest peak first
+
+    def groups(self) -> list[tuple[str, list[Estimate]]]:
+        """Non-fitting configs by the term that dominates their peak, biggest group first."""
+        by_term: dict[str, list[Estimate]] = {}
+        for est in self.too_big:
+            by_term.setdefault(est.memory.dominant, []).append(est)
+        return sorted(by_term.items(), key=lambda item: -len(item[1]))
+
+
+def rank(space: Space, budget_bytes: int) -> Ranking:
+    estimates = [estimate(config, space.workload, space.hardware) for config in space]
+    fits = sorted((e for e in estimates if e.fits(budget_bytes)), key=lambda e: -e.throughput_samples_per_s)
+    too_big = sorted((e for e in estimates if not e.fits(budget_bytes)), key=lambda e: e.peak_bytes)
+    return Ranking(space, budget_bytes, tuple(fits), tuple(too_big))
+
+
+def run(args: argparse.Namespace) -> int:
+    workload = workload_from(args)
+    hardware = hardware_from(args)
+    budget = args.gpu_memory or hardware.memory_bytes
+    ranking = rank(space_from(args, workload, hardware), budget)
+    if args.json:
+        print(json.dumps(as_json(ranking, hardware, args.top), indent=2))
+    else:
+        show(ranking, hardware, args.top)
+    return 0
+
+
+def as_json(ranking: Ranking, hardware: Hardware, top: int) -> dict:
+    workload = ranking.space.workload
+    return {
+        "workload": workload.to_dict(),
+        "hardware": hardware.name,
+        "memory_budget_bytes": ranking.budget_bytes,
+        "configs": len(ranking.space),
+        "fit": [dict(e.to_dict(), gradient_accumulation_steps=workload.grad_accumulation(e.config.micro_batch))
+                for e in ranking.fits[:top]],
+        "fit_count": len(ranking.fits),
+        "do_not_fit": [{"term": term, "count": len(group), "smallest_peak_bytes": group[0].peak_bytes,
+                        "config": group[0].config.to_dict()} for term, group in ranking.groups()],
+    }
+
+
+def show(ranking: Ranking, hardware: Hardware, top: int) -> None:
+    console = Console(width=max(Console().width, 180))
+    workload = ranking.space.workload
+    model = workload.model
+    console.print(f"{model.name}: {model.params / 1e6:,.1f}M parameters, global batch {workload.global_batch}, "
+                  f"{workload.gpus} x {hardware.name}, budget {format_size(ranking.budget_bytes)} per device; "
+                  f"{len(ranking.space)} valid configs, {len(ranking.fits)} predicted to fit")
+    table = Table(title=f"Top {min(top, len(ranking.fits))} configs predicted to fit, fastest first")
+    for column in ("#", "stage", "micro", "accum", "ckpt", "prec", "off opt", "off par", "peak",
+                   *(t.replace("optimizer_states", "optim").replace("activations", "activ") for t in MEMORY_TERMS),
+                   "host", "step s", "samples/s"):
+        table.add_column(column, justify="right")
+    for i, est in enumerate(ranking.fits[:top], 1):
+        c, mem = est.config, est.memory
+        table.add_row(str(i), str(c.zero_stage), str(c.micro_batch), str(workload.grad_accumulation(c.micro_batch)),
+                      str(c.ckpt_interval), c.precision, c.offload_optimizer, c.offload_param,
+                      format_size(est.peak_bytes), *(format_size(getattr(mem, t)) for t in MEMORY_TERMS),
+                      format_size(est.host_bytes), f"{est.step_time_s:.3g}", f"{est.throughput_samples_per_s:.3g}")
+    console.print(table)
+    if not ranking.too_big:
+        return
+    groups = Table(title=f"{len(ranking.too_big)} configs predicted not to fit, by the term that breaks the budget")
+    for column in ("dominant term", "configs", "smallest peak", "its config"):
+        groups.add_column(column)
+    for term, group in ranking.groups():
+        best = group[0]
+        groups.add_row(term, str(len(group)), format_size(best.peak_bytes), best.config.label())
+    console.print(groups)
+
+

@@ -1,0 +1,72 @@
+"""The knobs of a DeepSpeed memory configuration (DESIGN.md section 2) as one value."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+ZERO_STAGES = (0, 1, 2, 3)
+PRECISIONS = ("fp32", "fp16", "bf16")
+OFFLOADS = ("none", "cpu", "nvme")
+KNOBS = ("zero_stage", "micro_batch", "ckpt_interval", "precision", "offload_optimizer", "offload_param")
+
+
+class ConfigError(ValueError):
+    """A config, space or workload value that is not allowed; the message names it."""
+
+
+@dataclass(frozen=True, order=True)
+class Config:
+    zero_stage: int
+    micro_batch: int
+    ckpt_interval: int
+    precision: str
+    offload_optimizer: str = "none"
+    offload_param: str = "none"
+
+    def __post_init__(self) -> None:
+        for name, kind in (("zero_stage", int), ("micro_batch", int), ("ckpt_interval", int)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ConfigError(f"{name}={value!r}: must be an integer")
+        if self.zero_stage not in ZERO_STAGES:
+            raise ConfigError(f"zero_stage={self.zero_stage!r}: allowed {list(ZERO_STAGES)}")
+        if self.micro_batch < 1:
+            raise ConfigError(f"micro_batch={self.micro_batch!r}: must be a positive integer")
+        if self.ckpt_interval < 0:
+            raise ConfigError(f"ckpt_interval={self.ckpt_interval!r}: must be 0 (off) or a positive integer")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"precision={self.precision!r}: allowed {list(PRECISIONS)}")
+        for name in ("offload_optimizer", "offload_param"):
+            if getattr(self, name) not in OFFLOADS:
+                raise ConfigError(f"{name}={getattr(self, name)!r}: allowed {list(OFFLOADS)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Config":
+        unknown = set(data) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ConfigError(f"unknown config key(s) {sorted(unknown)}: allowed {list(KNOBS)}")
+        missing = [k for k in KNOBS[:4] if k not in data]
+        if missing:
+            raise ConfigError(f"config is missing {missing}")
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Config":
+        return cls.from_dict(json.loads(text))
+
+    def label(self) -> str:
+        """Short human-readable form for tables and plots."""
+        parts = [f"z{self.zero_stage}", f"mb{self.micro_batch}", f"ck{self.ckpt_interval}", self.precision]
+        if self.offload_optimizer != "none":
+            parts.append(f"oo={self.offload_optimizer}")
+        if self.offload_param != "none":
+            parts.append(f"op={self.offload_param}")
+        return " ".join(parts)

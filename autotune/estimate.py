@@ -1,0 +1,242 @@
+"""Per-device memory and step-time predictions for a config, before anything runs (pure arithmetic).
+
+Sources, per term (see also DESIGN.md section 5):
+- Model states: ZeRO (Rajbhandari et al., SC'20, section 3, table 1) as DeepSpeed implements it:
+  a 16-bit copy of the weights, gradients, and 12 bytes/param of optimizer state (fp32 master, Adam m, v),
+  plus the fp32 gradient partition DeepSpeed keeps for stages 1-2 (counted by
+  `estimate_zero2_model_states_mem_needs` too). ZeRO-1 shards the optimizer, ZeRO-2 also the gradients,
+  ZeRO-3 also the weights. fp32 training keeps the same layout with 4-byte weights and gradients (DeepSpeed's
+  ZeRO still holds a flat fp32 master partition); without ZeRO, fp32 Adam holds only m and v.
+- Activations: Korthikanti et al. 2022, s*b*h*(34 + 5*a*s/h) bytes per layer in 16 bits, derived here
+  tensor by tensor for a model without dropout and with fused attention (SDPA): the a*s^2 score term
+  vanishes and what is saved is 8h + 2f elements per token for a GELU MLP of width f (34 -> 32 bytes
+  per token when f = 4h and there are no dropout masks). Recomputation keeps only segment inputs and
+  one live segment. The LM head's logits (16-bit, plus the fp32 upcast and log-softmax of the loss)
+  are counted separately: for small models with big vocabularies they dominate.
+- Buffers: the ZeRO bucket sizes written by autotune.dsconfig (Buckets), ZeRO-3's gathered largest
+  module and prefetch bucket, the fp32 gradient of one optimizer sub-group during a ZeRO-3 step.
+- Step time: 6*N*tokens FLOPs (+2*N*tokens when layers are recomputed, + attention's 12*L*s^2*h per
+  sample) at an efficiency that grows with tokens per micro-batch; ZeRO communication volume per stage
+  (2x, 2x, 2x, 3x the gradient bytes; ZeRO paper section 7); offload transfers over the host link and
+  CPU Adam time; NVMe reads and writes for ZeRO-Infinity.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from autotune.config import Config
+from autotune.dsconfig import Buckets
+from autotune.hardware import Hardware
+from autotune.workload import Workload
+
+MEMORY_TERMS = ("weights", "gradients", "optimizer_states", "activations", "buffers", "overhead")
+STAGE0_ALLREDUCE_BUCKET = 500_000_000  # DeepSpeed's default when zero_optimization sets none
+COMM_OVERLAP = 0.5  # share of ZeRO-2/3 communication hidden behind backward compute (overlap_comm)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Free terms fitted to measurements of one workload on one machine (autotune.calibrate)."""
+
+    overhead_bytes: int | None = None  # replaces hardware.runtime_overhead_bytes
+    memory_scale: float = 1.0  # allocator slack on model states and buffers
+    activation_scale: float = 1.0  # saved activations as the framework really keeps them
+    flops_scale: float = 1.0  # effective FLOP/s relative to the profile's
+    step_overhead_s: float | None = None  # replaces hardware.step_overhead_s
+    samples: int = 0  # how many measured results the fit used
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    weights: int
+    gradients: int
+    optimizer_states: int
+    activations: int
+    buffers: int
+    overhead: int
+
+    @property
+    def total(self) -> int:
+        return sum(getattr(self, term) for term in MEMORY_TERMS)
+
+    @property
+    def dominant(self) -> str:
+        """The largest term: the one to attack when a config does not fit."""
+        return max(MEMORY_TERMS, key=lambda term: getattr(self, term))
+
+    def to_dict(self) -> dict[str, int]:
+        return {**asdict(self), "total": self.total}
+
+
+@dataclass(frozen=True)
+class Estimate:
+    config: Config
+    memory: MemoryBreakdown  # per device
+    host_bytes: int  # per device, offloaded state and pinned buffers in host memory
+    nvme_bytes: int  # per device
+    step_time_s: float
+    time: dict[str, float] = field(compare=False)  # compute, recompute, communication, offload, optimizer, overhead
+    global_batch: int = 0
+    tokens_per_sample: int = 0
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.memory.total
+
+    @property
+    def throughput_samples_per_s(self) -> float:
+        return self.global_batch / self.step_time_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.throughput_samples_per_s * self.tokens_per_sample
+
+    def fits(self, budget_bytes: int, margin: float = 0.0) -> bool:
+        """Predicted peak within budget * (1 + margin)."""
+        return self.peak_bytes <= budget_bytes * (1.0 + margin)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"config": self.config.to_dict(), "memory": self.memory.to_dict(), "host_bytes": self.host_bytes,
+                "nvme_bytes": self.nvme_bytes, "step_time_s": self.step_time_s, "time": dict(self.time),
+                "throughput_samples_per_s": self.throughput_samples_per_s, "tokens_per_s": self.tokens_per_s}
+
+
+def model_states(config: Config, workload: Workload) -> tuple[int, int, int]:
+    """(weights, gradients, optimizer_states) bytes per device before any offload."""
+    n, dp = workload.model.params, workload.gpus
+    p = 2 if config.precision in ("fp16", "bf16") else 4
+    stage = config.zero_stage
+    weights = p * n if stage < 3 else p * n // dp
+    if stage == 0:
+        # Mixed precision: fp32 master + m + v, and fp32 gradients (DeepSpeed's bf16/fp16 optimizers).
+        grads = p * n + (4 * n if p == 2 else 0)
+        optim = 12 * n if p == 2 else 8 * n
+    else:
+        low_grads = p * n if stage == 1 else p * n // dp
+        grads = low_grads + (4 * n // dp if stage < 3 else 0)
+        optim = 12 * n // dp
+    return weights, grads, optim
+
+
+def _activation_bytes(config: Config, workload: Workload) -> int:
+    m = workload.model
+    p = 2 if config.precision in ("fp16", "bf16") else 4
+    tokens = config.micro_batch * m.seq_len
+    if m.arch == "gpt":
+        per_token = 5 * m.hidden + (m.hidden + 2 * m.kv_dim) + 2 * m.ffn_hidden
+    else:  # rotary outputs of q and k, and the SwiGLU gate, up, activation and product
+        per_token = 5 * m.hidden + (m.hidden + 2 * m.kv_dim) + (m.hidden + m.kv_dim) + 4 * m.ffn_hidden
+    layer = tokens * per_token * p + config.micro_batch * m.heads * m.seq_len * 4  # + SDPA logsumexp
+    if config.ckpt_interval:
+        segments = math.ceil(m.layers / config.ckpt_interval)
+        layers = segments * tokens * m.hidden * p + config.ckpt_interval * layer
+    else:
+        layers = m.layers * layer
+    # Logits in p bytes, their fp32 upcast and log-softmax kept for backward, and the gradient of the
+    # logits (fp32 then p bytes) alive at the start of backward.
+    head = tokens * m.vocab * (p + 8) + tokens * m.vocab * (4 + p)
+    return layers + head
+
+
+def estimate(config: Config, workload: Workload, hardware: Hardware,
+             calibration: Calibration = Calibration()) -> Estimate:
+    m, dp = workload.model, workload.gpus
+    n = m.params
+    p = 2 if config.precision in ("fp16", "bf16") else 4
+    stage = config.zero_stage
+    n_local = n if stage == 0 else n // dp  # parameters whose optimizer state this device owns
+    buckets = Buckets.for_hidden(m.hidden)
+
+    weights, grads, optim = model_states(config, workload)
+    host_weights = host_optim = nvme = 0
+    # Offload: the fp32 gradient partition and the optimizer states move (ZeRO-Offload); with offloaded
+    # optimizer, ZeRO-2/3 stream 16-bit gradients to the host in buckets instead of keeping them.
+    if config.offload_optimizer != "none":
+        moved = optim + 4 * n_local
+        optim = 0
+        grads = p * n if stage == 1 else 0
+        if config.offload_optimizer == "nvme":
+            nvme += moved
+            host_optim += 4 * 10**8 * 4 // dp  # pinned swap buffers (buffer_count x buffer_size)
+        else:
+            host_optim += moved
+    if config.offload_param != "none":
+        if config.offload_param == "nvme":
+            nvme += weights
+            host_weights += 5 * 10**8 * p // dp  # buffer_count x buffer_size
+        else:
+            host_weights += weights
+        weights = 0
+    if hardware.is_cpu:
+        # On the CPU accelerator, "offloaded" state lives in the same RAM as everything else.
+        weights, optim, host_weights, host_optim = weights + host_weights, optim + host_optim, 0, 0
+
+    buffers = 0
+    if stage == 0 and dp > 1:
+        buffers += min(n, STAGE0_ALLREDUCE_BUCKET) * p
+    elif stage in (1, 2):
+        buffers += buckets.reduce * p * (2 if stage == 2 else 1) + buckets.allgather * p
+    elif stage == 3:
+        buffers += (buckets.reduce + buckets.prefetch + m.largest_module_params) * p
+        if config.offload_optimizer == "none":
+            buffers += 4 * min(buckets.sub_group, n_local)  # fp32 gradient of the sub-group being stepped
+    activations = int(_activation_bytes(config, workload) * calibration.activation_scale)
+
+    scale = calibration.memory_scale
+    overhead = hardware.runtime_overhead_bytes if calibration.overhead_bytes is None else calibration.overhead_bytes
+    memory = MemoryBreakdown(weights=int(weights * scale), gradients=int(grads * scale),
+                             optimizer_states=int(optim * scale), activations=activations,
+                             buffers=int(buffers * scale), overhead=int(overhead))
+
+    time = _step_time(config, workload, hardware, calibration, p, n_local)
+    return Estimate(config, memory, int(host_weights + host_optim), int(nvme), sum(time.values()), time,
+                    workload.global_batch, m.seq_len)
+
+
+def _step_time(config: Config, workload: Workload, hardware: Hardware, calibration: Calibration,
+               p: int, n_local: int) -> dict[str, float]:
+    m, dp, stage = workload.model, workload.gpus, config.zero_stage
+    n = m.params
+    gas = workload.grad_accumulation(config.micro_batch) or 1
+    tokens = config.micro_batch * m.seq_len
+    layer_flops = 2 * tokens * m.layers * m.layer_params + 4 * config.micro_batch * m.layers * m.seq_len ** 2 * m.hidden
+    forward = layer_flops + 2 * tokens * m.vocab * m.hidden
+    ranks_per_node = min(dp, hardware.gpus_per_node)
+    # CPU ranks share the machine's cores.
+    peak = hardware.peak_flops[config.precision] / (ranks_per_node if hardware.is_cpu else 1)
+    efficiency = hardware.max_efficiency * tokens / (tokens + hardware.half_efficiency_tokens)
+    rate = peak * efficiency * calibration.flops_scale
+    compute = gas * 3 * forward / rate
+    recompute = gas * layer_flops / rate if config.ckpt_interval else 0.0
+
+    bus = hardware.intra_node_bw if dp <= hardware.gpus_per_node else hardware.inter_node_bw
+    ring = (dp - 1) / dp
+    grad_bytes = p * n * ring / bus
+    if stage <= 1:
+        comm = 2 * grad_bytes  # one all-reduce (or reduce-scatter + all-gather) per optimizer step
+    elif stage == 2:
+        comm = (gas + 1) * grad_bytes * (1 - COMM_OVERLAP)  # reduce-scatter per micro-step, one all-gather
+    else:
+        comm = 3 * gas * grad_bytes * (1 - COMM_OVERLAP)  # all-gather forward and backward, reduce-scatter
+
+    offload = 0.0
+    if config.offload_param != "none":
+        # Each micro-step fetches this rank's partition for forward and again for backward.
+        link = hardware.host_link_bw if config.offload_param == "cpu" else hardware.nvme_bw / ranks_per_node
+        offload += gas * 2 * p * n_local / link
+    if config.offload_optimizer != "none":
+        offload += 2 * p * n_local / hardware.host_link_bw  # gradients down, updated weights up
+        if config.offload_optimizer == "nvme":
+            offload += 2 * 16 * n_local / (hardware.nvme_bw / ranks_per_node)
+        optimizer = n_local / hardware.cpu_adam_params_per_s
+    else:
+        optimizer = (2 * (16 + p) * n_local) / hardware.mem_bandwidth  # read and write weights and states
+    overhead = hardware.step_overhead_s if calibration.step_overhead_s is None else calibration.step_overhead_s
+    return {"compute": compute, "recompute": recompute, "communication": comm, "offload": offload,
+            "optimizer": optimizer, "overhead": overhead}

@@ -1,0 +1,1 @@
+"""Gymnasium environments of ds-autotune (installed as `autotune.envs`)."""

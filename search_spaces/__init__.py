@@ -1,0 +1,76 @@
+"""YAML presets of the search space and their loader.
+
+A preset maps each knob to the list of values to try; the first value of a list is that knob's default.
+`nvme_path` (optional) is the directory NVMe offload writes to; without it NVMe configs are invalid.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from autotune.config import KNOBS, OFFLOADS, PRECISIONS, ZERO_STAGES, ConfigError
+from autotune.space import Choices
+
+PRESET_DIR = Path(__file__).parent
+PRESETS = ("default", "cpu")
+
+_ALLOWED: dict[str, tuple[str, Any]] = {
+    "zero_stage": ("one of " + ", ".join(map(str, ZERO_STAGES)), lambda v: v in ZERO_STAGES),
+    "micro_batch": ("positive integers", lambda v: v >= 1),
+    "ckpt_interval": ("integers >= 0 (0 turns checkpointing off)", lambda v: v >= 0),
+    "precision": ("one of " + ", ".join(PRECISIONS), lambda v: v in PRECISIONS),
+    "offload_optimizer": ("one of " + ", ".join(OFFLOADS), lambda v: v in OFFLOADS),
+    "offload_param": ("one of " + ", ".join(OFFLOADS), lambda v: v in OFFLOADS),
+}
+_INT_KNOBS = {"zero_stage", "micro_batch", "ckpt_interval"}
+
+
+def preset_path(name: str) -> Path:
+    return PRESET_DIR / f"{name}.yaml"
+
+
+def load_choices(name_or_path: str | Path) -> Choices:
+    """Choices from a preset name (`default`, `cpu`) or a YAML file path."""
+    text = str(name_or_path)
+    path = preset_path(text) if text in PRESETS else Path(text)
+    if not path.is_file():
+        raise ConfigError(f"search space {text!r}: no such file; presets are {list(PRESETS)}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {str(err).splitlines()[0]}") from None
+    return parse_choices(data, str(path))
+
+
+def parse_choices(data: Any, source: str = "<space>") -> Choices:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping of knob -> list of values, got {type(data).__name__}")
+    unknown = set(data) - set(KNOBS) - {"nvme_path"}
+    if unknown:
+        key = sorted(unknown)[0]
+        raise ConfigError(f"{source}: unknown knob {key!r}: allowed {', '.join(KNOBS)}, nvme_path")
+    values: dict[str, Any] = {}
+    for knob, raw in data.items():
+        if knob == "nvme_path":
+            if raw is not None and not isinstance(raw, str):
+                raise ConfigError(f"{source}: nvme_path: {raw!r} must be a directory path or null")
+            values[knob] = raw
+            continue
+        allowed, ok = _ALLOWED[knob]
+        if not isinstance(raw, list) or not raw:
+            raise ConfigError(f"{source}: {knob}: {raw!r} must be a non-empty list of {allowed}")
+        for value in raw:
+            if knob in _INT_KNOBS:
+                good_type = isinstance(value, int) and not isinstance(value, bool)
+            else:
+                good_type = isinstance(value, str)
+            if not good_type or not ok(value):
+                raise ConfigError(f"{source}: {knob}: bad value {value!r}: allowed {allowed}")
+        values[knob] = tuple(raw)
+    try:
+        return Choices(**values)
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from None
