@@ -1,0 +1,78 @@
+import pytest
+
+from autotune.config import KNOBS, Config, ConfigError
+from autotune.dsconfig import DsOptions, ds_config, hf_ds_config, validate
+from autotune.hardware import PROFILES
+from autotune.search_spaces import load_choices
+from autotune.space import Choices, Space
+from autotune.workload import make_workload
+
+
+def _with_nvme(choices: Choices) -> Choices:
+    return Choices(**{k: getattr(choices, k) for k in KNOBS}, nvme_path="/local_nvme")
+
+
+SPACES = {
+    "cpu/tiny": (Space(load_choices("cpu"), make_workload("tiny"), PROFILES["cpu"]), DsOptions()),
+    "default/gpt2-small x4": (Space(_with_nvme(load_choices("default")), make_workload("gpt2-small", 256, 4),
+                                    PROFILES["a100-80gb"]), DsOptions(nvme_path="/local_nvme")),
+}
+
+
+@pytest.mark.parametrize("name", SPACES)
+def test_deepspeed_parser_accepts_every_valid_config(name):
+    space, options = SPACES[name]
+    assert len(space) > 100
+    for config in space:
+        ds = ds_config(config, space.workload, options)
+        parsed = validate(ds, space.workload.gpus)
+        assert parsed.zero_optimization_stage == config.zero_stage
+        assert parsed.train_micro_batch_size_per_gpu == config.micro_batch
+        assert parsed.gradient_accumulation_steps * config.micro_batch * space.workload.gpus == ds["train_batch_size"]
+        assert parsed.bfloat16_config.enabled == (config.precision == "bf16")
+        assert parsed.float16_config.enabled == (config.precision == "fp16")
+        if config.precision == "fp16":
+            assert parsed.float16_config.loss_scale == 0  # dynamic loss scaling
+        zero = parsed.zero_config
+        assert (zero.offload_optimizer is not None and zero.offload_optimizer.device != "none") == (
+            config.offload_optimizer != "none")
+        assert (zero.offload_param is not None and zero.offload_param.device != "none") == (
+            config.offload_param != "none")
+        if config.offload_optimizer != "none":
+            assert zero.offload_optimizer.device == config.offload_optimizer
+
+
+def test_activation_checkpointing_section_counts_segments():
+    workload = make_workload("gpt2-small", 64)
+    ds = ds_config(Config(2, 4, 4, "bf16"), workload)
+    assert ds["activation_checkpointing"]["number_checkpoints"] == 3
+    assert ds_config(Config(2, 4, 0, "bf16"), workload)["activation_checkpointing"]["number_checkpoints"] is None
+
+
+def test_force_ds_cpu_optimizer_is_written_for_offload_only():
+    workload = make_workload("tiny")
+    assert ds_config(Config(2, 4, 0, "bf16", "cpu"), workload, DsOptions(force_ds_cpu_optimizer=False))[
+        "zero_force_ds_cpu_optimizer"] is False
+    assert "zero_force_ds_cpu_optimizer" not in ds_config(Config(2, 4, 0, "bf16"), workload)
+
+
+def test_invalid_configs_are_refused():
+    workload = make_workload("tiny")
+    with pytest.raises(ConfigError, match="multiple of micro_batch 32"):
+        ds_config(Config(1, 32, 0, "bf16"), workload)
+    with pytest.raises(ConfigError, match="nvme_path"):
+        ds_config(Config(3, 4, 0, "bf16", "nvme"), workload)
+
+
+def test_hf_flavour_leaves_trainer_values_to_auto_and_keeps_tuned_ones():
+    workload = make_workload("gpt2-small", 64, 2)
+    config = Config(3, 4, 2, "bf16", "cpu", "cpu")
+    hf = hf_ds_config(config, workload)
+    assert hf["train_batch_size"] == "auto"
+    assert set(hf["optimizer"]["params"].values()) == {"auto"}
+    assert hf["gradient_clipping"] == "auto"
+    zero = hf["zero_optimization"]
+    assert zero["reduce_bucket_size"] == zero["stage3_prefetch_bucket_size"] == "auto"
+    assert zero["stage"] == 3 and zero["offload_param"]["device"] == "cpu"
+    assert hf["train_micro_batch_size_per_gpu"] == 4 and hf["gradient_accumulation_steps"] == 8
+    assert hf["bf16"]["enabled"] is True
