@@ -9,7 +9,7 @@ _UNITS = {
     "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
     "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40,
 }
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*$")
+_SIZE = re.compile(r"^\s*([-+]?[0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*$")
 
 
 def parse_size(text: str | int | float) -> int:
