@@ -12,6 +12,8 @@ from autotune.config import ConfigError
 # command name -> module under autotune.commands exposing add_arguments(parser) and run(args) -> int
 COMMANDS = {
     "estimate": "Predict memory and throughput of every config of a space, before running anything.",
+    "tune": "Search for the fastest config within a memory budget; resumable; writes the recommendation and a report.",
+    "report": "Regenerate a sweep's summary, recommended configs, report.md and plots from its run directory.",
 }
 
 

@@ -1,0 +1,234 @@
+"""`autotune tune`: search the space for the fastest config that fits the memory budget, with real
+DeepSpeed trials (or the simulated / replay backends), resumable, and write the recommendation and a
+report into the run directory."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import time
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Iterator
+
+from autotune.backends import Backend
+from autotune.commands.common import (add_workload_arguments, hardware_from, positive_int, size, space_from,
+                                      workload_from)
+from autotune.config import KNOBS, Config, ConfigError
+from autotune.drivers.local import INTERRUPTED, STALLED, run_local
+from autotune.drivers.progress import ConsoleProgress
+from autotune.drivers.sweep import Budget, Sweep
+from autotune.pruning import Pruner
+from autotune.report import write_outputs
+from autotune.results import TrialResult
+from autotune.rundir import RunDir, RunSettings
+from autotune.search_spaces import load_choices
+from autotune.space import Choices, Space
+from autotune.strategies import STRATEGIES, SearchContext, make_strategy
+from autotune.units import format_size
+from autotune.workload import make_workload
+
+BACKENDS = ("deepspeed", "simulated", "replay")
+DEFAULT_STRATEGY = "optuna"
+# Test hook: seconds every simulated trial sleeps, so that a test can kill the tuner mid-trial.
+SLEEP_ENV = "AUTOTUNE_SIMULATED_TRIAL_SLEEP_S"
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd]?)")
+_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration(text: str) -> float:
+    """Seconds from '8h', '90m', '1h30m', '45s' or a plain number of seconds."""
+    compact = text.strip().lower().replace(" ", "")
+    parts = _DURATION.findall(compact)
+    if not compact or "".join(n + u for n, u in parts) != compact:
+        raise argparse.ArgumentTypeError(f"duration {text!r} is not understood: use e.g. 8h, 90m, 1h30m, 45s")
+    seconds = sum(float(n) * _SECONDS[u] for n, u in parts)
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"duration {text!r} must be positive")
+    return seconds
+
+
+def seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a non-negative integer")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_workload_arguments(parser, default_model=None)
+    parser.add_argument("--memory-budget", type=size, default=None,
+                        help="memory budget per device, e.g. 2GiB (2**30) or 2GB (10**9) (default: the hardware's)")
+    parser.add_argument("--strategy", choices=list(STRATEGIES), default=DEFAULT_STRATEGY,
+                        help="search strategy (default: %(default)s)")
+    parser.add_argument("--trials", type=positive_int, default=30,
+                        help="trials to launch, over all sessions of a resumed sweep (default: %(default)s)")
+    parser.add_argument("--time-budget", type=duration, default=None,
+                        help="no trial starts once the trials have taken this long, e.g. 8h, 90m")
+    parser.add_argument("--backend", choices=BACKENDS, default="deepspeed",
+                        help="deepspeed: real trials; simulated: the estimator; replay: a measured surface "
+                             "(default: %(default)s)")
+    parser.add_argument("--surface", type=Path, default=None, help="replay surface (JSONL of results), for --backend replay")
+    parser.add_argument("--seed", type=seed, default=0, help="seed of the strategy (default: %(default)s)")
+    parser.add_argument("--out", type=Path, default=None, help="run directory (default: runs/<model>-<strategy>-<time>)")
+    parser.add_argument("--resume", action="store_true", help="continue the sweep in --out")
+
+
+def run(args: argparse.Namespace) -> int:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress display says what matters
+    settings, space = resolve(args)
+    out = args.out or Path("runs") / f"{settings.workload.model.name}-{settings.strategy}-{datetime.now():%Y%m%d-%H%M%S}"
+    run_dir = RunDir(out)
+    if args.resume and not run_dir.exists():
+        raise ConfigError(f"--resume: {out} holds no sweep to resume")
+    if not args.resume and run_dir.exists():
+        raise ConfigError(f"{out} already holds a sweep: pass --resume to continue it, or choose another --out")
+    with run_dir.locked(), _sigterm_as_interrupt():
+        if args.resume:
+            differences = run_dir.read_settings().differences(settings)
+            if differences:
+                raise ConfigError(f"--resume: {out} was started with other settings ({'; '.join(differences)}): "
+                                  "repeat the original command with --resume")
+        else:
+            run_dir.write_settings(settings)
+        return tune(run_dir, settings, space, Budget(args.trials, args.time_budget), args.resume)
+
+
+def tune(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budget, resume: bool) -> int:
+    history = run_dir.results()
+    pruner = Pruner(settings.workload, settings.hardware, settings.memory_budget_bytes)
+    context = SearchContext(space, settings.memory_budget_bytes, settings.seed, pruner.predict,
+                            run_dir.storage())
+    strategy = make_strategy(settings.strategy, context)
+    backend = make_backend(settings, space, run_dir)
+    progress = ConsoleProgress(budget.trials)
+    sweep = Sweep(strategy, pruner, run_dir.append, backend.name, history, calibrator(settings), len(space))
+    w = settings.workload
+    progress.message(
+        f"{'resuming' if resume else 'tuning'} {w.model.name} (global batch {w.global_batch}, {w.gpus} x "
+        f"{settings.hardware.name}) under {format_size(settings.memory_budget_bytes)}: {settings.strategy} over "
+        f"{len(space)} configs, {settings.backend} backend, up to {budget.trials} trials"
+        + (f"; {len(history)} recorded already" if history else "") + f" -> {run_dir.path}")
+    reason = run_local(sweep, backend, budget, progress)
+    if sweep.pruner.calibration.samples:
+        run_dir.write_json("calibration.json", sweep.pruner.calibration.to_dict())
+    outputs = write_outputs(run_dir, settings, sweep.results)
+    progress.message(f"stopped: {STOP_TEXT.get(reason, reason)}; {sweep.launched} trials launched, "
+                     f"{len(sweep.results)} recorded in {run_dir.trials_path}")
+    progress.message(outputs.verdict)
+    if outputs.best is not None:
+        progress.message(f"recommended config: {run_dir.path / 'best_ds_config.json'} "
+                         f"(Hugging Face: {run_dir.path / 'best_hf_ds_config.json'})")
+    progress.message(f"report: {run_dir.path / 'report.md'}")
+    if reason == INTERRUPTED:
+        progress.message(f"interrupted: continue with the same command and --resume --out {run_dir.path}")
+        return 130
+    return 0 if outputs.best is not None else 1
+
+
+STOP_TEXT = {"trials": "trial budget spent", "time": "time budget spent", "done": "the strategy has nothing left to try",
+             STALLED: "the strategy kept proposing known or pruned configs", INTERRUPTED: "interrupted"}
+
+
+def resolve(args: argparse.Namespace) -> tuple[RunSettings, Space]:
+    """The sweep's settings and space from the command line; ConfigError for bad combinations."""
+    if args.backend == "replay":
+        return _resolve_replay(args)
+    if args.surface is not None:
+        raise ConfigError(f"--surface {args.surface} is only for --backend replay (got --backend {args.backend})")
+    args.model = args.model or "tiny"
+    workload = workload_from(args)
+    hardware = hardware_from(args)
+    space = space_from(args, workload, hardware)
+    budget = args.memory_budget or hardware.memory_bytes
+    settings = RunSettings(workload, hardware, budget, args.strategy, args.backend, args.seed, space.choices)
+    return settings, space
+
+
+def _resolve_replay(args: argparse.Namespace) -> tuple[RunSettings, Space]:
+    from autotune.backends.replay import load_surface, surface_choices, surface_space
+
+    if args.surface is None:
+        raise ConfigError("--backend replay needs --surface FILE (a JSONL of measured results)")
+    surface = load_surface(args.surface)
+    recorded = surface.workload
+    if recorded is None:
+        workload = make_workload(args.model or "tiny", args.global_batch, args.gpus)
+    else:
+        workload = recorded
+        for flag, given, value in (("--model", args.model, recorded.model.name),
+                                   ("--global-batch", args.global_batch, recorded.global_batch),
+                                   ("--gpus", args.gpus if args.gpus != 1 else None, recorded.gpus)):
+            if given is not None and given != value:
+                raise ConfigError(f"{flag} {given}: the surface {args.surface} was recorded with {value}")
+    hardware = args.hardware
+    if hardware is None:
+        from autotune.hardware import load_hardware
+        hardware = load_hardware(surface.hardware or "cpu")
+    choices = surface_choices(surface)
+    if args.space is not None:
+        narrowed = load_choices(args.space)
+        choices = Choices(**{k: tuple(v for v in choices.knob_values(k) if v in narrowed.knob_values(k))
+                             for k in KNOBS}, nvme_path=narrowed.nvme_path)
+    space = surface_space(surface, hardware, workload, choices)
+    budget = args.memory_budget or hardware.memory_bytes
+    settings = RunSettings(workload, hardware, budget, args.strategy, "replay", args.seed, choices,
+                           surface=str(Path(args.surface).resolve()))
+    return settings, space
+
+
+def make_backend(settings: RunSettings, space: Space, run_dir: RunDir) -> Backend:
+    budget = settings.memory_budget_bytes
+    if settings.backend == "simulated":
+        from autotune.backends.simulated import SimulatedBackend
+
+        backend: Backend = SimulatedBackend(settings.workload, settings.hardware, budget, seed=settings.seed,
+                                            nvme_path=settings.choices.nvme_path)
+        sleep_s = float(os.environ.get(SLEEP_ENV, "0") or 0)
+        return SleepingBackend(backend, sleep_s) if sleep_s > 0 else backend
+    if settings.backend == "replay":
+        from autotune.backends.replay import ReplayBackend
+
+        return ReplayBackend(settings.surface, budget)
+    from autotune.backends.deepspeed import DeepSpeedBackend  # noqa: F401  (wired when the backend lands)
+
+    raise ConfigError("the deepspeed backend is not available yet")
+
+
+def calibrator(settings: RunSettings):
+    """Fits the estimator to measured results (real trials only), or None."""
+    return None
+
+
+class SleepingBackend:
+    """A backend whose every trial also takes `sleep_s` of wall time (tests of kill and resume)."""
+
+    def __init__(self, inner: Backend, sleep_s: float) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.sleep_s = sleep_s
+
+    def run(self, config: Config) -> TrialResult:
+        time.sleep(self.sleep_s)
+        return self.inner.run(config)
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM stops the sweep as Ctrl-C does: the running trial's processes are ended, outputs written."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

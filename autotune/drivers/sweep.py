@@ -1,0 +1,112 @@
+"""The state of one sweep, shared by every driver: the strategy, the estimator's pruning, the recorded
+history and the best result so far. A driver asks `next_config()` for work and hands each result to
+`finish()`; both record to the run's append-only trial log in order, so the log always holds every
+decision made so far and nothing else."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable, Sequence
+
+from autotune.config import Config
+from autotune.estimate import Calibration
+from autotune.pruning import Pruner
+from autotune.results import TrialResult
+from autotune.strategies import Strategy
+
+
+@dataclass(frozen=True)
+class Budget:
+    trials: int  # trials launched (pruned configs cost nothing and do not count)
+    # No trial starts once the recorded trials' wall time (as their backend reports it) reaches this;
+    # counted over every session of a resumed sweep.
+    time_s: float | None = None
+
+
+def best_of(results: Sequence[TrialResult], budget_bytes: int) -> TrialResult | None:
+    """The fastest result within budget; the earliest one among equals."""
+    best = None
+    for result in results:
+        if result.fits(budget_bytes) and (best is None or result.throughput_samples_per_s > best.throughput_samples_per_s):
+            best = result
+    return best
+
+
+class Sweep:
+    def __init__(self, strategy: Strategy, pruner: Pruner, record: Callable[[TrialResult], None],
+                 backend_name: str, history: Sequence[TrialResult] = (),
+                 calibrate: Callable[[Sequence[TrialResult]], Calibration] | None = None,
+                 space_size: int = 0) -> None:
+        self.strategy = strategy
+        self.pruner = pruner
+        self._record = record
+        self.backend_name = backend_name
+        self.calibrate = calibrate
+        self.results: list[TrialResult] = list(history)
+        self.known: dict[Config, TrialResult] = {r.config: r for r in history}
+        self.best = best_of(self.results, pruner.budget_bytes)
+        self.spent_s = sum(r.wall_time_s for r in history)
+        # A strategy that only proposes known or pruned configs is stopped after this many in a row.
+        self.max_idle = 2 * space_size + 10
+        self.stalled = False
+        self.on_pruned: Callable[[TrialResult], None] = lambda result: None
+        for result in history:
+            strategy.observe(result.config, result)
+        if calibrate is not None and self.measured():
+            self.pruner = pruner.recalibrated(calibrate(self.measured()), self.measured())
+
+    @property
+    def launched(self) -> int:
+        """Trials that ran (or were started), in this session and earlier ones."""
+        return sum(r.status != "pruned" for r in self.results)
+
+    @property
+    def next_number(self) -> int:
+        """1-based position in the trial log of the next result."""
+        return len(self.results) + 1
+
+    def measured(self) -> list[TrialResult]:
+        return [r for r in self.results if r.ok and r.backend == "deepspeed"]
+
+    def next_config(self) -> Config | None:
+        """The next config to launch, or None when the strategy is done (or stalled). Configs predicted
+        not to fit are recorded as pruned here; configs already known are answered from the record."""
+        idle = 0
+        while idle < self.max_idle:
+            config = self.strategy.propose()
+            if config is None:
+                return None
+            if config in self.known:
+                self.strategy.observe(config, self.known[config])
+            else:
+                pruned = self.pruner.check(config, self.backend_name)
+                if pruned is None:
+                    return config
+                pruned = self._add(pruned)
+                self.on_pruned(pruned)
+            idle += 1
+        self.stalled = True
+        return None
+
+    def finish(self, config: Config, result: TrialResult) -> TrialResult:
+        """Record a launched trial's result (a peak over budget becomes `oom`) and tell the strategy."""
+        est = self.pruner.predict(config)
+        extra = {"predicted_peak_bytes": est.peak_bytes,
+                 "predicted_throughput_samples_per_s": est.throughput_samples_per_s, **result.extra}
+        result = replace(result, config=config, extra=extra).under_budget(self.pruner.budget_bytes)
+        result = self._add(result)
+        self.spent_s += result.wall_time_s
+        if result.fits(self.pruner.budget_bytes) and (
+                self.best is None or result.throughput_samples_per_s > self.best.throughput_samples_per_s):
+            self.best = result
+        if self.calibrate is not None and result.ok and result.backend == "deepspeed":
+            self.pruner = self.pruner.recalibrated(self.calibrate(self.measured()), self.measured())
+        return result
+
+    def _add(self, result: TrialResult) -> TrialResult:
+        result = replace(result, extra={**result.extra, "trial": self.next_number})
+        self._record(result)  # durable before the strategy hears of it: a crash in between is replayed
+        self.results.append(result)
+        self.known[result.config] = result
+        self.strategy.observe(result.config, result)
+        return result

@@ -1,0 +1,61 @@
+"""Estimator consultation before a trial: a config predicted to exceed the memory budget by more than a
+safety margin is not run. It is recorded as a `pruned` TrialResult carrying the prediction and the
+reason, and the strategy learns it as it would an out-of-memory failure.
+
+The margin only has to cover the estimator's over-prediction (a config predicted at 1.2x the budget
+that really fits is lost if the margin is below 0.2). Before calibration it is UNCALIBRATED_MARGIN;
+once the estimator is calibrated on measured results, the margin becomes the worst over-prediction
+seen on this run's measured configs, kept between MIN_MARGIN and UNCALIBRATED_MARGIN.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Iterable
+
+from autotune.config import Config
+from autotune.estimate import Calibration, Estimate, estimate
+from autotune.hardware import Hardware
+from autotune.results import TrialResult
+from autotune.units import format_size
+from autotune.workload import Workload
+
+UNCALIBRATED_MARGIN = 0.25
+MIN_MARGIN = 0.05
+
+
+@dataclass(frozen=True)
+class Pruner:
+    workload: Workload
+    hardware: Hardware
+    budget_bytes: int
+    calibration: Calibration = Calibration()
+    margin: float = UNCALIBRATED_MARGIN
+
+    def predict(self, config: Config) -> Estimate:
+        return estimate(config, self.workload, self.hardware, self.calibration)
+
+    def check(self, config: Config, backend: str) -> TrialResult | None:
+        """A `pruned` result if `config` is predicted not to fit even with the margin, else None."""
+        est = self.predict(config)
+        if est.fits(self.budget_bytes, self.margin):
+            return None
+        reason = (f"predicted peak {format_size(est.peak_bytes)} exceeds the budget of "
+                  f"{format_size(self.budget_bytes)} by more than the {self.margin:.0%} safety margin "
+                  f"(largest term: {est.memory.dominant} {format_size(getattr(est.memory, est.memory.dominant))})")
+        return TrialResult(config, "pruned", memory_budget_bytes=self.budget_bytes, backend=backend, error=reason,
+                           extra={"predicted_peak_bytes": est.peak_bytes,
+                                  "predicted_throughput_samples_per_s": est.throughput_samples_per_s,
+                                  "predicted_memory": est.memory.to_dict(), "pruning_margin": self.margin})
+
+    def recalibrated(self, calibration: Calibration, measured: Iterable[TrialResult]) -> "Pruner":
+        """This pruner with a new calibration and the margin that calibration earns on `measured`."""
+        if calibration.samples <= 0:
+            return replace(self, calibration=calibration)
+        over = [self._over_prediction(calibration, r) for r in measured if r.ok and r.peak_memory_bytes]
+        margin = UNCALIBRATED_MARGIN if not over else min(max(max(over), MIN_MARGIN), UNCALIBRATED_MARGIN)
+        return replace(self, calibration=calibration, margin=margin)
+
+    def _over_prediction(self, calibration: Calibration, result: TrialResult) -> float:
+        predicted = estimate(result.config, self.workload, self.hardware, calibration).peak_bytes
+        return predicted / result.peak_memory_bytes - 1.0

@@ -1,0 +1,191 @@
+"""`optuna` (TPE, multivariate; the default) and `optuna-gp` (Gaussian process) over the whole space.
+
+Encoding: one parameter per knob. Ordered knobs (zero_stage, micro_batch, ckpt_interval) are integers
+indexing their list of choices, so the sampler's kernels see that micro-batch 4 lies between 2 and 8;
+unordered knobs (precision and the offloads) are categorical. A knob combination that is not a valid
+config (e.g. CPU offload with ZeRO-0, a micro-batch that does not divide the global batch, a config a
+replay surface never measured) is told at once as an infeasible completed trial with the penalty value,
+without running or recording anything: the sampler learns the invalid region as it learns the
+out-of-memory one. One categorical over the flat index of valid configs would avoid those proposals but
+hide every relation between configs from the sampler.
+
+Objective: samples/s, maximised. A failure (oom, crash, timeout, unsupported) or a pruned config is a
+COMPLETE trial with value PENALTY and a positive `memory` constraint (Trial.set_constraint), so the
+sampler learns from it (a FAIL trial would be ignored); TPE ranks infeasible trials below all feasible
+ones, and among themselves by how far they broke the constraint. Feasible trials carry
+peak/budget - 1 <= 0.
+
+The study lives in the storage of the run directory when one is given. A resumed study keeps what it
+learnt; a trial left RUNNING by a killed tuner is told from the recorded result if the driver recorded
+one, and otherwise failed and enqueued again, so the config that was in flight runs again first.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
+from optuna.trial import TrialState
+
+from autotune.config import KNOBS, Config, ConfigError
+from autotune.estimate import estimate
+from autotune.results import TrialResult
+from autotune.strategies import SearchContext
+
+ORDERED = ("zero_stage", "micro_batch", "ckpt_interval")
+PENALTY = 0.0  # samples/s told for a config that did not run within budget
+INVALID_CONSTRAINT = 1.0  # constraint told for invalid combinations and for failures with no memory figure
+WARM_START = 3  # the estimator's best predicted configs, tried first
+STARTUP_TRIALS = 8  # proposals (including the warm start) before the model-based sampler takes over
+MAX_ASKS = 100  # proposals of known or invalid configs in a row before an unseen config is forced
+STUDY_NAME = "autotune"
+
+
+def tpe(context: SearchContext) -> "OptunaStrategy":
+    sampler = optuna.samplers.TPESampler(seed=context.seed, multivariate=True, n_startup_trials=STARTUP_TRIALS)
+    return OptunaStrategy(context, sampler, "optuna")
+
+
+def gp(context: SearchContext) -> "OptunaStrategy":
+    sampler = optuna.samplers.GPSampler(seed=context.seed, n_startup_trials=STARTUP_TRIALS)
+    return OptunaStrategy(context, sampler, "optuna-gp")
+
+
+class OptunaStrategy:
+    def __init__(self, context: SearchContext, sampler: optuna.samplers.BaseSampler, name: str) -> None:
+        self.name = name
+        self.context = context
+        self.space = context.space
+        self.rng = random.Random(context.seed)
+        self.distributions = _distributions(self.space)
+        self.study = optuna.create_study(storage=context.storage, study_name=STUDY_NAME, direction="maximize",
+                                         sampler=sampler, load_if_exists=True)
+        self.outcomes: dict[Config, tuple[float, float]] = {}  # config -> (value, constraint) told
+        self.pending: dict[Config, optuna.trial.Trial] = {}  # asked in this process, not yet told
+        self.stale: dict[Config, int] = {}  # numbers of trials left RUNNING by an earlier, killed process
+        trials = self.study.get_trials(deepcopy=False)
+        for trial in trials:
+            config = self.config_of(trial.params)
+            if trial.state == TrialState.COMPLETE and config is not None:
+                self.outcomes.setdefault(config, (trial.value, sum(trial.constraints.values())))
+            elif trial.state == TrialState.RUNNING:
+                if config is None:
+                    self.study.tell(trial.number, state=TrialState.FAIL)
+                else:
+                    self.stale[config] = trial.number
+        if not trials:
+            for config in self.warm_start():
+                self.study.enqueue_trial(self.params_of(config))
+
+    # -- the Strategy interface
+
+    def propose(self) -> Config | None:
+        self._requeue_stale()
+        for _ in range(MAX_ASKS):
+            trial = self.study.ask(self.distributions)
+            config = self.config_of(trial.params)
+            if config is None:
+                self._tell(trial, PENALTY, INVALID_CONSTRAINT, "invalid")
+            elif config in self.outcomes:
+                self._tell(trial, *self.outcomes[config], "repeat")  # known: the sampler learns it again, nothing runs
+            else:
+                self.pending[config] = trial
+                return config
+        unseen = [c for c in self.space if c not in self.outcomes]
+        if not unseen:
+            return None
+        config = self.rng.choice(unseen)  # the sampler is stuck on known configs: force a new one
+        self.study.enqueue_trial(self.params_of(config))
+        trial = self.study.ask(self.distributions)
+        self.pending[config] = trial
+        return config
+
+    def observe(self, config: Config, result: TrialResult) -> None:
+        value, constraint = self.outcome(result)
+        if config in self.pending:
+            self._tell(self.pending.pop(config), value, constraint, result.status)
+        elif config in self.stale:
+            # Recorded, but the tuner died before telling the study: close the stale trial, add the result.
+            self.study.tell(self.stale.pop(config), state=TrialState.FAIL)
+            self._add(config, value, constraint, result.status)
+        elif config not in self.outcomes:
+            self._add(config, value, constraint, result.status)
+        self.outcomes.setdefault(config, (value, constraint))
+
+    def _add(self, config: Config, value: float, constraint: float, status: str) -> None:
+        self.study.add_trial(optuna.trial.create_trial(
+            params=self.params_of(config), distributions=self.distributions, value=value,
+            constraints={"memory": constraint}, user_attrs={"status": status}))
+
+    # -- encoding
+
+    def params_of(self, config: Config) -> dict[str, Any]:
+        params: dict[str, Any] = {}
+        for knob in KNOBS:
+            value = getattr(config, knob)
+            if knob in ORDERED:
+                params[f"{knob}_index"] = self.space.choices.knob_values(knob).index(value)
+            else:
+                params[knob] = value
+        return params
+
+    def config_of(self, params: dict[str, Any]) -> Config | None:
+        """The config of a trial's parameters, or None if that combination is not a valid config here."""
+        values = {}
+        try:
+            for knob in KNOBS:
+                if knob in ORDERED:
+                    values[knob] = self.space.choices.knob_values(knob)[params[f"{knob}_index"]]
+                else:
+                    values[knob] = params[knob]
+            config = Config(**values)
+        except (KeyError, IndexError, ConfigError):
+            return None
+        return config if self.space.is_valid(config) else None
+
+    def outcome(self, result: TrialResult) -> tuple[float, float]:
+        """(value, memory constraint) told to the sampler for a result."""
+        budget = self.context.budget_bytes
+        if result.fits(budget):
+            peak = result.peak_memory_bytes
+            return float(result.throughput_samples_per_s or 0.0), (peak / budget - 1.0) if peak else 0.0
+        peak = result.peak_memory_bytes or result.extra.get("predicted_peak_bytes")
+        if result.status in ("oom", "pruned") and peak:
+            return PENALTY, max(peak / budget - 1.0, 0.01)
+        return PENALTY, INVALID_CONSTRAINT
+
+    def warm_start(self) -> list[Config]:
+        """The configs the estimator predicts fastest among those predicted to fit."""
+        space, budget = self.space, self.context.budget_bytes
+        predict = self.context.predict or (lambda c: estimate(c, space.workload, space.hardware))
+        estimates = [predict(c) for c in space]
+        fitting = sorted((e for e in estimates if e.fits(budget)), key=lambda e: -e.throughput_samples_per_s)
+        return [e.config for e in fitting[:WARM_START]]
+
+    # -- helpers
+
+    def _tell(self, trial: optuna.trial.Trial, value: float, constraint: float, status: str) -> None:
+        trial.set_constraint("memory", constraint)
+        trial.set_user_attr("status", status)
+        self.study.tell(trial, value)
+
+    def _requeue_stale(self) -> None:
+        """A config that was in flight when the last tuner died, and was never recorded, runs again first."""
+        for config, number in self.stale.items():
+            self.study.tell(number, state=TrialState.FAIL)
+            if config not in self.outcomes:
+                self.study.enqueue_trial(self.params_of(config))
+        self.stale.clear()
+
+
+def _distributions(space) -> dict[str, BaseDistribution]:
+    out: dict[str, BaseDistribution] = {}
+    for knob in KNOBS:
+        values = space.choices.knob_values(knob)
+        if knob in ORDERED:
+            out[f"{knob}_index"] = IntDistribution(0, len(values) - 1)
+        else:
+            out[knob] = CategoricalDistribution(list(values))
+    return out

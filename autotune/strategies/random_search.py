@@ -1,0 +1,27 @@
+"""`random`: uniform over the valid configs of the space, without replacement (seeded)."""
+
+from __future__ import annotations
+
+import random
+
+from autotune.config import Config
+from autotune.results import TrialResult
+from autotune.strategies import SearchContext
+
+
+class RandomStrategy:
+    name = "random"
+
+    def __init__(self, context: SearchContext) -> None:
+        self.order = list(context.space.configs)
+        random.Random(context.seed).shuffle(self.order)
+        self.known: set[Config] = set()
+        self._next = 0
+
+    def propose(self) -> Config | None:
+        while self._next < len(self.order) and self.order[self._next] in self.known:
+            self._next += 1
+        return self.order[self._next] if self._next < len(self.order) else None
+
+    def observe(self, config: Config, result: TrialResult) -> None:
+        self.known.add(config)
