@@ -1,0 +1,277 @@
+"""Strategies against the simulated and replay backends, through the real sweep loop."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import optuna
+import pytest
+
+from autotune.backends.replay import ReplayBackend, load_surface, surface_space
+from autotune.backends.simulated import SimulatedBackend
+from autotune.config import KNOBS, Config
+from autotune.drivers.local import DONE, TRIALS, run_local
+from autotune.drivers.progress import QuietProgress
+from autotune.drivers.sweep import Budget, Sweep
+from autotune.estimate import Calibration, estimate
+from autotune.hardware import PROFILES
+from autotune.pruning import Pruner
+from autotune.results import TrialResult
+from autotune.rundir import RunDir
+from autotune.search_spaces import load_choices
+from autotune.space import Space
+from autotune.strategies import STRATEGIES, SearchContext, make_strategy
+from autotune.strategies.grid import EARLY_STOP
+from autotune.strategies.optuna_search import PENALTY, WARM_START
+from autotune.workload import make_workload
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+GiB = 2**30
+# A GPU workload whose optimum needs more than stage and micro-batch (CPU optimizer offload).
+WORKLOAD = make_workload("gpt2-large", 64, 4)
+HARDWARE = PROFILES["v100-32gb"]
+BUDGET = 16 * GiB
+# The "real" machine of the simulated backend differs from the estimator the tuner holds.
+TRUTH = Calibration(activation_scale=1.3, flops_scale=0.7)
+
+
+@pytest.fixture(scope="module")
+def gpu_space() -> Space:
+    return Space(load_choices("default"), WORKLOAD, HARDWARE)
+
+
+def sweep(name: str, space: Space, backend, budget: int, trials: int, seed: int = 0, storage=None) -> Sweep:
+    pruner = Pruner(space.workload, space.hardware, budget)
+    strategy = make_strategy(name, SearchContext(space, budget, seed, pruner.predict, storage))
+    record: list[TrialResult] = []
+    s = Sweep(strategy, pruner, record.append, backend.name, (), None, len(space))
+    s.stop_reason = run_local(s, backend, Budget(trials), QuietProgress())
+    assert record == s.results  # everything decided was recorded, in order
+    return s
+
+
+def launched(s: Sweep) -> list[TrialResult]:
+    return [r for r in s.results if r.status != "pruned"]
+
+
+def optimum(space: Space, backend, budget: int) -> float:
+    return max(r.throughput_samples_per_s for r in map(backend.run, space) if r.fits(budget))
+
+
+@pytest.mark.parametrize("name", ["grid", "random", "optuna", pytest.param("optuna-gp", marks=pytest.mark.slow)])
+def test_each_strategy_on_simulated_backend(name, gpu_space):
+    backend = SimulatedBackend(WORKLOAD, HARDWARE, BUDGET, noise=0.05, seed=1, calibration=TRUTH)
+    s = sweep(name, gpu_space, backend, BUDGET, trials=12 if name == "optuna-gp" else 25)
+    runs = launched(s)
+    assert runs and len(runs) <= 25
+    configs = [r.config for r in s.results]
+    assert len(configs) == len(set(configs)), "a config was recorded twice"
+    assert all(c in gpu_space for c in configs)
+    for r in runs:  # nothing the estimator ruled out was launched
+        assert Pruner(WORKLOAD, HARDWARE, BUDGET).check(r.config, "simulated") is None
+    for r in s.results:
+        if r.status == "pruned":
+            assert r.extra["predicted_peak_bytes"] > BUDGET * (1 + r.extra["pruning_margin"])
+    best = max((r for r in runs if r.fits(BUDGET)), key=lambda r: r.throughput_samples_per_s)
+    assert s.best == best
+    best_seen = best.throughput_samples_per_s / optimum(gpu_space, SimulatedBackend(
+        WORKLOAD, HARDWARE, BUDGET, calibration=TRUTH), BUDGET)
+    assert best_seen > {"grid": 0.6, "random": 0.6, "optuna": 0.85, "optuna-gp": 0.6}[name]
+
+
+@pytest.fixture(scope="module")
+def surface_file(tmp_path_factory):
+    """A replay surface of the tiny model on the CPU space, recorded without a budget from a simulated
+    machine unlike the estimator; a fifth of the configs left unmeasured."""
+    workload, hardware = make_workload("tiny"), PROFILES["cpu"]
+    space = Space(load_choices("cpu"), workload, hardware)
+    backend = SimulatedBackend(workload, hardware, 10**12, noise=0.1, seed=3,
+                               calibration=Calibration(activation_scale=1.4, overhead_bytes=int(0.5 * GiB)))
+    path = tmp_path_factory.mktemp("surface") / "tiny-cpu.jsonl"
+    with path.open("w") as out:
+        for i, config in enumerate(space):
+            if i % 5 == 4:
+                continue
+            line = backend.run(config).to_dict()
+            line["memory_budget_bytes"] = None
+            out.write(json.dumps({**line, "workload": workload.to_dict(), "hardware": "cpu"}) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("name", ["grid", "random", "optuna", pytest.param("optuna-gp", marks=pytest.mark.slow)])
+def test_each_strategy_on_replay_backend(name, surface_file):
+    surface = load_surface(surface_file)
+    space = surface_space(surface)
+    budget = int(0.80 * GiB)
+    backend = ReplayBackend(surface, budget)  # refuses (raises) any config the surface did not measure
+    s = sweep(name, space, backend, budget, trials=10 if name == "optuna-gp" else 20)
+    runs = launched(s)
+    assert runs
+    assert {r.config for r in s.results} <= set(surface.configs)
+    assert len({r.config for r in s.results}) == len(s.results)
+    for r in runs:  # what ran is what the surface recorded, as this budget sees it
+        recorded = surface.results[r.config].under_budget(budget)
+        assert (r.status, r.throughput_samples_per_s) == (recorded.status, recorded.throughput_samples_per_s)
+    best = surface.best(budget)
+    assert s.best.throughput_samples_per_s >= {"grid": 0.6, "random": 0.6, "optuna": 0.9, "optuna-gp": 0.6}[name] * (
+        best.throughput_samples_per_s)
+
+
+def test_grid_searches_stage_and_micro_batch_like_deepspeed(gpu_space):
+    backend = SimulatedBackend(WORKLOAD, HARDWARE, BUDGET, seed=1, calibration=TRUTH)
+    s = sweep("grid", gpu_space, backend, BUDGET, trials=100)
+    assert s.stop_reason == DONE
+    runs = [r.config for r in launched(s)]
+    defaults = {k: v for k, v in gpu_space.choices.default().items() if k not in ("zero_stage", "micro_batch")}
+    # Other knobs at the space's defaults (bf16 is unsupported on a V100: the nearest valid precision).
+    assert {(c.ckpt_interval, c.offload_optimizer, c.offload_param) for c in runs} == {
+        (defaults["ckpt_interval"], defaults["offload_optimizer"], defaults["offload_param"])}
+    assert {c.precision for c in runs} == {"fp16"}
+    stages = [c.zero_stage for c in runs]
+    assert stages == sorted(stages)
+    for stage in set(stages):
+        mbs = [c.micro_batch for c in runs if c.zero_stage == stage]
+        assert mbs == sorted(mbs)
+        fitting = [c.micro_batch for c in gpu_space if c.zero_stage == stage and c.ckpt_interval == 0
+                   and c.precision == "fp16" and c.offload_optimizer == c.offload_param == "none"
+                   and estimate(c, WORKLOAD, HARDWARE).fits(BUDGET)]
+        assert max(mbs) <= max(fitting)  # never beyond the largest micro-batch predicted to fit
+    # Its best is the best of its sub-space; the true optimum (CPU offload) is outside it.
+    assert optimum(gpu_space, backend, BUDGET) > s.best.throughput_samples_per_s
+
+
+class Decreasing:
+    """Every trial slower than the one before: grid must stop EARLY_STOP trials after the first."""
+
+    name = "simulated"
+
+    def __init__(self):
+        self.calls = 0
+
+    def run(self, config: Config) -> TrialResult:
+        self.calls += 1
+        return TrialResult(config, "ok", throughput_samples_per_s=100.0 / self.calls, peak_memory_bytes=GiB,
+                           backend=self.name)
+
+
+def test_grid_stops_after_five_trials_without_improvement(gpu_space):
+    s = sweep("grid", gpu_space, Decreasing(), BUDGET, trials=100)
+    assert len(launched(s)) == 1 + EARLY_STOP
+    assert s.stop_reason == DONE
+
+
+def test_grid_skips_stages_whose_model_states_do_not_fit():
+    workload = make_workload("llama-7b", 64, 8)  # 16 bytes x 7B of ZeRO-0 model states: 112 GB > 80 GiB
+    space = Space(load_choices("default"), workload, PROFILES["a100-80gb"])
+    budget = 80 * GiB
+    backend = SimulatedBackend(workload, PROFILES["a100-80gb"], budget)
+    s = sweep("grid", space, backend, budget, trials=100)
+    stages = {r.config.zero_stage for r in launched(s)}
+    assert stages and 0 not in stages
+    assert not any(r.status == "oom" for r in s.results)
+
+
+def test_random_is_uniform_over_the_space_without_replacement_and_seeded():
+    space = Space(load_choices("cpu"), make_workload("tiny"), PROFILES["cpu"])
+    budget = 100 * GiB
+    backend = SimulatedBackend(space.workload, space.hardware, budget)
+    first = sweep("random", space, backend, budget, trials=10**6, seed=5)
+    assert first.stop_reason == DONE
+    assert sorted(r.config for r in first.results) == sorted(space)
+    again = sweep("random", space, backend, budget, trials=10, seed=5)
+    other = sweep("random", space, backend, budget, trials=10, seed=6)
+    assert [r.config for r in again.results] == [r.config for r in first.results][:10]
+    assert [r.config for r in other.results] != [r.config for r in again.results]
+    # Uniform: every stage shows up in the first third about as often as it does in the space.
+    share = Counter(r.config.zero_stage for r in first.results[: len(space) // 3])
+    expected = Counter(c.zero_stage for c in space)
+    assert all(share[stage] > 0.5 * n / 3 for stage, n in expected.items())
+
+
+def test_optuna_is_warm_started_with_the_estimators_best_configs(gpu_space):
+    backend = SimulatedBackend(WORKLOAD, HARDWARE, BUDGET)
+    s = sweep("optuna", gpu_space, backend, BUDGET, trials=WARM_START)
+    predicted = sorted((estimate(c, WORKLOAD, HARDWARE) for c in gpu_space), key=lambda e: -e.throughput_samples_per_s)
+    first = [r.config for r in s.results]
+    assert first[0] == next(e.config for e in predicted if e.fits(BUDGET))
+    assert all(estimate(c, WORKLOAD, HARDWARE).fits(BUDGET) for c in first)
+
+
+def test_optuna_reports_failures_as_completed_trials_with_penalty_and_memory_constraint(gpu_space):
+    backend = SimulatedBackend(WORKLOAD, HARDWARE, BUDGET, calibration=Calibration(activation_scale=2.0))
+    s = sweep("optuna", gpu_space, backend, BUDGET, trials=25)
+    statuses = Counter(r.status for r in s.results)
+    assert statuses["oom"] > 0 and statuses["pruned"] > 0
+    study = s.strategy.study
+    trials = study.get_trials()
+    assert {t.state for t in trials} == {optuna.trial.TrialState.COMPLETE}
+    by_status = {}
+    for t in trials:
+        by_status.setdefault(t.user_attrs["status"], []).append(t)
+        assert set(t.constraints) == {"memory"}
+    for status in ("oom", "pruned", "invalid"):
+        for t in by_status.get(status, []):
+            assert t.value == PENALTY and t.constraints["memory"] > 0
+    assert by_status["oom"] and by_status["pruned"]
+    for t in by_status["ok"]:
+        assert t.value > 0 and t.constraints["memory"] <= 0
+        config = s.strategy.config_of(t.params)
+        assert s.known[config].throughput_samples_per_s == pytest.approx(t.value)
+    # Repeats and invalid combinations are told without running anything.
+    assert len(launched(s)) == 25 < len(trials)
+
+
+def test_optuna_same_seed_same_sweep(gpu_space):
+    backend = SimulatedBackend(WORKLOAD, HARDWARE, BUDGET, calibration=TRUTH)
+    runs = [[r.config for r in sweep("optuna", gpu_space, backend, BUDGET, 15, seed=seed).results]
+            for seed in (7, 7, 8)]
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2]
+
+
+def test_optuna_resumed_study_reruns_the_trial_in_flight(tmp_path, gpu_space):
+    url = RunDir(tmp_path).storage()
+    backend = SimulatedBackend(WORKLOAD, HARDWARE, BUDGET, calibration=TRUTH)
+    context = SearchContext(gpu_space, BUDGET, 0, None, url)
+    first = make_strategy("optuna", context)
+    history = []
+    for _ in range(4):
+        config = first.propose()
+        history.append(backend.run(config).under_budget(BUDGET))
+        first.observe(config, history[-1])
+    in_flight = first.propose()  # the tuner dies while this one runs
+    del first
+
+    second = make_strategy("optuna", context)
+    for result in history:
+        second.observe(result.config, result)
+    assert second.propose() == in_flight
+    states = Counter(t.state for t in second.study.get_trials())
+    assert states[optuna.trial.TrialState.RUNNING] == 1  # only the re-run
+    assert {c for c in second.outcomes} >= {r.config for r in history}
+
+
+def test_optuna_resume_tells_a_result_that_was_recorded_but_never_told(tmp_path, gpu_space):
+    url = RunDir(tmp_path).storage()
+    backend = SimulatedBackend(WORKLOAD, HARDWARE, BUDGET, calibration=TRUTH)
+    context = SearchContext(gpu_space, BUDGET, 0, None, url)
+    first = make_strategy("optuna", context)
+    config = first.propose()
+    result = backend.run(config).under_budget(BUDGET)  # recorded, then the tuner died before observe
+    del first
+
+    second = make_strategy("optuna", context)
+    second.observe(config, result)
+    nxt = second.propose()
+    assert nxt != config
+    done = [t for t in second.study.get_trials() if t.state == optuna.trial.TrialState.COMPLETE]
+    assert [second.config_of(t.params) for t in done] == [config]
+    assert done[0].value == pytest.approx(second.outcome(result)[0])
+
+
+def test_every_registered_strategy_is_constructible(gpu_space):
+    for name in STRATEGIES:
+        strategy = make_strategy(name, SearchContext(gpu_space, BUDGET))
+        assert strategy.name == name
+        assert strategy.propose() in gpu_space
