@@ -1,0 +1,116 @@
+"""The replay backend: trials looked up in a surface, a JSONL table of measured TrialResults
+(DESIGN.md section 3), so tuners can be compared on real landscapes in milliseconds.
+
+- An unmeasured config is refused with a ConfigError naming it: asking for it is a bug of the caller
+  (the environment masks such configs; `surface_space` gives the space of measured ones).
+- A recorded peak over the search's budget counts as `oom` for that search (`TrialResult.under_budget`),
+  so one surface recorded without a budget serves every budget.
+- A config recorded more than once (a re-measurement) is replayed from its last line.
+
+Surfaces written by `autotune surface record` carry the workload and hardware on each line
+(`workload`, `hardware` keys); `load_surface` reads them back.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Mapping
+
+from autotune.config import KNOBS, OFFLOADS, PRECISIONS, Config, ConfigError
+from autotune.hardware import Hardware, load_hardware
+from autotune.results import TrialResult, read_results
+from autotune.space import Choices, Space
+from autotune.workload import Workload
+
+
+@dataclass(frozen=True)
+class Surface:
+    path: str
+    results: Mapping[Config, TrialResult]  # last recorded result per config
+    workload: Workload | None  # None when the lines do not say, or disagree
+    hardware: str | None
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+    @property
+    def configs(self) -> tuple[Config, ...]:
+        return tuple(self.results)
+
+    def best(self, budget_bytes: int | None) -> TrialResult | None:
+        """The fastest result that ran within `budget_bytes` (the optimum of the table), or None."""
+        fitting = [r for r in self.results.values() if r.fits(budget_bytes)]
+        return max(fitting, key=lambda r: r.throughput_samples_per_s or 0.0, default=None)
+
+
+def load_surface(path: str | Path) -> Surface:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"surface {str(path)!r}: no such file (record one with `autotune surface record`)")
+    try:
+        lines = read_results(path)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    if not lines:
+        raise ConfigError(f"surface {str(path)!r} holds no results")
+    results = {r.config: r for r in lines}
+    workloads = {_json_key(r.extra.get("workload")) for r in lines}
+    workload = None
+    if len(workloads) == 1 and lines[0].extra.get("workload"):
+        workload = Workload.from_dict(lines[0].extra["workload"])
+    hardware_names = {r.extra.get("hardware") for r in lines}
+    hardware = hardware_names.pop() if len(hardware_names) == 1 else None
+    return Surface(str(path), results, workload, hardware)
+
+
+def _json_key(value: object) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+class ReplayBackend:
+    name = "replay"
+
+    def __init__(self, surface: Surface | str | Path, memory_budget_bytes: int | None = None) -> None:
+        self.surface = surface if isinstance(surface, Surface) else load_surface(surface)
+        self.memory_budget_bytes = memory_budget_bytes
+        # Resolved once: replay is on the hot path of environment steps.
+        self._replayed = {config: self._as_replay(result) for config, result in self.surface.results.items()}
+
+    def _as_replay(self, result: TrialResult) -> TrialResult:
+        seen = result.under_budget(self.memory_budget_bytes)
+        return replace(seen, backend=self.name, extra={**seen.extra, "recorded_backend": result.backend})
+
+    def run(self, config: Config) -> TrialResult:
+        try:
+            return self._replayed[config]
+        except KeyError:
+            raise ConfigError(f"{config.to_json()} was not measured in the surface {self.surface.path} "
+                              f"({len(self.surface)} configs): replay cannot run it") from None
+
+
+def surface_choices(surface: Surface) -> Choices:
+    """Per knob, the values the surface measured: numbers ascending, names in the DESIGN.md order."""
+    order = {"precision": PRECISIONS, "offload_optimizer": OFFLOADS, "offload_param": OFFLOADS}
+    values = {}
+    for knob in KNOBS:
+        seen = {getattr(c, knob) for c in surface.results}
+        values[knob] = tuple(v for v in order[knob] if v in seen) if knob in order else tuple(sorted(seen))
+    return Choices(**values)
+
+
+def surface_space(surface: Surface, hardware: Hardware | None = None, workload: Workload | None = None,
+                  choices: Choices | None = None) -> Space:
+    """The space of the configs the surface measured (`Space.restrict`), narrowed by `choices` if given.
+
+    Workload and hardware default to those recorded in the surface.
+    """
+    workload = workload or surface.workload
+    if workload is None:
+        raise ConfigError(f"surface {surface.path} does not record its workload: pass one")
+    if hardware is None:
+        if surface.hardware is None:
+            raise ConfigError(f"surface {surface.path} does not record its hardware: pass one")
+        hardware = load_hardware(surface.hardware)
+    return Space(choices or surface_choices(surface), workload, hardware).restrict(surface.results)
