@@ -1,0 +1,98 @@
+"""A trained policy as a small file pair, loaded without Ray: `policy.pt` (the policy network's torch
+weights) and `policy.json` (its shape, the action and observation layout it was trained on, and how
+it was trained). Rebuilt as the plain torch network of `autotune.rl.network`; proposing costs one
+forward pass of a small MLP."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from autotune.config import ConfigError
+from autotune.rl.network import NetSpec, mask_logits, policy_net
+
+WEIGHTS = "policy.pt"
+META = "policy.json"
+FORMAT = 1
+
+
+def layout() -> dict[str, list[str]]:
+    """The environment's action names and observation feature names: a policy only fits this layout."""
+    from autotune.envs.actions import ACTIONS
+    from autotune.envs.observation import FEATURES
+
+    return {"actions": list(ACTIONS), "features": list(FEATURES)}
+
+
+@dataclass(frozen=True)
+class Policy:
+    spec: NetSpec
+    net: torch.nn.Module
+    meta: Mapping[str, Any]
+    path: Path | None = None
+
+    @classmethod
+    def load(cls, path: str | Path, check_layout: bool = True) -> "Policy":
+        """From a directory holding policy.pt and policy.json (a training run's `policy/` or a shipped one).
+        `check_layout`: refuse a policy trained on another action/observation layout than autotune's env."""
+        folder = Path(path)
+        if folder.is_file():
+            folder = folder.parent
+        weights, meta_path = folder / WEIGHTS, folder / META
+        if not weights.is_file() or not meta_path.is_file():
+            raise ConfigError(f"policy {str(path)!r}: expected {WEIGHTS} and {META} in that directory")
+        meta = json.loads(meta_path.read_text())
+        if meta.get("format") != FORMAT:
+            raise ConfigError(f"policy {str(path)!r}: format {meta.get('format')!r}, this version reads {FORMAT}")
+        current = layout() if check_layout else {}
+        for key in current:
+            if meta.get(key) != current[key]:
+                raise ConfigError(f"policy {str(path)!r} was trained on another environment layout ({key} differ):"
+                                  f" retrain it with `autotune rl train`")
+        spec = NetSpec.from_dict(meta["spec"])
+        net = policy_net(spec)
+        net.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+        net.eval()
+        return cls(spec, net, meta, folder)
+
+    def logits(self, observation: Mapping[str, np.ndarray]) -> np.ndarray:
+        """Masked logits of one observation {"observations": vector, "action_mask": 0/1 per action}."""
+        features = torch.as_tensor(np.asarray(observation["observations"], dtype=np.float32)).unsqueeze(0)
+        mask = torch.as_tensor(np.asarray(observation["action_mask"], dtype=np.float32)).unsqueeze(0)
+        with torch.no_grad():
+            return mask_logits(self.net(features), mask)[0].numpy()
+
+    def act(self, observation: Mapping[str, np.ndarray]) -> int:
+        """The greedy action among those the mask allows."""
+        mask = np.asarray(observation["action_mask"])
+        if not (mask > 0.5).any():
+            raise ValueError("the action mask allows no action")
+        logits = self.logits(observation)
+        logits[mask <= 0.5] = -np.inf
+        return int(np.argmax(logits))
+
+
+def save_policy(folder: str | Path, spec: NetSpec, state_dict: Mapping[str, torch.Tensor],
+                meta: Mapping[str, Any]) -> Path:
+    """Write policy.pt and policy.json into `folder`, each replaced atomically. `meta` should carry the
+    layout (`actions`, `features`) of the environment it was trained on."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / (WEIGHTS + ".tmp")
+    torch.save({k: v.detach().cpu().contiguous() for k, v in state_dict.items()}, tmp)
+    os.replace(tmp, folder / WEIGHTS)
+    data = {"format": FORMAT, "spec": spec.to_dict(), **dict(meta)}
+    write_json(folder / META, data)
+    return folder
+
+
+def write_json(path: Path, data: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)

@@ -1,0 +1,217 @@
+"""A simulated hardware whose truth differs from the estimator, for training and evaluating the policy.
+
+The plain simulated backend *is* the estimator: on it, the estimator's best predicted config is the
+optimum, so every strategy warm-started by the estimator finds it on its first trial and nothing is
+learnt or measured. Real machines differ from the estimator in structured ways (a ZeRO stage or an
+offload path slower than modelled, activations bigger than counted, a micro-batch trend), and a useful
+policy must learn to trust the predictions only as far as the measurements confirm them.
+
+So each task gets a hidden *distortion*, drawn per episode and never observed:
+- throughput: log factor = sum over knobs of a random offset per knob value (ZeRO stage, precision,
+  each offload value, checkpointing interval; micro-batch as a random trend in log2 plus offsets),
+  plus a small per-config offset; spread `s`: stage, precision and offload offsets have sigma s/2,
+  the micro-batch trend s/4 per doubling, checkpointing s/4, the per-config term s/6;
+- memory: one factor for the task (sigma s/3), one per ZeRO stage and per checkpointing interval (s/8):
+  the out-of-memory cliff moves, mostly as a whole;
+and trials also carry the backend's multiplicative step-time noise. The observation keeps the nominal
+estimator's predictions, exactly as on real hardware. The optimum (best feasible true throughput,
+noise-free) is known by exhausting the space.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from dataclasses import dataclass, replace
+from typing import Any, Mapping
+
+import numpy as np
+
+from autotune.config import KNOBS, Config, ConfigError
+from autotune.envs.deepspeed_memory import DeepSpeedMemoryEnv, Episode
+from autotune.envs.landscape import Landscape, build_landscape
+from autotune.envs.sampler import Task
+from autotune.backends.simulated import SimulatedBackend
+from autotune.results import TrialResult
+from autotune.space import Space
+from autotune.units import format_size
+
+OWN_KEYS = ("randomize", "start")
+STARTS = ("random", "default", "estimator", "mixed")
+MIXED_ESTIMATOR_SHARE = 0.5  # "mixed" starts: this share at the estimator's best, the rest at random
+
+
+def knob_codes(landscape: Landscape) -> np.ndarray:
+    """(configs, knobs): the index of each config's value in its knob's list of choices."""
+    choices = landscape.space.choices
+    return np.array([[choices.knob_values(k).index(getattr(c, k)) for k in KNOBS] for c in landscape.configs],
+                    dtype=np.int64).reshape(len(landscape.configs), len(KNOBS))
+
+
+@dataclass(frozen=True)
+class Distortion:
+    """Hidden log-offsets per knob value (tables indexed like the space's choices) and per config."""
+
+    throughput: tuple[np.ndarray, ...]
+    memory: tuple[np.ndarray, ...]
+    memory_task: float
+    per_config_sigma: float
+    seed: int
+
+    @classmethod
+    def draw(cls, space: Space, spread: float, rng: np.random.Generator) -> "Distortion":
+        throughput, memory = [], []
+        for knob in KNOBS:
+            values = space.choices.knob_values(knob)
+            n = len(values)
+            if knob == "micro_batch":
+                trend = rng.normal(0.0, spread / 4) * np.log2(np.asarray(values, dtype=float))
+                throughput.append(trend + rng.normal(0.0, spread / 6, n))
+            elif knob == "ckpt_interval":
+                throughput.append(rng.normal(0.0, spread / 4, n))
+            elif knob in ("offload_optimizer", "offload_param"):
+                offsets = rng.normal(0.0, spread / 2, n)
+                throughput.append(np.where(np.asarray(values) == "none", 0.0, offsets))
+            else:  # zero_stage, precision
+                throughput.append(rng.normal(0.0, spread / 2, n))
+            memory.append(rng.normal(0.0, spread / 8, n) if knob in ("zero_stage", "ckpt_interval") else np.zeros(n))
+        return cls(tuple(throughput), tuple(memory), float(rng.normal(0.0, spread / 3)), spread / 6,
+                   int(rng.integers(2**31)))
+
+    def factors(self, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(throughput factor, memory factor) per row of knob codes."""
+        log_t = sum(table[codes[:, k]] for k, table in enumerate(self.throughput))
+        log_m = self.memory_task + sum(table[codes[:, k]] for k, table in enumerate(self.memory))
+        # Per-config term: a deterministic draw per config (hash of its codes), so that it does not
+        # depend on which configs are in the array.
+        keys = (codes * np.array([1, 31, 997, 30011, 900001, 27000023])[:codes.shape[1]]).sum(axis=1)
+        unit = np.random.default_rng(self.seed).normal(0.0, 1.0, 4096)
+        log_t = log_t + self.per_config_sigma * unit[(keys + self.seed) % 4096]
+        return np.exp(log_t), np.exp(log_m)
+
+
+class DistortedBackend:
+    """A backend over the true landscape of one task: `run(config)` like the simulated backend, with the
+    distortion applied, and the noise-free optimum known."""
+
+    name = "simulated"
+
+    def __init__(self, landscape: Landscape, codes: np.ndarray, budget_bytes: int, distortion: Distortion,
+                 noise: float, rng: np.random.Generator, trial_overhead_s: float = 15.0, measured_steps: int = 10):
+        t_factor, m_factor = distortion.factors(codes)
+        self.landscape = landscape
+        self.workload = landscape.space.workload
+        self.memory_budget_bytes = int(budget_bytes)
+        self.peak = landscape.peak * m_factor
+        self.throughput = landscape.throughput * t_factor
+        self.feasible = (self.peak <= budget_bytes) & landscape.host_fits
+        self.noise = noise
+        self.rng = rng
+        self.trial_overhead_s = trial_overhead_s
+        self.measured_steps = measured_steps
+
+    @property
+    def optimum(self) -> float | None:
+        """Best noise-free true throughput within the budget, None if nothing fits."""
+        return float(self.throughput[self.feasible].max()) if self.feasible.any() else None
+
+    def true_throughput(self, config: Config) -> float:
+        return float(self.throughput[self.landscape.index[config]])
+
+    def run(self, config: Config) -> TrialResult:
+        index = self.landscape.index.get(config)
+        budget = self.memory_budget_bytes
+        if index is None:
+            reason = self.landscape.space.invalid_reason(config) or "not in the space"
+            return TrialResult(config, "unsupported", memory_budget_bytes=budget, backend=self.name, error=reason)
+        peak = int(self.peak[index])
+        if not self.feasible[index]:
+            why = (f"peak {format_size(peak)} exceeds the budget {format_size(budget)}" if peak > budget
+                   else "offloaded state exceeds the node's host memory")
+            return TrialResult(config, "oom", peak_memory_bytes=peak, memory_budget_bytes=budget,
+                               wall_time_s=self.trial_overhead_s, backend=self.name, error=why)
+        samples = float(self.throughput[index])
+        if self.noise:
+            samples /= math.exp(self.noise * self.rng.standard_normal())
+        step = self.workload.global_batch / samples
+        return TrialResult(config, "ok", throughput_samples_per_s=samples,
+                           tokens_per_s=samples * self.workload.model.seq_len, step_time_s=step,
+                           peak_memory_bytes=peak, memory_budget_bytes=budget,
+                           wall_time_s=self.trial_overhead_s + self.measured_steps * step, backend=self.name)
+
+
+def distorted_task(task: Task, spread: float, noise: float, seed: int) -> DistortedBackend:
+    """The distorted simulation of one task on its own (benchmarks): the same draw for the same seed."""
+    space = Space(task.choices, task.workload, task.hardware)
+    nominal = SimulatedBackend(task.workload, task.hardware, task.hardware.memory_bytes,
+                               nvme_path=task.choices.nvme_path)
+    landscape = build_landscape(space, nominal.estimate)
+    if not len(landscape):
+        raise ConfigError(f"the space has no valid config for {task.workload.model.name}")
+    rng = np.random.default_rng(seed)
+    return DistortedBackend(landscape, knob_codes(landscape), task.memory_budget_bytes,
+                            Distortion.draw(space, spread, rng), noise, rng)
+
+
+class TrainingEnv(DeepSpeedMemoryEnv):
+    """`autotune/DeepSpeedMemory-v0` on the distorted simulation (simulated backend only; other backends
+    behave as in the base environment). Extra env_config keys: `randomize` (the spread s above, default
+    0.3; 0 turns the distortion off) and the start `mixed` (half the episodes at the estimator's best
+    predicted config, half at random: inference starts at the former, training needs the latter to
+    explore)."""
+
+    def __init__(self, env_config: Mapping[str, Any] | None = None, render_mode: str | None = None) -> None:
+        config = dict(env_config or {})
+        self.spread = float(config.pop("randomize", 0.3))
+        if not math.isfinite(self.spread) or self.spread < 0:
+            raise ConfigError(f"randomize={self.spread!r}: must be >= 0")
+        start = config.get("start", "random")
+        if start not in STARTS:
+            raise ConfigError(f"start={start!r}: allowed {list(STARTS)}")
+        self.mixed_start = start == "mixed"
+        if self.mixed_start:
+            config["start"] = "random"
+        self._codes: weakref.WeakKeyDictionary[Landscape, np.ndarray] = weakref.WeakKeyDictionary()
+        super().__init__(config, render_mode)
+
+    def _new_episode(self) -> Episode:
+        episode = super()._new_episode()
+        if self.backend_kind != "simulated" or not isinstance(episode.backend, SimulatedBackend):
+            return episode
+        land = episode.landscape
+        codes = self._codes.get(land)
+        if codes is None:
+            codes = self._codes[land] = knob_codes(land)
+        # A fresh hidden truth every episode (the base environment caches episodes per task).
+        distortion = Distortion.draw(land.space, self.spread, self.np_random)
+        backend = DistortedBackend(land, codes, episode.task.memory_budget_bytes, distortion, self._noise,
+                                   self.np_random)
+        optimum = backend.optimum
+        return replace(episode, backend=backend, optimum=optimum,
+                       reference=optimum if optimum else episode.reference)
+
+    def _start_index(self, land: Landscape) -> int:
+        if self.mixed_start and self.np_random.random() < MIXED_ESTIMATOR_SHARE:
+            self.start = "estimator"
+            try:
+                return super()._start_index(land)
+            finally:
+                self.start = "random"
+        return super()._start_index(land)
+
+    def _info(self, result: TrialResult | None, action: str, invalid: bool) -> dict[str, Any]:
+        """A flat info of numbers and strings with the same keys at every step: RLlib steps several copies
+        of the environment as one gymnasium vector env, which merges infos key by key and cannot merge a
+        None in one copy with a dict in another (the base environment's `result` and `best`)."""
+        nested = super()._info(result, action, invalid)
+        best = nested.get("best")
+        true_best = 0.0
+        backend = self._episode.backend if self._episode is not None else None
+        if best and isinstance(backend, DistortedBackend):
+            true_best = backend.true_throughput(Config.from_dict(best["config"]))
+        optimum = nested.get("optimum_throughput")
+        return {"trials": int(nested["trials"]), "action": str(nested["action"]),
+                "status": "none" if result is None else result.status,
+                "best_throughput": float(best["throughput_samples_per_s"]) if best else 0.0,
+                "best_true_throughput": true_best,
+                "optimum_throughput": float(optimum) if optimum else float("nan")}

@@ -1,0 +1,324 @@
+"""PPO training of the masked policy on `autotune/DeepSpeedMemory-v0`, with RLlib's new API stack.
+
+Why PPO: the action space is small and discrete with a mask per state, episodes are short (a handful of
+trials), and the simulated environment is cheap, so an on-policy method with many short rollouts is a
+good fit; PPO is RLlib's best-kept algorithm on the new stack and the one its action-masking example
+targets. (DQN-style methods would need the mask inside the target's max as well; APPO/IMPALA pay off
+only with many more CPUs than this machine has.)
+
+Run directory (`--out`):
+    settings.json       the training settings (a resumed run must keep them)
+    progress.jsonl      one line per iteration: timesteps, episodes, return, trials per episode,
+                        fraction of episodes within 2% of the optimum, OOM trials, seconds
+    checkpoints/NNNNNN  RLlib algorithm checkpoints (the last `keep_checkpoints` are kept);
+    checkpoints/latest  the name of the newest complete one (written after it)
+    policy/             the policy exported at the last checkpoint (policy.pt + policy.json), what
+                        `--strategy rl` loads without Ray
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from autotune.config import ConfigError
+from autotune.rl.policy import layout, save_policy, write_json
+
+BACKENDS = ("simulated", "replay")
+# Settings that may differ when a run is resumed: they change how, not what, is trained.
+RESUMABLE = ("iterations", "workers", "envs_per_worker", "checkpoint_every", "keep_checkpoints")
+PROGRESS = "progress.jsonl"
+SETTINGS = "settings.json"
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    iterations: int = 100
+    backend: str = "simulated"
+    surfaces: tuple[str, ...] = ()  # replay backend: surface JSONL files drawn per episode
+    seed: int = 0
+    workers: int = 0  # remote env runners; 0 samples in the training process
+    envs_per_worker: int = 8  # vectorised copies of the environment per runner
+    horizon: int = 16  # trials per episode at most
+    start: str = "random"  # where episodes start (envs/deepspeed_memory.py STARTS)
+    noise: float = 0.1  # simulated step-time noise sigma (real timings scatter by 10-40%)
+    pool_size: int = 2048  # training tasks the sampler draws once and reuses
+    randomize: float = 0.3  # spread of the hidden truth around the estimator (autotune.rl.simulator)
+    hiddens: tuple[int, ...] = (128, 128)
+    lr: float = 3e-4
+    train_batch: int = 4096
+    minibatch: int = 512
+    epochs: int = 6
+    entropy: float = 0.01
+    gamma: float = 0.95
+    checkpoint_every: int = 5
+    keep_checkpoints: int = 2
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"backend={self.backend!r}: allowed {list(BACKENDS)}")
+        if self.backend == "replay" and not self.surfaces:
+            raise ConfigError("the replay backend needs at least one surface")
+        for name in ("iterations", "envs_per_worker", "horizon", "pool_size", "train_batch", "minibatch", "epochs",
+                     "checkpoint_every", "keep_checkpoints"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name}={value!r}: must be a positive integer")
+        if self.workers < 0:
+            raise ConfigError(f"workers={self.workers!r}: must be 0 or more")
+        if self.minibatch > self.train_batch:
+            raise ConfigError(f"minibatch={self.minibatch} exceeds train_batch={self.train_batch}")
+        object.__setattr__(self, "surfaces", tuple(str(s) for s in self.surfaces))
+        object.__setattr__(self, "hiddens", tuple(int(h) for h in self.hiddens))
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["surfaces"], out["hiddens"] = list(self.surfaces), list(self.hiddens)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "TrainSettings":
+        allowed = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - allowed)
+        if unknown:
+            raise ConfigError(f"unknown training setting(s) {unknown}: allowed {sorted(allowed)}")
+        return cls(**{**data, "surfaces": tuple(data.get("surfaces", ())), "hiddens": tuple(data.get("hiddens", (128, 128)))})
+
+    def env_config(self) -> dict[str, Any]:
+        config: dict[str, Any] = {"backend": self.backend, "horizon": self.horizon, "start": self.start}
+        if self.backend == "simulated":
+            config.update(noise=self.noise, randomize=self.randomize,
+                          sampler={"split": "train", "pool_size": self.pool_size, "seed": self.seed})
+        else:
+            config["surface"] = list(self.surfaces)
+        return config
+
+
+@dataclass(frozen=True)
+class Iteration:
+    """One line of progress.jsonl."""
+
+    iteration: int
+    timesteps: int
+    episodes: int
+    episode_return: float | None
+    trials: float | None  # trials per episode
+    within_2pct: float | None  # fraction of episodes ending on a config within 2% of the optimum
+    best_over_optimum: float | None
+    oom_trials: float | None  # per episode
+    seconds: float  # wall time of the whole run so far, over resumed sessions
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    out: Path
+    iterations: int
+    resumed_from: int  # the iteration of the checkpoint resumed from (0: fresh)
+    last: Iteration | None
+    checkpoint: Path | None
+    policy: Path | None
+
+
+class RunDir:
+    """The files of one training run."""
+
+    def __init__(self, out: str | Path) -> None:
+        self.path = Path(out)
+        self.checkpoints = self.path / "checkpoints"
+        self.policy = self.path / "policy"
+
+    def latest_checkpoint(self) -> Path | None:
+        pointer = self.checkpoints / "latest"
+        if not pointer.is_file():
+            return None
+        path = self.checkpoints / pointer.read_text().strip()
+        return path if path.is_dir() else None
+
+    def settings(self) -> TrainSettings | None:
+        path = self.path / SETTINGS
+        return TrainSettings.from_dict(json.loads(path.read_text())) if path.is_file() else None
+
+    def progress(self) -> list[Iteration]:
+        path = self.path / PROGRESS
+        if not path.is_file():
+            return []
+        rows = []
+        for line in path.read_text().splitlines():
+            if line.strip():
+                try:
+                    rows.append(Iteration(**json.loads(line)))
+                except (json.JSONDecodeError, TypeError):
+                    break  # a line torn by a kill: everything after it is re-trained
+        return rows
+
+    def keep_progress(self, upto: int) -> list[Iteration]:
+        """Drop progress lines of iterations after the checkpoint a resumed run restarts from."""
+        rows = [r for r in self.progress() if r.iteration <= upto]
+        tmp = self.path / (PROGRESS + ".tmp")
+        tmp.write_text("".join(json.dumps(r.to_dict()) + "\n" for r in rows))
+        os.replace(tmp, self.path / PROGRESS)
+        return rows
+
+    def append_progress(self, row: Iteration) -> None:
+        with open(self.path / PROGRESS, "a") as f:
+            f.write(json.dumps(row.to_dict()) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def prepare(out: str | Path, settings: TrainSettings) -> tuple[RunDir, TrainSettings, Path | None]:
+    """The run directory, the settings to train with, and the checkpoint to resume from (None: fresh).
+    A directory holding a run resumes it, if the settings that shape the policy agree."""
+    run = RunDir(out)
+    previous = run.settings()
+    checkpoint = run.latest_checkpoint()
+    if previous is not None:
+        mine, theirs = settings.to_dict(), previous.to_dict()
+        differ = [k for k in mine if k not in RESUMABLE and mine[k] != theirs.get(k)]
+        if differ:
+            shown = ", ".join(f"{k}={theirs.get(k)!r} there, {mine[k]!r} here" for k in differ)
+            raise ConfigError(f"{run.path} holds a training run with other settings ({shown}): "
+                              f"use another --out, or the same settings to resume it")
+    run.path.mkdir(parents=True, exist_ok=True)
+    write_json(run.path / SETTINGS, settings.to_dict())
+    return run, settings, checkpoint
+
+
+def algorithm_config(settings: TrainSettings, env: Any = None) -> Any:
+    """RLlib PPOConfig (new API stack) for the settings; `env` overrides the environment class (tests)."""
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+
+    from autotune.rl.callbacks import EpisodeFigures
+    from autotune.rl.module import MaskedPolicyModule
+
+    if env is None:
+        from autotune.rl.simulator import TrainingEnv
+
+        env = TrainingEnv
+    env_config = settings.env_config() if env.__module__.startswith("autotune.") else {}
+    return (
+        PPOConfig()
+        .environment(env=env, env_config=env_config)
+        .env_runners(num_env_runners=settings.workers, num_envs_per_env_runner=settings.envs_per_worker,
+                     rollout_fragment_length="auto", num_cpus_per_env_runner=1)
+        .learners(num_learners=0)
+        .training(train_batch_size_per_learner=settings.train_batch, minibatch_size=settings.minibatch,
+                  num_epochs=settings.epochs, lr=settings.lr, gamma=settings.gamma, lambda_=0.95,
+                  entropy_coeff=settings.entropy, vf_loss_coeff=0.5, clip_param=0.2)
+        .rl_module(rl_module_spec=RLModuleSpec(module_class=MaskedPolicyModule,
+                                               model_config={"hiddens": list(settings.hiddens), "activation": "tanh"}))
+        .callbacks(EpisodeFigures)
+        .debugging(seed=settings.seed)
+        .reporting(metrics_num_episodes_for_smoothing=100)
+    )
+
+
+def _metric(runners: Mapping[str, Any], key: str) -> float | None:
+    value = runners.get(key)
+    if value is None:
+        return None
+    value = float(value)
+    return None if math.isnan(value) else value
+
+
+def iteration_row(result: Mapping[str, Any], seconds: float) -> Iteration:
+    runners = result.get("env_runners", {})
+    return Iteration(
+        iteration=int(result["training_iteration"]),
+        timesteps=int(result.get("num_env_steps_sampled_lifetime", runners.get("num_env_steps_sampled_lifetime", 0))),
+        episodes=int(runners.get("num_episodes_lifetime", 0)),
+        episode_return=_metric(runners, "episode_return_mean"), trials=_metric(runners, "trials"),
+        within_2pct=_metric(runners, "within_2pct"), best_over_optimum=_metric(runners, "best_over_optimum"),
+        oom_trials=_metric(runners, "oom_trials"), seconds=round(seconds, 2))
+
+
+def export_checkpoint(checkpoint: str | Path, folder: str | Path, meta: Mapping[str, Any]) -> Path:
+    """The policy network of an RLlib checkpoint as policy.pt + policy.json (loads without Ray)."""
+    from ray.rllib.core.rl_module.rl_module import RLModule
+
+    checkpoint = Path(checkpoint)
+    module_dir = checkpoint / "learner_group" / "learner" / "rl_module" / "default_policy"
+    if not module_dir.is_dir():
+        raise ConfigError(f"{checkpoint}: not an RLlib algorithm checkpoint of this policy ({module_dir} is missing)")
+    module = RLModule.from_checkpoint(module_dir)
+    return save_policy(folder, module.spec, module.policy_state(), meta)
+
+
+def _init_ray(address: str | None, workers: int) -> bool:
+    """Connect to Ray (a local instance sized for the runners unless `address` is given); True if we started it."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if address:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    else:
+        ray.init(num_cpus=max(1, workers), include_dashboard=False, log_to_driver=False)
+    return True
+
+
+def train(out: str | Path, settings: TrainSettings, *, ray_address: str | None = None, env: Any = None,
+          on_iteration: Callable[[Iteration], None] = lambda row: None, policy_meta: Mapping[str, Any] | None = None,
+          command: str | None = None) -> TrainResult:
+    """Train until `settings.iterations` (counted over resumed sessions), checkpointing every
+    `checkpoint_every` iterations and at the end."""
+    import ray
+
+    run, settings, checkpoint = prepare(out, settings)
+    started_ray = _init_ray(ray_address, settings.workers)
+    algo = None
+    try:
+        algo = algorithm_config(settings, env).build_algo()
+        resumed_from = 0
+        if checkpoint is not None:
+            algo.restore_from_path(str(checkpoint))
+            resumed_from = int(algo.iteration)
+        rows = run.keep_progress(resumed_from)
+        offset = rows[-1].seconds if rows else 0.0
+        start = time.monotonic()
+        last = rows[-1] if rows else None
+        meta = dict(policy_meta) if policy_meta is not None else {**layout(), "env": "autotune/DeepSpeedMemory-v0"}
+        while algo.iteration < settings.iterations:
+            result = algo.train()
+            last = iteration_row(result, offset + time.monotonic() - start)
+            run.append_progress(last)
+            on_iteration(last)
+            if last.iteration % settings.checkpoint_every == 0 or last.iteration >= settings.iterations:
+                checkpoint = _checkpoint(algo, run, settings, last, meta, command)
+        policy = run.policy if (run.policy / "policy.pt").is_file() else None
+        return TrainResult(run.path, int(algo.iteration), resumed_from, last, checkpoint, policy)
+    finally:
+        if algo is not None:
+            algo.stop()
+        if started_ray:
+            ray.shutdown()
+
+
+def _checkpoint(algo: Any, run: RunDir, settings: TrainSettings, row: Iteration, meta: Mapping[str, Any],
+                command: str | None) -> Path:
+    run.checkpoints.mkdir(parents=True, exist_ok=True)
+    name = f"{row.iteration:06d}"
+    path = run.checkpoints / name
+    if path.exists():
+        shutil.rmtree(path)
+    algo.save_to_path(str(path))
+    # The pointer moves only once the checkpoint is complete: a kill mid-save resumes from the previous one.
+    tmp = run.checkpoints / "latest.tmp"
+    tmp.write_text(name + "\n")
+    os.replace(tmp, run.checkpoints / "latest")
+    for old in sorted(p for p in run.checkpoints.iterdir() if p.is_dir())[:-settings.keep_checkpoints]:
+        shutil.rmtree(old, ignore_errors=True)
+    training = {"command": command, "settings": settings.to_dict(), "checkpoint": name,
+                "figures": row.to_dict(), "last_iterations": [r.to_dict() for r in run.progress()[-5:]]}
+    export_checkpoint(path, run.policy, {**meta, "training": training})
+    return path
