@@ -13,7 +13,7 @@ from typing import Sequence
 from autotune.config import Config
 from autotune.dsconfig import DsOptions, ds_config, hf_ds_config, validate
 from autotune.drivers.sweep import best_of
-from autotune.estimate import Estimate, estimate
+from autotune.estimate import estimate
 from autotune.results import STATUSES, TrialResult
 from autotune.rundir import RunDir, RunSettings
 from autotune.units import format_size
@@ -50,22 +50,22 @@ def summarize(results: Sequence[TrialResult], settings: RunSettings) -> dict:
     }
 
 
-def smallest_peak(settings: RunSettings) -> Estimate | None:
-    """The config of the space with the smallest predicted peak."""
+def no_fit_verdict(settings: RunSettings) -> str:
+    """Why there is no recommendation: nothing in the space is predicted to fit, or no trial found one."""
     space = settings.space()
     estimates = [estimate(c, space.workload, space.hardware) for c in space]
-    return min(estimates, key=lambda e: e.peak_bytes, default=None)
-
-
-def no_fit_verdict(settings: RunSettings) -> str:
-    smallest = smallest_peak(settings)
     budget = format_size(settings.memory_budget_bytes)
-    if smallest is None:
+    if not estimates:
         return f"no config fits: the space has no valid config for this workload (budget {budget})"
+    smallest = min(estimates, key=lambda e: e.peak_bytes)
     term = smallest.memory.dominant
-    return (f"no config fits the budget of {budget}: the smallest predicted peak is "
-            f"{format_size(smallest.peak_bytes)} ({smallest.config.label()}), dominated by {term} "
-            f"({format_size(getattr(smallest.memory, term))})")
+    where = (f"the smallest predicted peak is {format_size(smallest.peak_bytes)} ({smallest.config.label()}), "
+             f"dominated by {term} ({format_size(getattr(smallest.memory, term))})")
+    predicted = sum(e.fits(settings.memory_budget_bytes) for e in estimates)
+    if predicted:
+        return (f"no trial ran within the budget of {budget}, though {predicted} configs are predicted to fit "
+                f"({where}): run more trials or raise the budget")
+    return f"no config fits the budget of {budget}: {where}"
 
 
 def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialResult] | None = None) -> Outputs:

@@ -117,7 +117,10 @@ def tune(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budget, r
         f"{settings.hardware.name}) under {format_size(settings.memory_budget_bytes)}: {settings.strategy} over "
         f"{len(space)} configs, {settings.backend} backend, up to {budget.trials} trials"
         + (f"; {len(history)} recorded already" if history else "") + f" -> {run_dir.path}")
-    reason = run_local(sweep, backend, budget, progress)
+    if not any(sweep.pruner.check(c, backend.name) is None for c in space):
+        reason = NOTHING_FITS  # every config would be pruned: say so rather than record the whole space
+    else:
+        reason = run_local(sweep, backend, budget, progress)
     if sweep.pruner.calibration.samples:
         run_dir.write_json("calibration.json", sweep.pruner.calibration.to_dict())
     outputs = write_outputs(run_dir, settings, sweep.results)
@@ -134,7 +137,8 @@ def tune(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budget, r
     return 0 if outputs.best is not None else 1
 
 
-STOP_TEXT = {"trials": "trial budget spent", "time": "time budget spent", "done": "the strategy has nothing left to try",
+NOTHING_FITS = "nothing fits"
+STOP_TEXT = {NOTHING_FITS: "no config of the space is predicted to fit, nothing was run", "trials": "trial budget spent", "time": "time budget spent", "done": "the strategy has nothing left to try",
              STALLED: "the strategy kept proposing known or pruned configs", INTERRUPTED: "interrupted"}
 
 

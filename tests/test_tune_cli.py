@@ -1,0 +1,186 @@
+"""`autotune tune` and `autotune report` end to end on the simulated backend, bad flags, pruning."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from autotune.cli import main
+from autotune.dsconfig import validate
+from autotune.estimate import estimate
+from autotune.hardware import PROFILES
+from autotune.results import STATUSES, read_results
+from autotune.rundir import RunDir
+from autotune.workload import make_workload
+
+GiB = 2**30
+SUMMARY_KEYS = {"best", "trials", "best_trial_index", "strategy", "memory_budget_bytes", "status_counts"}
+PLOTS = ("throughput_vs_memory.png", "best_so_far.png", "memory_breakdown.png")
+
+
+def cli(argv: list[str], capsys) -> tuple[int, str, str]:
+    try:
+        code = main(argv)
+    except SystemExit as exit_:
+        code = exit_.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def simulated_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("runs") / "tiny-optuna"
+    assert main(["tune", "--model", "tiny", "--memory-budget", "0.85GiB", "--strategy", "optuna", "--trials", "8",
+                 "--backend", "simulated", "--seed", "1", "--out", str(out)]) == 0
+    return out
+
+
+def test_simulated_tune_writes_every_output(simulated_run):
+    for name in ("run.json", "trials.jsonl", "study.db", "best_ds_config.json", "best_hf_ds_config.json",
+                 "summary.json", "report.md", *(f"plots/{p}" for p in PLOTS)):
+        assert (simulated_run / name).is_file(), name
+    for plot in PLOTS:
+        assert (simulated_run / "plots" / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    results = read_results(simulated_run / "trials.jsonl")
+    summary = json.loads((simulated_run / "summary.json").read_text())
+    assert set(summary) == SUMMARY_KEYS
+    assert summary["trials"] == len(results)
+    assert sum(r.status != "pruned" for r in results) == 8
+    assert summary["strategy"] == "optuna" and summary["memory_budget_bytes"] == int(0.85 * GiB)
+    assert summary["status_counts"] == {s: sum(r.status == s for r in results) for s in STATUSES}
+    fitting = [r for r in results if r.fits(int(0.85 * GiB))]
+    best = max(fitting, key=lambda r: r.throughput_samples_per_s)
+    assert summary["best"] == {"config": best.config.to_dict(), "throughput_samples_per_s": best.throughput_samples_per_s,
+                               "peak_memory_bytes": best.peak_memory_bytes}
+    assert results[summary["best_trial_index"] - 1] == best
+    ds = json.loads((simulated_run / "best_ds_config.json").read_text())
+    validate(ds)  # DeepSpeed's own parser
+    assert ds["train_micro_batch_size_per_gpu"] == best.config.micro_batch
+    assert ds["zero_optimization"]["stage"] == best.config.zero_stage
+    hf = json.loads((simulated_run / "best_hf_ds_config.json").read_text())
+    assert hf["train_batch_size"] == "auto" and hf["train_micro_batch_size_per_gpu"] == best.config.micro_batch
+    report = (simulated_run / "report.md").read_text()
+    assert "## Top" in report and best.config.label() in report and "plots/best_so_far.png" in report
+
+
+def test_report_command_regenerates_the_outputs(simulated_run, tmp_path, capsys):
+    copy = tmp_path / "copy"
+    shutil.copytree(simulated_run, copy, ignore=shutil.ignore_patterns("summary.json", "report.md", "plots", "best_*"))
+    code, out, _ = cli(["report", str(copy)], capsys)
+    assert code == 0 and "recommended" in out
+    assert json.loads((copy / "summary.json").read_text()) == json.loads((simulated_run / "summary.json").read_text())
+    assert (copy / "report.md").read_text() == (simulated_run / "report.md").read_text()
+    assert all((copy / "plots" / p).is_file() for p in PLOTS) and (copy / "best_ds_config.json").is_file()
+
+
+def test_report_of_a_folder_without_a_sweep_is_a_usage_error(tmp_path, capsys):
+    code, _, err = cli(["report", str(tmp_path)], capsys)
+    assert code == 2 and "not a run directory" in err and err.count("\n") == 1
+
+
+def test_a_sweep_with_no_fitting_config_says_why_and_exits_non_zero(tmp_path, capsys):
+    code, out, _ = cli(["tune", "--backend", "simulated", "--memory-budget", "300MB", "--trials", "5",
+                        "--out", str(tmp_path / "r")], capsys)
+    assert code == 1
+    workload, hardware = make_workload("tiny"), PROFILES["cpu"]
+    smallest = min((estimate(c, workload, hardware) for c in RunDir(tmp_path / "r").read_settings().space()),
+                   key=lambda e: e.peak_bytes)
+    assert "no config fits the budget of 286 MiB: the smallest predicted peak is" in out
+    assert smallest.config.label() in out and f"dominated by {smallest.memory.dominant}" in out
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["best"] is None and summary["best_trial_index"] is None
+    assert not (tmp_path / "r" / "best_ds_config.json").exists()
+
+
+def test_configs_predicted_not_to_fit_are_recorded_as_pruned_and_never_run(tmp_path, capsys):
+    budget = 16 * GiB
+    code, out, _ = cli(["tune", "--backend", "simulated", "--model", "gpt2-large", "--gpus", "4", "--global-batch", "64",
+                        "--hardware", "v100-32gb", "--strategy", "random", "--memory-budget", "16GiB",
+                        "--trials", "15", "--seed", "3", "--out", str(tmp_path / "r")], capsys)
+    assert code == 0
+    results = read_results(tmp_path / "r" / "trials.jsonl")
+    pruned = [r for r in results if r.status == "pruned"]
+    ran = [r for r in results if r.status != "pruned"]
+    assert pruned and len(ran) == 15
+    for r in pruned:
+        assert r.extra["predicted_peak_bytes"] > budget * (1 + r.extra["pruning_margin"])
+        assert "safety margin" in r.error and r.wall_time_s == 0 and r.throughput_samples_per_s is None
+    for r in ran:
+        assert r.extra["predicted_peak_bytes"] <= budget * 1.25
+    assert "pruned" in out
+    assert "| pruned |" in (tmp_path / "r" / "report.md").read_text()
+
+
+def test_no_trial_within_budget_though_configs_should_fit(tmp_path, capsys):
+    code, out, _ = cli(["tune", "--backend", "simulated", "--strategy", "random", "--memory-budget", "0.7GiB",
+                        "--trials", "3", "--seed", "2", "--out", str(tmp_path / "r")], capsys)
+    assert code == 1
+    assert "no trial ran within the budget of 717 MiB, though" in out and "configs are predicted to fit" in out
+
+
+def test_time_budget_stops_starting_trials(tmp_path, capsys):
+    code, out, _ = cli(["tune", "--backend", "simulated", "--strategy", "random", "--memory-budget", "2GiB",
+                        "--trials", "50", "--time-budget", "2m", "--out", str(tmp_path / "r")], capsys)
+    assert code == 0 and "time budget spent" in out
+    times = [r.wall_time_s for r in read_results(tmp_path / "r" / "trials.jsonl")]
+    assert sum(times[:-1]) < 120 <= sum(times)
+
+
+def test_a_second_tuner_on_the_same_directory_is_refused(simulated_run, capsys):
+    with RunDir(simulated_run).locked():
+        code, _, err = cli(["tune", "--model", "tiny", "--memory-budget", "0.85GiB", "--trials", "9",
+                            "--backend", "simulated", "--seed", "1", "--out", str(simulated_run), "--resume"], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert "is in use by another tuner (pid" in err
+
+
+def test_resume_with_other_settings_is_refused(simulated_run, capsys):
+    code, _, err = cli(["tune", "--memory-budget", "1GiB", "--trials", "9", "--backend", "simulated", "--seed", "1",
+                        "--out", str(simulated_run), "--resume"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "memory_budget_bytes" in err and "--resume" in err
+
+
+BAD_FLAGS = [
+    (["--trials", "0"], "'0'"),
+    (["--trials", "many"], "'many'"),
+    (["--memory-budget", "2XB"], "2XB"),
+    (["--memory-budget=-1GiB"], "-1GiB"),
+    (["--strategy", "bayes"], "bayes"),
+    (["--backend", "gpu"], "gpu"),
+    (["--time-budget", "8y"], "8y"),
+    (["--time-budget", "0h"], "0h"),
+    (["--seed", "-1"], "-1"),
+    (["--seed", "x"], "'x'"),
+    (["--model", "gpt5"], "gpt5"),
+    (["--hardware", "tpu"], "tpu"),
+    (["--gpus", "0"], "'0'"),
+    (["--global-batch", "-4"], "-4"),
+    (["--space", "no-such-space.yaml"], "no-such-space.yaml"),
+    (["--surface", "s.jsonl"], "--surface"),
+    (["--backend", "replay"], "--surface"),
+    (["--backend", "replay", "--surface", "missing.jsonl"], "missing.jsonl"),
+    (["--trails", "3"], "--trails"),
+    (["--resume"], "--resume"),
+]
+
+
+@pytest.mark.parametrize("flags,named", BAD_FLAGS, ids=[" ".join(f) for f, _ in BAD_FLAGS])
+def test_every_bad_flag_is_a_one_line_error_with_exit_code_2(flags, named, tmp_path, capsys):
+    argv = ["tune", "--backend", "simulated", *flags]
+    if "--out" not in argv:
+        argv += ["--out", str(tmp_path / "new")]
+    code, out, err = cli(argv, capsys)
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("autotune") and " error: " in err, err
+    assert named in err
+    assert not (tmp_path / "new" / "trials.jsonl").exists()
+
+
+def test_an_existing_sweep_is_not_overwritten_without_resume(simulated_run, capsys):
+    before = (simulated_run / "trials.jsonl").read_bytes()
+    code, _, err = cli(["tune", "--backend", "simulated", "--out", str(simulated_run)], capsys)
+    assert code == 2 and "already holds a sweep" in err and err.count("\n") == 1
+    assert (simulated_run / "trials.jsonl").read_bytes() == before
