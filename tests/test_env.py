@@ -1,0 +1,295 @@
+"""The Gymnasium environment: API conformance, masking, rewards on hand-made results, episodes."""
+
+from dataclasses import replace
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import autotune.envs
+from autotune.backends.simulated import SimulatedBackend
+from autotune.config import Config, ConfigError
+from autotune.envs import ENV_ID, DeepSpeedMemoryEnv
+from autotune.envs import observation as obs
+from autotune.envs.actions import ACTIONS, RUN, STOP, action_index
+from autotune.envs.reward import Reward
+from autotune.hardware import PROFILES
+from autotune.results import TrialResult, append_result
+from autotune.search_spaces import load_choices
+from autotune.space import Space
+from autotune.workload import make_workload
+
+GiB, MiB = 2**30, 2**20
+TINY = make_workload("tiny")
+CPU = PROFILES["cpu"]
+
+
+@pytest.fixture(scope="session")
+def partial_surface(tmp_path_factory) -> Path:
+    """Simulated results of two thirds of the tiny CPU space, written as a surface (a hand-made
+    landscape whose unmeasured configs the mask must avoid)."""
+    path = tmp_path_factory.mktemp("surface") / "partial.jsonl"
+    backend = SimulatedBackend(TINY, CPU, 24 * GiB)
+    extra = {"workload": TINY.to_dict(), "hardware": "cpu"}
+    for i, config in enumerate(Space(load_choices("cpu"), TINY, CPU)):
+        if i % 3:
+            append_result(path, replace(backend.run(config), backend="deepspeed", extra=extra))
+    return path
+
+
+def random_episode(env, rng, seed=None):
+    """Steps with uniformly random allowed actions; yields (obs, action, reward, info) per step."""
+    observation, info = env.reset(seed=seed)
+    done = False
+    while not done:
+        action = int(rng.choice(np.flatnonzero(observation["action_mask"])))
+        observation, reward, terminated, truncated, info = env.step(action)
+        done = terminated or truncated
+        yield observation, action, reward, info
+
+
+def test_registered_on_import_and_made_by_id():
+    assert ENV_ID == "autotune/DeepSpeedMemory-v0" and ENV_ID in gym.registry
+    env = gym.make(ENV_ID, env_config={"workload": "tiny", "memory_budget": "1GiB"})
+    observation, _ = env.reset(seed=0)
+    assert env.observation_space.contains(observation)
+    assert isinstance(env.unwrapped, autotune.envs.DeepSpeedMemoryEnv)
+
+
+@pytest.mark.parametrize("config", [
+    {"workload": "tiny", "memory_budget": "1GiB", "noise": 0.1},
+    {"sampler": {"pool_size": 8}},
+    {"workload": {"model": "llama-7b", "global_batch": 64, "gpus": 8}, "hardware": "a100-80gb", "start": "estimator"},
+])
+def test_check_env_simulated(config):
+    check_env(gym.make(ENV_ID, env_config=config).unwrapped, skip_render_check=True)
+
+
+def test_check_env_replay(partial_surface):
+    check_env(DeepSpeedMemoryEnv({"backend": "replay", "surface": str(partial_surface),
+                                  "memory_budget": ["700MiB", "1GiB"]}), skip_render_check=True)
+
+
+def test_observation_layout_is_documented():
+    env = DeepSpeedMemoryEnv({"workload": "tiny"})
+    assert env.observation_space["observations"].shape == (len(obs.FEATURES),) == (obs.SIZE,)
+    assert env.observation_space["action_mask"].shape == (len(ACTIONS),)
+    assert len(set(obs.FEATURES)) == len(obs.FEATURES)
+
+
+def expected_edit(space: Space, config: Config, action: str) -> Config | None:
+    """Brute force over Space.is_valid: where an edit action should lead (None: nowhere)."""
+    if "=" in action:
+        knob, value = action.split("=")
+        if value not in space.choices.knob_values(knob) or getattr(config, knob) == value:
+            return None
+        target = replace(config, **{knob: value})
+        return target if space.is_valid(target) else None
+    knob, up = action[:-1], action.endswith("+")
+    current = getattr(config, knob)
+    values = sorted(v for v in space.choices.knob_values(knob) if (v > current if up else v < current))
+    for value in values if up else reversed(values):
+        target = replace(config, **{knob: value})
+        if space.is_valid(target):
+            return target
+    return None
+
+
+@pytest.mark.parametrize("env_config", [
+    {"workload": "tiny", "memory_budget": "1GiB"},
+    {"workload": {"model": "llama-7b", "global_batch": 48, "gpus": 8}, "hardware": "v100-32gb"},
+])
+def test_mask_allows_exactly_the_valid_edits(env_config):
+    env = DeepSpeedMemoryEnv({**env_config, "start": "default"})
+    env.reset(seed=0)
+    land = env._episode.landscape
+    space = land.space
+    assert set(land.configs) == set(space.configs)
+    for i, config in enumerate(land.configs):
+        for a, action in enumerate(ACTIONS[2:], 2):
+            target = expected_edit(space, config, action)
+            moved = land.moves[i, a]
+            assert (moved >= 0) == (target is not None), (config, action)
+            if target is not None:
+                assert land.configs[moved] == target, (config, action)
+
+
+def test_mask_avoids_unmeasured_configs_on_replay(partial_surface):
+    env = DeepSpeedMemoryEnv({"backend": "replay", "surface": str(partial_surface), "memory_budget": "800MiB",
+                              "horizon": 40})
+    measured = {r.config for r in autotune.backends.replay.load_surface(partial_surface).results.values()}
+    rng = np.random.default_rng(0)
+    visited = 0
+    for episode in range(30):  # the replay backend raises on an unmeasured config: none may be reached
+        for _, action, _, info in random_episode(env, rng, seed=episode):
+            if info["result"] is not None:
+                assert Config.from_dict(info["result"]["config"]) in measured
+                visited += 1
+    assert visited > 150
+    land = env._episode.landscape
+    assert set(land.configs) == measured
+    full = Space(load_choices("cpu"), TINY, CPU)
+    avoided = 0
+    for i, config in enumerate(land.configs):
+        for a, action in enumerate(ACTIONS[2:], 2):
+            target = expected_edit(land.space, config, action)  # the restricted space: measured configs only
+            assert (land.moves[i, a] >= 0) == (target is not None)
+            if target is not None:
+                assert land.configs[land.moves[i, a]] == target
+            avoided += expected_edit(full, config, action) not in (target, None)
+    assert avoided > 50  # edits whose nearest valid config is unmeasured went further, or nowhere
+
+
+def test_stop_and_run_masks_truncation_and_best_tracking():
+    env = DeepSpeedMemoryEnv({"workload": "tiny", "memory_budget": "1GiB", "horizon": 3, "start": "default"})
+    observation, info = env.reset(seed=0)
+    mask = observation["action_mask"]
+    assert mask[STOP] == 0 and mask[RUN] == 1 and info["result"] is None and info["best"] is None
+    start = info["config"]
+    observation, reward, terminated, truncated, info = env.step(RUN)
+    assert info["result"]["config"] == start and info["trials"] == 1
+    assert observation["action_mask"][RUN] == 0 and observation["action_mask"][STOP] == 1
+    assert info["best"]["config"] == start and info["best"]["step"] == 1
+    up = action_index("micro_batch+")
+    observation, reward, terminated, truncated, info = env.step(up)
+    assert info["config"]["micro_batch"] == 2 * start["micro_batch"] and not terminated and not truncated
+    best = max((info["best"]["throughput_samples_per_s"],))
+    assert best >= info["result"]["throughput_samples_per_s"] or info["best"]["config"] == info["config"]
+    observation, reward, terminated, truncated, info = env.step(up)
+    assert truncated and not terminated and info["trials"] == 3
+
+
+def test_masked_action_runs_nothing_and_is_penalised():
+    env = DeepSpeedMemoryEnv({"workload": "tiny", "memory_budget": "1GiB"})
+    env.reset(seed=0)
+    observation, reward, terminated, truncated, info = env.step(STOP)  # no trial yet
+    assert reward == -Reward().invalid_action_penalty and info["invalid_action"] and info["result"] is None
+    assert info["trials"] == 0 and not terminated
+
+
+def test_info_result_is_the_trial_result_dict():
+    env = DeepSpeedMemoryEnv({"workload": "tiny", "memory_budget": "900MiB", "noise": 0.1})
+    rng = np.random.default_rng(1)
+    backend = SimulatedBackend(TINY, CPU, 900 * MiB)
+    for _, _, _, info in random_episode(env, rng, seed=3):
+        if info["result"] is not None:
+            result = TrialResult.from_dict(info["result"])
+            assert result.to_dict() == info["result"]
+            assert result.status == backend.run(result.config).status
+
+
+class Scripted:
+    """A backend returning hand-made results in order, whatever the config."""
+
+    name = "deepspeed"
+
+    def __init__(self, results):
+        self.results = list(results)
+        self.seen = []
+
+    def run(self, config):
+        self.seen.append(config)
+        return replace(self.results.pop(0), config=config)
+
+
+def scripted_env(results, reward=None, horizon=10):
+    backend = Scripted(results)
+    env = DeepSpeedMemoryEnv({"backend": backend, "workload": "tiny", "hardware": "cpu", "memory_budget": 1000,
+                              "reference_throughput": 100.0, "horizon": horizon, "start": "default",
+                              "reward": reward or {}})
+    env.reset(seed=0)
+    return env, backend
+
+
+def ok(throughput, peak=500):
+    return TrialResult(Config(0, 1, 0, "bf16"), "ok", throughput, peak_memory_bytes=peak, backend="deepspeed")
+
+
+def test_rewards_on_hand_made_results():
+    cfg = Config(0, 1, 0, "bf16")
+    results = [ok(50.0), ok(80.0), ok(90.0, peak=1500),
+               TrialResult(cfg, "oom", peak_memory_bytes=1500, backend="deepspeed", error="OOM"),
+               TrialResult(cfg, "oom", peak_memory_bytes=9000, backend="deepspeed", error="OOM"),
+               TrialResult(cfg, "oom", backend="deepspeed", error="OOM"),
+               TrialResult(cfg, "crash", backend="deepspeed", error="exit 1"),
+               TrialResult(cfg, "timeout", backend="deepspeed", error="timeout")]
+    env, backend = scripted_env(results)
+    spec = Reward()
+    rewards = []
+    for _ in results:
+        mask = env._mask_now
+        action = RUN if mask[RUN] else int(np.flatnonzero(mask[2:])[0] + 2)
+        _, reward, _, _, info = env.step(action)
+        rewards.append(reward)
+    c = spec.trial_cost
+    assert rewards[0] == pytest.approx(0.5 - c)
+    assert rewards[1] == pytest.approx(0.8 - c)
+    assert info["best"]["throughput_samples_per_s"] == 80.0  # the 90 ran over budget
+    over = -spec.oom_penalty - spec.over_budget_coef * 0.5 - c
+    assert rewards[2] == pytest.approx(over) and rewards[3] == pytest.approx(over)
+    assert rewards[4] == pytest.approx(-spec.oom_penalty - spec.over_budget_coef * spec.over_budget_cap - c)
+    assert rewards[5] == pytest.approx(-spec.oom_penalty - c)
+    assert rewards[6] == rewards[7] == pytest.approx(-spec.failure_penalty - c)
+    # stop after 8 of 10 steps: the best (80) deployed for the 2 steps left, the stop's own included
+    _, reward, terminated, _, info = env.step(STOP)
+    assert terminated and reward == pytest.approx(2 * 0.8)
+    assert len(backend.seen) == len(results)
+
+
+def test_improvement_mode_and_coefficients():
+    env, _ = scripted_env([ok(50.0), ok(40.0), ok(70.0)],
+                          reward={"mode": "improvement", "trial_cost": 0.0, "oom_penalty": 2.0})
+    rewards = []
+    for _ in range(3):
+        mask = env._mask_now
+        action = RUN if mask[RUN] else int(np.flatnonzero(mask[2:])[0] + 2)
+        rewards.append(env.step(action)[1])
+    assert rewards == pytest.approx([0.5, 0.0, 0.2])  # sums to the best found / reference
+    assert env.step(STOP)[1] == 0.0
+    with pytest.raises(ConfigError, match="unknown reward key"):
+        DeepSpeedMemoryEnv({"workload": "tiny", "reward": {"oom": 1}})
+    with pytest.raises(ConfigError, match="mode"):
+        Reward(mode="best")
+
+
+def test_simulated_reward_is_one_at_the_optimum():
+    env = DeepSpeedMemoryEnv({"workload": "tiny", "memory_budget": "800MiB", "start": "estimator"})
+    _, info = env.reset(seed=0)
+    assert info["optimum_throughput"] == info["reference_throughput"] > 0
+    _, reward, _, _, info = env.step(RUN)  # the estimator's best is the noise-free optimum here
+    assert info["result"]["status"] == "ok"
+    assert reward == pytest.approx(1.0 - Reward().trial_cost)
+    assert info["best"]["throughput_samples_per_s"] == pytest.approx(info["optimum_throughput"])
+
+
+def test_replay_reference_is_the_surface_best(partial_surface):
+    surface = autotune.backends.replay.load_surface(partial_surface)
+    env = DeepSpeedMemoryEnv({"backend": "replay", "surface": str(partial_surface), "memory_budget": "800MiB"})
+    _, info = env.reset(seed=0)
+    best = surface.best(800 * MiB)
+    assert info["reference_throughput"] == info["optimum_throughput"] == best.throughput_samples_per_s
+    assert info["task"]["backend"] == "replay" and info["task"]["memory_budget_bytes"] == 800 * MiB
+
+
+def test_seeded_episodes_repeat():
+    def trace(seed):
+        env = DeepSpeedMemoryEnv({"sampler": {"pool_size": 16}, "noise": 0.2})
+        rng = np.random.default_rng(5)
+        return [(a, r, info["config"]) for _, a, r, info in random_episode(env, rng, seed=seed)]
+
+    assert trace(1) == trace(1)
+    assert trace(1) != trace(2)
+
+
+def test_bad_env_config_gives_one_line_errors():
+    for config, match in [({"backend": "gpu"}, "allowed"), ({"horizon": 0}, "horizon"),
+                          ({"start": "best"}, "start"), ({"workload": "gpt5"}, "unknown model"),
+                          ({"backend": "replay"}, "surface"), ({"backend": "deepspeed"}, "workload"),
+                          ({"workload": "tiny", "memory_budget": "lots"}, "size"), ({"colour": 1}, "unknown"),
+                          ({"backend": "replay", "surface": "/nonexistent.jsonl"}, "no such file"),
+                          ({"sampler": {"split": "dev"}}, "split"),
+                          ({"workload": "tiny", "sampler": {}}, "sampler")]:
+        with pytest.raises(ConfigError, match=match):
+            DeepSpeedMemoryEnv(config)

@@ -1,0 +1,117 @@
+"""The replay backend over hand-made surfaces: lookups, the budget as an OOM cliff, refusals."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune.backends import Backend
+from autotune.backends.replay import ReplayBackend, load_surface, surface_choices, surface_space
+from autotune.config import Config, ConfigError
+from autotune.hardware import PROFILES
+from autotune.results import TrialResult, append_result
+from autotune.search_spaces import load_choices
+from autotune.space import Space
+from autotune.workload import make_workload
+
+MiB = 2**20
+TINY = make_workload("tiny")
+EXTRA = {"workload": TINY.to_dict(), "hardware": "cpu"}
+FAST = Config(0, 8, 0, "bf16")
+SMALL = Config(3, 1, 1, "bf16", "cpu", "cpu")
+CRASHED = Config(1, 2, 0, "fp32")
+
+
+def write_surface(path: Path, results: list[TrialResult]) -> Path:
+    for result in results:
+        append_result(path, result)
+    return path
+
+
+@pytest.fixture
+def surface_path(tmp_path: Path) -> Path:
+    return write_surface(tmp_path / "surface.jsonl", [
+        TrialResult(FAST, "ok", 40.0, 40.0 * 256, 0.4, 900 * MiB, None, 12.0, "deepspeed", extra=EXTRA),
+        TrialResult(SMALL, "ok", 10.0, 10.0 * 256, 1.6, 300 * MiB, None, 20.0, "deepspeed", extra=EXTRA),
+        TrialResult(CRASHED, "crash", wall_time_s=3.0, backend="deepspeed", error="exit code 1", extra=EXTRA),
+    ])
+
+
+def test_replays_recorded_results_under_a_budget(surface_path):
+    backend = ReplayBackend(surface_path, memory_budget_bytes=500 * MiB)
+    assert isinstance(backend, Backend) and backend.name == "replay"
+    small = backend.run(SMALL)
+    assert small.status == "ok" and small.throughput_samples_per_s == 40.0 / 4
+    assert small.backend == "replay" and small.extra["recorded_backend"] == "deepspeed"
+    assert small.memory_budget_bytes == 500 * MiB and small.wall_time_s == 20.0
+    fast = backend.run(FAST)  # measured at 900 MiB: over this search's budget
+    assert fast.status == "oom" and fast.throughput_samples_per_s is None
+    assert fast.peak_memory_bytes == 900 * MiB and "exceeds the budget" in fast.error
+    crashed = backend.run(CRASHED)
+    assert crashed.status == "crash" and crashed.error == "exit code 1"
+    assert ReplayBackend(surface_path, memory_budget_bytes=1024 * MiB).run(FAST).status == "ok"
+    assert ReplayBackend(surface_path).run(FAST).status == "ok"  # no budget: as recorded
+
+
+def test_unmeasured_config_is_refused_with_its_name(surface_path):
+    backend = ReplayBackend(surface_path, 500 * MiB)
+    missing = Config(2, 4, 1, "bf16")
+    with pytest.raises(ConfigError) as err:
+        backend.run(missing)
+    assert missing.to_json() in str(err.value) and "not measured" in str(err.value)
+    assert str(surface_path) in str(err.value)
+
+
+def test_surface_metadata_best_and_last_line_wins(surface_path):
+    append_result(surface_path, TrialResult(SMALL, "ok", 12.0, 12.0 * 256, 1.3, 310 * MiB, None, 19.0, "deepspeed",
+                                            extra=EXTRA))
+    surface = load_surface(surface_path)
+    assert len(surface) == 3 and surface.workload == TINY and surface.hardware == "cpu"
+    assert surface.results[SMALL].throughput_samples_per_s == 12.0  # the re-measurement
+    assert surface.best(500 * MiB).config == SMALL
+    assert surface.best(2000 * MiB).config == FAST
+    assert surface.best(100 * MiB) is None
+
+
+def test_surface_space_is_the_measured_configs(surface_path):
+    surface = load_surface(surface_path)
+    space = surface_space(surface)
+    assert set(space) == {FAST, SMALL, CRASHED}
+    assert space.workload == TINY and space.hardware == PROFILES["cpu"]
+    assert space.invalid_reason(Config(0, 1, 0, "bf16")) is not None
+    choices = surface_choices(surface)
+    assert choices.zero_stage == (0, 1, 3) and choices.precision == ("fp32", "bf16")
+    narrowed = surface_space(surface, choices=load_choices("cpu"))
+    assert set(narrowed) == {FAST, SMALL, CRASHED}
+    # The cpu preset's full space, restricted, names why an unmeasured config is out.
+    full = Space(load_choices("cpu"), TINY, PROFILES["cpu"]).restrict(surface.results)
+    assert full.invalid_reason(Config(2, 4, 1, "bf16")) == "not measured in the replay surface"
+
+
+def test_surface_without_metadata_needs_workload(tmp_path):
+    path = write_surface(tmp_path / "bare.jsonl", [TrialResult(FAST, "ok", 40.0, backend="deepspeed")])
+    surface = load_surface(path)
+    assert surface.workload is None and surface.hardware is None
+    with pytest.raises(ConfigError, match="does not record its workload"):
+        surface_space(surface)
+    assert len(surface_space(surface, PROFILES["cpu"], TINY)) == 1
+
+
+def test_bad_surface_files(tmp_path):
+    with pytest.raises(ConfigError, match="no such file"):
+        load_surface(tmp_path / "missing.jsonl")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(ConfigError, match="holds no results"):
+        load_surface(empty)
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"config": {"zero_stage": 9, "micro_batch": 1, "ckpt_interval": 0, "precision": "bf16"}}\n'
+                      '{"status": "ok"}\n')
+    with pytest.raises(ConfigError, match="broken.jsonl:1"):
+        load_surface(broken)
+
+
+def test_torn_last_line_is_ignored(surface_path):
+    with surface_path.open("a") as out:
+        out.write(json.dumps({"config": Config(2, 2, 0, "bf16").to_dict(), "status": "ok"})[:30])
+    assert len(load_surface(surface_path)) == 3
