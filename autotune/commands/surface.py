@@ -1,0 +1,170 @@
+"""`autotune surface`: record a replay surface (every config of a space, run for real) and summarise one.
+
+    autotune surface record --model tiny --space search_spaces/cpu.yaml --out surface.jsonl
+    autotune surface show surface.jsonl [--memory-budget 1GiB]
+
+`record` is resumable: configs already in the output file are skipped, so an interrupted recording
+(Ctrl-C, a crash, a reboot) continues where it stopped; each result is fsync'd as soon as it is known.
+Configs run in a shuffled order fixed by `--seed`, so that a partial surface covers the space evenly.
+Each line also records the workload and the hardware profile (`workload`, `hardware` keys), which the
+replay backend reads back. Record without a memory budget below the machine's memory: the replay backend
+applies any search's budget to the recorded peaks afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+from rich.console import Console
+from rich.table import Table
+
+from autotune.backends import Backend
+from autotune.backends.replay import load_surface
+from autotune.commands.common import add_workload_arguments, hardware_from, positive_int, size, space_from, \
+    workload_from
+from autotune.config import ConfigError
+from autotune.hardware import Hardware
+from autotune.results import STATUSES, TrialResult, append_result, read_results
+from autotune.space import Space
+from autotune.units import format_size
+from autotune.workload import Workload
+
+BACKENDS = ("deepspeed", "simulated")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="surface_command", required=True, parser_class=type(parser))
+    record = sub.add_parser("record", help="run every config of a space and append each result to a JSONL surface")
+    add_workload_arguments(record)
+    record.add_argument("--out", type=Path, required=True, help="surface file (JSONL); an existing one is resumed")
+    record.add_argument("--backend", choices=BACKENDS, default="deepspeed",
+                        help="deepspeed: real trials (default); simulated: the estimator, for quick experiments")
+    record.add_argument("--memory-budget", type=size, default=None,
+                        help="per-device budget the trials run under (default: the hardware's memory)")
+    record.add_argument("--timeout", type=float, default=None, help="seconds per trial before it is ended")
+    record.add_argument("--limit", type=positive_int, default=None, help="record at most this many new configs")
+    record.add_argument("--seed", type=int, default=0, help="order in which configs run (default: %(default)s)")
+    record.set_defaults(_surface=run_record)
+    show = sub.add_parser("show", help="summarise a surface: statuses, and the fastest configs within a budget")
+    show.add_argument("surface", type=Path)
+    show.add_argument("--memory-budget", type=size, default=None, help="budget to apply (default: none)")
+    show.add_argument("--top", type=positive_int, default=10)
+    show.set_defaults(_surface=run_show)
+
+
+def run(args: argparse.Namespace) -> int:
+    return args._surface(args)
+
+
+# -- record -----------------------------------------------------------------------------------------
+
+def run_record(args: argparse.Namespace) -> int:
+    workload = workload_from(args)
+    hardware = hardware_from(args)
+    space = space_from(args, workload, hardware)
+    budget = args.memory_budget or hardware.memory_bytes
+    backend = make_backend(args.backend, workload, hardware, space, budget, args.timeout, args.out)
+    console = Console(highlight=False, soft_wrap=True)
+    done = record(space, backend, args.out, order_seed=args.seed, limit=args.limit, progress=console.print)
+    console.print(f"{args.out}: {done.recorded} configs recorded now, {done.total_measured} of {len(space)} measured")
+    return 0
+
+
+def make_backend(kind: str, workload: Workload, hardware: Hardware, space: Space, budget: int,
+                 timeout: float | None, out: Path) -> Backend:
+    if kind == "simulated":
+        from autotune.backends.simulated import SimulatedBackend
+
+        return SimulatedBackend(workload, hardware, budget, nvme_path=space.choices.nvme_path)
+    from autotune.backends.deepspeed import DeepSpeedBackend
+
+    options = {} if timeout is None else {"timeout_s": timeout}
+    return DeepSpeedBackend(workload, hardware=hardware, memory_budget_bytes=budget,
+                            log_root=out.parent / f"{out.stem}.logs", nvme_path=space.choices.nvme_path, **options)
+
+
+@dataclass(frozen=True)
+class Recorded:
+    recorded: int  # configs run by this call
+    total_measured: int  # configs of the space now in the file
+
+
+def record(space: Space, backend: Backend, out: Path, *, order_seed: int = 0, limit: int | None = None,
+           progress: Callable[[str], None] = print) -> Recorded:
+    """Run every config of `space` not yet in `out` through `backend`, appending each result."""
+    workload, hardware = space.workload, space.hardware
+    existing = read_results(out) if out.exists() else []
+    for result in existing:
+        recorded_for = result.extra.get("workload")
+        if recorded_for is not None and recorded_for != workload.to_dict():
+            raise ConfigError(f"{out} was recorded for another workload ({_describe(recorded_for)}): "
+                              f"choose another --out or the same --model/--gpus/--global-batch")
+    done = {r.config for r in existing}
+    todo = [c for c in space if c not in done]
+    random.Random(order_seed).shuffle(todo)
+    if limit is not None:
+        todo = todo[:limit]
+    total = len(done & set(space.configs))
+    progress(f"{out}: {len(space)} configs in the space, {total} already measured, {len(todo)} to run "
+             f"on the {backend.name} backend")
+    extra = {"workload": workload.to_dict(), "hardware": hardware.name}
+    started = time.monotonic()
+    for n, config in enumerate(todo, 1):
+        result = backend.run(config)
+        result = replace(result, extra={**result.extra, **extra})
+        append_result(out, result)
+        total += 1
+        elapsed = time.monotonic() - started
+        eta = elapsed / n * (len(todo) - n)
+        progress(f"[{n}/{len(todo)}] {config.label():<28} {_outcome(result)}  "
+                 f"{result.wall_time_s:5.1f}s  elapsed {_clock(elapsed)}  left ~{_clock(eta)}")
+    return Recorded(len(todo), total)
+
+
+def _outcome(result: TrialResult) -> str:
+    if result.ok:
+        return (f"ok     {result.throughput_samples_per_s:8.3g} samples/s  peak "
+                f"{format_size(result.peak_memory_bytes):>9}")
+    reason = (result.error or "").splitlines()[0][:80] if result.error else ""
+    return f"{result.status:<6} {reason}"
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
+def _describe(workload: dict) -> str:
+    model = workload.get("model", {})
+    name = model.get("name", model) if isinstance(model, dict) else model
+    return f"{name}, global batch {workload.get('global_batch')}, {workload.get('gpus')} GPU(s)"
+
+
+# -- show -------------------------------------------------------------------------------------------
+
+def run_show(args: argparse.Namespace) -> int:
+    surface = load_surface(args.surface)
+    budget = args.memory_budget
+    results = [r.under_budget(budget) for r in surface.results.values()]
+    console = Console(highlight=False, soft_wrap=True)
+    workload = surface.workload
+    who = "unknown workload" if workload is None else _describe(workload.to_dict())
+    counts = {s: sum(r.status == s for r in results) for s in STATUSES}
+    console.print(f"{args.surface}: {len(results)} configs of {who} on {surface.hardware or 'unknown hardware'}; "
+                  + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+                  + (f" under a budget of {format_size(budget)}" if budget else ""))
+    table = Table(title=f"Fastest {args.top} configs" + (f" within {format_size(budget)}" if budget else ""))
+    for column in ("#", "config", "samples/s", "step s", "peak", "trial s"):
+        table.add_column(column, justify="right" if column != "config" else "left")
+    ranked = sorted((r for r in results if r.ok), key=lambda r: -(r.throughput_samples_per_s or 0))
+    for i, r in enumerate(ranked[:args.top], 1):
+        table.add_row(str(i), r.config.label(), f"{r.throughput_samples_per_s:.4g}", f"{r.step_time_s or 0:.3g}",
+                      format_size(r.peak_memory_bytes), f"{r.wall_time_s:.1f}")
+    console.print(table)
+    return 0

@@ -1,0 +1,86 @@
+"""`autotune surface record` / `show`: resumable recording, metadata, refusals."""
+
+from pathlib import Path
+
+import pytest
+
+from autotune.backends.replay import ReplayBackend, load_surface
+from autotune.cli import main
+from autotune.config import Config
+from autotune.results import read_results
+from autotune.workload import make_workload
+
+SPACE = """zero_stage: [0, 2]
+micro_batch: [2, 4]
+ckpt_interval: [0]
+precision: [bf16]
+"""
+
+
+@pytest.fixture
+def space_file(tmp_path: Path) -> Path:
+    path = tmp_path / "space.yaml"
+    path.write_text(SPACE)
+    return path
+
+
+def record(space_file: Path, out: Path, *extra: str) -> int:
+    return main(["surface", "record", "--model", "tiny", "--space", str(space_file), "--out", str(out),
+                 "--backend", "simulated", "--memory-budget", "1GiB", *extra])
+
+
+def test_record_writes_every_config_once_with_its_workload(space_file, tmp_path, capsys):
+    out = tmp_path / "surface.jsonl"
+    assert record(space_file, out) == 0
+    text = capsys.readouterr().out
+    assert "[4/4]" in text and "4 of 4 measured" in text
+    results = read_results(out)
+    assert sorted(r.config for r in results) == sorted(
+        Config(z, m, 0, "bf16") for z in (0, 2) for m in (2, 4))
+    surface = load_surface(out)
+    assert surface.workload == make_workload("tiny") and surface.hardware == "cpu"
+    assert ReplayBackend(surface, 2**30).run(Config(2, 4, 0, "bf16")).status in ("ok", "oom")
+
+
+def test_record_resumes_and_never_repeats_a_config(space_file, tmp_path, capsys):
+    out = tmp_path / "surface.jsonl"
+    assert record(space_file, out, "--limit", "1") == 0
+    assert len(read_results(out)) == 1
+    with out.open("a") as f:  # a crash in the middle of writing the second result
+        f.write('{"config": {"zero_stage": 0, "micro_batch": 2, "ckpt_i')
+    assert record(space_file, out) == 0
+    assert "1 already measured, 3 to run" in capsys.readouterr().out
+    configs = [r.config for r in read_results(out)]
+    assert len(configs) == len(set(configs)) == 4
+    assert record(space_file, out) == 0
+    assert "4 already measured, 0 to run" in capsys.readouterr().out
+    assert len(read_results(out)) == 4
+
+
+def test_record_refuses_another_workload_in_the_same_file(space_file, tmp_path, capsys):
+    out = tmp_path / "surface.jsonl"
+    assert record(space_file, out, "--limit", "1") == 0
+    code = main(["surface", "record", "--model", "tiny", "--global-batch", "32", "--space", str(space_file),
+                 "--out", str(out), "--backend", "simulated"])
+    err = capsys.readouterr().err
+    assert code == 2 and "recorded for another workload" in err and len(err.strip().splitlines()) == 1
+    assert len(read_results(out)) == 1
+
+
+@pytest.mark.parametrize("flags, word", [(["--backend", "gpu"], "gpu"), (["--memory-budget", "lots"], "lots"),
+                                         (["--limit", "0"], "0"), (["--model", "gpt5"], "gpt5")])
+def test_bad_flags_exit_2_with_one_line(space_file, tmp_path, capsys, flags, word):
+    with pytest.raises(SystemExit) as exit_:
+        main(["surface", "record", "--space", str(space_file), "--out", str(tmp_path / "s.jsonl"), *flags])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and word in err and len(err.strip().splitlines()) == 1
+
+
+def test_show_ranks_within_a_budget(space_file, tmp_path, capsys):
+    out = tmp_path / "surface.jsonl"
+    assert record(space_file, out) == 0
+    capsys.readouterr()
+    assert main(["surface", "show", str(out), "--memory-budget", "2GiB"]) == 0
+    text = capsys.readouterr().out
+    assert "4 configs of tiny" in text and "z0 mb4 ck0 bf16" in text
+    assert main(["surface", "show", str(tmp_path / "none.jsonl")]) == 2
