@@ -1,0 +1,119 @@
+"""The deepspeed backend: each trial is a short real DeepSpeed training run of the built-in model, in its
+own processes (autotune.runner), measured by the worker (autotune.worker) and turned into a TrialResult.
+
+Result (DESIGN.md section 3, plus extra keys written flat):
+- throughput: global batch / median optimizer-step wall time of rank 0 (every micro-step, after warm-up);
+- peak_memory_bytes: the worst rank's true peak of the whole process over the measured window (CPU: the
+  resident set, VmHWM; CUDA: the allocator's max reserved);
+- extra: peak_memory_growth_bytes (that peak minus the rank's baseline before the model was built),
+  baseline_memory_bytes, startup_peak_bytes (peak during build, initialize and warm-up),
+  predicted_peak_bytes and predicted_step_time_s (the estimator's, when the backend has a hardware
+  profile), step_time_iqr_s, step_times_s, steps_measured, stop_reason, ranks, log_dir,
+  launch_to_first_step_s, phases_s (where the launch-to-first-step time went).
+A config that cannot even be written as a DeepSpeed config (e.g. NVMe offload without a path) is
+`unsupported` without a launch. Failures are results; only the tuner's interruption (KeyboardInterrupt)
+propagates, after the trial's processes are gone.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Mapping
+
+from autotune.config import Config, ConfigError
+from autotune.dsconfig import DsOptions, ds_config
+from autotune.estimate import Calibration, Estimate, estimate
+from autotune.hardware import Hardware
+from autotune.results import TrialResult
+from autotune.runner import LaunchOptions, RunOutcome, run_worker
+from autotune.worker.measure import MeasureSettings
+from autotune.worker.protocol import WorkerSpec, write_json_atomic
+from autotune.workload import Workload
+
+
+class DeepSpeedBackend:
+    name = "deepspeed"
+
+    def __init__(self, workload: Workload, memory_budget_bytes: int | None = None, hardware: Hardware | None = None,
+                 ds_options: DsOptions = DsOptions(), logs_dir: str | Path = "runs/logs", timeout_s: float = 600.0,
+                 measure: MeasureSettings = MeasureSettings(), *, calibration: Calibration = Calibration(),
+                 launcher: str = "direct", env: Mapping[str, str] | None = None, seed: int = 0,
+                 fault: str | None = None) -> None:
+        if memory_budget_bytes is not None and memory_budget_bytes <= 0:
+            raise ConfigError(f"memory budget {memory_budget_bytes!r}: must be a positive number of bytes")
+        if timeout_s <= 0:
+            raise ConfigError(f"timeout {timeout_s!r}: must be a positive number of seconds")
+        self.workload = workload
+        self.memory_budget_bytes = memory_budget_bytes
+        self.hardware = hardware
+        self.ds_options = ds_options
+        self.logs_dir = Path(logs_dir)
+        self.measure = measure
+        self.calibration = calibration
+        self.seed = seed
+        self.fault = fault  # tests only: see autotune.worker.protocol.FAULTS
+        self.launch = LaunchOptions(ranks=workload.gpus, timeout_s=timeout_s, memory_budget_bytes=memory_budget_bytes,
+                                    launcher=launcher, env=dict(env or {}))
+
+    def predict(self, config: Config) -> Estimate | None:
+        if self.hardware is None or not self.hardware.supports(config.precision):
+            return None
+        return estimate(config, self.workload, self.hardware, self.calibration)
+
+    def run(self, config: Config) -> TrialResult:
+        log_dir = self._new_log_dir(config)
+        predicted = self.predict(config)
+        extra: dict[str, Any] = {"ranks": self.workload.gpus, "log_dir": str(log_dir)}
+        if predicted is not None:
+            extra.update(predicted_peak_bytes=predicted.peak_bytes, predicted_step_time_s=predicted.step_time_s)
+        try:
+            ds = ds_config(config, self.workload, self.ds_options)
+        except ConfigError as err:
+            result = TrialResult(config, "unsupported", memory_budget_bytes=self.memory_budget_bytes,
+                                 backend=self.name, error=str(err), extra=extra)
+        else:
+            spec = WorkerSpec(config, self.workload, ds, str(log_dir), self.measure, self.memory_budget_bytes,
+                              self.seed, fault=self.fault)
+            result = self._result(config, run_worker(spec, self.launch), extra)
+        write_json_atomic(log_dir / "result.json", result.to_dict())
+        return result
+
+    def _new_log_dir(self, config: Config) -> Path:
+        """`<logs_dir>/<NNNN>-<config label>`, numbered after the trials already there (resume-safe)."""
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        label = re.sub(r"[^A-Za-z0-9.-]+", "_", config.label())
+        number = sum(1 for p in self.logs_dir.iterdir() if p.is_dir()) + 1
+        while True:
+            path = self.logs_dir / f"{number:04d}-{label}"
+            try:
+                path.mkdir()
+                return path
+            except FileExistsError:
+                number += 1
+
+    def _result(self, config: Config, outcome: RunOutcome, extra: dict[str, Any]) -> TrialResult:
+        common = dict(memory_budget_bytes=self.memory_budget_bytes, wall_time_s=outcome.wall_time_s, backend=self.name)
+        if outcome.status != "ok":
+            # The highest resident set the runner saw (CPU): for an oom, how far past the budget it went.
+            return TrialResult(config, outcome.status, error=outcome.error, extra=extra, **common,
+                               peak_memory_bytes=max(outcome.observed_peaks, default=None))
+        first = outcome.reports[0]
+        worst = max(outcome.reports, key=lambda r: r["peak_memory_bytes"])
+        step = first["step_time_s"]
+        throughput = self.workload.global_batch / step
+        extra.update(
+            peak_memory_growth_bytes=worst["peak_memory_bytes"] - worst["baseline_memory_bytes"],
+            baseline_memory_bytes=worst["baseline_memory_bytes"],
+            startup_peak_bytes=max(r["startup_peak_bytes"] for r in outcome.reports),
+            step_time_iqr_s=first["step_time_iqr_s"], step_times_s=first["step_times_s"],
+            steps_measured=len(first["step_times_s"]), stop_reason=first["stop_reason"],
+            launch_to_first_step_s=first["first_step_time"] - outcome.launch_time,
+            phases_s=first["phases_s"], optimizer=first["optimizer"], threads_per_rank=first["threads"],
+            loss_first=first["loss_first"], loss_last=first["loss_last"])
+        if worst.get("peak_allocated_bytes") is not None:
+            extra["peak_allocated_bytes"] = worst["peak_allocated_bytes"]
+        return TrialResult(config, "ok", throughput_samples_per_s=throughput,
+                           tokens_per_s=throughput * self.workload.model.seq_len, step_time_s=step,
+                           peak_memory_bytes=worst["peak_memory_bytes"], extra=extra, **common)
+

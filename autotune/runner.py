@@ -1,0 +1,293 @@
+"""Launch one trial's ranks on this machine, watch them, end them all, and say what happened.
+
+Launchers (all single-node, no pdsh/ssh):
+- `direct` (default): the runner starts the N rank processes itself with the environment torchrun would
+  give them (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT, ...). No launcher interpreter in between:
+  that saves an import of torch per trial, the runner knows every rank's pid and exit status, and each
+  rank asks the kernel to kill it if the runner dies.
+- `torchrun` and `deepspeed`: the same worker through `torch.distributed.run` or DeepSpeed's own
+  launcher, for comparison (benchmarks/trial_overhead.py).
+Every process is started in a new session (its own process group). A fresh MASTER_PORT is chosen per trial.
+
+While the trial runs, the runner polls (every `poll_s`): the ranks' reports, their exits, the wall-clock
+timeout (paused while a rank builds DeepSpeed's C++ ops, a one-time cost per machine), and on the CPU the
+memory budget: each rank's VmHWM (a true peak, so a spike between polls is not missed) against the budget.
+On timeout, budget breach, a failed rank (after a short grace for the others to report), or an exception
+in the runner itself (KeyboardInterrupt: the tuner's interruption), every process of the trial is killed
+(process groups, then any descendant that left them) and reaped before `run_worker` returns or raises.
+
+The verdict comes from structured signals only: the runner's own observations (timeout, budget), the
+ranks' report files (ok / oom / unsupported / crash with the exception type), and exit codes and signals.
+stderr is kept in the logs and its last lines are quoted in a crash's message, never parsed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from subprocess import DEVNULL, Popen
+from typing import Any, Mapping
+
+import psutil
+
+from autotune.worker import procmem
+from autotune.worker.main import PARENT_ENV
+from autotune.worker.protocol import WorkerSpec, read_events, read_report
+
+LAUNCHERS = ("direct", "torchrun", "deepspeed")
+STDERR_TAIL_LINES = 15
+MAX_BUILD_PAUSE_S = 1800.0  # a first-use C++ op build longer than this counts against the timeout
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    ranks: int = 1
+    timeout_s: float = 600.0
+    memory_budget_bytes: int | None = None  # per rank; enforced here on the CPU, by the allocator on CUDA
+    launcher: str = "direct"
+    env: Mapping[str, str] = field(default_factory=dict)  # extra environment for the trial's processes
+    poll_s: float = 0.05
+    grace_s: float = 3.0  # after one rank fails, how long the others get to write their own report
+    python: str = sys.executable
+
+    def __post_init__(self) -> None:
+        if self.launcher not in LAUNCHERS:
+            raise ValueError(f"launcher={self.launcher!r}: allowed {list(LAUNCHERS)}")
+        if self.ranks < 1 or self.timeout_s <= 0:
+            raise ValueError(f"ranks={self.ranks}, timeout_s={self.timeout_s}: must be positive")
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    status: str  # ok | oom | unsupported | timeout | crash
+    error: str | None
+    reports: tuple[dict[str, Any] | None, ...]  # per rank, as written by the rank (None: none written)
+    wall_time_s: float
+    launch_time: float
+    log_dir: str
+    pids: tuple[int, ...]  # every process of the trial the runner saw (all ended when it returns)
+    exit_codes: tuple[int | None, ...]  # per launched process; negative: killed by that signal
+    observed_peaks: tuple[int, ...] = ()  # CPU ranks: the highest VmHWM the runner read, per rank seen
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_worker(spec: WorkerSpec, options: LaunchOptions) -> RunOutcome:
+    """Run the trial described by `spec` (whose `log_dir` receives every file) and return its outcome."""
+    log_dir = Path(spec.log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    trial = _Trial(spec, options, log_dir)
+    try:
+        trial.launch()
+        trial.watch()
+    finally:
+        trial.end()  # also on KeyboardInterrupt / SystemExit: no process of the trial outlives this call
+    return trial.outcome()
+
+
+class _Trial:
+    def __init__(self, spec: WorkerSpec, options: LaunchOptions, log_dir: Path) -> None:
+        self.options, self.log_dir = options, log_dir
+        self.launch_time = time.time()
+        self.spec = WorkerSpec(**{**spec.__dict__, "launch_time": self.launch_time})
+        self.procs: list[Popen] = []
+        self.logs: list[Any] = []
+        self.seen: set[int] = set()
+        self.verdict: tuple[str, str] | None = None  # the runner's own: timeout or the budget watchdog
+        self.failed_at: float | None = None
+        self.ended_at: float | None = None
+        self.exits_seen: tuple[int | None, ...] = ()  # exit codes before the runner killed anything
+        self.devices: dict[int, str] = {}  # rank -> the accelerator it reported
+        self.peaks: dict[int, int] = {}  # rank -> highest VmHWM read (CPU ranks)
+
+    # -- launch -------------------------------------------------------------------------------------
+    def launch(self) -> None:
+        spec_path = self.spec.write()
+        o = self.options
+        base = {**os.environ, **o.env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+                "PYTHONUNBUFFERED": "1", "LOCAL_SIZE": str(o.ranks)}
+        # Ranks share the machine's cores; oversubscribed OpenMP threads spin against each other.
+        base.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // o.ranks)))
+        worker = ["-m", "autotune.worker", str(spec_path)]
+        if o.launcher == "direct":
+            for rank in range(o.ranks):
+                env = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(o.ranks),
+                       "LOCAL_WORLD_SIZE": str(o.ranks), "GROUP_RANK": "0", PARENT_ENV: str(os.getpid())}
+                self._start([o.python, *worker], env, f"rank{rank}")
+        elif o.launcher == "torchrun":
+            self._start([o.python, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={o.ranks}",
+                         "--master-addr=127.0.0.1", f"--master-port={base['MASTER_PORT']}", *worker], base, "launcher")
+        else:
+            self._start([o.python, "-m", "deepspeed.launcher.runner", "--num_gpus", str(o.ranks),
+                         "--master_port", base["MASTER_PORT"], "--module", *worker[1:]], base, "launcher")
+
+    def _start(self, argv: list[str], env: Mapping[str, str], name: str) -> None:
+        out = (self.log_dir / f"{name}.stdout").open("ab")
+        err = (self.log_dir / f"{name}.stderr").open("ab")
+        self.logs += [out, err]
+        proc = Popen(argv, env=dict(env), stdin=DEVNULL, stdout=out, stderr=err, start_new_session=True)
+        self.procs.append(proc)
+        self.seen.add(proc.pid)
+
+    # -- watch --------------------------------------------------------------------------------------
+    def watch(self) -> None:
+        try:
+            self._watch()
+        finally:
+            self.exits_seen = tuple(p.poll() for p in self.procs)
+
+    def _watch(self) -> None:
+        o = self.options
+        deadline = self.launch_time + o.timeout_s
+        build_pause = 0.0
+        last = time.time()
+        while True:
+            now = time.time()
+            phases = self._phases()
+            if any(p.get("phase") == "build_ops" for p in phases.values()) and build_pause < MAX_BUILD_PAUSE_S:
+                build_pause += now - last  # a first-use op build is not the config's fault
+            last = now
+            reports = [read_report(self.log_dir, r) for r in range(o.ranks)]
+            if all(r is not None for r in reports):
+                return
+            if any(r is not None and r.get("status") != "ok" for r in reports) or self._exited_badly():
+                self.failed_at = self.failed_at or now
+                if now - self.failed_at >= o.grace_s or all(p.poll() is not None for p in self.procs):
+                    return
+            elif all(p.poll() is not None for p in self.procs):
+                return  # everything exited without all reports: judged in outcome()
+            breach = self._watch_memory(phases)
+            if breach:
+                self.verdict = ("oom", breach)
+                return
+            if now > deadline + build_pause:
+                where = ", ".join(f"rank {r} in {p.get('phase')}" for r, p in sorted(phases.items())) or "no rank started"
+                self.verdict = ("timeout", f"no result within the timeout of {o.timeout_s:g} s ({where})")
+                return
+            time.sleep(o.poll_s)
+
+    def _phases(self) -> dict[int, dict[str, Any]]:
+        latest = {}
+        for rank in range(self.options.ranks):
+            events = read_events(self.log_dir, rank)
+            if events:
+                latest[rank] = events[-1]
+                self.seen.update(e["pid"] for e in events if "pid" in e)
+                self.seen.update(e["child_pid"] for e in events if "child_pid" in e)
+                self.devices.update({rank: e["device"] for e in events if "device" in e})
+        return latest
+
+    def _exited_badly(self) -> bool:
+        return any(p.poll() not in (None, 0) for p in self.procs)
+
+    def _watch_memory(self, phases: Mapping[int, Mapping[str, Any]]) -> str | None:
+        budget = self.options.memory_budget_bytes
+        for rank, event in phases.items():
+            if self.devices.get(rank) != "cpu":
+                continue  # not known yet, or CUDA, where the allocator enforces the budget inside the rank
+            peak = procmem.peak_rss(event["pid"])
+            if peak is None:
+                continue
+            self.peaks[rank] = max(peak, self.peaks.get(rank, 0))
+            if budget and peak > budget:
+                return (f"rank {rank} grew to {peak / 2**20:.1f} MiB resident, past the memory budget of "
+                        f"{budget / 2**20:.1f} MiB (in phase {event.get('phase')})")
+        return None
+
+    # -- end ----------------------------------------------------------------------------------------
+    def end(self) -> None:
+        """Kill every process of the trial and reap the ones that are ours."""
+        victims = self._members()
+        for proc in self.procs:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # its session: the rank and anything it started
+            except (ProcessLookupError, PermissionError):
+                pass
+        for victim in victims:
+            try:
+                victim.kill()  # descendants that left the group
+            except psutil.Error:
+                pass
+        for proc in self.procs:
+            proc.wait()
+        psutil.wait_procs(victims, timeout=5)
+        for log in self.logs:
+            log.close()
+        self.ended_at = time.time()
+
+    def _members(self) -> list[psutil.Process]:
+        found: dict[int, psutil.Process] = {}
+        for pid in self.seen | {p.pid for p in self.procs}:
+            try:
+                proc = psutil.Process(pid)
+                found[pid] = proc
+                for child in proc.children(recursive=True):
+                    found[child.pid] = child
+                    self.seen.add(child.pid)
+            except psutil.Error:
+                continue
+        return [p for pid, p in found.items() if pid != os.getpid()]
+
+    # -- verdict ------------------------------------------------------------------------------------
+    def outcome(self) -> RunOutcome:
+        n = self.options.ranks
+        reports = tuple(read_report(self.log_dir, r) for r in range(n))
+        codes = tuple(p.returncode for p in self.procs)
+        status, error = self._judge(reports, codes)
+        end = self.ended_at or time.time()
+        return RunOutcome(status, error, reports, end - self.launch_time, self.launch_time, str(self.log_dir),
+                          tuple(sorted(self.seen)), codes, tuple(self.peaks[r] for r in sorted(self.peaks)))
+
+    def _judge(self, reports: tuple[dict[str, Any] | None, ...], codes: tuple[int | None, ...]) -> tuple[str, str | None]:
+        if self.verdict is not None:
+            return self.verdict
+        failures = [(r, rep) for r, rep in enumerate(reports) if rep is not None and rep.get("status") != "ok"]
+        for wanted in ("oom", "unsupported"):  # definitive, whichever rank saw it
+            for rank, rep in failures:
+                if rep["status"] == wanted:
+                    return wanted, f"rank {rank} in {rep.get('phase')}: {rep.get('error')}"
+        if self.options.launcher == "direct":
+            # A rank that died without a report (a signal, os._exit) is the cause; its peers then
+            # fail on a broken connection or are killed by us, so they come second.
+            died = [(r, c) for r, c in enumerate(self.exits_seen) if reports[r] is None and c not in (None, 0)]
+            if died:
+                rank, code = died[0]
+                return "crash", f"rank {rank} {describe_exit(code)} without a report{self._tail(f'rank{rank}')}"
+        if failures:
+            rank, rep = failures[0]
+            name = f"rank{rank}" if self.options.launcher == "direct" else "launcher"
+            return "crash", f"rank {rank} in {rep.get('phase')}: {rep.get('error')}{self._tail(name)}"
+        if all(rep is not None for rep in reports):
+            return "ok", None
+        missing = [r for r, rep in enumerate(reports) if rep is None]
+        name = "rank%d" % missing[0] if self.options.launcher == "direct" else "launcher"
+        exits = ", ".join(describe_exit(c) for c in codes)
+        return "crash", f"rank(s) {missing} ended without a report ({exits}){self._tail(name)}"
+
+    def _tail(self, name: str) -> str:
+        path = self.log_dir / f"{name}.stderr"
+        try:
+            lines = path.read_text(errors="replace").rstrip().splitlines()[-STDERR_TAIL_LINES:]
+        except FileNotFoundError:
+            return ""
+        return ("; last lines of stderr:\n" + "\n".join(lines)) if lines else ""
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"was killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"

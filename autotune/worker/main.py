@@ -1,0 +1,303 @@
+"""The trial worker: `python -m autotune.worker <spec.json>`, one process per rank.
+
+It builds the built-in model, calls `deepspeed.initialize` with the spec's DeepSpeed config, runs warm-up
+steps, then measured optimizer steps (every micro-step of gradient accumulation) until the step time is
+stable (autotune.worker.measure), and writes its report `rank<r>.json` (autotune.worker.protocol):
+- step times (rank 0's decide when to stop; the decision is broadcast so all ranks stop together);
+- the process's memory: a baseline before the model is built, the peak during start-up, and the true
+  peak over the measured window (CPU: VmHWM after clear_refs; CUDA: max reserved after a reset);
+- or a structured failure: `unsupported` (checked through DeepSpeed's accelerator API before
+  initialize), `oom` (the allocator's out-of-memory exceptions), `crash` (anything else, with its type).
+Rank environment (RANK, WORLD_SIZE, MASTER_ADDR, ...) comes from the launcher.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import ctypes
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from typing import Any, Callable
+
+from autotune.worker import procmem
+from autotune.worker.measure import iqr, median_rel_se, stop_reason
+from autotune.worker.protocol import WorkerSpec, record_phase, report_path, write_json_atomic
+
+PR_SET_PDEATHSIG = 1
+PARENT_ENV = "AUTOTUNE_PARENT_PID"  # set by the runner when it is this process's parent
+CPU_OOM = "DefaultCPUAllocator: can't allocate memory"  # c10's own report of a failed CPU allocation
+
+
+class Unsupported(Exception):
+    """The config cannot run on this machine's accelerator or software."""
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m autotune.worker")
+    parser.add_argument("spec")
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=None)  # passed by DeepSpeed's launcher
+    args = parser.parse_args(argv)
+    _die_with_parent()
+    spec = WorkerSpec.read(args.spec)
+    rank = int(os.environ.get("RANK", "0"))
+    started = time.time()
+    record_phase(spec.log_dir, rank, "start")
+    if spec.fault == "hang":
+        _hang(spec, rank)
+    try:
+        report = run(spec, rank, started)
+        code = 0
+    except BaseException as err:  # every failure becomes a report; the runner decides what to do next
+        traceback.print_exc()
+        status, message = classify(err)
+        report = {"status": status, "error": message, "exception": type(err).__name__,
+                  "phase": _last_phase, "rank": rank, "pid": os.getpid()}
+        code = 1
+    write_json_atomic(report_path(spec.log_dir, rank), report)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter and process-group teardown: the runner needs nothing more from this process and
+    # gloo's teardown can wait on peers that are gone.
+    os._exit(code)
+
+
+_last_phase = "start"
+
+
+def _phase(spec: WorkerSpec, rank: int, phase: str, **info: Any) -> None:
+    global _last_phase  # the phase reached is reported on failure; one process, one trial
+    _last_phase = phase
+    record_phase(spec.log_dir, rank, phase, **info)
+
+
+def classify(err: BaseException) -> tuple[str, str]:
+    """(status, one-line message) from the exception's type, never from the word 'error'."""
+    message = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"[:500]
+    if isinstance(err, Unsupported):
+        return "unsupported", str(err)
+    if isinstance(err, MemoryError):
+        return "oom", message
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(err, getattr(torch, "OutOfMemoryError", ())):
+        return "oom", message
+    if isinstance(err, RuntimeError) and CPU_OOM in str(err):
+        return "oom", message
+    return "crash", message
+
+
+def run(spec: WorkerSpec, rank: int, started: float) -> dict[str, Any]:
+    phases: dict[str, float] = {"spawn_s": started - spec.launch_time if spec.launch_time else 0.0}
+    clock = _PhaseClock(phases)
+
+    import torch
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    from autotune.worker.model import GPT, synthetic_batch
+
+    clock.lap("import_s")
+    accel = get_accelerator()
+    device_name = accel.device_name()
+    _phase(spec, rank, "build_ops", device=device_name)
+    ds = prepared_ds_config(spec.ds_config)
+    check_supported(spec, ds, accel)
+    load_ops(ds, accel)
+    clock.lap("build_ops_s")
+
+    _phase(spec, rank, "dist_init")
+    deepspeed.init_distributed(dist_backend=accel.communication_backend_name())
+    world = torch.distributed.get_world_size()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    on_cpu = device_name == "cpu"
+    if not on_cpu:
+        accel.set_device(local_rank)
+        if spec.memory_budget_bytes:
+            total = accel.total_memory(local_rank)
+            torch.cuda.set_per_process_memory_fraction(min(1.0, spec.memory_budget_bytes / total), local_rank)
+    clock.lap("dist_init_s")
+    memory = _CpuMemory() if on_cpu else _CudaMemory(torch, local_rank)
+    baseline = memory.current()
+
+    _phase(spec, rank, "build")
+    torch.manual_seed(spec.seed)
+    # ZeRO-3 builds the model already partitioned, as Hugging Face does for stage 3.
+    with deepspeed.zero.Init(config_dict_or_path=ds, enabled=spec.config.zero_stage == 3):
+        model = GPT(spec.workload.model, spec.config.ckpt_interval)
+    clock.lap("build_s")
+
+    _phase(spec, rank, "initialize")
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds)
+    clock.lap("initialize_s")
+
+    generator = torch.Generator().manual_seed(spec.seed + rank)
+    device = engine.device
+    batches = [synthetic_batch(spec.workload.model, spec.config.micro_batch, generator, device)
+               for _ in range(engine.gradient_accumulation_steps())]
+
+    def optimizer_step() -> tuple[float, Any]:
+        accel.synchronize()
+        t0 = time.perf_counter()
+        for tokens, targets in batches:
+            loss = engine(tokens, targets)
+            engine.backward(loss)
+            engine.step()
+        accel.synchronize()
+        return time.perf_counter() - t0, loss
+
+    _phase(spec, rank, "warmup")
+    losses = []
+    for _ in range(spec.measure.warmup_steps):
+        _, loss = optimizer_step()
+        losses.append(loss.detach().item())
+    clock.lap("warmup_s")
+    startup_peak = memory.peak()
+    memory.reset_peak()
+
+    first_step = time.time()
+    _phase(spec, rank, "measure")
+    times: list[float] = []
+    reason = None
+    while reason is None:
+        elapsed, loss = optimizer_step()
+        times.append(elapsed)
+        reason = _agree(torch, world, device, lambda: stop_reason(times, time.time() - first_step, spec.measure))
+    peak = memory.peak()
+    clock.lap("measure_s")
+    losses.append(loss.detach().item())
+    _phase(spec, rank, "done")
+    if world > 1:
+        torch.distributed.barrier()  # every rank is past its last collective before anyone exits
+    median = statistics.median(times)
+    return {
+        "status": "ok", "rank": rank, "pid": os.getpid(), "world_size": world, "device": device_name,
+        "step_times_s": times, "step_time_s": median, "step_time_iqr_s": iqr(times),
+        "step_time_rel_se": median_rel_se(times) if len(times) > 1 else None, "stop_reason": reason,
+        "baseline_memory_bytes": baseline, "peak_memory_bytes": peak, "startup_peak_bytes": startup_peak,
+        "peak_allocated_bytes": memory.peak_allocated(), "first_step_time": first_step,
+        "phases_s": phases, "loss_first": losses[0], "loss_last": losses[-1],
+        "optimizer": type(engine.optimizer).__name__, "threads": torch.get_num_threads(),
+    }
+
+
+def prepared_ds_config(ds_config: Any) -> dict[str, Any]:
+    """The spec's DeepSpeed config, with one translation: offloaded optimizer state with
+    `zero_force_ds_cpu_optimizer: false` uses torch's AdamW (DeepSpeed's `torch_adam` switch) instead of
+    DeepSpeedCPUAdam, whose C++ build takes minutes on first use."""
+    ds = copy.deepcopy(dict(ds_config))
+    offload = ds.get("zero_optimization", {}).get("offload_optimizer", {}).get("device", "none") != "none"
+    if offload and ds.get("zero_force_ds_cpu_optimizer") is False and "optimizer" in ds:
+        ds["optimizer"].setdefault("params", {})["torch_adam"] = True
+    return ds
+
+
+def check_supported(spec: WorkerSpec, ds: dict[str, Any], accel: Any) -> None:
+    """Refuse what this accelerator cannot run, as DeepSpeed would refuse it later, but structurally."""
+    precision = spec.config.precision
+    if precision == "fp16" and not accel.is_fp16_supported():
+        raise Unsupported(f"precision fp16 is not supported by DeepSpeed's {accel.device_name()} accelerator here")
+    if precision == "bf16" and not accel.is_bf16_supported():
+        raise Unsupported(f"precision bf16 is not supported by DeepSpeed's {accel.device_name()} accelerator here")
+    zero = ds.get("zero_optimization", {})
+    if any(zero.get(key, {}).get("device") == "nvme" for key in ("offload_optimizer", "offload_param")):
+        aio = accel.create_op_builder("AsyncIOBuilder")
+        if aio is None or not aio.is_compatible(verbose=False):
+            raise Unsupported("NVMe offload needs DeepSpeed's async_io op, which cannot be built here (libaio?)")
+
+
+def load_ops(ds: dict[str, Any], accel: Any) -> None:
+    """Build (first use on a machine: minutes) or load the C++ ops the trial will need, before the
+    runner's timeout clock runs again (it pauses during this phase)."""
+    import deepspeed.ops
+
+    names = []
+    if accel.device_name() == "cpu":
+        names.append("ShareMemCommBuilder")  # DeepSpeed's CPU communication backend always loads it
+    if not ds.get("optimizer", {}).get("params", {}).get("torch_adam", False):
+        offload = ds.get("zero_optimization", {}).get("offload_optimizer", {}).get("device", "none") != "none"
+        names.append("CPUAdamBuilder" if offload else "FusedAdamBuilder")
+    for name in names:
+        builder = accel.create_op_builder(name)
+        if builder is not None and deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
+            builder.load(verbose=False)
+
+
+def _agree(torch: Any, world: int, device: Any, decide: Callable[[], str | None]) -> str | None:
+    """Rank 0's stop decision, sent to every rank (they must run the same number of collectives)."""
+    reason = decide()
+    if world == 1:
+        return reason
+    from autotune.worker.measure import MAX_STEPS, STABLE, TIME_LIMIT
+
+    codes = [None, STABLE, MAX_STEPS, TIME_LIMIT]
+    flag = torch.tensor([codes.index(reason)], dtype=torch.int64, device=device)
+    torch.distributed.broadcast(flag, src=0)
+    return codes[int(flag.item())]
+
+
+class _PhaseClock:
+    def __init__(self, phases: dict[str, float]) -> None:
+        self.phases, self.last = phases, time.time()
+
+    def lap(self, name: str) -> None:
+        now = time.time()
+        self.phases[name] = now - self.last
+        self.last = now
+
+
+class _CpuMemory:
+    """The whole process's resident set: on DeepSpeed's CPU accelerator, that is the device memory."""
+
+    def current(self) -> int:
+        return procmem.rss() or 0
+
+    def peak(self) -> int:
+        return procmem.peak_rss() or 0
+
+    def reset_peak(self) -> None:
+        procmem.reset_peak()
+
+    def peak_allocated(self) -> None:
+        return None
+
+
+class _CudaMemory:
+    def __init__(self, torch: Any, device: int) -> None:
+        self.cuda, self.device = torch.cuda, device
+
+    def current(self) -> int:
+        return self.cuda.memory_reserved(self.device)
+
+    def peak(self) -> int:
+        return self.cuda.max_memory_reserved(self.device)
+
+    def reset_peak(self) -> None:
+        self.cuda.reset_peak_memory_stats(self.device)
+
+    def peak_allocated(self) -> int:
+        return self.cuda.max_memory_allocated(self.device)
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel to kill this rank if the runner dies (e.g. SIGKILL to the tuner), so that no
+    orphaned rank keeps running; then check the runner did not die before the request took effect."""
+    parent = os.environ.get(PARENT_ENV)
+    if not parent or not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != int(parent):
+        os._exit(1)
+
+
+def _hang(spec: WorkerSpec, rank: int) -> None:
+    """Test fault: start a child (as a compiler or a data loader would) and never finish."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+    _phase(spec, rank, "hang", child_pid=child.pid)
+    while True:
+        time.sleep(3600)

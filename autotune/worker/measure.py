@@ -1,0 +1,65 @@
+"""When to stop measuring, and what a list of step times says.
+
+A trial measures optimizer steps until the median step time is known well enough: at least `min_steps`,
+then stop as soon as the standard error of the median (1.2533 s / sqrt(n), s the sample standard
+deviation) is within `rel_tol` of the median; never more than `max_steps` steps or `max_measure_s`
+seconds. A noisy config is thus measured longer and a steady one stops early; `stop_reason` records which.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Sequence
+
+STABLE, MAX_STEPS, TIME_LIMIT = "stable", "max_steps", "time_limit"
+
+
+@dataclass(frozen=True)
+class MeasureSettings:
+    warmup_steps: int = 1  # optimizer steps not timed: lazy allocations, ZeRO-3's first trace
+    min_steps: int = 3
+    max_steps: int = 20
+    rel_tol: float = 0.04
+    max_measure_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps={self.warmup_steps}: must be >= 0")
+        if not 1 <= self.min_steps <= self.max_steps:
+            raise ValueError(f"min_steps={self.min_steps}, max_steps={self.max_steps}: need 1 <= min <= max")
+        if self.rel_tol < 0 or self.max_measure_s <= 0:
+            raise ValueError(f"rel_tol={self.rel_tol}, max_measure_s={self.max_measure_s}: must be positive")
+
+    @classmethod
+    def fixed(cls, warmup_steps: int, steps: int) -> "MeasureSettings":
+        """Exactly `steps` measured steps (no early stop), e.g. to compare with a fixed-step run."""
+        return cls(warmup_steps, steps, steps, 0.0, 1e9)
+
+
+def median_rel_se(times: Sequence[float]) -> float:
+    """Standard error of the median relative to the median (normal approximation); inf below 2 samples."""
+    if len(times) < 2:
+        return math.inf
+    median = statistics.median(times)
+    return 1.2533 * statistics.stdev(times) / math.sqrt(len(times)) / median if median > 0 else math.inf
+
+
+def stop_reason(times: Sequence[float], elapsed_s: float, settings: MeasureSettings) -> str | None:
+    """Why to stop after these measured step times, or None to measure another step."""
+    n = len(times)
+    if n >= settings.max_steps:
+        return MAX_STEPS
+    if n >= 1 and elapsed_s >= settings.max_measure_s:
+        return TIME_LIMIT
+    if n >= settings.min_steps and median_rel_se(times) <= settings.rel_tol:
+        return STABLE
+    return None
+
+
+def iqr(times: Sequence[float]) -> float:
+    if len(times) < 2:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(times, n=4, method="inclusive")
+    return q3 - q1

@@ -1,0 +1,154 @@
+"""The built-in decoder-only transformer trained by a trial: plain PyTorch, random init, no downloads.
+
+It follows `autotune.workload.ModelShape` exactly (so `ModelShape.params` counts its parameters) and is
+written the way the estimator's memory formulas assume: fused attention (`scaled_dot_product_attention`,
+no materialised s x s scores), no dropout, and with `ckpt_interval = k` the layers run in checkpointed
+segments of k layers (only segment inputs are kept; backward recomputes one segment at a time).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from autotune.workload import ModelShape
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+
+def _rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, shape: ModelShape) -> None:
+        super().__init__()
+        self.heads, self.kv_heads = shape.heads, shape.kv_heads
+        self.head_dim = shape.hidden // shape.heads
+        bias = shape.arch == "gpt"
+        self.qkv = nn.Linear(shape.hidden, shape.hidden + 2 * shape.kv_dim, bias=bias)
+        self.out = nn.Linear(shape.hidden, shape.hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = self.qkv(x).split([self.heads * self.head_dim, self.kv_heads * self.head_dim,
+                                     self.kv_heads * self.head_dim], dim=-1)
+        q = q.view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k = k.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        if rope is not None:
+            q, k = _rotary(q, *rope), _rotary(k, *rope)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.heads)
+        return self.out(y.transpose(1, 2).reshape(b, s, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, shape: ModelShape) -> None:
+        super().__init__()
+        self.gated = shape.arch == "llama"
+        bias = not self.gated
+        self.up = nn.Linear(shape.hidden, shape.ffn_hidden * (2 if self.gated else 1), bias=bias)
+        self.down = nn.Linear(shape.ffn_hidden, shape.hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gated:
+            gate, up = self.up(x).chunk(2, dim=-1)
+            return self.down(F.silu(gate) * up)
+        return self.down(F.gelu(self.up(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, shape: ModelShape) -> None:
+        super().__init__()
+        norm = nn.LayerNorm if shape.arch == "gpt" else RMSNorm
+        self.norm1, self.attn = norm(shape.hidden), Attention(shape)
+        self.norm2, self.mlp = norm(shape.hidden), MLP(shape)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), rope)
+        return x + self.mlp(self.norm2(x))
+
+
+class GPT(nn.Module):
+    """`forward(tokens, targets)` returns the mean next-token cross-entropy (computed in fp32)."""
+
+    def __init__(self, shape: ModelShape, ckpt_interval: int = 0) -> None:
+        super().__init__()
+        if not 0 <= ckpt_interval <= shape.layers:
+            raise ValueError(f"ckpt_interval={ckpt_interval}: allowed 0..{shape.layers}")
+        self.shape, self.ckpt_interval = shape, ckpt_interval
+        self.embed = nn.Embedding(shape.vocab, shape.hidden)
+        self.pos = nn.Embedding(shape.seq_len, shape.hidden) if shape.arch == "gpt" else None
+        self.blocks = nn.ModuleList(Block(shape) for _ in range(shape.layers))
+        self.norm = nn.LayerNorm(shape.hidden) if shape.arch == "gpt" else RMSNorm(shape.hidden)
+        self.head = nn.Linear(shape.hidden, shape.vocab, bias=False)
+        self.apply(self._init)
+        if shape.arch == "gpt":
+            # Tied as Hugging Face's GPT-2 ties them: one Parameter in two modules, which ZeRO-3 gathers
+            # through the head module's own hooks.
+            self.head.weight = self.embed.weight
+
+    @staticmethod
+    def _init(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def _rope(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if self.shape.arch == "gpt":
+            return None
+        dim = self.shape.hidden // self.shape.heads
+        inv = 1.0 / (10000 ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim))
+        angles = torch.outer(torch.arange(x.shape[1], device=x.device, dtype=torch.float32), inv)
+        angles = torch.cat((angles, angles), dim=-1)
+        return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+
+    def _segment(self, start: int, stop: int):
+        def run(x: torch.Tensor, *rope: torch.Tensor) -> torch.Tensor:
+            for block in self.blocks[start:stop]:
+                x = block(x, tuple(rope) if rope else None)
+            return x
+        return run
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        if self.pos is not None:
+            x = x + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+        rope = self._rope(x)
+        rope_args = rope if rope is not None else ()
+        step = self.ckpt_interval or self.shape.layers
+        for start in range(0, self.shape.layers, step):
+            segment = self._segment(start, min(start + step, self.shape.layers))
+            if self.ckpt_interval and self.training:
+                # Non-reentrant checkpointing works with ZeRO-3's parameter hooks and keeps only x.
+                x = checkpoint(segment, x, *rope_args, use_reentrant=False)
+            else:
+                x = segment(x, *rope_args)
+        x = self.norm(x)
+        logits = self.head(x)
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def synthetic_batch(shape: ModelShape, micro_batch: int, generator: torch.Generator,
+                    device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Random tokens and their shifted targets: the step's cost does not depend on the data."""
+    data = torch.randint(0, shape.vocab, (micro_batch, shape.seq_len + 1), generator=generator)
+    return data[:, :-1].to(device), data[:, 1:].to(device)
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+

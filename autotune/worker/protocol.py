@@ -1,0 +1,104 @@
+"""The files through which the runner and a trial's ranks talk, inside the trial's log directory.
+
+runner -> ranks: `spec.json` (WorkerSpec).
+ranks -> runner: `rank<r>.events.jsonl` (one line per phase entered, with the pid: the runner learns the
+ranks' pids and where a hung trial stopped) and `rank<r>.json` (the rank's report: measurements, or a
+structured failure with its status). Nothing here is read from free text such as stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from autotune.config import Config
+from autotune.worker.measure import MeasureSettings
+from autotune.workload import Workload
+
+SPEC = "spec.json"
+PHASES = ("start", "build_ops", "dist_init", "build", "initialize", "warmup", "measure", "done")
+# Failure statuses a rank reports itself; `timeout` and the watchdog's `oom` are the runner's verdicts.
+RANK_FAILURES = ("oom", "unsupported", "crash")
+FAULTS = ("hang",)  # injected by tests: the rank (and a child it starts) hangs before importing torch
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    config: Config
+    workload: Workload
+    ds_config: Mapping[str, Any]
+    log_dir: str
+    measure: MeasureSettings = MeasureSettings()
+    memory_budget_bytes: int | None = None  # CUDA: the allocator's cap; CPU: enforced by the runner's watchdog
+    seed: int = 0
+    launch_time: float = 0.0  # time.time() when the runner launched the trial
+    fault: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["config"] = self.config.to_dict()
+        out["workload"] = self.workload.to_dict()
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "WorkerSpec":
+        values = dict(data)
+        values["config"] = Config.from_dict(values["config"])
+        values["workload"] = Workload.from_dict(values["workload"])
+        values["measure"] = MeasureSettings(**values.get("measure", {}))
+        return cls(**values)
+
+    def write(self) -> Path:
+        path = Path(self.log_dir) / SPEC
+        write_json_atomic(path, self.to_dict())
+        return path
+
+    @classmethod
+    def read(cls, path: str | Path) -> "WorkerSpec":
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def report_path(log_dir: str | Path, rank: int) -> Path:
+    return Path(log_dir) / f"rank{rank}.json"
+
+
+def events_path(log_dir: str | Path, rank: int) -> Path:
+    return Path(log_dir) / f"rank{rank}.events.jsonl"
+
+
+def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
+    """Write then rename: a reader never sees half a file, even if the writer is killed."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, allow_nan=False))
+    tmp.replace(path)
+
+
+def record_phase(log_dir: str | Path, rank: int, phase: str, **info: Any) -> None:
+    line = json.dumps({"t": time.time(), "phase": phase, "pid": os.getpid(), **info})
+    with events_path(log_dir, rank).open("a") as out:
+        out.write(line + "\n")
+
+
+def read_events(log_dir: str | Path, rank: int) -> list[dict[str, Any]]:
+    path = events_path(log_dir, rank)
+    if not path.exists():
+        return []
+    events = []
+    for line in path.read_text().splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            break  # a line being written as we read
+    return events
+
+
+def read_report(log_dir: str | Path, rank: int) -> dict[str, Any] | None:
+    path = report_path(log_dir, rank)
+    if not path.exists():
+        return None
+    return json.loads(path.read_text())
