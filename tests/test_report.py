@@ -1,0 +1,106 @@
+"""Outputs of a sweep from hand-made results: summary.json contract, Pareto front, report tables, plots."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autotune.config import Config
+from autotune.hardware import PROFILES
+from autotune.plots import pareto_front
+from autotune.report import summarize, write_outputs
+from autotune.results import STATUSES, TrialResult, append_result
+from autotune.rundir import RunDir, RunSettings
+from autotune.search_spaces import load_choices
+from autotune.workload import make_workload
+
+GiB = 2**30
+BUDGET = 2 * GiB
+
+
+def ok(mb: int, throughput: float, peak_gib: float, trial: int, stage: int = 2) -> TrialResult:
+    return TrialResult(Config(stage, mb, 0, "bf16"), "ok", throughput_samples_per_s=throughput,
+                       tokens_per_s=throughput * 256, step_time_s=16 / throughput, peak_memory_bytes=int(peak_gib * GiB),
+                       memory_budget_bytes=BUDGET, wall_time_s=10.0, backend="deepspeed",
+                       extra={"trial": trial, "predicted_peak_bytes": int(peak_gib * GiB * 1.05)})
+
+
+def failed(status: str, mb: int, error: str, trial: int, peak_gib: float | None = None) -> TrialResult:
+    return TrialResult(Config(1, mb, 1, "fp32"), status, peak_memory_bytes=int(peak_gib * GiB) if peak_gib else None,
+                       memory_budget_bytes=BUDGET, wall_time_s=5.0 if status != "pruned" else 0.0,
+                       backend="deepspeed", error=error,
+                       extra={"trial": trial, "predicted_peak_bytes": int(3 * GiB)})
+
+
+@pytest.fixture
+def results() -> list[TrialResult]:
+    return [
+        ok(1, 10.0, 1.0, 1),
+        failed("oom", 8, "peak 2600000000 bytes exceeds the budget of 2147483648 bytes", 2, 2.4),
+        ok(2, 14.0, 1.2, 3),
+        failed("pruned", 16, "predicted peak 3.1 GiB exceeds the budget of 2 GiB by more than the 25% safety margin", 4),
+        ok(4, 14.0, 1.6, 5, stage=1),  # ties the best: best_trial_index is the first to reach it
+        failed("crash", 2, "exit code 1: RuntimeError: boom\nTraceback ...", 6),
+        failed("oom", 4, "peak 2500000000 bytes exceeds the budget of 2147483648 bytes", 7, 2.3),
+        ok(1, 12.0, 0.9, 8, stage=3),
+    ]
+
+
+@pytest.fixture
+def settings() -> RunSettings:
+    return RunSettings(make_workload("tiny"), PROFILES["cpu"], BUDGET, "optuna", "deepspeed", 0, load_choices("cpu"))
+
+
+def test_summary_follows_the_contract(results, settings):
+    summary = summarize(results, settings)
+    assert summary == {
+        "best": {"config": Config(2, 2, 0, "bf16").to_dict(), "throughput_samples_per_s": 14.0,
+                 "peak_memory_bytes": int(1.2 * GiB)},
+        "trials": 8,
+        "best_trial_index": 3,
+        "strategy": "optuna",
+        "memory_budget_bytes": BUDGET,
+        "status_counts": {"ok": 4, "oom": 2, "unsupported": 0, "timeout": 0, "crash": 1, "pruned": 1},
+    }
+    assert list(summary["status_counts"]) == list(STATUSES)
+
+
+def test_summary_without_a_fitting_result(settings):
+    summary = summarize([failed("oom", 8, "too big", 1, 2.5)], settings)
+    assert summary["best"] is None and summary["best_trial_index"] is None and summary["trials"] == 1
+
+
+def test_pareto_front_keeps_results_no_other_beats_on_both_axes(results):
+    front = pareto_front(results)
+    assert [(r.peak_memory_bytes, r.throughput_samples_per_s) for r in front] == [
+        (int(0.9 * GiB), 12.0), (int(1.2 * GiB), 14.0)]
+
+
+@pytest.mark.slow  # imports matplotlib and DeepSpeed (its config parser) the first time
+def test_outputs_from_a_run_directory(results, settings, tmp_path):
+    run = RunDir(tmp_path / "run")
+    run.write_settings(settings)
+    for r in results:
+        append_result(run.trials_path, r)
+    outputs = write_outputs(run, settings)
+    assert outputs.best == results[2]
+    assert "recommended z2 mb2 ck0 bf16" in outputs.verdict and "(trial 3)" in outputs.verdict
+    for name in ("summary.json", "best_ds_config.json", "best_hf_ds_config.json", "report.md",
+                 "plots/throughput_vs_memory.png", "plots/best_so_far.png", "plots/memory_breakdown.png"):
+        assert (run.path / name).is_file(), name
+    assert json.loads((run.path / "summary.json").read_text()) == summarize(results, settings)
+    report = (run.path / "report.md").read_text()
+    top = [line for line in report.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")
+           or line.startswith("| 3 |") or line.startswith("| 4 |")]
+    assert [line.split("|")[2].strip() for line in top] == ["3", "5", "8", "1"]  # fastest first, by trial number
+    # Failures grouped by cause: both OOMs share one cause once their numbers are blanked.
+    assert "| oom | peak N bytes exceeds the budget of N bytes | 2 |" in report
+    assert "| crash | exit code N: RuntimeError: boom | 1 |" in report
+    assert "| pruned |" in report
+    # Two configs within this machine's noise of each other: the report says so.
+    assert "Close call" in report
+
+
+def test_report_settings_round_trip(settings):
+    assert RunSettings.from_dict(json.loads(json.dumps(settings.to_dict()))) == settings
