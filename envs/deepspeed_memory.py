@@ -340,7 +340,7 @@ class DeepSpeedMemoryEnv(gym.Env):
         def build() -> tuple[Landscape, SimulatedBackend]:
             base = SimulatedBackend(task.workload, task.hardware, task.hardware.memory_bytes, self._noise,
                                     calibration=self.calibration, nvme_path=task.choices.nvme_path)
-            return self._build_landscape(task, self._estimator(task.workload, task.hardware)), base
+            return self._build_landscape(task, base.estimate), base  # primes the backend's predictions
 
         land, base = self._landscapes.get(("simulated", task.workload, repr(task.hardware), task.choices), build)
         budget = task.memory_budget_bytes

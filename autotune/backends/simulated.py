@@ -88,23 +88,26 @@ class SimulatedBackend:
         self._rng = np.random.default_rng(seed)
 
     def estimate(self, config: Config) -> Estimate:
-        """The noise-free prediction for `config`; ConfigError if the config cannot run here."""
+        """The noise-free prediction for `config` (ConfigError if the config cannot run here). The backend
+        keeps what a run of it needs, so an environment that estimates a whole space once makes every
+        later run a lookup."""
         reason = invalid_reason(config, self.workload, self.hardware, self.nvme_path)
         if reason:
+            self._cache[config] = _Prediction(reason, 0, 0, 0.0, "")
             raise ConfigError(f"{config.to_json()}: {reason}")
-        return estimate(config, self.workload, self.hardware, self.calibration)
+        est = estimate(config, self.workload, self.hardware, self.calibration)
+        self._cache[config] = _Prediction(None, est.peak_bytes, host_need_bytes(est, self.workload, self.hardware),
+                                          est.step_time_s, est.memory.dominant)
+        return est
 
     def _lookup(self, config: Config) -> _Prediction:
         cached = self._cache.get(config)
         if cached is None:
-            reason = invalid_reason(config, self.workload, self.hardware, self.nvme_path)
-            if reason:
-                cached = _Prediction(reason, 0, 0, 0.0, "")
-            else:
-                est = estimate(config, self.workload, self.hardware, self.calibration)
-                cached = _Prediction(None, est.peak_bytes, host_need_bytes(est, self.workload, self.hardware),
-                                     est.step_time_s, est.memory.dominant)
-            self._cache[config] = cached
+            try:
+                self.estimate(config)
+            except ConfigError:
+                pass
+            cached = self._cache[config]
         return cached
 
     def run(self, config: Config) -> TrialResult:

@@ -47,7 +47,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     record.add_argument("--memory-budget", type=size, default=None,
                         help="per-device budget the trials run under (default: the hardware's memory)")
     record.add_argument("--timeout", type=float, default=None, help="seconds per trial before it is ended")
+    record.add_argument("--logs", type=Path, default=None,
+                        help="deepspeed: directory of the trials' logs (default: <out without .jsonl>.logs)")
     record.add_argument("--limit", type=positive_int, default=None, help="record at most this many new configs")
+    record.add_argument("--max-steps", type=positive_int, default=10,
+                        help="deepspeed: measured optimizer steps at most per trial (default: %(default)s)")
+    record.add_argument("--max-measure-s", type=float, default=30.0,
+                        help="deepspeed: seconds of measured steps at most per trial, at least one step "
+                             "(default: %(default)s; a surface has hundreds of trials)")
     record.add_argument("--seed", type=int, default=0, help="order in which configs run (default: %(default)s)")
     record.set_defaults(_surface=run_record)
     show = sub.add_parser("show", help="summarise a surface: statuses, and the fastest configs within a budget")
@@ -68,7 +75,11 @@ def run_record(args: argparse.Namespace) -> int:
     hardware = hardware_from(args)
     space = space_from(args, workload, hardware)
     budget = args.memory_budget or hardware.memory_bytes
-    backend = make_backend(args.backend, workload, hardware, space, budget, args.timeout, args.out)
+    if args.max_measure_s <= 0:
+        raise ConfigError(f"--max-measure-s {args.max_measure_s}: must be a positive number of seconds")
+    logs = args.logs or args.out.parent / f"{args.out.stem}.logs"
+    backend = make_backend(args.backend, workload, hardware, space, budget, args.timeout, logs,
+                           max_steps=args.max_steps, max_measure_s=args.max_measure_s)
     console = Console(highlight=False, soft_wrap=True)
     done = record(space, backend, args.out, order_seed=args.seed, limit=args.limit, progress=console.print)
     console.print(f"{args.out}: {done.recorded} configs recorded now, {done.total_measured} of {len(space)} measured")
@@ -76,16 +87,22 @@ def run_record(args: argparse.Namespace) -> int:
 
 
 def make_backend(kind: str, workload: Workload, hardware: Hardware, space: Space, budget: int,
-                 timeout: float | None, out: Path) -> Backend:
+                 timeout: float | None, logs: Path, *, max_steps: int = 10, max_measure_s: float = 30.0) -> Backend:
     if kind == "simulated":
         from autotune.backends.simulated import SimulatedBackend
 
         return SimulatedBackend(workload, hardware, budget, nvme_path=space.choices.nvme_path)
-    from autotune.backends.deepspeed import DeepSpeedBackend
+    from autotune.backends.deepspeed import DeepSpeedBackend  # imports the runner only when trials run
+    from autotune.dsconfig import DsOptions
+    from autotune.worker.measure import MeasureSettings
 
     options = {} if timeout is None else {"timeout_s": timeout}
-    return DeepSpeedBackend(workload, hardware=hardware, memory_budget_bytes=budget,
-                            log_root=out.parent / f"{out.stem}.logs", nvme_path=space.choices.nvme_path, **options)
+    defaults = MeasureSettings()
+    measure = MeasureSettings(defaults.warmup_steps, min(defaults.min_steps, max_steps), max_steps,
+                              defaults.rel_tol, max_measure_s)
+    return DeepSpeedBackend(workload, memory_budget_bytes=budget, hardware=hardware,
+                            ds_options=DsOptions(nvme_path=space.choices.nvme_path),
+                            logs_dir=logs, measure=measure, **options)
 
 
 @dataclass(frozen=True)
