@@ -14,6 +14,7 @@ COMMANDS = {
     "estimate": "Predict memory and throughput of every config of a space, before running anything.",
     "tune": "Search for the fastest config within a memory budget; resumable; writes the recommendation and a report.",
     "report": "Regenerate a sweep's summary, recommended configs, report.md and plots from its run directory.",
+    "trial": "Run one real DeepSpeed trial of one config; print its measurements next to the estimator's prediction.",
     "surface": "Record a replay surface (every config of a space, run for real; resumable), or summarise one.",
 }
 

@@ -219,7 +219,9 @@ class _Trial:
                 pass
         for proc in self.procs:
             proc.wait()
-        psutil.wait_procs(victims, timeout=5)
+        deadline = time.time() + 10
+        while not all(_gone(v) for v in victims) and time.time() < deadline:
+            time.sleep(0.01)
         for log in self.logs:
             log.close()
         self.ended_at = time.time()
@@ -280,6 +282,14 @@ class _Trial:
         except FileNotFoundError:
             return ""
         return ("; last lines of stderr:\n" + "\n".join(lines)) if lines else ""
+
+
+def _gone(proc: psutil.Process) -> bool:
+    """Ended: absent, or a zombie that only its parent (not always us) can reap."""
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def describe_exit(code: int | None) -> str:

@@ -109,7 +109,8 @@ class DeepSpeedBackend:
             step_time_iqr_s=first["step_time_iqr_s"], step_times_s=first["step_times_s"],
             steps_measured=len(first["step_times_s"]), stop_reason=first["stop_reason"],
             launch_to_first_step_s=first["first_step_time"] - outcome.launch_time,
-            phases_s=first["phases_s"], optimizer=first["optimizer"], threads_per_rank=first["threads"],
+            phases_s=first["phases_s"], optimizer=first["optimizer"], basic_optimizer=first.get("basic_optimizer"),
+            threads_per_rank=first["threads"],
             loss_first=first["loss_first"], loss_last=first["loss_last"])
         if worst.get("peak_allocated_bytes") is not None:
             extra["peak_allocated_bytes"] = worst["peak_allocated_bytes"]

@@ -181,7 +181,8 @@ def run(spec: WorkerSpec, rank: int, started: float) -> dict[str, Any]:
         "baseline_memory_bytes": baseline, "peak_memory_bytes": peak, "startup_peak_bytes": startup_peak,
         "peak_allocated_bytes": memory.peak_allocated(), "first_step_time": first_step,
         "phases_s": phases, "loss_first": losses[0], "loss_last": losses[-1],
-        "optimizer": type(engine.optimizer).__name__, "threads": torch.get_num_threads(),
+        "optimizer": type(engine.optimizer).__name__, "basic_optimizer": type(engine.basic_optimizer).__name__,
+        "threads": torch.get_num_threads(),
     }
 
 

@@ -1,0 +1,175 @@
+"""Fit the estimator's free terms to real trials of one workload on one machine, and keep them with the run.
+
+Memory (whole-process peak per device, as the deepspeed backend measures it):
+    peak = overhead + memory_scale x (weights + gradients + optimizer states + buffers)
+                    + activation_scale x activations
+Time (wall time of one optimizer step):
+    step = (compute + recompute) / flops_scale + (communication + offload + optimizer) + step_overhead
+Both are linear in the unknowns, fitted by bounded least squares on relative errors (scipy's lsq_linear),
+so one big config does not outweigh the small ones. A weak pull of the scales towards 1 keeps the fit
+defined with one or two results; with more, the data decide. The terms come from the estimator itself
+(autotune.estimate), so what calibration cannot fix is the shape of its formulas.
+
+`<run_dir>/calibration.json` holds `Calibration.to_dict()` (plus, when written here, the workload and
+hardware it was fitted for and its errors before and after).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+from scipy.optimize import lsq_linear
+
+from autotune.config import ConfigError
+from autotune.estimate import Calibration, estimate
+from autotune.hardware import Hardware
+from autotune.results import TrialResult
+from autotune.workload import Workload
+
+CALIBRATION_FILE = "calibration.json"
+PRIOR_WEIGHT = 0.01  # pull of each scale towards 1, in units of one result's relative error
+GiB = 2**30
+SCALE_BOUNDS = (0.05, 20.0)
+
+
+@dataclass(frozen=True)
+class FitQuality:
+    """Mean absolute percentage errors on the results used, before and after the fit."""
+
+    memory_before: float | None
+    memory_after: float | None
+    time_before: float | None
+    time_after: float | None
+    samples: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def usable(results: Sequence[TrialResult]) -> list[TrialResult]:
+    return [r for r in results if r.ok and r.peak_memory_bytes and r.step_time_s]
+
+
+def fit_calibration(results: Sequence[TrialResult], workload: Workload, hardware: Hardware,
+                    base: Calibration = Calibration()) -> Calibration:
+    """The calibration that best explains `results` (ok trials of `workload` on this machine); `base`
+    if there are none."""
+    rows = [r for r in usable(results) if hardware.supports(r.config.precision)]
+    if not rows:
+        return base
+    overhead, memory_scale, activation_scale = _fit_memory(rows, workload, hardware)
+    flops_scale, step_overhead = _fit_time(rows, workload, hardware)
+    return replace(base, overhead_bytes=int(overhead), memory_scale=memory_scale, activation_scale=activation_scale,
+                   flops_scale=flops_scale, step_overhead_s=step_overhead, samples=len(rows))
+
+
+def calibrator(workload: Workload, hardware: Hardware):
+    """`results -> Calibration` for a driver that recalibrates as real results arrive."""
+    def fit(results: Sequence[TrialResult]) -> Calibration:
+        return fit_calibration(results, workload, hardware)
+    return fit
+
+
+def _memory_terms(result: TrialResult, workload: Workload, hardware: Hardware) -> tuple[float, float]:
+    mem = estimate(result.config, workload, hardware, Calibration(overhead_bytes=0)).memory
+    return float(mem.weights + mem.gradients + mem.optimizer_states + mem.buffers), float(mem.activations)
+
+
+def _fit_memory(rows: list[TrialResult], workload: Workload, hardware: Hardware) -> tuple[float, float, float]:
+    a, b = [], []
+    for r in rows:
+        states, activations = _memory_terms(r, workload, hardware)
+        y = float(r.peak_memory_bytes)
+        a.append([GiB / y, states / y, activations / y])  # overhead in GiB keeps the columns comparable
+        b.append(1.0)
+    a += [[0.0, PRIOR_WEIGHT, 0.0], [0.0, 0.0, PRIOR_WEIGHT]]
+    b += [PRIOR_WEIGHT, PRIOR_WEIGHT]
+    lower = [0.0, SCALE_BOUNDS[0], SCALE_BOUNDS[0]]
+    upper = [max(r.peak_memory_bytes for r in rows) / GiB, SCALE_BOUNDS[1], SCALE_BOUNDS[1]]
+    solution = lsq_linear(np.array(a), np.array(b), bounds=(lower, upper)).x
+    return solution[0] * GiB, float(solution[1]), float(solution[2])
+
+
+def _time_terms(result: TrialResult, workload: Workload, hardware: Hardware) -> tuple[float, float]:
+    time = estimate(result.config, workload, hardware, Calibration(step_overhead_s=0.0)).time
+    return time["compute"] + time["recompute"], time["communication"] + time["offload"] + time["optimizer"]
+
+
+def _fit_time(rows: list[TrialResult], workload: Workload, hardware: Hardware) -> tuple[float, float]:
+    a, b = [], []
+    for r in rows:
+        compute, rest = _time_terms(r, workload, hardware)
+        y = float(r.step_time_s)
+        a.append([compute / y, 1.0 / y])  # unknowns: 1 / flops_scale, step overhead
+        b.append(1.0 - rest / y)
+    a.append([PRIOR_WEIGHT, 0.0])
+    b.append(PRIOR_WEIGHT)
+    lower = [1.0 / SCALE_BOUNDS[1], 0.0]
+    upper = [1.0 / SCALE_BOUNDS[0], max(r.step_time_s for r in rows)]
+    inverse, overhead = lsq_linear(np.array(a), np.array(b), bounds=(lower, upper)).x
+    return float(1.0 / inverse), float(overhead)
+
+
+def quality(results: Sequence[TrialResult], workload: Workload, hardware: Hardware, calibration: Calibration,
+            before: Calibration = Calibration()) -> FitQuality:
+    rows = [r for r in usable(results) if hardware.supports(r.config.precision)]
+
+    def mape(cal: Calibration, memory: bool) -> float | None:
+        if not rows:
+            return None
+        errors = []
+        for r in rows:
+            est = estimate(r.config, workload, hardware, cal)
+            pred, real = (est.peak_bytes, r.peak_memory_bytes) if memory else (est.step_time_s, r.step_time_s)
+            errors.append(abs(pred - real) / real)
+        return statistics.mean(errors)
+
+    return FitQuality(mape(before, True), mape(calibration, True), mape(before, False), mape(calibration, False),
+                      len(rows))
+
+
+def save_calibration(run_dir: str | Path, calibration: Calibration, workload: Workload | None = None,
+                     hardware: Hardware | None = None, fit: FitQuality | None = None) -> Path:
+    path = Path(run_dir) / CALIBRATION_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data: dict[str, Any] = calibration.to_dict()
+    if workload is not None:
+        data["workload"] = workload.to_dict()
+    if hardware is not None:
+        data["hardware"] = hardware.name
+    if fit is not None:
+        data["fit"] = fit.to_dict()
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def load_calibration(path: str | Path, workload: Workload | None = None,
+                     hardware: Hardware | None = None) -> Calibration | None:
+    """The calibration in `path` (a run directory or the file), None if there is none; ConfigError if it
+    was fitted for another workload or hardware than the ones given."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / CALIBRATION_FILE
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{path}: not a calibration file ({err})") from None
+    if workload is not None and "workload" in data:
+        fitted = Workload.from_dict(data["workload"])
+        if fitted != workload:
+            raise ConfigError(f"{path}: fitted for another workload ({fitted.model.name}, global batch "
+                              f"{fitted.global_batch}, {fitted.gpus} GPU(s)), not {workload.model.name}, global batch "
+                              f"{workload.global_batch}, {workload.gpus} GPU(s)")
+    if hardware is not None and data.get("hardware") not in (None, hardware.name):
+        raise ConfigError(f"{path}: fitted for hardware {data['hardware']!r}, not {hardware.name!r}")
+    known = {f.name for f in fields(Calibration)}
+    return Calibration(**{k: v for k, v in data.items() if k in known})

@@ -1,0 +1,164 @@
+"""`autotune trial`: one real DeepSpeed trial of one config, its measured result next to the estimator's
+prediction. The result is appended to `<run-dir>/trials.jsonl` and its logs kept in `<run-dir>/logs/`.
+Exit status: 0 if the trial ran (`ok`), 1 if it failed (oom, unsupported, timeout, crash), 2 for bad input."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from autotune.backends.deepspeed import DeepSpeedBackend
+from autotune.calibrate import calibrator, load_calibration, quality, save_calibration
+from autotune.commands.common import hardware_name, model_name, positive_int, size
+from autotune.config import OFFLOADS, PRECISIONS, ZERO_STAGES, Config, ConfigError
+from autotune.dsconfig import DsOptions
+from autotune.estimate import MEMORY_TERMS, Calibration, Estimate
+from autotune.hardware import PROFILES, Hardware
+from autotune.results import TrialResult, append_result, read_results
+from autotune.space import invalid_reason
+from autotune.units import format_size
+from autotune.worker.measure import MeasureSettings
+from autotune.workload import Workload, make_workload
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    knobs = parser.add_argument_group("the config")
+    knobs.add_argument("--zero-stage", type=int, choices=ZERO_STAGES, required=True)
+    knobs.add_argument("--micro-batch", type=positive_int, required=True, help="samples per device per micro-step")
+    knobs.add_argument("--ckpt-interval", type=int, default=0,
+                       help="0: no activation checkpointing; k: checkpointed segments of k layers (default: 0)")
+    knobs.add_argument("--precision", choices=PRECISIONS, required=True)
+    knobs.add_argument("--offload-optimizer", choices=OFFLOADS, default="none")
+    knobs.add_argument("--offload-param", choices=OFFLOADS, default="none")
+    knobs.add_argument("--nvme-path", default=None, help="directory for NVMe offload")
+    work = parser.add_argument_group("the workload and machine")
+    work.add_argument("--model", type=model_name, default="tiny", help="built-in model preset (default: tiny)")
+    work.add_argument("--gpus", type=positive_int, default=1, help="data-parallel ranks on this machine (default: 1)")
+    work.add_argument("--global-batch", type=positive_int, default=None,
+                      help="samples per optimizer step over all ranks (default: 16 for tiny, else 32 x gpus)")
+    work.add_argument("--hardware", type=hardware_name, default=None,
+                      help=f"profile for the prediction: {', '.join(PROFILES)}, or a YAML file "
+                           "(default: cpu for tiny, else a100-80gb)")
+    work.add_argument("--memory-budget", type=size, default=None,
+                      help="per device, e.g. 2GiB: on CUDA the allocator's cap, on the CPU each rank's resident "
+                           "set (the trial ends as oom past it) (default: none)")
+    run = parser.add_argument_group("the run")
+    run.add_argument("--run-dir", default=None,
+                     help="where trials.jsonl, logs/ and calibration.json live (default: runs/trials/<model>-b<batch>-g<gpus>)")
+    run.add_argument("--timeout", type=float, default=600.0, help="seconds before the trial is ended (default: 600)")
+    run.add_argument("--warmup-steps", type=int, default=MeasureSettings.warmup_steps,
+                     help="optimizer steps before measuring (default: %(default)s)")
+    run.add_argument("--max-steps", type=positive_int, default=MeasureSettings.max_steps,
+                     help="measured optimizer steps at most; fewer once the step time is stable (default: %(default)s)")
+    run.add_argument("--calibrate", action="store_true",
+                     help="after the trial, fit the estimator to every ok trial of --run-dir and save calibration.json")
+    parser.add_argument("--json", action="store_true", help="print the result and prediction as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    workload = make_workload(args.model, args.global_batch, args.gpus)
+    hardware: Hardware = args.hardware or PROFILES["cpu" if args.model == "tiny" else "a100-80gb"]
+    config = Config(args.zero_stage, args.micro_batch, args.ckpt_interval, args.precision,
+                    args.offload_optimizer, args.offload_param)
+    check_config(config, workload, hardware, args.nvme_path)
+    if args.timeout <= 0:
+        raise ConfigError(f"--timeout {args.timeout:g}: must be a positive number of seconds")
+    if args.warmup_steps < 0:
+        raise ConfigError(f"--warmup-steps {args.warmup_steps}: must be 0 or more")
+    measure = MeasureSettings(warmup_steps=args.warmup_steps, min_steps=min(MeasureSettings.min_steps, args.max_steps),
+                              max_steps=args.max_steps)
+    run_dir = Path(args.run_dir or f"runs/trials/{args.model}-b{workload.global_batch}-g{workload.gpus}")
+    calibration = load_calibration(run_dir, workload, hardware) or Calibration()
+    backend = DeepSpeedBackend(workload, args.memory_budget, hardware, DsOptions(nvme_path=args.nvme_path),
+                               run_dir / "logs", args.timeout, measure, calibration=calibration)
+    prediction = backend.predict(config)
+    if args.json:
+        result = backend.run(config)
+    else:
+        result = _run_with_progress(backend, config)
+    append_result(run_dir / "trials.jsonl", result)
+    if args.calibrate:
+        backend.calibration = _recalibrate(run_dir, workload, hardware) or backend.calibration
+        prediction = backend.predict(config)
+    if args.json:
+        print(json.dumps({"result": result.to_dict(), "prediction": prediction.to_dict() if prediction else None,
+                          "calibration": backend.calibration.to_dict(), "run_dir": str(run_dir)}, indent=2))
+    else:
+        show(result, prediction, backend.calibration, workload, hardware, run_dir)
+    return 0 if result.ok else 1
+
+
+def check_config(config: Config, workload: Workload, hardware: Hardware, nvme_path: str | None) -> None:
+    """Refuse configs that cannot be written for this workload. A precision the hardware profile lacks is
+    not refused: the real trial finds out whether it runs here; only the prediction is missing."""
+    runnable_profile = hardware.with_(peak_flops={**hardware.peak_flops, config.precision: 1.0})
+    reason = invalid_reason(config, workload, runnable_profile, nvme_path)
+    if reason:
+        raise ConfigError(f"{config.label()}: {reason}")
+
+
+def _run_with_progress(backend: DeepSpeedBackend, config: Config) -> TrialResult:
+    console = Console(stderr=True)
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        progress.add_task(f"real DeepSpeed trial of {config.label()} on {backend.workload.gpus} rank(s)", total=None)
+        return backend.run(config)
+
+
+def _recalibrate(run_dir: Path, workload: Workload, hardware: Hardware) -> Calibration | None:
+    results = [r for r in read_results(run_dir / "trials.jsonl") if r.backend == "deepspeed"]
+    calibration = calibrator(workload, hardware)(results)
+    if not calibration.samples:
+        return None
+    save_calibration(run_dir, calibration, workload, hardware, quality(results, workload, hardware, calibration))
+    return calibration
+
+
+def show(result: TrialResult, prediction: Estimate | None, calibration: Calibration, workload: Workload,
+         hardware: Hardware, run_dir: Path) -> None:
+    console = Console()
+    extra = result.extra
+    model = workload.model
+    console.print(f"{model.name}: {model.params / 1e6:,.1f}M parameters, global batch {workload.global_batch}, "
+                  f"{workload.gpus} rank(s); {result.config.label()}; "
+                  f"budget {format_size(result.memory_budget_bytes) if result.memory_budget_bytes else 'none'}")
+    cal = f"calibrated on {calibration.samples} trial(s)" if calibration.samples else "uncalibrated"
+    table = Table(title=f"Trial {result.status}: measured vs predicted ({hardware.name} profile, {cal})")
+    for column, justify in (("", "left"), ("measured", "right"), ("predicted", "right"), ("predicted / measured", "right")):
+        table.add_column(column, justify=justify)
+
+    def row(name: str, measured: float | None, predicted: float | None, fmt) -> None:
+        ratio = f"{predicted / measured:.2f}" if measured and predicted is not None else ""
+        table.add_row(name, fmt(measured) if measured is not None else "-",
+                      fmt(predicted) if predicted is not None else "-", ratio)
+
+    num = lambda v: f"{v:,.3g}"  # noqa: E731
+    row("throughput (samples/s)", result.throughput_samples_per_s,
+        prediction.throughput_samples_per_s if prediction else None, num)
+    row("tokens/s", result.tokens_per_s, prediction.tokens_per_s if prediction else None, num)
+    row("step time (s)", result.step_time_s, prediction.step_time_s if prediction else None, lambda v: f"{v:.3f}")
+    row("peak memory per device", result.peak_memory_bytes, prediction.peak_bytes if prediction else None, format_size)
+    growth = extra.get("peak_memory_growth_bytes")
+    baseline = extra.get("baseline_memory_bytes")
+    row("  growth over baseline", growth, prediction.peak_bytes - baseline if prediction and baseline else None,
+        format_size)
+    table.add_row("  baseline (before the model)", format_size(baseline), "", "")
+    if prediction:
+        for term in MEMORY_TERMS:
+            table.add_row(f"    {term}", "", format_size(getattr(prediction.memory, term)), "")
+    if result.ok:
+        table.add_row("step time IQR (s)", f"{extra['step_time_iqr_s']:.3f}", "", "")
+        table.add_row("measured steps", f"{extra['steps_measured']} ({extra['stop_reason']})", "", "")
+        table.add_row("launch to first measured step (s)", f"{extra['launch_to_first_step_s']:.1f}", "", "")
+    table.add_row("trial wall time (s)", f"{result.wall_time_s:.1f}", "", "")
+    console.print(table)
+    if result.error:
+        console.print(f"[bold]{result.status}[/bold]: {result.error}")
+    if prediction is None:
+        console.print(f"no prediction: the {hardware.name} profile has no {result.config.precision} figures")
+    console.print(f"recorded in {run_dir / 'trials.jsonl'}; logs in {extra.get('log_dir')}")

@@ -1,0 +1,73 @@
+"""`autotune trial`: bad input is one line and exit 2 before anything runs; one real trial through the CLI."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from autotune.cli import main
+from autotune.results import read_results
+
+BASE = ["trial", "--model", "tiny", "--zero-stage", "2", "--micro-batch", "4", "--precision", "bf16"]
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--zero-stage", "5"], "5"),
+    (["--micro-batch", "0"], "'0'"),
+    (["--precision", "fp8"], "fp8"),
+    (["--offload-optimizer", "disk"], "disk"),
+    (["--memory-budget", "lots"], "lots"),
+    (["--model", "gpt5"], "gpt5"),
+    (["--micro-batch", "3"], "micro_batch 3"),  # 16 is not a multiple of 3
+    (["--ckpt-interval", "9"], "ckpt_interval 9"),
+    (["--offload-param", "cpu"], "offload_param needs zero_stage 3"),
+    (["--zero-stage", "0", "--offload-optimizer", "cpu"], "offload_optimizer needs zero_stage >= 1"),
+    (["--zero-stage", "3", "--offload-param", "nvme"], "NVMe offload needs an nvme_path"),
+    (["--timeout", "0"], "--timeout 0"),
+    (["--warmup-steps", "-1"], "--warmup-steps -1"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, named, capsys, tmp_path):
+    argv = BASE + ["--run-dir", str(tmp_path / "run")] + args
+    with pytest.raises(SystemExit) as exit_info:
+        code = main(argv)
+        raise SystemExit(code)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and named in err, err
+    assert not (tmp_path / "run" / "trials.jsonl").exists()  # nothing ran
+
+
+def test_calibration_of_another_workload_is_refused(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "calibration.json").write_text(json.dumps({
+        "overhead_bytes": 1, "workload": {"model": "gpt2-small", "global_batch": 32, "gpus": 1}}))
+    assert main(BASE + ["--run-dir", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "fitted for another workload" in err and "gpt2-small" in err
+
+
+@pytest.mark.slow
+def test_real_trial_through_the_cli(tmp_path):
+    run = tmp_path / "run"
+    argv = [sys.executable, "-m", "autotune.cli", *BASE, "--ckpt-interval", "1", "--memory-budget", "2GiB",
+            "--global-batch", "4", "--max-steps", "2", "--run-dir", str(run), "--calibrate", "--json"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    result, prediction = out["result"], out["prediction"]
+    assert result["status"] == "ok" and result["backend"] == "deepspeed"
+    assert result["memory_budget_bytes"] == 2 * 2**30 and result["peak_memory_bytes"] < 2 * 2**30
+    assert result["config"] == {"zero_stage": 2, "micro_batch": 4, "ckpt_interval": 1, "precision": "bf16",
+                                "offload_optimizer": "none", "offload_param": "none"}
+    assert prediction["memory"]["total"] > 0 and prediction["throughput_samples_per_s"] > 0
+    # Recorded, with its logs, and the run is now calibrated on it.
+    (recorded,) = read_results(run / "trials.jsonl")
+    assert recorded.throughput_samples_per_s == result["throughput_samples_per_s"]
+    assert (run / "logs").is_dir() and list((run / "logs").glob("0001-*/rank0.stderr"))
+    saved = json.loads((run / "calibration.json").read_text())
+    assert saved["samples"] == 1 == out["calibration"]["samples"]
+    assert saved["workload"]["global_batch"] == 4
+    # Calibrated on this very trial, the prediction of its peak is close.
+    assert prediction["memory"]["total"] == pytest.approx(result["peak_memory_bytes"], rel=0.1)

@@ -1,0 +1,171 @@
+"""Real DeepSpeed trials of the tiny model on the CPU, through the deepspeed backend.
+
+One session fixture runs each trial once; the tests read its results. Together the trials cover ZeRO 0-3,
+fp32 and bf16, optimizer offload at stages 1, 2 and 3, parameter offload at stage 3, checkpointing on and
+off, two ranks, the compiled DeepSpeedCPUAdam (one trial), a real oom under a tiny budget, fp16 refused by
+the accelerator, and a rank killed mid-measurement. The global batch is 4 (not tiny's 16) to keep steps
+short; a few measured steps suffice to check the measurements are there and sane.
+"""
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from autotune.backends.deepspeed import DeepSpeedBackend
+from autotune.calibrate import fit_calibration, quality
+from autotune.commands.trial import show
+from autotune.config import Config
+from autotune.dsconfig import DsOptions
+from autotune.estimate import Calibration
+from autotune.hardware import PROFILES
+from autotune.worker.measure import MeasureSettings
+from autotune.worker.protocol import read_events
+from autotune.workload import make_workload
+
+pytestmark = pytest.mark.slow
+
+CPU = PROFILES["cpu"]
+MEASURE = MeasureSettings(warmup_steps=1, min_steps=2, max_steps=3, rel_tol=0.5, max_measure_s=60.0)
+RELAXED = DsOptions(force_ds_cpu_optimizer=False)  # offload with torch's AdamW: no C++ build
+# name: (config, ranks, DsOptions)
+OK_TRIALS = {
+    "z0-fp32": (Config(0, 2, 0, "fp32"), 1, RELAXED),
+    "z1-bf16-ckpt-offload": (Config(1, 4, 1, "bf16", "cpu"), 1, RELAXED),
+    "z2-fp32-ckpt2-offload-2ranks": (Config(2, 1, 2, "fp32", "cpu"), 2, RELAXED),
+    # The one trial through the compiled DeepSpeedCPUAdam (its first build on a machine takes minutes).
+    "z3-bf16-ckpt-offload-both-cpuadam": (Config(3, 2, 1, "bf16", "cpu", "cpu"), 1, DsOptions()),
+}
+TINY_BUDGET = 400 * 2**20  # a process that imported torch and DeepSpeed is ~310 MiB; the model needs more
+NO_FP16_CPU = {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}  # oneDNN's documented cap: a CPU without fp16
+
+
+def _gone(pid):
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _backend(tmp, ranks=1, options=RELAXED, **kwargs):
+    return DeepSpeedBackend(make_workload("tiny", global_batch=4, gpus=ranks), kwargs.pop("budget", None), CPU,
+                            options, tmp / "logs", timeout_s=900, measure=MEASURE, **kwargs)
+
+
+def _kill_rank_when_measuring(logs: Path, rank: int, killed: list) -> None:
+    deadline = time.time() + 900
+    while time.time() < deadline:
+        for events in (read_events(d, rank) for d in logs.glob("*") if d.is_dir()):
+            if events and events[-1]["phase"] == "measure":
+                os.kill(events[-1]["pid"], signal.SIGKILL)
+                killed.append(events[-1]["pid"])
+                return
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="session")
+def real(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("real_trials")
+    out = {}
+    for name, (config, ranks, options) in OK_TRIALS.items():
+        out[name] = _backend(tmp / name, ranks, options).run(config)
+    out["oom"] = _backend(tmp / "oom", budget=TINY_BUDGET).run(Config(0, 4, 0, "fp32"))
+    out["fp16"] = _backend(tmp / "fp16", env=NO_FP16_CPU).run(Config(1, 4, 0, "fp16"))
+    killed: list[int] = []
+    killer = threading.Thread(target=_kill_rank_when_measuring, args=(tmp / "killed" / "logs", 1, killed), daemon=True)
+    killer.start()
+    out["killed"] = _backend(tmp / "killed", ranks=2, measure=MeasureSettings.fixed(1, 200)).run(Config(1, 2, 0, "fp32"))
+    out["killed_pid"] = killed
+    return out
+
+
+@pytest.mark.parametrize("name", list(OK_TRIALS))
+def test_real_trial_measures_throughput_and_true_peak(real, name):
+    config, ranks, _ = OK_TRIALS[name]
+    r = real[name]
+    assert r.status == "ok", r.error
+    assert r.config == config and r.backend == "deepspeed" and r.extra["ranks"] == ranks
+    steps = r.extra["step_times_s"]
+    assert 2 <= r.extra["steps_measured"] == len(steps) <= 3
+    assert r.step_time_s == pytest.approx(sorted(steps)[len(steps) // 2] if len(steps) % 2 else
+                                          (sorted(steps)[0] + sorted(steps)[1]) / 2)
+    assert r.throughput_samples_per_s == pytest.approx(4 / r.step_time_s)
+    assert r.tokens_per_s == pytest.approx(r.throughput_samples_per_s * 256)
+    # The whole process's peak: the baseline (torch + DeepSpeed imported) plus what the trial added.
+    growth, baseline = r.extra["peak_memory_growth_bytes"], r.extra["baseline_memory_bytes"]
+    assert r.peak_memory_bytes == baseline + growth
+    assert 150 * 2**20 < baseline < 1024 * 2**20
+    assert growth > 4 * make_workload("tiny").model.params  # at least the fp32 weights
+    assert 0 < r.extra["launch_to_first_step_s"] < r.wall_time_s
+    assert r.extra["predicted_peak_bytes"] > 0 and r.extra["stop_reason"] in ("stable", "max_steps")
+    assert Path(r.extra["log_dir"], "result.json").exists()
+    assert r.extra["loss_last"] < 12  # trained on random tokens of a 4096 vocabulary: ln(4096) = 8.3
+
+
+def test_real_trials_used_the_configured_optimizers(real):
+    assert real["z3-bf16-ckpt-offload-both-cpuadam"].extra["basic_optimizer"] == "DeepSpeedCPUAdam"
+    assert real["z3-bf16-ckpt-offload-both-cpuadam"].extra["optimizer"] == "DeepSpeedZeroOptimizer_Stage3"
+    assert real["z1-bf16-ckpt-offload"].extra["basic_optimizer"] == "AdamW"  # torch's, as asked
+    assert real["z0-fp32"].extra["basic_optimizer"] == "FusedAdam"
+
+
+def test_checkpointing_saves_measured_memory(real):
+    """The per-layer activations (tiny, micro-batch 4: 4 layers of ~21 MiB in bf16) are not kept."""
+    with_ckpt = real["z1-bf16-ckpt-offload"]
+    assert with_ckpt.extra["predicted_peak_bytes"] > 0
+    assert with_ckpt.peak_memory_bytes < real["z0-fp32"].peak_memory_bytes + 200 * 2**20
+
+
+def test_two_ranks_report_the_worst_rank(real):
+    r = real["z2-fp32-ckpt2-offload-2ranks"]
+    assert r.extra["ranks"] == 2 and r.extra["threads_per_rank"] == max(1, (os.cpu_count() or 1) // 2)
+    assert r.throughput_samples_per_s == pytest.approx(4 / r.step_time_s)
+
+
+def test_tiny_budget_gives_a_real_oom(real):
+    r = real["oom"]
+    assert r.status == "oom"
+    assert "past the memory budget" in r.error
+    assert r.peak_memory_bytes > TINY_BUDGET and r.throughput_samples_per_s is None
+    events = read_events(r.extra["log_dir"], 0)
+    assert {"build", "initialize"} & {e["phase"] for e in events}  # it was the model's memory, not start-up
+    assert all(_gone(e["pid"]) for e in events)
+
+
+def test_fp16_refused_by_the_accelerator_is_unsupported(real):
+    r = real["fp16"]
+    assert r.status == "unsupported"
+    assert "fp16" in r.error and "build_ops" in r.error  # refused before initialize, by the accelerator API
+
+
+def test_killed_rank_is_a_crash_with_its_signal_and_no_process_left(real):
+    r = real["killed"]
+    assert real["killed_pid"], "the rank never reached the measured steps"
+    assert r.status == "crash"
+    assert "rank 1 was killed by signal SIGKILL" in r.error
+    assert r.wall_time_s < 900  # the surviving rank did not wait for the timeout
+    pids = [e["pid"] for rank in (0, 1) for e in read_events(r.extra["log_dir"], rank)]
+    assert pids and all(_gone(pid) for pid in pids)
+
+
+def test_calibration_from_real_trials_improves_their_prediction(real):
+    results = [real[name] for name in OK_TRIALS if real[name].extra["ranks"] == 1]
+    workload = make_workload("tiny", global_batch=4)
+    calibration = fit_calibration(results, workload, CPU)
+    assert calibration.samples == len(results)
+    fit = quality(results, workload, CPU, calibration)
+    assert fit.memory_after < fit.memory_before
+    assert fit.memory_after < 0.15
+    assert fit.time_after < fit.time_before
+
+
+def test_trial_table_shows_measured_and_predicted_side_by_side(real, capsys, tmp_path):
+    r = real["z0-fp32"]
+    show(r, _backend(tmp_path).predict(r.config), Calibration(), make_workload("tiny", global_batch=4), CPU, tmp_path)
+    out = capsys.readouterr().out
+    assert "measured" in out and "predicted" in out and "throughput" in out and "activations" in out
+    assert f"{r.throughput_samples_per_s:,.3g}" in out

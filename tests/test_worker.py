@@ -1,0 +1,189 @@
+"""The worker's parts that need no DeepSpeed run: the built-in model, the stopping rule, the file protocol,
+failure classification, the DeepSpeed config translation, and /proc memory readings."""
+
+import math
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from autotune.config import Config
+from autotune.dsconfig import DsOptions, ds_config
+from autotune.worker import procmem
+from autotune.worker.main import CPU_OOM, Unsupported, classify, prepared_ds_config
+from autotune.worker.measure import MAX_STEPS, STABLE, TIME_LIMIT, MeasureSettings, iqr, median_rel_se, stop_reason
+from autotune.worker.model import GPT, count_parameters, synthetic_batch
+from autotune.worker.protocol import WorkerSpec, events_path, read_events, record_phase
+from autotune.workload import PRESETS, ModelShape, make_workload
+
+SMALL_GPT = ModelShape("small-gpt", layers=4, hidden=64, heads=4, vocab=128, seq_len=32)
+SMALL_LLAMA = ModelShape("small-llama", layers=2, hidden=64, heads=4, vocab=128, seq_len=32, ffn_hidden=172,
+                         kv_heads=2, arch="llama")
+
+
+# -- model ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("shape", [PRESETS["tiny"], SMALL_GPT, SMALL_LLAMA], ids=lambda s: s.name)
+def test_model_has_the_parameters_the_estimator_counts(shape):
+    assert count_parameters(GPT(shape)) == shape.params
+
+
+def _loss_and_grads(shape, ckpt_interval):
+    torch.manual_seed(0)
+    model = GPT(shape, ckpt_interval)
+    tokens, targets = synthetic_batch(shape, 2, torch.Generator().manual_seed(1))
+    saved = []
+
+    def pack(tensor):
+        saved.append(tensor.numel() * tensor.element_size())
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = model(tokens, targets)
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    return loss.item(), grads, saved
+
+
+@pytest.mark.slow  # the first non-reentrant checkpoint in a process takes seconds (lazy imports)
+@pytest.mark.parametrize("shape", [SMALL_GPT, SMALL_LLAMA], ids=lambda s: s.name)
+def test_checkpointing_changes_memory_not_results(shape):
+    loss0, grads0, saved0 = _loss_and_grads(shape, 0)
+    loss1, grads1, saved1 = _loss_and_grads(shape, 1)
+    loss2, grads2, saved2 = _loss_and_grads(shape, 2)
+    assert loss0 == pytest.approx(loss1, rel=1e-6) == pytest.approx(loss2, rel=1e-6)
+    for name in grads0:
+        torch.testing.assert_close(grads1[name], grads0[name], rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(grads2[name], grads0[name], rtol=1e-4, atol=1e-6)
+    # Forward keeps only segment inputs when checkpointing: far less than every layer's activations.
+    assert sum(saved1) < 0.6 * sum(saved0)
+    assert sum(saved2) < 0.6 * sum(saved0)
+
+
+def test_attention_is_fused_no_score_matrix_is_saved():
+    shape = ModelShape("wide-seq", layers=1, hidden=32, heads=4, vocab=64, seq_len=256)
+    sizes = []
+    model = GPT(shape)
+    tokens, targets = synthetic_batch(shape, 1, torch.Generator().manual_seed(0))
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: sizes.append(tuple(t.shape)) or t, lambda t: t):
+        model(tokens, targets)
+    assert sizes  # something was saved
+    assert not [s for s in sizes if s[-2:] == (shape.seq_len, shape.seq_len)]
+
+
+def test_model_rejects_a_checkpoint_interval_beyond_its_layers():
+    with pytest.raises(ValueError, match="ckpt_interval=5"):
+        GPT(SMALL_GPT, 5)
+
+
+# -- stopping rule -----------------------------------------------------------------------------------
+def test_stops_when_the_median_is_known_well_enough():
+    settings = MeasureSettings(min_steps=3, max_steps=20, rel_tol=0.04)
+    assert stop_reason([1.0, 1.01], 1.0, settings) is None  # below min_steps
+    assert stop_reason([1.0, 1.01, 0.99], 3.0, settings) == STABLE
+    assert stop_reason([1.0, 1.5, 0.6], 3.0, settings) is None  # too noisy to stop
+    noisy = [1.0, 1.5, 0.6] * 6
+    assert stop_reason(noisy[:19], 19.0, settings) is None
+    assert stop_reason(noisy + [1.0, 1.0], 20.0, settings) == MAX_STEPS
+
+
+def test_time_limit_stops_after_at_least_one_step():
+    settings = MeasureSettings(min_steps=3, max_steps=20, max_measure_s=5.0)
+    assert stop_reason([], 10.0, settings) is None
+    assert stop_reason([6.0], 6.0, settings) == TIME_LIMIT
+
+
+def test_fixed_settings_never_stop_early():
+    settings = MeasureSettings.fixed(2, 5)
+    assert [stop_reason([1.0] * n, n, settings) for n in range(1, 6)] == [None] * 4 + [MAX_STEPS]
+
+
+def test_spread_statistics():
+    assert median_rel_se([1.0]) == math.inf
+    assert median_rel_se([2.0, 2.0, 2.0]) == 0.0
+    assert median_rel_se([1.0, 2.0, 3.0]) == pytest.approx(1.2533 * 1.0 / math.sqrt(3) / 2.0)
+    assert iqr([1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx(2.0)
+    assert iqr([3.0]) == 0.0
+
+
+@pytest.mark.parametrize("kwargs", [{"warmup_steps": -1}, {"min_steps": 0}, {"min_steps": 5, "max_steps": 4},
+                                    {"max_measure_s": 0}])
+def test_measure_settings_reject_bad_values(kwargs):
+    with pytest.raises(ValueError):
+        MeasureSettings(**kwargs)
+
+
+# -- protocol ----------------------------------------------------------------------------------------
+def test_spec_round_trips_through_its_file(tmp_path):
+    config, workload = Config(2, 4, 1, "bf16"), make_workload("tiny")
+    spec = WorkerSpec(config, workload, ds_config(config, workload), str(tmp_path),
+                      MeasureSettings(warmup_steps=2, max_steps=7), 2**30, seed=3, launch_time=12.5)
+    assert WorkerSpec.read(spec.write()) == spec
+
+
+def test_events_skip_a_line_being_written(tmp_path):
+    record_phase(tmp_path, 0, "start")
+    record_phase(tmp_path, 0, "build", device="cpu")
+    with events_path(tmp_path, 0).open("a") as out:
+        out.write('{"t": 1, "pha')
+    events = read_events(tmp_path, 0)
+    assert [e["phase"] for e in events] == ["start", "build"]
+    assert events[1]["device"] == "cpu" and events[0]["pid"] == os.getpid()
+    assert read_events(tmp_path, 1) == []
+
+
+# -- failure classification -------------------------------------------------------------------------
+@pytest.mark.parametrize("err, status", [
+    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), "oom"),
+    (MemoryError(), "oom"),
+    (RuntimeError(f"[enforce fail at alloc_cpu.cpp:121] . {CPU_OOM}: you tried to allocate 123 bytes."), "oom"),
+    (Unsupported("precision fp16 is not supported"), "unsupported"),
+    (RuntimeError("Connection closed by peer"), "crash"),
+    (ValueError("an error occurred"), "crash"),
+    (KeyboardInterrupt(), "crash"),
+])
+def test_failures_are_classified_by_type_not_by_words(err, status):
+    got, message = classify(err)
+    assert got == status
+    assert message
+
+
+def test_offload_without_forced_cpu_adam_uses_torch_adam():
+    workload = make_workload("tiny")
+    offload = Config(2, 4, 0, "bf16", "cpu")
+    relaxed = prepared_ds_config(ds_config(offload, workload, DsOptions(force_ds_cpu_optimizer=False)))
+    assert relaxed["optimizer"]["params"]["torch_adam"] is True
+    forced = prepared_ds_config(ds_config(offload, workload, DsOptions()))
+    assert "torch_adam" not in forced["optimizer"]["params"]
+    plain = prepared_ds_config(ds_config(Config(2, 4, 0, "bf16"), workload, DsOptions(force_ds_cpu_optimizer=False)))
+    assert "torch_adam" not in plain["optimizer"]["params"]
+
+
+# -- /proc memory ------------------------------------------------------------------------------------
+def test_peak_is_a_true_high_water_mark_and_resets():
+    code = (
+        "import sys; sys.path.insert(0, %r)\n"
+        "from autotune.worker import procmem\n"
+        "before = procmem.rss()\n"
+        "block = bytearray(200 * 2**20); block[::4096] = b'x' * len(block[::4096]); del block\n"
+        "peak = procmem.peak_rss(); after = procmem.rss()\n"
+        "procmem.reset_peak(); reset = procmem.peak_rss()\n"
+        "print(before, peak, after, reset)\n" % os.getcwd())
+    before, peak, after, reset = map(int, subprocess.check_output([sys.executable, "-c", code], text=True).split())
+    assert peak - before >= 190 * 2**20  # the freed block's pages are in the peak...
+    assert after < peak - 150 * 2**20  # ...not in the resident set any more
+    assert reset < peak - 150 * 2**20  # and the reset brought the peak back down
+
+
+def test_memory_of_another_process_and_of_a_gone_one():
+    proc = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(30)"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        assert procmem.peak_rss(proc.pid) >= procmem.rss(proc.pid) > 0
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert procmem.peak_rss(proc.pid) is None
