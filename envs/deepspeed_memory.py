@@ -373,8 +373,8 @@ class DeepSpeedMemoryEnv(gym.Env):
         if backend is None:
             from autotune.backends.deepspeed import DeepSpeedBackend  # imports torch: only when asked for
 
-            backend = DeepSpeedBackend(task.workload, memory_budget_bytes=task.memory_budget_bytes,
-                                       **self._backend_options)
+            options = {"hardware": task.hardware, **self._backend_options}
+            backend = DeepSpeedBackend(task.workload, memory_budget_bytes=task.memory_budget_bytes, **options)
         reference = float(self._reference_override or land.predicted_best(task.memory_budget_bytes))
         return self._episode_of(task, backend, land, reference, None)
 

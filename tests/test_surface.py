@@ -84,3 +84,46 @@ def test_show_ranks_within_a_budget(space_file, tmp_path, capsys):
     text = capsys.readouterr().out
     assert "4 configs of tiny" in text and "z0 mb4 ck0 bf16" in text
     assert main(["surface", "show", str(tmp_path / "none.jsonl")]) == 2
+
+
+class CrashingFirst:
+    """Crashes the first time each config runs, then succeeds: a transient failure."""
+
+    name = "deepspeed"
+
+    def __init__(self):
+        from autotune.backends.simulated import SimulatedBackend
+        from autotune.hardware import PROFILES
+
+        self.inner = SimulatedBackend(make_workload("tiny"), PROFILES["cpu"], 2**31)
+        self.runs = []
+
+    def run(self, config):
+        from autotune.results import TrialResult
+
+        self.runs.append(config)
+        if self.runs.count(config) == 1:
+            return TrialResult(config, "crash", backend=self.name, error="EADDRINUSE")
+        return self.inner.run(config)
+
+
+def test_crashed_trials_are_run_again_and_every_attempt_kept(space_file, tmp_path):
+    from autotune.commands.surface import record as record_space
+    from autotune.hardware import PROFILES
+    from autotune.search_spaces import load_choices
+    from autotune.space import Space
+
+    space = Space(load_choices(space_file), make_workload("tiny"), PROFILES["cpu"])
+    out = tmp_path / "surface.jsonl"
+    backend = CrashingFirst()
+    done = record_space(space, backend, out, retries=1, progress=lambda _: None)
+    assert done.recorded == done.total_measured == 4 and len(backend.runs) == 8
+    lines = read_results(out)
+    assert [r.status for r in lines].count("crash") == 4 and len(lines) == 8
+    assert all(r.ok for r in load_surface(out).results.values())  # the last line of each config
+    # No retries: a crash is final, and stays final on resume.
+    out2 = tmp_path / "no-retry.jsonl"
+    record_space(space, CrashingFirst(), out2, retries=0, progress=lambda _: None)
+    assert record_space(space, CrashingFirst(), out2, retries=0, progress=lambda _: None).recorded == 0
+    # A crash recorded earlier gets its retry when the recording resumes.
+    assert record_space(space, CrashingFirst(), out2, retries=1, progress=lambda _: None).recorded == 4

@@ -5,6 +5,7 @@
 
 `record` is resumable: configs already in the output file are skipped, so an interrupted recording
 (Ctrl-C, a crash, a reboot) continues where it stopped; each result is fsync'd as soon as it is known.
+A crashed trial is run again (`--retries`, default once), now or on resume; every attempt is kept.
 Configs run in a shuffled order fixed by `--seed`, so that a partial surface covers the space evenly.
 Each line also records the workload and the hardware profile (`workload`, `hardware` keys), which the
 replay backend reads back. Record without a memory budget below the machine's memory: the replay backend
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import random
 import time
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -27,7 +29,7 @@ from autotune.backends import Backend
 from autotune.backends.replay import load_surface
 from autotune.commands.common import add_workload_arguments, hardware_from, positive_int, size, space_from, \
     workload_from
-from autotune.config import ConfigError
+from autotune.config import Config, ConfigError
 from autotune.hardware import Hardware
 from autotune.results import STATUSES, TrialResult, append_result, read_results
 from autotune.space import Space
@@ -56,6 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="deepspeed: seconds of measured steps at most per trial, at least one step "
                              "(default: %(default)s; a surface has hundreds of trials)")
     record.add_argument("--seed", type=int, default=0, help="order in which configs run (default: %(default)s)")
+    record.add_argument("--retries", type=int, default=1, choices=range(0, 4), metavar="{0..3}",
+                        help="times a crashed trial is run again (default: %(default)s)")
     record.set_defaults(_surface=run_record)
     show = sub.add_parser("show", help="summarise a surface: statuses, and the fastest configs within a budget")
     show.add_argument("surface", type=Path)
@@ -81,7 +85,8 @@ def run_record(args: argparse.Namespace) -> int:
     backend = make_backend(args.backend, workload, hardware, space, budget, args.timeout, logs,
                            max_steps=args.max_steps, max_measure_s=args.max_measure_s)
     console = Console(highlight=False, soft_wrap=True)
-    done = record(space, backend, args.out, order_seed=args.seed, limit=args.limit, progress=console.print)
+    done = record(space, backend, args.out, order_seed=args.seed, limit=args.limit, retries=args.retries,
+                  progress=console.print)
     console.print(f"{args.out}: {done.recorded} configs recorded now, {done.total_measured} of {len(space)} measured")
     return 0
 
@@ -112,8 +117,13 @@ class Recorded:
 
 
 def record(space: Space, backend: Backend, out: Path, *, order_seed: int = 0, limit: int | None = None,
-           progress: Callable[[str], None] = print) -> Recorded:
-    """Run every config of `space` not yet in `out` through `backend`, appending each result."""
+           retries: int = 1, progress: Callable[[str], None] = print) -> Recorded:
+    """Run every config of `space` not yet in `out` through `backend`, appending each result.
+
+    A `crash` is re-run up to `retries` times (now, or on a later resume): on a shared machine a trial
+    can fail for reasons that are not its config's (e.g. a port taken between choosing and binding it).
+    Every attempt stays in the file; the replay backend uses a config's last line.
+    """
     workload, hardware = space.workload, space.hardware
     existing = read_results(out) if out.exists() else []
     for result in existing:
@@ -121,25 +131,36 @@ def record(space: Space, backend: Backend, out: Path, *, order_seed: int = 0, li
         if recorded_for is not None and recorded_for != workload.to_dict():
             raise ConfigError(f"{out} was recorded for another workload ({_describe(recorded_for)}): "
                               f"choose another --out or the same --model/--gpus/--global-batch")
-    done = {r.config for r in existing}
-    todo = [c for c in space if c not in done]
+    last = {r.config: r for r in existing}
+    crashes = Counter(r.config for r in existing if r.status == "crash")
+
+    def wanted(config: Config) -> bool:
+        return config not in last or (last[config].status == "crash" and crashes[config] <= retries)
+
+    todo = [c for c in space if wanted(c)]
     random.Random(order_seed).shuffle(todo)
     if limit is not None:
         todo = todo[:limit]
-    total = len(done & set(space.configs))
+    total = sum(1 for c in space if c in last and not wanted(c))
     progress(f"{out}: {len(space)} configs in the space, {total} already measured, {len(todo)} to run "
              f"on the {backend.name} backend")
     extra = {"workload": workload.to_dict(), "hardware": hardware.name}
     started = time.monotonic()
     for n, config in enumerate(todo, 1):
-        result = backend.run(config)
-        result = replace(result, extra={**result.extra, **extra})
-        append_result(out, result)
+        while True:
+            result = backend.run(config)
+            result = replace(result, extra={**result.extra, **extra})
+            append_result(out, result)
+            elapsed = time.monotonic() - started
+            eta = elapsed / n * (len(todo) - n)
+            progress(f"[{n}/{len(todo)}] {config.label():<28} {_outcome(result)}  "
+                     f"{result.wall_time_s:5.1f}s  elapsed {_clock(elapsed)}  left ~{_clock(eta)}")
+            crashes[config] += result.status == "crash"
+            if result.status != "crash" or crashes[config] > retries:
+                break
+            progress(f"[{n}/{len(todo)}] {config.label():<28} crashed: running it again "
+                     f"(attempt {crashes[config] + 1} of {retries + 1})")
         total += 1
-        elapsed = time.monotonic() - started
-        eta = elapsed / n * (len(todo) - n)
-        progress(f"[{n}/{len(todo)}] {config.label():<28} {_outcome(result)}  "
-                 f"{result.wall_time_s:5.1f}s  elapsed {_clock(elapsed)}  left ~{_clock(eta)}")
     return Recorded(len(todo), total)
 
 
