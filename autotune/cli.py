@@ -16,6 +16,7 @@ COMMANDS = {
     "report": "Regenerate a sweep's summary, recommended configs, report.md and plots from its run directory.",
     "trial": "Run one real DeepSpeed trial of one config; print its measurements next to the estimator's prediction.",
     "surface": "Record a replay surface (every config of a space, run for real; resumable), or summarise one.",
+    "rl": "Train the RL policy with RLlib (PPO) on the simulated environment, resumably; export a checkpoint's policy.",
 }
 
 

@@ -30,13 +30,12 @@ import numpy as np
 from autotune.config import KNOBS, Config, ConfigError
 from autotune.envs.deepspeed_memory import DeepSpeedMemoryEnv, Episode
 from autotune.envs.landscape import Landscape, build_landscape
-from autotune.envs.sampler import Task
+from autotune.envs.sampler import Task, WorkloadSampler
 from autotune.backends.simulated import SimulatedBackend
 from autotune.results import TrialResult
 from autotune.space import Space
 from autotune.units import format_size
 
-OWN_KEYS = ("randomize", "start")
 STARTS = ("random", "default", "estimator", "mixed")
 MIXED_ESTIMATOR_SHARE = 0.5  # "mixed" starts: this share at the estimator's best, the rest at random
 
@@ -158,7 +157,8 @@ class TrainingEnv(DeepSpeedMemoryEnv):
     behave as in the base environment). Extra env_config keys: `randomize` (the spread s above, default
     0.3; 0 turns the distortion off) and the start `mixed` (half the episodes at the estimator's best
     predicted config, half at random: inference starts at the former, training needs the latter to
-    explore)."""
+    explore), and `samplers`: a list of WorkloadSampler settings, each with a `weight`, one of which
+    draws each episode's task (e.g. GPU profiles on the default space and the CPU profile on cpu.yaml)."""
 
     def __init__(self, env_config: Mapping[str, Any] | None = None, render_mode: str | None = None) -> None:
         config = dict(env_config or {})
@@ -172,9 +172,25 @@ class TrainingEnv(DeepSpeedMemoryEnv):
         if self.mixed_start:
             config["start"] = "random"
         self._codes: weakref.WeakKeyDictionary[Landscape, np.ndarray] = weakref.WeakKeyDictionary()
+        self._samplers: tuple[WorkloadSampler, ...] = ()
+        self._weights = np.ones(0)
+        if "samplers" in config:
+            if "sampler" in config:
+                raise ConfigError("give either sampler or samplers, not both")
+            settings = [dict(s) for s in config.pop("samplers")]
+            if not settings:
+                raise ConfigError("samplers: needs at least one sampler's settings")
+            weights = np.array([float(s.pop("weight", 1.0)) for s in settings])
+            if (weights <= 0).any() or not np.isfinite(weights).all():
+                raise ConfigError(f"samplers: weights {weights.tolist()} must be positive numbers")
+            self._samplers = tuple(WorkloadSampler(**s) for s in settings)
+            self._weights = weights / weights.sum()
+            config["sampler"] = self._samplers[0]
         super().__init__(config, render_mode)
 
     def _new_episode(self) -> Episode:
+        if len(self._samplers) > 1:
+            self._sampler = self._samplers[int(self.np_random.choice(len(self._samplers), p=self._weights))]
         episode = super()._new_episode()
         if self.backend_kind != "simulated" or not isinstance(episode.backend, SimulatedBackend):
             return episode

@@ -44,12 +44,21 @@ class TrainSettings:
     surfaces: tuple[str, ...] = ()  # replay backend: surface JSONL files drawn per episode
     seed: int = 0
     workers: int = 0  # remote env runners; 0 samples in the training process
-    envs_per_worker: int = 8  # vectorised copies of the environment per runner
+    envs_per_worker: int = 4  # vectorised copies of the environment per runner
     horizon: int = 16  # trials per episode at most
-    start: str = "random"  # where episodes start (envs/deepspeed_memory.py STARTS)
+    start: str = "mixed"  # where episodes start (autotune.rl.simulator STARTS)
     noise: float = 0.1  # simulated step-time noise sigma (real timings scatter by 10-40%)
-    pool_size: int = 2048  # training tasks the sampler draws once and reuses
+    # Training tasks the GPU sampler draws once and reuses (the CPU sampler a quarter as many). Each
+    # environment copy caches every task's landscape (~0.1 s of estimator calls to build): a pool bigger
+    # than that cache would rebuild landscapes all the time.
+    pool_size: int = 384
+    cpu_share: float = 0.25  # share of episodes on the CPU profile with search_spaces/cpu.yaml
     randomize: float = 0.3  # spread of the hidden truth around the estimator (autotune.rl.simulator)
+    # The return is the best throughput found / optimum, minus trial costs and memory penalties
+    # (envs/reward.py "improvement"): the search objective itself. ("throughput" also pays every trial's
+    # own throughput, which favours stopping early at a merely good config.)
+    reward: str = "improvement"
+    trial_cost: float = 0.01
     hiddens: tuple[int, ...] = (128, 128)
     lr: float = 3e-4
     train_batch: int = 4096
@@ -72,6 +81,8 @@ class TrainSettings:
                 raise ConfigError(f"{name}={value!r}: must be a positive integer")
         if self.workers < 0:
             raise ConfigError(f"workers={self.workers!r}: must be 0 or more")
+        if not 0 <= self.cpu_share < 1:
+            raise ConfigError(f"cpu_share={self.cpu_share!r}: must be in [0, 1)")
         if self.minibatch > self.train_batch:
             raise ConfigError(f"minibatch={self.minibatch} exceeds train_batch={self.train_batch}")
         object.__setattr__(self, "surfaces", tuple(str(s) for s in self.surfaces))
@@ -91,13 +102,32 @@ class TrainSettings:
         return cls(**{**data, "surfaces": tuple(data.get("surfaces", ())), "hiddens": tuple(data.get("hiddens", (128, 128)))})
 
     def env_config(self) -> dict[str, Any]:
-        config: dict[str, Any] = {"backend": self.backend, "horizon": self.horizon, "start": self.start}
+        config: dict[str, Any] = {"backend": self.backend, "horizon": self.horizon, "start": self.start,
+                                  "reward": {"mode": self.reward, "trial_cost": self.trial_cost},
+                                  "cache_size": self.pool_size + max(1, self.pool_size // 4) + 8}
         if self.backend == "simulated":
-            config.update(noise=self.noise, randomize=self.randomize,
-                          sampler={"split": "train", "pool_size": self.pool_size, "seed": self.seed})
+            config.update(noise=self.noise, randomize=self.randomize, samplers=samplers(
+                "train", self.pool_size, self.seed, self.cpu_share))
         else:
             config["surface"] = list(self.surfaces)
         return config
+
+
+# Held out of every training split: the larger presets of the environment's sampler, and `tiny`, the
+# model of the committed real surfaces, so that evaluating on them is evaluating on an unseen shape.
+HELD_OUT_PRESETS = ("gpt2-large", "llama-13b", "tiny")
+CPU_SAMPLER = {"profiles": ["cpu"], "held_out_profiles": [], "space": "cpu", "max_params": 1e9, "gpu_counts": [1, 2],
+               # The CPU box has 24 GiB and small models: budgets down to a few percent make the cliff bite.
+               "budget_fractions": [1.0, 0.5, 0.25, 0.12, 0.08, 0.05, 0.03], "held_out_budget_fractions": [0.08]}
+
+
+def samplers(split: str, pool_size: int, seed: int, cpu_share: float) -> list[dict[str, Any]]:
+    """WorkloadSampler settings (with weights) of the training tasks, or of a held-out split ("test")."""
+    gpu = {"weight": 1.0 - cpu_share, "split": split, "pool_size": pool_size, "seed": seed,
+           "held_out_presets": list(HELD_OUT_PRESETS)}
+    cpu = {**CPU_SAMPLER, "weight": cpu_share, "split": split, "pool_size": max(1, pool_size // 4), "seed": seed + 1,
+           "held_out_presets": list(HELD_OUT_PRESETS)}
+    return [s for s in (gpu, cpu) if s["weight"] > 0]
 
 
 @dataclass(frozen=True)

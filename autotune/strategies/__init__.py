@@ -49,6 +49,8 @@ STRATEGIES: dict[str, str] = {
     "random": "autotune.strategies.random_search:RandomStrategy",
     "optuna": "autotune.strategies.optuna_search:tpe",
     "optuna-gp": "autotune.strategies.optuna_search:gp",
+    "rl": "autotune.strategies.rl:rl",
+    "hybrid": "autotune.strategies.hybrid:hybrid",
 }
 
 

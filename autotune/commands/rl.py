@@ -1,0 +1,186 @@
+"""`autotune rl`: train the RL policy (RLlib PPO on the simulated environment) and export it.
+
+    autotune rl train [--iterations N] [--backend simulated|replay] [--surface FILE ...] [--workers K]
+                      [--out runs/policy-NAME] [--ray-address ADDR] [--seed N] ...
+    autotune rl export CHECKPOINT --out DIR
+
+`train` resumes the run in --out when there is one (from its last checkpoint), and prints one line per
+iteration. The exported policy (DIR/policy.pt + policy.json) is what `autotune tune --strategy rl`
+loads, without Ray.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shlex
+from datetime import datetime
+from pathlib import Path
+
+from rich.console import Console
+
+from autotune.commands.common import positive_int
+from autotune.config import ConfigError
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or a positive integer")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0")
+    return value
+
+
+def widths(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated positive integers, e.g. 128,128") from None
+    if not values or min(values) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated positive integers, e.g. 128,128")
+    return values
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from autotune.rl.train import BACKENDS, TrainSettings
+
+    defaults = TrainSettings()
+    sub = parser.add_subparsers(dest="rl_command", required=True, parser_class=type(parser))
+    train = sub.add_parser("train", help="train a policy with RLlib PPO (resumes the run in --out)",
+                           description="Train a policy with RLlib PPO on autotune/DeepSpeedMemory-v0; resumes the run "
+                                       "in --out from its last checkpoint.")
+    train.add_argument("--iterations", type=positive_int, default=defaults.iterations,
+                       help="training iterations in all, over resumed sessions (default: %(default)s)")
+    train.add_argument("--backend", choices=BACKENDS, default=defaults.backend,
+                       help="simulated: the workload sampler on the distorted simulation; replay: surfaces "
+                            "(default: %(default)s)")
+    train.add_argument("--surface", type=Path, action="append", default=[],
+                       help="replay surface JSONL (repeat for several), for --backend replay")
+    train.add_argument("--workers", type=non_negative_int, default=defaults.workers,
+                       help="remote env runners; 0 samples in this process (default: %(default)s)")
+    train.add_argument("--out", type=Path, default=None, help="run directory (default: runs/policy-<time>)")
+    train.add_argument("--ray-address", default=None,
+                       help="address of a running Ray cluster (default: start a local Ray instance)")
+    train.add_argument("--seed", type=non_negative_int, default=defaults.seed, help="seed (default: %(default)s)")
+    train.add_argument("--horizon", type=positive_int, default=defaults.horizon,
+                       help="trials per episode at most (default: %(default)s)")
+    train.add_argument("--noise", type=non_negative_float, default=defaults.noise,
+                       help="simulated step-time noise sigma (default: %(default)s)")
+    train.add_argument("--randomize", type=non_negative_float, default=defaults.randomize,
+                       help="spread of the hidden truth around the estimator; 0: the estimator is the truth "
+                            "(default: %(default)s)")
+    train.add_argument("--train-batch", type=positive_int, default=defaults.train_batch,
+                       help="environment steps per iteration (default: %(default)s)")
+    train.add_argument("--minibatch", type=positive_int, default=defaults.minibatch,
+                       help="SGD minibatch (default: %(default)s)")
+    train.add_argument("--epochs", type=positive_int, default=defaults.epochs,
+                       help="SGD passes over each iteration's batch (default: %(default)s)")
+    train.add_argument("--pool-size", type=positive_int, default=defaults.pool_size,
+                       help="training tasks drawn once by the GPU sampler (the CPU one draws a quarter as many) "
+                            "(default: %(default)s)")
+    train.add_argument("--hiddens", type=widths, default=defaults.hiddens,
+                       help="hidden layer widths of the policy and value networks, e.g. 128,128 "
+                            "(default: %(default)s)")
+    train.add_argument("--envs-per-worker", type=positive_int, default=defaults.envs_per_worker,
+                       help="environment copies per runner (default: %(default)s)")
+    train.add_argument("--checkpoint-every", type=positive_int, default=defaults.checkpoint_every,
+                       help="iterations between checkpoints (default: %(default)s)")
+    train.set_defaults(_rl=run_train)
+
+    export = sub.add_parser("export", help="write a checkpoint's policy as policy.pt + policy.json (no Ray needed to load)",
+                            description="Write the policy of an RLlib checkpoint of `autotune rl train` as policy.pt + "
+                                        "policy.json, which `--strategy rl` loads without Ray.")
+    export.add_argument("checkpoint", type=Path, help="a checkpoint directory (RUN/checkpoints/NNNNNN)")
+    export.add_argument("--out", type=Path, required=True, help="directory to write the policy to")
+    export.set_defaults(_rl=run_export)
+
+
+def run(args: argparse.Namespace) -> int:
+    return args._rl(args)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from autotune.rl.train import RunDir, TrainSettings, train
+
+    if args.backend == "replay" and not args.surface:
+        raise ConfigError("--backend replay needs --surface FILE (one or more)")
+    if args.backend != "replay" and args.surface:
+        raise ConfigError(f"--surface is only for --backend replay (got --backend {args.backend})")
+    for path in args.surface:
+        if not path.is_file():
+            raise ConfigError(f"--surface {path}: no such file")
+    settings = TrainSettings(
+        iterations=args.iterations, backend=args.backend, surfaces=tuple(str(p.resolve()) for p in args.surface),
+        seed=args.seed, workers=args.workers, envs_per_worker=args.envs_per_worker, horizon=args.horizon,
+        noise=args.noise, randomize=args.randomize, train_batch=args.train_batch, minibatch=args.minibatch,
+        epochs=args.epochs, pool_size=args.pool_size, hiddens=args.hiddens, checkpoint_every=args.checkpoint_every)
+    out = args.out or Path("runs") / f"policy-{datetime.now():%Y%m%d-%H%M%S}"
+    console = Console(width=max(Console().width, 150))
+    resuming = RunDir(out).latest_checkpoint()
+    console.print(f"{'resuming' if resuming else 'training'} a policy in {out}: PPO, {settings.iterations} iterations "
+                  f"of {settings.train_batch} steps, {settings.backend} backend, seed {settings.seed}, "
+                  f"{settings.workers} remote runner(s), Ray {'at ' + args.ray_address if args.ray_address else 'local'}"
+                  + (f"; from checkpoint {resuming.name}" if resuming else ""), highlight=False)
+    logging.getLogger("ray").setLevel(logging.ERROR)  # RLlib's deprecation notices drown the progress lines
+
+    def show(row) -> None:
+        def pct(x: float | None) -> str:
+            return "   -" if x is None else f"{100 * x:3.0f}%"
+
+        def num(x: float | None, fmt: str) -> str:
+            return "-" if x is None else format(x, fmt)
+
+        console.print(f"iter {row.iteration:>4}/{settings.iterations}  steps {row.timesteps:>9,}  "
+                      f"episodes {row.episodes:>8,}  return {num(row.episode_return, '6.2f')}  "
+                      f"trials/episode {num(row.trials, '5.2f')}  within 2% of optimum {pct(row.within_2pct)}  "
+                      f"best/optimum {num(row.best_over_optimum, '.3f')}  oom/episode {num(row.oom_trials, '.2f')}  "
+                      f"{row.seconds / 60:6.1f} min", highlight=False)
+
+    command = shlex.join(["autotune", "rl", "train", "--out", str(out), *settings_flags(settings)]
+                         + (["--ray-address", args.ray_address] if args.ray_address else []))
+    try:
+        result = train(out, settings, ray_address=args.ray_address, on_iteration=show, command=command)
+    except KeyboardInterrupt:
+        console.print(f"interrupted: the same command resumes from the last checkpoint in {out / 'checkpoints'}")
+        return 130
+    console.print(f"done: {result.iterations} iterations; checkpoint {result.checkpoint}; policy {result.policy}",
+                  highlight=False)
+    return 0
+
+
+def settings_flags(settings) -> list[str]:
+    """The command-line flags that reproduce `settings` (recorded next to the policy)."""
+    flags = ["--iterations", str(settings.iterations), "--backend", settings.backend]
+    for surface in settings.surfaces:
+        flags += ["--surface", surface]
+    for flag, key in (("--workers", "workers"), ("--seed", "seed"), ("--horizon", "horizon"), ("--noise", "noise"),
+                      ("--randomize", "randomize"), ("--train-batch", "train_batch"), ("--minibatch", "minibatch"),
+                      ("--epochs", "epochs"), ("--pool-size", "pool_size"), ("--envs-per-worker", "envs_per_worker"),
+                      ("--checkpoint-every", "checkpoint_every")):
+        flags += [flag, str(getattr(settings, key))]
+    flags += ["--hiddens", ",".join(map(str, settings.hiddens))]
+    return flags
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from autotune.rl.policy import layout
+    from autotune.rl.train import export_checkpoint
+
+    if not args.checkpoint.is_dir():
+        raise ConfigError(f"checkpoint {args.checkpoint}: no such directory")
+    folder = export_checkpoint(args.checkpoint, args.out, {**layout(), "env": "autotune/DeepSpeedMemory-v0",
+                                                            "exported_from": str(args.checkpoint)})
+    print(f"policy written to {folder}")
+    return 0

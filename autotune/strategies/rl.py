@@ -1,0 +1,123 @@
+"""`rl`: a trained policy (autotune.rl) walks the space one trial at a time.
+
+The policy acts in the same environment it was trained in (`autotune/DeepSpeedMemory-v0`), built for
+this search's workload, hardware, budget and space, whose backend is a relay: the environment's trial
+of a config returns the result the driver measured for it. `propose()` takes the policy's greedy masked
+action and returns the config that action leads to; `observe()` hands that config's result to the
+environment, which steps and yields the next observation. The episode starts at the estimator's best
+predicted config and ends when the policy stops or after the training horizon; its best feasible config
+is the recommendation. Edits back to configs measured earlier in the episode are masked
+(`mask_revisits`), as is, on a replay surface, every config the surface never measured.
+
+Resume: the policy is deterministic, so a resumed sweep replays the same walk, each known config
+answered from the record.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from autotune.config import Config, ConfigError
+from autotune.results import TrialResult
+from autotune.strategies import SearchContext
+
+DEFAULT_HORIZON = 16
+
+
+class Relay:
+    """A backend whose `run` returns the result the driver measured (set just before the step)."""
+
+    def __init__(self, name: str = "relay") -> None:
+        self.name = name
+        self.result: TrialResult | None = None
+
+    def run(self, config: Config) -> TrialResult:
+        result, self.result = self.result, None
+        if result is None or result.config != config:
+            raise RuntimeError(f"relay: no measured result for {config.to_json()}")
+        return result
+
+
+class RLStrategy:
+    name = "rl"
+
+    def __init__(self, context: SearchContext, policy: Any = None, max_trials: int | None = None) -> None:
+        from autotune.envs import DeepSpeedMemoryEnv
+        from autotune.rl.policy import Policy
+        from autotune.policies import policy_path
+
+        self.context = context
+        self.policy = policy if policy is not None else Policy.load(policy_path())
+        training = self.policy.meta.get("training", {}).get("settings", {})
+        horizon = int(training.get("horizon", DEFAULT_HORIZON))
+        self.max_trials = max_trials
+        space = context.space
+        self.relay = Relay()
+        self.env = DeepSpeedMemoryEnv({
+            "backend": self.relay, "workload": space.workload, "hardware": space.hardware,
+            "memory_budget": context.budget_bytes, "space": space.choices, "start": "estimator",
+            "horizon": horizon, "mask_revisits": True, "seed": context.seed})
+        self.observation, _ = self.env.reset(seed=context.seed)
+        self.pending: tuple[int, Config] | None = None
+        self.proposed = 0
+        self.done = False
+
+    # -- the Strategy interface
+
+    def propose(self) -> Config | None:
+        if self.done:
+            return None
+        if self.pending is not None:
+            return self.pending[1]  # not observed yet: the same proposal stands
+        if self.max_trials is not None and self.proposed >= self.max_trials:
+            self.done = True
+            return None
+        mask = self._mask()
+        if not mask[1:].any():
+            self.done = True
+            return None
+        action = self.policy.act({"observations": self.observation["observations"], "action_mask": mask})
+        if action == 0:  # stop: the policy believes it has found the best
+            self.done = True
+            return None
+        config = self._target(action)
+        self.pending = (action, config)
+        self.proposed += 1
+        return config
+
+    def observe(self, config: Config, result: TrialResult) -> None:
+        if self.pending is None or self.pending[1] != config:
+            return  # history of a resumed sweep, or someone else's trial: the walk asks again if it needs it
+        action, _ = self.pending
+        self.pending = None
+        self.relay.result = result
+        self.observation, _, terminated, truncated, _ = self.env.step(action)
+        if terminated or truncated:
+            self.done = True
+
+    # -- helpers
+
+    def _target(self, action: int) -> Config:
+        """The config an action leads to from the current one (the environment's move table)."""
+        env = self.env.unwrapped
+        landscape = env._episode.landscape
+        index = env._current if action == 1 else int(landscape.moves[env._current, action])
+        return landscape.configs[index]
+
+    def _mask(self) -> np.ndarray:
+        """The environment's mask, narrowed to actions leading into this search's space (a replay
+        surface's measured configs)."""
+        mask = np.array(self.observation["action_mask"], dtype=np.float32)
+        space = self.context.space
+        if space.only is not None:
+            for action in np.flatnonzero(mask[1:] > 0.5) + 1:
+                if self._target(int(action)) not in space:
+                    mask[action] = 0.0
+        return mask
+
+
+def rl(context: SearchContext) -> RLStrategy:
+    return RLStrategy(context)

@@ -1,0 +1,307 @@
+"""Evaluation of the RL policy against the searches, side by side in one run, on workloads the policy
+never saw in training:
+
+- held-out simulated tasks: the test split of the training samplers (held-out model shapes, budget
+  fractions and the `l4` profile for GPUs; held-out shapes and budget for the CPU profile), each on a
+  distorted simulation (autotune.rl.simulator: the truth differs from the estimator by a hidden,
+  structured distortion and trials carry step-time noise), a fresh distortion per seed;
+- the committed real replay surfaces (benchmarks/surfaces/*.jsonl), at the device's memory and at a
+  budget that cuts through the surface's measured peaks.
+
+Every strategy (rl, hybrid, optuna, random, grid) runs through the same sweep loop as `autotune tune`
+(estimator pruning included) for up to --trials launched trials, >= 5 seeds each. Figures per strategy
+(those of the search-efficiency benchmark): median trials to reach 98% of the optimum (runs that never
+reach it count as infinite), median best/optimum after 5 and 10 trials, mean OOM trials per run, and
+the share of runs within 5% of the optimum after 5 trials. A simulated run's best config is judged by
+its true, noise-free throughput; the optimum is the best feasible true throughput of the space.
+
+    python benchmarks/rl_evaluation.py [--seeds 5] [--tasks 16] [--trials 25] [--policy DIR]
+
+Writes benchmarks/results/rl_evaluation.md and .json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import optuna
+from rich.console import Console
+from rich.table import Table
+
+from autotune.backends.replay import ReplayBackend, load_surface, surface_space
+from autotune.drivers.local import run_local
+from autotune.drivers.progress import QuietProgress
+from autotune.drivers.sweep import Budget, Sweep
+from autotune.envs.sampler import Task, WorkloadSampler
+from autotune.pruning import Pruner
+from autotune.results import TrialResult
+from autotune.rl.policy import Policy
+from autotune.rl.simulator import DistortedBackend, distorted_task
+from autotune.rl.train import samplers
+from autotune.space import Space
+from autotune.strategies import SearchContext, make_strategy
+from autotune.strategies.hybrid import HybridStrategy
+from autotune.strategies.rl import RLStrategy
+from autotune.policies import policy_path
+
+ROOT = Path(__file__).resolve().parent
+STRATEGIES = ("rl", "hybrid", "optuna", "random", "grid")
+NEAR = 0.98
+
+
+@dataclass
+class Run:
+    kind: str  # "gpu", "cpu" (held-out simulated) or "replay"
+    task: str
+    strategy: str
+    seed: int
+    curve: list[float]  # best/optimum after each launched trial (0 before any feasible one)
+    oom: int
+    pruned: int
+    launched: int
+    held_out: tuple[str, ...] = ()
+    proposal_ms: list[float] = field(default_factory=list)
+
+    def trials_to(self, level: float) -> float:
+        return next((i + 1 for i, v in enumerate(self.curve) if v >= level), math.inf)
+
+    def after(self, n: int) -> float:
+        if not self.curve:
+            return 0.0
+        return self.curve[min(n, len(self.curve)) - 1]
+
+
+class Timed:
+    """A strategy wrapper that times each proposal (the policy's inference cost)."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.name, self.ms = inner, inner.name, []
+
+    def propose(self):
+        start = time.perf_counter()
+        config = self.inner.propose()
+        self.ms.append(1000 * (time.perf_counter() - start))
+        return config
+
+    def observe(self, config, result) -> None:
+        self.inner.observe(config, result)
+
+
+def strategy_for(name: str, context: SearchContext, policy: Policy):
+    if name == "rl":
+        return RLStrategy(context, policy)
+    if name == "hybrid":
+        return HybridStrategy(context, policy)
+    return make_strategy(name, context)
+
+
+def run_one(name: str, space: Space, backend, budget: int, optimum: float, trials: int, seed: int, policy: Policy,
+            true_value) -> tuple[list[float], int, int, int, list[float]]:
+    pruner = Pruner(space.workload, space.hardware, budget)
+    strategy = Timed(strategy_for(name, SearchContext(space, budget, seed, pruner.predict), policy))
+    record: list[TrialResult] = []
+    sweep = Sweep(strategy, pruner, record.append, backend.name, (), None, len(space))
+    run_local(sweep, backend, Budget(trials), QuietProgress())
+    curve, best_measured, best_true = [], 0.0, 0.0
+    for result in sweep.results:
+        if result.status == "pruned":
+            continue
+        if result.fits(budget) and result.throughput_samples_per_s > best_measured:
+            # The tuner recommends its best measured config; judge that config by its true throughput.
+            best_measured = result.throughput_samples_per_s
+            best_true = true_value(result)
+        curve.append(best_true / optimum)
+    oom = sum(r.status == "oom" for r in sweep.results)
+    pruned = sum(r.status == "pruned" for r in sweep.results)
+    return curve, oom, pruned, len(curve), strategy.ms
+
+
+def simulated_tasks(count: int, seed: int) -> list[tuple[str, Task, tuple[str, ...]]]:
+    """Held-out tasks: the test split of the training samplers, 3/4 GPU and 1/4 CPU."""
+    out = []
+    settings = samplers("test", 64, 1000 + seed, 0.25)
+    for part, n in zip(settings, (count - count // 4, count // 4)):
+        s = dict(part)
+        s.pop("weight")
+        sampler = WorkloadSampler(**{**s, "pool_size": None})
+        rng = np.random.default_rng(seed + (7 if s.get("profiles") == ["cpu"] else 0))
+        kind = "cpu" if s.get("profiles") == ["cpu"] else "gpu"
+        while sum(k == kind for k, _, _ in out) < n:
+            task = sampler.draw(rng)
+            truth = distorted_task(task, 0.3, 0.0, 0)
+            if truth.optimum is None or truth.feasible.sum() < 3:
+                continue  # nothing (or almost nothing) fits: no search to compare
+            out.append((kind, task, sampler.held_out(task)))
+    return out
+
+
+def task_name(task: Task) -> str:
+    w = task.workload
+    return (f"{w.model.name} ({w.model.params / 1e6:,.0f}M) x{w.gpus} {task.hardware.name} "
+            f"{task.memory_budget_bytes / 2**30:.1f}GiB")
+
+
+def evaluate(args: argparse.Namespace, console: Console) -> list[Run]:
+    policy = Policy.load(args.policy)
+    runs: list[Run] = []
+    tasks = simulated_tasks(args.tasks, 0)
+    jobs = len(tasks) * args.seeds * len(STRATEGIES)
+    surfaces = sorted((ROOT / "surfaces").glob("*.jsonl")) if (ROOT / "surfaces").is_dir() else []
+    done = 0
+    for kind, task, held in tasks:
+        for seed in range(args.seeds):
+            truth = distorted_task(task, args.randomize, args.noise, seed)
+            space = truth.landscape.space
+            for name in STRATEGIES:
+                backend = distorted_task(task, args.randomize, args.noise, seed)  # same truth, fresh noise stream
+                curve, oom, pruned, launched, ms = run_one(
+                    name, space, backend, task.memory_budget_bytes, truth.optimum, args.trials, seed, policy,
+                    lambda r, t=truth: t.true_throughput(r.config))
+                runs.append(Run(kind, task_name(task), name, seed, curve, oom, pruned, launched, held, ms))
+                done += 1
+            console.print(f"[{done}/{jobs}] {kind} {task_name(task)} seed {seed} "
+                          + "  ".join(f"{r.strategy} {r.after(5):.2f}/{r.trials_to(NEAR)}" for r in runs[-len(STRATEGIES):]),
+                          highlight=False)
+    for path in surfaces:
+        surface = load_surface(path)
+        space = surface_space(surface)
+        peaks = sorted(r.peak_memory_bytes for r in surface.results.values() if r.ok and r.peak_memory_bytes)
+        budgets = [space.hardware.memory_bytes] + ([peaks[len(peaks) // 2]] if peaks else [])
+        for budget in budgets:
+            best = surface.best(budget)
+            if best is None:
+                continue
+            optimum = best.throughput_samples_per_s
+            for seed in range(args.seeds):
+                for name in STRATEGIES:
+                    curve, oom, pruned, launched, ms = run_one(
+                        name, space, ReplayBackend(surface, budget), budget, optimum, args.trials, seed, policy,
+                        lambda r: r.throughput_samples_per_s)
+                    runs.append(Run("replay", f"{path.name} {budget / 2**30:.2f}GiB", name, seed, curve, oom, pruned,
+                                    launched, ("surface",), ms))
+            console.print(f"replay {path.name} at {budget / 2**30:.2f}GiB: {args.seeds} seeds done", highlight=False)
+    return runs
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else math.nan
+
+
+def summary(runs: list[Run], kind: str | None) -> list[dict]:
+    rows = []
+    for name in STRATEGIES:
+        mine = [r for r in runs if r.strategy == name and (kind is None or r.kind == kind)]
+        if not mine:
+            continue
+        reach = [r.trials_to(NEAR) for r in mine]
+        rows.append({
+            "strategy": name, "runs": len(mine),
+            "median_trials_to_98pct": median(reach),
+            "reached_98pct": sum(math.isfinite(x) for x in reach) / len(mine),
+            "best_over_optimum_after_5": median([r.after(5) for r in mine]),
+            "best_over_optimum_after_10": median([r.after(10) for r in mine]),
+            "within_5pct_after_5": sum(r.after(5) >= 0.95 for r in mine) / len(mine),
+            "oom_trials_per_run": statistics.mean(r.oom for r in mine),
+            "pruned_per_run": statistics.mean(r.pruned for r in mine),
+            "launched_per_run": statistics.mean(r.launched for r in mine),
+        })
+    return rows
+
+
+def fmt(x: float, pattern: str) -> str:
+    if isinstance(x, float) and math.isinf(x):
+        return "never"
+    if isinstance(x, float) and math.isnan(x):
+        return "-"
+    return format(x, pattern)
+
+
+COLUMNS = (("strategy", "strategy", "s"), ("runs", "runs", "d"), ("median trials to 98%", "median_trials_to_98pct", "g"),
+           ("runs reaching 98%", "reached_98pct", ".0%"), ("best/opt after 5", "best_over_optimum_after_5", ".3f"),
+           ("best/opt after 10", "best_over_optimum_after_10", ".3f"), ("within 5% after 5", "within_5pct_after_5", ".0%"),
+           ("OOM trials/run", "oom_trials_per_run", ".2f"), ("pruned/run", "pruned_per_run", ".1f"),
+           ("launched/run", "launched_per_run", ".1f"))
+CLASSES = (("gpu", "held-out simulated GPU tasks"), ("cpu", "held-out simulated CPU tasks"),
+           ("replay", "real replay surfaces"), (None, "all"))
+
+
+def tables(runs: list[Run]) -> dict[str, list[dict]]:
+    return {title: summary(runs, kind) for kind, title in CLASSES if any(kind is None or r.kind == kind for r in runs)}
+
+
+def markdown(runs: list[Run], args: argparse.Namespace, policy: Policy, seconds: float) -> str:
+    lines = ["# RL policy evaluation", "",
+             f"`python benchmarks/rl_evaluation.py --seeds {args.seeds} --tasks {args.tasks} --trials {args.trials}"
+             f" --randomize {args.randomize} --noise {args.noise}` ({seconds / 60:.1f} min on this machine).", "",
+             f"Policy: `{args.policy}` (trained {policy.meta.get('training', {}).get('figures', {}).get('iteration', '?')}"
+             f" iterations). Optimum: best feasible true throughput of the space; trials counted as launched"
+             " (pruned configs cost nothing).", ""]
+    for title, rows in tables(runs).items():
+        lines += [f"## {title}", "", "| " + " | ".join(c for c, _, _ in COLUMNS) + " |",
+                  "|" + "---|" * len(COLUMNS)]
+        for row in rows:
+            lines.append("| " + " | ".join(fmt(row[k], p) for _, k, p in COLUMNS) + " |")
+        lines.append("")
+    ms = [m for r in runs if r.strategy == "rl" for m in r.proposal_ms]
+    if ms:
+        lines += [f"Policy inference: median {median(ms):.2f} ms per proposal of `rl` (p95 "
+                  f"{np.percentile(ms, 95):.2f} ms, {len(ms)} proposals, environment step included).", ""]
+    lines += ["## Per task (median over seeds: trials to 98% / best/optimum after 5)", "",
+              "| task | held out | " + " | ".join(STRATEGIES) + " |", "|---|---|" + "---|" * len(STRATEGIES)]
+    for task in dict.fromkeys(r.task for r in runs):
+        mine = [r for r in runs if r.task == task]
+        cells = []
+        for name in STRATEGIES:
+            rs = [r for r in mine if r.strategy == name]
+            cells.append(f"{fmt(median([r.trials_to(NEAR) for r in rs]), 'g')} / {median([r.after(5) for r in rs]):.2f}")
+        lines.append(f"| {task} | {','.join(mine[0].held_out) or '-'} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def show(runs: list[Run], console: Console) -> None:
+    for title, rows in tables(runs).items():
+        table = Table(title=title)
+        for column, _, _ in COLUMNS:
+            table.add_column(column, justify="right")
+        for row in rows:
+            table.add_row(*(fmt(row[k], p) for _, k, p in COLUMNS))
+        console.print(table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--tasks", type=int, default=16, help="held-out simulated tasks (3/4 GPU, 1/4 CPU)")
+    parser.add_argument("--trials", type=int, default=25, help="launched trials per run at most")
+    parser.add_argument("--randomize", type=float, default=0.3, help="spread of the hidden truth (as in training)")
+    parser.add_argument("--noise", type=float, default=0.1, help="step-time noise sigma (as in training)")
+    parser.add_argument("--policy", type=Path, default=policy_path(), help="policy directory (default: the shipped one)")
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "rl_evaluation")
+    args = parser.parse_args(argv)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    console = Console(width=max(Console().width, 160))
+    start = time.monotonic()
+    runs = evaluate(args, console)
+    seconds = time.monotonic() - start
+    show(runs, console)
+    policy = Policy.load(args.policy)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".md").write_text(markdown(runs, args, policy, seconds))
+    args.out.with_suffix(".json").write_text(json.dumps(
+        {"settings": {k: str(v) for k, v in vars(args).items()}, "tables": tables(runs),
+         "runs": [{**r.__dict__, "held_out": list(r.held_out), "proposal_ms": None} for r in runs]},
+        indent=1, default=lambda x: None if isinstance(x, float) and math.isinf(x) else x))
+    console.print(f"written {args.out.with_suffix('.md')} and .json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

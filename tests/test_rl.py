@@ -1,0 +1,310 @@
+"""The RL policy's parts that need no Ray: the masked network, the exported policy file, the distorted
+training environment, the training figures and settings, and the `rl` and `hybrid` strategies through
+the real sweep loop on the simulated and replay backends."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import optuna
+import pytest
+import torch
+from gymnasium.utils.env_checker import check_env
+
+from autotune.backends.replay import ReplayBackend, load_surface, surface_space
+from autotune.backends.simulated import SimulatedBackend
+from autotune.config import ConfigError
+from autotune.drivers.local import run_local
+from autotune.drivers.progress import QuietProgress
+from autotune.drivers.sweep import Budget, Sweep
+from autotune.envs import DeepSpeedMemoryEnv
+from autotune.envs.sampler import Task
+from autotune.hardware import PROFILES
+from autotune.pruning import Pruner
+from autotune.results import TrialResult, append_result
+from autotune.rl.figures import episode_figures
+from autotune.rl.network import NetSpec, mask_logits, policy_net
+from autotune.rl.policy import Policy, layout, save_policy
+from autotune.rl.simulator import DistortedBackend, TrainingEnv, distorted_task
+from autotune.rl.train import TrainSettings, prepare, samplers
+from autotune.search_spaces import load_choices
+from autotune.space import Space
+from autotune.strategies import STRATEGIES, SearchContext, make_strategy
+from autotune.strategies.hybrid import HybridStrategy
+from autotune.strategies.rl import RLStrategy
+from autotune.workload import make_workload
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+GiB = 2**30
+N_ACTIONS = len(layout()["actions"])
+N_FEATURES = len(layout()["features"])
+GPU_WORKLOAD = make_workload("gpt2-xl", 64, 8)
+GPU = PROFILES["a100-40gb"]
+SMALL_POOL = samplers("train", 8, 0, 0.25)
+
+
+def random_policy(folder: Path, seed: int = 0, horizon: int = 16) -> Policy:
+    """A policy with random weights, saved and loaded as a trained one would be."""
+    torch.manual_seed(seed)
+    spec = NetSpec(N_FEATURES, N_ACTIONS, (32, 32))
+    net = policy_net(spec)
+    torch.nn.init.normal_(net[-1].weight, std=1.0)  # not near-uniform: choices differ between actions
+    save_policy(folder, spec, net.state_dict(), {**layout(), "training": {"settings": {"horizon": horizon}}})
+    return Policy.load(folder)
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory) -> Policy:
+    return random_policy(tmp_path_factory.mktemp("policy"))
+
+
+# -- network and policy file --------------------------------------------------------------------------
+
+def test_masked_logits_give_forbidden_actions_zero_probability():
+    logits = torch.randn(64, N_ACTIONS) * 10
+    mask = (torch.rand(64, N_ACTIONS) < 0.4).float()
+    mask[:, 1] = 1.0  # at least one allowed per row
+    masked = mask_logits(logits, mask)
+    probs = torch.softmax(masked, dim=-1)
+    assert torch.all(probs[mask == 0] == 0)
+    assert torch.allclose(probs.sum(-1), torch.ones(64))
+    assert torch.all(mask.gather(1, masked.argmax(-1, keepdim=True)) == 1)
+    assert torch.equal(masked[mask == 1], logits[mask == 1])
+
+
+def test_policy_round_trips_through_its_files(tmp_path, policy):
+    obs = {"observations": np.random.default_rng(0).uniform(-1, 1, N_FEATURES).astype(np.float32),
+           "action_mask": np.ones(N_ACTIONS, np.float32)}
+    again = Policy.load(policy.path)
+    assert np.array_equal(again.logits(obs), policy.logits(obs))
+    assert json.loads((policy.path / "policy.json").read_text())["actions"] == layout()["actions"]
+    other = random_policy(tmp_path / "other", seed=1)
+    assert not np.allclose(other.logits(obs), policy.logits(obs))
+
+
+def test_policy_acts_only_within_the_mask(policy):
+    rng = np.random.default_rng(1)
+    for _ in range(300):
+        mask = (rng.random(N_ACTIONS) < 0.3).astype(np.float32)
+        mask[rng.integers(N_ACTIONS)] = 1.0
+        obs = {"observations": rng.uniform(-1, 1, N_FEATURES).astype(np.float32), "action_mask": mask}
+        assert mask[policy.act(obs)] == 1.0
+    with pytest.raises(ValueError, match="allows no action"):
+        policy.act({"observations": np.zeros(N_FEATURES, np.float32), "action_mask": np.zeros(N_ACTIONS, np.float32)})
+
+
+def test_policy_of_another_layout_or_missing_files_is_refused(tmp_path, policy):
+    with pytest.raises(ConfigError, match="policy.pt and policy.json"):
+        Policy.load(tmp_path)
+    folder = tmp_path / "old"
+    spec = NetSpec(N_FEATURES, N_ACTIONS, (8,))
+    save_policy(folder, spec, policy_net(spec).state_dict(), {**layout(), "actions": ["stop", "run"]})
+    with pytest.raises(ConfigError, match="another environment layout.*autotune rl train"):
+        Policy.load(folder)
+    assert Policy.load(folder, check_layout=False).spec == spec
+
+
+# -- the distorted training environment ----------------------------------------------------------------
+
+def test_training_env_passes_gymnasiums_checker_and_keeps_a_flat_info():
+    env = TrainingEnv({"samplers": SMALL_POOL, "noise": 0.1, "start": "mixed", "seed": 0})
+    check_env(env, skip_render_check=True)
+    obs, info = env.reset(seed=3)
+    keys = set(info)
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        obs, _, terminated, truncated, info = env.step(int(rng.choice(np.flatnonzero(obs["action_mask"]))))
+        assert set(info) == keys and all(isinstance(v, (int, float, str)) for v in info.values())
+        if terminated or truncated:
+            obs, info = env.reset()
+
+
+def test_distortion_hides_a_truth_whose_optimum_is_exhausted():
+    task = Task(GPU_WORKLOAD, GPU, 20 * GiB, load_choices("default"))
+    truth = distorted_task(task, 0.3, 0.0, seed=5)
+    same = distorted_task(task, 0.3, 0.0, seed=5)
+    assert np.array_equal(truth.throughput, same.throughput)  # a seed fixes the draw
+    configs = truth.landscape.configs
+    results = [truth.run(c) for c in configs]
+    fitting = [r.throughput_samples_per_s for r in results if r.fits(task.memory_budget_bytes)]
+    assert truth.optimum == pytest.approx(max(fitting))
+    assert all(r.status in ("ok", "oom") for r in results)
+    # The truth is not the estimator: its ranking differs, but not beyond recognition.
+    nominal = truth.landscape.throughput
+    ratio = truth.throughput / nominal
+    assert ratio.std() > 0.05
+    assert np.corrcoef(np.log(nominal), np.log(truth.throughput))[0, 1] > 0.5
+    flat = distorted_task(task, 0.0, 0.0, seed=5)
+    assert np.allclose(flat.throughput, nominal) and np.allclose(flat.peak, flat.landscape.peak)
+
+
+def test_episode_info_judges_the_best_config_by_its_true_throughput():
+    env = TrainingEnv({"samplers": SMALL_POOL, "noise": 0.3, "start": "estimator", "seed": 1})
+    obs, info = env.reset(seed=2)
+    assert math.isfinite(info["optimum_throughput"]) or math.isnan(info["optimum_throughput"])
+    obs, _, _, _, info = env.step(1)  # run the start config
+    backend = env.unwrapped._episode.backend
+    assert isinstance(backend, DistortedBackend)
+    if info["status"] == "ok":
+        true = backend.true_throughput(env.unwrapped._episode.landscape.configs[env.unwrapped._current])
+        assert info["best_true_throughput"] == pytest.approx(true)
+        assert info["best_throughput"] != pytest.approx(true)  # the noisy measurement
+        assert info["best_true_throughput"] <= info["optimum_throughput"] * (1 + 1e-9)
+
+
+def test_episode_figures():
+    base = {"trials": 4, "best_throughput": 99.0, "best_true_throughput": 97.0, "optimum_throughput": 100.0}
+    assert episode_figures(base, 1) == {"trials": 4.0, "within_2pct": 0.0, "best_over_optimum": 0.97,
+                                        "found_feasible": 1.0, "oom_trials": 1.0}
+    assert episode_figures({**base, "best_true_throughput": 98.5})["within_2pct"] == 1.0
+    nothing = episode_figures({**base, "best_throughput": 0.0, "best_true_throughput": 0.0})
+    assert nothing["within_2pct"] == 0.0 and nothing["found_feasible"] == 0.0
+    unknown = episode_figures({**base, "optimum_throughput": float("nan")})
+    assert unknown["within_2pct"] is None and unknown["best_over_optimum"] is None
+
+
+# -- training settings ---------------------------------------------------------------------------------
+
+def test_training_settings_are_checked_and_a_run_resumes_only_with_the_same_ones(tmp_path):
+    with pytest.raises(ConfigError, match="backend='nvme'"):
+        TrainSettings(backend="nvme")
+    with pytest.raises(ConfigError, match="needs at least one surface"):
+        TrainSettings(backend="replay")
+    with pytest.raises(ConfigError, match="minibatch=512 exceeds train_batch=256"):
+        TrainSettings(train_batch=256)
+    settings = TrainSettings(iterations=3, seed=4)
+    run, _, checkpoint = prepare(tmp_path, settings)
+    assert checkpoint is None and run.settings() == settings
+    prepare(tmp_path, TrainSettings(iterations=10, seed=4, workers=2))  # more iterations, other resources: fine
+    with pytest.raises(ConfigError, match=r"other settings \(seed=4 there, 5 here\)"):
+        prepare(tmp_path, TrainSettings(iterations=10, seed=5))
+    assert TrainSettings.from_dict(settings.to_dict()) == settings
+
+
+def test_training_tasks_hold_out_the_test_split_and_tiny():
+    env = TrainingEnv({"samplers": samplers("train", 64, 0, 0.5), "seed": 0})
+    seen = set()
+    for i in range(120):
+        env.reset(seed=i)
+        task = env.unwrapped._episode.task
+        seen.add(task.hardware.name)
+        assert task.workload.model.name != "tiny"
+        sampler = env.unwrapped._sampler
+        assert sampler.held_out(task) == ()
+    assert "cpu" in seen and len(seen) > 2
+
+
+# -- the rl and hybrid strategies through the sweep loop -------------------------------------------------
+
+def sweep(strategy, space: Space, backend, budget: int, trials: int) -> Sweep:
+    pruner = Pruner(space.workload, space.hardware, budget)
+    record: list[TrialResult] = []
+    s = Sweep(strategy, pruner, record.append, backend.name, (), None, len(space))
+    run_local(s, backend, Budget(trials), QuietProgress())
+    assert record == s.results
+    return s
+
+
+@pytest.fixture(scope="module")
+def gpu_space() -> Space:
+    return Space(load_choices("default"), GPU_WORKLOAD, GPU)
+
+
+def test_rl_walks_from_the_estimators_best_and_never_repeats(gpu_space, policy):
+    budget = 20 * GiB
+    backend = SimulatedBackend(GPU_WORKLOAD, GPU, budget, noise=0.1, seed=0)
+    strategy = RLStrategy(SearchContext(gpu_space, budget, 0), policy)
+    s = sweep(strategy, gpu_space, backend, budget, 40)
+    configs = [r.config for r in s.results]
+    assert 1 <= len(configs) <= 16  # one episode of the training horizon at most
+    assert len(set(configs)) == len(configs) and all(c in gpu_space for c in configs)
+    pruner = Pruner(GPU_WORKLOAD, GPU, budget)
+    fitting = [c for c in gpu_space if pruner.predict(c).fits(budget)]
+    start = max(fitting, key=lambda c: pruner.predict(c).throughput_samples_per_s)
+    # The first trial is the start config or one edit away from it.
+    first = configs[0]
+    assert first == start or sum(getattr(first, k) != getattr(start, k) for k in first.to_dict()) == 1
+    # Deterministic: the same walk again.
+    again = sweep(RLStrategy(SearchContext(gpu_space, budget, 0), policy), gpu_space,
+                  SimulatedBackend(GPU_WORKLOAD, GPU, budget, noise=0.1, seed=0), budget, 40)
+    assert [r.config for r in again.results] == configs
+
+
+def test_rl_proposals_follow_the_policys_greedy_masked_actions(gpu_space, policy):
+    budget = 20 * GiB
+    strategy = RLStrategy(SearchContext(gpu_space, budget, 0), policy)
+    backend = SimulatedBackend(GPU_WORKLOAD, GPU, budget)
+    shadow = DeepSpeedMemoryEnv({"workload": GPU_WORKLOAD, "hardware": GPU, "memory_budget": budget,
+                                 "space": load_choices("default"), "start": "estimator", "mask_revisits": True})
+    obs, _ = shadow.reset(seed=0)
+    for _ in range(16):
+        config = strategy.propose()
+        action = policy.act(obs)
+        if config is None:
+            assert action == 0  # the policy chose stop
+            break
+        obs, _, terminated, truncated, info = shadow.step(action)
+        assert info["config"] == config.to_dict()
+        strategy.observe(config, backend.run(config).under_budget(budget))
+        if terminated or truncated:
+            assert strategy.propose() is None
+            break
+
+
+def make_surface(path: Path, space: Space, truth: DistortedBackend, keep: float = 0.7) -> Path:
+    """A replay surface of a distorted simulation, with some configs left unmeasured."""
+    rng = np.random.default_rng(0)
+    for config in space:
+        if rng.random() < keep:
+            result = truth.run(config).under_budget(None)
+            extra = {"workload": space.workload.to_dict(), "hardware": space.hardware.name}
+            append_result(path, TrialResult(config, result.status, result.throughput_samples_per_s,
+                                            result.tokens_per_s, result.step_time_s, result.peak_memory_bytes,
+                                            None, result.wall_time_s, "deepspeed", result.error, extra))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_surface(tmp_path_factory) -> Path:
+    tiny = make_workload("tiny")
+    space = Space(load_choices("cpu"), tiny, PROFILES["cpu"])
+    truth = distorted_task(Task(tiny, PROFILES["cpu"], PROFILES["cpu"].memory_bytes, space.choices), 0.4, 0.05, 11)
+    return make_surface(tmp_path_factory.mktemp("surface") / "tiny.jsonl", space, truth)
+
+
+def test_rl_on_replay_proposes_only_measured_configs(tiny_surface, policy):
+    surface = load_surface(tiny_surface)
+    space = surface_space(surface)
+    assert len(space) < len(Space(load_choices("cpu"), space.workload, space.hardware))
+    for seed in range(4):
+        policy_s = random_policy(Path(str(tiny_surface) + f".policy{seed}"), seed=seed)
+        budget = int(1.2 * GiB)
+        s = sweep(RLStrategy(SearchContext(space, budget, seed), policy_s), space, ReplayBackend(surface, budget),
+                  budget, 30)
+        assert s.results and all(r.config in surface.results for r in s.results)
+
+
+def test_hybrid_starts_with_the_policys_walk_then_optuna_continues(gpu_space, policy, tmp_path):
+    budget = 20 * GiB
+    rl_alone = sweep(RLStrategy(SearchContext(gpu_space, budget, 0), policy, max_trials=8), gpu_space,
+                     SimulatedBackend(GPU_WORKLOAD, GPU, budget), budget, 30)
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    hybrid = HybridStrategy(SearchContext(gpu_space, budget, 0, storage=storage), policy, policy_trials=8)
+    s = sweep(hybrid, gpu_space, SimulatedBackend(GPU_WORKLOAD, GPU, budget), budget, 30)
+    walk = [r.config for r in rl_alone.results]
+    assert [r.config for r in s.results[:len(walk)]] == walk
+    assert sum(r.status != "pruned" for r in s.results) == 30  # Optuna used the rest of the budget
+    study = optuna.load_study(study_name="autotune", storage=storage)
+    told = {tuple(sorted(t.params.items())) for t in study.trials if t.state.name == "COMPLETE"}
+    for config in walk:
+        assert tuple(sorted(hybrid.search.params_of(config).items())) in told  # the walk warm-started the study
+
+
+def test_rl_and_hybrid_are_registered_strategies(gpu_space):
+    assert {"rl", "hybrid"} <= set(STRATEGIES)
+    for name in ("rl", "hybrid"):
+        strategy = make_strategy(name, SearchContext(gpu_space, 20 * GiB, 0))
+        assert strategy.name == name and strategy.propose() in gpu_space

@@ -1,0 +1,128 @@
+"""Real RLlib training (PPO, new API stack) on a local Ray instance with small resources: a couple of
+iterations produce a checkpoint and a policy; the trained module respects the action mask; the exported
+policy loads without Ray and proposes valid configs; training resumes from the last checkpoint through
+the command line; Ray is shut down afterwards."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from autotune.backends.simulated import SimulatedBackend
+from autotune.cli import main
+from autotune.config import ConfigError
+from autotune.hardware import PROFILES
+from autotune.rl.policy import Policy
+from autotune.rl.simulator import TrainingEnv
+from autotune.rl.train import RunDir, TrainSettings, train
+from autotune.search_spaces import load_choices
+from autotune.space import Space
+from autotune.strategies import SearchContext
+from autotune.strategies.rl import RLStrategy
+from autotune.workload import make_workload
+
+pytestmark = pytest.mark.slow
+GiB = 2**30
+# Small enough to train in seconds: 8 GPU + 2 CPU tasks, 256 steps per iteration, 2 environment copies.
+SETTINGS = TrainSettings(iterations=2, pool_size=8, train_batch=256, minibatch=64, epochs=2, envs_per_worker=2,
+                         checkpoint_every=1, hiddens=(32, 32))
+
+
+def ray_running() -> bool:
+    import ray
+
+    return ray.is_initialized()
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    out = tmp_path_factory.mktemp("rl") / "policy-test"
+    rows = []
+    result = train(out, SETTINGS, on_iteration=rows.append)
+    assert not ray_running()  # the local instance it started is shut down
+    return out, result, rows
+
+
+def test_training_writes_progress_checkpoints_and_a_policy(trained):
+    out, result, rows = trained
+    assert result.iterations == 2 and result.resumed_from == 0
+    assert [r.iteration for r in rows] == [1, 2]
+    assert rows[-1].timesteps >= 2 * SETTINGS.train_batch and rows[-1].episodes > 0
+    for row in rows:  # the figures of the issue, per iteration
+        assert row.episode_return is not None and 1 <= row.trials <= SETTINGS.horizon
+        assert 0 <= row.within_2pct <= 1 and 0 < row.best_over_optimum <= 1
+    run = RunDir(out)
+    assert [r.iteration for r in run.progress()] == [1, 2]
+    assert result.checkpoint == run.latest_checkpoint() and result.checkpoint.name == "000002"
+    meta = json.loads((out / "policy" / "policy.json").read_text())
+    assert meta["training"]["checkpoint"] == "000002" and meta["training"]["settings"] == SETTINGS.to_dict()
+    assert (out / "policy" / "policy.pt").stat().st_size < 100_000
+
+
+def test_trained_module_respects_the_mask_and_matches_the_exported_policy(trained):
+    from ray.rllib.core.columns import Columns
+    from ray.rllib.core.rl_module.rl_module import RLModule
+
+    out, result, _ = trained
+    module = RLModule.from_checkpoint(result.checkpoint / "learner_group" / "learner" / "rl_module" / "default_policy")
+    policy = Policy.load(out / "policy")
+    env = TrainingEnv({**SETTINGS.env_config(), "seed": 0})
+    obs, _ = env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    for step in range(150):
+        batch = {Columns.OBS: {k: torch.as_tensor(v).unsqueeze(0) for k, v in obs.items()}}
+        logits = module.forward_inference(batch)[Columns.ACTION_DIST_INPUTS]
+        dist = module.get_inference_action_dist_cls().from_logits(logits)
+        sampled = int(dist.sample()[0])
+        allowed = obs["action_mask"] > 0.5
+        assert allowed[sampled] and allowed[int(logits.argmax())]
+        assert np.allclose(logits[0].detach().numpy()[allowed], policy.logits(obs)[allowed], atol=1e-5)
+        obs, _, terminated, truncated, _ = env.step(sampled if rng.random() < 0.5 else policy.act(obs))
+        if terminated or truncated:
+            obs, _ = env.reset()
+
+
+def test_exported_policy_proposes_valid_configs_without_ray(trained):
+    out, _, _ = trained
+    assert not ray_running()
+    policy = Policy.load(out / "policy")
+    workload, hardware = make_workload("gpt2-medium", 32, 2), PROFILES["a100-40gb"]
+    space = Space(load_choices("default"), workload, hardware)
+    budget = 20 * GiB
+    strategy = RLStrategy(SearchContext(space, budget, 0), policy)
+    backend = SimulatedBackend(workload, hardware, budget)
+    proposed = []
+    while (config := strategy.propose()) is not None:
+        assert config in space and config not in proposed
+        proposed.append(config)
+        strategy.observe(config, backend.run(config).under_budget(budget))
+    assert 1 <= len(proposed) <= SETTINGS.horizon
+    assert not ray_running()
+
+
+def test_training_resumes_from_the_last_checkpoint_through_the_cli(trained, capsys):
+    out, _, _ = trained
+    flags = ["--pool-size", "8", "--train-batch", "256", "--minibatch", "64", "--epochs", "2", "--envs-per-worker", "2",
+             "--checkpoint-every", "1", "--hiddens", "32,32"]
+    code = main(["rl", "train", "--iterations", "3", "--out", str(out), *flags])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "from checkpoint 000002" in printed and "iter    3/3" in printed and "within 2% of optimum" in printed
+    assert [r.iteration for r in RunDir(out).progress()] == [1, 2, 3]
+    assert RunDir(out).latest_checkpoint().name == "000003"
+    assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.is_dir()) == ["000002", "000003"]
+    meta = json.loads((out / "policy" / "policy.json").read_text())
+    assert meta["training"]["checkpoint"] == "000003" and meta["training"]["command"].startswith("autotune rl train")
+    assert not ray_running()
+
+
+def test_a_run_directory_refuses_other_settings(trained, capsys):
+    out, _, _ = trained
+    code = main(["rl", "train", "--iterations", "4", "--out", str(out), "--seed", "9"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "other settings" in err and "seed=0 there, 9 here" in err and len(err.strip().splitlines()) == 1
