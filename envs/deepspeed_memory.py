@@ -35,6 +35,9 @@ env_config keys (all optional):
     calibration     Calibration or dict of its fields, for the simulated backend and the predictions
     reward          dict of envs/reward.py Reward fields
     mask_revisits   also mask edits to configs measured earlier in the episode (default False)
+    flat_info       info as numbers and strings with the same keys at every step (the TrialResult and the
+                    configs as JSON strings, NaN where unknown), as gymnasium's vector environments and
+                    RLlib need (they merge infos key by key); default False
     reference_throughput  object/deepspeed backends: the reward's normaliser instead of the estimator's best
     backend_options deepspeed: keyword arguments of DeepSpeedBackend
     cache_size      landscapes kept per environment (default 256)
@@ -43,6 +46,7 @@ env_config keys (all optional):
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Mapping
 
@@ -70,7 +74,7 @@ from autotune.envs.sampler import Task, WorkloadSampler
 BACKENDS = ("simulated", "replay", "deepspeed")
 STARTS = ("random", "default", "estimator")
 CONFIG_KEYS = ("backend", "workload", "sampler", "hardware", "memory_budget", "space", "surface", "horizon", "start",
-               "noise", "calibration", "reward", "mask_revisits", "reference_throughput", "backend_options",
+               "noise", "calibration", "reward", "mask_revisits", "flat_info", "reference_throughput", "backend_options",
                "cache_size", "seed")
 DEFAULT_SAMPLER = {"split": "train", "pool_size": 256}
 
@@ -108,6 +112,7 @@ class DeepSpeedMemoryEnv(gym.Env):
         self.reward_spec = config["reward"] if isinstance(config.get("reward"), Reward) else \
             Reward.from_dict(config.get("reward"))
         self.mask_revisits = bool(config.get("mask_revisits", False))
+        self.flat_info = bool(config.get("flat_info", False))
         self.calibration = _calibration(config.get("calibration"))
         self._seed = config.get("seed")
         cache_size = _positive_int(config.get("cache_size", 256), "cache_size")
@@ -285,6 +290,8 @@ class DeepSpeedMemoryEnv(gym.Env):
         ep = self._episode
         assert ep is not None
         current = ep.landscape.configs[self._current]
+        if self.flat_info:
+            return self._flat_info(result, action, invalid, current)
         config = {k: getattr(current, k) for k in KNOBS}
         return {"result": None if result is None else _result_dict(result, config),
                 "config": config,
@@ -292,6 +299,23 @@ class DeepSpeedMemoryEnv(gym.Env):
                 "trials": self._trials, "action": action, "invalid_action": invalid,
                 "task": ep.task_info, "reference_throughput": ep.reference,
                 "optimum_throughput": ep.optimum}
+
+    def _flat_info(self, result: TrialResult | None, action: str, invalid: bool, current: Config) -> dict[str, Any]:
+        """Same keys and value types at every step (vector environments merge infos key by key)."""
+        ep = self._episode
+        assert ep is not None
+        nan = float("nan")
+        best = self._best
+        return {"trials": self._trials, "action": action, "invalid_action": invalid,
+                "status": "none" if result is None else result.status,
+                "throughput_samples_per_s": nan if result is None else float(result.throughput_samples_per_s or nan),
+                "peak_memory_bytes": nan if result is None or result.peak_memory_bytes is None
+                else float(result.peak_memory_bytes),
+                "config": current.to_json(), "result": "" if result is None else result.to_json(),
+                "best_throughput": self._best_throughput,
+                "best_config": "" if best is None else json.dumps(best["config"]),
+                "reference_throughput": float(ep.reference),
+                "optimum_throughput": nan if ep.optimum is None else float(ep.optimum)}
 
     def _start_index(self, land: Landscape) -> int:
         if self.start == "random":

@@ -293,3 +293,20 @@ def test_bad_env_config_gives_one_line_errors():
                           ({"workload": "tiny", "sampler": {}}, "sampler")]:
         with pytest.raises(ConfigError, match=match):
             DeepSpeedMemoryEnv(config)
+
+
+def test_flat_info_serves_vector_environments():
+    make = lambda: DeepSpeedMemoryEnv({"workload": "tiny", "memory_budget": "800MiB", "flat_info": True})  # noqa: E731
+    envs = gym.vector.SyncVectorEnv([make, make])
+    observation, _ = envs.reset(seed=0)
+    rng = np.random.default_rng(0)
+    statuses = set()
+    for _ in range(100):
+        actions = [int(rng.choice(np.flatnonzero(mask))) for mask in observation["action_mask"]]
+        observation, _, _, _, info = envs.step(actions)
+        statuses.update(info["status"])
+        for text in info["result"]:
+            if text:
+                TrialResult.from_json(text)
+    assert {"ok", "oom"} <= statuses
+    assert info["reference_throughput"].dtype == np.float64
