@@ -140,11 +140,16 @@ class DeepSpeedMemoryEnv(gym.Env):
         elif backend not in BACKENDS:
             raise ConfigError(f"backend={backend!r}: allowed {list(BACKENDS)}")
         self.backend_kind = backend
-        self._noise = float(config.get("noise", 0.0))
+        self._noise = config.get("noise", 0.0)
+        if not isinstance(self._noise, (int, float)) or not 0 <= self._noise < float("inf"):
+            raise ConfigError(f"noise={self._noise!r}: must be a number >= 0 (step-time noise sigma)")
         if backend != "simulated" and self._noise:
             raise ConfigError("noise applies to the simulated backend only")
         self._backend_options = dict(config.get("backend_options") or {})
         self._reference_override = config.get("reference_throughput")
+        if self._reference_override is not None and not (isinstance(self._reference_override, (int, float))
+                                                          and self._reference_override > 0):
+            raise ConfigError(f"reference_throughput={self._reference_override!r}: must be a positive number")
         self._budgets = _budgets(config.get("memory_budget"))
         self._surfaces: tuple[Surface, ...] = ()
         self._sampler: WorkloadSampler | None = None
@@ -168,8 +173,7 @@ class DeepSpeedMemoryEnv(gym.Env):
             self._workload = _workload(config["workload"])
         elif backend == "simulated":
             sampler = config.get("sampler", DEFAULT_SAMPLER)
-            self._sampler = sampler if isinstance(sampler, WorkloadSampler) else \
-                WorkloadSampler(**{**DEFAULT_SAMPLER, **dict(sampler)})
+            self._sampler = sampler if isinstance(sampler, WorkloadSampler) else _sampler(sampler)
         else:
             raise ConfigError(f"the {backend} backend needs env_config['workload']")
         if self._sampler is not None and (self._budgets or self._hardware or self._choices):
@@ -454,6 +458,21 @@ def _workload(value: Any) -> Workload:
         except (KeyError, TypeError) as err:
             raise ConfigError(f"workload {dict(value)!r}: {err}; expected model, global_batch, gpus") from None
     raise ConfigError(f"workload {value!r}: expected a preset name, a Workload or a dict")
+
+
+def _sampler(settings: Any) -> WorkloadSampler:
+    if not isinstance(settings, Mapping):
+        raise ConfigError(f"sampler {settings!r}: expected a WorkloadSampler or a dict of its settings")
+    allowed = [f.name for f in fields(WorkloadSampler) if f.init]
+    unknown = sorted(set(settings) - set(allowed))
+    if unknown:
+        raise ConfigError(f"unknown sampler setting(s) {unknown}: allowed {allowed}")
+    values = {**DEFAULT_SAMPLER, **settings}
+    for key in ("profiles", "held_out_profiles", "budget_fractions", "held_out_budget_fractions",
+                "held_out_presets", "gpu_counts"):
+        if key in values:  # lists from JSON/YAML settings
+            values[key] = tuple(values[key])
+    return WorkloadSampler(**values)
 
 
 def _budgets(value: Any) -> tuple[int, ...]:

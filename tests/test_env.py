@@ -290,7 +290,10 @@ def test_bad_env_config_gives_one_line_errors():
                           ({"workload": "tiny", "memory_budget": "lots"}, "size"), ({"colour": 1}, "unknown"),
                           ({"backend": "replay", "surface": "/nonexistent.jsonl"}, "no such file"),
                           ({"sampler": {"split": "dev"}}, "split"),
-                          ({"workload": "tiny", "sampler": {}}, "sampler")]:
+                          ({"workload": "tiny", "sampler": {}}, "sampler"),
+                          ({"sampler": {"size": 3}}, "unknown sampler setting"), ({"noise": -1}, "noise"),
+                          ({"workload": "tiny", "backend": "replay", "surface": "x", "noise": 0.1}, "simulated backend only"),
+                          ({"backend": Scripted([]), "workload": "tiny", "reference_throughput": 0}, "reference")]:
         with pytest.raises(ConfigError, match=match):
             DeepSpeedMemoryEnv(config)
 
