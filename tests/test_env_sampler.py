@@ -69,7 +69,7 @@ def test_bad_sampler_settings():
 
 def test_layouts_shared_by_validity_key_equal_each_space_own_configs():
     layouts = {}
-    tasks = draws(WorkloadSampler("all"), 50, seed=11)
+    tasks = draws(WorkloadSampler("all"), 30, seed=11)
     for task in tasks:
         space = Space(task.choices, task.workload, task.hardware)
         key = validity_key(space)
