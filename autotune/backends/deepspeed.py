@@ -53,6 +53,7 @@ class DeepSpeedBackend:
         self.calibration = calibration
         self.seed = seed
         self.fault = fault  # tests only: see autotune.worker.protocol.FAULTS
+        self._cpu_info: dict[str, Any] | None = None
         self.launch = LaunchOptions(ranks=workload.gpus, timeout_s=timeout_s, memory_budget_bytes=memory_budget_bytes,
                                     launcher=launcher, env=dict(env or {}))
 
@@ -74,10 +75,21 @@ class DeepSpeedBackend:
                                  backend=self.name, error=str(err), extra=extra)
         else:
             spec = WorkerSpec(config, self.workload, ds, str(log_dir), self.measure, self.memory_budget_bytes,
-                              self.seed, fault=self.fault)
+                              self.seed, fault=self.fault, cpu_info=self.cpu_info())
             result = self._result(config, run_worker(spec, self.launch), extra)
         write_json_atomic(log_dir / "result.json", result.to_dict())
         return result
+
+    def cpu_info(self) -> dict[str, Any] | None:
+        """py-cpuinfo's description of this machine, asked once per backend instead of per trial."""
+        if self._cpu_info is None:
+            try:
+                import cpuinfo  # a dependency of DeepSpeed
+
+                self._cpu_info = cpuinfo.get_cpu_info()
+            except Exception:  # noqa: BLE001  (the trial's own op builders have a fallback: lscpu)
+                self._cpu_info = {}
+        return self._cpu_info or None
 
     def _new_log_dir(self, config: Config) -> Path:
         """`<logs_dir>/<NNNN>-<config label>`, numbered after the trials already there (resume-safe)."""

@@ -107,6 +107,10 @@ def run(spec: WorkerSpec, rank: int, started: float) -> dict[str, Any]:
     _phase(spec, rank, "build_ops", device=device_name)
     ds = prepared_ds_config(spec.ds_config)
     check_supported(spec, ds, accel)
+    if spec.cpu_info:
+        import cpuinfo
+
+        cpuinfo.get_cpu_info = lambda: dict(spec.cpu_info)  # DeepSpeed's builders import it at call time
     load_ops(ds, accel)
     clock.lap("build_ops_s")
 
@@ -224,8 +228,17 @@ def load_ops(ds: dict[str, Any], accel: Any) -> None:
         names.append("CPUAdamBuilder" if offload else "FusedAdamBuilder")
     for name in names:
         builder = accel.create_op_builder(name)
-        if builder is not None and deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
+        if builder is None or not deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
+            continue
+        try:
             builder.load(verbose=False)
+        except ImportError:
+            # Another process's build of the same op was killed after we waited for it: no library. Make
+            # torch forget this process's attempt so that the retry builds it (under the same file lock).
+            from torch.utils.cpp_extension import JIT_EXTENSION_VERSIONER
+
+            JIT_EXTENSION_VERSIONER.entries.pop(builder.name, None)
+            builder.jit_load(verbose=False)
 
 
 def _agree(torch: Any, world: int, device: Any, decide: Callable[[], str | None]) -> str | None:

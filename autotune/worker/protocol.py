@@ -37,6 +37,9 @@ class WorkerSpec:
     seed: int = 0
     launch_time: float = 0.0  # time.time() when the runner launched the trial
     fault: str | None = None
+    # py-cpuinfo's answer for this machine, computed once by the tuner: DeepSpeed's op builders ask for
+    # it twice per op load, through a subprocess each time (~3 s per trial otherwise).
+    cpu_info: Mapping[str, Any] | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
