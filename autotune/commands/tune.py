@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Iterator
 
 from autotune.backends import Backend
+from autotune.calibrate import calibrator, quality, save_calibration
 from autotune.commands.common import (add_workload_arguments, hardware_from, positive_int, size, space_from,
                                       workload_from)
 from autotune.config import KNOBS, Config, ConfigError
+from autotune.dsconfig import DsOptions
 from autotune.drivers.local import INTERRUPTED, STALLED, run_local
 from autotune.drivers.progress import ConsoleProgress
 from autotune.drivers.sweep import Budget, Sweep
@@ -110,7 +112,8 @@ def tune(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budget, r
     strategy = make_strategy(settings.strategy, context)
     backend = make_backend(settings, space, run_dir)
     progress = ConsoleProgress(budget.trials)
-    sweep = Sweep(strategy, pruner, run_dir.append, backend.name, history, calibrator(settings), len(space))
+    sweep = Sweep(strategy, pruner, run_dir.append, backend.name, history,
+                  calibrator(settings.workload, settings.hardware), len(space))
     w = settings.workload
     progress.message(
         f"{'resuming' if resume else 'tuning'} {w.model.name} (global batch {w.global_batch}, {w.gpus} x "
@@ -122,7 +125,9 @@ def tune(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budget, r
     else:
         reason = run_local(sweep, backend, budget, progress)
     if sweep.pruner.calibration.samples:
-        run_dir.write_json("calibration.json", sweep.pruner.calibration.to_dict())
+        measured = sweep.measured()
+        save_calibration(run_dir.path, sweep.pruner.calibration, settings.workload, settings.hardware,
+                         quality(measured, settings.workload, settings.hardware, sweep.pruner.calibration))
     outputs = write_outputs(run_dir, settings, sweep.results)
     progress.message(f"stopped: {STOP_TEXT.get(reason, reason)}; {sweep.launched} trials launched, "
                      f"{len(sweep.results)} recorded in {run_dir.trials_path}")
@@ -202,14 +207,10 @@ def make_backend(settings: RunSettings, space: Space, run_dir: RunDir) -> Backen
         from autotune.backends.replay import ReplayBackend
 
         return ReplayBackend(settings.surface, budget)
-    from autotune.backends.deepspeed import DeepSpeedBackend  # noqa: F401  (wired when the backend lands)
+    from autotune.backends.deepspeed import DeepSpeedBackend
 
-    raise ConfigError("the deepspeed backend is not available yet")
-
-
-def calibrator(settings: RunSettings):
-    """Fits the estimator to measured results (real trials only), or None."""
-    return None
+    return DeepSpeedBackend(settings.workload, budget, settings.hardware, DsOptions(nvme_path=settings.choices.nvme_path),
+                            logs_dir=run_dir.logs_dir)
 
 
 class SleepingBackend:

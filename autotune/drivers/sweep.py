@@ -32,6 +32,10 @@ def best_of(results: Sequence[TrialResult], budget_bytes: int) -> TrialResult | 
     return best
 
 
+def measurable(result: TrialResult) -> bool:
+    return result.ok and bool(result.peak_memory_bytes) and bool(result.step_time_s)
+
+
 class Sweep:
     def __init__(self, strategy: Strategy, pruner: Pruner, record: Callable[[TrialResult], None],
                  backend_name: str, history: Sequence[TrialResult] = (),
@@ -66,7 +70,9 @@ class Sweep:
         return len(self.results) + 1
 
     def measured(self) -> list[TrialResult]:
-        return [r for r in self.results if r.ok and r.backend == "deepspeed"]
+        """Results the estimator can be calibrated on: every trial that ran, on whatever backend (a replay
+        surface is real measurements; a simulated machine is the machine of that simulation)."""
+        return [r for r in self.results if measurable(r)]
 
     def next_config(self) -> Config | None:
         """The next config to launch, or None when the strategy is done (or stalled). Configs predicted
@@ -91,15 +97,16 @@ class Sweep:
     def finish(self, config: Config, result: TrialResult) -> TrialResult:
         """Record a launched trial's result (a peak over budget becomes `oom`) and tell the strategy."""
         est = self.pruner.predict(config)
-        extra = {"predicted_peak_bytes": est.peak_bytes,
-                 "predicted_throughput_samples_per_s": est.throughput_samples_per_s, **result.extra}
+        # The prediction the tuner launched on (calibrated as of now) replaces any the backend made.
+        extra = {**result.extra, "predicted_peak_bytes": est.peak_bytes,
+                 "predicted_throughput_samples_per_s": est.throughput_samples_per_s}
         result = replace(result, config=config, extra=extra).under_budget(self.pruner.budget_bytes)
         result = self._add(result)
         self.spent_s += result.wall_time_s
         if result.fits(self.pruner.budget_bytes) and (
                 self.best is None or result.throughput_samples_per_s > self.best.throughput_samples_per_s):
             self.best = result
-        if self.calibrate is not None and result.ok and result.backend == "deepspeed":
+        if self.calibrate is not None and measurable(result):
             self.pruner = self.pruner.recalibrated(self.calibrate(self.measured()), self.measured())
         return result
 
