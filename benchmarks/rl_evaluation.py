@@ -161,7 +161,7 @@ def evaluate(args: argparse.Namespace, console: Console) -> list[Run]:
             truth = distorted_task(task, args.randomize, args.noise, seed)
             space = truth.landscape.space
             for name in STRATEGIES:
-                backend = distorted_task(task, args.randomize, args.noise, seed)  # same truth, fresh noise stream
+                backend = truth.with_noise_seed(seed)  # the same truth and noise draws for every strategy
                 curve, oom, pruned, launched, ms = run_one(
                     name, space, backend, task.memory_budget_bytes, truth.optimum, args.trials, seed, policy,
                     lambda r, t=truth: t.true_throughput(r.config))
@@ -189,6 +189,17 @@ def evaluate(args: argparse.Namespace, console: Console) -> list[Run]:
                                     launched, ("surface",), ms))
             console.print(f"replay {path.name} at {budget / 2**30:.2f}GiB: {args.seeds} seeds done", highlight=False)
     return runs
+
+
+def finite(value):
+    """JSON has no infinity: "never reached" is written as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
 
 
 def median(values: list[float]) -> float:
@@ -295,10 +306,9 @@ def main(argv: list[str] | None = None) -> int:
     policy = Policy.load(args.policy)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".md").write_text(markdown(runs, args, policy, seconds))
-    args.out.with_suffix(".json").write_text(json.dumps(
-        {"settings": {k: str(v) for k, v in vars(args).items()}, "tables": tables(runs),
-         "runs": [{**r.__dict__, "held_out": list(r.held_out), "proposal_ms": None} for r in runs]},
-        indent=1, default=lambda x: None if isinstance(x, float) and math.isinf(x) else x))
+    data = {"settings": {k: str(v) for k, v in vars(args).items()}, "tables": tables(runs),
+            "runs": [{k: v for k, v in r.__dict__.items() if k != "proposal_ms"} for r in runs]}
+    args.out.with_suffix(".json").write_text(json.dumps(finite(data), indent=1))
     console.print(f"written {args.out.with_suffix('.md')} and .json")
     return 0
 

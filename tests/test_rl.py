@@ -28,7 +28,7 @@ from autotune.results import TrialResult, append_result
 from autotune.rl.figures import episode_figures
 from autotune.rl.network import NetSpec, mask_logits, policy_net
 from autotune.rl.policy import Policy, layout, save_policy
-from autotune.rl.simulator import DistortedBackend, TrainingEnv, distorted_task
+from autotune.rl.simulator import DistortedBackend, TrainingEnv, TrainingEnvFactory, distorted_task
 from autotune.rl.train import TrainSettings, prepare, samplers
 from autotune.search_spaces import load_choices
 from autotune.space import Space
@@ -153,6 +153,20 @@ def test_episode_info_judges_the_best_config_by_its_true_throughput():
         assert info["best_true_throughput"] == pytest.approx(true)
         assert info["best_throughput"] != pytest.approx(true)  # the noisy measurement
         assert info["best_true_throughput"] <= info["optimum_throughput"] * (1 + 1e-9)
+
+
+def test_env_copies_of_one_runner_share_their_estimator_caches():
+    import pickle
+
+    factory = TrainingEnvFactory()
+    first, second = factory({"samplers": SMALL_POOL, "seed": 0}), factory({"samplers": SMALL_POOL, "seed": 1})
+    first.reset(seed=0)
+    assert len(second._landscapes) == len(first._landscapes) == 1  # built once, seen by both
+    second.reset(seed=0)
+    assert second._episode.landscape is first._episode.landscape
+    assert second._episode.backend is not first._episode.backend  # each copy draws its own hidden truth
+    fresh = pickle.loads(pickle.dumps(factory))({"samplers": SMALL_POOL})
+    assert len(fresh._landscapes) == 0  # another process starts its own caches
 
 
 def test_episode_figures():
@@ -287,16 +301,17 @@ def test_rl_on_replay_proposes_only_measured_configs(tiny_surface, policy):
         assert s.results and all(r.config in surface.results for r in s.results)
 
 
+@pytest.mark.slow
 def test_hybrid_starts_with_the_policys_walk_then_optuna_continues(gpu_space, policy, tmp_path):
     budget = 20 * GiB
     rl_alone = sweep(RLStrategy(SearchContext(gpu_space, budget, 0), policy, max_trials=8), gpu_space,
                      SimulatedBackend(GPU_WORKLOAD, GPU, budget), budget, 30)
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     hybrid = HybridStrategy(SearchContext(gpu_space, budget, 0, storage=storage), policy, policy_trials=8)
-    s = sweep(hybrid, gpu_space, SimulatedBackend(GPU_WORKLOAD, GPU, budget), budget, 30)
+    s = sweep(hybrid, gpu_space, SimulatedBackend(GPU_WORKLOAD, GPU, budget), budget, 16)
     walk = [r.config for r in rl_alone.results]
     assert [r.config for r in s.results[:len(walk)]] == walk
-    assert sum(r.status != "pruned" for r in s.results) == 30  # Optuna used the rest of the budget
+    assert sum(r.status != "pruned" for r in s.results) == 16  # Optuna used the rest of the budget
     study = optuna.load_study(study_name="autotune", storage=storage)
     told = {tuple(sorted(t.params.items())) for t in study.trials if t.state.name == "COMPLETE"}
     for config in walk:
@@ -308,3 +323,54 @@ def test_rl_and_hybrid_are_registered_strategies(gpu_space):
     for name in ("rl", "hybrid"):
         strategy = make_strategy(name, SearchContext(gpu_space, 20 * GiB, 0))
         assert strategy.name == name and strategy.propose() in gpu_space
+
+
+# -- autotune tune --strategy rl | hybrid ------------------------------------------------------------------
+
+def tune(argv: list[str]) -> int:
+    from autotune.cli import main
+
+    return main(["tune", *argv])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["rl", "hybrid"])
+def test_tune_with_the_shipped_policy_on_the_simulated_backend(strategy, tmp_path):
+    out = tmp_path / strategy
+    assert tune(["--model", "gpt2-medium", "--gpus", "2", "--global-batch", "32", "--hardware", "a100-40gb",
+                 "--memory-budget", "12GiB", "--backend", "simulated", "--strategy", strategy, "--trials", "12",
+                 "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["strategy"] == strategy and summary["best"] is not None
+    results = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
+    configs = [json.dumps(r["config"], sort_keys=True) for r in results]
+    assert len(set(configs)) == len(configs)
+    launched = sum(r["status"] != "pruned" for r in results)
+    assert launched == 12 if strategy == "hybrid" else 1 <= launched <= 16
+    assert (out / "best_ds_config.json").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["rl", "hybrid"])
+def test_tune_on_a_replay_surface_runs_only_measured_configs(strategy, tiny_surface, tmp_path):
+    out = tmp_path / strategy
+    assert tune(["--backend", "replay", "--surface", str(tiny_surface), "--memory-budget", "1.2GiB",
+                 "--strategy", strategy, "--trials", "10", "--out", str(out)]) == 0
+    measured = {json.dumps(r.config.to_dict(), sort_keys=True) for r in load_surface(tiny_surface).results.values()}
+    results = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
+    assert results and all(json.dumps(r["config"], sort_keys=True) in measured for r in results)
+
+
+@pytest.mark.slow
+def test_a_hybrid_sweep_resumes_without_rerunning_anything(tmp_path):
+    out = tmp_path / "hybrid"
+    flags = ["--model", "gpt2-medium", "--gpus", "2", "--global-batch", "32", "--hardware", "a100-40gb",
+             "--memory-budget", "12GiB", "--backend", "simulated", "--strategy", "hybrid", "--out", str(out)]
+    assert tune([*flags, "--trials", "4"]) == 0
+    first = (out / "trials.jsonl").read_text().splitlines()
+    assert tune([*flags, "--trials", "14", "--resume"]) == 0
+    lines = (out / "trials.jsonl").read_text().splitlines()
+    assert lines[:len(first)] == first
+    configs = [json.dumps(json.loads(line)["config"], sort_keys=True) for line in lines]
+    assert len(set(configs)) == len(configs)
+    assert sum(json.loads(line)["status"] != "pruned" for line in lines) == 14

@@ -116,8 +116,28 @@ def test_training_resumes_from_the_last_checkpoint_through_the_cli(trained, caps
     assert RunDir(out).latest_checkpoint().name == "000003"
     assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.is_dir()) == ["000002", "000003"]
     meta = json.loads((out / "policy" / "policy.json").read_text())
-    assert meta["training"]["checkpoint"] == "000003" and meta["training"]["command"].startswith("autotune rl train")
+    assert meta["training"]["checkpoint"] == "000003" and meta["training"]["command"] == SETTINGS.command(out).replace(
+        "--iterations 2", "--iterations 3")
+    assert [r["iteration"] for r in meta["training"]["progress"]] == [1, 2, 3]
     assert not ray_running()
+
+
+def test_export_writes_a_ray_free_policy_with_its_provenance(trained, tmp_path, capsys):
+    out, _, _ = trained
+    latest = RunDir(out).latest_checkpoint()
+    assert main(["rl", "export", str(latest), "--out", str(tmp_path / "shipped")]) == 0
+    assert "PROVENANCE.md" in capsys.readouterr().out
+    policy = Policy.load(tmp_path / "shipped")
+    rng = np.random.default_rng(0)
+    obs = {"observations": rng.uniform(-1, 1, policy.spec.obs_dim).astype(np.float32),
+           "action_mask": np.ones(policy.spec.n_actions, np.float32)}
+    assert np.allclose(policy.logits(obs), Policy.load(out / "policy").logits(obs))  # the same network
+    provenance = (tmp_path / "shipped" / "PROVENANCE.md").read_text()
+    assert RunDir(out).settings().command(out) in provenance and f"Seed {SETTINGS.seed}" in provenance
+    assert f"| {int(latest.name)} | " in provenance  # the figures of the exported iteration
+    assert policy.meta["training"]["checkpoint"] == latest.name
+    code = main(["rl", "export", str(tmp_path), "--out", str(tmp_path / "x")])
+    assert code == 2 and "not an RLlib algorithm checkpoint" in capsys.readouterr().err
 
 
 def test_a_run_directory_refuses_other_settings(trained, capsys):

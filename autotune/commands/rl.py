@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import shlex
 from datetime import datetime
 from pathlib import Path
 
@@ -127,7 +126,7 @@ def run_train(args: argparse.Namespace) -> int:
         noise=args.noise, randomize=args.randomize, train_batch=args.train_batch, minibatch=args.minibatch,
         epochs=args.epochs, pool_size=args.pool_size, hiddens=args.hiddens, checkpoint_every=args.checkpoint_every)
     out = args.out or Path("runs") / f"policy-{datetime.now():%Y%m%d-%H%M%S}"
-    console = Console(width=max(Console().width, 150))
+    console = Console(width=max(Console().width, 200))  # one line per iteration
     resuming = RunDir(out).latest_checkpoint()
     console.print(f"{'resuming' if resuming else 'training'} a policy in {out}: PPO, {settings.iterations} iterations "
                   f"of {settings.train_batch} steps, {settings.backend} backend, seed {settings.seed}, "
@@ -148,10 +147,8 @@ def run_train(args: argparse.Namespace) -> int:
                       f"best/optimum {num(row.best_over_optimum, '.3f')}  oom/episode {num(row.oom_trials, '.2f')}  "
                       f"{row.seconds / 60:6.1f} min", highlight=False)
 
-    command = shlex.join(["autotune", "rl", "train", "--out", str(out), *settings_flags(settings)]
-                         + (["--ray-address", args.ray_address] if args.ray_address else []))
     try:
-        result = train(out, settings, ray_address=args.ray_address, on_iteration=show, command=command)
+        result = train(out, settings, ray_address=args.ray_address, on_iteration=show)
     except KeyboardInterrupt:
         console.print(f"interrupted: the same command resumes from the last checkpoint in {out / 'checkpoints'}")
         return 130
@@ -160,27 +157,11 @@ def run_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def settings_flags(settings) -> list[str]:
-    """The command-line flags that reproduce `settings` (recorded next to the policy)."""
-    flags = ["--iterations", str(settings.iterations), "--backend", settings.backend]
-    for surface in settings.surfaces:
-        flags += ["--surface", surface]
-    for flag, key in (("--workers", "workers"), ("--seed", "seed"), ("--horizon", "horizon"), ("--noise", "noise"),
-                      ("--randomize", "randomize"), ("--train-batch", "train_batch"), ("--minibatch", "minibatch"),
-                      ("--epochs", "epochs"), ("--pool-size", "pool_size"), ("--envs-per-worker", "envs_per_worker"),
-                      ("--checkpoint-every", "checkpoint_every")):
-        flags += [flag, str(getattr(settings, key))]
-    flags += ["--hiddens", ",".join(map(str, settings.hiddens))]
-    return flags
-
-
 def run_export(args: argparse.Namespace) -> int:
-    from autotune.rl.policy import layout
     from autotune.rl.train import export_checkpoint
 
     if not args.checkpoint.is_dir():
         raise ConfigError(f"checkpoint {args.checkpoint}: no such directory")
-    folder = export_checkpoint(args.checkpoint, args.out, {**layout(), "env": "autotune/DeepSpeedMemory-v0",
-                                                            "exported_from": str(args.checkpoint)})
-    print(f"policy written to {folder}")
+    folder = export_checkpoint(args.checkpoint, args.out)
+    print(f"policy written to {folder}" + (" with PROVENANCE.md" if (folder / "PROVENANCE.md").is_file() else ""))
     return 0

@@ -20,6 +20,7 @@ noise-free) is known by exhausting the space.
 
 from __future__ import annotations
 
+import copy
 import math
 import weakref
 from dataclasses import dataclass, replace
@@ -108,6 +109,12 @@ class DistortedBackend:
         self.rng = rng
         self.trial_overhead_s = trial_overhead_s
         self.measured_steps = measured_steps
+
+    def with_noise_seed(self, seed: int) -> "DistortedBackend":
+        """The same truth with its own stream of step-time noise."""
+        other = copy.copy(self)
+        other.rng = np.random.default_rng(seed)
+        return other
 
     @property
     def optimum(self) -> float | None:
@@ -231,3 +238,24 @@ class TrainingEnv(DeepSpeedMemoryEnv):
                 "best_throughput": float(best["throughput_samples_per_s"]) if best else 0.0,
                 "best_true_throughput": true_best,
                 "optimum_throughput": float(optimum) if optimum else float("nan")}
+
+
+class TrainingEnvFactory:
+    """Creates the environment copies of one RLlib env runner (`env=` of the algorithm config), sharing
+    their estimator caches: every copy draws from the same task pool, and building a task's landscape
+    (enumerating and estimating its space) costs far more than the episodes that use it. Each process
+    gets its own caches (they are not pickled)."""
+
+    def __init__(self) -> None:
+        self._caches: tuple[Any, Any] | None = None
+
+    def __call__(self, env_config: Mapping[str, Any] | None = None) -> TrainingEnv:
+        env = TrainingEnv(env_config)
+        if self._caches is None:
+            self._caches = (env._landscapes, env._layouts)
+        else:
+            env._landscapes, env._layouts = self._caches
+        return env
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_caches": None}

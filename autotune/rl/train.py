@@ -21,19 +21,21 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import shutil
 import time
+from datetime import datetime, timezone
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from autotune.config import ConfigError
-from autotune.rl.policy import layout, save_policy, write_json
 
 BACKENDS = ("simulated", "replay")
 # Settings that may differ when a run is resumed: they change how, not what, is trained.
 RESUMABLE = ("iterations", "workers", "envs_per_worker", "checkpoint_every", "keep_checkpoints")
 PROGRESS = "progress.jsonl"
+TRAINING_ENV = "autotune-training"
 SETTINGS = "settings.json"
 
 
@@ -100,6 +102,19 @@ class TrainSettings:
         if unknown:
             raise ConfigError(f"unknown training setting(s) {unknown}: allowed {sorted(allowed)}")
         return cls(**{**data, "surfaces": tuple(data.get("surfaces", ())), "hiddens": tuple(data.get("hiddens", (128, 128)))})
+
+    def command(self, out: str | Path) -> str:
+        """The `autotune rl train` command line that trains with these settings into `out`."""
+        flags = ["--out", str(out), "--iterations", str(self.iterations), "--backend", self.backend]
+        for surface in self.surfaces:
+            flags += ["--surface", surface]
+        for flag, key in (("--workers", "workers"), ("--seed", "seed"), ("--horizon", "horizon"), ("--noise", "noise"),
+                          ("--randomize", "randomize"), ("--train-batch", "train_batch"), ("--minibatch", "minibatch"),
+                          ("--epochs", "epochs"), ("--pool-size", "pool_size"), ("--envs-per-worker", "envs_per_worker"),
+                          ("--checkpoint-every", "checkpoint_every")):
+            flags += [flag, str(getattr(self, key))]
+        flags += ["--hiddens", ",".join(map(str, self.hiddens))]
+        return shlex.join(["autotune", "rl", "train", *flags])
 
     def env_config(self) -> dict[str, Any]:
         config: dict[str, Any] = {"backend": self.backend, "horizon": self.horizon, "start": self.start,
@@ -219,7 +234,9 @@ def prepare(out: str | Path, settings: TrainSettings) -> tuple[RunDir, TrainSett
             raise ConfigError(f"{run.path} holds a training run with other settings ({shown}): "
                               f"use another --out, or the same settings to resume it")
     run.path.mkdir(parents=True, exist_ok=True)
-    write_json(run.path / SETTINGS, settings.to_dict())
+    tmp = run.path / (SETTINGS + ".tmp")
+    tmp.write_text(json.dumps(settings.to_dict(), indent=2) + "\n")
+    os.replace(tmp, run.path / SETTINGS)
     return run, settings, checkpoint
 
 
@@ -231,11 +248,15 @@ def algorithm_config(settings: TrainSettings, env: Any = None) -> Any:
     from autotune.rl.callbacks import EpisodeFigures
     from autotune.rl.module import MaskedPolicyModule
 
+    env_config = settings.env_config() if env is None else {}
     if env is None:
-        from autotune.rl.simulator import TrainingEnv
+        from ray.tune.registry import register_env
 
-        env = TrainingEnv
-    env_config = settings.env_config() if env.__module__.startswith("autotune.") else {}
+        from autotune.rl.simulator import TrainingEnvFactory
+
+        # RLlib takes an environment creator by registered name; each runner process unpickles its own.
+        register_env(TRAINING_ENV, TrainingEnvFactory())
+        env = TRAINING_ENV
     return (
         PPOConfig()
         .environment(env=env, env_config=env_config)
@@ -272,16 +293,62 @@ def iteration_row(result: Mapping[str, Any], seconds: float) -> Iteration:
         oom_trials=_metric(runners, "oom_trials"), seconds=round(seconds, 2))
 
 
-def export_checkpoint(checkpoint: str | Path, folder: str | Path, meta: Mapping[str, Any]) -> Path:
-    """The policy network of an RLlib checkpoint as policy.pt + policy.json (loads without Ray)."""
+def training_meta(run: RunDir, checkpoint: str) -> dict[str, Any]:
+    """How the policy of `checkpoint` was trained: command, settings and figures, from its run directory."""
+    settings = run.settings()
+    rows = [r for r in run.progress() if r.iteration <= int(checkpoint)]
+    return {"command": settings.command(run.path) if settings else None,
+            "settings": settings.to_dict() if settings else None, "checkpoint": checkpoint,
+            "figures": rows[-1].to_dict() if rows else None, "progress": [r.to_dict() for r in rows],
+            "exported": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+
+
+def export_checkpoint(checkpoint: str | Path, folder: str | Path, meta: Mapping[str, Any] | None = None) -> Path:
+    """The policy network of an RLlib checkpoint as policy.pt + policy.json (loads without Ray), with
+    PROVENANCE.md: the training command, seed and figures, when the checkpoint lies in a training run."""
     from ray.rllib.core.rl_module.rl_module import RLModule
+
+    from autotune.rl.policy import layout, save_policy
 
     checkpoint = Path(checkpoint)
     module_dir = checkpoint / "learner_group" / "learner" / "rl_module" / "default_policy"
     if not module_dir.is_dir():
         raise ConfigError(f"{checkpoint}: not an RLlib algorithm checkpoint of this policy ({module_dir} is missing)")
-    module = RLModule.from_checkpoint(module_dir)
-    return save_policy(folder, module.spec, module.policy_state(), meta)
+    module = RLModule.from_checkpoint(module_dir.resolve())
+    if meta is None:
+        meta = {**layout(), "env": "autotune/DeepSpeedMemory-v0"}
+        run = RunDir(checkpoint.parent.parent)
+        if run.settings() is not None:
+            meta["training"] = training_meta(run, checkpoint.name)
+    folder = save_policy(folder, module.spec, module.policy_state(), meta)
+    if meta.get("training"):
+        (folder / "PROVENANCE.md").write_text(provenance(meta["training"]))
+    return folder
+
+
+def provenance(training: Mapping[str, Any]) -> str:
+    """PROVENANCE.md of an exported policy."""
+    settings = training.get("settings") or {}
+    lines = ["# Policy provenance", "",
+             f"Trained by: `{training.get('command')}`", "",
+             f"Seed {settings.get('seed')}; checkpoint {training.get('checkpoint')}; exported {training.get('exported')}.",
+             "Algorithm: PPO (RLlib new API stack), masked MLP policy (autotune/rl/module.py) on "
+             "autotune/DeepSpeedMemory-v0 with the distorted simulation (autotune/rl/simulator.py).", "",
+             "Settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()), "",
+             "## Training figures (per iteration; means over the last 500 episodes)", "",
+             "| iteration | env steps | episodes | return | trials/episode | within 2% of optimum | best/optimum "
+             "| OOM trials/episode | minutes |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = training.get("progress") or []
+    shown = [r for r in rows if r["iteration"] % 5 == 0 or r["iteration"] in (1, rows[-1]["iteration"])]
+
+    def f(x: Any, pattern: str) -> str:
+        return "-" if x is None else format(x, pattern)
+
+    for r in shown:
+        lines.append(f"| {r['iteration']} | {r['timesteps']:,} | {r['episodes']:,} | {f(r['episode_return'], '.3f')} | "
+                     f"{f(r['trials'], '.2f')} | {f(r['within_2pct'], '.1%')} | {f(r['best_over_optimum'], '.3f')} | "
+                     f"{f(r['oom_trials'], '.2f')} | {r['seconds'] / 60:.1f} |")
+    return "\n".join(lines) + "\n"
 
 
 def _init_ray(address: str | None, workers: int) -> bool:
@@ -298,11 +365,13 @@ def _init_ray(address: str | None, workers: int) -> bool:
 
 
 def train(out: str | Path, settings: TrainSettings, *, ray_address: str | None = None, env: Any = None,
-          on_iteration: Callable[[Iteration], None] = lambda row: None, policy_meta: Mapping[str, Any] | None = None,
-          command: str | None = None) -> TrainResult:
+          on_iteration: Callable[[Iteration], None] = lambda row: None,
+          policy_meta: Mapping[str, Any] | None = None) -> TrainResult:
     """Train until `settings.iterations` (counted over resumed sessions), checkpointing every
     `checkpoint_every` iterations and at the end."""
     import ray
+
+    from autotune.rl.policy import layout
 
     run, settings, checkpoint = prepare(out, settings)
     started_ray = _init_ray(ray_address, settings.workers)
@@ -311,7 +380,7 @@ def train(out: str | Path, settings: TrainSettings, *, ray_address: str | None =
         algo = algorithm_config(settings, env).build_algo()
         resumed_from = 0
         if checkpoint is not None:
-            algo.restore_from_path(str(checkpoint))
+            algo.restore_from_path(str(checkpoint.resolve()))
             resumed_from = int(algo.iteration)
         rows = run.keep_progress(resumed_from)
         offset = rows[-1].seconds if rows else 0.0
@@ -324,7 +393,7 @@ def train(out: str | Path, settings: TrainSettings, *, ray_address: str | None =
             run.append_progress(last)
             on_iteration(last)
             if last.iteration % settings.checkpoint_every == 0 or last.iteration >= settings.iterations:
-                checkpoint = _checkpoint(algo, run, settings, last, meta, command)
+                checkpoint = _checkpoint(algo, run, settings, last, meta)
         policy = run.policy if (run.policy / "policy.pt").is_file() else None
         return TrainResult(run.path, int(algo.iteration), resumed_from, last, checkpoint, policy)
     finally:
@@ -334,21 +403,18 @@ def train(out: str | Path, settings: TrainSettings, *, ray_address: str | None =
             ray.shutdown()
 
 
-def _checkpoint(algo: Any, run: RunDir, settings: TrainSettings, row: Iteration, meta: Mapping[str, Any],
-                command: str | None) -> Path:
+def _checkpoint(algo: Any, run: RunDir, settings: TrainSettings, row: Iteration, meta: Mapping[str, Any]) -> Path:
     run.checkpoints.mkdir(parents=True, exist_ok=True)
     name = f"{row.iteration:06d}"
     path = run.checkpoints / name
     if path.exists():
         shutil.rmtree(path)
-    algo.save_to_path(str(path))
+    algo.save_to_path(str(path.resolve()))  # RLlib's filesystem layer needs absolute paths
     # The pointer moves only once the checkpoint is complete: a kill mid-save resumes from the previous one.
     tmp = run.checkpoints / "latest.tmp"
     tmp.write_text(name + "\n")
     os.replace(tmp, run.checkpoints / "latest")
     for old in sorted(p for p in run.checkpoints.iterdir() if p.is_dir())[:-settings.keep_checkpoints]:
         shutil.rmtree(old, ignore_errors=True)
-    training = {"command": command, "settings": settings.to_dict(), "checkpoint": name,
-                "figures": row.to_dict(), "last_iterations": [r.to_dict() for r in run.progress()[-5:]]}
-    export_checkpoint(path, run.policy, {**meta, "training": training})
+    export_checkpoint(path, run.policy, {**meta, "training": training_meta(run, name)})
     return path
