@@ -34,7 +34,7 @@ from autotune.units import format_size
 from autotune.workload import make_workload
 
 BACKENDS = ("deepspeed", "simulated", "replay")
-DEFAULT_STRATEGY = "optuna"
+DEFAULT_STRATEGY = "hybrid"  # the trained policy's first proposals, then Optuna (strategies/hybrid.py)
 # Test hook: seconds every simulated trial sleeps, so that a test can kill the tuner mid-trial.
 SLEEP_ENV = "AUTOTUNE_SIMULATED_TRIAL_SLEEP_S"
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd]?)")
