@@ -115,6 +115,12 @@ class _Trial:
         o = self.options
         base = {**os.environ, **o.env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
                 "PYTHONUNBUFFERED": "1", "LOCAL_SIZE": str(o.ranks)}
+        # The interpreter's own bin directory first, as an activated venv has it: DeepSpeed's op builds call
+        # `ninja` from PATH, and two ninja versions (the venv's, the system's) do not read each other's
+        # build logs, so they rebuild the C++ ops (minutes) every time the other one ran last.
+        bin_dir = os.path.dirname(o.python)
+        if base.get("PATH", "").split(os.pathsep)[0] != bin_dir:
+            base["PATH"] = os.pathsep.join(part for part in (bin_dir, base.get("PATH")) if part)
         # Ranks share the machine's cores; oversubscribed OpenMP threads spin against each other.
         base.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // o.ranks)))
         worker = ["-m", "autotune.worker", str(spec_path)]

@@ -92,6 +92,9 @@ def _start_tuner(tmp_path):
 @pytest.mark.slow
 def test_interrupting_the_tuner_ends_every_process_of_the_trial(tmp_path):
     tuner, _, pids = _start_tuner(tmp_path)
+    for rank_pid in pids[:2]:  # ranks find the interpreter's own tools (ninja for op builds) first
+        path = psutil.Process(rank_pid).environ()["PATH"]
+        assert path.split(os.pathsep)[0] == os.path.dirname(sys.executable)
     tuner.send_signal(signal.SIGINT)
     out, _ = tuner.communicate(timeout=30)
     assert tuner.returncode == 130 and out.strip() == "interrupted"  # the interrupt reached the tuner
