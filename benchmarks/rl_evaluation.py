@@ -191,6 +191,22 @@ def evaluate(args: argparse.Namespace, console: Console) -> list[Run]:
     return runs
 
 
+def load_times(policy: Path) -> dict:
+    """Time to load the policy files, and what a fresh process pays to import torch (and whether Ray is imported)."""
+    import subprocess
+
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        Policy.load(policy)
+        times.append(1000 * (time.perf_counter() - start))
+    code = ("import time, sys; t = time.perf_counter(); import torch; d = time.perf_counter() - t; "
+            f"from autotune.rl.policy import Policy; Policy.load({str(policy)!r}); "
+            "print(d, 'ray' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    return {"load_ms": statistics.median(times), "torch_import_s": float(out[0]), "ray_imported": out[1]}
+
+
 def finite(value):
     """JSON has no infinity: "never reached" is written as null."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -263,8 +279,12 @@ def markdown(runs: list[Run], args: argparse.Namespace, policy: Policy, seconds:
         lines.append("")
     ms = [m for r in runs if r.strategy == "rl" for m in r.proposal_ms]
     if ms:
-        lines += [f"Policy inference: median {median(ms):.2f} ms per proposal of `rl` (p95 "
-                  f"{np.percentile(ms, 95):.2f} ms, {len(ms)} proposals, environment step included).", ""]
+        load = load_times(args.policy)
+        lines += [f"Policy inference, without Ray: loading the policy files {load['load_ms']:.1f} ms (median of 5; "
+                  f"Python's import of torch not counted: {load['torch_import_s']:.1f} s in a fresh process), "
+                  f"a proposal of `rl` median {median(ms):.2f} ms (p95 {np.percentile(ms, 95):.2f} ms, max "
+                  f"{max(ms):.1f} ms over {len(ms)} proposals; the first one of a search builds the environment's "
+                  f"view of the space). Ray is never imported: {load['ray_imported']}.", ""]
     lines += ["## Per task (median over seeds: trials to 98% / best/optimum after 5)", "",
               "| task | held out | " + " | ".join(STRATEGIES) + " |", "|---|---|" + "---|" * len(STRATEGIES)]
     for task in dict.fromkeys(r.task for r in runs):

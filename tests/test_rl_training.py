@@ -6,7 +6,10 @@ the command line; Ray is shut down afterwards."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -104,21 +107,42 @@ def test_exported_policy_proposes_valid_configs_without_ray(trained):
     assert not ray_running()
 
 
-def test_training_resumes_from_the_last_checkpoint_through_the_cli(trained, capsys):
+def test_sigterm_stops_training_cleanly_and_the_cli_resumes_from_the_last_checkpoint(trained, capsys):
     out, _, _ = trained
     flags = ["--pool-size", "8", "--train-batch", "256", "--minibatch", "64", "--epochs", "2", "--envs-per-worker", "2",
-             "--checkpoint-every", "1", "--hiddens", "32,32"]
-    code = main(["rl", "train", "--iterations", "3", "--out", str(out), *flags])
+             "--checkpoint-every", "1", "--hiddens", "32,32", "--out", str(out)]
+    # A separate process, stopped with SIGTERM once it has trained (and checkpointed) iteration 3 of 6.
+    process = subprocess.Popen([sys.executable, "-m", "autotune.cli", "rl", "train", "--iterations", "6", *flags],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    seen = []
+    try:
+        for line in process.stdout:
+            seen.append(line)
+            if line.startswith("iter    3/6"):
+                while RunDir(out).latest_checkpoint().name != "000003":
+                    time.sleep(0.2)
+                process.send_signal(signal.SIGTERM)
+                break
+        rest, _ = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 130, "".join(seen) + rest
+    assert "from checkpoint 000002" in "".join(seen) and "interrupted" in rest
+    assert RunDir(out).latest_checkpoint().name == "000003"
+
+    code = main(["rl", "train", "--iterations", "4", *flags])
     printed = capsys.readouterr().out
     assert code == 0, printed
-    assert "from checkpoint 000002" in printed and "iter    3/3" in printed and "within 2% of optimum" in printed
-    assert [r.iteration for r in RunDir(out).progress()] == [1, 2, 3]
-    assert RunDir(out).latest_checkpoint().name == "000003"
-    assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.is_dir()) == ["000002", "000003"]
+    assert "from checkpoint 000003" in printed and "iter    4/4" in printed and "within 2% of optimum" in printed
+    assert [r.iteration for r in RunDir(out).progress()] == [1, 2, 3, 4]
+    assert RunDir(out).latest_checkpoint().name == "000004"
+    assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.is_dir()) == ["000003", "000004"]
     meta = json.loads((out / "policy" / "policy.json").read_text())
-    assert meta["training"]["checkpoint"] == "000003" and meta["training"]["command"] == SETTINGS.command(out).replace(
-        "--iterations 2", "--iterations 3")
-    assert [r["iteration"] for r in meta["training"]["progress"]] == [1, 2, 3]
+    assert meta["training"]["checkpoint"] == "000004"
+    assert meta["training"]["command"] == RunDir(out).settings().command(out)
+    assert "--iterations 4" in meta["training"]["command"]
+    assert [r["iteration"] for r in meta["training"]["progress"]] == [1, 2, 3, 4]
     assert not ray_running()
 
 

@@ -23,11 +23,14 @@ import math
 import os
 import shlex
 import shutil
+import signal
+import threading
 import time
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from autotune.config import ConfigError
 
@@ -48,7 +51,9 @@ class TrainSettings:
     workers: int = 0  # remote env runners; 0 samples in the training process
     envs_per_worker: int = 4  # vectorised copies of the environment per runner
     horizon: int = 16  # trials per episode at most
-    start: str = "mixed"  # where episodes start (autotune.rl.simulator STARTS)
+    # Where episodes start (autotune.rl.simulator STARTS): at the estimator's best predicted config, as
+    # `--strategy rl` does. ("mixed", half at random, trained slower towards a worse policy from there.)
+    start: str = "estimator"
     noise: float = 0.1  # simulated step-time noise sigma (real timings scatter by 10-40%)
     # Training tasks the GPU sampler draws once and reuses (the CPU sampler a quarter as many). Each
     # environment copy caches every task's landscape (~0.1 s of estimator calls to build): a pool bigger
@@ -61,6 +66,10 @@ class TrainSettings:
     # own throughput, which favours stopping early at a merely good config.)
     reward: str = "improvement"
     trial_cost: float = 0.01
+    # An out-of-memory trial costs a trial and a little more: with the environment's default penalty
+    # (0.5 + 0.5 x overshoot, against gains of at most 1 per episode) the policy learnt to stop early
+    # rather than approach the memory cliff where the fast configs are.
+    oom_penalty: float = 0.2
     hiddens: tuple[int, ...] = (128, 128)
     lr: float = 3e-4
     train_batch: int = 4096
@@ -118,7 +127,9 @@ class TrainSettings:
 
     def env_config(self) -> dict[str, Any]:
         config: dict[str, Any] = {"backend": self.backend, "horizon": self.horizon, "start": self.start,
-                                  "reward": {"mode": self.reward, "trial_cost": self.trial_cost},
+                                  "reward": {"mode": self.reward, "trial_cost": self.trial_cost,
+                                             "oom_penalty": self.oom_penalty, "over_budget_coef": self.oom_penalty,
+                                             "failure_penalty": self.oom_penalty},
                                   "cache_size": self.pool_size + max(1, self.pool_size // 4) + 8}
         if self.backend == "simulated":
             config.update(noise=self.noise, randomize=self.randomize, samplers=samplers(
@@ -364,11 +375,29 @@ def _init_ray(address: str | None, workers: int) -> bool:
     return True
 
 
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM ends training as Ctrl-C does (installed after Ray's own handler, restored afterwards)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def train(out: str | Path, settings: TrainSettings, *, ray_address: str | None = None, env: Any = None,
           on_iteration: Callable[[Iteration], None] = lambda row: None,
           policy_meta: Mapping[str, Any] | None = None) -> TrainResult:
     """Train until `settings.iterations` (counted over resumed sessions), checkpointing every
-    `checkpoint_every` iterations and at the end."""
+    `checkpoint_every` iterations and at the end. Ctrl-C or SIGTERM raise KeyboardInterrupt after
+    stopping the algorithm and the Ray instance this call started; the last checkpoint stays."""
     import ray
 
     from autotune.rl.policy import layout
@@ -377,25 +406,26 @@ def train(out: str | Path, settings: TrainSettings, *, ray_address: str | None =
     started_ray = _init_ray(ray_address, settings.workers)
     algo = None
     try:
-        algo = algorithm_config(settings, env).build_algo()
-        resumed_from = 0
-        if checkpoint is not None:
-            algo.restore_from_path(str(checkpoint.resolve()))
-            resumed_from = int(algo.iteration)
-        rows = run.keep_progress(resumed_from)
-        offset = rows[-1].seconds if rows else 0.0
-        start = time.monotonic()
-        last = rows[-1] if rows else None
-        meta = dict(policy_meta) if policy_meta is not None else {**layout(), "env": "autotune/DeepSpeedMemory-v0"}
-        while algo.iteration < settings.iterations:
-            result = algo.train()
-            last = iteration_row(result, offset + time.monotonic() - start)
-            run.append_progress(last)
-            on_iteration(last)
-            if last.iteration % settings.checkpoint_every == 0 or last.iteration >= settings.iterations:
-                checkpoint = _checkpoint(algo, run, settings, last, meta)
-        policy = run.policy if (run.policy / "policy.pt").is_file() else None
-        return TrainResult(run.path, int(algo.iteration), resumed_from, last, checkpoint, policy)
+        with _sigterm_as_interrupt():
+            algo = algorithm_config(settings, env).build_algo()
+            resumed_from = 0
+            if checkpoint is not None:
+                algo.restore_from_path(str(checkpoint.resolve()))
+                resumed_from = int(algo.iteration)
+            rows = run.keep_progress(resumed_from)
+            offset = rows[-1].seconds if rows else 0.0
+            start = time.monotonic()
+            last = rows[-1] if rows else None
+            meta = dict(policy_meta) if policy_meta is not None else {**layout(), "env": "autotune/DeepSpeedMemory-v0"}
+            while algo.iteration < settings.iterations:
+                result = algo.train()
+                last = iteration_row(result, offset + time.monotonic() - start)
+                run.append_progress(last)
+                on_iteration(last)
+                if last.iteration % settings.checkpoint_every == 0 or last.iteration >= settings.iterations:
+                    checkpoint = _checkpoint(algo, run, settings, last, meta)
+            policy = run.policy if (run.policy / "policy.pt").is_file() else None
+            return TrainResult(run.path, int(algo.iteration), resumed_from, last, checkpoint, policy)
     finally:
         if algo is not None:
             algo.stop()
