@@ -6,6 +6,11 @@ The margin only has to cover the estimator's over-prediction (a config predicted
 that really fits is lost if the margin is below 0.2). Before calibration it is UNCALIBRATED_MARGIN;
 once the estimator is calibrated on measured results, the margin becomes the worst over-prediction
 seen on this run's measured configs, kept between MIN_MARGIN and UNCALIBRATED_MARGIN.
+
+Out-of-memory results teach the pruner too (calibration only learns from trials that ran): a config
+with the same memory layout (ZeRO stage, checkpointing, offloads) as one that ran out of memory, and
+predicted to need at least as much, is pruned whatever the margin. Within one layout the estimator's
+order of configs by memory (micro-batch, precision) is reliable even where its absolute figures are not.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ class Pruner:
     budget_bytes: int
     calibration: Calibration = Calibration()
     margin: float = UNCALIBRATED_MARGIN
+    out_of_memory: frozenset[Config] = frozenset()  # configs that ran out of memory in this sweep
 
     def predict(self, config: Config) -> Estimate:
         return estimate(config, self.workload, self.hardware, self.calibration)
@@ -38,15 +44,29 @@ class Pruner:
     def check(self, config: Config, backend: str) -> TrialResult | None:
         """A `pruned` result if `config` is predicted not to fit even with the margin, else None."""
         est = self.predict(config)
-        if est.fits(self.budget_bytes, self.margin):
+        smaller = self._smaller_out_of_memory(config, est.peak_bytes)
+        if smaller is not None:
+            reason = (f"{smaller.label()} ran out of memory and has the same memory layout with a predicted peak "
+                      f"no larger than this config's {format_size(est.peak_bytes)}")
+        elif est.fits(self.budget_bytes, self.margin):
             return None
-        reason = (f"predicted peak {format_size(est.peak_bytes)} exceeds the budget of "
-                  f"{format_size(self.budget_bytes)} by more than the {self.margin:.0%} safety margin "
-                  f"(largest term: {est.memory.dominant} {format_size(getattr(est.memory, est.memory.dominant))})")
+        else:
+            reason = (f"predicted peak {format_size(est.peak_bytes)} exceeds the budget of "
+                      f"{format_size(self.budget_bytes)} by more than the {self.margin:.0%} safety margin (largest "
+                      f"term: {est.memory.dominant} {format_size(getattr(est.memory, est.memory.dominant))})")
         return TrialResult(config, "pruned", memory_budget_bytes=self.budget_bytes, backend=backend, error=reason,
                            extra={"predicted_peak_bytes": est.peak_bytes,
                                   "predicted_throughput_samples_per_s": est.throughput_samples_per_s,
                                   "predicted_memory": est.memory.to_dict(), "pruning_margin": self.margin})
+
+    def with_out_of_memory(self, config: Config) -> "Pruner":
+        return replace(self, out_of_memory=self.out_of_memory | {config})
+
+    def _smaller_out_of_memory(self, config: Config, peak: int) -> Config | None:
+        for other in sorted(self.out_of_memory):
+            if layout(other) == layout(config) and self.predict(other).peak_bytes <= peak:
+                return other
+        return None
 
     def recalibrated(self, calibration: Calibration, measured: Iterable[TrialResult]) -> "Pruner":
         """This pruner with a new calibration and the margin that calibration earns on `measured`."""
@@ -59,3 +79,8 @@ class Pruner:
     def _over_prediction(self, calibration: Calibration, result: TrialResult) -> float:
         predicted = estimate(result.config, self.workload, self.hardware, calibration).peak_bytes
         return predicted / result.peak_memory_bytes - 1.0
+
+
+def layout(config: Config) -> tuple:
+    """What decides where memory goes, apart from micro-batch and precision."""
+    return (config.zero_stage, config.ckpt_interval, config.offload_optimizer, config.offload_param)

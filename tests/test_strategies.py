@@ -199,8 +199,9 @@ def test_optuna_is_warm_started_with_the_estimators_best_configs(gpu_space):
 
 
 def test_optuna_reports_failures_as_completed_trials_with_penalty_and_memory_constraint(gpu_space):
-    backend = SimulatedBackend(WORKLOAD, HARDWARE, BUDGET, calibration=Calibration(activation_scale=2.0))
-    s = sweep("optuna", gpu_space, backend, BUDGET, trials=25)
+    budget = 12 * GiB
+    backend = SimulatedBackend(WORKLOAD, HARDWARE, budget, calibration=Calibration(activation_scale=2.0))
+    s = sweep("optuna", gpu_space, backend, budget, trials=25)
     statuses = Counter(r.status for r in s.results)
     assert statuses["oom"] > 0 and statuses["pruned"] > 0
     study = s.strategy.study

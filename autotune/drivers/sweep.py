@@ -56,8 +56,10 @@ class Sweep:
         self.on_pruned: Callable[[TrialResult], None] = lambda result: None
         for result in history:
             strategy.observe(result.config, result)
+            if result.status == "oom":
+                self.pruner = self.pruner.with_out_of_memory(result.config)
         if calibrate is not None and self.measured():
-            self.pruner = pruner.recalibrated(calibrate(self.measured()), self.measured())
+            self.pruner = self.pruner.recalibrated(calibrate(self.measured()), self.measured())
 
     @property
     def launched(self) -> int:
@@ -106,6 +108,8 @@ class Sweep:
         if result.fits(self.pruner.budget_bytes) and (
                 self.best is None or result.throughput_samples_per_s > self.best.throughput_samples_per_s):
             self.best = result
+        if result.status == "oom":
+            self.pruner = self.pruner.with_out_of_memory(config)
         if self.calibrate is not None and measurable(result):
             self.pruner = self.pruner.recalibrated(self.calibrate(self.measured()), self.measured())
         return result

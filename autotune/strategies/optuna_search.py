@@ -37,7 +37,7 @@ from autotune.strategies import SearchContext
 ORDERED = ("zero_stage", "micro_batch", "ckpt_interval")
 PENALTY = 0.0  # samples/s told for a config that did not run within budget
 INVALID_CONSTRAINT = 1.0  # constraint told for invalid combinations and for failures with no memory figure
-WARM_START = 3  # the estimator's best predicted configs, tried first
+WARM_START = 5  # the estimator's best predicted configs (one per memory layout and precision), tried first
 STARTUP_TRIALS = 8  # proposals (including the warm start) before the model-based sampler takes over
 MAX_ASKS = 100  # proposals of known or invalid configs in a row before an unseen config is forced
 STUDY_NAME = "autotune"
@@ -157,12 +157,20 @@ class OptunaStrategy:
         return PENALTY, INVALID_CONSTRAINT
 
     def warm_start(self) -> list[Config]:
-        """The configs the estimator predicts fastest among those predicted to fit."""
+        """The configs the estimator predicts fastest among those predicted to fit, one per structure
+        (stage, precision, offloads, checkpointing on or off): where the estimator is wrong about a whole
+        structure (a slow offload path, a precision), the next structure's best is already queued."""
         space, budget = self.space, self.context.budget_bytes
         predict = self.context.predict or (lambda c: estimate(c, space.workload, space.hardware))
         estimates = [predict(c) for c in space]
         fitting = sorted((e for e in estimates if e.fits(budget)), key=lambda e: -e.throughput_samples_per_s)
-        return [e.config for e in fitting[:WARM_START]]
+        picked: dict[tuple, Config] = {}
+        for e in fitting:
+            c = e.config
+            picked.setdefault((c.zero_stage, c.precision, c.offload_optimizer, c.offload_param, c.ckpt_interval > 0), c)
+            if len(picked) == WARM_START:
+                break
+        return list(picked.values())
 
     # -- helpers
 

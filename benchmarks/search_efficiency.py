@@ -1,0 +1,325 @@
+"""Search efficiency of the tuner's strategies, side by side in one run.
+
+Every strategy (grid = DeepSpeed's autotuner's behaviour, random, optuna = TPE, optuna-gp) runs through
+the same loop as `autotune tune` (estimator pruning, calibration from measured trials, the run's budget
+of launched trials) on:
+  (a) the committed replay surfaces (benchmarks/surfaces/*.jsonl, real measurements of this machine),
+      at the device's memory and at a budget through the middle of the surface's measured peaks;
+  (b) 12 simulated GPU workloads (GPT-2 and Llama presets, 1 to 32 GPUs, five hardware profiles,
+      budgets from a quarter of the card to all of it), in two worlds:
+      - `estimator`: the simulated backend, i.e. the estimator itself plus 10% step-time noise. The
+        estimator's best predicted config *is* the optimum here, so a warm-started search finds it at
+        once: this world checks the plumbing, not the search;
+      - `distorted`: the truth differs from the estimator by a hidden structured distortion per workload
+        and seed (autotune.rl.simulator: per-knob throughput offsets, memory factors moving the OOM
+        cliff; spread 0.3) plus 10% step-time noise. This is the world the figures are about.
+  with 5 seeds each (the seed drives the strategy, the noise and the distortion alike; every strategy
+  sees the same truth for a seed).
+
+Per strategy: median launched trials until the recommended config (best measured within budget) is
+within 98% of the optimum (the best feasible true throughput of the whole space, by exhaustion; runs
+that never get there count as never), its true throughput over the optimum after 10 and 25 trials,
+launched trials that ran out of memory, and configs pruned by the estimator. For grid, the trials it
+launches before it stops on its own. Then the issue's goals: optuna reaches 98% in at most a third of
+grid's trials, finds a better final config than grid wherever the optimum lies outside grid's sub-space
+(stage and micro-batch only), and runs out of memory in fewer than 5% of its launched trials.
+
+    python benchmarks/search_efficiency.py [--seeds 5] [--trials 50] [--strategies grid,random,optuna,optuna-gp]
+
+Writes benchmarks/results/search_efficiency.md and .json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import optuna
+from rich.console import Console
+from rich.table import Table
+
+from autotune.backends.replay import ReplayBackend, load_surface, surface_space
+from autotune.backends.simulated import SimulatedBackend
+from autotune.calibrate import calibrator
+from autotune.config import KNOBS, Config
+from autotune.drivers.local import run_local
+from autotune.drivers.progress import QuietProgress
+from autotune.drivers.sweep import Budget, Sweep
+from autotune.envs.sampler import Task
+from autotune.hardware import PROFILES
+from autotune.pruning import Pruner
+from autotune.results import TrialResult
+from autotune.rl.simulator import distorted_task
+from autotune.search_spaces import load_choices
+from autotune.space import Space
+from autotune.strategies import SearchContext, make_strategy
+from autotune.workload import make_workload
+
+ROOT = Path(__file__).resolve().parent
+GiB = 2**30
+NEAR = 0.98
+STRATEGIES = ("grid", "random", "optuna", "optuna-gp")
+SPREAD, NOISE = 0.3, 0.1
+# (model, gpus, global batch, hardware, budget GiB per device)
+WORKLOADS = [
+    ("gpt2-small", 1, 32, "l4", 6),
+    ("gpt2-medium", 2, 64, "v100-32gb", 16),
+    ("gpt2-large", 4, 64, "v100-32gb", 16),
+    ("gpt2-large", 1, 32, "a100-80gb", 20),
+    ("gpt2-xl", 8, 128, "a100-40gb", 24),
+    ("gpt2-xl", 4, 64, "l4", 24),
+    ("llama-1b", 1, 32, "a100-40gb", 40),
+    ("llama-1b", 8, 256, "h100-80gb", 32),
+    ("llama-7b", 8, 256, "a100-80gb", 80),
+    ("llama-7b", 16, 256, "a100-40gb", 40),
+    ("llama-13b", 32, 512, "h100-80gb", 64),
+    ("llama-13b", 8, 128, "a100-80gb", 80),
+]
+
+
+@dataclass
+class Run:
+    world: str  # estimator, distorted, replay
+    task: str
+    strategy: str
+    seed: int
+    curve: list[float]  # true throughput of the recommendation / optimum, after each launched trial
+    oom: int
+    pruned: int
+    launched: int
+    outside_grid: bool  # the optimum is not in grid's sub-space
+    seconds: float
+
+    def trials_to(self, level: float = NEAR) -> float:
+        return next((i + 1 for i, v in enumerate(self.curve) if v >= level - 1e-9), math.inf)
+
+    def after(self, n: int) -> float:
+        return self.curve[min(n, len(self.curve)) - 1] if self.curve else 0.0
+
+    @property
+    def final(self) -> float:
+        return self.after(len(self.curve))
+
+
+def grid_subspace(space: Space) -> set[Config]:
+    """The configs grid can reach: per stage and micro-batch, the valid config nearest the defaults."""
+    defaults = space.choices.default()
+    best: dict[tuple[int, int], Config] = {}
+    for c in space:
+        key = (c.zero_stage, c.micro_batch)
+        score = sum(getattr(c, k) != defaults[k] for k in KNOBS)
+        if key not in best or score < sum(getattr(best[key], k) != defaults[k] for k in KNOBS):
+            best[key] = c
+    return set(best.values())
+
+
+def sweep(name: str, space: Space, backend, budget: int, trials: int, seed: int,
+          truth: Callable[[Config], float], optimum: float) -> tuple[list[float], int, int, float]:
+    start = time.perf_counter()
+    pruner = Pruner(space.workload, space.hardware, budget)
+    strategy = make_strategy(name, SearchContext(space, budget, seed, pruner.predict))
+    s = Sweep(strategy, pruner, lambda r: None, backend.name, (), calibrator(space.workload, space.hardware),
+              len(space))
+    run_local(s, backend, Budget(trials), QuietProgress())
+    curve, best_measured, best_true = [], 0.0, 0.0
+    for r in s.results:
+        if r.status == "pruned":
+            continue
+        if r.fits(budget) and r.throughput_samples_per_s > best_measured:
+            best_measured, best_true = r.throughput_samples_per_s, truth(r.config)
+        curve.append(best_true / optimum)
+    oom = sum(r.status == "oom" for r in s.results)
+    pruned = sum(r.status == "pruned" for r in s.results)
+    return curve, oom, pruned, time.perf_counter() - start
+
+
+def simulated_runs(args, console: Console) -> list[Run]:
+    runs = []
+    choices = load_choices("default")
+    for model, gpus, batch, hw, budget_gib in WORKLOADS:
+        workload, hardware, budget = make_workload(model, batch, gpus), PROFILES[hw], budget_gib * GiB
+        task = Task(workload, hardware, budget, choices)
+        name = f"{model} x{gpus} {hw} {budget_gib}GiB"
+        for seed in range(args.seeds):
+            distorted = distorted_task(task, SPREAD, NOISE, seed)
+            space = distorted.landscape.space
+            grid_space = grid_subspace(space)
+            exact = SimulatedBackend(workload, hardware, budget)
+            fits = [c for c in space if exact.run(c).fits(budget)]
+            plain_optimum = max(exact.run(c).throughput_samples_per_s for c in fits)
+            plain_best = max(c for c in fits if exact.run(c).throughput_samples_per_s >= plain_optimum)
+            worlds = {
+                "estimator": (lambda: SimulatedBackend(workload, hardware, budget, noise=NOISE, seed=seed),
+                              lambda c: exact.run(c).throughput_samples_per_s, plain_optimum,
+                              plain_best not in grid_space),
+                "distorted": (lambda: distorted_task(task, SPREAD, NOISE, seed), distorted.true_throughput,
+                              distorted.optimum, _distorted_best(distorted, space) not in grid_space),
+            }
+            for world, (make_backend, truth, optimum, outside) in worlds.items():
+                if world not in args.worlds:
+                    continue
+                for strategy in args.strategies:
+                    curve, oom, pruned, seconds = sweep(strategy, space, make_backend(), budget, args.trials, seed,
+                                                        truth, optimum)
+                    runs.append(Run(world, name, strategy, seed, curve, oom, pruned, len(curve), outside, seconds))
+                line = "  ".join(f"{r.strategy} {r.trials_to()}/{r.final:.2f}" for r in runs[-len(args.strategies):])
+                console.print(f"{world:9} {name:32} seed {seed}: {line}", highlight=False)
+    return runs
+
+
+def _distorted_best(distorted, space: Space) -> Config:
+    feasible = [c for c in space if c in distorted.landscape.index and distorted.feasible[distorted.landscape.index[c]]]
+    return max(feasible, key=distorted.true_throughput)
+
+
+def replay_runs(args, console: Console) -> list[Run]:
+    runs = []
+    for path in sorted((ROOT / "surfaces").glob("*.jsonl")):
+        surface = load_surface(path)
+        space = surface_space(surface)
+        peaks = sorted(r.peak_memory_bytes for r in surface.results.values() if r.ok and r.peak_memory_bytes)
+        budgets = sorted({space.hardware.memory_bytes, *([peaks[len(peaks) // 2]] if peaks else [])})
+        for budget in budgets:
+            best = surface.best(budget)
+            if best is None:
+                continue
+            outside = best.config not in grid_subspace(space)
+            name = f"{path.stem} {budget / GiB:.2f}GiB ({len(space)} configs)"
+            for seed in range(args.seeds):
+                for strategy in args.strategies:
+                    curve, oom, pruned, seconds = sweep(
+                        strategy, space, ReplayBackend(surface, budget), budget, args.trials, seed,
+                        lambda c, b=budget: surface.results[c].under_budget(b).throughput_samples_per_s or 0.0,
+                        best.throughput_samples_per_s)
+                    runs.append(Run("replay", name, strategy, seed, curve, oom, pruned, len(curve), outside, seconds))
+                line = "  ".join(f"{r.strategy} {r.trials_to()}/{r.final:.2f}" for r in runs[-len(args.strategies):])
+                console.print(f"replay    {name:32} seed {seed}: {line}", highlight=False)
+    return runs
+
+
+def median(values) -> float:
+    values = list(values)
+    return statistics.median(values) if values else math.nan
+
+
+def fmt(value: float) -> str:
+    return "never" if math.isinf(value) else ("-" if math.isnan(value) else f"{value:.3g}")
+
+
+def summary(runs: list[Run], strategies: tuple[str, ...]) -> dict:
+    out = {}
+    for world in ("replay", "distorted", "estimator"):
+        mine = [r for r in runs if r.world == world]
+        if not mine:
+            continue
+        rows = {}
+        for s in strategies:
+            rs = [r for r in mine if r.strategy == s]
+            launched = sum(r.launched for r in rs)
+            rows[s] = {
+                "runs": len(rs),
+                "median_trials_to_98": median(r.trials_to() for r in rs),
+                "reached_98_share": sum(math.isfinite(r.trials_to()) for r in rs) / len(rs),
+                "median_best_after_10": median(r.after(10) for r in rs),
+                "median_best_after_25": median(r.after(25) for r in rs),
+                "median_final": median(r.final for r in rs),
+                "median_trials_launched": median(r.launched for r in rs),
+                "oom_trials": sum(r.oom for r in rs),
+                "oom_share": sum(r.oom for r in rs) / launched if launched else 0.0,
+                "pruned_configs": sum(r.pruned for r in rs),
+                "median_seconds_per_run": median(r.seconds for r in rs),
+            }
+        goals = {}
+        if "grid" in rows and "optuna" in rows:
+            grid_finish = rows["grid"]["median_trials_launched"]
+            goals["optuna_trials_to_98_vs_grid_finish"] = f"{fmt(rows['optuna']['median_trials_to_98'])} vs {fmt(grid_finish)}"
+            goals["optuna_within_a_third_of_grid"] = rows["optuna"]["median_trials_to_98"] <= grid_finish / 3
+            pairs = [(o, g) for o in mine if o.strategy == "optuna" and o.outside_grid
+                     for g in mine if g.strategy == "grid" and g.task == o.task and g.seed == o.seed]
+            goals["runs_with_optimum_outside_grid"] = len(pairs)
+            goals["optuna_better_than_grid_there"] = sum(o.final > g.final + 1e-9 for o, g in pairs)
+            goals["optuna_equal_or_better_there"] = sum(o.final >= g.final - 1e-9 for o, g in pairs)
+            goals["optuna_oom_share_below_5pct"] = rows["optuna"]["oom_share"] < 0.05
+        out[world] = {"strategies": rows, "goals": goals, "tasks": sorted({r.task for r in mine})}
+    return out
+
+
+def table(world: str, data: dict) -> Table:
+    t = Table(title=f"{world}: {len(data['tasks'])} workload/budget pairs")
+    for col in ("strategy", "runs", "trials to 98%", "reached 98%", "best/opt @10", "best/opt @25", "final",
+                "launched", "OOM trials", "OOM %", "pruned", "s/run"):
+        t.add_column(col, justify="right")
+    for s, row in data["strategies"].items():
+        t.add_row(s, str(row["runs"]), fmt(row["median_trials_to_98"]), f"{row['reached_98_share']:.0%}",
+                  f"{row['median_best_after_10']:.3f}", f"{row['median_best_after_25']:.3f}",
+                  f"{row['median_final']:.3f}", fmt(row["median_trials_launched"]), str(row["oom_trials"]),
+                  f"{row['oom_share']:.1%}", str(row["pruned_configs"]), f"{row['median_seconds_per_run']:.2f}")
+    return t
+
+
+def markdown(result: dict, args) -> str:
+    lines = ["# Search efficiency", "",
+             f"`python benchmarks/search_efficiency.py --seeds {args.seeds} --trials {args.trials} "
+             f"--strategies {','.join(args.strategies)}` ({result['seconds'] / 60:.1f} min).", "",
+             "Medians over runs (workload x budget x seed); trials are launched trials (pruned configs cost "
+             "nothing); best/opt is the true throughput of the config the tuner would recommend after that "
+             "many trials over the best feasible throughput of the space; `final` after the run's last trial. "
+             "Grid stops on its own (early stop after 5 trials without improvement).", ""]
+    for world, data in result["worlds"].items():
+        lines += [f"## {world}", "", "| strategy | runs | trials to 98% | reached 98% | best/opt @10 | best/opt @25 | "
+                  "final | launched | OOM trials | OOM % | pruned | s/run |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for s, row in data["strategies"].items():
+            lines.append(f"| {s} | {row['runs']} | {fmt(row['median_trials_to_98'])} | {row['reached_98_share']:.0%} | "
+                         f"{row['median_best_after_10']:.3f} | {row['median_best_after_25']:.3f} | "
+                         f"{row['median_final']:.3f} | {fmt(row['median_trials_launched'])} | {row['oom_trials']} | "
+                         f"{row['oom_share']:.1%} | {row['pruned_configs']} | {row['median_seconds_per_run']:.2f} |")
+        lines += ["", "Goals: " + "; ".join(f"{k} = {v}" for k, v in data["goals"].items()), "",
+                  "Workloads: " + "; ".join(data["tasks"]), ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--trials", type=int, default=50)
+    parser.add_argument("--strategies", default=",".join(STRATEGIES))
+    parser.add_argument("--worlds", default="replay,distorted,estimator")
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "search_efficiency")
+    args = parser.parse_args()
+    args.strategies = tuple(args.strategies.split(","))
+    args.worlds = tuple(args.worlds.split(","))
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    console = Console(width=160)
+    start = time.perf_counter()
+    runs = replay_runs(args, console) if "replay" in args.worlds else []
+    runs += simulated_runs(args, console)
+    result = {"seconds": time.perf_counter() - start, "worlds": summary(runs, args.strategies),
+              "runs": [asdict(r) for r in runs]}
+    for world, data in result["worlds"].items():
+        console.print(table(world, data))
+        console.print("goals: " + "; ".join(f"{k} = {v}" for k, v in data["goals"].items()), highlight=False)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(_finite(result), indent=1) + "\n")
+    args.out.with_suffix(".md").write_text(markdown(result, args))
+    console.print(f"wrote {args.out.with_suffix('.md')} and .json")
+
+
+def _finite(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+if __name__ == "__main__":
+    main()
