@@ -85,10 +85,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--surface", type=Path, default=SURFACE)
     parser.add_argument("--triples", type=int, default=20, help="random calibration triples for the spread")
+    parser.add_argument("--hardware", default=None,
+                        help="hardware profile or YAML to simulate with (default: the surface's own profile)")
     args = parser.parse_args()
     surface = load_surface(args.surface)
     workload = surface.workload
-    hardware = load_hardware(surface.hardware or "cpu")
+    hardware = load_hardware(args.hardware or surface.hardware or "cpu")
     results = list(surface.results.values())
     ok = [r for r in results if r.ok]
     # Statuses other than ok/oom (crash, timeout) say nothing about memory fit: left out of that part.
@@ -104,6 +106,9 @@ def main() -> None:
     simulated = backend(calibration)
     rho = rank_correlation(ok, simulated)
     rho_plain = rank_correlation(ok, plain)
+    by_precision = {p: rank_correlation(group, simulated)
+                    for p in sorted({r.config.precision for r in ok})
+                    if len(group := [r for r in ok if r.config.precision == p]) >= 3}
     rng = random.Random(0)
     rhos = sorted(rank_correlation(ok, backend(fit_calibration(rng.sample(ok, 3), workload, hardware)))
                   for _ in range(args.triples))
@@ -118,7 +123,8 @@ def main() -> None:
     summary = {
         "surface": str(args.surface), "configs": len(results), "status_counts": counts,
         "calibrated_with": [r.config.label() for r in triple], "calibration": calibration.to_dict(),
-        "spearman_throughput": rho, "spearman_uncalibrated": rho_plain,
+        "hardware": hardware.name, "spearman_throughput": rho, "spearman_uncalibrated": rho_plain,
+        "spearman_within_precision": by_precision,
         "spearman_random_triples": {"median": statistics.median(rhos), "min": rhos[0], "max": rhos[-1],
                                     "triples": len(rhos)},
         "peak_relative_error": {"median_abs": statistics.median(abs(e) for e in peak_errors),
@@ -134,7 +140,7 @@ def main() -> None:
 
 def show(s: dict) -> None:
     console = Console(width=150, highlight=False)
-    console.print(f"{s['surface']}: {s['configs']} configs ({', '.join(f'{n} {k}' for k, n in s['status_counts'].items())}); "
+    console.print(f"{s['surface']} (profile {s['hardware']}): {s['configs']} configs ({', '.join(f'{n} {k}' for k, n in s['status_counts'].items())}); "
                   f"calibrated with {', '.join(s['calibrated_with'])}")
     table = Table(title="Simulated vs measured")
     table.add_column("measure")
@@ -144,6 +150,8 @@ def show(s: dict) -> None:
     table.add_row(f"  with {triples['triples']} random calibration triples: median (min-max)",
                   f"{triples['median']:.3f} ({triples['min']:.3f}-{triples['max']:.3f})")
     table.add_row("  uncalibrated estimator", f"{s['spearman_uncalibrated']:.3f}")
+    for precision, value in s["spearman_within_precision"].items():
+        table.add_row(f"  within {precision} configs only", f"{value:.3f}")
     pe, te = s["peak_relative_error"], s["step_time_relative_error"]
     table.add_row("peak: median |error| (worst under / over)",
                   f"{pe['median_abs']:.1%} ({pe['worst_under']:+.1%} / {pe['worst_over']:+.1%})")
@@ -168,7 +176,8 @@ def write(s: dict, ok: list[TrialResult], simulated: SimulatedBackend) -> None:
     triples = s["spearman_random_triples"]
     pe, te = s["peak_relative_error"], s["step_time_relative_error"]
     lines = ["# Simulator fidelity", "",
-             f"`python benchmarks/sim_fidelity.py --surface {s['surface']}`: {s['configs']} configs "
+             f"`python benchmarks/sim_fidelity.py --surface {s['surface']}`, hardware profile `{s['hardware']}`: "
+             f"{s['configs']} configs "
              f"({', '.join(f'{n} {k}' for k, n in s['status_counts'].items())}); estimator calibrated with "
              f"{len(s['calibrated_with'])} of the surface's results ({', '.join(s['calibrated_with'])}).", "",
              "| measure | value |", "| --- | --- |",
@@ -176,6 +185,7 @@ def write(s: dict, ok: list[TrialResult], simulated: SimulatedBackend) -> None:
              f"| same, {triples['triples']} random calibration triples: median (min-max) | "
              f"{triples['median']:.3f} ({triples['min']:.3f}-{triples['max']:.3f}) |",
              f"| same, uncalibrated estimator | {s['spearman_uncalibrated']:.3f} |",
+             *(f"| same, within {p} configs only | {v:.3f} |" for p, v in s["spearman_within_precision"].items()),
              f"| peak: median abs. error (worst under / over) | {pe['median_abs']:.1%} ({pe['worst_under']:+.1%} / {pe['worst_over']:+.1%}) |",
              f"| step time: median abs. error (worst under / over) | {te['median_abs']:.1%} ({te['worst_under']:+.1%} / {te['worst_over']:+.1%}) |",
              "", "| budget | agreement on fit | both fit | both not | measured fits, predicted not | by > 10% | worst overshoot | predicted fits, measured not |",
