@@ -313,3 +313,13 @@ def test_flat_info_serves_vector_environments():
                 TrialResult.from_json(text)
     assert {"ok", "oom"} <= statuses
     assert info["reference_throughput"].dtype == np.float64
+
+
+def test_check_env_on_the_committed_surface():
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "surfaces" / "tiny-cpu.jsonl"
+    env = DeepSpeedMemoryEnv({"backend": "replay", "surface": str(path), "memory_budget": ["700MiB", "800MiB"]})
+    check_env(env, skip_render_check=True)
+    rng = np.random.default_rng(0)
+    for seed in range(5):
+        for _, _, _, info in random_episode(env, rng, seed=seed):
+            assert info["task"]["backend"] == "replay"

@@ -115,3 +115,24 @@ def test_torn_last_line_is_ignored(surface_path):
     with surface_path.open("a") as out:
         out.write(json.dumps({"config": Config(2, 2, 0, "bf16").to_dict(), "status": "ok"})[:30])
     assert len(load_surface(surface_path)) == 3
+
+
+COMMITTED = Path(__file__).resolve().parents[1] / "benchmarks" / "surfaces" / "tiny-cpu.jsonl"
+
+
+def test_committed_surface_is_real_measurements_of_the_tiny_cpu_space():
+    surface = load_surface(COMMITTED)
+    assert surface.workload == TINY and surface.hardware == "cpu"
+    space = Space(load_choices("cpu"), TINY, PROFILES["cpu"])
+    assert set(surface.results) <= set(space.configs) and len(surface) >= 10
+    ok = [r for r in surface.results.values() if r.ok]
+    assert len(ok) >= len(surface) // 2
+    for r in ok:
+        assert r.backend == "deepspeed" and r.throughput_samples_per_s > 0 and r.extra["step_times_s"]
+        assert 100 * MiB < r.peak_memory_bytes < 24 * 2**30
+    # Under a budget at the median measured peak, the configs above it replay as out of memory.
+    peaks = sorted(r.peak_memory_bytes for r in ok)
+    budget = peaks[len(peaks) // 2]
+    backend = ReplayBackend(surface, budget)
+    for r in ok:
+        assert backend.run(r.config).status == ("ok" if r.peak_memory_bytes <= budget else "oom")
