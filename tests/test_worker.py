@@ -89,6 +89,18 @@ def test_stops_when_the_median_is_known_well_enough():
     assert stop_reason(noisy + [1.0, 1.0], 20.0, settings) == MAX_STEPS
 
 
+def test_a_growing_memory_peak_holds_measurement_back():
+    settings = MeasureSettings(min_steps=3, max_steps=20, rel_tol=0.04, mem_rel_tol=0.01)
+    steady_times = [1.0, 1.0, 1.0]
+    mib = 2**20
+    assert stop_reason(steady_times, 3.0, settings, [300 * mib, 330 * mib, 360 * mib]) is None  # still creeping
+    assert stop_reason(steady_times, 3.0, settings, [300 * mib, 330 * mib, 331 * mib]) == STABLE  # +0.3%
+    assert stop_reason(steady_times, 3.0, settings) == STABLE  # peak unknown: time alone decides
+    no_memory_rule = MeasureSettings(min_steps=3, mem_rel_tol=None)
+    assert stop_reason(steady_times, 3.0, no_memory_rule, [300 * mib, 330 * mib, 360 * mib]) == STABLE
+    assert stop_reason([1.0] * 20, 20.0, settings, [i * mib for i in range(20)]) == MAX_STEPS
+
+
 def test_time_limit_stops_after_at_least_one_step():
     settings = MeasureSettings(min_steps=3, max_steps=20, max_measure_s=5.0)
     assert stop_reason([], 10.0, settings) is None

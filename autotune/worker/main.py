@@ -166,11 +166,14 @@ def run(spec: WorkerSpec, rank: int, started: float) -> dict[str, Any]:
     first_step = time.time()
     _phase(spec, rank, "measure")
     times: list[float] = []
+    peaks: list[int] = []  # growth of the peak over the baseline after each measured step
     reason = None
     while reason is None:
         elapsed, loss = optimizer_step()
         times.append(elapsed)
-        reason = _agree(torch, world, device, lambda: stop_reason(times, time.time() - first_step, spec.measure))
+        peaks.append(memory.peak() - baseline)
+        reason = _agree(torch, world, device,
+                        lambda: stop_reason(times, time.time() - first_step, spec.measure, peaks))
     peak = memory.peak()
     clock.lap("measure_s")
     losses.append(loss.detach().item())
@@ -180,7 +183,7 @@ def run(spec: WorkerSpec, rank: int, started: float) -> dict[str, Any]:
     median = statistics.median(times)
     return {
         "status": "ok", "rank": rank, "pid": os.getpid(), "world_size": world, "device": device_name,
-        "step_times_s": times, "step_time_s": median, "step_time_iqr_s": iqr(times),
+        "step_times_s": times, "peak_growth_per_step_bytes": peaks, "step_time_s": median, "step_time_iqr_s": iqr(times),
         "step_time_rel_se": median_rel_se(times) if len(times) > 1 else None, "stop_reason": reason,
         "baseline_memory_bytes": baseline, "peak_memory_bytes": peak, "startup_peak_bytes": startup_peak,
         "peak_allocated_bytes": memory.peak_allocated(), "first_step_time": first_step,

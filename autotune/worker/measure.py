@@ -2,8 +2,11 @@
 
 A trial measures optimizer steps until the median step time is known well enough: at least `min_steps`,
 then stop as soon as the standard error of the median (1.2533 s / sqrt(n), s the sample standard
-deviation) is within `rel_tol` of the median; never more than `max_steps` steps or `max_measure_s`
-seconds. A noisy config is thus measured longer and a steady one stops early; `stop_reason` records which.
+deviation) is within `rel_tol` of the median, and the memory peak has stopped growing (the last step
+raised it by at most `mem_rel_tol` of the peak growth: on the CPU the resident set creeps up over the
+first steps, by up to ~20% for ZeRO-3, as freed blocks are reused imperfectly); never more than
+`max_steps` steps or `max_measure_s` seconds. A noisy config is thus measured longer and a steady one
+stops early; `stop_reason` records which.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ class MeasureSettings:
     max_steps: int = 20
     rel_tol: float = 0.04
     max_measure_s: float = 60.0
+    mem_rel_tol: float | None = 0.01  # None: the memory peak does not hold measurement back
 
     def __post_init__(self) -> None:
         if self.warmup_steps < 0:
@@ -35,7 +39,7 @@ class MeasureSettings:
     @classmethod
     def fixed(cls, warmup_steps: int, steps: int) -> "MeasureSettings":
         """Exactly `steps` measured steps (no early stop), e.g. to compare with a fixed-step run."""
-        return cls(warmup_steps, steps, steps, 0.0, 1e9)
+        return cls(warmup_steps, steps, steps, 0.0, 1e9, None)
 
 
 def median_rel_se(times: Sequence[float]) -> float:
@@ -46,16 +50,24 @@ def median_rel_se(times: Sequence[float]) -> float:
     return 1.2533 * statistics.stdev(times) / math.sqrt(len(times)) / median if median > 0 else math.inf
 
 
-def stop_reason(times: Sequence[float], elapsed_s: float, settings: MeasureSettings) -> str | None:
-    """Why to stop after these measured step times, or None to measure another step."""
+def stop_reason(times: Sequence[float], elapsed_s: float, settings: MeasureSettings,
+                peaks: Sequence[int] = ()) -> str | None:
+    """Why to stop after these measured step times, or None to measure another step. `peaks`: the memory
+    peak's growth over the baseline after each measured step (empty: not known)."""
     n = len(times)
     if n >= settings.max_steps:
         return MAX_STEPS
     if n >= 1 and elapsed_s >= settings.max_measure_s:
         return TIME_LIMIT
-    if n >= settings.min_steps and median_rel_se(times) <= settings.rel_tol:
+    if n >= settings.min_steps and median_rel_se(times) <= settings.rel_tol and not memory_growing(peaks, settings):
         return STABLE
     return None
+
+
+def memory_growing(peaks: Sequence[int], settings: MeasureSettings) -> bool:
+    if settings.mem_rel_tol is None or len(peaks) < 2:
+        return False
+    return peaks[-1] - peaks[-2] > settings.mem_rel_tol * max(peaks[-1], 1)
 
 
 def iqr(times: Sequence[float]) -> float:
