@@ -54,6 +54,7 @@ from autotune.policies import policy_path
 
 ROOT = Path(__file__).resolve().parent
 STRATEGIES = ("rl", "hybrid", "optuna", "random", "grid")
+EXTRA = {"hybrid-sequential": lambda c, p: HybridStrategy(c, p, interleave=False)}  # --extra: design comparisons
 NEAR = 0.98
 
 
@@ -96,6 +97,8 @@ class Timed:
 
 
 def strategy_for(name: str, context: SearchContext, policy: Policy):
+    if name in EXTRA:
+        return EXTRA[name](context, policy)
     if name == "rl":
         return RLStrategy(context, policy)
     if name == "hybrid":
@@ -153,14 +156,15 @@ def evaluate(args: argparse.Namespace, console: Console) -> list[Run]:
     policy = Policy.load(args.policy)
     runs: list[Run] = []
     tasks = simulated_tasks(args.tasks, 0)
-    jobs = len(tasks) * args.seeds * len(STRATEGIES)
+    names = args.strategies
+    jobs = len(tasks) * args.seeds * len(names)
     surfaces = sorted((ROOT / "surfaces").glob("*.jsonl")) if (ROOT / "surfaces").is_dir() else []
     done = 0
     for kind, task, held in tasks:
         for seed in range(args.seeds):
             truth = distorted_task(task, args.randomize, args.noise, seed)
             space = truth.landscape.space
-            for name in STRATEGIES:
+            for name in names:
                 backend = truth.with_noise_seed(seed)  # the same truth and noise draws for every strategy
                 curve, oom, pruned, launched, ms = run_one(
                     name, space, backend, task.memory_budget_bytes, truth.optimum, args.trials, seed, policy,
@@ -168,7 +172,7 @@ def evaluate(args: argparse.Namespace, console: Console) -> list[Run]:
                 runs.append(Run(kind, task_name(task), name, seed, curve, oom, pruned, launched, held, ms))
                 done += 1
             console.print(f"[{done}/{jobs}] {kind} {task_name(task)} seed {seed} "
-                          + "  ".join(f"{r.strategy} {r.after(5):.2f}/{r.trials_to(NEAR)}" for r in runs[-len(STRATEGIES):]),
+                          + "  ".join(f"{r.strategy} {r.after(5):.2f}/{r.trials_to(NEAR)}" for r in runs[-len(names):]),
                           highlight=False)
     for path in surfaces:
         surface = load_surface(path)
@@ -181,7 +185,7 @@ def evaluate(args: argparse.Namespace, console: Console) -> list[Run]:
                 continue
             optimum = best.throughput_samples_per_s
             for seed in range(args.seeds):
-                for name in STRATEGIES:
+                for name in names:
                     curve, oom, pruned, launched, ms = run_one(
                         name, space, ReplayBackend(surface, budget), budget, optimum, args.trials, seed, policy,
                         lambda r: r.throughput_samples_per_s)
@@ -224,7 +228,7 @@ def median(values: list[float]) -> float:
 
 def summary(runs: list[Run], kind: str | None) -> list[dict]:
     rows = []
-    for name in STRATEGIES:
+    for name in dict.fromkeys(r.strategy for r in runs):
         mine = [r for r in runs if r.strategy == name and (kind is None or r.kind == kind)]
         if not mine:
             continue
@@ -267,7 +271,8 @@ def tables(runs: list[Run]) -> dict[str, list[dict]]:
 def markdown(runs: list[Run], args: argparse.Namespace, policy: Policy, seconds: float) -> str:
     lines = ["# RL policy evaluation", "",
              f"`python benchmarks/rl_evaluation.py --seeds {args.seeds} --tasks {args.tasks} --trials {args.trials}"
-             f" --randomize {args.randomize} --noise {args.noise}` ({seconds / 60:.1f} min on this machine).", "",
+             f" --randomize {args.randomize} --noise {args.noise} --strategies {','.join(args.strategies)}`"
+             f" ({seconds / 60:.1f} min on this machine).", "",
              f"Policy: `{args.policy}` (trained {policy.meta.get('training', {}).get('figures', {}).get('iteration', '?')}"
              f" iterations). Optimum: best feasible true throughput of the space; trials counted as launched"
              " (pruned configs cost nothing).", ""]
@@ -284,13 +289,14 @@ def markdown(runs: list[Run], args: argparse.Namespace, policy: Policy, seconds:
                   f"Python's import of torch not counted: {load['torch_import_s']:.1f} s in a fresh process), "
                   f"a proposal of `rl` median {median(ms):.2f} ms (p95 {np.percentile(ms, 95):.2f} ms, max "
                   f"{max(ms):.1f} ms over {len(ms)} proposals; the first one of a search builds the environment's "
-                  f"view of the space). Ray is never imported: {load['ray_imported']}.", ""]
+                  f"view of the space). Ray imported: {'yes' if load['ray_imported'] == 'True' else 'no'}.", ""]
+    names = list(dict.fromkeys(r.strategy for r in runs))
     lines += ["## Per task (median over seeds: trials to 98% / best/optimum after 5)", "",
-              "| task | held out | " + " | ".join(STRATEGIES) + " |", "|---|---|" + "---|" * len(STRATEGIES)]
+              "| task | held out | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
     for task in dict.fromkeys(r.task for r in runs):
         mine = [r for r in runs if r.task == task]
         cells = []
-        for name in STRATEGIES:
+        for name in names:
             rs = [r for r in mine if r.strategy == name]
             cells.append(f"{fmt(median([r.trials_to(NEAR) for r in rs]), 'g')} / {median([r.after(5) for r in rs]):.2f}")
         lines.append(f"| {task} | {','.join(mine[0].held_out) or '-'} | " + " | ".join(cells) + " |")
@@ -315,8 +321,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--randomize", type=float, default=0.3, help="spread of the hidden truth (as in training)")
     parser.add_argument("--noise", type=float, default=0.1, help="step-time noise sigma (as in training)")
     parser.add_argument("--policy", type=Path, default=policy_path(), help="policy directory (default: the shipped one)")
+    parser.add_argument("--strategies", type=lambda t: t.split(","), default=list(STRATEGIES),
+                        help=f"comma-separated, from {', '.join((*STRATEGIES, *EXTRA))} (default: the first five)")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "rl_evaluation")
     args = parser.parse_args(argv)
+    unknown = set(args.strategies) - set(STRATEGIES) - set(EXTRA)
+    if unknown:
+        parser.error(f"unknown strategies {sorted(unknown)}: allowed {', '.join((*STRATEGIES, *EXTRA))}")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     console = Console(width=max(Console().width, 160))
     start = time.monotonic()

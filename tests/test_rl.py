@@ -200,15 +200,16 @@ def test_training_settings_are_checked_and_a_run_resumes_only_with_the_same_ones
 
 def test_training_tasks_hold_out_the_test_split_and_tiny():
     env = TrainingEnv({"samplers": samplers("train", 64, 0, 0.5), "seed": 0})
-    seen = set()
-    for i in range(120):
-        env.reset(seed=i)
-        task = env.unwrapped._episode.task
-        seen.add(task.hardware.name)
-        assert task.workload.model.name != "tiny"
-        sampler = env.unwrapped._sampler
-        assert sampler.held_out(task) == ()
-    assert "cpu" in seen and len(seen) > 2
+    assert [s.pool[0].hardware.is_cpu for s in env._samplers] == [False, True]
+    for sampler in env._samplers:
+        for task in sampler.pool:
+            assert task.workload.model.name != "tiny" and sampler.held_out(task) == ()
+    small = TrainingEnv({"samplers": samplers("train", 4, 0, 0.5), "seed": 0})
+    kinds = set()
+    for i in range(30):
+        small.reset(seed=i)
+        kinds.add(small._episode.task.hardware.is_cpu)
+    assert kinds == {True, False}  # both samplers draw episodes
 
 
 # -- the rl and hybrid strategies through the sweep loop -------------------------------------------------
@@ -302,20 +303,27 @@ def test_rl_on_replay_proposes_only_measured_configs(tiny_surface, policy):
 
 
 @pytest.mark.slow
-def test_hybrid_starts_with_the_policys_walk_then_optuna_continues(gpu_space, policy, tmp_path):
+def test_hybrid_takes_turns_with_optuna_and_tells_it_every_result(gpu_space, policy, tmp_path):
     budget = 20 * GiB
     rl_alone = sweep(RLStrategy(SearchContext(gpu_space, budget, 0), policy, max_trials=8), gpu_space,
                      SimulatedBackend(GPU_WORKLOAD, GPU, budget), budget, 30)
+    walk = [r.config for r in rl_alone.results]
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     hybrid = HybridStrategy(SearchContext(gpu_space, budget, 0, storage=storage), policy, policy_trials=8)
     s = sweep(hybrid, gpu_space, SimulatedBackend(GPU_WORKLOAD, GPU, budget), budget, 16)
-    walk = [r.config for r in rl_alone.results]
-    assert [r.config for r in s.results[:len(walk)]] == walk
+    configs = [r.config for r in s.results]
+    assert configs[0] == walk[0]  # the policy moves first
+    positions = [configs.index(c) for c in walk]  # the whole walk is there, in order, among Optuna's proposals
+    assert positions == sorted(positions) and len(positions) < len(configs)
     assert sum(r.status != "pruned" for r in s.results) == 16  # Optuna used the rest of the budget
     study = optuna.load_study(study_name="autotune", storage=storage)
     told = {tuple(sorted(t.params.items())) for t in study.trials if t.state.name == "COMPLETE"}
-    for config in walk:
-        assert tuple(sorted(hybrid.search.params_of(config).items())) in told  # the walk warm-started the study
+    for config in configs:
+        assert tuple(sorted(hybrid.search.params_of(config).items())) in told  # every result warm-started the study
+
+    sequential = HybridStrategy(SearchContext(gpu_space, budget, 0), policy, policy_trials=8, interleave=False)
+    s = sweep(sequential, gpu_space, SimulatedBackend(GPU_WORKLOAD, GPU, budget), budget, 12)
+    assert [r.config for r in s.results[:len(walk)]] == walk
 
 
 def test_rl_and_hybrid_are_registered_strategies(gpu_space):
