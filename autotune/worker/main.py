@@ -115,15 +115,16 @@ def run(spec: WorkerSpec, rank: int, started: float) -> dict[str, Any]:
     clock.lap("build_ops_s")
 
     _phase(spec, rank, "dist_init")
-    deepspeed.init_distributed(dist_backend=accel.communication_backend_name())
-    world = torch.distributed.get_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     on_cpu = device_name == "cpu"
     if not on_cpu:
-        accel.set_device(local_rank)
-        if spec.memory_budget_bytes:
-            total = accel.total_memory(local_rank)
-            torch.cuda.set_per_process_memory_fraction(min(1.0, spec.memory_budget_bytes / total), local_rank)
+        accel.set_device(local_rank)  # before the communicator binds to a device
+    deepspeed.init_distributed(dist_backend=accel.communication_backend_name())
+    world = torch.distributed.get_world_size()
+    if not on_cpu and spec.memory_budget_bytes:
+        # A smaller card on a bigger one: past the fraction, the allocator raises OutOfMemoryError.
+        total = accel.total_memory(local_rank)
+        torch.cuda.set_per_process_memory_fraction(min(1.0, spec.memory_budget_bytes / total), local_rank)
     clock.lap("dist_init_s")
     memory = _CpuMemory() if on_cpu else _CudaMemory(torch, local_rank)
     baseline = memory.current()
