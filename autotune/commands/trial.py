@@ -121,7 +121,7 @@ def _recalibrate(run_dir: Path, workload: Workload, hardware: Hardware) -> Calib
 
 def show(result: TrialResult, prediction: Estimate | None, calibration: Calibration, workload: Workload,
          hardware: Hardware, run_dir: Path) -> None:
-    console = Console()
+    console = Console(width=max(Console().width, 100))
     extra = result.extra
     model = workload.model
     console.print(f"{model.name}: {model.params / 1e6:,.1f}M parameters, global batch {workload.global_batch}, "
@@ -130,7 +130,7 @@ def show(result: TrialResult, prediction: Estimate | None, calibration: Calibrat
     cal = f"calibrated on {calibration.samples} trial(s)" if calibration.samples else "uncalibrated"
     table = Table(title=f"Trial {result.status}: measured vs predicted ({hardware.name} profile, {cal})")
     for column, justify in (("", "left"), ("measured", "right"), ("predicted", "right"), ("predicted / measured", "right")):
-        table.add_column(column, justify=justify)
+        table.add_column(column, justify=justify, no_wrap=True)
 
     def row(name: str, measured: float | None, predicted: float | None, fmt) -> None:
         ratio = f"{predicted / measured:.2f}" if measured and predicted is not None else ""
