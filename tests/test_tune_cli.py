@@ -82,7 +82,7 @@ def test_report_of_a_folder_without_a_sweep_is_a_usage_error(tmp_path, capsys):
 
 
 def test_a_sweep_with_no_fitting_config_says_why_and_exits_non_zero(tmp_path, capsys):
-    code, out, _ = cli(["tune", "--backend", "simulated", "--memory-budget", "300MB", "--trials", "5",
+    code, out, _ = cli(["tune", "--backend", "simulated", "--strategy", "optuna", "--memory-budget", "300MB", "--trials", "5",
                         "--out", str(tmp_path / "r")], capsys)
     assert code == 1
     workload, hardware = make_workload("tiny"), PROFILES["cpu"]
@@ -131,7 +131,7 @@ def test_time_budget_stops_starting_trials(tmp_path, capsys):
 
 def test_a_second_tuner_on_the_same_directory_is_refused(simulated_run, capsys):
     with RunDir(simulated_run).locked():
-        code, _, err = cli(["tune", "--model", "tiny", "--memory-budget", "0.85GiB", "--trials", "9",
+        code, _, err = cli(["tune", "--model", "tiny", "--strategy", "optuna", "--memory-budget", "0.85GiB", "--trials", "9",
                             "--backend", "simulated", "--seed", "1", "--out", str(simulated_run), "--resume"], capsys)
     assert code == 2 and err.count("\n") == 1
     assert "is in use by another tuner (pid" in err
@@ -184,3 +184,62 @@ def test_an_existing_sweep_is_not_overwritten_without_resume(simulated_run, caps
     code, _, err = cli(["tune", "--backend", "simulated", "--out", str(simulated_run)], capsys)
     assert code == 2 and "already holds a sweep" in err and err.count("\n") == 1
     assert (simulated_run / "trials.jsonl").read_bytes() == before
+
+
+@pytest.fixture(scope="module")
+def surface_file(tmp_path_factory) -> Path:
+    """A replay surface of the tiny CPU space recorded (without a budget) from the simulated backend."""
+    from autotune.backends.simulated import SimulatedBackend
+    from autotune.search_spaces import load_choices
+    from autotune.space import Space
+
+    workload, hardware = make_workload("tiny"), PROFILES["cpu"]
+    backend = SimulatedBackend(workload, hardware, 10**12, noise=0.1, seed=2)
+    path = tmp_path_factory.mktemp("surface") / "tiny.jsonl"
+    lines = []
+    for i, config in enumerate(Space(load_choices("cpu"), workload, hardware)):
+        if i % 3:  # a third of the space measured
+            continue
+        line = {**backend.run(config).to_dict(), "memory_budget_bytes": None}
+        lines.append(json.dumps({**line, "workload": workload.to_dict(), "hardware": "cpu"}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.slow  # every measured config of the narrowed surface, through the study in SQLite
+def test_replay_backend_searches_the_surface_narrowed_by_space(surface_file, tmp_path, capsys):
+    from autotune.backends.replay import load_surface
+
+    space = tmp_path / "bf16.yaml"
+    space.write_text("zero_stage: [0, 1, 2, 3]\nmicro_batch: [1, 2, 4, 8]\nckpt_interval: [0, 1, 2]\n"
+                     "precision: [bf16]\noffload_optimizer: [none, cpu]\noffload_param: [none, cpu]\n")
+    out = tmp_path / "r"
+    code, printed, _ = cli(["tune", "--backend", "replay", "--surface", str(surface_file), "--space", str(space),
+                            "--memory-budget", "0.85GiB", "--strategy", "optuna", "--trials", "200",
+                            "--out", str(out)], capsys)
+    assert code == 0, printed
+    surface = load_surface(surface_file)
+    measured_bf16 = {c for c in surface.configs if c.precision == "bf16"}
+    results = read_results(out / "trials.jsonl")
+    assert {r.config for r in results} == measured_bf16  # every measured bf16 config once, nothing else
+    assert f"over {len(measured_bf16)} configs" in printed
+    for r in results:
+        recorded = surface.results[r.config].under_budget(int(0.85 * GiB))
+        if r.status != "pruned":
+            assert (r.backend, r.status, r.throughput_samples_per_s) == ("replay", recorded.status,
+                                                                         recorded.throughput_samples_per_s)
+    best = max((r for r in measured_bf16_results(surface, int(0.85 * GiB))), key=lambda r: r.throughput_samples_per_s)
+    assert json.loads((out / "summary.json").read_text())["best"]["config"] == best.config.to_dict()
+    settings = RunDir(out).read_settings()
+    assert settings.surface == str(surface_file.resolve()) and settings.choices.precision == ("bf16",)
+
+
+def measured_bf16_results(surface, budget):
+    return [r.under_budget(budget) for c, r in surface.results.items()
+            if c.precision == "bf16" and r.under_budget(budget).fits(budget)]
+
+
+def test_replay_with_a_workload_other_than_the_surfaces_is_refused(surface_file, tmp_path, capsys):
+    code, _, err = cli(["tune", "--backend", "replay", "--surface", str(surface_file), "--global-batch", "32",
+                        "--out", str(tmp_path / "r")], capsys)
+    assert code == 2 and "--global-batch 32" in err and err.count("\n") == 1

@@ -5,9 +5,10 @@ indexing their list of choices, so the sampler's kernels see that micro-batch 4 
 unordered knobs (precision and the offloads) are categorical. A knob combination that is not a valid
 config (e.g. CPU offload with ZeRO-0, a micro-batch that does not divide the global batch, a config a
 replay surface never measured) is told at once as an infeasible completed trial with the penalty value,
-without running or recording anything: the sampler learns the invalid region as it learns the
-out-of-memory one. One categorical over the flat index of valid configs would avoid those proposals but
-hide every relation between configs from the sampler.
+without running or recording anything, and the nearest untried valid config runs in its place: the
+sampler learns the invalid region as it learns the out-of-memory one, and every proposal costs at most
+two asks however sparse the valid configs are. One categorical over the flat index of valid configs would
+avoid invalid proposals but hide every relation between configs from the sampler.
 
 Objective: samples/s, maximised. A failure (oom, crash, timeout, unsupported) or a pruned config is a
 COMPLETE trial with value PENALTY and a positive `memory` constraint (Trial.set_constraint), so the
@@ -39,7 +40,6 @@ PENALTY = 0.0  # samples/s told for a config that did not run within budget
 INVALID_CONSTRAINT = 1.0  # constraint told for invalid combinations and for failures with no memory figure
 WARM_START = 5  # the estimator's best predicted configs (one per memory layout and precision), tried first
 STARTUP_TRIALS = 8  # proposals (including the warm start) before the model-based sampler takes over
-MAX_ASKS = 100  # proposals of known or invalid configs in a row before an unseen config is forced
 STUDY_NAME = "autotune"
 
 
@@ -83,24 +83,44 @@ class OptunaStrategy:
 
     def propose(self) -> Config | None:
         self._requeue_stale()
-        for _ in range(MAX_ASKS):
-            trial = self.study.ask(self.distributions)
-            config = self.config_of(trial.params)
-            if config is None:
-                self._tell(trial, PENALTY, INVALID_CONSTRAINT, "invalid")
-            elif config in self.outcomes:
-                self._tell(trial, *self.outcomes[config], "repeat")  # known: the sampler learns it again, nothing runs
-            else:
-                self.pending[config] = trial
-                return config
-        unseen = [c for c in self.space if c not in self.outcomes]
-        if not unseen:
-            return None
-        config = self.rng.choice(unseen)  # the sampler is stuck on known configs: force a new one
-        self.study.enqueue_trial(self.params_of(config))
         trial = self.study.ask(self.distributions)
-        self.pending[config] = trial
-        return config
+        config = self.config_of(trial.params)
+        if config is not None and config not in self.outcomes:
+            self.pending[config] = trial
+            return config
+        # An invalid combination, or a config already measured: the sampler learns that at once (the
+        # penalty, or the known result again), and the nearest config not tried yet runs in its place.
+        # So a proposal costs at most two asks, however sparse the valid configs are in the knob grid
+        # (a replay surface that measured a fraction of the space).
+        if config is None:
+            self._tell(trial, PENALTY, INVALID_CONSTRAINT, "invalid")
+        else:
+            self._tell(trial, *self.outcomes[config], "repeat")
+        nearest = self.nearest_untried(trial.params)
+        if nearest is None:
+            return None
+        self.study.enqueue_trial(self.params_of(nearest))
+        self.pending[nearest] = self.study.ask(self.distributions)
+        return nearest
+
+    def nearest_untried(self, params: dict[str, Any]) -> Config | None:
+        """The untried valid config closest to a proposal: index distance on ordered knobs, 1 per other
+        knob that differs; ties broken by the seeded generator."""
+        wanted = []
+        for knob in KNOBS:
+            values = self.space.choices.knob_values(knob)
+            wanted.append(params[f"{knob}_index"] if knob in ORDERED else values.index(params[knob]))
+        best, best_distance = [], None
+        for config in self.space:
+            if config in self.outcomes or config in self.pending:
+                continue
+            codes = self.space.encode(config)
+            distance = sum(abs(a - b) if knob in ORDERED else int(a != b) for knob, a, b in zip(KNOBS, codes, wanted))
+            if best_distance is None or distance < best_distance:
+                best, best_distance = [config], distance
+            elif distance == best_distance:
+                best.append(config)
+        return self.rng.choice(best) if best else None
 
     def observe(self, config: Config, result: TrialResult) -> None:
         value, constraint = self.outcome(result)
