@@ -106,9 +106,12 @@ def main() -> None:
     simulated = backend(calibration)
     rho = rank_correlation(ok, simulated)
     rho_plain = rank_correlation(ok, plain)
-    by_precision = {p: rank_correlation(group, simulated)
-                    for p in sorted({r.config.precision for r in ok})
-                    if len(group := [r for r in ok if r.config.precision == p]) >= 3}
+    by_group = {}  # where the simulator's ranking holds and where it breaks
+    for knob in ("precision", "zero_stage"):
+        for value in sorted({getattr(r.config, knob) for r in ok}):
+            group = [r for r in ok if getattr(r.config, knob) == value]
+            if len(group) >= 4:
+                by_group[f"{knob}={value}"] = rank_correlation(group, simulated)
     rng = random.Random(0)
     rhos = sorted(rank_correlation(ok, backend(fit_calibration(rng.sample(ok, 3), workload, hardware)))
                   for _ in range(args.triples))
@@ -124,7 +127,7 @@ def main() -> None:
         "surface": str(args.surface), "configs": len(results), "status_counts": counts,
         "calibrated_with": [r.config.label() for r in triple], "calibration": calibration.to_dict(),
         "hardware": hardware.name, "spearman_throughput": rho, "spearman_uncalibrated": rho_plain,
-        "spearman_within_precision": by_precision,
+        "spearman_within": by_group,
         "spearman_random_triples": {"median": statistics.median(rhos), "min": rhos[0], "max": rhos[-1],
                                     "triples": len(rhos)},
         "peak_relative_error": {"median_abs": statistics.median(abs(e) for e in peak_errors),
@@ -150,8 +153,8 @@ def show(s: dict) -> None:
     table.add_row(f"  with {triples['triples']} random calibration triples: median (min-max)",
                   f"{triples['median']:.3f} ({triples['min']:.3f}-{triples['max']:.3f})")
     table.add_row("  uncalibrated estimator", f"{s['spearman_uncalibrated']:.3f}")
-    for precision, value in s["spearman_within_precision"].items():
-        table.add_row(f"  within {precision} configs only", f"{value:.3f}")
+    for group, value in s["spearman_within"].items():
+        table.add_row(f"  within {group} configs only", f"{value:.3f}")
     pe, te = s["peak_relative_error"], s["step_time_relative_error"]
     table.add_row("peak: median |error| (worst under / over)",
                   f"{pe['median_abs']:.1%} ({pe['worst_under']:+.1%} / {pe['worst_over']:+.1%})")
@@ -185,7 +188,7 @@ def write(s: dict, ok: list[TrialResult], simulated: SimulatedBackend) -> None:
              f"| same, {triples['triples']} random calibration triples: median (min-max) | "
              f"{triples['median']:.3f} ({triples['min']:.3f}-{triples['max']:.3f}) |",
              f"| same, uncalibrated estimator | {s['spearman_uncalibrated']:.3f} |",
-             *(f"| same, within {p} configs only | {v:.3f} |" for p, v in s["spearman_within_precision"].items()),
+             *(f"| same, within {g} configs only | {v:.3f} |" for g, v in s["spearman_within"].items()),
              f"| peak: median abs. error (worst under / over) | {pe['median_abs']:.1%} ({pe['worst_under']:+.1%} / {pe['worst_over']:+.1%}) |",
              f"| step time: median abs. error (worst under / over) | {te['median_abs']:.1%} ({te['worst_under']:+.1%} / {te['worst_over']:+.1%}) |",
              "", "| budget | agreement on fit | both fit | both not | measured fits, predicted not | by > 10% | worst overshoot | predicted fits, measured not |",
