@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Sequence
 
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from autotune.estimate import MEMORY_TERMS, Estimate
 from autotune.results import TrialResult
@@ -73,6 +74,7 @@ def best_so_far(results: Sequence[TrialResult], budget_bytes: int, path: Path) -
     ax.scatter(xs, [r.throughput_samples_per_s if r.ok else 0.0 for r in launched], s=18,
                c=["tab:blue" if r.ok else "tab:red" for r in launched], label="trial (red: failed)", zorder=3)
     ax.step(xs, curve, where="post", color="tab:green", label="best within budget so far")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("launched trial")
     ax.set_ylabel("throughput (samples/s)")
     ax.set_title("Best result so far")
