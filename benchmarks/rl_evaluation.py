@@ -148,7 +148,7 @@ def simulated_tasks(count: int, seed: int) -> list[tuple[str, Task, tuple[str, .
 
 def task_name(task: Task) -> str:
     w = task.workload
-    return (f"{w.model.name} ({w.model.params / 1e6:,.0f}M) x{w.gpus} {task.hardware.name} "
+    return (f"{w.model.name} ({w.model.params / 1e6:,.0f}M) x{w.gpus} {task.hardware.name} batch {w.global_batch} "
             f"{task.memory_budget_bytes / 2**30:.1f}GiB")
 
 

@@ -61,6 +61,8 @@ class RLStrategy:
             "memory_budget": context.budget_bytes, "space": space.choices, "start": "estimator",
             "horizon": horizon, "mask_revisits": True, "seed": context.seed})
         self.observation, _ = self.env.reset(seed=context.seed)
+        if space.only is not None:
+            self._start_within_space()
         self.pending: tuple[int, Config] | None = None
         self.proposed = 0
         self.done = False
@@ -99,6 +101,21 @@ class RLStrategy:
             self.done = True
 
     # -- helpers
+
+    def _start_within_space(self) -> None:
+        """On a restricted space (a replay surface), start at the estimator's best predicted config among the
+        space's configs rather than of the whole product of the knob values, which the surface may never
+        have measured (the environment takes its start from its own, unrestricted view of the space)."""
+        env = self.env.unwrapped
+        landscape, budget = env._episode.landscape, self.context.budget_bytes
+        inside = np.array([c in self.context.space for c in landscape.configs])
+        if not inside.any() or inside[env._current]:
+            return
+        fits = inside & landscape.feasible(budget)
+        pool = np.flatnonzero(fits) if fits.any() else np.flatnonzero(inside)
+        key = landscape.throughput if fits.any() else -landscape.peak
+        env._current = int(pool[np.argmax(key[pool])])
+        self.observation = env._observation()
 
     def _target(self, action: int) -> Config:
         """The config an action leads to from the current one (the environment's move table)."""
