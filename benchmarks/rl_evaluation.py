@@ -189,7 +189,7 @@ def evaluate(args: argparse.Namespace, console: Console) -> list[Run]:
                     curve, oom, pruned, launched, ms = run_one(
                         name, space, ReplayBackend(surface, budget), budget, optimum, args.trials, seed, policy,
                         lambda r: r.throughput_samples_per_s)
-                    runs.append(Run("replay", f"{path.name} {budget / 2**30:.2f}GiB", name, seed, curve, oom, pruned,
+                    runs.append(Run("replay", f"{path.name} ({len(surface)} configs) {budget / 2**30:.2f}GiB", name, seed, curve, oom, pruned,
                                     launched, ("surface",), ms))
             console.print(f"replay {path.name} at {budget / 2**30:.2f}GiB: {args.seeds} seeds done", highlight=False)
     return runs
