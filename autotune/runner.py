@@ -23,6 +23,7 @@ stderr is kept in the logs and its last lines are quoted in a crash's message, n
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import socket
@@ -75,6 +76,14 @@ class RunOutcome:
     observed_peaks: tuple[int, ...] = ()  # CPU ranks: the highest VmHWM the runner read, per rank seen
 
 
+def extensions_dir(python: str) -> str:
+    """Where DeepSpeed's JIT-built ops for the environment of `python` (its venv or prefix) are kept."""
+    prefix = os.path.dirname(os.path.dirname(os.path.abspath(python)))
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    key = hashlib.sha1(prefix.encode()).hexdigest()[:12]
+    return os.path.join(cache, "ds-autotune", "torch_extensions", f"{os.path.basename(prefix) or 'root'}-{key}")
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -121,6 +130,9 @@ class _Trial:
         bin_dir = os.path.dirname(o.python)
         if base.get("PATH", "").split(os.pathsep)[0] != bin_dir:
             base["PATH"] = os.pathsep.join(part for part in (bin_dir, base.get("PATH")) if part)
+        # One C++ op cache per Python environment: two venvs sharing torch's default cache directory write
+        # build files with their own include paths into the same folders and rebuild each other's ops.
+        base.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir(o.python))
         # Ranks share the machine's cores; oversubscribed OpenMP threads spin against each other.
         base.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // o.ranks)))
         worker = ["-m", "autotune.worker", str(spec_path)]

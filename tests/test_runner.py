@@ -17,7 +17,7 @@ import pytest
 from autotune.backends.deepspeed import DeepSpeedBackend
 from autotune.config import Config
 from autotune.dsconfig import ds_config
-from autotune.runner import LaunchOptions, describe_exit, free_port, run_worker
+from autotune.runner import LaunchOptions, describe_exit, extensions_dir, free_port, run_worker
 from autotune.worker.protocol import WorkerSpec, read_events
 from autotune.workload import make_workload
 
@@ -93,8 +93,9 @@ def _start_tuner(tmp_path):
 def test_interrupting_the_tuner_ends_every_process_of_the_trial(tmp_path):
     tuner, _, pids = _start_tuner(tmp_path)
     for rank_pid in pids[:2]:  # ranks find the interpreter's own tools (ninja for op builds) first
-        path = psutil.Process(rank_pid).environ()["PATH"]
-        assert path.split(os.pathsep)[0] == os.path.dirname(sys.executable)
+        environ = psutil.Process(rank_pid).environ()
+        assert environ["PATH"].split(os.pathsep)[0] == os.path.dirname(sys.executable)
+        assert environ["TORCH_EXTENSIONS_DIR"] == extensions_dir(sys.executable)  # C++ ops per environment
     tuner.send_signal(signal.SIGINT)
     out, _ = tuner.communicate(timeout=30)
     assert tuner.returncode == 130 and out.strip() == "interrupted"  # the interrupt reached the tuner
@@ -125,6 +126,7 @@ def test_launch_options_and_helpers():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))  # free indeed
     assert describe_exit(-9) == "was killed by signal SIGKILL"
+    assert extensions_dir("/a/.venv/bin/python") != extensions_dir("/b/.venv/bin/python")
     assert describe_exit(3) == "exited with code 3"
 
 
