@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -89,9 +90,10 @@ def run_deepspeed_autotuner(work: Path, env: dict) -> dict:
     done = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=3600)
     wall = time.monotonic() - start
     (work / "autotuner.log").write_text(done.stdout + done.stderr)
-    exps = sorted((work / "autotuning_exps").glob("*.json")) if (work / "autotuning_exps").is_dir() else []
+    exps = sorted(p for p in (work / "autotuning_exps").glob("*.json") if p.stem != "profile_model_info") \
+        if (work / "autotuning_exps").is_dir() else []
     results_dir = work / "autotuning_results"
-    finished = [p for p in results_dir.glob("*/metrics.json")] if results_dir.is_dir() else []
+    finished = list(results_dir.glob("*/metrics.json")) if results_dir.is_dir() else []
     best = None
     optimal = results_dir / "ds_config_optimal.json"
     if optimal.exists():
@@ -186,13 +188,15 @@ def markdown(result: dict) -> str:
         values = row["same_worker_samples_per_s"]
         return f"{statistics.median(values):.3g} ({', '.join(f'{v:.3g}' for v in values)})" if values else "-"
 
+    total = re.search(r"Total number of experiments: (\d+)", peer.get("summary") or "")
+    peer_exps = (f"{total.group(1)} by its own count; " if total else "") + (
+        f"{peer['experiments_started']} launched, {peer['experiments_with_metrics']} with a metric")
     ours_counts = ours["experiments"]
     ours_exps = sum(n for s, n in ours_counts.items() if s != "pruned")
     lines = ["# DeepSpeed's autotuner vs autotune tune (tiny model, this machine)", "",
              "| tuner | exit | experiments run | wall time | best config | its throughput, same worker (samples/s) |",
              "| --- | ---: | --- | ---: | --- | --- |",
-             f"| `deepspeed --autotuning tune` | {peer['exit_code']} | {peer['experiments_started']} started, "
-             f"{peer['experiments_with_metrics']} with a metric | {peer['wall_time_s']:.0f} s | "
+             f"| `deepspeed --autotuning tune` | {peer['exit_code']} | {peer_exps} | {peer['wall_time_s']:.0f} s | "
              f"{_label(peer.get('config'))} | {tp(peer)} |",
              f"| `autotune tune` (optuna) | {ours['exit_code']} | {ours_exps} launched, {ours_counts.get('pruned', 0)} pruned "
              f"({', '.join(f'{n} {s}' for s, n in ours_counts.items() if n)}) | {ours['wall_time_s']:.0f} s | "
@@ -200,6 +204,10 @@ def markdown(result: dict) -> str:
     if peer["exit_code"] != 0 or not peer.get("config"):
         lines += ["DeepSpeed's autotuner did not produce a recommendation. Its exit code and the log lines "
                   f"that explain it (full log: `{peer['log']}`):", "", "```"] + peer["explain"] + ["```", ""]
+    elif peer["explain"]:
+        distinct = list(dict.fromkeys(line for line in peer["explain"] if "Traceback" not in line))
+        lines += ["DeepSpeed's autotuner finished, but its log reports errors on this machine (full log: "
+                  f"`{peer['log']}`):", "", "```"] + distinct + ["```", ""]
     lines += [f"Commands: `{peer['command']}`; `{ours['command']}`.", ""]
     return "\n".join(lines)
 
