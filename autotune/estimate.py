@@ -11,8 +11,10 @@ Sources, per term (see also DESIGN.md section 5):
   tensor by tensor for a model without dropout and with fused attention (SDPA): the a*s^2 score term
   vanishes and what is saved is 8h + 2f elements per token for a GELU MLP of width f (34 -> 32 bytes
   per token when f = 4h and there are no dropout masks). Recomputation keeps only segment inputs and
-  one live segment. The LM head's logits (16-bit, plus the fp32 upcast and log-softmax of the loss)
-  are counted separately: for small models with big vocabularies they dominate.
+  one live segment. The LM head's peak (12 bytes per logit: the fp32 log-softmax and two gradients)
+  is counted separately: for small models with big vocabularies it dominates. Checked against the
+  built-in model's measured peaks (autotune.worker.model; benchmarks/memory_accuracy.py): with
+  checkpointing the head's peak and a segment's recomputation come one after the other, not together.
 - Buffers: the ZeRO bucket sizes written by autotune.dsconfig (Buckets), ZeRO-3's gathered largest
   module and prefetch bucket, the fp32 gradient of one optimizer sub-group during a ZeRO-3 step.
 - Step time: 6*N*tokens FLOPs (+2*N*tokens when layers are recomputed, + attention's 12*L*s^2*h per
@@ -133,15 +135,19 @@ def _activation_bytes(config: Config, workload: Workload) -> int:
     else:  # rotary outputs of q and k, and the SwiGLU gate, up, activation and product
         per_token = 5 * m.hidden + (m.hidden + 2 * m.kv_dim) + (m.hidden + m.kv_dim) + 4 * m.ffn_hidden
     layer = tokens * per_token * p + config.micro_batch * m.heads * m.seq_len * 4  # + SDPA logsumexp
-    if config.ckpt_interval:
-        segments = math.ceil(m.layers / config.ckpt_interval)
-        layers = segments * tokens * m.hidden * p + config.ckpt_interval * layer
-    else:
-        layers = m.layers * layer
-    # Logits in p bytes, their fp32 upcast and log-softmax kept for backward, and the gradient of the
-    # logits (fp32 then p bytes) alive at the start of backward.
-    head = tokens * m.vocab * (p + 8) + tokens * m.vocab * (4 + p)
-    return layers + head
+    # The LM head at the start of backward: the fp32 log-softmax kept for backward, its gradient and the
+    # gradient of its input, 12 bytes per logit in fp32 and in bf16 (measured on the built-in model: 12.0
+    # and 12.3; the 16-bit logits and the fp32 upcast are freed in forward, nothing saves them).
+    head = tokens * m.vocab * 12
+    if not config.ckpt_interval:
+        return m.layers * layer + head
+    # Checkpointed: the segment inputs stay; the head's peak is over before backward recomputes the first
+    # segment, so the two peaks do not add up (measured: segments of 1, 2 and 4 layers of tiny all peak at
+    # the head). Recomputing one segment holds its layers' activations and the gradients in flight.
+    segments = math.ceil(m.layers / config.ckpt_interval)
+    inputs = segments * tokens * m.hidden * p
+    recompute = config.ckpt_interval * layer + tokens * ((m.ffn_hidden + m.hidden) * p + 4 * m.hidden)
+    return inputs + max(head, recompute)
 
 
 def estimate(config: Config, workload: Workload, hardware: Hardware,
@@ -166,6 +172,10 @@ def estimate(config: Config, workload: Workload, hardware: Hardware,
             host_optim += 4 * 10**8 * 4 // dp  # pinned swap buffers (buffer_count x buffer_size)
         else:
             host_optim += moved
+        if stage in (1, 2) and (workload.grad_accumulation(config.micro_batch) or 1) > 1:
+            # ZeRO-1/2 offload accumulates gradients across micro-steps in host buffers of the 16-bit
+            # dtype, one per parameter of the partition (stage_1_and_2.py: accumulated_grads_in_cpu).
+            host_optim += p * n_local
     if config.offload_param != "none":
         if config.offload_param == "nvme":
             nvme += weights

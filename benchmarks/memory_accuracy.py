@@ -60,21 +60,24 @@ GRID = [
     (3, 2, 0, "fp32", "none", "none"), (3, 1, 2, "bf16", "none", "none"), (3, 8, 0, "bf16", "cpu", "none"),
     (3, 4, 1, "bf16", "cpu", "cpu"), (3, 8, 2, "fp32", "cpu", "cpu"), (3, 8, 0, "fp32", "cpu", "cpu"),
 ]
-MEASURE = MeasureSettings(warmup_steps=1, min_steps=2, max_steps=3, rel_tol=1.0, max_measure_s=20.0)
+# The same window for every config: RSS still creeps over the first steps (glibc reuses freed blocks
+# imperfectly), so windows of different lengths would add noise to the comparison.
+MEASURE = MeasureSettings.fixed(warmup_steps=2, steps=3)
 
 
 def configs() -> list[Config]:
     return [Config(*row) for row in GRID]
 
 
-def run_grid(out: Path, logs: Path) -> list[TrialResult]:
+def run_grid(out: Path, logs: Path, resume: bool) -> list[TrialResult]:
     workload, hardware = make_workload("tiny"), PROFILES["cpu"]
     backend = DeepSpeedBackend(workload, None, hardware, logs_dir=logs, timeout_s=900, measure=MEASURE)
+    done = {r.config: r for r in read_results(out) if r.ok} if resume else {}
     results = []
     with Progress() as progress:
         task = progress.add_task("real trials", total=len(GRID))
         for config in configs():
-            result = backend.run(config)
+            result = done.get(config) or backend.run(config)
             results.append(result)
             write_results(out, results)  # keep what ran, whatever happens next
             progress.console.print(f"{config.label():28s} {result.status:8s} "
@@ -184,6 +187,7 @@ def main() -> None:
     parser.add_argument("--reuse", action="store_true", help="analyse results/memory_accuracy.jsonl again")
     parser.add_argument("--fit-every", type=int, default=4, help="calibrate on every n-th config (default: 4)")
     parser.add_argument("--logs", default=None, help="trial logs directory (default: a temporary one)")
+    parser.add_argument("--resume", action="store_true", help="keep the ok results already in the table, run the rest")
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "memory_accuracy.jsonl"
@@ -191,7 +195,7 @@ def main() -> None:
         results = read_results(out)
     else:
         logs = Path(args.logs) if args.logs else Path(tempfile.mkdtemp(prefix="memory_accuracy-"))
-        results = run_grid(out, logs)
+        results = run_grid(out, logs, args.resume)
     (RESULTS / "memory_accuracy.md").write_text(analyse(results, args.fit_every))
 
 
