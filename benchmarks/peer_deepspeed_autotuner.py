@@ -87,24 +87,27 @@ def run_deepspeed_autotuner(work: Path, env: dict) -> dict:
     cmd = [str(launcher), "--autotuning", "tune", "--num_gpus", "1", str(Path(__file__).resolve()), "--worker",
            "--deepspeed", "--deepspeed_config", str(config)]
     start = time.monotonic()
-    done = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=3600)
-    wall = time.monotonic() - start
+    done = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=3600 * 3)
     (work / "autotuner.log").write_text(done.stdout + done.stderr)
-    exps = sorted(p for p in (work / "autotuning_exps").glob("*.json") if p.stem != "profile_model_info") \
-        if (work / "autotuning_exps").is_dir() else []
-    results_dir = work / "autotuning_results"
+    peer = collect(work, " ".join(cmd), done.returncode, time.monotonic() - start)
+    (work / "peer.json").write_text(json.dumps(peer, indent=2))  # --reuse-deepspeed reads it back
+    return peer
+
+
+def collect(work: Path, command: str, exit_code: int, wall_time_s: float) -> dict:
+    """What DeepSpeed's autotuner left in its work directory."""
+    exps_dir, results_dir = work / "autotuning_exps", work / "autotuning_results"
+    exps = sorted(p for p in exps_dir.glob("*.json") if p.stem != "profile_model_info") if exps_dir.is_dir() else []
     finished = list(results_dir.glob("*/metrics.json")) if results_dir.is_dir() else []
-    best = None
     optimal = results_dir / "ds_config_optimal.json"
-    if optimal.exists():
-        best = json.loads(optimal.read_text())
     summary_file = results_dir / "summary.txt"
-    lines = (done.stdout + done.stderr).splitlines()
+    lines = (work / "autotuner.log").read_text().splitlines()
     explain = [l for l in lines if any(k in l for k in ("Error", "error", "Traceback", "No such file", "not found",
                                                           "Unable", "failed", "exit"))][-8:]
-    return {"command": " ".join(cmd), "exit_code": done.returncode, "wall_time_s": wall,
+    return {"command": command, "exit_code": exit_code, "wall_time_s": wall_time_s,
             "experiments_started": len(exps), "experiments_with_metrics": len(finished),
-            "best_ds_config": best, "summary": summary_file.read_text() if summary_file.exists() else None,
+            "best_ds_config": json.loads(optimal.read_text()) if optimal.exists() else None,
+            "summary": summary_file.read_text() if summary_file.exists() else None,
             "explain": explain, "log": str(work / "autotuner.log")}
 
 
@@ -158,14 +161,21 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--work", type=Path, default=REPO / "runs" / "peer-deepspeed-autotuner")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "peer_deepspeed_autotuner")
+    parser.add_argument("--reuse-deepspeed", action="store_true",
+                        help="take DeepSpeed's autotuner's results from an earlier run in --work instead of rerunning it")
     args = parser.parse_args()
     env = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu"),
            "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    shutil.rmtree(args.work, ignore_errors=True)
-    args.work.mkdir(parents=True)
-    print("running DeepSpeed's autotuner ...", flush=True)
-    peer = run_deepspeed_autotuner(args.work / "deepspeed-autotuner", env)
-    print(f"  exit {peer['exit_code']} after {peer['wall_time_s']:.0f} s, {peer['experiments_started']} experiments", flush=True)
+    peer_work = args.work / "deepspeed-autotuner"
+    if args.reuse_deepspeed:
+        peer = json.loads((peer_work / "peer.json").read_text())  # an earlier run of this script, same machine
+    else:
+        shutil.rmtree(args.work, ignore_errors=True)
+        args.work.mkdir(parents=True)
+        print("running DeepSpeed's autotuner ...", flush=True)
+        peer = run_deepspeed_autotuner(peer_work, env)
+    print(f"DeepSpeed's autotuner: exit {peer['exit_code']} after {peer['wall_time_s']:.0f} s, "
+          f"{peer['experiments_started']} experiments", flush=True)
     print(f"running autotune tune (--trials {args.trials}) ...", flush=True)
     ours = run_autotune(args.work, args.trials, env)
     print(f"  exit {ours['exit_code']} after {ours['wall_time_s']:.0f} s", flush=True)
@@ -174,7 +184,8 @@ def main() -> None:
     for name, config, row in (("deepspeed", peer_config, peer), ("autotune", ours_config, ours)):
         row["config"] = config
         row["same_worker_samples_per_s"] = measure(config, args.repeats, args.work / f"remeasure-{name}") if config else []
-    result = {"deepspeed_autotuner": peer, "autotune": ours, "trials": args.trials, "repeats": args.repeats}
+    result = {"deepspeed_autotuner": peer, "autotune": ours, "trials": args.trials, "repeats": args.repeats,
+              "reused_deepspeed_run": args.reuse_deepspeed}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=2, default=str) + "\n")
     args.out.with_suffix(".md").write_text(markdown(result))
