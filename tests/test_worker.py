@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -199,3 +200,25 @@ def test_memory_of_another_process_and_of_a_gone_one():
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     assert procmem.peak_rss(proc.pid) is None
+
+
+# -- C++ op builds --------------------------------------------------------------------------------------
+def test_a_build_lock_left_by_a_killed_builder_is_removed(tmp_path, monkeypatch):
+    from autotune.worker.main import clear_stale_build_lock
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    build_dir = tmp_path / "some_op"
+    build_dir.mkdir()
+    lock = build_dir / "lock"
+    lock.touch()
+    assert not clear_stale_build_lock("some_op")  # fresh: a builder may be writing its ninja file
+    os.utime(lock, (time.time() - 600, time.time() - 600))
+    compiler = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(30)"],
+                                cwd=build_dir, stdout=subprocess.PIPE, text=True)
+    try:
+        assert compiler.stdout.readline().strip() == "ready"
+        assert not clear_stale_build_lock("some_op") and lock.exists()  # someone is building there
+    finally:
+        compiler.kill()
+        compiler.wait()
+    assert clear_stale_build_lock("some_op") and not lock.exists()  # old, nobody building: stale

@@ -32,6 +32,7 @@ from autotune.worker.protocol import WorkerSpec, record_phase, report_path, writ
 PR_SET_PDEATHSIG = 1
 PARENT_ENV = "AUTOTUNE_PARENT_PID"  # set by the runner when it is this process's parent
 CPU_OOM = "DefaultCPUAllocator: can't allocate memory"  # c10's own report of a failed CPU allocation
+STALE_LOCK_AGE_S = 60.0  # a live build writes its ninja file and starts compiling well within this
 
 
 class Unsupported(Exception):
@@ -234,6 +235,7 @@ def load_ops(ds: dict[str, Any], accel: Any) -> None:
         builder = accel.create_op_builder(name)
         if builder is None or not deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
             continue
+        clear_stale_build_lock(builder.name)
         try:
             builder.load(verbose=False)
         except ImportError:
@@ -243,6 +245,37 @@ def load_ops(ds: dict[str, Any], accel: Any) -> None:
 
             JIT_EXTENSION_VERSIONER.entries.pop(builder.name, None)
             builder.jit_load(verbose=False)
+
+
+def clear_stale_build_lock(name: str, min_age_s: float = STALE_LOCK_AGE_S) -> bool:
+    """Remove the lock of op `name`'s build directory if its builder died (a trial killed mid-build):
+    torch waits for that lock file to go away, forever. Stale: older than `min_age_s` while no process
+    works in the directory (ninja and the compilers run there). Returns whether it removed one."""
+    import psutil
+    from torch.utils.cpp_extension import _get_build_directory
+
+    build_dir = os.path.realpath(_get_build_directory(name, verbose=False))
+    lock = os.path.join(build_dir, "lock")
+    try:
+        stat = os.stat(lock)
+    except FileNotFoundError:
+        return False
+    if time.time() - stat.st_mtime < min_age_s:
+        return False
+    for proc in psutil.process_iter():
+        try:
+            if proc.cwd() == build_dir:
+                return False
+        except psutil.Error:  # gone, or not ours to inspect (a builder of our cache runs as us)
+            continue
+    try:
+        if os.stat(lock).st_ino == stat.st_ino:  # still the same lock, not a new builder's
+            os.unlink(lock)
+            print(f"autotune: removed the stale build lock {lock}", file=sys.stderr)
+            return True
+    except FileNotFoundError:
+        pass
+    return False
 
 
 def _agree(torch: Any, world: int, device: Any, decide: Callable[[], str | None]) -> str | None:
