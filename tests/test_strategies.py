@@ -234,13 +234,15 @@ def test_optuna_same_seed_same_sweep(gpu_space):
     assert runs[0] != runs[2]
 
 
-def test_optuna_resumed_study_reruns_the_trial_in_flight(tmp_path, gpu_space):
+@pytest.mark.parametrize("done", [1, 4, 9], ids=["warm-start-queued", "last-warm-start", "sampler"])
+def test_optuna_resumed_study_reruns_the_trial_in_flight(done, tmp_path, gpu_space):
+    # With done=1, warm-start trials still wait in the study's queue: the re-run must go ahead of them.
     url = RunDir(tmp_path).storage()
     backend = SimulatedBackend(WORKLOAD, HARDWARE, BUDGET, calibration=TRUTH)
     context = SearchContext(gpu_space, BUDGET, 0, None, url)
     first = make_strategy("optuna", context)
     history = []
-    for _ in range(4):
+    for _ in range(done):
         config = first.propose()
         history.append(backend.run(config).under_budget(BUDGET))
         first.observe(config, history[-1])
@@ -254,6 +256,9 @@ def test_optuna_resumed_study_reruns_the_trial_in_flight(tmp_path, gpu_space):
     states = Counter(t.state for t in second.study.get_trials())
     assert states[optuna.trial.TrialState.RUNNING] == 1  # only the re-run
     assert {c for c in second.outcomes} >= {r.config for r in history}
+    second.observe(in_flight, backend.run(in_flight).under_budget(BUDGET))
+    assert not any(t.state == optuna.trial.TrialState.RUNNING for t in second.study.get_trials())
+    assert second.propose() not in {r.config for r in history} | {in_flight}
 
 
 def test_optuna_resume_tells_a_result_that_was_recorded_but_never_told(tmp_path, gpu_space):

@@ -17,8 +17,9 @@ ones, and among themselves by how far they broke the constraint. Feasible trials
 peak/budget - 1 <= 0.
 
 The study lives in the storage of the run directory when one is given. A resumed study keeps what it
-learnt; a trial left RUNNING by a killed tuner is told from the recorded result if the driver recorded
-one, and otherwise failed and enqueued again, so the config that was in flight runs again first.
+learnt; a trial left RUNNING by a killed tuner is taken over: told from the recorded result if the driver
+recorded one, and otherwise proposed again before anything else (ahead of warm-start trials still
+waiting in the queue), so the config that was in flight runs again first.
 """
 
 from __future__ import annotations
@@ -63,18 +64,19 @@ class OptunaStrategy:
         self.study = optuna.create_study(storage=context.storage, study_name=STUDY_NAME, direction="maximize",
                                          sampler=sampler, load_if_exists=True)
         self.outcomes: dict[Config, tuple[float, float]] = {}  # config -> (value, constraint) told
-        self.pending: dict[Config, optuna.trial.Trial] = {}  # asked in this process, not yet told
-        self.stale: dict[Config, int] = {}  # numbers of trials left RUNNING by an earlier, killed process
+        self.pending: dict[Config, optuna.trial.Trial] = {}  # asked, not yet told
+        self.resumed: list[Config] = []  # in flight when an earlier tuner was killed: proposed first
         trials = self.study.get_trials(deepcopy=False)
         for trial in trials:
             config = self.config_of(trial.params)
             if trial.state == TrialState.COMPLETE and config is not None:
                 self.outcomes.setdefault(config, (trial.value, sum(trial.constraints.values())))
             elif trial.state == TrialState.RUNNING:
-                if config is None:
+                if config is None or config in self.pending:
                     self.study.tell(trial.number, state=TrialState.FAIL)
                 else:
-                    self.stale[config] = trial.number
+                    self.pending[config] = optuna.trial.Trial(self.study, trial._trial_id)
+                    self.resumed.append(config)
         if not trials:
             for config in self.warm_start():
                 self.study.enqueue_trial(self.params_of(config))
@@ -82,7 +84,10 @@ class OptunaStrategy:
     # -- the Strategy interface
 
     def propose(self) -> Config | None:
-        self._requeue_stale()
+        while self.resumed:
+            config = self.resumed.pop(0)
+            if config in self.pending:  # not already told from the recorded history
+                return config
         trial = self.study.ask(self.distributions)
         config = self.config_of(trial.params)
         if config is not None and config not in self.outcomes:
@@ -126,10 +131,6 @@ class OptunaStrategy:
         value, constraint = self.outcome(result)
         if config in self.pending:
             self._tell(self.pending.pop(config), value, constraint, result.status)
-        elif config in self.stale:
-            # Recorded, but the tuner died before telling the study: close the stale trial, add the result.
-            self.study.tell(self.stale.pop(config), state=TrialState.FAIL)
-            self._add(config, value, constraint, result.status)
         elif config not in self.outcomes:
             self._add(config, value, constraint, result.status)
         self.outcomes.setdefault(config, (value, constraint))
@@ -195,17 +196,10 @@ class OptunaStrategy:
     # -- helpers
 
     def _tell(self, trial: optuna.trial.Trial, value: float, constraint: float, status: str) -> None:
-        trial.set_constraint("memory", constraint)
+        if "memory" not in trial.constraints:  # a killed tuner may have set it before it could tell
+            trial.set_constraint("memory", constraint)
         trial.set_user_attr("status", status)
         self.study.tell(trial, value)
-
-    def _requeue_stale(self) -> None:
-        """A config that was in flight when the last tuner died, and was never recorded, runs again first."""
-        for config, number in self.stale.items():
-            self.study.tell(number, state=TrialState.FAIL)
-            if config not in self.outcomes:
-                self.study.enqueue_trial(self.params_of(config))
-        self.stale.clear()
 
 
 def _distributions(space) -> dict[str, BaseDistribution]:
