@@ -43,6 +43,8 @@ from autotune.worker.protocol import WorkerSpec, read_events, read_report
 LAUNCHERS = ("direct", "torchrun", "deepspeed")
 STDERR_TAIL_LINES = 15
 MAX_BUILD_PAUSE_S = 1800.0  # a first-use C++ op build longer than this counts against the timeout
+MASTER_ADDR = "127.0.0.1"
+SHM_DIR = Path("/dev/shm")
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,21 @@ def extensions_dir(python: str) -> str:
     return os.path.join(cache, "ds-autotune", "torch_extensions", f"{os.path.basename(prefix) or 'root'}-{key}")
 
 
+def remove_shm_buffers(addr: str, port: int, shm_dir: Path = SHM_DIR) -> list[Path]:
+    """Unlink the shared-memory allreduce buffers DeepSpeed's CPU accelerator made for one trial.
+
+    Its shm_comm op creates one POSIX segment of ~66 MB per rank, named after the uid, master address and
+    port, and never unlinks it: without this, a sweep of a few hundred trials fills /dev/shm, i.e. RAM."""
+    removed = []
+    for path in shm_dir.glob(f"deepspeed_allreduce_buffer_{os.getuid()}_{addr}_{port}_*"):
+        try:
+            path.unlink()
+            removed.append(path)
+        except FileNotFoundError:
+            pass
+    return removed
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -117,12 +134,13 @@ class _Trial:
         self.exits_seen: tuple[int | None, ...] = ()  # exit codes before the runner killed anything
         self.devices: dict[int, str] = {}  # rank -> the accelerator it reported
         self.peaks: dict[int, int] = {}  # rank -> highest VmHWM read (CPU ranks)
+        self.master_port = free_port()
 
     # -- launch -------------------------------------------------------------------------------------
     def launch(self) -> None:
         spec_path = self.spec.write()
         o = self.options
-        base = {**os.environ, **o.env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+        base = {**os.environ, **o.env, "MASTER_ADDR": MASTER_ADDR, "MASTER_PORT": str(self.master_port),
                 "PYTHONUNBUFFERED": "1", "LOCAL_SIZE": str(o.ranks)}
         # The interpreter's own bin directory first, as an activated venv has it: DeepSpeed's op builds call
         # `ninja` from PATH, and two ninja versions (the venv's, the system's) do not read each other's
@@ -143,7 +161,7 @@ class _Trial:
                 self._start([o.python, *worker], env, f"rank{rank}")
         elif o.launcher == "torchrun":
             self._start([o.python, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={o.ranks}",
-                         "--master-addr=127.0.0.1", f"--master-port={base['MASTER_PORT']}", *worker], base, "launcher")
+                         f"--master-addr={MASTER_ADDR}", f"--master-port={base['MASTER_PORT']}", *worker], base, "launcher")
         else:
             self._start([o.python, "-m", "deepspeed.launcher.runner", "--num_gpus", str(o.ranks),
                          "--master_port", base["MASTER_PORT"], "--module", *worker[1:]], base, "launcher")
@@ -242,6 +260,7 @@ class _Trial:
             time.sleep(0.01)
         for log in self.logs:
             log.close()
+        remove_shm_buffers(MASTER_ADDR, self.master_port)
         self.ended_at = time.time()
 
     def _members(self) -> list[psutil.Process]:
@@ -265,7 +284,7 @@ class _Trial:
         status, error = self._judge(reports, codes)
         end = self.ended_at or time.time()
         return RunOutcome(status, error, reports, end - self.launch_time, self.launch_time, str(self.log_dir),
-                          tuple(sorted(self.seen)), codes, tuple(self.peaks[r] for r in sorted(self.peaks)))
+                          tuple(sorted(self.seen)), codes, tuple(self.peaks[r] for r in sorted(self.peaks)), self.master_port)
 
     def _judge(self, reports: tuple[dict[str, Any] | None, ...], codes: tuple[int | None, ...]) -> tuple[str, str | None]:
         if self.verdict is not None:

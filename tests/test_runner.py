@@ -17,7 +17,7 @@ import pytest
 from autotune.backends.deepspeed import DeepSpeedBackend
 from autotune.config import Config
 from autotune.dsconfig import ds_config
-from autotune.runner import LaunchOptions, describe_exit, extensions_dir, free_port, run_worker
+from autotune.runner import LaunchOptions, describe_exit, extensions_dir, free_port, remove_shm_buffers, run_worker
 from autotune.worker.protocol import WorkerSpec, read_events
 from autotune.workload import make_workload
 
@@ -138,3 +138,15 @@ def test_a_config_deepspeed_cannot_express_is_unsupported_without_a_launch(tmp_p
     assert result.extra["log_dir"] == str(log_dir)
     assert json.loads((log_dir / "result.json").read_text())["status"] == "unsupported"
     assert not list(log_dir.glob("rank*"))  # nothing was launched
+
+
+def test_only_the_trials_own_shm_buffers_are_removed(tmp_path):
+    uid = os.getuid()
+    ours = [tmp_path / f"deepspeed_allreduce_buffer_{uid}_127.0.0.1_4242_{rank}" for rank in (0, 1)]
+    others = [tmp_path / f"deepspeed_allreduce_buffer_{uid}_127.0.0.1_42420_0",  # another trial's port
+              tmp_path / f"deepspeed_allreduce_buffer_{uid + 1}_127.0.0.1_4242_0",  # another user's
+              tmp_path / f"deepspeed_allreduce_buffer_{uid}_10.0.0.1_4242_0"]  # another master
+    for path in ours + others:
+        path.write_bytes(b"x")
+    assert sorted(remove_shm_buffers("127.0.0.1", 4242, tmp_path)) == ours
+    assert all(p.exists() for p in others) and not any(p.exists() for p in ours)

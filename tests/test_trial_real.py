@@ -130,6 +130,14 @@ def test_two_ranks_report_the_worst_rank(real):
     assert r.throughput_samples_per_s == pytest.approx(4 / r.step_time_s)
 
 
+def test_no_shared_memory_is_left_by_the_trials(real):
+    # DeepSpeed's CPU allreduce never unlinks its ~66 MB per-rank segments; the runner must.
+    results = [real[name] for name in (*OK_TRIALS, "oom", "killed")]
+    assert all(r.extra["master_port"] > 0 for r in results)
+    left = [p.name for r in results for p in Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{r.extra['master_port']}_*")]
+    assert not left
+
+
 def test_tiny_budget_gives_a_real_oom(real):
     r = real["oom"]
     assert r.status == "oom"

@@ -8,7 +8,7 @@ Result (DESIGN.md section 3, plus extra keys written flat):
 - extra: peak_memory_growth_bytes (that peak minus the rank's baseline before the model was built),
   baseline_memory_bytes, startup_peak_bytes (peak during build, initialize and warm-up),
   predicted_peak_bytes and predicted_step_time_s (the estimator's, when the backend has a hardware
-  profile), step_time_iqr_s, step_times_s, steps_measured, stop_reason, ranks, log_dir,
+  profile), step_time_iqr_s, step_times_s, steps_measured, stop_reason, ranks, log_dir, master_port,
   launch_to_first_step_s, phases_s (where the launch-to-first-step time went).
 A config that cannot even be written as a DeepSpeed config (e.g. NVMe offload without a path) is
 `unsupported` without a launch. Failures are results; only the tuner's interruption (KeyboardInterrupt)
@@ -106,6 +106,7 @@ class DeepSpeedBackend:
 
     def _result(self, config: Config, outcome: RunOutcome, extra: dict[str, Any]) -> TrialResult:
         common = dict(memory_budget_bytes=self.memory_budget_bytes, wall_time_s=outcome.wall_time_s, backend=self.name)
+        extra = {**extra, "master_port": outcome.master_port}
         if outcome.status != "ok":
             # The highest resident set the runner saw (CPU): for an oom, how far past the budget it went.
             return TrialResult(config, outcome.status, error=outcome.error, extra=extra, **common,
