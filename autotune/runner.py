@@ -57,6 +57,7 @@ class LaunchOptions:
     poll_s: float = 0.05
     grace_s: float = 3.0  # after one rank fails, how long the others get to write their own report
     python: str = sys.executable
+    module: str = "autotune.worker"  # what each rank runs: `python -m <module> <spec.json>` (script mode: autotune.script)
 
     def __post_init__(self) -> None:
         if self.launcher not in LAUNCHERS:
@@ -153,7 +154,7 @@ class _Trial:
         base.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir(o.python))
         # Ranks share the machine's cores; oversubscribed OpenMP threads spin against each other.
         base.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // o.ranks)))
-        worker = ["-m", "autotune.worker", str(spec_path)]
+        worker = ["-m", o.module, str(spec_path)]
         if o.launcher == "direct":
             for rank in range(o.ranks):
                 env = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(o.ranks),

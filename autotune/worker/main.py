@@ -44,7 +44,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("spec")
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None)  # passed by DeepSpeed's launcher
     args = parser.parse_args(argv)
-    _die_with_parent()
+    die_with_parent()
     spec = WorkerSpec.read(args.spec)
     rank = int(os.environ.get("RANK", "0"))
     started = time.time()
@@ -127,7 +127,7 @@ def run(spec: WorkerSpec, rank: int, started: float) -> dict[str, Any]:
         total = accel.total_memory(local_rank)
         torch.cuda.set_per_process_memory_fraction(min(1.0, spec.memory_budget_bytes / total), local_rank)
     clock.lap("dist_init_s")
-    memory = _CpuMemory() if on_cpu else _CudaMemory(torch, local_rank)
+    memory = CpuMemory() if on_cpu else CudaMemory(torch, local_rank)
     baseline = memory.current()
 
     _phase(spec, rank, "build")
@@ -301,7 +301,7 @@ class _PhaseClock:
         self.last = now
 
 
-class _CpuMemory:
+class CpuMemory:
     """The whole process's resident set: on DeepSpeed's CPU accelerator, that is the device memory."""
 
     def current(self) -> int:
@@ -317,7 +317,7 @@ class _CpuMemory:
         return None
 
 
-class _CudaMemory:
+class CudaMemory:
     def __init__(self, torch: Any, device: int) -> None:
         self.cuda, self.device = torch.cuda, device
 
@@ -334,7 +334,7 @@ class _CudaMemory:
         return self.cuda.max_memory_allocated(self.device)
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Ask the kernel to kill this rank if the runner dies (e.g. SIGKILL to the tuner), so that no
     orphaned rank keeps running; then check the runner did not die before the request took effect."""
     parent = os.environ.get(PARENT_ENV)
