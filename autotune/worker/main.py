@@ -174,7 +174,7 @@ def run(spec: WorkerSpec, rank: int, started: float) -> dict[str, Any]:
         elapsed, loss = optimizer_step()
         times.append(elapsed)
         peaks.append(memory.peak() - baseline)
-        reason = _agree(torch, world, device,
+        reason = agree(torch, world, device,
                         lambda: stop_reason(times, time.time() - first_step, spec.measure, peaks))
     peak = memory.peak()
     clock.lap("measure_s")
@@ -278,7 +278,7 @@ def clear_stale_build_lock(name: str, min_age_s: float = STALE_LOCK_AGE_S) -> bo
     return False
 
 
-def _agree(torch: Any, world: int, device: Any, decide: Callable[[], str | None]) -> str | None:
+def agree(torch: Any, world: int, device: Any, decide: Callable[[], str | None]) -> str | None:
     """Rank 0's stop decision, sent to every rank (they must run the same number of collectives)."""
     reason = decide()
     if world == 1:
