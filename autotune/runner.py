@@ -77,6 +77,7 @@ class RunOutcome:
     pids: tuple[int, ...]  # every process of the trial the runner saw (all ended when it returns)
     exit_codes: tuple[int | None, ...]  # per launched process; negative: killed by that signal
     observed_peaks: tuple[int, ...] = ()  # CPU ranks: the highest VmHWM the runner read, per rank seen
+    master_port: int = 0  # of the trial's rendezvous (and of its shared-memory segments)
 
 
 def extensions_dir(python: str) -> str:
