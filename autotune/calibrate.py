@@ -4,7 +4,9 @@ Memory (whole-process peak per device, as the deepspeed backend measures it):
     peak = overhead + memory_scale x (weights + gradients + optimizer states + buffers)
                     + activation_scale x activations
 Time (wall time of one optimizer step):
-    step = (compute + recompute) / flops_scale + (communication + offload + optimizer) + step_overhead
+    step = (compute + recompute) / flops_scale[precision] + (communication + offload + optimizer) + step_overhead
+(one FLOP/s scale per precision measured: `flops_scale` is the most measured one's, `precision_scales`
+the others' relative to it, so an unmeasured precision takes the measured machine's speed)
 Both are linear in the unknowns, fitted by bounded least squares on relative errors (scipy's lsq_linear),
 so one big config does not outweigh the small ones. A weak pull of the scales towards 1 keeps the fit
 defined with one or two results; with more, the data decide. The terms come from the estimator itself
@@ -67,9 +69,13 @@ def fit_calibration(results: Sequence[TrialResult], workload: Workload, hardware
     if not rows:
         return base
     overhead, memory_scale, activation_scale = _fit_memory(rows, workload, hardware)
-    flops_scale, step_overhead = _fit_time(rows, workload, hardware)
+    scales, step_overhead = _fit_time(rows, workload, hardware)
+    counts = [r.config.precision for r in rows]
+    main = max(scales, key=counts.count)  # the most measured precision (the first one among equals)
+    relative = tuple((p, scales[p] / scales[main]) for p in scales if p != main)
     return replace(base, overhead_bytes=int(overhead), memory_scale=memory_scale, activation_scale=activation_scale,
-                   flops_scale=flops_scale, step_overhead_s=step_overhead, samples=len(rows))
+                   flops_scale=scales[main], precision_scales=relative, step_overhead_s=step_overhead,
+                   samples=len(rows))
 
 
 def calibrator(workload: Workload, hardware: Hardware):
@@ -104,19 +110,25 @@ def _time_terms(result: TrialResult, workload: Workload, hardware: Hardware) -> 
     return time["compute"] + time["recompute"], time["communication"] + time["offload"] + time["optimizer"]
 
 
-def _fit_time(rows: list[TrialResult], workload: Workload, hardware: Hardware) -> tuple[float, float]:
+def _fit_time(rows: list[TrialResult], workload: Workload, hardware: Hardware) -> tuple[dict[str, float], float]:
+    """(FLOP/s scale per precision measured, step overhead)."""
+    precisions = list(dict.fromkeys(r.config.precision for r in rows))
     a, b = [], []
     for r in rows:
         compute, rest = _time_terms(r, workload, hardware)
         y = float(r.step_time_s)
-        a.append([compute / y, 1.0 / y])  # unknowns: 1 / flops_scale, step overhead
+        row = [0.0] * (len(precisions) + 1)  # unknowns: 1 / scale of each precision, step overhead
+        row[precisions.index(r.config.precision)] = compute / y
+        row[-1] = 1.0 / y
+        a.append(row)
         b.append(1.0 - rest / y)
-    a.append([PRIOR_WEIGHT, 0.0])
-    b.append(PRIOR_WEIGHT)
-    lower = [1.0 / SCALE_BOUNDS[1], 0.0]
-    upper = [1.0 / SCALE_BOUNDS[0], max(r.step_time_s for r in rows)]
-    inverse, overhead = lsq_linear(np.array(a), np.array(b), bounds=(lower, upper)).x
-    return float(1.0 / inverse), float(overhead)
+    for i in range(len(precisions)):
+        a.append([PRIOR_WEIGHT if j == i else 0.0 for j in range(len(precisions) + 1)])
+        b.append(PRIOR_WEIGHT)
+    lower = [1.0 / SCALE_BOUNDS[1]] * len(precisions) + [0.0]
+    upper = [1.0 / SCALE_BOUNDS[0]] * len(precisions) + [max(r.step_time_s for r in rows)]
+    *inverses, overhead = lsq_linear(np.array(a), np.array(b), bounds=(lower, upper)).x
+    return {p: float(1.0 / inv) for p, inv in zip(precisions, inverses)}, float(overhead)
 
 
 def quality(results: Sequence[TrialResult], workload: Workload, hardware: Hardware, calibration: Calibration,

@@ -47,11 +47,24 @@ class Calibration:
     memory_scale: float = 1.0  # allocator slack on model states and buffers
     activation_scale: float = 1.0  # saved activations as the framework really keeps them
     flops_scale: float = 1.0  # effective FLOP/s relative to the profile's
+    # Per precision, a further factor on flops_scale: a profile's ratio between precisions can be wrong for
+    # a device (the stock cpu profile rates bf16 as fp32; a CPU with AMX-BF16 runs it ~10x faster).
+    precision_scales: tuple[tuple[str, float], ...] = ()
     step_overhead_s: float | None = None  # replaces hardware.step_overhead_s
     samples: int = 0  # how many measured results the fit used
 
+    def __post_init__(self) -> None:
+        # From JSON the pairs come back as lists, or as a mapping written by hand.
+        pairs = self.precision_scales.items() if isinstance(self.precision_scales, dict) else self.precision_scales
+        object.__setattr__(self, "precision_scales", tuple((str(k), float(v)) for k, v in pairs))
+
+    def flops_scale_for(self, precision: str) -> float:
+        return self.flops_scale * dict(self.precision_scales).get(precision, 1.0)
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        data["precision_scales"] = dict(self.precision_scales)
+        return data
 
 
 @dataclass(frozen=True)
@@ -221,7 +234,7 @@ def _step_time(config: Config, workload: Workload, hardware: Hardware, calibrati
     # CPU ranks share the machine's cores.
     peak = hardware.peak_flops[config.precision] / (ranks_per_node if hardware.is_cpu else 1)
     efficiency = hardware.max_efficiency * tokens / (tokens + hardware.half_efficiency_tokens)
-    rate = peak * efficiency * calibration.flops_scale
+    rate = peak * efficiency * calibration.flops_scale_for(config.precision)
     compute = gas * 3 * forward / rate
     recompute = gas * layer_flops / rate if config.ckpt_interval else 0.0
 

@@ -41,6 +41,20 @@ def test_fit_recovers_the_calibration_that_produced_the_results():
     assert estimate(held_out.config, TINY, CPU, fitted).peak_bytes == pytest.approx(held_out.peak_memory_bytes, rel=0.01)
 
 
+def test_fit_learns_a_speed_per_precision_and_keeps_it_through_the_file(tmp_path):
+    # As on a CPU with AMX-BF16: bf16 ten times faster than fp32, which the cpu profile rates equal.
+    truth = Calibration(overhead_bytes=300 * 2**20, flops_scale=0.2, precision_scales=(("bf16", 10.0),),
+                        step_overhead_s=0.05)
+    results = [measured(c, truth) for c in CONFIGS]
+    fitted = fit_calibration(results, TINY, CPU)
+    assert fitted.flops_scale_for("bf16") == pytest.approx(2.0, rel=0.03)
+    assert fitted.flops_scale_for("fp32") == pytest.approx(0.2, rel=0.03)
+    assert fitted.flops_scale_for("fp16") == fitted.flops_scale  # unmeasured: the most measured one's speed
+    assert quality(results, TINY, CPU, fitted).time_after < 0.01
+    save_calibration(tmp_path, fitted)
+    assert load_calibration(tmp_path) == fitted
+
+
 def test_fit_separates_overhead_from_model_states_when_they_vary():
     workload = make_workload("gpt2-small", global_batch=8, gpus=8)
     gpu = PROFILES["a100-80gb"]
