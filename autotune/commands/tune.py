@@ -80,6 +80,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=seed, default=0, help="seed of the strategy (default: %(default)s)")
     parser.add_argument("--out", type=Path, default=None, help="run directory (default: runs/<model>-<strategy>-<time>)")
     parser.add_argument("--resume", action="store_true", help="continue the sweep in --out")
+    add_ray_arguments(parser)
+
+
+def add_ray_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of the Ray driver (drivers/ray.py), shared with `autotune sweep`."""
+    parser.add_argument("--ray-address", default=None,
+                        help="run the trials on this Ray cluster (host:port or auto; 'local' starts a private "
+                             "instance on loopback), several at once")
+    parser.add_argument("--concurrency", type=positive_int, default=None,
+                        help="with --ray-address: trials in flight at most (default: as many as the cluster holds)")
+    parser.add_argument("--gpus-per-trial", type=positive_int, default=None,
+                        help="with --ray-address: GPUs one real trial asks for (default: --gpus)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -101,34 +113,65 @@ def run(args: argparse.Namespace) -> int:
                                   "repeat the original command with --resume")
         else:
             run_dir.write_settings(settings)
-        return tune(run_dir, settings, space, Budget(args.trials, args.time_budget), args.resume)
+        return tune(run_dir, settings, space, Budget(args.trials, args.time_budget), args.resume, ray_options(args))
 
 
-def tune(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budget, resume: bool) -> int:
-    history = run_dir.results()
+def ray_options(args: argparse.Namespace) -> "RayOptions | None":
+    from autotune.drivers.ray import RayOptions
+
+    if args.ray_address is None:
+        for flag, value in (("--concurrency", args.concurrency), ("--gpus-per-trial", args.gpus_per_trial)):
+            if value is not None:
+                raise ConfigError(f"{flag} {value}: only with --ray-address (trials run one at a time locally)")
+        return None
+    return RayOptions(args.ray_address, args.concurrency, args.gpus_per_trial)
+
+
+def open_sweep(run_dir: RunDir, settings: RunSettings, space: Space, backend_name: str) -> Sweep:
+    """The sweep of a run directory: its recorded history, strategy (its study in the run's storage), pruner."""
     pruner = Pruner(settings.workload, settings.hardware, settings.memory_budget_bytes)
     context = SearchContext(space, settings.memory_budget_bytes, settings.seed, pruner.predict,
                             run_dir.storage())
     strategy = make_strategy(settings.strategy, context)
+    return Sweep(strategy, pruner, run_dir.append, backend_name, run_dir.results(),
+                 calibrator(settings.workload, settings.hardware), len(space))
+
+
+def nothing_fits(sweep: Sweep, space: Space) -> bool:
+    """Every config would be pruned: say so rather than record the whole space."""
+    return not any(sweep.pruner.check(c, sweep.backend_name) is None for c in space)
+
+
+def close_sweep(run_dir: RunDir, settings: RunSettings, sweep: Sweep):
+    """Save the calibration and write the outputs (summary, recommended configs, report, plots)."""
+    if sweep.pruner.calibration.samples:
+        measured = sweep.measured()
+        save_calibration(run_dir.path, sweep.pruner.calibration, settings.workload, settings.hardware,
+                         quality(measured, settings.workload, settings.hardware, sweep.pruner.calibration))
+    return write_outputs(run_dir, settings, sweep.results)
+
+
+def tune(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budget, resume: bool,
+         ray: "RayOptions | None" = None) -> int:
     backend = make_backend(settings, space, run_dir)
     progress = ConsoleProgress(budget.trials)
-    sweep = Sweep(strategy, pruner, run_dir.append, backend.name, history,
-                  calibrator(settings.workload, settings.hardware), len(space))
+    sweep = open_sweep(run_dir, settings, space, backend.name)
+    history = list(sweep.results)
     w = settings.workload
     progress.message(
         f"{'resuming' if resume else 'tuning'} {w.model.name} (global batch {w.global_batch}, {w.gpus} x "
         f"{settings.hardware.name}) under {format_size(settings.memory_budget_bytes)}: {settings.strategy} over "
         f"{len(space)} configs, {settings.backend} backend, up to {budget.trials} trials"
         + (f"; {len(history)} recorded already" if history else "") + f" -> {run_dir.path}")
-    if not any(sweep.pruner.check(c, backend.name) is None for c in space):
-        reason = NOTHING_FITS  # every config would be pruned: say so rather than record the whole space
+    if nothing_fits(sweep, space):
+        reason = NOTHING_FITS
+    elif ray is not None:
+        from autotune.drivers.ray import run_one
+
+        reason = run_one(sweep, settings, run_dir, budget, ray, progress)
     else:
         reason = run_local(sweep, backend, budget, progress)
-    if sweep.pruner.calibration.samples:
-        measured = sweep.measured()
-        save_calibration(run_dir.path, sweep.pruner.calibration, settings.workload, settings.hardware,
-                         quality(measured, settings.workload, settings.hardware, sweep.pruner.calibration))
-    outputs = write_outputs(run_dir, settings, sweep.results)
+    outputs = close_sweep(run_dir, settings, sweep)
     progress.message(f"stopped: {STOP_TEXT.get(reason, reason)}; {sweep.launched} trials launched, "
                      f"{len(sweep.results)} recorded in {run_dir.trials_path}")
     progress.message(outputs.verdict)
@@ -145,7 +188,8 @@ def tune(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budget, r
 NOTHING_FITS = "nothing fits"
 STOP_TEXT = {NOTHING_FITS: "no config of the space is predicted to fit, nothing was run",
              TRIALS: "trial budget spent", TIME: "time budget spent", DONE: "the strategy has nothing left to try",
-             STALLED: "the strategy kept proposing known or pruned configs", INTERRUPTED: "interrupted"}
+             STALLED: "the strategy kept proposing known or pruned configs", INTERRUPTED: "interrupted",
+             "no node": "no node of the Ray cluster has the resources one trial needs, nothing was run"}
 
 
 def resolve(args: argparse.Namespace) -> tuple[RunSettings, Space]:
