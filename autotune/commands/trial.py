@@ -20,6 +20,7 @@ from autotune.dsconfig import DsOptions
 from autotune.estimate import MEMORY_TERMS, Calibration, Estimate
 from autotune.hardware import PROFILES, Hardware
 from autotune.results import TrialResult, append_result, read_results
+from autotune.script.cli import add_arguments as script_arguments
 from autotune.space import invalid_reason
 from autotune.units import format_size
 from autotune.worker.measure import MeasureSettings
@@ -58,9 +59,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--calibrate", action="store_true",
                      help="after the trial, fit the estimator to every ok trial of --run-dir and save calibration.json")
     parser.add_argument("--json", action="store_true", help="print the result and prediction as JSON")
+    script_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.script:  # the user's own script instead of the built-in model (autotune.script.session)
+        from autotune.script.session import run_trial
+
+        return run_trial(args)
     workload = make_workload(args.model, args.global_batch, args.gpus)
     hardware: Hardware = args.hardware or PROFILES["cpu" if args.model == "tiny" else "a100-80gb"]
     config = Config(args.zero_stage, args.micro_batch, args.ckpt_interval, args.precision,

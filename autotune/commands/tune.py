@@ -27,6 +27,7 @@ from autotune.pruning import Pruner
 from autotune.report import write_outputs
 from autotune.results import TrialResult
 from autotune.rundir import RunDir, RunSettings
+from autotune.script.cli import add_arguments as script_arguments
 from autotune.search_spaces import load_choices
 from autotune.space import Choices, Space
 from autotune.strategies import STRATEGIES, SearchContext, make_strategy
@@ -81,6 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=None, help="run directory (default: runs/<model>-<strategy>-<time>)")
     parser.add_argument("--resume", action="store_true", help="continue the sweep in --out")
     add_ray_arguments(parser)
+    script_arguments(parser)
 
 
 def add_ray_arguments(parser: argparse.ArgumentParser) -> None:
@@ -99,13 +101,21 @@ def run(args: argparse.Namespace) -> int:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress display says what matters
     settings, space = resolve(args)
-    out = args.out or Path("runs") / f"{settings.workload.model.name}-{settings.strategy}-{datetime.now():%Y%m%d-%H%M%S}"
+    name = f"script-{args.script.stem}" if args.script else settings.workload.model.name
+    out = args.out or Path("runs") / f"{name}-{settings.strategy}-{datetime.now():%Y%m%d-%H%M%S}"
     run_dir = RunDir(out)
     if args.resume and not run_dir.exists():
         raise ConfigError(f"--resume: {out} holds no sweep to resume")
     if not args.resume and run_dir.exists():
         raise ConfigError(f"{out} already holds a sweep: pass --resume to continue it, or choose another --out")
     with run_dir.locked(), _sigterm_as_interrupt():
+        if args.script and args.resume:
+            settings = script_mode().resumed(run_dir, settings, script_mode().script_from(args))
+        elif args.script:  # the first trial shows the script's model (autotune.script.session)
+            settings, space, fatal = script_mode().first_trial(run_dir, settings, space, script_mode().script_from(args))
+            if fatal:
+                run_dir.write_settings(settings)
+                return script_mode().stopped(run_dir, settings, fatal)
         if args.resume:
             differences = run_dir.read_settings().differences(settings)
             if differences:
@@ -172,6 +182,9 @@ def tune(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budget, r
     else:
         reason = run_local(sweep, backend, budget, progress)
     outputs = close_sweep(run_dir, settings, sweep)
+    if settings.backend == "script":
+        for line in script_mode().finish(run_dir, settings, outputs.best):
+            progress.message(line)
     progress.message(f"stopped: {STOP_TEXT.get(reason, reason)}; {sweep.launched} trials launched, "
                      f"{len(sweep.results)} recorded in {run_dir.trials_path}")
     progress.message(outputs.verdict)
@@ -196,6 +209,8 @@ def resolve(args: argparse.Namespace) -> tuple[RunSettings, Space]:
     """The sweep's settings and space from the command line; ConfigError for bad combinations."""
     if args.backend == "replay":
         return _resolve_replay(args)
+    if args.script:
+        return script_mode().resolve(args)
     if args.surface is not None:
         raise ConfigError(f"--surface {args.surface} is only for --backend replay (got --backend {args.backend})")
     args.model = args.model or "tiny"
@@ -252,10 +267,19 @@ def make_backend(settings: RunSettings, space: Space, run_dir: RunDir) -> Backen
         from autotune.backends.replay import ReplayBackend
 
         return ReplayBackend(settings.surface, budget)
+    if settings.backend == "script":
+        return script_mode().make_backend(settings, run_dir)
     from autotune.backends.deepspeed import DeepSpeedBackend
 
     return DeepSpeedBackend(settings.workload, budget, settings.hardware, DsOptions(nvme_path=settings.choices.nvme_path),
                             logs_dir=run_dir.logs_dir)
+
+
+def script_mode():
+    """autotune.script.session, imported when a sweep tunes a user's script (--script)."""
+    from autotune.script import session
+
+    return session
 
 
 class SleepingBackend:

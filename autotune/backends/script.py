@@ -1,0 +1,119 @@
+"""The script backend: each trial runs the user's own training script, unchanged, on N ranks through
+autotune.runner (as the deepspeed backend runs the built-in worker), with autotune.script's shim applying
+the trial's config at `deepspeed.initialize` and measuring the engine the script gets back.
+
+Results are those of the deepspeed backend (same report keys, same TrialResult extras), plus:
+- `script_model`: what the shim learned about the model (parameter count, layers, hidden, ..., the
+  sequence length and micro-batch of the first batch, the checkpointing switch), also for a failed trial
+  whenever the script got as far as `deepspeed.initialize`;
+- `script_verdict`: for a failure caused by the script whatever the config (autotune.script.shim.VERDICTS),
+  which the tuner acts on by stopping after that trial (`fatal`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from autotune.backends.deepspeed import DeepSpeedBackend
+from autotune.config import Config, ConfigError
+from autotune.dsconfig import DsOptions, ds_config
+from autotune.estimate import Calibration
+from autotune.hardware import Hardware
+from autotune.results import TrialResult
+from autotune.runner import run_worker
+from autotune.script.shim import MODEL_FILE, USER_CONFIG_FILE
+from autotune.worker.measure import MeasureSettings
+from autotune.worker.protocol import WorkerSpec, write_json_atomic
+from autotune.workload import Workload
+
+SHIM = "autotune.script"
+
+
+@dataclass(frozen=True)
+class Script:
+    """The user's training script and its arguments, as given on the command line."""
+
+    path: str
+    args: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        if not Path(self.path).is_file():
+            raise ConfigError(f"--script {self.path!r}: no such file")
+        if not str(self.path).endswith(".py"):
+            raise ConfigError(f"--script {self.path!r}: expected a Python file (.py)")
+
+    @property
+    def absolute(self) -> str:
+        return str(Path(self.path).resolve())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.absolute, "args": list(self.args)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Script":
+        return cls(data["path"], tuple(data.get("args", ())))
+
+
+class ScriptBackend(DeepSpeedBackend):
+    name = "script"
+
+    def __init__(self, script: Script, workload: Workload, memory_budget_bytes: int | None = None,
+                 hardware: Hardware | None = None, ds_options: DsOptions = DsOptions(),
+                 logs_dir: str | Path = "runs/logs", timeout_s: float = 600.0,
+                 measure: MeasureSettings = MeasureSettings(), *, calibration: Calibration = Calibration(),
+                 shape_known: bool = True, env: Mapping[str, str] | None = None) -> None:
+        super().__init__(workload, memory_budget_bytes, hardware, ds_options, logs_dir, timeout_s, measure,
+                         calibration=calibration, env=env)
+        self.script = script
+        self.shape_known = shape_known  # False: `workload.model` is a placeholder until a trial inspects it
+        self.launch = type(self.launch)(**{**self.launch.__dict__, "module": SHIM})
+        self.fatal: str | None = None  # set when the script, not the config, failed: no further trial helps
+
+    def predict(self, config: Config):
+        return super().predict(config) if self.shape_known else None
+
+    def run(self, config: Config) -> TrialResult:
+        log_dir = self._new_log_dir(config)
+        predicted = self.predict(config)
+        extra: dict[str, Any] = {"ranks": self.workload.gpus, "log_dir": str(log_dir), "script": self.script.absolute}
+        if predicted is not None:
+            extra.update(predicted_peak_bytes=predicted.peak_bytes, predicted_step_time_s=predicted.step_time_s)
+        try:
+            ds = ds_config(config, self.workload, self.ds_options)
+        except ConfigError as err:
+            result = TrialResult(config, "unsupported", memory_budget_bytes=self.memory_budget_bytes,
+                                 backend=self.name, error=str(err), extra=extra)
+        else:
+            spec = WorkerSpec(config, self.workload, ds, str(log_dir), self.measure, self.memory_budget_bytes,
+                              self.seed, cpu_info=self.cpu_info(),
+                              extra={"script": self.script.absolute, "script_args": list(self.script.args)})
+            outcome = run_worker(spec, self.launch)
+            model = read_json(log_dir / MODEL_FILE)
+            if model:
+                extra["script_model"] = model
+            verdict = next((r.get("verdict") for r in outcome.reports if r and r.get("verdict")), None)
+            if verdict:
+                extra["script_verdict"] = verdict
+                self.fatal = f"{verdict}: {outcome.error}"
+            result = self._result(config, outcome, extra)
+            if result.ok:
+                seq = (model or {}).get("seq_len") or self.workload.model.seq_len
+                result = TrialResult(**{**result.__dict__, "tokens_per_s": result.throughput_samples_per_s * seq})
+        write_json_atomic(log_dir / "result.json", result.to_dict())
+        return result
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def user_config(result: TrialResult) -> dict[str, Any] | None:
+    """The DeepSpeed config the script passed, before the trial's keys, as recorded in the trial's logs."""
+    log_dir = result.extra.get("log_dir")
+    return read_json(Path(log_dir) / USER_CONFIG_FILE) if log_dir else None

@@ -1,0 +1,10 @@
+"""Script mode: tune a user's own DeepSpeed training script, unchanged.
+
+- `shim` (run as `python -m autotune.script <spec.json>`, one process per rank): runs the script with the
+  trial's config applied at `deepspeed.initialize`, measures the engine it gets back, ends the run;
+- `merge`: the trial's memory-relevant keys over the script's own config;
+- `inspect_model`: the model's shape and checkpointing switch, for the estimator;
+- `session`: what `autotune tune --script` and `autotune trial --script` add (the first trial learns the
+  model, the space loses knobs the script cannot apply, the outputs carry the script's own config).
+The backend is autotune.backends.script.
+"""

@@ -1,0 +1,5 @@
+import sys
+
+from autotune.script.shim import main
+
+sys.exit(main(sys.argv[1:]))

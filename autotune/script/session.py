@@ -1,0 +1,261 @@
+"""What `autotune tune --script` and `autotune trial --script` add to the built-in model's flow.
+
+Tune: the model is not known before the script runs, so the first trial (a safe config: no ZeRO sharding
+decision forced, the smallest micro-batch, no checkpointing, no offload) runs before the search and
+teaches the tuner the model (autotune.script.inspect_model): the sweep's workload gets its shape, the
+estimator is calibrated on that first measurement, and `ckpt_interval` keeps only the values the model's
+own switch can apply (none without one). A first trial that fails because of the script (it crashes
+before `deepspeed.initialize`, never calls it, never steps, ...) ends the sweep at once with that verdict.
+The run directory gets `script.json` (the script, its arguments, the model learned, the notes), and the
+recommendation `best_ds_config.json` is the script's own config with the tuned keys (optimizer, scheduler
+and the rest as the script had them), plus the Trainer flags to pass with it where the script uses the
+Hugging Face Trainer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import shutil
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from autotune.backends.script import Script, ScriptBackend, read_json, user_config
+from autotune.script.cli import script_from
+from autotune.config import Config, ConfigError
+from autotune.dsconfig import DsOptions, ds_config, validate
+from autotune.estimate import estimate
+from autotune.hardware import PROFILES, Hardware
+from autotune.results import TrialResult
+from autotune.rundir import RunDir, RunSettings
+from autotune.script import merge
+from autotune.script.inspect_model import shape_from_info
+from autotune.space import Space
+from autotune.workload import PRESETS, Workload
+
+SCRIPT_FILE = "script.json"
+DEFAULT_GLOBAL_BATCH = 16
+
+
+def default_hardware(args: argparse.Namespace) -> Hardware:
+    """--hardware, else the CPU profile on a machine without an NVIDIA driver, else an A100."""
+    if getattr(args, "hardware", None) is not None:
+        return args.hardware
+    return PROFILES["a100-80gb" if shutil.which("nvidia-smi") else "cpu"]
+
+
+def placeholder(global_batch: int | None, gpus: int) -> Workload:
+    """The workload before the script has shown its model: only the batch arithmetic is real."""
+    shape = replace(PRESETS["tiny"], name="unknown")
+    return Workload(shape, global_batch or DEFAULT_GLOBAL_BATCH, gpus)
+
+
+def resolve(args: argparse.Namespace) -> tuple[RunSettings, Space]:
+    """`autotune tune --script`: the sweep's settings before the script has shown its model."""
+    from autotune.commands.common import space_from
+
+    if args.model is not None:
+        raise ConfigError(f"--model {args.model} with --script {args.script}: choose one (the script brings its model)")
+    if args.backend != "deepspeed":
+        raise ConfigError(f"--backend {args.backend} with --script: a script's trials are real runs (--backend deepspeed)")
+    if getattr(args, "ray_address", None):
+        raise ConfigError("--ray-address with --script: script mode runs its trials on this machine only (not yet on Ray)")
+    script_from(args)  # the script exists and its arguments parse
+    workload = placeholder(args.global_batch, args.gpus)
+    hardware = default_hardware(args)
+    space = space_from(args, workload, hardware)
+    budget = args.memory_budget or hardware.memory_bytes
+    return RunSettings(workload, hardware, budget, args.strategy, "script", args.seed, space.choices), space
+
+
+def stopped(run_dir: RunDir, settings: RunSettings, fatal: str) -> int:
+    """The first trial showed that the script cannot be tuned as it is: outputs, the verdict, exit 1."""
+    from autotune.report import write_outputs
+
+    write_outputs(run_dir, settings)
+    for line in finish(run_dir, settings, None):
+        print(line)
+    print(f"stopped after the first trial; recorded in {run_dir.trials_path}; report: {run_dir.path / 'report.md'}")
+    return 1
+
+
+def first_config(space: Space) -> Config:
+    """The first trial: the space's default config without checkpointing or offload (any model can run it)."""
+    plain = [c for c in space if c.ckpt_interval == 0 and c.offload_optimizer == c.offload_param == "none"]
+    if not plain:
+        raise ConfigError("script mode needs a config without checkpointing and offload in the space (ckpt_interval 0, "
+                          "offload none) for its first trial")
+    default = space.default()
+    return min(plain, key=lambda c: (c.zero_stage != default.zero_stage, c.micro_batch,
+                                     c.precision != default.precision))
+
+
+def learned_workload(model: dict[str, Any], workload: Workload, script: Script) -> Workload:
+    shape = shape_from_info(model, model.get("seq_len"), f"{Path(script.path).stem}:{model.get('class', 'model')}")
+    return replace(workload, model=shape)
+
+
+def narrowed(settings: RunSettings, model: dict[str, Any]) -> tuple[RunSettings, list[str]]:
+    """The settings with the learned workload and the checkpointing values the model can apply."""
+    choices, notes = settings.choices, []
+    wanted = choices.ckpt_interval
+    switch = model.get("checkpoint_switch")
+    kept = tuple(v for v in wanted if v in ((0, 1) if switch else (0,)))
+    if switch and any(v > 1 for v in wanted):
+        notes.append(f"ckpt_interval: {model.get('class')}.{switch} checkpoints every layer, so only 0 and 1 are "
+                     f"tried (removed: {[v for v in wanted if v > 1]})")
+    elif not switch and any(v > 0 for v in wanted):
+        notes.append(f"ckpt_interval: {model.get('class')} offers no activation-checkpointing switch "
+                     "(gradient_checkpointing_enable), so activation checkpointing was removed from the space")
+    if not kept:
+        kept = (0,)
+    return replace(settings, choices=replace(choices, ckpt_interval=kept)), notes
+
+
+def first_trial(run_dir: RunDir, settings: RunSettings, space: Space, script: Script,
+                timeout_s: float = 600.0) -> tuple[RunSettings, Space, str | None]:
+    """Run the first trial, record it, and return the sweep's settings and space for the model it showed,
+    and the script's verdict if the script (not the config) failed."""
+    config = first_config(space)
+    backend = ScriptBackend(script, settings.workload, settings.memory_budget_bytes, settings.hardware,
+                            DsOptions(nvme_path=settings.choices.nvme_path), run_dir.logs_dir, timeout_s,
+                            shape_known=False)
+    result = backend.run(config)
+    model = result.extra.get("script_model")
+    notes: list[str] = []
+    if model:
+        settings = replace(settings, workload=learned_workload(model, settings.workload, script))
+        settings, notes = narrowed(settings, model)
+        if settings.hardware.supports(config.precision):
+            est = estimate(config, settings.workload, settings.hardware)
+            result = replace(result, extra={**result.extra, "predicted_peak_bytes": est.peak_bytes,
+                                            "predicted_throughput_samples_per_s": est.throughput_samples_per_s})
+    result = replace(result, extra={**result.extra, "trial": 1}).under_budget(settings.memory_budget_bytes)
+    run_dir.append(result)
+    save(run_dir, script, model, notes, backend.fatal)
+    return settings, settings.space(), backend.fatal
+
+
+def save(run_dir: RunDir, script: Script, model: dict[str, Any] | None, notes: list[str], fatal: str | None) -> None:
+    run_dir.write_json(SCRIPT_FILE, {"script": script.to_dict(), "model": model, "notes": notes, "fatal": fatal})
+
+
+def load(run_dir: RunDir) -> dict[str, Any]:
+    data = read_json(run_dir.path / SCRIPT_FILE)
+    if data is None:
+        raise ConfigError(f"{run_dir.path} has no {SCRIPT_FILE}: not a script-mode sweep")
+    return data
+
+
+def resumed(run_dir: RunDir, settings: RunSettings, script: Script) -> RunSettings:
+    """A resumed script sweep: the same script and arguments, and the workload learned the first time."""
+    stored = Script.from_dict(load(run_dir)["script"])
+    if (stored.absolute, stored.args) != (script.absolute, script.args):
+        raise ConfigError(f"--resume: {run_dir.path} tuned {stored.absolute} {shlex.join(stored.args)!r}, not "
+                          f"{script.absolute} {shlex.join(script.args)!r}")
+    known = run_dir.read_settings()
+    if (known.workload.global_batch, known.workload.gpus) != (settings.workload.global_batch, settings.workload.gpus):
+        return settings  # the differences check names them
+    return replace(settings, workload=known.workload, choices=known.choices)
+
+
+def make_backend(settings: RunSettings, run_dir: RunDir) -> ScriptBackend:
+    script = Script.from_dict(load(run_dir)["script"])
+    return ScriptBackend(script, settings.workload, settings.memory_budget_bytes, settings.hardware,
+                         DsOptions(nvme_path=settings.choices.nvme_path), run_dir.logs_dir)
+
+
+def recommendation(best: TrialResult, settings: RunSettings) -> tuple[dict[str, Any], list[str]]:
+    """The script's own config with the best config's keys, and the Trainer flags that go with it."""
+    trial = ds_config(best.config, settings.workload, DsOptions(nvme_path=settings.choices.nvme_path))
+    ds = merge.merge(user_config(best) or {}, trial)
+    flags = ["--per_device_train_batch_size", str(trial["train_micro_batch_size_per_gpu"]),
+             "--gradient_accumulation_steps", str(trial["gradient_accumulation_steps"]),
+             "--bf16", str(best.config.precision == "bf16").lower(), "--fp16", str(best.config.precision == "fp16").lower(),
+             "--gradient_checkpointing", str(best.config.ckpt_interval > 0).lower()]
+    return ds, flags
+
+
+def finish(run_dir: RunDir, settings: RunSettings, best: TrialResult | None) -> list[str]:
+    """Script-mode outputs over the generic ones; returns lines for the console."""
+    info = load(run_dir)
+    lines = list(info.get("notes") or [])
+    if info.get("fatal"):
+        lines.insert(0, f"the script cannot be tuned as it is: {info['fatal']}")
+    if best is not None:
+        ds, flags = recommendation(best, settings)
+        if not _has_auto(ds):
+            validate(ds, settings.workload.gpus)
+        run_dir.write_json("best_ds_config.json", ds)
+        info["recommended_trainer_flags"] = flags
+        run_dir.write_json(SCRIPT_FILE, info)
+        lines.append(f"best_ds_config.json is the script's own DeepSpeed config with the tuned keys: pass it where the "
+                     f"script takes its config; with the Hugging Face Trainer also pass {' '.join(flags)}")
+    model = info.get("model") or {}
+    section = ["", "## Script mode", "", f"- Script: `{info['script']['path']}` `{shlex.join(info['script']['args'])}`"]
+    if model:
+        shape = settings.workload.model
+        section.append(f"- Model seen at deepspeed.initialize: {model.get('class')}, {model['params'] / 1e6:,.2f}M "
+                       f"parameters, {model.get('layers', '?')} layers, hidden {model.get('hidden', '?')}, sequence "
+                       f"{model.get('seq_len', '?')} (shape the estimator uses: {shape.layers} layers, hidden "
+                       f"{shape.hidden}, MLP {shape.ffn_hidden}, vocab {shape.vocab})")
+    section += [f"- {line}" for line in lines] + [""]
+    report = run_dir.path / "report.md"
+    if report.exists():
+        report.write_text(report.read_text() + "\n".join(section))
+    return lines
+
+
+def _has_auto(ds: dict[str, Any]) -> bool:
+    return "auto" in json.dumps(ds)
+
+
+def run_trial(args: argparse.Namespace) -> int:
+    """`autotune trial --script`: one trial of the script with one config, next to the estimator's
+    prediction for the model the script showed."""
+    from autotune.calibrate import calibrator
+    from autotune.commands.trial import _run_with_progress, check_config, show
+    from autotune.results import append_result
+    from autotune.worker.measure import MeasureSettings
+
+    script = script_from(args)
+    hardware = default_hardware(args)
+    workload = placeholder(args.global_batch, args.gpus)
+    config = Config(args.zero_stage, args.micro_batch, args.ckpt_interval, args.precision,
+                    args.offload_optimizer, args.offload_param)
+    if workload.grad_accumulation(config.micro_batch) is None:
+        raise ConfigError(f"{config.label()}: global batch {workload.global_batch} is not a multiple of micro_batch "
+                          f"{config.micro_batch} x {workload.gpus} rank(s)")
+    check_config(config, replace(workload, model=replace(workload.model, layers=10**6)), hardware, args.nvme_path)
+    if args.timeout <= 0:
+        raise ConfigError(f"--timeout {args.timeout:g}: must be a positive number of seconds")
+    if args.warmup_steps < 0:
+        raise ConfigError(f"--warmup-steps {args.warmup_steps}: must be 0 or more")
+    measure = MeasureSettings(warmup_steps=args.warmup_steps, min_steps=min(MeasureSettings.min_steps, args.max_steps),
+                              max_steps=args.max_steps)
+    run_dir = Path(args.run_dir or f"runs/trials/script-{Path(script.path).stem}-b{workload.global_batch}-g{workload.gpus}")
+    backend = ScriptBackend(script, workload, args.memory_budget, hardware, DsOptions(nvme_path=args.nvme_path),
+                            run_dir / "logs", args.timeout, measure, shape_known=False)
+    result = backend.run(config) if args.json else _run_with_progress(backend, config)
+    model = result.extra.get("script_model")
+    prediction = None
+    if model:
+        workload = learned_workload(model, workload, script)
+        if hardware.supports(config.precision):
+            prediction = estimate(config, workload, hardware)
+            result = replace(result, extra={**result.extra, "predicted_peak_bytes": prediction.peak_bytes})
+    append_result(run_dir / "trials.jsonl", result)
+    if args.json:
+        print(json.dumps({"result": result.to_dict(), "prediction": prediction.to_dict() if prediction else None,
+                          "model": model, "run_dir": str(run_dir)}, indent=2))
+    else:
+        show(result, prediction, calibrator(workload, hardware)([]), workload, hardware, run_dir)
+        if model:
+            print(f"model seen at deepspeed.initialize: {model.get('class')}, {model['params']:,} parameters, "
+                  f"{model.get('layers', '?')} layers, hidden {model.get('hidden', '?')}, "
+                  f"checkpointing switch: {model.get('checkpoint_switch') or 'none'}")
+        if result.extra.get("script_verdict"):
+            print(f"the script cannot be tuned as it is ({result.extra['script_verdict']})")
+    return 0 if result.ok else 1

@@ -1,0 +1,374 @@
+"""One rank of a script-mode trial: `python -m autotune.script <spec.json>` runs the user's script, unchanged,
+with the trial's config applied where the script hands its config to DeepSpeed.
+
+Before the script runs, the shim imports DeepSpeed, refuses what this accelerator cannot run and builds the
+C++ ops the trial needs (as the built-in worker does), then replaces `deepspeed.initialize` with a wrapper:
+- the script's config (the `config` / `config_params` argument as a path or a dict, or
+  `args.deepspeed_config`) gets the trial's memory-relevant keys (autotune.script.merge);
+- the model's own activation-checkpointing switch is set from `ckpt_interval` (autotune.script.inspect_model);
+- the model is inspected (parameter count, layers, hidden, ...) and the result written to `model.json`;
+- the engine that comes back is measured: every optimizer step (all micro-steps, data loading included) is
+  timed between gradient-accumulation boundaries, the process's true peak memory is read as the worker
+  reads it (CpuMemory / CudaMemory), and after the measured steps (autotune.worker.measure) the rank writes
+  its report and ends the run.
+A Hugging Face `TrainingArguments` is patched when transformers is imported (transformers.training_args), so
+that the Trainer builds its data loader with the trial's micro-batch and checks its own arguments against
+the merged config: the Trainer then calls `deepspeed.initialize` through Accelerate, which the wrapper sees.
+
+Failures the script causes whatever the config are reported with a `verdict` so that the tuner stops after
+the first trial: `crashed_before_initialize`, `never_initialized`, `never_stepped`, `too_few_steps`,
+`ignores_micro_batch` (the script feeds batches of another size than the engine's micro-batch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.abc
+import importlib.machinery
+import inspect
+import os
+import runpy
+import statistics
+import sys
+import time
+import traceback
+from typing import Any, Callable
+
+from autotune.worker.main import (CpuMemory, CudaMemory, Unsupported, agree, check_supported, classify,
+                                  die_with_parent, load_ops, prepared_ds_config)
+from autotune.worker.measure import iqr, median_rel_se, stop_reason
+from autotune.worker.protocol import WorkerSpec, record_phase, report_path, write_json_atomic
+from autotune.script import merge
+from autotune.script.inspect_model import checkpoint_switch, model_info, set_checkpointing
+
+MODEL_FILE = "model.json"  # what rank 0 learned about the model (and the first batch)
+USER_CONFIG_FILE = "user_ds_config.json"  # the config as the script passed it, before the trial's keys
+USED_CONFIG_FILE = "ds_config.json"  # the merged config DeepSpeed got
+VERDICTS = ("crashed_before_initialize", "never_initialized", "never_stepped", "too_few_steps",
+            "ignores_micro_batch")
+SCRIPT_ENDED = "script_ended"  # stop reason: the script finished its own loop before the measurement did
+
+
+class ScriptVerdict(Exception):
+    """The script, not the config, keeps the trial from being measured."""
+
+    def __init__(self, verdict: str, message: str) -> None:
+        super().__init__(message)
+        self.verdict = verdict
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m autotune.script")
+    parser.add_argument("spec")
+    args, _ = parser.parse_known_args(argv)  # DeepSpeed's launcher adds --local_rank
+    die_with_parent()
+    spec = WorkerSpec.read(args.spec)
+    rank = int(os.environ.get("RANK", "0"))
+    shim = Shim(spec, rank)
+    shim.phase("start")
+    try:
+        shim.prepare()
+        shim.run_script()
+        report = shim.script_ended()
+        code = 0 if report["status"] == "ok" else 1
+    except BaseException as err:  # every failure becomes a report; the runner decides what comes next
+        traceback.print_exc()
+        report, code = shim.failure(err), 1
+    shim.finish(report, code)
+    return code  # not reached: finish() ends the process
+
+
+class Shim:
+    def __init__(self, spec: WorkerSpec, rank: int) -> None:
+        self.spec, self.rank = spec, rank
+        self.started = time.time()
+        self.phases: dict[str, float] = {"spawn_s": self.started - spec.launch_time if spec.launch_time else 0.0}
+        self.last_lap = self.started
+        self.last_phase = "start"
+        self.initialized = False
+        self.engine: Any = None
+        self.model: dict[str, Any] = {}
+        self.user_config_recorded = False
+        self.steps = 0  # optimizer steps so far
+        self.times: list[float] = []
+        self.peaks: list[int] = []
+        self.losses: list[float] = []
+        self.loss: Any = None
+        self.mark = 0.0  # perf_counter at the end of the last optimizer step
+        self.first_step = 0.0
+        self.startup_peak = 0
+        self.world = 1
+        self.model_switch: str | None = None
+
+    # -- bookkeeping ----------------------------------------------------------------------------------
+    def phase(self, name: str, **info: Any) -> None:
+        self.last_phase = name
+        record_phase(self.spec.log_dir, self.rank, name, **info)
+
+    def lap(self, name: str) -> None:
+        now = time.time()
+        self.phases[name] = now - self.last_lap
+        self.last_lap = now
+
+    def write(self, name: str, data: dict[str, Any]) -> None:
+        if self.rank == 0:
+            write_json_atomic(os.path.join(self.spec.log_dir, name), merge.json_safe(data))
+
+    # -- before the script ----------------------------------------------------------------------------
+    def prepare(self) -> None:
+        import torch
+        import deepspeed
+        from deepspeed.accelerator import get_accelerator
+
+        self.torch, self.deepspeed = torch, deepspeed
+        self.lap("import_s")
+        self.accel = get_accelerator()
+        device = self.accel.device_name()
+        self.phase("build_ops", device=device)
+        trial = prepared_ds_config(self.spec.ds_config)
+        check_supported(self.spec, trial, self.accel)
+        if self.spec.cpu_info:
+            import cpuinfo
+
+            cpuinfo.get_cpu_info = lambda: dict(self.spec.cpu_info)  # DeepSpeed's builders ask at call time
+        load_ops(trial, self.accel)
+        self.lap("build_ops_s")
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if device != "cpu":
+            self.accel.set_device(local_rank)
+        self.memory = CpuMemory() if device == "cpu" else CudaMemory(torch, local_rank)
+        self.baseline = self.memory.current()
+        self.original_initialize = deepspeed.initialize
+        deepspeed.initialize = self.initialize
+        sys.meta_path.insert(0, _AfterImport("transformers.training_args", self.patch_training_arguments))
+
+    def run_script(self) -> None:
+        script = self.spec.extra["script"]
+        sys.argv = [script, *self.spec.extra.get("script_args", ())]
+        sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # as `python script.py` would have it
+        self.phase("script")
+        runpy.run_path(script, run_name="__main__")
+
+    # -- the trial's config where the script passes its own ----------------------------------------------
+    def trial_config(self, user: dict[str, Any]) -> dict[str, Any]:
+        if not self.user_config_recorded:
+            self.write(USER_CONFIG_FILE, user)
+            self.user_config_recorded = True
+        return prepared_ds_config(merge.merge(user, self.spec.ds_config))
+
+    def patch_training_arguments(self, module: Any) -> None:
+        cls = module.TrainingArguments
+        original = cls.__post_init__
+        shim = self
+
+        def post_init(args: Any) -> None:
+            if args.deepspeed:  # a Trainer without DeepSpeed is left alone (and never initializes)
+                ds = shim.trial_config(merge.load_config(args.deepspeed))
+                args.deepspeed = ds
+                args.per_device_train_batch_size = ds["train_micro_batch_size_per_gpu"]
+                args.gradient_accumulation_steps = ds["gradient_accumulation_steps"]
+                args.bf16 = bool(ds["bf16"]["enabled"])
+                args.fp16 = bool(ds["fp16"]["enabled"])
+                if not shim.spec.config.ckpt_interval:
+                    args.gradient_checkpointing = False  # the knob decides; switched on at initialize
+            original(args)
+
+        cls.__post_init__ = post_init
+
+    def initialize(self, *args: Any, **kwargs: Any) -> Any:
+        self.lap("script_to_initialize_s")
+        self.phase("initialize")
+        bound = inspect.signature(self.original_initialize).bind_partial(*args, **kwargs)
+        given = bound.arguments
+        source = given.pop("config", None)
+        if source is None:
+            source = given.pop("config_params", None)
+        else:
+            given.pop("config_params", None)
+        cli_args = given.get("args")
+        for attr in ("deepspeed_config", "deepscale_config"):
+            if getattr(cli_args, attr, None) is not None:
+                source = getattr(cli_args, attr) if source is None else source
+                cli_args = copy.copy(cli_args)  # the script's namespace stays as it was
+                setattr(cli_args, attr, None)
+                given["args"] = cli_args
+        ds = self.trial_config(merge.load_config(source))
+        self.write(USED_CONFIG_FILE, ds)
+        model = given.get("model")
+        if model is None:
+            raise ScriptVerdict("never_initialized", "the script called deepspeed.initialize without a model")
+        self.apply_checkpointing(model)
+        self.model = model_info(model)
+        self.write(MODEL_FILE, self.model)
+        result = self.original_initialize(**given, config=ds)
+        self.initialized = True
+        self.attach(result[0])
+        self.lap("initialize_s")
+        self.phase("warmup" if self.spec.measure.warmup_steps else "measure")
+        return result
+
+    def apply_checkpointing(self, model: Any) -> None:
+        interval = self.spec.config.ckpt_interval
+        switch = checkpoint_switch(model)
+        self.model_switch = switch
+        if switch is None:
+            if interval:
+                raise Unsupported(f"ckpt_interval {interval}: {type(model).__name__} offers no activation-"
+                                  "checkpointing switch (gradient_checkpointing_enable)")
+            return
+        if interval > 1:
+            raise Unsupported(f"ckpt_interval {interval}: {type(model).__name__}.{switch} checkpoints every "
+                              "layer (interval 1); segments of several layers cannot be applied")
+        set_checkpointing(model, bool(interval))
+
+    # -- measuring the engine the script got back ---------------------------------------------------------
+    def attach(self, engine: Any) -> None:
+        self.engine = engine
+        self.world = self.torch.distributed.get_world_size() if self.torch.distributed.is_initialized() else 1
+        step, backward = engine.step, engine.backward
+
+        def measured_step(*args: Any, **kwargs: Any) -> Any:
+            before = engine.global_steps
+            out = step(*args, **kwargs)
+            if engine.global_steps != before:  # a gradient-accumulation boundary: the optimizer stepped
+                self.optimizer_stepped()
+            return out
+
+        def kept_loss(loss: Any, *args: Any, **kwargs: Any) -> Any:
+            self.loss = loss
+            return backward(loss, *args, **kwargs)
+
+        engine.step, engine.backward = measured_step, kept_loss
+        self.hook = engine.register_forward_pre_hook(self.first_batch, with_kwargs=True)
+        self.accel.synchronize()
+        self.mark = time.perf_counter()
+        if not self.spec.measure.warmup_steps:
+            self.start_measuring()
+
+    def first_batch(self, module: Any, args: tuple, kwargs: dict) -> None:
+        self.hook.remove()
+        tensor = next((t for t in (*args, *kwargs.values()) if isinstance(t, self.torch.Tensor) and t.dim() >= 1), None)
+        if tensor is None:
+            return
+        batch = int(tensor.shape[0])
+        self.model["micro_batch_seen"] = batch
+        if tensor.dim() >= 2 and not tensor.is_floating_point():
+            self.model["seq_len"] = int(tensor.shape[1])  # token ids: (batch, sequence)
+        self.write(MODEL_FILE, self.model)
+        wanted = self.engine.train_micro_batch_size_per_gpu()
+        if batch != wanted:
+            raise ScriptVerdict("ignores_micro_batch", (
+                f"the script feeds batches of {batch} samples, not the engine's micro-batch of {wanted}: build the "
+                "data loader with engine.train_micro_batch_size_per_gpu() (or pass training_data to "
+                "deepspeed.initialize) so that the micro-batch can be tuned"))
+
+    def start_measuring(self) -> None:
+        self.startup_peak = self.memory.peak()
+        self.memory.reset_peak()
+        self.first_step = time.time()
+        self.lap("warmup_s")
+        self.phase("measure")
+
+    def optimizer_stepped(self) -> None:
+        self.accel.synchronize()
+        now = time.perf_counter()
+        elapsed, self.mark = now - self.mark, now
+        self.steps += 1
+        if self.loss is not None and not self.losses:
+            self.losses.append(float(self.loss.detach().float().item()))
+        warmup = self.spec.measure.warmup_steps
+        if self.steps <= warmup:
+            if self.steps == warmup:
+                self.start_measuring()
+            return
+        self.times.append(elapsed)
+        self.peaks.append(self.memory.peak() - self.baseline)
+        reason = agree(self.torch, self.world, self.engine.device,
+                       lambda: stop_reason(self.times, time.time() - self.first_step, self.spec.measure, self.peaks))
+        if reason is not None:
+            self.finish(self.measured(reason), 0)
+
+    # -- the end --------------------------------------------------------------------------------------
+    def measured(self, reason: str) -> dict[str, Any]:
+        self.lap("measure_s")
+        if self.loss is not None:
+            self.losses.append(float(self.loss.detach().float().item()))
+        self.phase("done")
+        if self.world > 1:
+            self.torch.distributed.barrier()  # every rank is past its last collective before anyone exits
+        engine, times = self.engine, self.times
+        return {
+            "status": "ok", "rank": self.rank, "pid": os.getpid(), "world_size": self.world,
+            "device": self.accel.device_name(), "step_times_s": times, "peak_growth_per_step_bytes": self.peaks,
+            "step_time_s": statistics.median(times), "step_time_iqr_s": iqr(times),
+            "step_time_rel_se": median_rel_se(times) if len(times) > 1 else None, "stop_reason": reason,
+            "baseline_memory_bytes": self.baseline, "peak_memory_bytes": self.memory.peak(),
+            "startup_peak_bytes": self.startup_peak, "peak_allocated_bytes": self.memory.peak_allocated(),
+            "first_step_time": self.first_step, "phases_s": self.phases,
+            "loss_first": self.losses[0] if self.losses else None, "loss_last": self.losses[-1] if self.losses else None,
+            "optimizer": type(engine.optimizer).__name__, "basic_optimizer": type(engine.basic_optimizer).__name__,
+            "threads": self.torch.get_num_threads(), "model": self.model, "checkpoint_switch": self.model_switch,
+        }
+
+    def script_ended(self) -> dict[str, Any]:
+        """The script returned on its own: measured enough, or one of the script's verdicts."""
+        if not self.initialized:
+            raise ScriptVerdict("never_initialized", "the script ended without calling deepspeed.initialize")
+        if self.steps == 0:
+            raise ScriptVerdict("never_stepped", "the script called deepspeed.initialize but ended before any "
+                                "optimizer step (engine.step() at a gradient-accumulation boundary)")
+        if not self.times:
+            raise ScriptVerdict("too_few_steps", (
+                f"the script ended after {self.steps} optimizer step(s), all of them warm-up "
+                f"({self.spec.measure.warmup_steps}): let it run at least {self.spec.measure.warmup_steps + 1} "
+                "(more give a steadier median)"))
+        return self.measured(SCRIPT_ENDED)
+
+    def failure(self, err: BaseException) -> dict[str, Any]:
+        if isinstance(err, SystemExit) and err.code in (None, 0):
+            try:
+                return self.script_ended()  # sys.exit(0) is the script ending normally
+            except ScriptVerdict as verdict:
+                err = verdict
+        status, message = classify(err)
+        verdict = getattr(err, "verdict", None)
+        if verdict is None and not self.initialized and self.last_phase == "script":
+            verdict = "crashed_before_initialize"
+            what = f"exit code {err.code}" if isinstance(err, SystemExit) else message
+            message = f"the script failed before calling deepspeed.initialize: {what}"
+        elif verdict is not None:
+            message = str(err)
+        return {"status": status, "error": message, "exception": type(err).__name__, "phase": self.last_phase,
+                "rank": self.rank, "pid": os.getpid(), "verdict": verdict, "model": self.model or None}
+
+    def finish(self, report: dict[str, Any], code: int) -> None:
+        write_json_atomic(report_path(self.spec.log_dir, self.rank), merge.json_safe(report))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Skip interpreter and process-group teardown, as the worker does: nothing more is needed from
+        # this process, and the script's own loop must not go on.
+        os._exit(code)
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Calls `callback(module)` once, right after `name` is imported (if the script ever imports it)."""
+
+    def __init__(self, name: str, callback: Callable[[Any], None]) -> None:
+        self.name, self.callback = name, callback
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module, callback = spec.loader.exec_module, self.callback
+
+        def exec_and_patch(module: Any) -> None:
+            exec_module(module)
+            callback(module)
+
+        spec.loader.exec_module = exec_and_patch  # type: ignore[method-assign]
+        return spec
