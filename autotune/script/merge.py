@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -65,5 +66,16 @@ def merge(user: Mapping[str, Any], trial: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def json_safe(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy that survives JSON (a script's dict may hold tuples or other odd values)."""
-    return json.loads(json.dumps(config, default=str))
+    """A copy that survives strict JSON: a script's dict may hold tuples, objects, or infinities (the
+    Trainer's finalized config does), which become lists, their str() and None."""
+    return _finite(json.loads(json.dumps(config, default=str)))
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value

@@ -33,6 +33,7 @@ from autotune.rundir import RunDir, RunSettings
 from autotune.script import merge
 from autotune.script.inspect_model import shape_from_info
 from autotune.space import Space
+from autotune.units import format_size
 from autotune.workload import PRESETS, Workload
 
 SCRIPT_FILE = "script.json"
@@ -119,6 +120,7 @@ def first_trial(run_dir: RunDir, settings: RunSettings, space: Space, script: Sc
     """Run the first trial, record it, and return the sweep's settings and space for the model it showed,
     and the script's verdict if the script (not the config) failed."""
     config = first_config(space)
+    print(f"first trial of {script.path}: {config.label()} (shows the tuner the script's model)", flush=True)
     backend = ScriptBackend(script, settings.workload, settings.memory_budget_bytes, settings.hardware,
                             DsOptions(nvme_path=settings.choices.nvme_path), run_dir.logs_dir, timeout_s,
                             shape_known=False)
@@ -133,6 +135,8 @@ def first_trial(run_dir: RunDir, settings: RunSettings, space: Space, script: Sc
             result = replace(result, extra={**result.extra, "predicted_peak_bytes": est.peak_bytes,
                                             "predicted_throughput_samples_per_s": est.throughput_samples_per_s})
     result = replace(result, extra={**result.extra, "trial": 1}).under_budget(settings.memory_budget_bytes)
+    print(f"first trial {result.status}: " + (f"{result.throughput_samples_per_s:.4g} samples/s, peak "
+          f"{format_size(result.peak_memory_bytes)}" if result.ok else str(result.error).splitlines()[0]), flush=True)
     run_dir.append(result)
     save(run_dir, script, model, notes, backend.fatal)
     return settings, settings.space(), backend.fatal
@@ -191,8 +195,11 @@ def finish(run_dir: RunDir, settings: RunSettings, best: TrialResult | None) -> 
         run_dir.write_json("best_ds_config.json", ds)
         info["recommended_trainer_flags"] = flags
         run_dir.write_json(SCRIPT_FILE, info)
-        lines.append(f"best_ds_config.json is the script's own DeepSpeed config with the tuned keys: pass it where the "
-                     f"script takes its config; with the Hugging Face Trainer also pass {' '.join(flags)}")
+        text = ("best_ds_config.json is the script's own DeepSpeed config with the tuned keys: pass it where the "
+                "script takes its config")
+        if (info.get("model") or {}).get("via") == "transformers.TrainingArguments":
+            text += f", with these TrainingArguments (the Trainer checks them against the config): {' '.join(flags)}"
+        lines.append(text)
     model = info.get("model") or {}
     section = ["", "## Script mode", "", f"- Script: `{info['script']['path']}` `{shlex.join(info['script']['args'])}`"]
     if model:

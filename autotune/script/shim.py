@@ -33,6 +33,7 @@ import statistics
 import sys
 import time
 import traceback
+from pathlib import Path
 from typing import Any, Callable
 
 from autotune.worker.main import (CpuMemory, CudaMemory, Unsupported, agree, check_supported, classify,
@@ -100,6 +101,7 @@ class Shim:
         self.startup_peak = 0
         self.world = 1
         self.model_switch: str | None = None
+        self.via_trainer = False  # the config came through Hugging Face TrainingArguments
 
     # -- bookkeeping ----------------------------------------------------------------------------------
     def phase(self, name: str, **info: Any) -> None:
@@ -113,7 +115,7 @@ class Shim:
 
     def write(self, name: str, data: dict[str, Any]) -> None:
         if self.rank == 0:
-            write_json_atomic(os.path.join(self.spec.log_dir, name), merge.json_safe(data))
+            write_json_atomic(Path(self.spec.log_dir) / name, merge.json_safe(data))
 
     # -- before the script ----------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -166,6 +168,7 @@ class Shim:
             if args.deepspeed:  # a Trainer without DeepSpeed is left alone (and never initializes)
                 ds = shim.trial_config(merge.load_config(args.deepspeed))
                 args.deepspeed = ds
+                shim.via_trainer = True
                 args.per_device_train_batch_size = ds["train_micro_batch_size_per_gpu"]
                 args.gradient_accumulation_steps = ds["gradient_accumulation_steps"]
                 args.bf16 = bool(ds["bf16"]["enabled"])
@@ -200,6 +203,8 @@ class Shim:
             raise ScriptVerdict("never_initialized", "the script called deepspeed.initialize without a model")
         self.apply_checkpointing(model)
         self.model = model_info(model)
+        self.model["via"] = "transformers.TrainingArguments" if self.via_trainer else "deepspeed.initialize"
+        self.model["checkpointing_on"] = bool(self.spec.config.ckpt_interval) and self.model_switch is not None
         self.write(MODEL_FILE, self.model)
         result = self.original_initialize(**given, config=ds)
         self.initialized = True
