@@ -1,0 +1,167 @@
+"""Script mode against the real thing: the examples, unchanged, tuned with real DeepSpeed trials on the CPU
+(gloo, bf16, no offload), and the recommended config passed back to the same unchanged script."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autotune.cli import main
+from autotune.dsconfig import validate
+from autotune.results import read_results
+from autotune.runner import extensions_dir, free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+# No offload (an offloaded optimizer would compile DeepSpeed's CPU Adam, minutes); checkpointing 0-2 so that
+# the space has to lose what a model cannot apply.
+SPACE = """\
+zero_stage: [0, 1, 2]
+micro_batch: [4, 8]
+ckpt_interval: [0, 1, 2]
+precision: [bf16]
+offload_optimizer: [none]
+offload_param: [none]
+"""
+HF_ARGS = "--use_cpu true --report_to none --save_strategy no --disable_tqdm true"
+
+
+@pytest.fixture(scope="module")
+def space_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("space") / "space.yaml"
+    path.write_text(SPACE)
+    return path
+
+
+def run_unchanged(script: Path, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """The user's script on its own, one rank, as `deepspeed --num_gpus 1` would start it."""
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port()), "TORCH_EXTENSIONS_DIR": extensions_dir(sys.executable)}
+    return subprocess.run([sys.executable, str(script), *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=600)
+
+
+def tune(out: Path, space: Path, script: Path, script_args: str, capsys, trials: int = 3) -> tuple[int, str]:
+    code = main(["tune", "--script", str(script), "--script-args", script_args, "--space", str(space),
+                 "--strategy", "optuna", "--trials", str(trials), "--memory-budget", "6GiB", "--out", str(out)])
+    return code, capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_plain_script_with_a_config_path_is_tuned_and_its_recommendation_trains(space_file, tmp_path, capsys):
+    out = tmp_path / "run"
+    code, printed = tune(out, space_file, EXAMPLES / "train_plain.py",
+                         f"--deepspeed_config {EXAMPLES / 'ds_config.json'} --steps 5", capsys)
+    assert code == 0, printed
+    results = read_results(out / "trials.jsonl")
+    assert [r.status for r in results] == ["ok"] * 3, [r.error for r in results]
+    assert results[0].config.zero_stage == 0 and results[0].config.micro_batch == 4  # the plain first trial
+    for r in results:
+        assert r.backend == "script" and r.throughput_samples_per_s > 0 and r.peak_memory_bytes > 0
+        assert r.extra["basic_optimizer"] == "FusedAdam"  # the script's AdamW from its config file
+        used = json.loads((Path(r.extra["log_dir"]) / "ds_config.json").read_text())
+        assert used["zero_optimization"]["stage"] == r.config.zero_stage
+        assert used["train_micro_batch_size_per_gpu"] == r.config.micro_batch
+        assert used["scheduler"]["type"] == "WarmupLR" and used["optimizer"]["params"]["lr"] == 3e-4
+        assert r.extra["script_model"]["micro_batch_seen"] == r.config.micro_batch
+    # What the estimator learned from the model handed to deepspeed.initialize, and what it did with it.
+    settings = json.loads((out / "run.json").read_text())
+    model = settings["workload"]["model"]
+    assert (model["layers"], model["hidden"], model["vocab"], model["seq_len"]) == (2, 128, 1024, 64)
+    assert settings["space"]["ckpt_interval"] == [0]  # TinyLM has no checkpointing switch
+    assert json.loads((out / "calibration.json").read_text())["samples"] >= 2
+    report = (out / "report.md").read_text()
+    assert "## Script mode" in report and "activation checkpointing was removed from the space" in report
+    assert "activation checkpointing was removed" in printed
+
+    best = json.loads((out / "best_ds_config.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
+    assert best["train_micro_batch_size_per_gpu"] == summary["best"]["config"]["micro_batch"]
+    assert best["zero_optimization"]["stage"] == summary["best"]["config"]["zero_stage"]
+    assert best["scheduler"]["type"] == "WarmupLR"  # the script's own settings survive
+    validate(best)
+    ran = run_unchanged(EXAMPLES / "train_plain.py", ["--deepspeed_config", str(out / "best_ds_config.json"),
+                                                       "--steps", "2"], tmp_path)
+    assert ran.returncode == 0 and "training done" in ran.stdout, ran.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_hugging_face_trainer_script_is_tuned_with_checkpointing_and_its_recommendation_trains(space_file, tmp_path,
+                                                                                              capsys):
+    out = tmp_path / "run"
+    code, printed = tune(out, space_file, EXAMPLES / "train_hf.py",
+                         f"--deepspeed {EXAMPLES / 'ds_config_hf.json'} --output_dir {tmp_path / 'hf'} "
+                         f"--max_steps 5 {HF_ARGS}", capsys, trials=3)
+    assert code == 0, printed
+    results = read_results(out / "trials.jsonl")
+    assert [r.status for r in results] == ["ok"] * 3, [r.error for r in results]
+    first = results[0].extra["script_model"]
+    assert first["class"] == "GPT2LMHeadModel" and first["via"] == "transformers.TrainingArguments"
+    assert (first["layers"], first["hidden"], first["seq_len"]) == (2, 128, 64)
+    settings = json.loads((out / "run.json").read_text())
+    assert settings["space"]["ckpt_interval"] == [0, 1]  # the model's switch: every layer or none
+    for r in results:
+        used = json.loads((Path(r.extra["log_dir"]) / "ds_config.json").read_text())
+        assert used["train_micro_batch_size_per_gpu"] == r.config.micro_batch == r.extra["script_model"]["micro_batch_seen"]
+        assert used["zero_optimization"]["stage"] == r.config.zero_stage
+        assert used["scheduler"]["type"] == "WarmupDecayLR"  # the script's scheduler, its "auto" values filled
+        assert r.extra["script_model"]["checkpointing_on"] == (r.config.ckpt_interval == 1)
+    info = json.loads((out / "script.json").read_text())
+    flags = info["recommended_trainer_flags"]
+    best = json.loads((out / "best_ds_config.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())["best"]["config"]
+    assert best["train_micro_batch_size_per_gpu"] == summary["micro_batch"]
+    assert best["optimizer"]["params"]["lr"] == "auto"  # still the script's config, for the Trainer to fill
+    assert "TrainingArguments" in printed
+    ran = run_unchanged(EXAMPLES / "train_hf.py", ["--deepspeed", str(out / "best_ds_config.json"), "--output_dir",
+                                                    str(tmp_path / "again"), "--max_steps", "2", *HF_ARGS.split(),
+                                                    *flags], tmp_path)
+    assert ran.returncode == 0 and "training done: 2 steps" in ran.stdout, ran.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_script_passing_a_dict_keeps_its_own_optimizer(tmp_path, capsys):
+    code = main(["trial", "--script", str(EXAMPLES / "train_dict.py"), "--script-args", "--steps 5",
+                 "--zero-stage", "2", "--micro-batch", "8", "--precision", "bf16", "--run-dir", str(tmp_path / "t"),
+                 "--json"])
+    printed = json.loads(capsys.readouterr().out)
+    result = printed["result"]
+    assert code == 0, result["error"]
+    assert result["basic_optimizer"] == "SGD" and result["script_model"]["via"] == "deepspeed.initialize"
+    assert result["stop_reason"] == "script_ended" and result["steps_measured"] == 4  # 5 steps, 1 of warm-up
+    used = json.loads((Path(result["log_dir"]) / "ds_config.json").read_text())
+    assert used["zero_optimization"]["stage"] == 2 and used["gradient_accumulation_steps"] == 2
+    assert used["gradient_clipping"] == 0.5 and used["zero_allow_untested_optimizer"] is True
+    assert printed["model"]["layers"] == 4 and printed["prediction"]["memory"]["total"] > 0
+
+
+BROKEN = {
+    "crashed_before_initialize": "import deepspeed\nraise RuntimeError('no data found')\n",
+    "never_initialized": "import deepspeed\nprint('I only evaluate')\n",
+    "never_stepped": ("import deepspeed, torch\nmodel = torch.nn.Linear(4, 4)\n"
+                      "engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), "
+                      "config={'train_batch_size': 16, 'optimizer': {'type': 'SGD', 'params': {'lr': 0.1}}})\n"
+                      "print('initialized, leaving')\n"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("verdict", list(BROKEN))
+def test_a_script_that_cannot_be_tuned_stops_the_sweep_after_the_first_trial(verdict, space_file, tmp_path, capsys):
+    script = tmp_path / "train.py"
+    script.write_text(BROKEN[verdict])
+    code, printed = tune(tmp_path / "run", space_file, script, "", capsys, trials=5)
+    assert code == 1
+    results = read_results(tmp_path / "run" / "trials.jsonl")
+    assert len(results) == 1 and results[0].status == "crash"
+    assert results[0].extra["script_verdict"] == verdict
+    assert f"the script cannot be tuned as it is: {verdict}" in printed
+    assert "stopped after the first trial" in printed
+    if verdict == "crashed_before_initialize":
+        assert "no data found" in results[0].error
+    assert "cannot be tuned as it is" in (tmp_path / "run" / "report.md").read_text()
