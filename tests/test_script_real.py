@@ -147,6 +147,12 @@ BROKEN = {
                       "engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), "
                       "config={'train_batch_size': 16, 'optimizer': {'type': 'SGD', 'params': {'lr': 0.1}}})\n"
                       "print('initialized, leaving')\n"),
+    "ignores_micro_batch": ("import deepspeed, torch\nmodel = torch.nn.Linear(4, 1)\n"
+                            "engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), "
+                            "config={'train_batch_size': 16, 'optimizer': {'type': 'SGD', 'params': {'lr': 0.1}}})\n"
+                            "for _ in range(10):\n"
+                            "    engine.backward(engine(torch.randn(16, 4)).sum())  # its own batch of 16\n"
+                            "    engine.step()\n"),
 }
 
 
