@@ -46,20 +46,27 @@ def run_unchanged(script: Path, args: list[str], cwd: Path) -> subprocess.Comple
                           timeout=600)
 
 
-def tune(out: Path, space: Path, script: Path, script_args: str, capsys, trials: int = 3) -> tuple[int, str]:
+def tune(out: Path, space: Path, script: Path, script_args: str, capsys, trials: int = 3,
+         resume: bool = False) -> tuple[int, str]:
     code = main(["tune", "--script", str(script), "--script-args", script_args, "--space", str(space),
-                 "--strategy", "optuna", "--trials", str(trials), "--memory-budget", "6GiB", "--out", str(out)])
+                 "--strategy", "optuna", "--trials", str(trials), "--memory-budget", "6GiB", "--out", str(out)]
+                + (["--resume"] if resume else []))
     return code, capsys.readouterr().out
 
 
 @pytest.mark.slow
 def test_plain_script_with_a_config_path_is_tuned_and_its_recommendation_trains(space_file, tmp_path, capsys):
     out = tmp_path / "run"
-    code, printed = tune(out, space_file, EXAMPLES / "train_plain.py",
-                         f"--deepspeed_config {EXAMPLES / 'ds_config.json'} --steps 5", capsys)
+    script_args = f"--deepspeed_config {EXAMPLES / 'ds_config.json'} --steps 5"
+    code, printed = tune(out, space_file, EXAMPLES / "train_plain.py", script_args, capsys, trials=2)
     assert code == 0, printed
+    # Resumed: the shape learned by the first trial is kept and the sweep goes on; another script is refused.
+    code, printed = tune(out, space_file, EXAMPLES / "train_plain.py", script_args, capsys, trials=3, resume=True)
+    assert code == 0, printed
+    assert tune(out, space_file, EXAMPLES / "train_plain.py", "--steps 5", capsys, trials=4, resume=True)[0] == 2
     results = read_results(out / "trials.jsonl")
     assert [r.status for r in results] == ["ok"] * 3, [r.error for r in results]
+    assert len({r.config for r in results}) == 3
     assert results[0].config.zero_stage == 0 and results[0].config.micro_batch == 4  # the plain first trial
     for r in results:
         assert r.backend == "script" and r.throughput_samples_per_s > 0 and r.peak_memory_bytes > 0
