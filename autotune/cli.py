@@ -17,6 +17,7 @@ COMMANDS = {
     "trial": "Run one real DeepSpeed trial of one config; print its measurements next to the estimator's prediction.",
     "surface": "Record a replay surface (every config of a space, run for real; resumable), or summarise one.",
     "rl": "Train the RL policy with RLlib (PPO) on the simulated environment, resumably; export a checkpoint's policy.",
+    "sweep": "Tune many workloads of a sweep YAML at once on a Ray cluster; one run directory each and a summary table.",
 }
 
 

@@ -30,10 +30,12 @@ trials they leave RUNNING are taken over by the resumed study.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from rich.console import Console
 
@@ -120,10 +122,8 @@ def connect(address: str) -> None:
             ray.init(address=address, log_to_driver=False, configure_logging=False)
     except Exception as err:  # noqa: BLE001  (ConnectionError, AuthenticationError, RuntimeError, ...)
         message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        hint = ""
-        if "auth" in message.lower() or "token" in message.lower():
-            hint = ("; a cluster with token authentication needs RAY_AUTH_MODE=token and its token "
-                    "(RAY_AUTH_TOKEN_PATH=FILE, RAY_AUTH_TOKEN, or ~/.ray/auth_token) in this environment")
+        hint = ("; is it running, and if it uses token authentication, are RAY_AUTH_MODE=token and its token "
+                "(RAY_AUTH_TOKEN_PATH=FILE, RAY_AUTH_TOKEN, or ~/.ray/auth_token) set in this environment?")
         raise ConfigError(f"--ray-address {address}: cannot connect to Ray: {message}{hint}") from None
 
 
@@ -397,3 +397,16 @@ def describe_cluster() -> str:
     totals = cluster_capacity()
     shown = {k: v for k, v in totals.items() if k in ("CPU", "GPU") or not (k.startswith("node:") or "memory" in k)}
     return f"{len(alive)} nodes, " + ", ".join(f"{v:g} {k}" for k, v in sorted(shown.items()))
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM stops the sweep as Ctrl-C does: trials in flight are cancelled, outputs written."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,319 @@
+"""Batch sweeps: a YAML file lists workloads; each is tuned in its own run directory, all at once on one
+Ray cluster (drivers/ray.py shares it fairly), and a summary table (markdown and CSV) gives each
+workload's recommended config, throughput, memory and a link to its report.
+
+```yaml
+defaults:                 # optional: every workload's keys unless it sets them
+  backend: simulated      # deepspeed | simulated | replay
+  strategy: optuna
+  trials: 20
+workloads:
+  - name: gpt2-xl-8gpu    # its run directory: <out>/<name>
+    model: gpt2-xl        # a preset, or a shape: {layers: 48, hidden: 1600, heads: 25, vocab: 50257, seq_len: 1024}
+    gpus: 8
+    global_batch: 256
+    hardware: a100-40gb
+    memory_budget: 40GiB
+```
+Workload keys: name, model, gpus, global_batch, hardware, memory_budget, space, strategy, trials, time_budget,
+backend, surface (replay), seed, gpus_per_trial. Every error names the file, the key, the value and what
+is allowed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import re
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from autotune.config import ConfigError
+from autotune.drivers.sweep import Budget
+from autotune.rundir import RunDir, RunSettings
+from autotune.space import Space
+from autotune.strategies import STRATEGIES
+from autotune.units import format_size
+from autotune.workload import PRESETS, ModelShape, Workload, make_workload
+
+WORKLOAD_KEYS = ("name", "model", "gpus", "global_batch", "hardware", "memory_budget", "space", "strategy", "trials",
+                 "time_budget", "backend", "surface", "seed", "gpus_per_trial")
+TOP_KEYS = ("defaults", "workloads", "concurrency")
+DEFAULT_TRIALS = 20
+DEFAULT_STRATEGY = "optuna"  # many workloads at once: Optuna keeps several trials of each in flight
+SUMMARY_MD = "sweep_summary.md"
+SUMMARY_CSV = "sweep_summary.csv"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """One workload of a sweep file, resolved: its run settings, space and budget."""
+
+    name: str
+    settings: RunSettings
+    space: Space
+    budget: Budget
+    gpus_per_trial: int | None = None
+
+
+@dataclass(frozen=True)
+class SweepFile:
+    path: Path
+    workloads: tuple[WorkloadSpec, ...]
+    concurrency: int | None = None
+
+
+def load_sweep(path: str | Path) -> SweepFile:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"sweep file {str(path)!r}: no such file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {str(err).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping with keys {', '.join(TOP_KEYS)}, got {type(data).__name__}")
+    _check_keys(data, TOP_KEYS, str(path))
+    defaults = data.get("defaults") or {}
+    if not isinstance(defaults, dict):
+        raise ConfigError(f"{path}: defaults: expected a mapping of workload keys, got {defaults!r}")
+    _check_keys(defaults, tuple(k for k in WORKLOAD_KEYS if k != "name"), f"{path}: defaults")
+    entries = data.get("workloads")
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(f"{path}: workloads: expected a non-empty list of workloads, got {entries!r}")
+    specs, names = [], set()
+    for i, entry in enumerate(entries):
+        where = f"{path}: workloads[{i}]"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{where}: expected a mapping of {', '.join(WORKLOAD_KEYS)}, got {entry!r}")
+        _check_keys(entry, WORKLOAD_KEYS, where)
+        spec = _workload({**defaults, **entry}, where, path.parent)
+        if spec.name in names:
+            raise ConfigError(f"{where}.name: {spec.name!r} is used twice: names must be unique (one run directory each)")
+        names.add(spec.name)
+        specs.append(spec)
+    concurrency = data.get("concurrency")
+    if concurrency is not None and (not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1):
+        raise ConfigError(f"{path}: concurrency: {concurrency!r}: allowed a positive integer")
+    return SweepFile(path, tuple(specs), concurrency)
+
+
+def _check_keys(data: dict, allowed: tuple[str, ...], where: str) -> None:
+    unknown = [k for k in data if k not in allowed]
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {unknown[0]!r}: allowed {', '.join(allowed)}")
+
+
+def _workload(entry: dict[str, Any], where: str, base: Path) -> WorkloadSpec:
+    """Resolve one workload entry with the same parsers, defaults and checks as `autotune tune`."""
+    from autotune.commands.common import hardware_from, positive_int, size, space_from
+    from autotune.commands.tune import BACKENDS, _resolve_replay, duration
+
+    def parse(key: str, parser, allowed: str):
+        value = entry.get(key)
+        if value is None:
+            return None
+        try:
+            return parser(str(value))
+        except (argparse.ArgumentTypeError, ConfigError, ValueError) as err:
+            raise ConfigError(f"{where}.{key}: {value!r}: {err} (allowed {allowed})") from None
+
+    name = entry.get("name")
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ConfigError(f"{where}.name: {name!r}: allowed letters, digits, '.', '_' and '-' (a directory name)")
+    model = entry.get("model", "tiny")
+    strategy = entry.get("strategy", DEFAULT_STRATEGY)
+    if strategy not in STRATEGIES:
+        raise ConfigError(f"{where}.strategy: {strategy!r}: allowed {', '.join(STRATEGIES)}")
+    backend = entry.get("backend", "simulated")
+    if backend not in BACKENDS:
+        raise ConfigError(f"{where}.backend: {backend!r}: allowed {', '.join(BACKENDS)}")
+    args = argparse.Namespace(
+        model=None, gpus=parse("gpus", positive_int, "a positive integer") or 1,
+        global_batch=parse("global_batch", positive_int, "a positive integer"),
+        hardware=None, space=None if entry.get("space") is None else _path_or_name(entry["space"], base),
+        memory_budget=parse("memory_budget", size, "a size such as 40GiB or 2GB"), strategy=strategy,
+        backend=backend, seed=parse("seed", _seed, "a non-negative integer") or 0,
+        surface=None if entry.get("surface") is None else Path(_path_or_name(entry["surface"], base)))
+    if entry.get("hardware") is not None:
+        from autotune.hardware import load_hardware
+
+        try:
+            args.hardware = load_hardware(_path_or_name(entry["hardware"], base))
+        except ConfigError as err:
+            raise ConfigError(f"{where}.hardware: {err}") from None
+    try:
+        if backend == "replay":
+            args.model = model if isinstance(model, str) else None
+            settings, space = _resolve_replay(args)
+        else:
+            if entry.get("surface") is not None:
+                raise ConfigError(f"surface is only for backend replay (got backend {backend})")
+            workload = _model_workload(model, args.global_batch, args.gpus, where)
+            args.model = workload.model.name if workload.model.name in PRESETS else "custom"
+            hardware = hardware_from(args)
+            space = space_from(args, workload, hardware)
+            budget = args.memory_budget or hardware.memory_bytes
+            settings = RunSettings(workload, hardware, budget, strategy, backend, args.seed, space.choices)
+    except ConfigError as err:
+        message = str(err)
+        raise ConfigError(message if message.startswith(str(where)) else f"{where}: {message}") from None
+    trials = parse("trials", positive_int, "a positive integer") or DEFAULT_TRIALS
+    time_budget = parse("time_budget", duration, "a duration such as 8h, 90m, 45s")
+    gpus_per_trial = parse("gpus_per_trial", positive_int, "a positive integer")
+    return WorkloadSpec(name, settings, space, Budget(trials, time_budget), gpus_per_trial)
+
+
+def _model_workload(model: Any, global_batch: int | None, gpus: int, where: str) -> Workload:
+    if isinstance(model, str):
+        if model not in PRESETS:
+            raise ConfigError(f"{where}.model: {model!r}: allowed {', '.join(PRESETS)} or a mapping of shapes")
+        return make_workload(model, global_batch, gpus)
+    if isinstance(model, dict):
+        shape = {"name": "custom", **model}
+        try:
+            return Workload(ModelShape(**shape), global_batch or 32 * gpus, gpus)
+        except TypeError as err:
+            raise ConfigError(f"{where}.model: {model!r}: {err}; allowed keys name, layers, hidden, heads, vocab, "
+                              "seq_len, ffn_hidden, kv_heads, arch") from None
+        except ConfigError as err:
+            raise ConfigError(f"{where}.model: {err}") from None
+    raise ConfigError(f"{where}.model: {model!r}: allowed {', '.join(PRESETS)} or a mapping of shapes")
+
+
+def _seed(text: str) -> int:
+    from autotune.commands.tune import seed
+
+    return seed(text)
+
+
+def _path_or_name(value: Any, base: Path) -> str:
+    """A preset name as is; a relative file path relative to the sweep file's folder."""
+    text = str(value)
+    candidate = base / text
+    return str(candidate) if ("/" in text or text.endswith((".yaml", ".yml", ".jsonl"))) and candidate.exists() else text
+
+
+# -- running a sweep
+
+def run_sweep(sweep_file: SweepFile, out: Path, address: str, resume: bool, concurrency: int | None = None,
+              console=None) -> dict[str, dict]:
+    """Tune every workload of the file at once on the Ray cluster at `address`; write each run directory and
+    the sweep summary. Returns the summary rows by workload name."""
+    from rich.console import Console
+
+    from autotune.commands.tune import (NOTHING_FITS, SLEEP_ENV, close_sweep, make_backend, nothing_fits,
+                                        open_sweep)
+    from autotune.drivers import ray as ray_driver
+    import optuna
+    import os
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    console = console or Console(width=160)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = {spec.name: RunDir(out / spec.name) for spec in sweep_file.workloads}
+    if not resume and any(run.exists() for run in runs.values()):
+        busy = next(name for name, run in runs.items() if run.exists())
+        raise ConfigError(f"{out} already holds this sweep (workload {busy!r}): pass --resume to continue it, "
+                          "or choose another --out")
+    if resume and not any(run.exists() for run in runs.values()):
+        raise ConfigError(f"--resume: {out} holds no sweep of {sweep_file.path} to resume")
+    with ExitStack() as stack:
+        for spec in sweep_file.workloads:
+            run = stack.enter_context(runs[spec.name].locked())
+            if run.exists():
+                differences = run.read_settings().differences(spec.settings)
+                if differences:
+                    raise ConfigError(f"--resume: {run.path} was started with other settings "
+                                      f"({'; '.join(differences)}): restore {sweep_file.path} as it was")
+            else:
+                run.write_settings(spec.settings)
+        (out / "sweep.yaml").write_text(sweep_file.path.read_text())  # what produced these run directories
+        jobs, reasons, sweeps = [], {}, {}
+        sleep_s = float(os.environ.get(SLEEP_ENV) or 0)
+        for spec in sweep_file.workloads:
+            run = runs[spec.name]
+            backend_name = make_backend(spec.settings, spec.space, run).name
+            sweep = open_sweep(run, spec.settings, spec.space, backend_name)
+            sweeps[spec.name] = sweep
+            progress = ray_driver.LabelledProgress(spec.name, spec.budget.trials, console)
+            if nothing_fits(sweep, spec.space):
+                reasons[spec.name] = NOTHING_FITS
+                progress.message("no config of the space is predicted to fit: nothing runs for this workload")
+                continue
+            resources = ray_driver.trial_resources(spec.settings, spec.gpus_per_trial)
+            backend = ray_driver.BackendSpec(spec.settings, str(run.path.resolve()),
+                                             sleep_s if spec.settings.backend == "simulated" else 0.0)
+            jobs.append(ray_driver.Job(spec.name, sweep, spec.budget, resources, backend, progress))
+        if jobs:
+            ray_driver.connect(address)
+            try:
+                console.print(f"Ray cluster {address}: {ray_driver.describe_cluster()}; {len(jobs)} workloads "
+                              f"at once" + (f", at most {concurrency} trials in flight" if concurrency else ""),
+                              highlight=False)
+                reasons.update(ray_driver.run_ray(jobs, concurrency, console=console))
+            finally:
+                ray_driver.disconnect()
+        rows = {}
+        for spec in sweep_file.workloads:
+            outputs = close_sweep(runs[spec.name], spec.settings, sweeps[spec.name])
+            rows[spec.name] = summary_row(spec, runs[spec.name], out, outputs, reasons[spec.name])
+        write_summary(out, list(rows.values()))
+    return rows
+
+
+def summary_row(spec: WorkloadSpec, run: RunDir, out: Path, outputs, reason: str) -> dict:
+    from autotune.commands.tune import STOP_TEXT
+
+    w, best = spec.settings.workload, outputs.best
+    return {
+        "workload": spec.name, "model": w.model.name, "gpus": w.gpus, "global_batch": w.global_batch,
+        "hardware": spec.settings.hardware.name, "memory_budget": format_size(spec.settings.memory_budget_bytes),
+        "strategy": spec.settings.strategy, "backend": spec.settings.backend,
+        "trials": outputs.summary["trials"],
+        "recommended": best.config.label() if best else "",
+        "config_json": best.config.to_json() if best else "",
+        "throughput_samples_per_s": round(best.throughput_samples_per_s, 3) if best else "",
+        "peak_memory": format_size(best.peak_memory_bytes) if best and best.peak_memory_bytes else "",
+        "peak_memory_bytes": best.peak_memory_bytes if best else "",
+        "stopped": STOP_TEXT.get(reason, reason),
+        "verdict": outputs.verdict,
+        "report": str((run.path / "report.md").relative_to(out)),
+    }
+
+
+CSV_COLUMNS = ("workload", "model", "gpus", "global_batch", "hardware", "memory_budget", "strategy", "backend",
+               "trials", "recommended", "throughput_samples_per_s", "peak_memory_bytes", "config_json", "stopped",
+               "verdict", "report")
+
+
+def write_summary(out: Path, rows: list[dict]) -> tuple[Path, Path]:
+    md, csv_path = out / SUMMARY_MD, out / SUMMARY_CSV
+    lines = ["# Sweep summary", "",
+             "| workload | model | gpus | global batch | budget | trials | recommended config | samples/s | "
+             "peak memory | stopped | report |",
+             "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- | --- |"]
+    for r in rows:
+        lines.append(f"| {r['workload']} | {r['model']} | {r['gpus']} | {r['global_batch']} | {r['memory_budget']} | "
+                     f"{r['trials']} | {r['recommended'] or 'none: ' + r['verdict']} | {r['throughput_samples_per_s']} | "
+                     f"{r['peak_memory']} | {r['stopped']} | [report]({r['report']}) |")
+    lines.append("")
+    _atomic_write(md, "\n".join(lines))
+    tmp = csv_path.with_name(csv_path.name + ".tmp")
+    with open(tmp, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    tmp.replace(csv_path)
+    return md, csv_path
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
