@@ -1,0 +1,86 @@
+"""The Ray driver's scheduling logic without a cluster (drivers/ray.py `Job`): several proposals of one
+sweep in flight, a sequential strategy waits for a result, the trial budget counts trials in flight, and
+what a trial asks the cluster for. The same code against a real cluster: tests/test_ray_cluster.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.commands.tune import open_sweep
+from autotune.config import ConfigError
+from autotune.drivers.local import TRIALS
+from autotune.drivers.progress import QuietProgress
+from autotune.drivers.ray import BackendSpec, Flight, Job, TrialResources, trial_resources
+from autotune.drivers.sweep import Budget
+from autotune.hardware import PROFILES
+from autotune.rundir import RunDir, RunSettings
+from autotune.search_spaces import load_choices
+from autotune.workload import make_workload
+
+
+def settings(strategy: str, backend: str = "simulated", model: str = "tiny", gpus: int = 1, hardware: str = "cpu"):
+    workload = make_workload(model, None, gpus)
+    choices = load_choices("cpu" if hardware == "cpu" else "default")
+    return RunSettings(workload, PROFILES[hardware], 2**30 if hardware == "cpu" else 40 * 2**30, strategy, backend,
+                       0, choices)
+
+
+def job(tmp_path, strategy: str, trials: int = 10) -> Job:
+    s = settings(strategy)
+    run = RunDir(tmp_path / strategy)
+    run.write_settings(s)
+    sweep = open_sweep(run, s, s.space(), "simulated")
+    return Job(strategy, sweep, Budget(trials), TrialResources(), BackendSpec(s, str(run.path)), QuietProgress())
+
+
+def fly(j: Job, config) -> None:
+    j.in_flight.append(Flight(j, config, 1))
+
+
+def test_optuna_keeps_several_distinct_proposals_in_flight(tmp_path):
+    j = job(tmp_path, "optuna")
+    for _ in range(4):
+        config = j.next_config()
+        assert config is not None and not j.waiting
+        fly(j, config)
+    assert len({f.config for f in j.in_flight}) == 4
+
+
+def test_a_sequential_strategy_waits_for_its_result(tmp_path):
+    j = job(tmp_path, "grid")
+    first = j.next_config()
+    fly(j, first)
+    assert j.next_config() is None and j.waiting and j.reason is None
+    flight = j.in_flight.pop()
+    j.waiting = False
+    j.sweep.finish(first, BackendSpec(settings("grid"), str(tmp_path))().run(first))
+    second = j.next_config()
+    assert second is not None and second != first
+
+
+def test_the_trial_budget_counts_trials_in_flight(tmp_path):
+    j = job(tmp_path, "optuna", trials=2)
+    configs = []
+    for _ in range(2):
+        configs.append(j.next_config())
+        fly(j, configs[-1])
+    assert j.next_config() is None and j.waiting and j.reason is None
+    backend = BackendSpec(settings("optuna"), str(tmp_path))()
+    for config in configs:
+        j.in_flight.pop()
+        j.sweep.finish(config, backend.run(config))
+    j.waiting = False
+    assert j.next_config() is None and j.reason == TRIALS and j.sweep.launched == 2
+
+
+def test_what_a_trial_asks_the_cluster_for():
+    assert trial_resources(settings("optuna")).demand() == {"CPU": 1.0}
+    real_cpu = trial_resources(settings("optuna", "deepspeed", gpus=2))
+    assert real_cpu.demand() == {"CPU": 2.0}
+    gpu = settings("optuna", "deepspeed", model="gpt2-xl", gpus=4, hardware="a100-40gb")
+    assert trial_resources(gpu).demand() == {"CPU": 1.0, "GPU": 4.0}
+    assert trial_resources(gpu, 8).options()["num_gpus"] == 8.0
+    with pytest.raises(ConfigError, match="--gpus-per-trial 2: a trial of this workload runs 4 ranks"):
+        trial_resources(gpu, 2)
+    slots = TrialResources(cpus=0.0, custom=(("slot", 1.0),))
+    assert slots.demand() == {"slot": 1.0} and slots.devices == 1.0
