@@ -92,6 +92,7 @@ def test_model_info_of_a_plain_module_tree():
     assert info["source"] == "modules" and info["checkpoint_switch"] is None
 
 
+@pytest.mark.slow  # importing transformers takes seconds
 def test_model_info_of_a_hugging_face_model_reads_its_config_and_switch():
     from transformers import GPT2Config, GPT2LMHeadModel
 

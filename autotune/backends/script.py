@@ -13,7 +13,7 @@ Results are those of the deepspeed backend (same report keys, same TrialResult e
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -69,7 +69,7 @@ class ScriptBackend(DeepSpeedBackend):
                          calibration=calibration, env=env)
         self.script = script
         self.shape_known = shape_known  # False: `workload.model` is a placeholder until a trial inspects it
-        self.launch = type(self.launch)(**{**self.launch.__dict__, "module": SHIM})
+        self.launch = replace(self.launch, module=SHIM)
         self.fatal: str | None = None  # set when the script, not the config, failed: no further trial helps
 
     def predict(self, config: Config):
