@@ -37,8 +37,10 @@ def fly(j: Job, config) -> None:
     j.in_flight.append(Flight(j, config, 1))
 
 
-def test_optuna_keeps_several_distinct_proposals_in_flight(tmp_path):
-    j = job(tmp_path, "optuna")
+@pytest.mark.parametrize("strategy", [pytest.param("optuna", marks=pytest.mark.slow), "random",
+                                      pytest.param("hybrid", marks=pytest.mark.slow)])  # hybrid loads the policy
+def test_several_distinct_proposals_in_flight(tmp_path, strategy):
+    j = job(tmp_path, strategy)
     for _ in range(4):
         config = j.next_config()
         assert config is not None and not j.waiting

@@ -19,9 +19,14 @@ class RandomStrategy:
         self._next = 0
 
     def propose(self) -> Config | None:
+        # Each config is proposed once: a driver with several trials in flight (drivers/ray.py) asks again
+        # before the first result is in.
         while self._next < len(self.order) and self.order[self._next] in self.known:
             self._next += 1
-        return self.order[self._next] if self._next < len(self.order) else None
+        if self._next >= len(self.order):
+            return None
+        self._next += 1
+        return self.order[self._next - 1]
 
     def observe(self, config: Config, result: TrialResult) -> None:
         self.known.add(config)
