@@ -201,6 +201,15 @@ def test_optuna_is_warm_started_with_the_estimators_best_configs(gpu_space):
     assert all(estimate(c, WORKLOAD, HARDWARE).fits(BUDGET) for c in first)
 
 
+def test_optuna_starts_with_the_smallest_predicted_config_when_none_is_predicted_to_fit(gpu_space):
+    estimates = [estimate(c, WORKLOAD, HARDWARE) for c in gpu_space]
+    smallest = min(estimates, key=lambda e: e.peak_bytes)
+    budget = int(smallest.peak_bytes / 1.1)  # within the pruning margin of the smallest only
+    strategy = make_strategy("optuna", SearchContext(gpu_space, budget))
+    assert strategy.warm_start() == [smallest.config]
+    assert strategy.propose() == smallest.config
+
+
 def test_optuna_reports_failures_as_completed_trials_with_penalty_and_memory_constraint(gpu_space):
     budget = 12 * GiB
     backend = SimulatedBackend(WORKLOAD, HARDWARE, budget, calibration=Calibration(activation_scale=2.0))

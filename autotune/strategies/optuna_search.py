@@ -185,6 +185,10 @@ class OptunaStrategy:
         predict = self.context.predict or (lambda c: estimate(c, space.workload, space.hardware))
         estimates = [predict(c) for c in space]
         fitting = sorted((e for e in estimates if e.fits(budget)), key=lambda e: -e.throughput_samples_per_s)
+        if not fitting:
+            # Nothing is predicted to fit (an uncalibrated estimator can be far off, as on a CPU): measure the
+            # config predicted smallest first; it is the likeliest to fit, and calibrates the estimator.
+            return [min(estimates, key=lambda e: e.peak_bytes).config] if estimates else []
         picked: dict[tuple, Config] = {}
         for e in fitting:
             c = e.config
