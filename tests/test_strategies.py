@@ -294,3 +294,26 @@ def test_the_search_strategies_are_registered_and_constructible(gpu_space):
         strategy = make_strategy(name, SearchContext(gpu_space, BUDGET))
         assert strategy.name == name
         assert strategy.propose() in gpu_space
+
+
+class ScriptLikeBackend:
+    """Fails for a reason of its own after two trials, as a user's script that stops stepping would."""
+
+    name = "simulated"
+
+    def __init__(self) -> None:
+        self.inner = SimulatedBackend(WORKLOAD, HARDWARE, BUDGET)
+        self.runs = 0
+        self.fatal: str | None = None
+
+    def run(self, config: Config) -> TrialResult:
+        self.runs += 1
+        if self.runs == 2:
+            self.fatal = "never_steps: the script never called engine.step()"
+        return self.inner.run(config)
+
+
+def test_the_local_loop_stops_when_the_backend_reports_a_fatal_failure(gpu_space):
+    backend = ScriptLikeBackend()
+    s = sweep("random", gpu_space, backend, BUDGET, trials=10)
+    assert s.stop_reason == "fatal" and backend.runs == 2 and len(launched(s)) == 2

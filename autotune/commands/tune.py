@@ -20,7 +20,7 @@ from autotune.commands.common import (add_workload_arguments, hardware_from, pos
                                       workload_from)
 from autotune.config import KNOBS, Config, ConfigError
 from autotune.dsconfig import DsOptions
-from autotune.drivers.local import DONE, INTERRUPTED, STALLED, TIME, TRIALS, run_local
+from autotune.drivers.local import DONE, FATAL, INTERRUPTED, STALLED, TIME, TRIALS, run_local
 from autotune.drivers.progress import ConsoleProgress
 from autotune.drivers.sweep import Budget, Sweep
 from autotune.pruning import Pruner
@@ -202,6 +202,7 @@ NOTHING_FITS = "nothing fits"
 STOP_TEXT = {NOTHING_FITS: "no config of the space is predicted to fit, nothing was run",
              TRIALS: "trial budget spent", TIME: "time budget spent", DONE: "the strategy has nothing left to try",
              STALLED: "the strategy kept proposing known or pruned configs", INTERRUPTED: "interrupted",
+             FATAL: "a failure no other config can avoid (above)",
              "no node": "no node of the Ray cluster has the resources one trial needs, nothing was run"}
 
 

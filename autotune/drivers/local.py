@@ -13,6 +13,7 @@ from autotune.drivers.sweep import Budget, Sweep
 
 # Why a loop ended.
 TRIALS, TIME, DONE, STALLED, INTERRUPTED = "trials", "time", "done", "stalled", "interrupted"
+FATAL = "fatal"  # the backend says no config can succeed (e.g. a user's script that never steps)
 
 
 def run_local(sweep: Sweep, backend: Backend, budget: Budget, progress: Progress) -> str:
@@ -30,6 +31,10 @@ def run_local(sweep: Sweep, backend: Backend, budget: Budget, progress: Progress
             progress.started(sweep.next_number, sweep.launched + 1, config)
             result = sweep.finish(config, backend.run(config))
             progress.finished(result, sweep.launched, sweep.best)
+            fatal = getattr(backend, "fatal", None)
+            if fatal:
+                progress.message(f"stopping: {fatal}")
+                return FATAL
     except KeyboardInterrupt:
         return INTERRUPTED
     finally:
