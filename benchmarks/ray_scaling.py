@@ -12,7 +12,8 @@ time lost per trial ((K x wall - total sleep) / trials: the gap between a trial 
 starting in its slot, all driver and Ray costs included), and the driver's CPU time per trial.
 
 Usage: nice -n 19 python benchmarks/ray_scaling.py [--trials 48] [--concurrency 1 2 4 8 16] [--scale 0.02]
-Writes benchmarks/results/ray_scaling.md and .json.
+Writes benchmarks/results/<--name>.md and .json (ray_scaling: short trials, where the driver is the limit;
+ray_scaling_long: --trials 32 --fixed-s 2, trials long enough to scale).
 """
 
 from __future__ import annotations
@@ -51,19 +52,20 @@ class ScaledSleep:
 
     settings: RunSettings
     scale: float
+    fixed_s: float | None = None  # every trial sleeps this long instead
 
     def __call__(self):
         return _Sleeper(SimulatedBackend(self.settings.workload, self.settings.hardware,
-                                         self.settings.memory_budget_bytes, seed=0), self.scale)
+                                         self.settings.memory_budget_bytes, seed=0), self.scale, self.fixed_s)
 
 
 class _Sleeper:
-    def __init__(self, inner, scale: float) -> None:
-        self.inner, self.scale, self.name = inner, scale, inner.name
+    def __init__(self, inner, scale: float, fixed_s: float | None) -> None:
+        self.inner, self.scale, self.fixed_s, self.name = inner, scale, fixed_s, inner.name
 
     def run(self, config):
         result = self.inner.run(config)
-        slept = result.wall_time_s * self.scale
+        slept = self.fixed_s if self.fixed_s is not None else result.wall_time_s * self.scale
         time.sleep(slept)
         return replace(result, extra={**result.extra, "slept_s": slept})
 
@@ -74,19 +76,22 @@ def settings() -> RunSettings:
     return RunSettings(workload, hardware, 40 * 2**30, "optuna", "simulated", 0, load_choices("default"))
 
 
-def one_sweep(k: int, trials: int, scale: float, base: Path) -> dict:
+def one_sweep(k: int, trials: int, scale: float, base: Path, fixed_s: float | None = None) -> dict:
     s = settings()
     run = RunDir(base / f"k{k}")
     run.write_settings(s)
     sweep = open_sweep(run, s, s.space(), "simulated")
     job = Job(f"k{k}", sweep, Budget(trials), TrialResources(cpus=0.0, custom=(("slot", 1.0),)),
-              ScaledSleep(s, scale), QuietProgress())
+              ScaledSleep(s, scale, fixed_s), QuietProgress())
     cpu0, t0 = time.process_time(), time.perf_counter()
     reason = run_ray([job], concurrency=k)[job.name]
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     ran = [r for r in sweep.results if r.status != "pruned"]
-    slept = sum(r.extra.get("slept_s", 0.0) for r in ran)
-    ideal = slept / k
+    sleeps = [r.extra.get("slept_s", 0.0) for r in ran]
+    slept = sum(sleeps)
+    # The shortest possible makespan: all slots busy, and no shorter than the longest trial (or, for equal
+    # trials, than the number of rounds).
+    ideal = max(-(-len(ran) // k) * fixed_s if fixed_s else slept / k, max(sleeps, default=0.0))
     return {"concurrency": k, "trials": len(ran), "pruned": len(sweep.results) - len(ran), "stopped": reason,
             "wall_s": wall, "ideal_s": ideal, "efficiency": ideal / wall, "slept_s": slept,
             "lost_slot_s_per_trial": (k * wall - slept) / len(ran), "driver_cpu_s_per_trial": cpu / len(ran),
@@ -97,8 +102,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=48)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
-    parser.add_argument("--scale", type=float, default=0.02, help="sleep = simulated trial wall time x scale")
+    parser.add_argument("--scale", type=float, default=0.01, help="sleep = simulated trial wall time x scale")
+    parser.add_argument("--fixed-s", type=float, default=None, help="every trial sleeps this long instead")
     parser.add_argument("--slots", type=int, default=16)
+    parser.add_argument("--name", default="ray_scaling", help="results file stem (default: %(default)s)")
     args = parser.parse_args()
     import optuna
     import ray
@@ -111,13 +118,14 @@ def main() -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="rs") as tmp:
             for k in args.concurrency:
-                row = one_sweep(k, args.trials, args.scale, Path(tmp))
+                row = one_sweep(k, args.trials, args.scale, Path(tmp), args.fixed_s)
                 rows.append(row)
                 console.print(f"K={k}: {row['wall_s']:.1f} s wall, ideal {row['ideal_s']:.1f} s, "
                               f"lost {row['lost_slot_s_per_trial'] * 1000:.0f} ms of slot time per trial", highlight=False)
     finally:
         ray.shutdown()
-    table = Table(title=f"Ray driver scaling: {args.trials} Optuna trials of simulated length x {args.scale}")
+    length = f"{args.fixed_s:g} s each" if args.fixed_s else f"simulated length x {args.scale}"
+    table = Table(title=f"Ray driver scaling: {args.trials} Optuna trials, {length}")
     for column in ("K in flight", "wall s", "ideal s", "efficiency", "slot time lost per trial", "driver CPU per trial"):
         table.add_column(column, justify="right")
     for r in rows:
@@ -125,20 +133,21 @@ def main() -> int:
                       f"{r['lost_slot_s_per_trial'] * 1000:.0f} ms", f"{r['driver_cpu_s_per_trial'] * 1000:.0f} ms")
     console.print(table)
     meta = {"command": " ".join(["python", *sys.argv]), "machine": f"{os.cpu_count()} cores, {platform.platform()}",
-            "ray": ray.__version__, "trials": args.trials, "scale": args.scale, "slots": args.slots,
+            "ray": ray.__version__, "trials": args.trials, "scale": args.scale, "fixed_s": args.fixed_s, "slots": args.slots,
             "when": time.strftime("%Y-%m-%d %H:%M")}
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "ray_scaling.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    (RESULTS / f"{args.name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     lines = [f"# Ray driver scaling ({meta['when']})", "",
              f"`{meta['command']}` on {meta['machine']}, Ray {meta['ray']}; a shared, loaded machine: timings are noisy.",
-             f"{args.trials} Optuna trials per row (gpt2-xl, 8 x A100-40GB, simulated), each sleeping its simulated "
-             f"trial time x {args.scale}; {args.slots} fake device slots (custom resource).", "",
+             f"{args.trials} Optuna trials per row (gpt2-xl, 8 x A100-40GB, simulated), each sleeping "
+             + (f"{args.fixed_s:g} s" if args.fixed_s else f"its simulated trial time x {args.scale}")
+             + f"; {args.slots} fake device slots (custom resource). Ideal: every slot always busy, and never less than the longest trial.", "",
              "| K in flight | wall s | ideal s | efficiency | slot time lost per trial | driver CPU per trial |",
              "| ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         lines.append(f"| {r['concurrency']} | {r['wall_s']:.1f} | {r['ideal_s']:.1f} | {r['efficiency']:.0%} | "
                      f"{r['lost_slot_s_per_trial'] * 1000:.0f} ms | {r['driver_cpu_s_per_trial'] * 1000:.0f} ms |")
-    (RESULTS / "ray_scaling.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     return 0
 
 
