@@ -53,6 +53,7 @@ class Cluster:
     address: str
     env: dict[str, str]
     nodes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    killed: list[psutil.Process] = field(default_factory=list)  # every process of a node that was ended
 
     def start_node(self, name: str, ip: str, head: bool = False, cpus: int = 1) -> None:
         args = [RAY, "start", "--block", f"--node-ip-address={ip}", f"--num-cpus={cpus}", "--num-gpus=0",
@@ -92,20 +93,22 @@ class Cluster:
             try:
                 names.append(proc.name())
                 proc.kill()
+                self.killed.append(proc)
             except psutil.NoSuchProcess:
                 pass
         return names
 
     def stop_node(self, name: str) -> None:
+        """SIGTERM, then (Ray's servers take their time) SIGKILL of the node's processes and descendants."""
         group = self.nodes[name].pid
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(group, sig)
-            except ProcessLookupError:
-                break
-            deadline = time.time() + 10
-            while time.time() < deadline and _group_alive(group):
-                time.sleep(0.2)
+        try:
+            os.killpg(group, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        deadline = time.time() + 3
+        while time.time() < deadline and _group_alive(group):
+            time.sleep(0.2)
+        self.kill_node(name)
         self.nodes[name].wait(timeout=30)
 
     def processes(self) -> list[psutil.Process]:
@@ -118,6 +121,13 @@ class Cluster:
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
         return left
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _group_alive(group: int) -> bool:
@@ -148,7 +158,8 @@ def cluster():
     finally:
         for name in list(c.nodes):
             c.stop_node(name)
-        left = c.processes()
+        psutil.wait_procs(c.killed, timeout=10)
+        left = c.processes() + [p for p in c.killed if _alive(p)]
         for proc in left:
             proc.kill()
         shutil.rmtree(base, ignore_errors=True)
@@ -163,30 +174,6 @@ def autotune(cluster: Cluster, *args: str, sleep_s: float = 0.0, timeout: float 
 
 def launched(results):
     return [r for r in results if r.status != "pruned"]
-
-
-def test_tune_on_the_cluster_keeps_the_run_directory_contract(cluster, tmp_path):
-    out = tmp_path / "run"
-    run = autotune(cluster, "tune", "--model", "tiny", "--memory-budget", "0.85GiB", "--strategy", "optuna",
-                   "--trials", "6", "--backend", "simulated", "--seed", "3", "--out", str(out),
-                   "--ray-address", cluster.address, "--concurrency", "2", sleep_s=1.0)
-    assert run.returncode == 0, run.stderr[-3000:]
-    results = read_results(out / "trials.jsonl")
-    ran = launched(results)
-    assert len(ran) == 6 and len({r.config for r in results}) == len(results)
-    assert {r.extra["node_ip"] for r in ran} == {HEAD_IP, WORKER_IP}  # both nodes ran trials
-    assert [r.extra["trial"] for r in results] == list(range(1, len(results) + 1))
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["trials"] == len(results) and summary["best"] is not None
-    for name in ("best_ds_config.json", "best_hf_ds_config.json", "report.md", "study.db", "run.json"):
-        assert (out / name).is_file(), name
-    # One Optuna study holds every launched trial, told with its result.
-    import optuna
-
-    study = optuna.load_study(study_name="autotune", storage=f"sqlite:///{out / 'study.db'}")
-    complete = [t for t in study.get_trials() if t.state == optuna.trial.TrialState.COMPLETE]
-    told = {json.dumps(t.params, sort_keys=True) for t in complete}
-    assert len(told) >= len(ran)
 
 
 def test_batch_sweep_of_two_workloads_and_one_that_cannot_fit(cluster, tmp_path):
@@ -257,7 +244,7 @@ def test_worker_node_killed_mid_sweep_its_trial_runs_elsewhere(cluster, tmp_path
     assert "its worker or node died" in stdout
 
 
-def test_driver_killed_mid_sweep_resumes_without_losing_or_repeating(cluster, tmp_path):
+def test_tune_on_the_cluster_driver_killed_and_resumed_keeps_the_run_directory_contract(cluster, tmp_path):
     out = tmp_path / "resumed"
     args = ["nice", "-n", "19", sys.executable, "-m", "autotune.cli", "tune", "--model", "tiny", "--strategy", "optuna",
             "--trials", "6", "--backend", "simulated", "--seed", "5", "--out", str(out), "--ray-address", cluster.address,
@@ -273,7 +260,23 @@ def test_driver_killed_mid_sweep_resumes_without_losing_or_repeating(cluster, tm
     after = (out / "trials.jsonl").read_text()
     assert after.startswith(before)  # nothing recorded was lost or rewritten
     results = read_results(out / "trials.jsonl")
-    assert len(launched(results)) == 6 and len({r.config for r in results}) == len(results)
+    ran = launched(results)
+    assert len(ran) == 6 and len({r.config for r in results}) == len(results)
+    # The run directory contract of the local driver holds.
+    assert {r.extra["node_ip"] for r in ran} == {HEAD_IP, WORKER_IP}  # both nodes ran trials
+    assert [r.extra["trial"] for r in results] == list(range(1, len(results) + 1))
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["trials"] == len(results) and summary["best"] is not None
+    for name in ("best_ds_config.json", "best_hf_ds_config.json", "report.md", "study.db", "run.json"):
+        assert (out / name).is_file(), name
+    # One Optuna study holds every launched trial, told with its result, none left running.
+    import optuna
+
+    study = optuna.load_study(study_name="autotune", storage=f"sqlite:///{out / 'study.db'}")
+    states = [t.state for t in study.get_trials()]
+    assert optuna.trial.TrialState.RUNNING not in states
+    told = {json.dumps(t.params, sort_keys=True) for t in study.get_trials() if t.state == optuna.trial.TrialState.COMPLETE}
+    assert len(told) >= len(ran)
 
 
 def test_a_wrong_token_is_refused(cluster, tmp_path):
