@@ -44,6 +44,7 @@ WORKLOAD_KEYS = ("name", "model", "gpus", "global_batch", "hardware", "memory_bu
                  "time_budget", "backend", "surface", "seed", "gpus_per_trial")
 TOP_KEYS = ("defaults", "workloads", "concurrency")
 DEFAULT_TRIALS = 20
+BACKENDS = ("deepspeed", "simulated", "replay")  # (a user's --script is tuned with `autotune tune`)
 DEFAULT_STRATEGY = "optuna"  # many workloads at once: Optuna keeps several trials of each in flight
 SUMMARY_MD = "sweep_summary.md"
 SUMMARY_CSV = "sweep_summary.csv"
@@ -112,7 +113,7 @@ def _check_keys(data: dict, allowed: tuple[str, ...], where: str) -> None:
 def _workload(entry: dict[str, Any], where: str, base: Path) -> WorkloadSpec:
     """Resolve one workload entry with the same parsers, defaults and checks as `autotune tune`."""
     from autotune.commands.common import hardware_from, positive_int, size, space_from
-    from autotune.commands.tune import BACKENDS, _resolve_replay, duration
+    from autotune.commands.tune import _resolve_replay, duration
 
     def parse(key: str, parser, allowed: str):
         value = entry.get(key)

@@ -50,6 +50,7 @@ from autotune.units import format_size
 if TYPE_CHECKING:
     from autotune.rundir import RunDir, RunSettings
 
+REAL_BACKENDS = ("deepspeed", "script")  # backends whose trials run on devices
 LOCAL = "local"  # --ray-address local: start a private single-node Ray instance for this run
 NO_NODE = "no node"  # stop reason: no node of the cluster has the resources one trial asks for
 STOP_TEXT = {NO_NODE: "no node of the Ray cluster has the resources one trial needs, nothing was run"}
@@ -100,7 +101,7 @@ def trial_resources(settings: "RunSettings", gpus_per_trial: int | None = None) 
     if gpus_per_trial is not None and gpus_per_trial < ranks:
         raise ConfigError(f"--gpus-per-trial {gpus_per_trial}: a trial of this workload runs {ranks} ranks, "
                           f"one per device: allowed {ranks} or more")
-    if settings.backend != "deepspeed":
+    if settings.backend not in REAL_BACKENDS:
         return TrialResources(cpus=1.0)
     if settings.hardware.is_cpu:
         return TrialResources(cpus=float(ranks))
