@@ -86,3 +86,18 @@ def test_what_a_trial_asks_the_cluster_for():
         trial_resources(gpu, 2)
     slots = TrialResources(cpus=0.0, custom=(("slot", 1.0),))
     assert slots.demand() == {"slot": 1.0} and slots.devices == 1.0
+
+
+def test_a_fatal_backend_verdict_stops_the_job(tmp_path):
+    """A backend that says no config can succeed (drivers/local.py FATAL) stops proposals once its trials
+    in flight are in."""
+    from autotune.drivers.local import FATAL
+
+    j = job(tmp_path, "optuna")
+    config = j.next_config()
+    fly(j, config)
+    j.fatal = "the script never reached an optimizer step"
+    assert j.next_config() is None and j.waiting and j.reason is None
+    j.in_flight.pop()
+    j.waiting = False
+    assert j.next_config() is None and j.reason == FATAL

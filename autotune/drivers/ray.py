@@ -41,7 +41,7 @@ from rich.console import Console
 
 from autotune.backends import Backend
 from autotune.config import Config, ConfigError
-from autotune.drivers.local import DONE, INTERRUPTED, STALLED, TIME, TRIALS
+from autotune.drivers.local import DONE, FATAL, INTERRUPTED, STALLED, TIME, TRIALS
 from autotune.drivers.progress import STATUS_STYLE, Progress, _headline
 from autotune.drivers.sweep import Budget, Sweep
 from autotune.results import TrialResult
@@ -165,8 +165,11 @@ def run_trial(make_backend: Callable[[], Backend], config: Config) -> TrialResul
         close = getattr(backend, "close", None)
         if callable(close):
             close()
-    node = {"node_ip": ray.util.get_node_ip_address(), "node_id": ray.get_runtime_context().get_node_id()}
-    return replace(result, extra={**result.extra, **node})
+    extra = {"node_ip": ray.util.get_node_ip_address(), "node_id": ray.get_runtime_context().get_node_id()}
+    fatal = getattr(backend, "fatal", None)  # no config can succeed (drivers/local.py FATAL): tell the driver
+    if fatal:
+        extra["backend_fatal"] = str(fatal)
+    return replace(result, extra={**result.extra, **extra})
 
 
 # -- the scheduler
@@ -194,6 +197,7 @@ class Job:
         self.in_flight: list[Flight] = []
         self.waiting = False  # the strategy wants a result before it proposes again
         self.reason: str | None = None  # why it stopped, once it has
+        self.fatal: str | None = None  # the backend said no config can succeed: propose nothing more
         sweep.on_pruned = progress.pruned
 
     @property
@@ -203,6 +207,8 @@ class Job:
     def next_config(self) -> Config | None:
         """A config to launch now, or None (and `reason` set once nothing is in flight either)."""
         sweep, budget = self.sweep, self.budget
+        if self.fatal:
+            return self._stop(FATAL)
         if sweep.launched + len(self.in_flight) >= budget.trials:
             return self._stop(TRIALS)
         if budget.time_s is not None and sweep.spent_s >= budget.time_s:
@@ -265,6 +271,9 @@ def run_ray(jobs: Sequence[Job], concurrency: int | None = None, max_failures: i
         result = replace(result, extra={**result.extra, "attempts": flight.attempt})
         result = job.sweep.finish(flight.config, result)
         job.progress.finished(result, job.sweep.launched, job.sweep.best)
+        if result.extra.get("backend_fatal") and not job.fatal:
+            job.fatal = result.extra["backend_fatal"]
+            job.progress.message(f"stopping: {job.fatal}")
 
     try:
         while True:
