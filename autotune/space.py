@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Iterable, Iterator, Sequence
 

@@ -49,7 +49,7 @@ def main() -> None:
         ("configs per second (in process)", f"{configs / in_process:,.0f}"),
         ("`autotune estimate` command, median of 3 (process start and imports included)", f"{whole:.2f} s"),
     ]
-    lines = [f"# estimate speed\n", f"machine: {platform.machine()}, {platform.processor() or 'cpu'}, "
+    lines = ["# estimate speed\n", f"machine: {platform.machine()}, {platform.processor() or 'cpu'}, "
              f"python {platform.python_version()}; command: autotune estimate {' '.join(ARGS)}\n",
              "| measure | value |", "| --- | --- |", *(f"| {a} | {b} |" for a, b in rows)]
     text = "\n".join(lines) + "\n"

@@ -39,7 +39,7 @@ from rich.table import Table  # noqa: E402
 from autotune.backends.deepspeed import DeepSpeedBackend  # noqa: E402
 from autotune.calibrate import fit_calibration  # noqa: E402
 from autotune.config import Config  # noqa: E402
-from autotune.estimate import Calibration, estimate  # noqa: E402
+from autotune.estimate import estimate  # noqa: E402
 from autotune.hardware import PROFILES  # noqa: E402
 from autotune.results import TrialResult, read_results, write_results  # noqa: E402
 from autotune.worker.measure import MeasureSettings  # noqa: E402
@@ -138,7 +138,7 @@ def analyse(results: list[TrialResult], fit_every: int) -> str:
         f"- MAPE of the peak growth, before calibration (estimator as written, its terms without the overhead guess): **{before:.1%}**",
         f"- MAPE after calibration on {len(fit_set)} configs (every {fit_every}th), on the {len(held_out)} held-out configs: **{after_held:.1%}** (all {len(rows)}: {after_all:.1%}; goal < {GOAL:.0%})",
         f"- MAPE when calibrated on all {len(ok)} (in-sample): {after_in:.1%}; MAPE of the whole-process peak, held out: {peak_after:.1%}",
-        f"- worst after calibration: " + "; ".join(f"{row['result'].config.label()} {(row['after'] - row['growth']) / row['growth']:+.1%}" for row in worst),
+        "- worst after calibration: " + "; ".join(f"{row['result'].config.label()} {(row['after'] - row['growth']) / row['growth']:+.1%}" for row in worst),
         f"- calibration (fit set): overhead {c.overhead_bytes / 2**20 if c.overhead_bytes else 0:.0f} MiB, "
         f"memory_scale {c.memory_scale:.3f}, activation_scale {c.activation_scale:.3f}",
         f"- baseline (process before the model, median): {statistics.median(row['baseline'] for row in rows) / 2**20:.0f} MiB",

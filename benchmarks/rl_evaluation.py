@@ -44,7 +44,7 @@ from autotune.envs.sampler import Task, WorkloadSampler
 from autotune.pruning import Pruner
 from autotune.results import TrialResult
 from autotune.rl.policy import Policy
-from autotune.rl.simulator import DistortedBackend, distorted_task
+from autotune.rl.simulator import distorted_task
 from autotune.rl.train import samplers
 from autotune.space import Space
 from autotune.strategies import SearchContext, make_strategy

@@ -54,7 +54,6 @@ from autotune.drivers.sweep import Budget, Sweep
 from autotune.envs.sampler import Task
 from autotune.hardware import PROFILES
 from autotune.pruning import Pruner
-from autotune.results import TrialResult
 from autotune.rl.simulator import distorted_task
 from autotune.search_spaces import load_choices
 from autotune.space import Space

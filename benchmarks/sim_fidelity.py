@@ -37,7 +37,7 @@ from scipy.stats import spearmanr  # noqa: E402
 from autotune.backends.replay import load_surface  # noqa: E402
 from autotune.backends.simulated import SimulatedBackend  # noqa: E402
 from autotune.calibrate import fit_calibration  # noqa: E402
-from autotune.estimate import Calibration, estimate  # noqa: E402
+from autotune.estimate import Calibration  # noqa: E402
 from autotune.hardware import load_hardware  # noqa: E402
 from autotune.results import TrialResult  # noqa: E402
 from autotune.units import format_size  # noqa: E402
@@ -85,6 +85,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--surface", type=Path, default=SURFACE)
     parser.add_argument("--triples", type=int, default=20, help="random calibration triples for the spread")
+    parser.add_argument("--repeat", type=Path, default=None,
+                        help="a second recording of some of the surface's configs (autotune surface record --limit N "
+                             "--seed S): the rank correlation between two measurements of the same configs is the "
+                             "most any simulator can reach on this machine")
     parser.add_argument("--hardware", default=None,
                         help="hardware profile or YAML to simulate with (default: the surface's own profile)")
     args = parser.parse_args()
@@ -122,9 +126,26 @@ def main() -> None:
     peak_errors = [simulated.estimate(r.config).peak_bytes / r.peak_memory_bytes - 1 for r in ok]
     time_errors = [simulated.estimate(r.config).step_time_s / r.step_time_s - 1 for r in ok]
 
+    if args.repeat is not None:
+        again = {c: r for c, r in load_surface(args.repeat).results.items() if r.ok}
+        both = [r for r in ok if r.config in again]
+        if len(both) >= 4:
+            measured = [r.throughput_samples_per_s for r in both]
+            noise_ceiling = {
+                "configs": len(both),
+                "spearman_measured_twice": float(spearmanr(measured, [again[r.config].throughput_samples_per_s
+                                                                      for r in both]).statistic),
+                "spearman_simulated_same_configs": rank_correlation(both, simulated),
+                "median_abs_throughput_change": statistics.median(
+                    abs(again[r.config].throughput_samples_per_s / r.throughput_samples_per_s - 1) for r in both)}
+        else:
+            noise_ceiling = None
+    else:
+        noise_ceiling = None
+
     counts = {s: sum(r.status == s for r in results) for s in sorted({r.status for r in results})}
     summary = {
-        "surface": str(args.surface), "configs": len(results), "status_counts": counts,
+        "surface": str(args.surface), "repeat": str(args.repeat) if args.repeat else None, "configs": len(results), "status_counts": counts,
         "calibrated_with": [r.config.label() for r in triple], "calibration": calibration.to_dict(),
         "hardware": hardware.name, "spearman_throughput": rho, "spearman_uncalibrated": rho_plain,
         "spearman_within": by_group,
@@ -135,6 +156,7 @@ def main() -> None:
         "step_time_relative_error": {"median_abs": statistics.median(abs(e) for e in time_errors),
                                      "worst_under": min(time_errors), "worst_over": max(time_errors)},
         "fit_agreement": agreements,
+        "noise_ceiling": noise_ceiling,
         "goal_met": rho >= GOAL_RHO and all(a["misses_over_10pct"] == 0 for a in agreements),
     }
     show(summary)
@@ -156,6 +178,13 @@ def show(s: dict) -> None:
     for group, value in s["spearman_within"].items():
         table.add_row(f"  within {group} configs only", f"{value:.3f}")
     pe, te = s["peak_relative_error"], s["step_time_relative_error"]
+    if s["noise_ceiling"]:
+        n = s["noise_ceiling"]
+        table.add_row(f"  measured twice, {n['configs']} configs: measurement vs measurement",
+                      f"{n['spearman_measured_twice']:.3f}")
+        table.add_row("  same configs: simulated vs measured", f"{n['spearman_simulated_same_configs']:.3f}")
+        table.add_row("  same configs: median |throughput change| between measurements",
+                      f"{n['median_abs_throughput_change']:.1%}")
     table.add_row("peak: median |error| (worst under / over)",
                   f"{pe['median_abs']:.1%} ({pe['worst_under']:+.1%} / {pe['worst_over']:+.1%})")
     table.add_row("step time: median |error| (worst under / over)",
@@ -189,6 +218,11 @@ def write(s: dict, ok: list[TrialResult], simulated: SimulatedBackend) -> None:
              f"{triples['median']:.3f} ({triples['min']:.3f}-{triples['max']:.3f}) |",
              f"| same, uncalibrated estimator | {s['spearman_uncalibrated']:.3f} |",
              *(f"| same, within {g} configs only | {v:.3f} |" for g, v in s["spearman_within"].items()),
+             *([f"| measured twice ({s['noise_ceiling']['configs']} configs, `--repeat {s['repeat']}`): Spearman rho "
+                f"between the two measurements / simulated vs measured on the same configs / median abs. throughput "
+                f"change | {s['noise_ceiling']['spearman_measured_twice']:.3f} / "
+                f"{s['noise_ceiling']['spearman_simulated_same_configs']:.3f} / "
+                f"{s['noise_ceiling']['median_abs_throughput_change']:.1%} |"] if s["noise_ceiling"] else []),
              f"| peak: median abs. error (worst under / over) | {pe['median_abs']:.1%} ({pe['worst_under']:+.1%} / {pe['worst_over']:+.1%}) |",
              f"| step time: median abs. error (worst under / over) | {te['median_abs']:.1%} ({te['worst_under']:+.1%} / {te['worst_over']:+.1%}) |",
              "", "| budget | agreement on fit | both fit | both not | measured fits, predicted not | by > 10% | worst overshoot | predicted fits, measured not |",

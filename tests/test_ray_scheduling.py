@@ -53,7 +53,7 @@ def test_a_sequential_strategy_waits_for_its_result(tmp_path):
     first = j.next_config()
     fly(j, first)
     assert j.next_config() is None and j.waiting and j.reason is None
-    flight = j.in_flight.pop()
+    j.in_flight.pop()
     j.waiting = False
     j.sweep.finish(first, BackendSpec(settings("grid"), str(tmp_path))().run(first))
     second = j.next_config()

@@ -17,7 +17,6 @@ import torch
 
 from autotune.backends.simulated import SimulatedBackend
 from autotune.cli import main
-from autotune.config import ConfigError
 from autotune.hardware import PROFILES
 from autotune.rl.policy import Policy
 from autotune.rl.simulator import TrainingEnv

@@ -7,7 +7,6 @@ import json
 from dataclasses import replace
 
 import pytest
-import torch
 from torch import nn
 
 from autotune.cli import main

@@ -10,8 +10,8 @@ import pytest
 
 from autotune.backends.replay import ReplayBackend, load_surface, surface_space
 from autotune.backends.simulated import SimulatedBackend
-from autotune.config import KNOBS, Config
-from autotune.drivers.local import DONE, TRIALS, run_local
+from autotune.config import Config
+from autotune.drivers.local import DONE, run_local
 from autotune.drivers.progress import QuietProgress
 from autotune.drivers.sweep import Budget, Sweep
 from autotune.estimate import Calibration, estimate

@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from autotune.drivers.ray import sigterm_as_interrupt
+    from autotune.interrupts import sigterm_as_interrupt
     from autotune.sweeps import SUMMARY_CSV, SUMMARY_MD, load_sweep, run_sweep
 
     sweep_file = load_sweep(args.sweep_file)

@@ -7,12 +7,10 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import signal
 import time
-from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING
 
 from autotune.backends import Backend
 from autotune.calibrate import calibrator, quality, save_calibration
@@ -20,6 +18,7 @@ from autotune.commands.common import (add_workload_arguments, hardware_from, pos
                                       workload_from)
 from autotune.config import KNOBS, Config, ConfigError
 from autotune.dsconfig import DsOptions
+from autotune.interrupts import sigterm_as_interrupt
 from autotune.drivers.local import DONE, FATAL, INTERRUPTED, STALLED, TIME, TRIALS, run_local
 from autotune.drivers.progress import ConsoleProgress
 from autotune.drivers.sweep import Budget, Sweep
@@ -33,6 +32,9 @@ from autotune.space import Choices, Space
 from autotune.strategies import STRATEGIES, SearchContext, make_strategy
 from autotune.units import format_size
 from autotune.workload import make_workload
+
+if TYPE_CHECKING:
+    from autotune.drivers.ray import RayOptions
 
 BACKENDS = ("deepspeed", "simulated", "replay")
 DEFAULT_STRATEGY = "hybrid"  # the trained policy's first proposals, then Optuna (strategies/hybrid.py)
@@ -108,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--resume: {out} holds no sweep to resume")
     if not args.resume and run_dir.exists():
         raise ConfigError(f"{out} already holds a sweep: pass --resume to continue it, or choose another --out")
-    with run_dir.locked(), _sigterm_as_interrupt():
+    with run_dir.locked(), sigterm_as_interrupt():
         if args.script and args.resume:
             settings = script_mode().resumed(run_dir, settings, script_mode().script_from(args))
         elif args.script:  # the first trial shows the script's model (autotune.script.session)
@@ -294,16 +296,3 @@ class SleepingBackend:
     def run(self, config: Config) -> TrialResult:
         time.sleep(self.sleep_s)
         return self.inner.run(config)
-
-
-@contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM stops the sweep as Ctrl-C does: the running trial's processes are ended, outputs written."""
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)

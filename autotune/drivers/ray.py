@@ -11,7 +11,7 @@ backend returns, never a Ray error.
 Why Ray Core tasks with `ray.wait` rather than Ray Tune's Tuner: our Sweep already is the searcher, the
 budget, the record and the resume (RunDir); Tune would add a second experiment state (its own trial
 directories, checkpoints and `Tuner.restore`) that has to be kept consistent with ours, and its trial actors
-and result reporting cost tens of milliseconds per trial (benchmarks/ray_scaling.py measures both). What
+and result reporting add their own cost per trial (benchmarks/ray_scaling.py measures this driver's). What
 Tune's FailureConfig gives, retrying a trial whose worker or node died, is done here in a few lines, visibly:
 the task is submitted without Ray's own retries; a system failure (node died, worker crashed) resubmits the
 same config, up to `max_failures` times, and says so; the trial is recorded once, with its attempts.
@@ -30,12 +30,10 @@ trials they leave RUNNING are taken over by the resumed study.
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from rich.console import Console
 
@@ -407,16 +405,3 @@ def describe_cluster() -> str:
     totals = cluster_capacity()
     shown = {k: v for k, v in totals.items() if k in ("CPU", "GPU") or not (k.startswith("node:") or "memory" in k)}
     return f"{len(alive)} nodes, " + ", ".join(f"{v:g} {k}" for k, v in sorted(shown.items()))
-
-
-@contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM stops the sweep as Ctrl-C does: trials in flight are cancelled, outputs written."""
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)

@@ -23,16 +23,14 @@ import math
 import os
 import shlex
 import shutil
-import signal
-import threading
 import time
-from contextlib import contextmanager
 from datetime import datetime, timezone
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
 from autotune.config import ConfigError
+from autotune.interrupts import sigterm_as_interrupt
 
 BACKENDS = ("simulated", "replay")
 # Settings that may differ when a run is resumed: they change how, not what, is trained.
@@ -375,23 +373,6 @@ def _init_ray(address: str | None, workers: int) -> bool:
     return True
 
 
-@contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM ends training as Ctrl-C does (installed after Ray's own handler, restored afterwards)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def train(out: str | Path, settings: TrainSettings, *, ray_address: str | None = None, env: Any = None,
           on_iteration: Callable[[Iteration], None] = lambda row: None,
           policy_meta: Mapping[str, Any] | None = None) -> TrainResult:
@@ -406,7 +387,7 @@ def train(out: str | Path, settings: TrainSettings, *, ray_address: str | None =
     started_ray = _init_ray(ray_address, settings.workers)
     algo = None
     try:
-        with _sigterm_as_interrupt():
+        with sigterm_as_interrupt():  # installed after Ray's own handler
             algo = algorithm_config(settings, env).build_algo()
             resumed_from = 0
             if checkpoint is not None:

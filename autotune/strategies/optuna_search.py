@@ -45,7 +45,10 @@ STUDY_NAME = "autotune"
 
 
 def tpe(context: SearchContext) -> "OptunaStrategy":
-    sampler = optuna.samplers.TPESampler(seed=context.seed, multivariate=True, n_startup_trials=STARTUP_TRIALS)
+    # constant_liar: trials still running (several in flight on a Ray cluster) count as bad, so that
+    # concurrent proposals spread out instead of repeating one guess.
+    sampler = optuna.samplers.TPESampler(seed=context.seed, multivariate=True, n_startup_trials=STARTUP_TRIALS,
+                                         constant_liar=True)
     return OptunaStrategy(context, sampler, "optuna")
 
 

@@ -15,12 +15,11 @@ answered from the record.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from autotune.config import Config, ConfigError
+from autotune.config import Config
 from autotune.results import TrialResult
 from autotune.strategies import SearchContext
 
