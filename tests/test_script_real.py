@@ -140,7 +140,9 @@ def test_script_passing_a_dict_keeps_its_own_optimizer(tmp_path, capsys):
     result = printed["result"]
     assert code == 0, result["error"]
     assert result["basic_optimizer"] == "SGD" and result["script_model"]["via"] == "deepspeed.initialize"
-    assert result["stop_reason"] == "script_ended" and result["steps_measured"] == 4  # 5 steps, 1 of warm-up
+    # 5 steps, 1 of warm-up: the script ends after 4 measured ones unless the step time is stable at 3 already
+    # (on a quiet machine it is).
+    assert (result["stop_reason"], result["steps_measured"]) in {("script_ended", 4), ("stable", 3), ("stable", 4)}
     used = json.loads((Path(result["log_dir"]) / "ds_config.json").read_text())
     assert used["zero_optimization"]["stage"] == 2 and used["gradient_accumulation_steps"] == 2
     assert used["gradient_clipping"] == 0.5 and used["zero_allow_untested_optimizer"] is True
