@@ -65,7 +65,7 @@ class DeepSpeedBackend:
     def run(self, config: Config) -> TrialResult:
         log_dir = self._new_log_dir(config)
         predicted = self.predict(config)
-        extra: dict[str, Any] = {"ranks": self.workload.gpus, "log_dir": str(log_dir)}
+        extra: dict[str, Any] = {"ranks": self.workload.gpus, "log_dir": str(log_dir), **self._trial_extra()}
         if predicted is not None:
             extra.update(predicted_peak_bytes=predicted.peak_bytes, predicted_step_time_s=predicted.step_time_s)
         try:
@@ -75,10 +75,29 @@ class DeepSpeedBackend:
                                  backend=self.name, error=str(err), extra=extra)
         else:
             spec = WorkerSpec(config, self.workload, ds, str(log_dir), self.measure, self.memory_budget_bytes,
-                              self.seed, fault=self.fault, cpu_info=self.cpu_info())
-            result = self._result(config, run_worker(spec, self.launch), extra)
+                              self.seed, fault=self.fault, cpu_info=self.cpu_info(), extra=self._spec_extra())
+            outcome = run_worker(spec, self.launch)
+            self._read_outcome(log_dir, outcome, extra)
+            result = self._result(config, outcome, extra)
         write_json_atomic(log_dir / "result.json", result.to_dict())
         return result
+
+    # Hooks for backends that run another worker through the same launch (backends/script.py).
+
+    def _trial_extra(self) -> dict[str, Any]:
+        """Extra keys of every result of this backend."""
+        return {}
+
+    def _spec_extra(self) -> dict[str, Any]:
+        """Extra keys of the worker's spec."""
+        return {}
+
+    def _read_outcome(self, log_dir: Path, outcome: RunOutcome, extra: dict[str, Any]) -> None:
+        """Add what the trial's worker left in `log_dir` to the result's `extra`."""
+
+    def _seq_len(self, extra: Mapping[str, Any]) -> int:
+        """Tokens per sample, for tokens_per_s."""
+        return self.workload.model.seq_len
 
     def cpu_info(self) -> dict[str, Any] | None:
         """py-cpuinfo's description of this machine, asked once per backend instead of per trial."""
@@ -128,6 +147,6 @@ class DeepSpeedBackend:
         if worst.get("peak_allocated_bytes") is not None:
             extra["peak_allocated_bytes"] = worst["peak_allocated_bytes"]
         return TrialResult(config, "ok", throughput_samples_per_s=throughput,
-                           tokens_per_s=throughput * self.workload.model.seq_len, step_time_s=step,
+                           tokens_per_s=throughput * self._seq_len(extra), step_time_s=step,
                            peak_memory_bytes=worst["peak_memory_bytes"], extra=extra, **common)
 

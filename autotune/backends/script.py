@@ -19,14 +19,13 @@ from typing import Any, Mapping
 
 from autotune.backends.deepspeed import DeepSpeedBackend
 from autotune.config import Config, ConfigError
-from autotune.dsconfig import DsOptions, ds_config
+from autotune.dsconfig import DsOptions
 from autotune.estimate import Calibration
 from autotune.hardware import Hardware
 from autotune.results import TrialResult
-from autotune.runner import run_worker
+from autotune.runner import RunOutcome
 from autotune.script.shim import MODEL_FILE, USER_CONFIG_FILE
 from autotune.worker.measure import MeasureSettings
-from autotune.worker.protocol import WorkerSpec, write_json_atomic
 from autotune.workload import Workload
 
 SHIM = "autotune.script"
@@ -75,35 +74,23 @@ class ScriptBackend(DeepSpeedBackend):
     def predict(self, config: Config):
         return super().predict(config) if self.shape_known else None
 
-    def run(self, config: Config) -> TrialResult:
-        log_dir = self._new_log_dir(config)
-        predicted = self.predict(config)
-        extra: dict[str, Any] = {"ranks": self.workload.gpus, "log_dir": str(log_dir), "script": self.script.absolute}
-        if predicted is not None:
-            extra.update(predicted_peak_bytes=predicted.peak_bytes, predicted_step_time_s=predicted.step_time_s)
-        try:
-            ds = ds_config(config, self.workload, self.ds_options)
-        except ConfigError as err:
-            result = TrialResult(config, "unsupported", memory_budget_bytes=self.memory_budget_bytes,
-                                 backend=self.name, error=str(err), extra=extra)
-        else:
-            spec = WorkerSpec(config, self.workload, ds, str(log_dir), self.measure, self.memory_budget_bytes,
-                              self.seed, cpu_info=self.cpu_info(),
-                              extra={"script": self.script.absolute, "script_args": list(self.script.args)})
-            outcome = run_worker(spec, self.launch)
-            model = read_json(log_dir / MODEL_FILE)
-            if model:
-                extra["script_model"] = model
-            verdict = next((r.get("verdict") for r in outcome.reports if r and r.get("verdict")), None)
-            if verdict:
-                extra["script_verdict"] = verdict
-                self.fatal = f"{verdict}: {outcome.error}"
-            result = self._result(config, outcome, extra)
-            if result.ok:
-                seq = (model or {}).get("seq_len") or self.workload.model.seq_len
-                result = TrialResult(**{**result.__dict__, "tokens_per_s": result.throughput_samples_per_s * seq})
-        write_json_atomic(log_dir / "result.json", result.to_dict())
-        return result
+    def _trial_extra(self) -> dict[str, Any]:
+        return {"script": self.script.absolute}
+
+    def _spec_extra(self) -> dict[str, Any]:
+        return {"script": self.script.absolute, "script_args": list(self.script.args)}
+
+    def _read_outcome(self, log_dir: Path, outcome: RunOutcome, extra: dict[str, Any]) -> None:
+        model = read_json(log_dir / MODEL_FILE)
+        if model:
+            extra["script_model"] = model
+        verdict = next((r.get("verdict") for r in outcome.reports if r and r.get("verdict")), None)
+        if verdict:
+            extra["script_verdict"] = verdict
+            self.fatal = f"{verdict}: {outcome.error}"
+
+    def _seq_len(self, extra: Mapping[str, Any]) -> int:
+        return (extra.get("script_model") or {}).get("seq_len") or self.workload.model.seq_len
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

@@ -62,6 +62,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     script_arguments(parser)
 
 
+def measure_settings(args: argparse.Namespace) -> MeasureSettings:
+    """The trial's measurement from --timeout, --warmup-steps and --max-steps, checked."""
+    if args.timeout <= 0:
+        raise ConfigError(f"--timeout {args.timeout:g}: must be a positive number of seconds")
+    if args.warmup_steps < 0:
+        raise ConfigError(f"--warmup-steps {args.warmup_steps}: must be 0 or more")
+    return MeasureSettings(warmup_steps=args.warmup_steps, min_steps=min(MeasureSettings.min_steps, args.max_steps),
+                           max_steps=args.max_steps)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.script:  # the user's own script instead of the built-in model (autotune.script.session)
         from autotune.script.session import run_trial
@@ -72,12 +82,7 @@ def run(args: argparse.Namespace) -> int:
     config = Config(args.zero_stage, args.micro_batch, args.ckpt_interval, args.precision,
                     args.offload_optimizer, args.offload_param)
     check_config(config, workload, hardware, args.nvme_path)
-    if args.timeout <= 0:
-        raise ConfigError(f"--timeout {args.timeout:g}: must be a positive number of seconds")
-    if args.warmup_steps < 0:
-        raise ConfigError(f"--warmup-steps {args.warmup_steps}: must be 0 or more")
-    measure = MeasureSettings(warmup_steps=args.warmup_steps, min_steps=min(MeasureSettings.min_steps, args.max_steps),
-                              max_steps=args.max_steps)
+    measure = measure_settings(args)
     run_dir = Path(args.run_dir or f"runs/trials/{args.model}-b{workload.global_batch}-g{workload.gpus}")
     calibration = load_calibration(run_dir, workload, hardware) or Calibration()
     backend = DeepSpeedBackend(workload, args.memory_budget, hardware, DsOptions(nvme_path=args.nvme_path),

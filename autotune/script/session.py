@@ -223,9 +223,8 @@ def run_trial(args: argparse.Namespace) -> int:
     """`autotune trial --script`: one trial of the script with one config, next to the estimator's
     prediction for the model the script showed."""
     from autotune.calibrate import calibrator
-    from autotune.commands.trial import _run_with_progress, check_config, show
+    from autotune.commands.trial import _run_with_progress, check_config, measure_settings, show
     from autotune.results import append_result
-    from autotune.worker.measure import MeasureSettings
 
     script = script_from(args)
     hardware = default_hardware(args)
@@ -236,12 +235,7 @@ def run_trial(args: argparse.Namespace) -> int:
         raise ConfigError(f"{config.label()}: global batch {workload.global_batch} is not a multiple of micro_batch "
                           f"{config.micro_batch} x {workload.gpus} rank(s)")
     check_config(config, replace(workload, model=replace(workload.model, layers=10**6)), hardware, args.nvme_path)
-    if args.timeout <= 0:
-        raise ConfigError(f"--timeout {args.timeout:g}: must be a positive number of seconds")
-    if args.warmup_steps < 0:
-        raise ConfigError(f"--warmup-steps {args.warmup_steps}: must be 0 or more")
-    measure = MeasureSettings(warmup_steps=args.warmup_steps, min_steps=min(MeasureSettings.min_steps, args.max_steps),
-                              max_steps=args.max_steps)
+    measure = measure_settings(args)
     run_dir = Path(args.run_dir or f"runs/trials/script-{Path(script.path).stem}-b{workload.global_batch}-g{workload.gpus}")
     backend = ScriptBackend(script, workload, args.memory_budget, hardware, DsOptions(nvme_path=args.nvme_path),
                             run_dir / "logs", args.timeout, measure, shape_known=False)
