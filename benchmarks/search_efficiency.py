@@ -92,8 +92,13 @@ class Run:
     oom: int
     pruned: int
     launched: int
-    outside_grid: bool  # the optimum is not in grid's sub-space
+    grid_reach: float  # the best feasible true throughput of grid's sub-space / the optimum
     seconds: float
+
+    @property
+    def outside_grid(self) -> bool:
+        """The optimum is not in grid's sub-space."""
+        return self.grid_reach < 1 - 1e-9
 
     def trials_to(self, level: float = NEAR) -> float:
         return next((i + 1 for i, v in enumerate(self.curve) if v >= level - 1e-9), math.inf)
@@ -152,29 +157,30 @@ def simulated_runs(args, console: Console) -> list[Run]:
             exact = SimulatedBackend(workload, hardware, budget)
             fits = [c for c in space if exact.run(c).fits(budget)]
             plain_optimum = max(exact.run(c).throughput_samples_per_s for c in fits)
-            plain_best = max(c for c in fits if exact.run(c).throughput_samples_per_s >= plain_optimum)
             worlds = {
                 "estimator": (lambda: SimulatedBackend(workload, hardware, budget, noise=NOISE, seed=seed),
                               lambda c: exact.run(c).throughput_samples_per_s, plain_optimum,
-                              plain_best not in grid_space),
+                              max((exact.run(c).throughput_samples_per_s for c in fits if c in grid_space),
+                                  default=0.0) / plain_optimum),
                 "distorted": (lambda: distorted_task(task, SPREAD, NOISE, seed), distorted.true_throughput,
-                              distorted.optimum, _distorted_best(distorted, space) not in grid_space),
+                              distorted.optimum, _grid_reach(distorted, grid_space)),
             }
-            for world, (make_backend, truth, optimum, outside) in worlds.items():
+            for world, (make_backend, truth, optimum, reach) in worlds.items():
                 if world not in args.worlds:
                     continue
                 for strategy in args.strategies:
                     curve, oom, pruned, seconds = sweep(strategy, space, make_backend(), budget, args.trials, seed,
                                                         truth, optimum)
-                    runs.append(Run(world, name, strategy, seed, curve, oom, pruned, len(curve), outside, seconds))
+                    runs.append(Run(world, name, strategy, seed, curve, oom, pruned, len(curve), reach, seconds))
                 line = "  ".join(f"{r.strategy} {r.trials_to()}/{r.final:.2f}" for r in runs[-len(args.strategies):])
                 console.print(f"{world:9} {name:32} seed {seed}: {line}", highlight=False)
     return runs
 
 
-def _distorted_best(distorted, space: Space) -> Config:
-    feasible = [c for c in space if c in distorted.landscape.index and distorted.feasible[distorted.landscape.index[c]]]
-    return max(feasible, key=distorted.true_throughput)
+def _grid_reach(distorted, grid_space: set[Config]) -> float:
+    index = distorted.landscape.index
+    return max((distorted.true_throughput(c) for c in grid_space if c in index and distorted.feasible[index[c]]),
+               default=0.0) / distorted.optimum
 
 
 def replay_runs(args, console: Console) -> list[Run]:
@@ -188,7 +194,10 @@ def replay_runs(args, console: Console) -> list[Run]:
             best = surface.best(budget)
             if best is None:
                 continue
-            outside = best.config not in grid_subspace(space)
+            grid_space = grid_subspace(space)
+            reach = max((surface.results[c].under_budget(budget).throughput_samples_per_s or 0.0 for c in grid_space
+                         if surface.results[c].under_budget(budget).fits(budget)), default=0.0) \
+                / best.throughput_samples_per_s
             name = f"{path.stem} {budget / GiB:.2f}GiB ({len(space)} configs)"
             for seed in range(args.seeds):
                 for strategy in args.strategies:
@@ -196,7 +205,7 @@ def replay_runs(args, console: Console) -> list[Run]:
                         strategy, space, ReplayBackend(surface, budget), budget, args.trials, seed,
                         lambda c, b=budget: surface.results[c].under_budget(b).throughput_samples_per_s or 0.0,
                         best.throughput_samples_per_s)
-                    runs.append(Run("replay", name, strategy, seed, curve, oom, pruned, len(curve), outside, seconds))
+                    runs.append(Run("replay", name, strategy, seed, curve, oom, pruned, len(curve), reach, seconds))
                 line = "  ".join(f"{r.strategy} {r.trials_to()}/{r.final:.2f}" for r in runs[-len(args.strategies):])
                 console.print(f"replay    {name:32} seed {seed}: {line}", highlight=False)
     return runs
@@ -242,8 +251,12 @@ def summary(runs: list[Run], strategies: tuple[str, ...]) -> dict:
             pairs = [(o, g) for o in mine if o.strategy == "optuna" and o.outside_grid
                      for g in mine if g.strategy == "grid" and g.task == o.task and g.seed == o.seed]
             goals["runs_with_optimum_outside_grid"] = len(pairs)
-            goals["optuna_better_than_grid_there"] = sum(o.final > g.final + 1e-9 for o, g in pairs)
+            goals["optuna_better_than_grid_where_outside"] = sum(o.final > g.final + 1e-9 for o, g in pairs)
             goals["optuna_equal_or_better_there"] = sum(o.final >= g.final - 1e-9 for o, g in pairs)
+            # Where grid's sub-space holds a config within 2% of the optimum, "outside" is within noise.
+            far = [(o, g) for o, g in pairs if o.grid_reach < NEAR]
+            goals["runs_where_grid_cannot_reach_98pct"] = len(far)
+            goals["optuna_better_than_grid_where_it_cannot_reach"] = sum(o.final > g.final + 1e-9 for o, g in far)
             goals["optuna_oom_share_below_5pct"] = rows["optuna"]["oom_share"] < 0.05
         out[world] = {"strategies": rows, "goals": goals, "tasks": sorted({r.task for r in mine})}
     return out
