@@ -80,6 +80,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--randomize", type=non_negative_float, default=defaults.randomize,
                        help="spread of the hidden truth around the estimator; 0: the estimator is the truth "
                             "(default: %(default)s)")
+    train.add_argument("--trial-cost", type=non_negative_float, default=defaults.trial_cost,
+                       help="reward paid per trial, as a share of the optimum's throughput (default: %(default)s)")
+    train.add_argument("--oom-penalty", type=non_negative_float, default=defaults.oom_penalty,
+                       help="reward lost per out-of-memory trial, plus as much times the overshoot "
+                            "(default: %(default)s)")
     train.add_argument("--train-batch", type=positive_int, default=defaults.train_batch,
                        help="environment steps per iteration (default: %(default)s)")
     train.add_argument("--minibatch", type=positive_int, default=defaults.minibatch,
@@ -123,7 +128,8 @@ def run_train(args: argparse.Namespace) -> int:
     settings = TrainSettings(
         iterations=args.iterations, backend=args.backend, surfaces=tuple(str(p.resolve()) for p in args.surface),
         seed=args.seed, workers=args.workers, envs_per_worker=args.envs_per_worker, horizon=args.horizon,
-        noise=args.noise, randomize=args.randomize, train_batch=args.train_batch, minibatch=args.minibatch,
+        noise=args.noise, randomize=args.randomize, trial_cost=args.trial_cost, oom_penalty=args.oom_penalty,
+        train_batch=args.train_batch, minibatch=args.minibatch,
         epochs=args.epochs, pool_size=args.pool_size, hiddens=args.hiddens, checkpoint_every=args.checkpoint_every)
     out = args.out or Path("runs") / f"policy-{datetime.now():%Y%m%d-%H%M%S}"
     console = Console(width=max(Console().width, 200))  # one line per iteration

@@ -116,7 +116,8 @@ class TrainSettings:
         for surface in self.surfaces:
             flags += ["--surface", surface]
         for flag, key in (("--workers", "workers"), ("--seed", "seed"), ("--horizon", "horizon"), ("--noise", "noise"),
-                          ("--randomize", "randomize"), ("--train-batch", "train_batch"), ("--minibatch", "minibatch"),
+                          ("--randomize", "randomize"), ("--trial-cost", "trial_cost"),
+                          ("--oom-penalty", "oom_penalty"), ("--train-batch", "train_batch"), ("--minibatch", "minibatch"),
                           ("--epochs", "epochs"), ("--pool-size", "pool_size"), ("--envs-per-worker", "envs_per_worker"),
                           ("--checkpoint-every", "checkpoint_every")):
             flags += [flag, str(getattr(self, key))]
