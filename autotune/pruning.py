@@ -48,16 +48,18 @@ class Pruner:
     def check(self, config: Config, backend: str) -> TrialResult | None:
         """A `pruned` result if `config` is predicted not to fit even with the margin, else None."""
         est = self.predict(config)
-        smaller = self._smaller_out_of_memory(config, est.peak_bytes)
-        if smaller is not None:
-            reason = (f"{smaller.label()} ran out of memory and has the same memory layout with a predicted peak "
-                      f"no larger than this config's {format_size(est.peak_bytes)}")
-        elif est.fits(self.budget_bytes, self.margin):
-            return None
-        else:
+        if not est.fits(self.budget_bytes, self.margin):
             reason = (f"predicted peak {format_size(est.peak_bytes)} exceeds the budget of "
                       f"{format_size(self.budget_bytes)} by more than the {self.margin:.0%} safety margin (largest "
                       f"term: {est.memory.dominant} {format_size(getattr(est.memory, est.memory.dominant))})")
+        else:
+            smaller = self._smaller_out_of_memory(config, est.peak_bytes)
+            if smaller is None:
+                return None
+            reason = f"{smaller.label()} ran out of memory with a predicted peak no larger than this config's " \
+                     f"{format_size(est.peak_bytes)}"
+            if layout(smaller) != layout(config):
+                reason += f" less {OTHER_LAYOUT_SLACK:.0%} (another memory layout)"
         return TrialResult(config, "pruned", memory_budget_bytes=self.budget_bytes, backend=backend, error=reason,
                            extra={"predicted_peak_bytes": est.peak_bytes,
                                   "predicted_throughput_samples_per_s": est.throughput_samples_per_s,
