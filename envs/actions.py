@@ -11,6 +11,9 @@ policy serves all tasks; the mask says which actions the current task and config
   are invalid for this workload (e.g. a micro-batch that does not divide the global batch).
 - `<knob>=<value>` for the categorical knobs (precision, optimizer offload, parameter offload): set the
   value, if it is in the space, differs from the current one and gives a valid config.
+- `jump`: move to the config with the best throughput predicted by the estimator *corrected by this
+  episode's measurements* (envs/residuals.py) among those not measured yet and predicted to fit; a walk
+  of single edits costs a trial per step, and the corrected optimum is often several edits away.
 """
 
 from __future__ import annotations
@@ -46,7 +49,8 @@ EDITS: tuple[Edit, ...] = (
     *(Edit(knob, value=value) for knob, values in CATEGORICAL_KNOBS.items() for value in values),
 )
 FIRST_EDIT = 2
-ACTIONS: tuple[str, ...] = ("stop", "run", *(edit.name for edit in EDITS))
+JUMP = FIRST_EDIT + len(EDITS)
+ACTIONS: tuple[str, ...] = ("stop", "run", *(edit.name for edit in EDITS), "jump")
 
 
 def action_index(name: str) -> int:

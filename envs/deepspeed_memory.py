@@ -3,8 +3,9 @@ one trial per step.
 
 Episode. `reset` picks a task (a fixed workload, one drawn by the workload sampler, or a replay
 surface) and a start config (not yet measured). Each `step` applies an action (envs/actions.py): an
-edit of the current config followed by one trial of the new config through the backend, `run` (a
-trial of the current config), or `stop`. The episode terminates on `stop` and is truncated after
+edit of the current config, or a `jump` to the best unmeasured config of the predictions corrected by
+the episode's trials (envs/residuals.py), followed by one trial of the new config through the backend;
+`run` (a trial of the current config); or `stop`. The episode terminates on `stop` and is truncated after
 `horizon` steps.
 
 Observation: `{"observations": float32 vector (envs/observation.py FEATURES), "action_mask": float32
@@ -66,8 +67,9 @@ from autotune.units import parse_size
 from autotune.workload import Workload, make_workload
 
 from autotune.envs import observation as obs
-from autotune.envs.actions import ACTIONS, FIRST_EDIT, RUN, STOP
+from autotune.envs.actions import ACTIONS, FIRST_EDIT, JUMP, RUN, STOP
 from autotune.envs.landscape import Landscape, Layout, LruCache, build_landscape, build_layout, validity_key
+from autotune.envs.residuals import Residuals
 from autotune.envs.reward import Reward
 from autotune.envs.sampler import Task, WorkloadSampler
 
@@ -198,6 +200,8 @@ class DeepSpeedMemoryEnv(gym.Env):
         self._best: dict[str, Any] | None = None
         self._best_index = -1
         self._last: TrialResult | None = None
+        self._residuals = Residuals(land.codes, land.throughput, land.peak)
+        self.allowed = np.ones(len(land), dtype=bool)  # configs `jump` may go to (a caller may narrow them)
         return self._observation(), self._info(None, "reset", False)
 
     def step(self, action: Any):
@@ -214,7 +218,9 @@ class DeepSpeedMemoryEnv(gym.Env):
             reward = self.reward_spec.stop(self._best_throughput, ep.reference, self.horizon - self._steps + 1)
             terminated = True
         else:
-            if action != RUN:
+            if action == JUMP:
+                self._current = self._jump
+            elif action != RUN:
                 self._current = int(ep.landscape.moves[self._current, action])
             result = self._trial(self._current)
             reward = self.reward_spec.trial(result, ep.task.memory_budget_bytes, ep.reference, self._best_before)
@@ -239,6 +245,7 @@ class DeepSpeedMemoryEnv(gym.Env):
         config = ep.landscape.configs[index]
         budget = ep.task.memory_budget_bytes
         result = ep.backend.run(config).under_budget(budget)
+        self._residuals.observe(index, result, budget)
         self._measured[index] = True
         self._trials += 1
         self._last = result
@@ -258,6 +265,7 @@ class DeepSpeedMemoryEnv(gym.Env):
             moves = ep.landscape.moves[self._current, FIRST_EDIT:]
             mask[FIRST_EDIT:] *= ~self._measured[moves]
         mask[RUN] = float(not self._measured[self._current])
+        mask[JUMP] = float(self._jump >= 0)
         mask[STOP] = float(self._trials > 0)
         return mask
 
@@ -287,8 +295,25 @@ class DeepSpeedMemoryEnv(gym.Env):
         vector[e + 3] = float(self._best_index == cur)
         vector[e + 4] = min(1.0, self._best_throughput / ep.predicted_best / 2)
         vector[e + 5] = float(self._measured[cur])
+        self._jump_features(vector)
         self._mask_now = self._mask()
         return {"observations": vector, "action_mask": self._mask_now.copy()}
+
+    def _jump_features(self, vector: np.ndarray) -> None:
+        """Where `jump` leads (self._jump, -1 if nowhere) and its corrected predictions in the observation."""
+        ep = self._episode
+        assert ep is not None
+        budget = ep.task.memory_budget_bytes
+        throughput, peak = self._residuals.throughput(), self._residuals.peak()
+        candidates = ~self._measured & self.allowed & ep.landscape.host_fits & (peak <= budget)
+        self._jump = int(np.flatnonzero(candidates)[np.argmax(throughput[candidates])]) if candidates.any() else -1
+        if self._jump < 0:
+            return
+        block = obs.ACTIONS_AT + JUMP * len(obs.PREDICTION_NAMES)
+        vector[block] = obs.peak_feature(peak[self._jump:self._jump + 1], budget)[0]
+        vector[block + 1] = min(1.0, throughput[self._jump] / ep.predicted_best / 2)
+        if self._best_throughput > 0:
+            vector[obs.EPISODE_AT + 6] = obs.ratio_feature(float(throughput[self._jump]), self._best_throughput)
 
     def _info(self, result: TrialResult | None, action: str, invalid: bool) -> dict[str, Any]:
         ep = self._episode

@@ -35,6 +35,7 @@ class Layout:
     moves: np.ndarray  # (configs, actions): index of the config an edit leads to, -1 if none (stop/run: -1)
     edit_mask: np.ndarray  # (configs, actions) float32: 1 where an edit leads somewhere
     features: np.ndarray  # (configs, CONFIG_FEATURES) float32, raw ckpt interval in _CKPT_COLUMN
+    codes: np.ndarray  # (configs, knobs) int64: the index of each config's value in its knob's choices
 
 
 @dataclass(frozen=True, eq=False)
@@ -64,6 +65,10 @@ class Landscape:
     @property
     def edit_mask(self) -> np.ndarray:
         return self.layout.edit_mask
+
+    @property
+    def codes(self) -> np.ndarray:
+        return self.layout.codes
 
     def feasible(self, budget_bytes: int) -> np.ndarray:
         """Predicted to run within the budget (and the host's memory)."""
@@ -96,7 +101,11 @@ def build_layout(space: Space) -> Layout:
         row += [float(c.offload_optimizer == o) for o in OFFLOADS]
         row += [float(c.offload_param == o) for o in OFFLOADS]
         features[i] = row
-    return Layout(configs, {c: i for i, c in enumerate(configs)}, moves, (moves >= 0).astype(np.float32), features)
+    choices = space.choices
+    codes = np.array([[choices.knob_values(k).index(getattr(c, k)) for k in KNOBS] for c in configs],
+                     dtype=np.int64).reshape(n, len(KNOBS))
+    return Layout(configs, {c: i for i, c in enumerate(configs)}, moves, (moves >= 0).astype(np.float32), features,
+                  codes)
 
 
 def build_landscape(space: Space, estimator: Callable[[Config], Estimate], layout: Layout | None = None) -> Landscape:

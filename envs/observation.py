@@ -2,8 +2,8 @@
 tasks (documented in FEATURES, one name per entry).
 
 Only what a tuner knows on real hardware goes in: the task, the current config, the estimator's
-predictions (for the current config and for where each action leads) and the results measured in this
-episode. Never the true optimum: the replay surface's best is used to scale rewards, not to observe.
+predictions (for the current config and for where each action leads; for `jump`, corrected by this
+episode's measurements, envs/residuals.py) and the results measured in this episode. Never the true optimum: the replay surface's best is used to scale rewards, not to observe.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ RESULT_NAMES = (*(f"last status {s}" for s in ("none", *STATUSES)), "last throug
                 "last log2 peak / budget / 4", "last log2 measured / predicted throughput / 2",
                 "last log2 measured / predicted peak / 2")
 EPISODE_NAMES = ("steps left / horizon", "trials / horizon", "a feasible config found", "current config is the best",
-                 "best so far / predicted best / 2", "current config measured")
+                 "best so far / predicted best / 2", "current config measured",
+                 "log2 jump target's corrected throughput / best so far / 2")
 FEATURES = (
     *(f"task: {n}" for n in TASK_FEATURES),
     *(f"config: {n}" for n in CONFIG_NAMES),

@@ -13,7 +13,7 @@ from autotune.backends.simulated import SimulatedBackend
 from autotune.config import Config, ConfigError
 from autotune.envs import ENV_ID, DeepSpeedMemoryEnv
 from autotune.envs import observation as obs
-from autotune.envs.actions import ACTIONS, RUN, STOP, action_index
+from autotune.envs.actions import ACTIONS, FIRST_EDIT, JUMP, RUN, STOP, action_index
 from autotune.envs.reward import Reward
 from autotune.hardware import PROFILES
 from autotune.results import TrialResult, append_result
@@ -108,7 +108,7 @@ def test_mask_allows_exactly_the_valid_edits(env_config):
     space = land.space
     assert set(land.configs) == set(space.configs)
     for i, config in enumerate(land.configs):
-        for a, action in enumerate(ACTIONS[2:], 2):
+        for a, action in enumerate(ACTIONS[FIRST_EDIT:JUMP], FIRST_EDIT):
             target = expected_edit(space, config, action)
             moved = land.moves[i, a]
             assert (moved >= 0) == (target is not None), (config, action)
@@ -133,7 +133,7 @@ def test_mask_avoids_unmeasured_configs_on_replay(partial_surface):
     full = Space(load_choices("cpu"), TINY, CPU)
     avoided = 0
     for i, config in enumerate(land.configs):
-        for a, action in enumerate(ACTIONS[2:], 2):
+        for a, action in enumerate(ACTIONS[FIRST_EDIT:JUMP], FIRST_EDIT):
             target = expected_edit(land.space, config, action)  # the restricted space: measured configs only
             assert (land.moves[i, a] >= 0) == (target is not None)
             if target is not None:
@@ -323,3 +323,73 @@ def test_check_env_on_the_committed_surface():
     for seed in range(5):
         for _, _, _, info in random_episode(env, rng, seed=seed):
             assert info["task"]["backend"] == "replay"
+
+
+def test_residuals_correct_the_knob_values_that_measured_off_the_prediction():
+    from autotune.envs.residuals import Residuals
+
+    env = DeepSpeedMemoryEnv({"workload": "tiny", "memory_budget": "24GiB", "start": "default"})
+    env.reset(seed=0)
+    land = env._episode.landscape
+    model = Residuals(land.codes, land.throughput, land.peak)
+    assert np.allclose(model.throughput(), land.throughput) and np.allclose(model.peak(), land.peak)
+    fp32 = [i for i, c in enumerate(land.configs) if c.precision == "fp32"]
+    bf16 = [i for i, c in enumerate(land.configs) if c.precision == "bf16"]
+    budget = 24 * GiB
+    for i in fp32[:3]:  # fp32 measures at half its prediction, bf16 as predicted
+        model.observe(i, TrialResult(land.configs[i], "ok", land.throughput[i] / 2,
+                                     peak_memory_bytes=int(land.peak[i])), budget)
+    for i in bf16[:3]:
+        model.observe(i, TrialResult(land.configs[i], "ok", land.throughput[i],
+                                     peak_memory_bytes=int(land.peak[i])), budget)
+    ratio = model.throughput() / land.throughput
+    assert ratio[fp32].max() < 0.75 and ratio[bf16].min() > 0.9  # the precision's offset, shrunk towards 0
+    assert np.allclose(model.peak(), land.peak)
+    oom = fp32[5]  # out of memory, without a peak, under a budget 1.25 x its prediction: at least the budget
+    model.observe(oom, TrialResult(land.configs[oom], "oom", error="OOM"), int(land.peak[oom] * 1.25))
+    assert np.allclose(model.peak() / land.peak, 1.25)
+
+
+def test_jump_goes_to_the_best_corrected_unmeasured_config_within_budget():
+    env, _ = scripted_env([ok(50.0)] * 40, horizon=40)
+    land, budget = env._episode.landscape, env._episode.task.memory_budget_bytes
+    observation = env._observation()
+    for _ in range(6):
+        corrected_peak, corrected = env._residuals.peak(), env._residuals.throughput()
+        fits = ~env._measured & land.host_fits & (corrected_peak <= budget)
+        if not fits.any():
+            assert observation["action_mask"][JUMP] == 0
+            break
+        target = int(np.flatnonzero(fits)[np.argmax(corrected[fits])])
+        assert observation["action_mask"][JUMP] == 1 and env._jump == target
+        observation, *_ = env.step(JUMP)
+        assert env._current == target and env._measured[target]
+    env.allowed[:] = False  # a caller's narrowed space with nothing left: jump leads nowhere
+    assert env._observation()["action_mask"][JUMP] == 0
+
+
+def test_jump_finds_a_config_the_estimator_ranks_low_once_trials_show_it():
+    """A truth where bf16 runs at a third of its prediction: once a bf16 and an fp32 config are measured,
+    jump leaves bf16 (with bf16 alone measured, the model cannot tell a slow precision from a slow machine)."""
+    env = DeepSpeedMemoryEnv({"workload": "tiny", "memory_budget": "24GiB", "start": "estimator",
+                              "backend": "simulated"})
+    env.reset(seed=0)
+    land = env._episode.landscape
+
+    class Truth:
+        name = "simulated"
+
+        def run(self, config):
+            i = land.index[config]
+            slow = 3.0 if config.precision == "bf16" else 1.0
+            return TrialResult(config, "ok", land.throughput[i] / slow, peak_memory_bytes=int(land.peak[i]))
+
+    env._episode = replace(env._episode, backend=Truth())
+    assert land.configs[env._current].precision == "bf16"  # the estimator's best
+    env.step(RUN)
+    env.step(JUMP)
+    assert land.configs[env._current].precision == "bf16"
+    env.step(action_index("precision=fp32"))
+    for _ in range(3):
+        env.step(JUMP)
+        assert land.configs[env._current].precision == "fp32"

@@ -303,7 +303,7 @@ def test_rl_on_replay_proposes_only_measured_configs(tiny_surface, policy):
 
 
 @pytest.mark.slow
-def test_hybrid_takes_turns_with_optuna_and_tells_it_every_result(gpu_space, policy, tmp_path):
+def test_hybrid_runs_the_policy_first_then_optuna_told_every_result(gpu_space, policy, tmp_path):
     budget = 20 * GiB
     rl_alone = sweep(RLStrategy(SearchContext(gpu_space, budget, 0), policy, max_trials=8), gpu_space,
                      SimulatedBackend(GPU_WORKLOAD, GPU, budget), budget, 30)
@@ -312,18 +312,19 @@ def test_hybrid_takes_turns_with_optuna_and_tells_it_every_result(gpu_space, pol
     hybrid = HybridStrategy(SearchContext(gpu_space, budget, 0, storage=storage), policy, policy_trials=8)
     s = sweep(hybrid, gpu_space, SimulatedBackend(GPU_WORKLOAD, GPU, budget), budget, 16)
     configs = [r.config for r in s.results]
-    assert configs[0] == walk[0]  # the policy moves first
-    positions = [configs.index(c) for c in walk]  # the whole walk is there, in order, among Optuna's proposals
-    assert positions == sorted(positions) and len(positions) < len(configs)
+    assert configs[:len(walk)] == walk and len(walk) < len(configs)  # the policy's proposals first, then Optuna
     assert sum(r.status != "pruned" for r in s.results) == 16  # Optuna used the rest of the budget
     study = optuna.load_study(study_name="autotune", storage=storage)
     told = {tuple(sorted(t.params.items())) for t in study.trials if t.state.name == "COMPLETE"}
     for config in configs:
         assert tuple(sorted(hybrid.search.params_of(config).items())) in told  # every result warm-started the study
 
-    sequential = HybridStrategy(SearchContext(gpu_space, budget, 0), policy, policy_trials=8, interleave=False)
-    s = sweep(sequential, gpu_space, SimulatedBackend(GPU_WORKLOAD, GPU, budget), budget, 12)
-    assert [r.config for r in s.results[:len(walk)]] == walk
+    interleaved = HybridStrategy(SearchContext(gpu_space, budget, 0), policy, policy_trials=8, interleave=True)
+    s = sweep(interleaved, gpu_space, SimulatedBackend(GPU_WORKLOAD, GPU, budget), budget, 16)
+    configs = [r.config for r in s.results]
+    assert configs[0] == walk[0]
+    positions = [configs.index(c) for c in walk]  # the whole walk is there, in order, among Optuna's proposals
+    assert positions == sorted(positions) and positions != list(range(len(walk)))
 
 
 def test_rl_and_hybrid_are_registered_strategies(gpu_space):

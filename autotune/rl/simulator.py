@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import copy
 import math
-import weakref
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
@@ -39,13 +38,6 @@ from autotune.units import format_size
 
 STARTS = ("random", "default", "estimator", "mixed")
 MIXED_ESTIMATOR_SHARE = 0.5  # "mixed" starts: this share at the estimator's best, the rest at random
-
-
-def knob_codes(landscape: Landscape) -> np.ndarray:
-    """(configs, knobs): the index of each config's value in its knob's list of choices."""
-    choices = landscape.space.choices
-    return np.array([[choices.knob_values(k).index(getattr(c, k)) for k in KNOBS] for c in landscape.configs],
-                    dtype=np.int64).reshape(len(landscape.configs), len(KNOBS))
 
 
 @dataclass(frozen=True)
@@ -155,7 +147,7 @@ def distorted_task(task: Task, spread: float, noise: float, seed: int) -> Distor
     if not len(landscape):
         raise ConfigError(f"the space has no valid config for {task.workload.model.name}")
     rng = np.random.default_rng(seed)
-    return DistortedBackend(landscape, knob_codes(landscape), task.memory_budget_bytes,
+    return DistortedBackend(landscape, landscape.codes, task.memory_budget_bytes,
                             Distortion.draw(space, spread, rng), noise, rng)
 
 
@@ -178,7 +170,6 @@ class TrainingEnv(DeepSpeedMemoryEnv):
         self.mixed_start = start == "mixed"
         if self.mixed_start:
             config["start"] = "random"
-        self._codes: weakref.WeakKeyDictionary[Landscape, np.ndarray] = weakref.WeakKeyDictionary()
         self._samplers: tuple[WorkloadSampler, ...] = ()
         self._weights = np.ones(0)
         if "samplers" in config:
@@ -202,12 +193,9 @@ class TrainingEnv(DeepSpeedMemoryEnv):
         if self.backend_kind != "simulated" or not isinstance(episode.backend, SimulatedBackend):
             return episode
         land = episode.landscape
-        codes = self._codes.get(land)
-        if codes is None:
-            codes = self._codes[land] = knob_codes(land)
         # A fresh hidden truth every episode (the base environment caches episodes per task).
         distortion = Distortion.draw(land.space, self.spread, self.np_random)
-        backend = DistortedBackend(land, codes, episode.task.memory_budget_bytes, distortion, self._noise,
+        backend = DistortedBackend(land, land.codes, episode.task.memory_budget_bytes, distortion, self._noise,
                                    self.np_random)
         optimum = backend.optimum
         return replace(episode, backend=backend, optimum=optimum,

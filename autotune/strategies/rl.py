@@ -1,4 +1,5 @@
-"""`rl`: a trained policy (autotune.rl) walks the space one trial at a time.
+"""`rl`: a trained policy (autotune.rl) searches the space one trial at a time, by single-knob edits of the
+current config and by jumps to the best unmeasured config of the predictions corrected by its trials.
 
 The policy acts in the same environment it was trained in (`autotune/DeepSpeedMemory-v0`), built for
 this search's workload, hardware, budget and space, whose backend is a relay: the environment's trial
@@ -7,7 +8,8 @@ action and returns the config that action leads to; `observe()` hands that confi
 environment, which steps and yields the next observation. The episode starts at the estimator's best
 predicted config and ends when the policy stops or after the training horizon; its best feasible config
 is the recommendation. Edits back to configs measured earlier in the episode are masked
-(`mask_revisits`), as is, on a replay surface, every config the surface never measured.
+(`mask_revisits`), as is, on a replay surface, every config the surface never measured (`jump` chooses
+among the surface's configs only).
 
 Resume: the policy is deterministic, so a resumed sweep replays the same walk, each known config
 answered from the record.
@@ -20,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from autotune.config import Config
+from autotune.envs.actions import JUMP, RUN, STOP
 from autotune.results import TrialResult
 from autotune.strategies import SearchContext
 
@@ -81,7 +84,7 @@ class RLStrategy:
             self.done = True
             return None
         action = self.policy.act({"observations": self.observation["observations"], "action_mask": mask})
-        if action == 0:  # stop: the policy believes it has found the best
+        if action == STOP:  # the policy believes it has found the best
             self.done = True
             return None
         config = self._target(action)
@@ -108,7 +111,9 @@ class RLStrategy:
         env = self.env.unwrapped
         landscape, budget = env._episode.landscape, self.context.budget_bytes
         inside = np.array([c in self.context.space for c in landscape.configs])
+        env.allowed = inside
         if not inside.any() or inside[env._current]:
+            self.observation = env._observation()  # `jump` now chooses within the space
             return
         fits = inside & landscape.feasible(budget)
         pool = np.flatnonzero(fits) if fits.any() else np.flatnonzero(inside)
@@ -120,7 +125,9 @@ class RLStrategy:
         """The config an action leads to from the current one (the environment's move table)."""
         env = self.env.unwrapped
         landscape = env._episode.landscape
-        index = env._current if action == 1 else int(landscape.moves[env._current, action])
+        if action == JUMP:
+            return landscape.configs[env._jump]
+        index = env._current if action == RUN else int(landscape.moves[env._current, action])
         return landscape.configs[index]
 
     def _mask(self) -> np.ndarray:
