@@ -48,6 +48,7 @@ env_config keys (all optional):
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Mapping
 
@@ -303,17 +304,20 @@ class DeepSpeedMemoryEnv(gym.Env):
         """Where `jump` leads (self._jump, -1 if nowhere) and its corrected predictions in the observation."""
         ep = self._episode
         assert ep is not None
-        budget = ep.task.memory_budget_bytes
-        throughput, peak = self._residuals.throughput(), self._residuals.peak()
-        candidates = ~self._measured & self.allowed & ep.landscape.host_fits & (peak <= budget)
-        self._jump = int(np.flatnonzero(candidates)[np.argmax(throughput[candidates])]) if candidates.any() else -1
-        if self._jump < 0:
+        budget, model = ep.task.memory_budget_bytes, self._residuals
+        fits = model.log_peak <= math.log(budget) - model.memory
+        candidates = fits & ~self._measured & self.allowed & ep.landscape.host_fits
+        log_throughput = model.log_throughput()
+        self._jump = int(np.argmax(np.where(candidates, log_throughput, -np.inf)))
+        if not candidates[self._jump]:
+            self._jump = -1
             return
+        throughput = math.exp(log_throughput[self._jump])
         block = obs.ACTIONS_AT + JUMP * len(obs.PREDICTION_NAMES)
-        vector[block] = obs.peak_feature(peak[self._jump:self._jump + 1], budget)[0]
-        vector[block + 1] = min(1.0, throughput[self._jump] / ep.predicted_best / 2)
+        vector[block] = obs.ratio_feature(math.exp(model.log_peak[self._jump] + model.memory), budget, 4.0)
+        vector[block + 1] = min(1.0, throughput / ep.predicted_best / 2)
         if self._best_throughput > 0:
-            vector[obs.EPISODE_AT + 6] = obs.ratio_feature(float(throughput[self._jump]), self._best_throughput)
+            vector[obs.EPISODE_AT + 6] = obs.ratio_feature(throughput, self._best_throughput)
 
     def _info(self, result: TrialResult | None, action: str, invalid: bool) -> dict[str, Any]:
         ep = self._episode

@@ -22,42 +22,53 @@ SHRINK = 1.0
 
 
 class Residuals:
-    """Per episode: the trials seen, and the corrected predictions of every config of the landscape."""
+    """Per episode: the trials seen, and the corrected predictions of every config of the landscape.
+
+    Kept as running sums per knob value, so that a step costs one small matrix-vector product (the
+    environment asks after every trial)."""
 
     def __init__(self, codes: np.ndarray, throughput: np.ndarray, peak: np.ndarray) -> None:
-        self.codes = codes  # (configs, knobs): each config's value index per knob
-        self.log_throughput = np.log(np.maximum(throughput, 1e-30))
+        n, knobs = codes.shape
+        sizes = codes.max(axis=0) + 1 if n else np.ones(knobs, dtype=np.int64)
+        self.values = codes + np.concatenate([[0], np.cumsum(sizes)[:-1]])  # (configs, knobs): flat value ids
+        self.onehot = np.zeros((n, int(sizes.sum())))
+        self.onehot[np.arange(n)[:, None], self.values] = 1.0
+        self.log_predicted = np.log(np.maximum(throughput, 1e-30))
         self.log_peak = np.log(np.maximum(peak, 1.0))
-        self._indices: list[int] = []
-        self._ratios: list[float] = []  # log(measured / predicted throughput) of ok trials
-        self._memory = -math.inf  # largest log(measured / predicted peak)
+        self.sums = np.zeros(self.onehot.shape[1])  # per knob value: sum of log(measured / predicted) ...
+        self.counts = np.zeros(self.onehot.shape[1])  # ... over this many ok trials
+        self.total, self.trials = 0.0, 0
+        self.memory = 0.0  # largest log(measured / predicted peak); 0 until a peak is known
+        self.memory_known = False
 
     def observe(self, index: int, result: TrialResult, budget_bytes: int) -> None:
         if result.status == "ok" and result.fits(budget_bytes) and result.throughput_samples_per_s:
-            self._indices.append(index)
-            self._ratios.append(math.log(result.throughput_samples_per_s) - self.log_throughput[index])
+            ratio = math.log(result.throughput_samples_per_s) - self.log_predicted[index]
+            ids = self.values[index]
+            self.sums[ids] += ratio
+            self.counts[ids] += 1
+            self.total += ratio
+            self.trials += 1
         peak = result.peak_memory_bytes
         if result.status == "oom" or (result.status == "ok" and not result.fits(budget_bytes)):
             peak = max(peak or 0, budget_bytes)
         if peak and result.status in ("ok", "oom"):
-            self._memory = max(self._memory, math.log(peak) - self.log_peak[index])
+            ratio = math.log(peak) - self.log_peak[index]
+            self.memory = ratio if not self.memory_known else max(self.memory, ratio)
+            self.memory_known = True
+
+    def log_throughput(self) -> np.ndarray:
+        """Log of the corrected predicted throughput of every config."""
+        if not self.trials:
+            return self.log_predicted
+        base = self.total / self.trials
+        offsets = (self.sums - self.counts * base) / (self.counts + SHRINK)
+        return self.log_predicted + base + self.onehot @ offsets
 
     def throughput(self) -> np.ndarray:
         """Corrected predicted throughput of every config."""
-        if not self._ratios:
-            return np.exp(self.log_throughput)
-        measured = self.codes[self._indices]
-        ratios = np.asarray(self._ratios)
-        base = float(ratios.mean())
-        log = self.log_throughput + base
-        for k in range(self.codes.shape[1]):
-            size = int(self.codes[:, k].max()) + 1
-            sums = np.bincount(measured[:, k], weights=ratios - base, minlength=size)
-            counts = np.bincount(measured[:, k], minlength=size)
-            log = log + (sums / (counts + SHRINK))[self.codes[:, k]]
-        return np.exp(log)
+        return np.exp(self.log_throughput())
 
     def peak(self) -> np.ndarray:
         """Corrected predicted peak of every config (the predictions until a peak was measured)."""
-        factor = math.exp(self._memory) if math.isfinite(self._memory) else 1.0
-        return np.exp(self.log_peak) * factor
+        return np.exp(self.log_peak + self.memory)
