@@ -37,6 +37,7 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune.backends.replay import ReplayBackend, load_surface, surface_space
+from autotune.calibrate import calibrator
 from autotune.drivers.local import run_local
 from autotune.drivers.progress import QuietProgress
 from autotune.drivers.sweep import Budget, Sweep
@@ -111,7 +112,9 @@ def run_one(name: str, space: Space, backend, budget: int, optimum: float, trial
     pruner = Pruner(space.workload, space.hardware, budget)
     strategy = Timed(strategy_for(name, SearchContext(space, budget, seed, pruner.predict), policy))
     record: list[TrialResult] = []
-    sweep = Sweep(strategy, pruner, record.append, backend.name, (), None, len(space))
+    # Calibrated from the measured trials as `autotune tune` does: the pruner's margin adapts.
+    sweep = Sweep(strategy, pruner, record.append, backend.name, (), calibrator(space.workload, space.hardware),
+                  len(space))
     run_local(sweep, backend, Budget(trials), QuietProgress())
     curve, best_measured, best_true = [], 0.0, 0.0
     for result in sweep.results:

@@ -9,7 +9,9 @@ environment, which steps and yields the next observation. The episode starts at 
 predicted config and ends when the policy stops or after the training horizon; its best feasible config
 is the recommendation. Edits back to configs measured earlier in the episode are masked
 (`mask_revisits`), as is, on a replay surface, every config the surface never measured (`jump` chooses
-among the surface's configs only).
+among the surface's configs only). A proposal the tuner prunes is not a trial: the policy proposes again
+from the same state without it, so a pruning-heavy start (an uncalibrated estimator that over-predicts
+memory) does not use up the episode.
 
 Resume: the policy is deterministic, so a resumed sweep replays the same walk, each known config
 answered from the record.
@@ -67,6 +69,7 @@ class RLStrategy:
             self._start_within_space()
         self.pending: tuple[int, Config] | None = None
         self.proposed = 0
+        self.pruned: set[Config] = set()  # proposals the tuner's pruner refused: never proposed again
         self.done = False
 
     # -- the Strategy interface
@@ -97,6 +100,17 @@ class RLStrategy:
             return  # history of a resumed sweep, or someone else's trial: the walk asks again if it needs it
         action, _ = self.pending
         self.pending = None
+        if result.status == "pruned":
+            # Not a trial: the policy proposes again from the same state without that config (the
+            # tuner's calibrated pruner knows better than the environment's uncalibrated predictions).
+            self.proposed -= 1
+            self.pruned.add(config)
+            env = self.env.unwrapped
+            index = env._episode.landscape.index.get(config)
+            if index is not None:
+                env.allowed[index] = False
+            self.observation = env._observation()
+            return
         self.relay.result = result
         self.observation, _, terminated, truncated, _ = self.env.step(action)
         if terminated or truncated:
@@ -132,12 +146,13 @@ class RLStrategy:
 
     def _mask(self) -> np.ndarray:
         """The environment's mask, narrowed to actions leading into this search's space (a replay
-        surface's measured configs)."""
+        surface's measured configs) and away from configs the tuner pruned."""
         mask = np.array(self.observation["action_mask"], dtype=np.float32)
         space = self.context.space
-        if space.only is not None:
+        if space.only is not None or self.pruned:
             for action in np.flatnonzero(mask[1:] > 0.5) + 1:
-                if self._target(int(action)) not in space:
+                target = self._target(int(action))
+                if target not in space or target in self.pruned:
                     mask[action] = 0.0
         return mask
 
