@@ -14,6 +14,8 @@ Optuna study, which then continues"), and on the held-out tasks of benchmarks/rl
 Optuna alone and 11 for taking turns with Optuna from the first trial (`interleave`, 8 policy trials). At
 10% noise the order flips (24 against 18.5 and 19): see the README's RL section for why.
 
+On a Ray cluster, with several trials in flight, Optuna proposes whenever the policy waits for its result.
+
 Resume: the policy is deterministic and Optuna's study is stored, so a resumed sweep replays the policy's
 proposals from the record and reloads the study.
 """
@@ -43,7 +45,10 @@ class HybridStrategy:
         self.policy_turn = True
 
     def propose(self) -> Config | None:
-        if self.in_policy and (self.policy_turn or not self.interleave):
+        # While the policy's proposal is still running (a Ray sweep has several trials in flight), Optuna
+        # fills the slot: the policy proposes one config at a time.
+        waiting = self.policy.pending is not None
+        if self.in_policy and not waiting and (self.policy_turn or not self.interleave):
             config = self.policy.propose()
             if config is not None:
                 self.policy_turn = False
