@@ -201,7 +201,7 @@ class DeepSpeedMemoryEnv(gym.Env):
         self._best: dict[str, Any] | None = None
         self._best_index = -1
         self._last: TrialResult | None = None
-        self._residuals = Residuals(land.codes, land.throughput, land.peak)
+        self._residuals = Residuals(land)
         self.allowed = np.ones(len(land), dtype=bool)  # configs `jump` may go to (a caller may narrow them)
         return self._observation(), self._info(None, "reset", False)
 
@@ -305,8 +305,7 @@ class DeepSpeedMemoryEnv(gym.Env):
         ep = self._episode
         assert ep is not None
         budget, model = ep.task.memory_budget_bytes, self._residuals
-        fits = model.log_peak <= math.log(budget) - model.memory
-        candidates = fits & ~self._measured & self.allowed & ep.landscape.host_fits
+        candidates = model.fits(budget) & ~self._measured & self.allowed & ep.landscape.host_fits
         log_throughput = model.log_throughput()
         self._jump = int(np.argmax(np.where(candidates, log_throughput, -np.inf)))
         if not candidates[self._jump]:
@@ -314,7 +313,7 @@ class DeepSpeedMemoryEnv(gym.Env):
             return
         throughput = math.exp(log_throughput[self._jump])
         block = obs.ACTIONS_AT + JUMP * len(obs.PREDICTION_NAMES)
-        vector[block] = obs.ratio_feature(math.exp(model.log_peak[self._jump] + model.memory), budget, 4.0)
+        vector[block] = obs.ratio_feature(model.peak_at(self._jump), budget, 4.0)
         vector[block + 1] = min(1.0, throughput / ep.predicted_best / 2)
         if self._best_throughput > 0:
             vector[obs.EPISODE_AT + 6] = obs.ratio_feature(throughput, self._best_throughput)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable, Generic, Hashable, Mapping, TypeVar
 
 import numpy as np
@@ -36,6 +37,21 @@ class Layout:
     edit_mask: np.ndarray  # (configs, actions) float32: 1 where an edit leads somewhere
     features: np.ndarray  # (configs, CONFIG_FEATURES) float32, raw ckpt interval in _CKPT_COLUMN
     codes: np.ndarray  # (configs, knobs) int64: the index of each config's value in its knob's choices
+
+    @cached_property
+    def value_ids(self) -> np.ndarray:
+        """(configs, knobs): each config's knob values numbered across all knobs (knob values side by side)."""
+        n, knobs = self.codes.shape
+        sizes = self.codes.max(axis=0) + 1 if n else np.ones(knobs, dtype=np.int64)
+        return self.codes + np.concatenate([[0], np.cumsum(sizes)[:-1]])
+
+    @cached_property
+    def value_onehot(self) -> np.ndarray:
+        """(configs, knob values) float: 1 where a config has that knob value."""
+        ids = self.value_ids
+        onehot = np.zeros((len(ids), int(ids.max()) + 1 if ids.size else 0))
+        onehot[np.arange(len(ids))[:, None], ids] = 1.0
+        return onehot
 
 
 @dataclass(frozen=True, eq=False)
@@ -69,6 +85,14 @@ class Landscape:
     @property
     def codes(self) -> np.ndarray:
         return self.layout.codes
+
+    @cached_property
+    def log_throughput(self) -> np.ndarray:
+        return np.log(np.maximum(self.throughput, 1e-30))
+
+    @cached_property
+    def log_peak(self) -> np.ndarray:
+        return np.log(np.maximum(self.peak, 1.0))
 
     def feasible(self, budget_bytes: int) -> np.ndarray:
         """Predicted to run within the budget (and the host's memory)."""

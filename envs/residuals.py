@@ -18,6 +18,8 @@ import numpy as np
 
 from autotune.results import TrialResult
 
+from autotune.envs.landscape import Landscape
+
 SHRINK = 1.0
 
 
@@ -27,14 +29,10 @@ class Residuals:
     Kept as running sums per knob value, so that a step costs one small matrix-vector product (the
     environment asks after every trial)."""
 
-    def __init__(self, codes: np.ndarray, throughput: np.ndarray, peak: np.ndarray) -> None:
-        n, knobs = codes.shape
-        sizes = codes.max(axis=0) + 1 if n else np.ones(knobs, dtype=np.int64)
-        self.values = codes + np.concatenate([[0], np.cumsum(sizes)[:-1]])  # (configs, knobs): flat value ids
-        self.onehot = np.zeros((n, int(sizes.sum())))
-        self.onehot[np.arange(n)[:, None], self.values] = 1.0
-        self.log_predicted = np.log(np.maximum(throughput, 1e-30))
-        self.log_peak = np.log(np.maximum(peak, 1.0))
+    def __init__(self, landscape: Landscape) -> None:
+        layout = landscape.layout
+        self.values, self.onehot = layout.value_ids, layout.value_onehot  # computed once per layout
+        self.log_predicted, self.log_peak = landscape.log_throughput, landscape.log_peak
         self.sums = np.zeros(self.onehot.shape[1])  # per knob value: sum of log(measured / predicted) ...
         self.counts = np.zeros(self.onehot.shape[1])  # ... over this many ok trials
         self.total, self.trials = 0.0, 0
@@ -68,6 +66,13 @@ class Residuals:
     def throughput(self) -> np.ndarray:
         """Corrected predicted throughput of every config."""
         return np.exp(self.log_throughput())
+
+    def fits(self, budget_bytes: int) -> np.ndarray:
+        """Configs whose corrected predicted peak is within the budget."""
+        return self.log_peak <= math.log(budget_bytes) - self.memory
+
+    def peak_at(self, index: int) -> float:
+        return math.exp(self.log_peak[index] + self.memory)
 
     def peak(self) -> np.ndarray:
         """Corrected predicted peak of every config (the predictions until a peak was measured)."""

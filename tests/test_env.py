@@ -331,7 +331,7 @@ def test_residuals_correct_the_knob_values_that_measured_off_the_prediction():
     env = DeepSpeedMemoryEnv({"workload": "tiny", "memory_budget": "24GiB", "start": "default"})
     env.reset(seed=0)
     land = env._episode.landscape
-    model = Residuals(land.codes, land.throughput, land.peak)
+    model = Residuals(land)
     assert np.allclose(model.throughput(), land.throughput) and np.allclose(model.peak(), land.peak)
     fp32 = [i for i, c in enumerate(land.configs) if c.precision == "fp32"]
     bf16 = [i for i, c in enumerate(land.configs) if c.precision == "bf16"]
