@@ -196,8 +196,8 @@ def replay_runs(args, console: Console) -> list[Run]:
             if best is None:
                 continue
             grid_space = grid_subspace(space)
-            reach = max((surface.results[c].under_budget(budget).throughput_samples_per_s or 0.0 for c in grid_space
-                         if surface.results[c].under_budget(budget).fits(budget)), default=0.0) \
+            seen = [surface.results[c].under_budget(budget) for c in grid_space]
+            reach = max((r.throughput_samples_per_s or 0.0 for r in seen if r.fits(budget)), default=0.0) \
                 / best.throughput_samples_per_s
             name = f"{path.stem} {budget / GiB:.2f}GiB ({len(space)} configs)"
             for seed in range(args.seeds):
