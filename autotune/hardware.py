@@ -43,6 +43,11 @@ class Hardware:
     def supports(self, precision: str) -> bool:
         return precision in self.peak_flops
 
+    @property
+    def accelerator(self) -> str:
+        """DeepSpeed's accelerator that runs this profile's trials (with gloo on cpu, NCCL on cuda)."""
+        return "cpu" if self.is_cpu else "cuda"
+
     def with_(self, **changes: Any) -> "Hardware":
         return replace(self, **changes)
 
@@ -64,6 +69,14 @@ PROFILES: dict[str, Hardware] = {
     "a100-80gb": _gpu("a100-80gb", 80, 19.5, 312, True, 2039, 24, 230, 22, host_memory_bytes=2048 * GiB),
     "h100-80gb": _gpu("h100-80gb", 80, 67, 989, True, 3350, 50, 370, 45, host_memory_bytes=2048 * GiB,
                       cpu_adam_params_per_s=2.0e9, half_efficiency_tokens=2048.0),
+    "h200": _gpu("h200", 140, 67, 989, True, 4800, 50, 370, 45, host_memory_bytes=2048 * GiB,
+                 cpu_adam_params_per_s=2.0e9, half_efficiency_tokens=2048.0),
+    "b200": _gpu("b200", 178, 80, 2250, True, 8000, 50, 700, 45, host_memory_bytes=2048 * GiB,
+                 cpu_adam_params_per_s=2.0e9, half_efficiency_tokens=4096.0),
+    "l40s": _gpu("l40s", 48, 91.6, 362, True, 864, 24, 24, 12, host_memory_bytes=512 * GiB,
+                 max_efficiency=0.45, half_efficiency_tokens=1024.0),
+    "a10g": _gpu("a10g", 24, 31.2, 70, True, 600, 24, 10, 3, host_memory_bytes=256 * GiB,
+                 max_efficiency=0.45, half_efficiency_tokens=512.0),
     "l4": _gpu("l4", 24, 30, 121, True, 300, 24, 10, 3, host_memory_bytes=256 * GiB,
                max_efficiency=0.45, half_efficiency_tokens=512.0),
     # This machine kind: 2 cores, 24 GiB, DeepSpeed's CPU accelerator with gloo. fp16 is refused there.

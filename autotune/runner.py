@@ -142,8 +142,9 @@ class _Trial:
     def launch(self) -> None:
         spec_path = self.spec.write()
         o = self.options
+        # The spec's accelerator wins over the caller's environment: the trial runs where it was planned to.
         base = {**os.environ, **o.env, "MASTER_ADDR": MASTER_ADDR, "MASTER_PORT": str(self.master_port),
-                "PYTHONUNBUFFERED": "1", "LOCAL_SIZE": str(o.ranks)}
+                "PYTHONUNBUFFERED": "1", "LOCAL_SIZE": str(o.ranks), "DS_ACCELERATOR": self.spec.accelerator}
         # The interpreter's own bin directory first, as an activated venv has it: DeepSpeed's op builds call
         # `ninja` from PATH, and two ninja versions (the venv's, the system's) do not read each other's
         # build logs, so they rebuild the C++ ops (minutes) every time the other one ran last.

@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 
 from autotune.config import ConfigError
+from autotune.devices import AUTO
 from autotune.drivers.sweep import Budget
 from autotune.rundir import RunDir, RunSettings
 from autotune.space import Space
@@ -112,7 +113,7 @@ def _check_keys(data: dict, allowed: tuple[str, ...], where: str) -> None:
 
 def _workload(entry: dict[str, Any], where: str, base: Path) -> WorkloadSpec:
     """Resolve one workload entry with the same parsers, defaults and checks as `autotune tune`."""
-    from autotune.commands.common import hardware_from, positive_int, size, space_from
+    from autotune.commands.common import hardware_of, positive_int, size, space_from
     from autotune.commands.tune import _resolve_replay, duration
 
     def parse(key: str, parser, allowed: str):
@@ -141,7 +142,9 @@ def _workload(entry: dict[str, Any], where: str, base: Path) -> WorkloadSpec:
         memory_budget=parse("memory_budget", size, "a size such as 40GiB or 2GB"), strategy=strategy,
         backend=backend, seed=parse("seed", _seed, "a non-negative integer") or 0,
         surface=None if entry.get("surface") is None else Path(_path_or_name(entry["surface"], base)))
-    if entry.get("hardware") is not None:
+    if entry.get("hardware") == AUTO:
+        args.hardware = AUTO
+    elif entry.get("hardware") is not None:
         from autotune.hardware import load_hardware
 
         try:
@@ -157,7 +160,9 @@ def _workload(entry: dict[str, Any], where: str, base: Path) -> WorkloadSpec:
                 raise ConfigError(f"surface is only for backend replay (got backend {backend})")
             workload = _model_workload(model, args.global_batch, args.gpus, where)
             args.model = workload.model.name if workload.model.name in PRESETS else "custom"
-            hardware = hardware_from(args)
+            # Real trials default to this machine's devices; whether they can run is checked by run_sweep,
+            # which knows whether this machine or a remote cluster runs them.
+            hardware, _ = hardware_of(args, real=backend == "deepspeed")
             space = space_from(args, workload, hardware)
             budget = args.memory_budget or hardware.memory_bytes
             settings = RunSettings(workload, hardware, budget, strategy, backend, args.seed, space.choices)
@@ -208,6 +213,7 @@ def run_sweep(sweep_file: SweepFile, out: Path, address: str, resume: bool, conc
     the sweep summary. Returns the summary rows by workload name."""
     from rich.console import Console
 
+    from autotune.commands.common import check_here
     from autotune.commands.tune import (NOTHING_FITS, SLEEP_ENV, close_sweep, make_backend, nothing_fits,
                                         open_sweep)
     from autotune.drivers import ray as ray_driver
@@ -216,6 +222,13 @@ def run_sweep(sweep_file: SweepFile, out: Path, address: str, resume: bool, conc
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     console = console or Console(width=160)
+    if address == ray_driver.LOCAL:  # this machine runs the real trials: refuse what it cannot run, up front
+        for spec in sweep_file.workloads:
+            if spec.settings.backend in ray_driver.REAL_BACKENDS:
+                try:
+                    check_here(spec.settings.hardware, spec.settings.workload.gpus, spec.settings.memory_budget_bytes)
+                except ConfigError as err:
+                    raise ConfigError(f"{sweep_file.path}: workload {spec.name!r}: {err}") from None
     out.mkdir(parents=True, exist_ok=True)
     runs = {spec.name: RunDir(out / spec.name) for spec in sweep_file.workloads}
     if not resume and any(run.exists() for run in runs.values()):

@@ -4,15 +4,10 @@ Importing this package registers `autotune/DeepSpeedMemory-v0` (envs/deepspeed_m
 `gymnasium.make("autotune/DeepSpeedMemory-v0", env_config={...})`, or, with RLlib, the class
 `autotune.envs.DeepSpeedMemoryEnv` with its `env_config`.
 """
-import os
+import gymnasium
 
-# No GPU here or in CI: DeepSpeed's CPU accelerator (gloo). Set before anything imports deepspeed.
-os.environ.setdefault("DS_ACCELERATOR", "cpu")
-
-import gymnasium  # noqa: E402
-
-from autotune.envs.deepspeed_memory import DeepSpeedMemoryEnv  # noqa: E402
-from autotune.envs.sampler import Task, WorkloadSampler  # noqa: E402
+from autotune.envs.deepspeed_memory import DeepSpeedMemoryEnv
+from autotune.envs.sampler import Task, WorkloadSampler
 
 ENV_ID = "autotune/DeepSpeedMemory-v0"
 

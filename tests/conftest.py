@@ -1,8 +1,7 @@
-import os
 import signal
 
-# No GPU here or in CI: DeepSpeed's CPU accelerator (gloo). Set before anything imports deepspeed.
-os.environ.setdefault("DS_ACCELERATOR", "cpu")
+# No DS_ACCELERATOR here: trials get theirs from the hardware profile (autotune.worker.device), and
+# tests/test_devices.py checks that nothing in the package sets it for the process.
 
 # A test run started in the background by a shell without job control (nohup cmd &) inherits SIGINT
 # ignored, and would pass that on to every process it starts; the Ctrl-C tests need it delivered, as at a

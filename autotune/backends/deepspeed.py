@@ -4,12 +4,17 @@ own processes (autotune.runner), measured by the worker (autotune.worker) and tu
 Result (DESIGN.md section 3, plus extra keys written flat):
 - throughput: global batch / median optimizer-step wall time of rank 0 (every micro-step, after warm-up);
 - peak_memory_bytes: the worst rank's true peak of the whole process over the measured window (CPU: the
-  resident set, VmHWM; CUDA: the allocator's max reserved);
+  resident set, VmHWM; CUDA: the allocator's max reserved plus the memory outside it, as nvidia-smi shows:
+  autotune.worker.device);
 - extra: peak_memory_growth_bytes (that peak minus the rank's baseline before the model was built),
   baseline_memory_bytes, startup_peak_bytes (peak during build, initialize and warm-up),
   predicted_peak_bytes and predicted_step_time_s (the estimator's, when the backend has a hardware
   profile), step_time_iqr_s, step_times_s, steps_measured, stop_reason, ranks, log_dir, master_port,
-  launch_to_first_step_s, phases_s (where the launch-to-first-step time went).
+  launch_to_first_step_s, phases_s (where the launch-to-first-step time went); on CUDA also
+  peak_allocated_bytes, peak_reserved_bytes, cuda_context_bytes and outside_allocator_bytes.
+Trials run on the hardware profile's accelerator (`Hardware.accelerator`; CPU without a profile). A rank that
+finds another one (e.g. a GPU profile on a machine without CUDA) ends its trial `unsupported` and sets
+`fatal`, which stops the sweep: no other config would run either.
 A config that cannot even be written as a DeepSpeed config (e.g. NVMe offload without a path) is
 `unsupported` without a launch. Failures are results; only the tuner's interruption (KeyboardInterrupt)
 propagates, after the trial's processes are gone.
@@ -39,7 +44,7 @@ class DeepSpeedBackend:
                  ds_options: DsOptions = DsOptions(), logs_dir: str | Path = "runs/logs", timeout_s: float = 600.0,
                  measure: MeasureSettings = MeasureSettings(), *, calibration: Calibration = Calibration(),
                  launcher: str = "direct", env: Mapping[str, str] | None = None, seed: int = 0,
-                 fault: str | None = None) -> None:
+                 fault: str | None = None, accelerator: str | None = None) -> None:
         if memory_budget_bytes is not None and memory_budget_bytes <= 0:
             raise ConfigError(f"memory budget {memory_budget_bytes!r}: must be a positive number of bytes")
         if timeout_s <= 0:
@@ -53,6 +58,9 @@ class DeepSpeedBackend:
         self.calibration = calibration
         self.seed = seed
         self.fault = fault  # tests only: see autotune.worker.protocol.FAULTS
+        # DeepSpeed's accelerator of every trial: the profile's (a GPU profile: cuda); no profile: the CPU's.
+        self.accelerator = accelerator or (hardware.accelerator if hardware is not None else "cpu")
+        self.fatal: str | None = None  # set when a rank found the wrong accelerator: no config can run here
         self._cpu_info: dict[str, Any] | None = None
         self.launch = LaunchOptions(ranks=workload.gpus, timeout_s=timeout_s, memory_budget_bytes=memory_budget_bytes,
                                     launcher=launcher, env=dict(env or {}))
@@ -75,7 +83,8 @@ class DeepSpeedBackend:
                                  backend=self.name, error=str(err), extra=extra)
         else:
             spec = WorkerSpec(config, self.workload, ds, str(log_dir), self.measure, self.memory_budget_bytes,
-                              self.seed, fault=self.fault, cpu_info=self.cpu_info(), extra=self._spec_extra())
+                              self.seed, fault=self.fault, cpu_info=self.cpu_info(), extra=self._spec_extra(),
+                              accelerator=self.accelerator)
             outcome = run_worker(spec, self.launch)
             self._read_outcome(log_dir, outcome, extra)
             result = self._result(config, outcome, extra)
@@ -127,6 +136,8 @@ class DeepSpeedBackend:
         common = dict(memory_budget_bytes=self.memory_budget_bytes, wall_time_s=outcome.wall_time_s, backend=self.name)
         extra = {**extra, "master_port": outcome.master_port}
         if outcome.status != "ok":
+            fatal = next((r["error"] for r in outcome.reports if r and r.get("fatal")), None)
+            self.fatal = self.fatal or fatal
             # The highest resident set the runner saw (CPU): for an oom, how far past the budget it went.
             return TrialResult(config, outcome.status, error=outcome.error, extra=extra, **common,
                                peak_memory_bytes=max(outcome.observed_peaks, default=None))
@@ -144,8 +155,9 @@ class DeepSpeedBackend:
             phases_s=first["phases_s"], optimizer=first["optimizer"], basic_optimizer=first.get("basic_optimizer"),
             threads_per_rank=first["threads"],
             loss_first=first["loss_first"], loss_last=first["loss_last"])
-        if worst.get("peak_allocated_bytes") is not None:
-            extra["peak_allocated_bytes"] = worst["peak_allocated_bytes"]
+        for key in ("peak_allocated_bytes", "cuda_context_bytes", "outside_allocator_bytes", "peak_reserved_bytes"):
+            if worst.get(key) is not None:
+                extra[key] = worst[key]
         return TrialResult(config, "ok", throughput_samples_per_s=throughput,
                            tokens_per_s=throughput * self._seq_len(extra), step_time_s=step,
                            peak_memory_bytes=worst["peak_memory_bytes"], extra=extra, **common)

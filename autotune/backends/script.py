@@ -69,7 +69,6 @@ class ScriptBackend(DeepSpeedBackend):
         self.script = script
         self.shape_known = shape_known  # False: `workload.model` is a placeholder until a trial inspects it
         self.launch = replace(self.launch, module=SHIM)
-        self.fatal: str | None = None  # set when the script, not the config, failed: no further trial helps
 
     def predict(self, config: Config):
         return super().predict(config) if self.shape_known else None
@@ -87,7 +86,7 @@ class ScriptBackend(DeepSpeedBackend):
         verdict = next((r.get("verdict") for r in outcome.reports if r and r.get("verdict")), None)
         if verdict:
             extra["script_verdict"] = verdict
-            self.fatal = f"{verdict}: {outcome.error}"
+            self.fatal = f"{verdict}: {outcome.error}"  # the script, not the config, failed: no trial helps
 
     def _seq_len(self, extra: Mapping[str, Any]) -> int:
         return (extra.get("script_model") or {}).get("seq_len") or self.workload.model.seq_len

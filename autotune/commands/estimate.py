@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.table import Table
 
-from autotune.commands.common import add_workload_arguments, hardware_from, size, space_from, workload_from
+from autotune.commands.common import add_workload_arguments, size, space_from, target_from
 from autotune.estimate import MEMORY_TERMS, Estimate, estimate
 from autotune.hardware import Hardware
 from autotune.space import Space
@@ -49,13 +49,18 @@ def rank(space: Space, budget_bytes: int) -> Ranking:
 
 
 def run(args: argparse.Namespace) -> int:
-    workload = workload_from(args)
-    hardware = hardware_from(args)
+    target = target_from(args, real=False)
+    workload, hardware = target.workload, target.hardware
     budget = args.gpu_memory or hardware.memory_bytes
     ranking = rank(space_from(args, workload, hardware), budget)
     if args.json:
-        print(json.dumps(as_json(ranking, hardware, args.top), indent=2))
+        out = as_json(ranking, hardware, args.top)
+        if target.machine is not None:
+            out["detected"] = {"machine": target.machine.describe(), "hardware": hardware.to_dict()}
+        print(json.dumps(out, indent=2))
     else:
+        if target.detected():
+            Console(width=max(Console().width, 180)).print(target.detected())
         show(ranking, hardware, args.top)
     return 0
 

@@ -27,8 +27,7 @@ from rich.table import Table
 
 from autotune.backends import Backend
 from autotune.backends.replay import load_surface
-from autotune.commands.common import add_workload_arguments, hardware_from, positive_int, size, space_from, \
-    workload_from
+from autotune.commands.common import add_workload_arguments, positive_int, size, space_from, target_from
 from autotune.config import Config, ConfigError
 from autotune.hardware import Hardware
 from autotune.results import STATUSES, TrialResult, append_result, read_results
@@ -75,8 +74,8 @@ def run(args: argparse.Namespace) -> int:
 # -- record -----------------------------------------------------------------------------------------
 
 def run_record(args: argparse.Namespace) -> int:
-    workload = workload_from(args)
-    hardware = hardware_from(args)
+    target = target_from(args, real=args.backend == "deepspeed")
+    workload, hardware = target.workload, target.hardware
     space = space_from(args, workload, hardware)
     budget = args.memory_budget or hardware.memory_bytes
     if args.max_measure_s <= 0:
@@ -85,6 +84,8 @@ def run_record(args: argparse.Namespace) -> int:
     backend = make_backend(args.backend, workload, hardware, space, budget, args.timeout, logs,
                            max_steps=args.max_steps, max_measure_s=args.max_measure_s)
     console = Console(highlight=False, soft_wrap=True)
+    if target.detected():
+        console.print(target.detected())
     done = record(space, backend, args.out, order_seed=args.seed, limit=args.limit, retries=args.retries,
                   progress=console.print)
     console.print(f"{args.out}: {done.recorded} configs recorded now, {done.total_measured} of {len(space)} measured")

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from autotune.backends.deepspeed import DeepSpeedBackend
 from autotune.calibrate import calibrator, load_calibration, quality, save_calibration
-from autotune.commands.common import hardware_name, model_name, positive_int, size
+from autotune.commands.common import hardware_name, model_name, positive_int, size, target_from
 from autotune.config import OFFLOADS, PRECISIONS, ZERO_STAGES, Config, ConfigError
 from autotune.dsconfig import DsOptions
 from autotune.estimate import MEMORY_TERMS, Calibration, Estimate
@@ -24,7 +24,7 @@ from autotune.script.cli import add_arguments as script_arguments
 from autotune.space import invalid_reason
 from autotune.units import format_size
 from autotune.worker.measure import MeasureSettings
-from autotune.workload import Workload, make_workload
+from autotune.workload import Workload
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,12 +39,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     knobs.add_argument("--nvme-path", default=None, help="directory for NVMe offload")
     work = parser.add_argument_group("the workload and machine")
     work.add_argument("--model", type=model_name, default="tiny", help="built-in model preset (default: tiny)")
-    work.add_argument("--gpus", type=positive_int, default=1, help="data-parallel ranks on this machine (default: 1)")
+    work.add_argument("--gpus", type=positive_int, default=None,
+                      help="data-parallel ranks on this machine (default: the GPUs found with --hardware auto, else 1)")
     work.add_argument("--global-batch", type=positive_int, default=None,
                       help="samples per optimizer step over all ranks (default: 16 for tiny, else 32 x gpus)")
     work.add_argument("--hardware", type=hardware_name, default=None,
-                      help=f"profile for the prediction: {', '.join(PROFILES)}, or a YAML file "
-                           "(default: cpu for tiny, else a100-80gb)")
+                      help="the machine the trial runs on: auto (default: this machine's devices), a profile "
+                           f"({', '.join(PROFILES)}) or a YAML file; a GPU profile needs its GPUs here")
     work.add_argument("--memory-budget", type=size, default=None,
                       help="per device, e.g. 2GiB: on CUDA the allocator's cap, on the CPU each rank's resident "
                            "set (the trial ends as oom past it) (default: none)")
@@ -77,8 +78,8 @@ def run(args: argparse.Namespace) -> int:
         from autotune.script.session import run_trial
 
         return run_trial(args)
-    workload = make_workload(args.model, args.global_batch, args.gpus)
-    hardware: Hardware = args.hardware or PROFILES["cpu" if args.model == "tiny" else "a100-80gb"]
+    target = target_from(args, real=True)
+    workload, hardware = target.workload, target.hardware
     config = Config(args.zero_stage, args.micro_batch, args.ckpt_interval, args.precision,
                     args.offload_optimizer, args.offload_param)
     check_config(config, workload, hardware, args.nvme_path)

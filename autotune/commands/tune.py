@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING
 
 from autotune.backends import Backend
 from autotune.calibrate import calibrator, quality, save_calibration
-from autotune.commands.common import (add_workload_arguments, hardware_from, positive_int, size, space_from,
-                                      workload_from)
+from autotune.commands.common import add_workload_arguments, positive_int, size, space_from, target_from
 from autotune.config import KNOBS, Config, ConfigError
 from autotune.dsconfig import DsOptions
 from autotune.interrupts import sigterm_as_interrupt
@@ -217,8 +216,10 @@ def resolve(args: argparse.Namespace) -> tuple[RunSettings, Space]:
     if args.surface is not None:
         raise ConfigError(f"--surface {args.surface} is only for --backend replay (got --backend {args.backend})")
     args.model = args.model or "tiny"
-    workload = workload_from(args)
-    hardware = hardware_from(args)
+    # Real trials run here unless a remote Ray cluster runs them (its nodes' GPUs are Ray's to place).
+    here = args.ray_address in (None, "local")
+    target = target_from(args, real=args.backend == "deepspeed", check=here)
+    workload, hardware = target.workload, target.hardware
     space = space_from(args, workload, hardware)
     budget = args.memory_budget or hardware.memory_bytes
     settings = RunSettings(workload, hardware, budget, args.strategy, args.backend, args.seed, space.choices)
@@ -233,12 +234,12 @@ def _resolve_replay(args: argparse.Namespace) -> tuple[RunSettings, Space]:
     surface = load_surface(args.surface)
     recorded = surface.workload
     if recorded is None:
-        workload = make_workload(args.model or "tiny", args.global_batch, args.gpus)
+        workload = make_workload(args.model or "tiny", args.global_batch, args.gpus or 1)
     else:
         workload = recorded
         for flag, given, value in (("--model", args.model, recorded.model.name),
                                    ("--global-batch", args.global_batch, recorded.global_batch),
-                                   ("--gpus", args.gpus if args.gpus != 1 else None, recorded.gpus)):
+                                   ("--gpus", args.gpus, recorded.gpus)):
             if given is not None and given != value:
                 raise ConfigError(f"{flag} {given}: the surface {args.surface} was recorded with {value}")
     hardware = args.hardware

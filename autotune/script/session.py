@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from autotune.script.cli import script_from
 from autotune.config import Config, ConfigError
 from autotune.dsconfig import DsOptions, ds_config, validate
 from autotune.estimate import estimate
-from autotune.hardware import PROFILES, Hardware
+from autotune.hardware import Hardware
 from autotune.results import TrialResult
 from autotune.rundir import RunDir, RunSettings
 from autotune.script import merge
@@ -40,11 +39,15 @@ SCRIPT_FILE = "script.json"
 DEFAULT_GLOBAL_BATCH = 16
 
 
-def default_hardware(args: argparse.Namespace) -> Hardware:
-    """--hardware, else the CPU profile on a machine without an NVIDIA driver, else an A100."""
-    if getattr(args, "hardware", None) is not None:
-        return args.hardware
-    return PROFILES["a100-80gb" if shutil.which("nvidia-smi") else "cpu"]
+def script_target(args: argparse.Namespace) -> tuple[Workload, Hardware]:
+    """The placeholder workload and the hardware (--hardware, default auto: this machine's devices), refused
+    before any trial if this machine cannot run it: a script's trials always run here."""
+    from autotune.commands.common import check_here, gpus_found, hardware_of
+
+    hardware, machine = hardware_of(args, real=True)
+    workload = placeholder(args.global_batch, args.gpus or gpus_found(machine))
+    check_here(hardware, workload.gpus, args.memory_budget, machine)
+    return workload, hardware
 
 
 def placeholder(global_batch: int | None, gpus: int) -> Workload:
@@ -64,8 +67,7 @@ def resolve(args: argparse.Namespace) -> tuple[RunSettings, Space]:
     if getattr(args, "ray_address", None):
         raise ConfigError("--ray-address with --script: script mode runs its trials on this machine only (not yet on Ray)")
     script_from(args)  # the script exists and its arguments parse
-    workload = placeholder(args.global_batch, args.gpus)
-    hardware = default_hardware(args)
+    workload, hardware = script_target(args)
     space = space_from(args, workload, hardware)
     budget = args.memory_budget or hardware.memory_bytes
     return RunSettings(workload, hardware, budget, args.strategy, "script", args.seed, space.choices), space
@@ -227,8 +229,7 @@ def run_trial(args: argparse.Namespace) -> int:
     from autotune.results import append_result
 
     script = script_from(args)
-    hardware = default_hardware(args)
-    workload = placeholder(args.global_batch, args.gpus)
+    workload, hardware = script_target(args)
     config = Config(args.zero_stage, args.micro_batch, args.ckpt_interval, args.precision,
                     args.offload_optimizer, args.offload_param)
     if workload.grad_accumulation(config.micro_batch) is None:

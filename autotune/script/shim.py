@@ -9,7 +9,7 @@ C++ ops the trial needs (as the built-in worker does), then replaces `deepspeed.
 - the model is inspected (parameter count, layers, hidden, ...) and the result written to `model.json`;
 - the engine that comes back is measured: every optimizer step (all micro-steps, data loading included) is
   timed between gradient-accumulation boundaries, the process's true peak memory is read as the worker
-  reads it (CpuMemory / CudaMemory), and after the measured steps (autotune.worker.measure) the rank writes
+  reads it (autotune.worker.device), and after the measured steps (autotune.worker.measure) the rank writes
   its report and ends the run.
 A Hugging Face `TrainingArguments` is patched when transformers is imported (transformers.training_args), so
 that the Trainer builds its data loader with the trial's micro-batch and checks its own arguments against
@@ -36,8 +36,9 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from autotune.worker.main import (CpuMemory, CudaMemory, Unsupported, agree, check_supported, classify,
-                                  die_with_parent, load_ops, prepared_ds_config)
+from autotune.worker.device import AcceleratorMismatch, open_device
+from autotune.worker.main import (Unsupported, agree, check_supported, classify, die_with_parent, load_ops,
+                                  prepared_ds_config)
 from autotune.worker.measure import iqr, median_rel_se, stop_reason
 from autotune.worker.protocol import WorkerSpec, record_phase, report_path, write_json_atomic
 from autotune.script import merge
@@ -127,6 +128,9 @@ class Shim:
         self.lap("import_s")
         self.accel = get_accelerator()
         device = self.accel.device_name()
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        # The budget caps the allocator here too: the script's own allocations count as the worker's do.
+        self.memory = open_device(self.spec.accelerator, self.accel, torch, local_rank, self.spec.memory_budget_bytes)
         self.phase("build_ops", device=device)
         trial = prepared_ds_config(self.spec.ds_config)
         check_supported(self.spec, trial, self.accel)
@@ -136,10 +140,6 @@ class Shim:
             cpuinfo.get_cpu_info = lambda: dict(self.spec.cpu_info)  # DeepSpeed's builders ask at call time
         load_ops(trial, self.accel)
         self.lap("build_ops_s")
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        if device != "cpu":
-            self.accel.set_device(local_rank)
-        self.memory = CpuMemory() if device == "cpu" else CudaMemory(torch, local_rank)
         self.baseline = self.memory.current()
         self.original_initialize = deepspeed.initialize
         deepspeed.initialize = self.initialize
@@ -303,6 +303,7 @@ class Shim:
         if self.world > 1:
             self.torch.distributed.barrier()  # every rank is past its last collective before anyone exits
         engine, times = self.engine, self.times
+        self.memory.finish()
         return {
             "status": "ok", "rank": self.rank, "pid": os.getpid(), "world_size": self.world,
             "device": self.accel.device_name(), "step_times_s": times, "peak_growth_per_step_bytes": self.peaks,
@@ -314,6 +315,7 @@ class Shim:
             "loss_first": self.losses[0] if self.losses else None, "loss_last": self.losses[-1] if self.losses else None,
             "optimizer": type(engine.optimizer).__name__, "basic_optimizer": type(engine.basic_optimizer).__name__,
             "threads": self.torch.get_num_threads(), "model": self.model, "checkpoint_switch": self.model_switch,
+            **self.memory.details(),
         }
 
     def script_ended(self) -> dict[str, Any]:
@@ -345,7 +347,8 @@ class Shim:
         elif verdict is not None:
             message = str(err)
         return {"status": status, "error": message, "exception": type(err).__name__, "phase": self.last_phase,
-                "rank": self.rank, "pid": os.getpid(), "verdict": verdict, "model": self.model or None}
+                "rank": self.rank, "pid": os.getpid(), "verdict": verdict, "model": self.model or None,
+                "fatal": isinstance(err, AcceleratorMismatch)}
 
     def finish(self, report: dict[str, Any], code: int) -> None:
         write_json_atomic(report_path(self.spec.log_dir, self.rank), merge.json_safe(report))

@@ -25,13 +25,18 @@ import time
 import traceback
 from typing import Any, Callable
 
-from autotune.worker import procmem
+from autotune.worker.device import AcceleratorMismatch, open_device
 from autotune.worker.measure import iqr, median_rel_se, stop_reason
 from autotune.worker.protocol import WorkerSpec, record_phase, report_path, write_json_atomic
 
 PR_SET_PDEATHSIG = 1
 PARENT_ENV = "AUTOTUNE_PARENT_PID"  # set by the runner when it is this process's parent
 CPU_OOM = "DefaultCPUAllocator: can't allocate memory"  # c10's own report of a failed CPU allocation
+# Out-of-memory reported as a RuntimeError (or torch.distributed's DistBackendError) rather than
+# torch.OutOfMemoryError: CUDA errors raised outside the caching allocator, cuBLAS handle or workspace
+# allocation, NCCL's own buffers ("Cuda failure 'out of memory'", ncclUnhandledCudaError).
+DEVICE_OOM_MARKERS = ("cublas_status_alloc_failed", "cudaerrormemoryallocation", "cuda error: out of memory",
+                      "cuda out of memory", "failure 'out of memory'", "hip out of memory")
 STALE_LOCK_AGE_S = 60.0  # a live build writes its ninja file and starts compiling well within this
 
 
@@ -58,7 +63,8 @@ def main(argv: list[str]) -> int:
         traceback.print_exc()
         status, message = classify(err)
         report = {"status": status, "error": message, "exception": type(err).__name__,
-                  "phase": _last_phase, "rank": rank, "pid": os.getpid()}
+                  "phase": _last_phase, "rank": rank, "pid": os.getpid(),
+                  "fatal": isinstance(err, AcceleratorMismatch)}  # no other config runs here either
         code = 1
     write_json_atomic(report_path(spec.log_dir, rank), report)
     sys.stdout.flush()
@@ -80,14 +86,14 @@ def _phase(spec: WorkerSpec, rank: int, phase: str, **info: Any) -> None:
 def classify(err: BaseException) -> tuple[str, str]:
     """(status, one-line message) from the exception's type, never from the word 'error'."""
     message = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"[:500]
-    if isinstance(err, Unsupported):
+    if isinstance(err, (Unsupported, AcceleratorMismatch)):
         return "unsupported", str(err)
     if isinstance(err, MemoryError):
         return "oom", message
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(err, getattr(torch, "OutOfMemoryError", ())):
         return "oom", message
-    if isinstance(err, RuntimeError) and CPU_OOM in str(err):
+    if isinstance(err, RuntimeError) and (CPU_OOM in str(err) or any(m in str(err).lower() for m in DEVICE_OOM_MARKERS)):
         return "oom", message
     return "crash", message
 
@@ -105,6 +111,8 @@ def run(spec: WorkerSpec, rank: int, started: float) -> dict[str, Any]:
     clock.lap("import_s")
     accel = get_accelerator()
     device_name = accel.device_name()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    memory = open_device(spec.accelerator, accel, torch, local_rank, spec.memory_budget_bytes)
     _phase(spec, rank, "build_ops", device=device_name)
     ds = prepared_ds_config(spec.ds_config)
     check_supported(spec, ds, accel)
@@ -116,18 +124,9 @@ def run(spec: WorkerSpec, rank: int, started: float) -> dict[str, Any]:
     clock.lap("build_ops_s")
 
     _phase(spec, rank, "dist_init")
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    on_cpu = device_name == "cpu"
-    if not on_cpu:
-        accel.set_device(local_rank)  # before the communicator binds to a device
     deepspeed.init_distributed(dist_backend=accel.communication_backend_name())
     world = torch.distributed.get_world_size()
-    if not on_cpu and spec.memory_budget_bytes:
-        # A smaller card on a bigger one: past the fraction, the allocator raises OutOfMemoryError.
-        total = accel.total_memory(local_rank)
-        torch.cuda.set_per_process_memory_fraction(min(1.0, spec.memory_budget_bytes / total), local_rank)
     clock.lap("dist_init_s")
-    memory = CpuMemory() if on_cpu else CudaMemory(torch, local_rank)
     baseline = memory.current()
 
     _phase(spec, rank, "build")
@@ -176,6 +175,7 @@ def run(spec: WorkerSpec, rank: int, started: float) -> dict[str, Any]:
         peaks.append(memory.peak() - baseline)
         reason = agree(torch, world, device,
                         lambda: stop_reason(times, time.time() - first_step, spec.measure, peaks))
+    memory.finish()
     peak = memory.peak()
     clock.lap("measure_s")
     losses.append(loss.detach().item())
@@ -191,7 +191,7 @@ def run(spec: WorkerSpec, rank: int, started: float) -> dict[str, Any]:
         "peak_allocated_bytes": memory.peak_allocated(), "first_step_time": first_step,
         "phases_s": phases, "loss_first": losses[0], "loss_last": losses[-1],
         "optimizer": type(engine.optimizer).__name__, "basic_optimizer": type(engine.basic_optimizer).__name__,
-        "threads": torch.get_num_threads(),
+        "threads": torch.get_num_threads(), **memory.details(),
     }
 
 
@@ -299,39 +299,6 @@ class _PhaseClock:
         now = time.time()
         self.phases[name] = now - self.last
         self.last = now
-
-
-class CpuMemory:
-    """The whole process's resident set: on DeepSpeed's CPU accelerator, that is the device memory."""
-
-    def current(self) -> int:
-        return procmem.rss() or 0
-
-    def peak(self) -> int:
-        return procmem.peak_rss() or 0
-
-    def reset_peak(self) -> None:
-        procmem.reset_peak()
-
-    def peak_allocated(self) -> None:
-        return None
-
-
-class CudaMemory:
-    def __init__(self, torch: Any, device: int) -> None:
-        self.cuda, self.device = torch.cuda, device
-
-    def current(self) -> int:
-        return self.cuda.memory_reserved(self.device)
-
-    def peak(self) -> int:
-        return self.cuda.max_memory_reserved(self.device)
-
-    def reset_peak(self) -> None:
-        self.cuda.reset_peak_memory_stats(self.device)
-
-    def peak_allocated(self) -> int:
-        return self.cuda.max_memory_allocated(self.device)
 
 
 def die_with_parent() -> None:

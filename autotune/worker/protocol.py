@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from autotune.config import Config
+from autotune.worker.device import ACCELERATORS
 from autotune.worker.measure import MeasureSettings
 from autotune.workload import Workload
 
@@ -41,6 +42,13 @@ class WorkerSpec:
     # it twice per op load, through a subprocess each time (~3 s per trial otherwise).
     cpu_info: Mapping[str, Any] | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # DeepSpeed's accelerator the ranks must run on, from the hardware profile (Hardware.accelerator): the
+    # runner sets it in the ranks' environment, each rank checks it got it (autotune.worker.device).
+    accelerator: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.accelerator not in ACCELERATORS:
+            raise ValueError(f"accelerator={self.accelerator!r}: allowed {list(ACCELERATORS)}")
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)

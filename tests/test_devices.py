@@ -1,0 +1,297 @@
+"""The accelerator follows the hardware profile: nothing sets it for the process, `--hardware auto` maps the
+devices found to a profile, a profile this machine cannot run is refused before any trial, and the CUDA side of
+a rank (device pinning, the budget cap, the peak as nvidia-smi shows it, out-of-memory errors) is right."""
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from autotune.cli import main
+from autotune.config import Config, ConfigError
+from autotune.devices import Gpu, LocalMachine, auto_hardware, check_machine, probe, profile_name
+from autotune.hardware import GiB, PROFILES
+from autotune.worker.device import (AcceleratorMismatch, BudgetBelowContext, CudaMemory, allocator_fraction,
+                                    check_accelerator, open_device)
+from autotune.worker.main import Unsupported, check_supported, classify
+from autotune.worker.protocol import WorkerSpec
+from autotune.workload import make_workload
+
+CPU_BOX = LocalMachine((), 64 * GiB, 16)
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def gpus(name: str, n: int, memory_gib: float, capability=(9, 0)) -> LocalMachine:
+    return LocalMachine(tuple(Gpu(name, int(memory_gib * GiB), capability) for _ in range(n)), 512 * GiB, 32)
+
+
+def test_importing_every_module_leaves_the_environment_alone():
+    # Third-party imports first (what they do to os.environ is theirs), then every module of the package.
+    code = textwrap.dedent("""
+        import json, os, pkgutil, importlib
+        import torch, deepspeed, optuna, gymnasium, ray, ray.tune, ray.rllib, yaml, scipy, rich, matplotlib  # noqa
+        before = dict(os.environ)
+        import autotune
+        names = [m.name for m in pkgutil.walk_packages(autotune.__path__, "autotune.")
+                 if not m.name.endswith("__main__")]
+        for name in names:
+            importlib.import_module(name)
+        after = dict(os.environ)
+        print(json.dumps({"modules": len(names), "changed": sorted(k for k in before.keys() | after.keys()
+                                                                  if before.get(k) != after.get(k))}))
+    """)
+    env = {k: v for k, v in __import__("os").environ.items() if k != "DS_ACCELERATOR"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    assert found["modules"] > 60  # envs, strategies, drivers, rl, worker, script ... all imported
+    assert found["changed"] == []
+
+
+@pytest.mark.parametrize("name, profile", [
+    ("NVIDIA H100 80GB HBM3", "h100-80gb"), ("NVIDIA H100 PCIe", "h100-80gb"), ("NVIDIA H800", "h100-80gb"),
+    ("NVIDIA H200", "h200"), ("NVIDIA GH200 480GB", "h200"), ("NVIDIA B200", "b200"),
+    ("NVIDIA A100-SXM4-40GB", "a100-40gb"), ("NVIDIA A100-SXM4-80GB", "a100-80gb"), ("NVIDIA A100 80GB PCIe", "a100-80gb"),
+    ("Tesla V100-SXM2-32GB", "v100-32gb"), ("NVIDIA L4", "l4"), ("NVIDIA L40S", "l40s"), ("NVIDIA A10G", "a10g"),
+    ("NVIDIA GeForce RTX 4090", None),
+])
+def test_device_names_map_to_profiles(name, profile):
+    assert profile_name(name) == profile
+
+
+def test_auto_takes_memory_count_and_precisions_from_the_devices():
+    h100 = auto_hardware(gpus("NVIDIA H100 80GB HBM3", 8, 79.1))
+    assert h100.name == "h100-80gb" and h100.accelerator == "cuda"
+    assert h100.memory_bytes == int(79.1 * GiB) and h100.gpus_per_node == 8
+    assert h100.host_memory_bytes == 512 * GiB and h100.supports("bf16") and h100.supports("fp16")
+    assert h100.peak_flops == PROFILES["h100-80gb"].peak_flops
+
+    v100 = auto_hardware(gpus("Tesla V100-SXM2-16GB", 4, 15.8, (7, 0)))
+    assert v100.name == "v100-32gb" and v100.memory_bytes == int(15.8 * GiB)
+    assert not v100.supports("bf16") and v100.supports("fp16")
+
+    unknown = auto_hardware(gpus("NVIDIA GeForce RTX 4090", 2, 23.6, (8, 9)))
+    assert unknown.name == "nvidia-geforce-rtx-4090" and unknown.supports("bf16")  # Ampere+: bf16
+    assert unknown.mem_bandwidth == PROFILES["a100-80gb"].mem_bandwidth  # its generation's figures
+    turing = auto_hardware(gpus("Quadro RTX 8000", 1, 47.5, (7, 5)))
+    assert not turing.supports("bf16")
+
+    mixed = auto_hardware(LocalMachine((Gpu("NVIDIA A100-SXM4-80GB", 80 * GiB, (8, 0)),
+                                        Gpu("NVIDIA A100-SXM4-40GB", 40 * GiB, (8, 0))), 256 * GiB, 8))
+    assert mixed.name == "a100-40gb" and mixed.memory_bytes == 40 * GiB  # the smallest device bounds a config
+
+
+def test_auto_on_a_cpu_machine_is_the_cpu_profile_with_its_memory():
+    hardware = auto_hardware(CPU_BOX)
+    assert hardware.is_cpu and hardware.accelerator == "cpu" and not hardware.supports("fp16")
+    assert hardware.memory_bytes == hardware.host_memory_bytes == 64 * GiB and hardware.gpus_per_node == 16
+
+
+def test_probe_here_finds_this_machine():
+    machine = probe()
+    assert machine.accelerator == "cpu" and machine.gpus == ()  # no GPU on this machine kind or in CI
+    assert machine.host_memory_bytes > 2**30 and machine.cpu_count >= 1
+    # The child process's answer (what a CUDA machine runs) agrees on the host.
+    out = subprocess.run([sys.executable, "-m", "autotune.devices"], capture_output=True, text=True, check=True)
+    child = LocalMachine.from_dict(json.loads(out.stdout))
+    assert child.gpus == () and child.host_memory_bytes == machine.host_memory_bytes
+
+
+def test_a_gpu_profile_is_refused_where_there_is_no_gpu():
+    with pytest.raises(ConfigError, match=r"--hardware a100-80gb is a GPU profile, but this machine has no CUDA GPU"):
+        check_machine(PROFILES["a100-80gb"], 1, CPU_BOX)
+    check_machine(PROFILES["cpu"], 2, gpus("NVIDIA H100 80GB HBM3", 1, 79.1))  # CPU trials run anywhere
+    node = gpus("NVIDIA H100 80GB HBM3", 2, 79.1)
+    check_machine(PROFILES["h100-80gb"], 2, node, 70 * GiB)
+    with pytest.raises(ConfigError, match=r"--gpus 4: .* this machine has 2 .*allowed 1 to 2"):
+        check_machine(PROFILES["h100-80gb"], 4, node)
+    with pytest.raises(ConfigError, match=r"memory budget 80 GiB .* more than this machine's GPU holds"):
+        check_machine(PROFILES["h100-80gb"], 1, node, 80 * GiB)
+
+
+TRIAL = ["trial", "--model", "tiny", "--zero-stage", "1", "--micro-batch", "2", "--ckpt-interval", "0",
+         "--precision", "bf16", "--offload-optimizer", "none", "--memory-budget", "4GiB"]
+
+
+@pytest.mark.parametrize("argv", [
+    TRIAL + ["--hardware", "a100-80gb"],  # the issue's example: ran on the CPU and was recorded ok
+    ["tune", "--model", "tiny", "--backend", "deepspeed", "--hardware", "h100-80gb", "--trials", "2"],
+    ["surface", "record", "--model", "tiny", "--hardware", "l4", "--out", "{tmp}/surface.jsonl"],
+    ["tune", "--script", str(EXAMPLES / "train_plain.py"), "--hardware", "a100-40gb", "--trials", "2"],
+])
+def test_a_gpu_profile_on_this_cpu_machine_is_one_line_and_exit_2(argv, tmp_path, capsys):
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    if argv[0] in ("trial", "tune"):
+        argv += ["--run-dir" if argv[0] == "trial" else "--out", str(tmp_path / "run")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is a GPU profile, but this machine has no CUDA GPU" in err, err
+    assert not any(tmp_path.iterdir())  # nothing was written: no trial, no run directory, no surface
+
+
+def test_a_sweep_file_with_a_gpu_profile_is_refused_before_the_cluster_starts(tmp_path, capsys):
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("workloads:\n  - {name: big, model: tiny, backend: deepspeed, hardware: a100-80gb}\n")
+    assert main(["sweep", str(sweep), "--out", str(tmp_path / "out"), "--ray-address", "local"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "workload 'big'" in err and "no CUDA GPU" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_estimate_with_hardware_auto_says_what_it_detected(capsys):
+    assert main(["estimate", "--model", "tiny", "--hardware", "auto", "--json", "--top", "1"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["hardware"] == "cpu" and out["detected"]["machine"].startswith("no CUDA GPU, CPU only")
+    assert out["memory_budget_bytes"] == probe().host_memory_bytes
+    assert main(["estimate", "--model", "tiny", "--hardware", "auto", "--top", "1"]) == 0
+    assert "detected no CUDA GPU, CPU only" in capsys.readouterr().out
+
+
+# -- the rank's side: unit tests of the CUDA logic with a fake device -------------------------------
+
+class FakeCuda:
+    """torch.cuda's memory calls over a device of `total` bytes, `outside` of them not the allocator's."""
+
+    def __init__(self, total=80 * GiB, outside=500 * 2**20):
+        self.total, self.outside, self.reserved, self.max_reserved, self.max_allocated = total, outside, 0, 0, 0
+        self.fraction = None
+
+    def mem_get_info(self, device):
+        return self.total - self.outside - self.reserved, self.total
+
+    def memory_reserved(self, device):
+        return self.reserved
+
+    def max_memory_reserved(self, device):
+        return self.max_reserved
+
+    def max_memory_allocated(self, device):
+        return self.max_allocated
+
+    def reset_peak_memory_stats(self, device):
+        self.max_reserved = self.reserved
+
+    def get_device_properties(self, device):
+        return SimpleNamespace(total_memory=self.total)
+
+    def set_per_process_memory_fraction(self, fraction, device):
+        self.fraction = (fraction, device)
+
+
+class FakeAccel:
+    def __init__(self, name="cuda", count=8, fp16=True, aio=True):
+        self.name, self.count, self.fp16, self.aio, self.device = name, count, fp16, aio, None
+
+    def device_name(self):
+        return self.name
+
+    def device_count(self):
+        return self.count
+
+    def set_device(self, index):
+        self.device = index
+
+    def is_fp16_supported(self):
+        return self.fp16
+
+    def is_bf16_supported(self):
+        return True
+
+    def create_op_builder(self, name):
+        return SimpleNamespace(is_compatible=lambda verbose: True) if self.aio else None
+
+
+def test_cuda_peak_is_reserved_plus_what_lies_outside_the_allocator():
+    cuda = FakeCuda(outside=500 * 2**20)
+    memory = CudaMemory(cuda, 0)
+    assert memory.context == 500 * 2**20 and memory.current() == 500 * 2**20
+    cuda.reserved, cuda.max_reserved, cuda.max_allocated = 10 * GiB, 12 * GiB, 11 * GiB
+    assert memory.peak() == 12 * GiB + 500 * 2**20 and memory.peak_allocated() == 11 * GiB
+    cuda.outside = 900 * 2**20  # NCCL's buffers appeared with the first collective
+    memory.finish()
+    assert memory.peak() == 12 * GiB + 900 * 2**20
+    assert memory.details() == {"cuda_context_bytes": 500 * 2**20, "outside_allocator_bytes": 900 * 2**20,
+                                "peak_reserved_bytes": 12 * GiB}
+    memory.reset_peak()
+    assert memory.peak() == 10 * GiB + 900 * 2**20
+
+
+def test_the_budget_caps_the_allocator_net_of_the_context():
+    assert allocator_fraction(40 * GiB, 80 * GiB, 0) == 0.5
+    assert allocator_fraction(41 * GiB, 80 * GiB, 1 * GiB) == 0.5
+    assert allocator_fraction(100 * GiB, 80 * GiB, 1 * GiB) == 1.0  # a budget above the card: the card
+    with pytest.raises(BudgetBelowContext):
+        allocator_fraction(2**29, 80 * GiB, 2**30)
+    assert classify(BudgetBelowContext("x"))[0] == "oom"
+
+
+def test_open_device_pins_the_rank_and_applies_the_budget():
+    cuda, accel = FakeCuda(total=80 * GiB, outside=2**30), FakeAccel(count=8)
+    memory = open_device("cuda", accel, SimpleNamespace(cuda=cuda), 3, 41 * GiB)
+    assert accel.device == 3 and isinstance(memory, CudaMemory)  # LOCAL_RANK 3 -> GPU 3: never shared
+    assert cuda.fraction == (0.5, 3)
+    open_device("cuda", FakeAccel(count=8), SimpleNamespace(cuda=(uncapped := FakeCuda())), 0, None)
+    assert uncapped.fraction is None
+
+
+@pytest.mark.parametrize("wanted, accel, local_rank, message", [
+    ("cuda", FakeAccel("cpu"), 0, "planned for DeepSpeed's cuda accelerator .* but this rank got cpu"),
+    ("cpu", FakeAccel("cuda"), 0, "planned for DeepSpeed's cpu accelerator .* but this rank got cuda"),
+    ("cuda", FakeAccel("cuda", count=0), 0, "LOCAL_RANK 0 has no GPU of its own: 0 visible"),
+    ("cuda", FakeAccel("cuda", count=2), 2, "LOCAL_RANK 2 has no GPU of its own: 2 visible"),
+])
+def test_a_rank_on_the_wrong_accelerator_stops_before_the_model(wanted, accel, local_rank, message):
+    with pytest.raises(AcceleratorMismatch, match=message):
+        open_device(wanted, accel, SimpleNamespace(cuda=FakeCuda()), local_rank, None)
+    check_accelerator("cpu", "cpu", 0, 5)  # CPU ranks need no device of their own
+
+
+@pytest.mark.parametrize("error, status", [
+    (RuntimeError("CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported"), "oom"),
+    (RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"), "oom"),
+    (RuntimeError("NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled cuda error, NCCL version 2.21.5\n"
+                  "ncclUnhandledCudaError: Call to CUDA function failed.\nLast error:\nCuda failure 'out of memory'"),
+     "oom"),
+    (RuntimeError("CUDA error: an illegal memory access was encountered"), "crash"),
+    (AcceleratorMismatch("planned for cuda"), "unsupported"),
+])
+def test_device_errors_are_classified(error, status):
+    assert classify(error)[0] == status
+
+
+def test_torch_out_of_memory_is_oom():
+    import torch
+
+    assert classify(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))[0] == "oom"
+
+
+def spec_for(config: Config) -> WorkerSpec:
+    workload = make_workload("tiny")
+    from autotune.dsconfig import DsOptions, ds_config
+
+    return WorkerSpec(config, workload, ds_config(config, workload, DsOptions(nvme_path="/tmp")), "/tmp",
+                      accelerator="cuda")
+
+
+def test_fp16_runs_with_dynamic_loss_scaling_where_the_device_has_it():
+    config = Config(2, 4, 0, "fp16", "none", "none")
+    spec = spec_for(config)
+    assert spec.ds_config["fp16"]["enabled"] and spec.ds_config["fp16"]["loss_scale"] == 0  # dynamic
+    check_supported(spec, dict(spec.ds_config), FakeAccel(fp16=True))
+    with pytest.raises(Unsupported, match="fp16 is not supported"):
+        check_supported(spec, dict(spec.ds_config), FakeAccel("cpu", fp16=False))
+
+
+def test_nvme_offload_without_async_io_is_unsupported_with_the_reason():
+    spec = spec_for(Config(3, 4, 0, "bf16", "nvme", "nvme"))
+    with pytest.raises(Unsupported, match="async_io"):
+        check_supported(spec, dict(spec.ds_config), FakeAccel(aio=False))
+    check_supported(spec, dict(spec.ds_config), FakeAccel(aio=True))
+
+
+def test_a_spec_names_a_known_accelerator():
+    with pytest.raises(ValueError, match="accelerator='rocm'"):
+        WorkerSpec(Config(0, 4, 0, "bf16", "none", "none"), make_workload("tiny"), {}, "/tmp", accelerator="rocm")
