@@ -295,3 +295,61 @@ def test_nvme_offload_without_async_io_is_unsupported_with_the_reason():
 def test_a_spec_names_a_known_accelerator():
     with pytest.raises(ValueError, match="accelerator='rocm'"):
         WorkerSpec(Config(0, 4, 0, "bf16", "none", "none"), make_workload("tiny"), {}, "/tmp", accelerator="rocm")
+
+
+# -- the runner and a real rank --------------------------------------------------------------------
+
+FAKE_RANK = """
+import os, sys
+from autotune.worker.protocol import WorkerSpec, report_path, write_json_atomic
+spec = WorkerSpec.read(sys.argv[1])
+rank = int(os.environ["RANK"])
+write_json_atomic(report_path(spec.log_dir, rank), {"status": "ok", "accelerator": os.environ.get("DS_ACCELERATOR"),
+                                                      "local_rank": int(os.environ["LOCAL_RANK"])})
+"""
+
+
+def test_the_runner_gives_every_rank_the_specs_accelerator_and_its_own_device(tmp_path):
+    import os
+
+    from autotune.runner import LaunchOptions, run_worker
+
+    (tmp_path / "fake_rank.py").write_text(FAKE_RANK)
+    spec = spec_for(Config(2, 4, 0, "bf16", "none", "none"))
+    spec = WorkerSpec(**{**spec.__dict__, "log_dir": str(tmp_path / "trial")})
+    path = os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])
+    # The caller's environment says cpu; the spec (from a GPU profile) says cuda: the spec wins.
+    options = LaunchOptions(ranks=2, timeout_s=60, module="fake_rank", env={"PYTHONPATH": path, "DS_ACCELERATOR": "cpu"})
+    outcome = run_worker(spec, options)
+    assert outcome.status == "ok", outcome.error
+    assert [r["accelerator"] for r in outcome.reports] == ["cuda", "cuda"]
+    assert [r["local_rank"] for r in outcome.reports] == [0, 1]  # one device per rank
+
+
+@pytest.mark.slow
+def test_a_real_rank_on_the_wrong_accelerator_is_unsupported_and_stops_the_sweep(tmp_path, monkeypatch):
+    from autotune.backends.deepspeed import DeepSpeedBackend
+
+    monkeypatch.delenv("DS_ACCELERATOR", raising=False)
+    backend = DeepSpeedBackend(make_workload("tiny", global_batch=4), hardware=PROFILES["a100-80gb"],
+                               logs_dir=tmp_path, timeout_s=300)
+    assert backend.accelerator == "cuda"
+    result = backend.run(Config(0, 4, 0, "bf16", "none", "none"))
+    assert result.status == "unsupported" and "has no GPU of its own: 0 visible" in result.error
+    assert backend.fatal and "0 visible" in backend.fatal  # the drivers stop: no other config runs here
+
+
+@pytest.mark.slow
+def test_a_real_cpu_trial_needs_no_accelerator_in_the_environment(tmp_path, monkeypatch):
+    from autotune.backends.deepspeed import DeepSpeedBackend
+    from autotune.worker.measure import MeasureSettings
+
+    monkeypatch.delenv("DS_ACCELERATOR", raising=False)
+    backend = DeepSpeedBackend(make_workload("tiny", global_batch=4), hardware=auto_hardware(probe()),
+                               logs_dir=tmp_path, timeout_s=300, measure=MeasureSettings.fixed(1, 2))
+    result = backend.run(Config(1, 4, 0, "bf16", "none", "none"))
+    assert result.ok, result.error
+    report = json.loads((Path(result.extra["log_dir"]) / "rank0.json").read_text())
+    spec = json.loads((Path(result.extra["log_dir"]) / "spec.json").read_text())
+    assert report["device"] == "cpu" and spec["accelerator"] == "cpu" and backend.fatal is None
+    assert "cuda_context_bytes" not in result.extra
