@@ -26,24 +26,22 @@ import sys
 import tempfile
 from pathlib import Path
 
-os.environ.setdefault("DS_ACCELERATOR", "cpu")
-
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.progress import Progress  # noqa: E402
-from rich.table import Table  # noqa: E402
+import matplotlib.pyplot as plt
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
 
-from autotune.backends.deepspeed import DeepSpeedBackend  # noqa: E402
-from autotune.calibrate import fit_calibration  # noqa: E402
-from autotune.config import Config  # noqa: E402
-from autotune.estimate import estimate  # noqa: E402
-from autotune.hardware import PROFILES  # noqa: E402
-from autotune.results import TrialResult, read_results, write_results  # noqa: E402
-from autotune.worker.measure import MeasureSettings  # noqa: E402
-from autotune.workload import make_workload  # noqa: E402
+from autotune.backends.deepspeed import DeepSpeedBackend
+from autotune.calibrate import fit_calibration
+from autotune.config import Config
+from autotune.estimate import estimate
+from autotune.hardware import PROFILES
+from autotune.results import TrialResult, read_results, write_results
+from autotune.worker.measure import MeasureSettings
+from autotune.workload import make_workload
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"

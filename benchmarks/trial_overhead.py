@@ -26,18 +26,16 @@ import statistics
 import tempfile
 from pathlib import Path
 
-os.environ.setdefault("DS_ACCELERATOR", "cpu")
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
 
-from rich.console import Console  # noqa: E402
-from rich.progress import Progress  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from autotune.backends.deepspeed import DeepSpeedBackend  # noqa: E402
-from autotune.config import Config  # noqa: E402
-from autotune.hardware import PROFILES  # noqa: E402
-from autotune.results import TrialResult  # noqa: E402
-from autotune.worker.measure import MeasureSettings  # noqa: E402
-from autotune.workload import make_workload  # noqa: E402
+from autotune.backends.deepspeed import DeepSpeedBackend
+from autotune.config import Config
+from autotune.hardware import PROFILES
+from autotune.results import TrialResult
+from autotune.worker.measure import MeasureSettings
+from autotune.workload import make_workload
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
