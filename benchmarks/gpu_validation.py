@@ -146,14 +146,17 @@ def layout_label(key: tuple) -> str:
 
 def balanced_layouts(space: Space, seed: int = 0, inside: Callable[[tuple], bool] | None = None) -> list[tuple]:
     """The space's layouts in an order whose every prefix spreads over each knob's values: each next layout
-    is the one whose values were chosen least so far (summed over the knobs), preferring one whose cliff is
-    `inside` the micro-batch range, ties in a shuffled order fixed by `seed`."""
+    is of the ZeRO stage chosen least so far, then the one whose other values were chosen least (summed over
+    the knobs), preferring one whose cliff is `inside` the micro-batch range, ties in a shuffled order fixed
+    by `seed`. The stage comes first: without it, offloads (ZeRO-3 only) would pull ZeRO-3 in again and
+    again."""
     remaining = sorted({layout(c) for c in space})
     random.Random(seed).shuffle(remaining)
     counts: Counter = Counter()
     order = []
     while remaining:
-        best = min(remaining, key=lambda key: (sum(counts[(i, v)] for i, v in enumerate(key)),
+        best = min(remaining, key=lambda key: (counts[(0, key[0])],
+                                               sum(counts[(i, v)] for i, v in enumerate(key) if i),
                                                0 if inside is None or inside(key) else 1))
         remaining.remove(best)
         order.append(best)
@@ -206,11 +209,13 @@ def trial_seconds(predicted: Estimate, budget: int, mode: Mode, scale: float = 1
 
 def time_scale(results: Sequence[TrialResult], expected: Callable[[Config], float]) -> float:
     """Measured over predicted trial time on what a surface already holds (1 without two results), within
-    [0.25, 4]: the machine's real speed sizes the next call's subset."""
+    [0.25, 4]: the machine's real speed sizes the next call's subset. A first-use C++ op build (once per
+    machine) is left out of the measured time."""
     if len(results) < 2:
         return 1.0
     predicted = sum(expected(r.config) for r in results)
-    return min(4.0, max(0.25, sum(r.wall_time_s for r in results) / predicted)) if predicted > 0 else 1.0
+    measured = sum(r.wall_time_s - ((r.extra.get("phases_s") or {}).get("build_ops_s") or 0.0) for r in results)
+    return min(4.0, max(0.25, measured / predicted)) if predicted > 0 else 1.0
 
 
 # -- figures -----------------------------------------------------------------------------------------------
@@ -409,7 +414,7 @@ def record_plan(plan: Plan, available_s: float, args: argparse.Namespace, consol
             "recorded_now": recorded, "stopped": stopped, "time_scale": scale}
 
 
-def analyse(plan: Plan, seeds: int, strategies: Sequence[str]) -> dict[str, Any]:
+def analyse(plan: Plan, seeds: int, strategies: Sequence[str], trials: int = 50) -> dict[str, Any]:
     """The figures of one recorded surface (module docstring)."""
     from autotune.backends.replay import load_surface
     from autotune.calibrate import fit_calibration
@@ -461,13 +466,14 @@ def analyse(plan: Plan, seeds: int, strategies: Sequence[str]) -> dict[str, Any]
                            lambda c: plan.predict(c, calibration).peak_bytes <= budget, budget)
     out["cliffs"] = [c.to_dict() for c in cliffs]
     out["cliff_verdicts"] = dict(Counter(c.verdict for c in cliffs))
-    out["search"] = replay_search(surface, plan, budget, seeds, strategies)
+    out["search"] = replay_search(surface, plan, budget, seeds, strategies, trials)
     return out
 
 
-def replay_search(surface: Any, plan: Plan, budget: int, seeds: int, strategies: Sequence[str]) -> dict[str, Any]:
+def replay_search(surface: Any, plan: Plan, budget: int, seeds: int, strategies: Sequence[str],
+                  trials: int = 50) -> dict[str, Any]:
     """Each strategy replayed on the surface (search_efficiency's loop: pruning, calibration, the same
-    budget), `seeds` runs each, up to one launched trial per measured config."""
+    budget), `seeds` runs each of at most `trials` launched trials (and no more than the measured configs)."""
     import optuna
     from search_efficiency import grid_subspace, sweep
 
@@ -490,8 +496,8 @@ def replay_search(surface: Any, plan: Plan, budget: int, seeds: int, strategies:
     for name in strategies:
         curves = []
         for seed in range(seeds):
-            curve, oom, pruned, _ = sweep(name, space, ReplayBackend(surface, budget), budget, len(space), seed,
-                                          truth, optimum)
+            curve, oom, pruned, _ = sweep(name, space, ReplayBackend(surface, budget), budget,
+                                          min(trials, len(space)), seed, truth, optimum)
             curves.append((curve, oom, pruned))
         reached = [trials_to(c) for c, _, _ in curves]
         rows[name] = {"runs": len(curves), "median_trials_to_98": statistics.median(reached),
@@ -655,6 +661,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                              f"{CPU_MODE.timeout_s:g} with --cpu)")
     parser.add_argument("--seed", type=int, default=0, help="order of layouts and configs (default: %(default)s)")
     parser.add_argument("--seeds", type=positive_int, default=5, help="replayed searches per strategy (default: 5)")
+    parser.add_argument("--trials", type=positive_int, default=50,
+                        help="launched trials at most per replayed search (default: %(default)s)")
     parser.add_argument("--strategies", type=strategy_list, default=STRATEGIES,
                         help=f"strategies to replay (default: {','.join(STRATEGIES)})")
     parser.add_argument("--out", type=Path, default=HERE / "results",
@@ -715,7 +723,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 console.print(f"{plan.name}: no surface at {plan.path} yet")
                 continue
             console.print(f"{plan.name}: analysing {plan.path} ...")
-            surfaces.append({**analyse(plan, args.seeds, args.strategies), "recording": recording.get(plan.name)})
+            surfaces.append({**analyse(plan, args.seeds, args.strategies, args.trials),
+                             "recording": recording.get(plan.name)})
     except ConfigError as err:
         print(f"gpu_validation: error: {err}", file=sys.stderr)
         return 2
