@@ -19,7 +19,7 @@ the estimator and the search strategies do on them.
    out-of-memory cliff per layout (largest micro-batch predicted to fit vs measured to fit), and `grid`,
    `optuna` and `hybrid` replayed on the recorded surface (trials to reach 98% of its optimum).
 
-    python benchmarks/gpu_validation.py [--minutes 7] [--seeds 5]         # on a CUDA machine
+    python benchmarks/gpu_validation.py [--minutes 6] [--seeds 5]         # on a CUDA machine
     python benchmarks/gpu_validation.py --cpu --out DIR [--configs 6]      # CI: DeepSpeed's CPU accelerator
 
 Writes benchmarks/surfaces/<hardware>-<model>.jsonl (--cpu: <out>/surfaces/) and <out>/gpu_validation.md and
@@ -94,7 +94,7 @@ class Mode:
     max_measure_s: float
 
 
-GPU_MODE = Mode("cuda", GPU_CHOICES, GPU_GLOBAL_BATCH, 25.0, 7.0, 300.0, 4, 20.0)
+GPU_MODE = Mode("cuda", GPU_CHOICES, GPU_GLOBAL_BATCH, 25.0, 6.0, 300.0, 4, 20.0)
 CPU_MODE = Mode("cpu", CPU_CHOICES, CPU_GLOBAL_BATCH, 6.0, 6.0, 180.0, 2, 10.0)
 
 
@@ -687,7 +687,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def detect(args: argparse.Namespace) -> tuple[Hardware, str, tuple[ModelShape, ...]]:
     """The hardware profile, a description of the machine, and the models to record."""
     if args.cpu:
-        return PROFILES["cpu"], "this machine's CPU (the CPU check)", args.models or CPU_MODELS
+        return PROFILES["cpu"], "this machine's CPU, the CPU check", args.models or CPU_MODELS
     from autotune.devices import auto_hardware, probe
 
     machine = probe()
