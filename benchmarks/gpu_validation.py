@@ -410,6 +410,9 @@ def record_plan(plan: Plan, available_s: float, args: argparse.Namespace, consol
     except OutOfTime:
         stopped = "out of time"
         recorded = None
+        console.print(f"{plan.name}: this call's time for it is spent; the same command again measures more")
+    if backend.fatal:  # e.g. the ranks found no GPU: no other config would run either
+        raise KitError(backend.fatal)
     return {"subset_configs": len(subset), "subset_layouts": len({layout(c) for c in subset}),
             "recorded_now": recorded, "stopped": stopped, "time_scale": scale}
 

@@ -159,6 +159,32 @@ def test_time_scale_is_measured_over_predicted_without_op_builds_and_bounded():
     assert g.time_scale(results, lambda c: 0.1) == 4.0
 
 
+class FakeBackend:
+    name = "fake"
+
+    def __init__(self, fatal: str | None = None) -> None:
+        self.fatal, self.ran = fatal, []
+
+    def run(self, config: Config) -> TrialResult:
+        self.ran.append(config)
+        return ok(config, 100)
+
+
+def test_timed_runs_within_the_deadline_and_stops_at_it_or_at_a_fatal_finding():
+    import contextlib
+    import time
+
+    config = layout_configs(1)[0]
+    status = lambda text: contextlib.nullcontext()  # noqa: E731
+    inner = FakeBackend()
+    assert g.Timed(inner, time.monotonic() + 100, lambda c: 10.0, status).run(config).ok and inner.ran == [config]
+    with pytest.raises(g.OutOfTime):
+        g.Timed(inner, time.monotonic() + 5, lambda c: 10.0, status).run(config)
+    with pytest.raises(g.KitError, match="no GPU"):
+        g.Timed(FakeBackend(fatal="no GPU here"), time.monotonic() + 100, lambda c: 1.0, status).run(config)
+    assert inner.ran == [config]
+
+
 # -- figures -----------------------------------------------------------------------------------------------
 
 def test_mape_and_spearman_on_hand_made_numbers():
@@ -233,6 +259,13 @@ def test_without_a_gpu_the_kit_says_so_in_one_line(monkeypatch, tmp_path, capsys
     err = capsys.readouterr().err
     assert "no CUDA GPU" in err and "--cpu" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "gpu_validation.json").exists()
+
+
+def test_minutes_0_only_analyses_and_an_empty_folder_gives_an_empty_report(tmp_path):
+    assert g.main(["--cpu", "--minutes", "0", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "gpu_validation.json").read_text())
+    assert report["surfaces"] == [] and report["accelerator"] == "cpu"
+    assert not list((tmp_path / "surfaces").glob("*.jsonl"))
 
 
 def test_analysis_of_a_real_surface_runs_without_ray_or_a_database(tmp_path):
