@@ -45,6 +45,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # search_efficiency beside this file, also when imported from elsewhere
 
 from autotune.cli import ArgumentParser  # noqa: E402
+from autotune.commands.common import positive_int  # noqa: E402
 from autotune.config import Config, ConfigError  # noqa: E402
 from autotune.estimate import Calibration, Estimate, estimate  # noqa: E402
 from autotune.hardware import PROFILES, Hardware  # noqa: E402
@@ -614,16 +615,6 @@ def positive_float(text: str) -> float:
         value = math.nan
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: must be a positive number")
-    return value
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be a positive integer")
     return value
 
 
