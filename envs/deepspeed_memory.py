@@ -56,6 +56,7 @@ import gymnasium as gym
 import numpy as np
 
 from autotune.backends import Backend
+from autotune.backends.factory import as_backend
 from autotune.backends.replay import ReplayBackend, Surface, load_surface, surface_choices, surface_space
 from autotune.backends.simulated import SimulatedBackend
 from autotune.config import KNOBS, Config, ConfigError
@@ -137,9 +138,9 @@ class DeepSpeedMemoryEnv(gym.Env):
         backend = config.get("backend", "simulated")
         self._backend_object: Backend | None = None
         if not isinstance(backend, str):
-            if not isinstance(backend, Backend):
+            if not callable(getattr(backend, "run", None)):
                 raise ConfigError(f"backend {backend!r}: allowed {list(BACKENDS)} or an object with name and run()")
-            self._backend_object, backend = backend, "object"
+            self._backend_object, backend = as_backend(backend), "object"
         elif backend not in BACKENDS:
             raise ConfigError(f"backend={backend!r}: allowed {list(BACKENDS)}")
         self.backend_kind = backend
