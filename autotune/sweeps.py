@@ -39,6 +39,7 @@ from autotune.rundir import RunDir, RunSettings
 from autotune.space import Space
 from autotune.strategies import STRATEGIES
 from autotune.units import format_size
+from autotune.drivers.stop import StopReason
 from autotune.workload import PRESETS, ModelShape, Workload, make_workload
 
 WORKLOAD_KEYS = ("name", "model", "gpus", "global_batch", "hardware", "memory_budget", "space", "strategy", "trials",
@@ -214,11 +215,11 @@ def run_sweep(sweep_file: SweepFile, out: Path, address: str, resume: bool, conc
     from rich.console import Console
 
     from autotune.commands.common import check_here
-    from autotune.commands.tune import (NOTHING_FITS, SLEEP_ENV, close_sweep, make_backend, nothing_fits,
-                                        open_sweep)
+    from autotune.backends.factory import simulated_sleep_s
+    from autotune.api import close_sweep
+    from autotune.drivers.sweep import Sweep
     from autotune.drivers import ray as ray_driver
     import optuna
-    import os
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     console = console or Console(width=160)
@@ -249,20 +250,18 @@ def run_sweep(sweep_file: SweepFile, out: Path, address: str, resume: bool, conc
                 run.write_settings(spec.settings)
         (out / "sweep.yaml").write_text(sweep_file.path.read_text())  # what produced these run directories
         jobs, reasons, sweeps = [], {}, {}
-        sleep_s = float(os.environ.get(SLEEP_ENV) or 0)
         for spec in sweep_file.workloads:
             run = runs[spec.name]
-            backend_name = make_backend(spec.settings, spec.space, run).name
-            sweep = open_sweep(run, spec.settings, spec.space, backend_name)
+            sweep = Sweep.open(run, spec.settings, spec.space)
             sweeps[spec.name] = sweep
             progress = ray_driver.LabelledProgress(spec.name, spec.budget.trials, console)
-            if nothing_fits(sweep, spec.space):
-                reasons[spec.name] = NOTHING_FITS
+            if sweep.nothing_fits(spec.space):
+                reasons[spec.name] = StopReason.NOTHING_FITS
                 progress.message("no config of the space is predicted to fit: nothing runs for this workload")
                 continue
             resources = ray_driver.trial_resources(spec.settings, spec.gpus_per_trial)
             backend = ray_driver.BackendSpec(spec.settings, str(run.path.resolve()),
-                                             sleep_s if spec.settings.backend == "simulated" else 0.0)
+                                             simulated_sleep_s(spec.settings.backend))
             jobs.append(ray_driver.Job(spec.name, sweep, spec.budget, resources, backend, progress))
         if jobs:
             ray_driver.connect(address)
@@ -281,8 +280,7 @@ def run_sweep(sweep_file: SweepFile, out: Path, address: str, resume: bool, conc
     return rows
 
 
-def summary_row(spec: WorkloadSpec, run: RunDir, out: Path, outputs, reason: str) -> dict:
-    from autotune.commands.tune import STOP_TEXT
+def summary_row(spec: WorkloadSpec, run: RunDir, out: Path, outputs, reason: "StopReason") -> dict:
 
     w, best = spec.settings.workload, outputs.best
     return {
@@ -295,7 +293,7 @@ def summary_row(spec: WorkloadSpec, run: RunDir, out: Path, outputs, reason: str
         "throughput_samples_per_s": round(best.throughput_samples_per_s, 3) if best else "",
         "peak_memory": format_size(best.peak_memory_bytes) if best and best.peak_memory_bytes else "",
         "peak_memory_bytes": best.peak_memory_bytes if best else "",
-        "stopped": STOP_TEXT.get(reason, reason),
+        "stopped": reason.text,
         "verdict": outputs.verdict,
         "report": str((run.path / "report.md").relative_to(out)),
     }

@@ -34,7 +34,7 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune.backends.simulated import SimulatedBackend
-from autotune.commands.tune import open_sweep
+from autotune.drivers.sweep import Sweep
 from autotune.drivers.progress import QuietProgress
 from autotune.drivers.ray import Job, TrialResources, run_ray
 from autotune.drivers.sweep import Budget
@@ -80,7 +80,7 @@ def one_sweep(k: int, trials: int, scale: float, base: Path, fixed_s: float | No
     s = settings()
     run = RunDir(base / f"k{k}")
     run.write_settings(s)
-    sweep = open_sweep(run, s, s.space(), "simulated")
+    sweep = Sweep.open(run, s, s.space())
     job = Job(f"k{k}", sweep, Budget(trials), TrialResources(cpus=0.0, custom=(("slot", 1.0),)),
               ScaledSleep(s, scale, fixed_s), QuietProgress())
     cpu0, t0 = time.process_time(), time.perf_counter()

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.commands.tune import open_sweep
+from autotune.drivers.sweep import Sweep
 from autotune.config import ConfigError
-from autotune.drivers.local import TRIALS
+from autotune.drivers.stop import StopReason
 from autotune.drivers.progress import QuietProgress
 from autotune.drivers.ray import BackendSpec, Flight, Job, TrialResources, trial_resources
 from autotune.drivers.sweep import Budget
@@ -29,7 +29,7 @@ def job(tmp_path, strategy: str, trials: int = 10) -> Job:
     s = settings(strategy)
     run = RunDir(tmp_path / strategy)
     run.write_settings(s)
-    sweep = open_sweep(run, s, s.space(), "simulated")
+    sweep = Sweep.open(run, s, s.space())
     return Job(strategy, sweep, Budget(trials), TrialResources(), BackendSpec(s, str(run.path)), QuietProgress())
 
 
@@ -72,7 +72,7 @@ def test_the_trial_budget_counts_trials_in_flight(tmp_path):
         j.in_flight.pop()
         j.sweep.finish(config, backend.run(config))
     j.waiting = False
-    assert j.next_config() is None and j.reason == TRIALS and j.sweep.launched == 2
+    assert j.next_config() is None and j.reason == StopReason.TRIALS and j.sweep.launched == 2
 
 
 def test_what_a_trial_asks_the_cluster_for():
@@ -89,10 +89,8 @@ def test_what_a_trial_asks_the_cluster_for():
 
 
 def test_a_fatal_backend_verdict_stops_the_job(tmp_path):
-    """A backend that says no config can succeed (drivers/local.py FATAL) stops proposals once its trials
+    """A backend that says no config can succeed (StopReason.FATAL) stops proposals once its trials
     in flight are in."""
-    from autotune.drivers.local import FATAL
-
     j = job(tmp_path, "optuna")
     config = j.next_config()
     fly(j, config)
@@ -100,4 +98,4 @@ def test_a_fatal_backend_verdict_stops_the_job(tmp_path):
     assert j.next_config() is None and j.waiting and j.reason is None
     j.in_flight.pop()
     j.waiting = False
-    assert j.next_config() is None and j.reason == FATAL
+    assert j.next_config() is None and j.reason == StopReason.FATAL

@@ -11,7 +11,8 @@ import pytest
 from autotune.backends.replay import ReplayBackend, load_surface, surface_space
 from autotune.backends.simulated import SimulatedBackend
 from autotune.config import Config
-from autotune.drivers.local import DONE, run_local
+from autotune.drivers.local import run_local
+from autotune.drivers.stop import StopReason
 from autotune.drivers.progress import QuietProgress
 from autotune.drivers.sweep import Budget, Sweep
 from autotune.estimate import Calibration, estimate
@@ -125,7 +126,7 @@ def test_grid_searches_stage_and_micro_batch_like_deepspeed(gpu_space):
     BUDGET = 14 * GiB  # noqa: N806
     backend = SimulatedBackend(WORKLOAD, HARDWARE, BUDGET, seed=1, calibration=TRUTH)
     s = sweep("grid", gpu_space, backend, BUDGET, trials=100)
-    assert s.stop_reason == DONE
+    assert s.stop_reason == StopReason.DONE
     runs = [r.config for r in launched(s)]
     defaults = {k: v for k, v in gpu_space.choices.default().items() if k not in ("zero_stage", "micro_batch")}
     # Other knobs at the space's defaults (bf16 is unsupported on a V100: the nearest valid precision).
@@ -162,7 +163,7 @@ class Decreasing:
 def test_grid_stops_after_five_trials_without_improvement(gpu_space):
     s = sweep("grid", gpu_space, Decreasing(), BUDGET, trials=100)
     assert len(launched(s)) == 1 + EARLY_STOP
-    assert s.stop_reason == DONE
+    assert s.stop_reason == StopReason.DONE
 
 
 def test_grid_skips_stages_whose_model_states_do_not_fit():
@@ -181,7 +182,7 @@ def test_random_is_uniform_over_the_space_without_replacement_and_seeded():
     budget = 100 * GiB
     backend = SimulatedBackend(space.workload, space.hardware, budget)
     first = sweep("random", space, backend, budget, trials=10**6, seed=5)
-    assert first.stop_reason == DONE
+    assert first.stop_reason == StopReason.DONE
     assert sorted(r.config for r in first.results) == sorted(space)
     again = sweep("random", space, backend, budget, trials=10, seed=5)
     other = sweep("random", space, backend, budget, trials=10, seed=6)

@@ -1,5 +1,5 @@
 """Backends run one config and return its TrialResult: `deepspeed` (a real short run), `simulated`
-(the estimator's prediction) and `replay` (a table of measured results)."""
+(the estimator's prediction), `replay` (a table of measured results) and `script` (a user's script)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,18 @@ from autotune.results import TrialResult
 
 @runtime_checkable
 class Backend(Protocol):
-    name: str  # "deepspeed" | "simulated" | "replay", written to TrialResult.backend
+    """What drivers call. Build one with `autotune.backends.factory.make_backend`; adapt a plain objective
+    (anything with `run`) with `autotune.backends.factory.as_backend`."""
+
+    name: str  # "deepspeed" | "simulated" | "replay" | "script" | a user's, written to TrialResult.backend
+    # Set once the backend knows no config can succeed (a script that never steps, a rank on the wrong
+    # accelerator): drivers stop launching.
+    fatal: str | None
 
     def run(self, config: Config) -> TrialResult:
         """Run (or look up) one trial. Failures are results with a status, never exceptions."""
+        ...
+
+    def close(self) -> None:
+        """Release what the backend holds (processes, files); called once by the driver at the end."""
         ...

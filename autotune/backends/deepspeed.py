@@ -70,6 +70,9 @@ class DeepSpeedBackend:
             return None
         return estimate(config, self.workload, self.hardware, self.calibration)
 
+    def close(self) -> None:
+        """Nothing to release: each trial ends its own processes."""
+
     def run(self, config: Config) -> TrialResult:
         log_dir = self._new_log_dir(config)
         predicted = self.predict(config)

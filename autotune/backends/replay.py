@@ -71,6 +71,7 @@ def _json_key(value: object) -> str:
 
 class ReplayBackend:
     name = "replay"
+    fatal: str | None = None  # no config can succeed here (Backend protocol)
 
     def __init__(self, surface: Surface | str | Path, memory_budget_bytes: int | None = None) -> None:
         self.surface = surface if isinstance(surface, Surface) else load_surface(surface)
@@ -81,6 +82,9 @@ class ReplayBackend:
     def _as_replay(self, result: TrialResult) -> TrialResult:
         seen = result.under_budget(self.memory_budget_bytes)
         return replace(seen, backend=self.name, extra={**seen.extra, "recorded_backend": result.backend})
+
+    def close(self) -> None:
+        """Nothing held between trials."""
 
     def run(self, config: Config) -> TrialResult:
         try:

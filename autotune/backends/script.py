@@ -28,6 +28,8 @@ from autotune.script.shim import MODEL_FILE, USER_CONFIG_FILE
 from autotune.worker.measure import MeasureSettings
 from autotune.workload import Workload
 
+SCRIPT_FILE = "script.json"  # in a script-mode run directory (autotune.script.session writes it)
+
 SHIM = "autotune.script"
 
 
@@ -90,6 +92,14 @@ class ScriptBackend(DeepSpeedBackend):
 
     def _seq_len(self, extra: Mapping[str, Any]) -> int:
         return (extra.get("script_model") or {}).get("seq_len") or self.workload.model.seq_len
+
+
+def read_script_info(run_dir: str | Path) -> dict[str, Any]:
+    """A script-mode run directory's `script.json`: the script, its arguments, the model learned, the notes."""
+    data = read_json(Path(run_dir) / SCRIPT_FILE)
+    if data is None:
+        raise ConfigError(f"{run_dir} has no {SCRIPT_FILE}: not a script-mode sweep")
+    return data
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

@@ -53,6 +53,7 @@ def host_need_bytes(est: Estimate, workload: Workload, hardware: Hardware) -> in
 
 class SimulatedBackend:
     name = "simulated"
+    fatal: str | None = None  # no config can succeed here (Backend protocol)
 
     def __init__(self, workload: Workload, hardware: Hardware, memory_budget_bytes: int, noise: float = 0.0,
                  seed: int | np.random.Generator | None = None, calibration: Calibration = Calibration(), *,
@@ -109,6 +110,9 @@ class SimulatedBackend:
                 pass
             cached = self._cache[config]
         return cached
+
+    def close(self) -> None:
+        """Nothing held between trials."""
 
     def run(self, config: Config) -> TrialResult:
         result = self._results.get(config)

@@ -26,16 +26,17 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune.backends import Backend
+from autotune.backends.factory import TrialOptions, make_backend
 from autotune.backends.replay import load_surface
 from autotune.commands.common import add_workload_arguments, positive_int, size, space_from, target_from
 from autotune.config import Config, ConfigError
-from autotune.hardware import Hardware
 from autotune.results import STATUSES, TrialResult, append_result, read_results
+from autotune.rundir import RunSettings
 from autotune.space import Space
 from autotune.units import format_size
-from autotune.workload import Workload
+from autotune.worker.measure import MeasureSettings
 
-BACKENDS = ("deepspeed", "simulated")
+BACKENDS = ("deepspeed", "simulated")  # the factory's kinds that measure (replay reads a surface; script: tune)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -81,8 +82,12 @@ def run_record(args: argparse.Namespace) -> int:
     if args.max_measure_s <= 0:
         raise ConfigError(f"--max-measure-s {args.max_measure_s}: must be a positive number of seconds")
     logs = args.logs or args.out.parent / f"{args.out.stem}.logs"
-    backend = make_backend(args.backend, workload, hardware, space, budget, args.timeout, logs,
-                           max_steps=args.max_steps, max_measure_s=args.max_measure_s)
+    # A recording runs every config of the space: a grid, in the order `record` shuffles.
+    settings = RunSettings(workload, hardware, budget, "grid", args.backend, args.seed, space.choices)
+    defaults = MeasureSettings()
+    measure = MeasureSettings(defaults.warmup_steps, min(defaults.min_steps, args.max_steps), args.max_steps,
+                              defaults.rel_tol, args.max_measure_s)
+    backend = make_backend(settings, options=TrialOptions(str(logs), args.timeout, measure))
     console = Console(highlight=False, soft_wrap=True)
     if target.detected():
         console.print(target.detected())
@@ -90,25 +95,6 @@ def run_record(args: argparse.Namespace) -> int:
                   progress=console.print)
     console.print(f"{args.out}: {done.recorded} configs recorded now, {done.total_measured} of {len(space)} measured")
     return 0
-
-
-def make_backend(kind: str, workload: Workload, hardware: Hardware, space: Space, budget: int,
-                 timeout: float | None, logs: Path, *, max_steps: int = 10, max_measure_s: float = 30.0) -> Backend:
-    if kind == "simulated":
-        from autotune.backends.simulated import SimulatedBackend
-
-        return SimulatedBackend(workload, hardware, budget, nvme_path=space.choices.nvme_path)
-    from autotune.backends.deepspeed import DeepSpeedBackend  # imports the runner only when trials run
-    from autotune.dsconfig import DsOptions
-    from autotune.worker.measure import MeasureSettings
-
-    options = {} if timeout is None else {"timeout_s": timeout}
-    defaults = MeasureSettings()
-    measure = MeasureSettings(defaults.warmup_steps, min(defaults.min_steps, max_steps), max_steps,
-                              defaults.rel_tol, max_measure_s)
-    return DeepSpeedBackend(workload, memory_budget_bytes=budget, hardware=hardware,
-                            ds_options=DsOptions(nvme_path=space.choices.nvme_path),
-                            logs_dir=logs, measure=measure, **options)
 
 
 @dataclass(frozen=True)

@@ -5,40 +5,30 @@ report into the run directory."""
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import time
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autotune.backends import Backend
-from autotune.calibrate import calibrator, quality, save_calibration
+from autotune.api import DEFAULT_STRATEGY, run_sweep
+from autotune.backends.factory import SLEEP_ENV, backend_names  # noqa: F401  (SLEEP_ENV: tests set it)
 from autotune.commands.common import add_workload_arguments, positive_int, size, space_from, target_from
-from autotune.config import KNOBS, Config, ConfigError
-from autotune.dsconfig import DsOptions
+from autotune.config import KNOBS, ConfigError
 from autotune.interrupts import sigterm_as_interrupt
-from autotune.drivers.local import DONE, FATAL, INTERRUPTED, STALLED, TIME, TRIALS, run_local
 from autotune.drivers.progress import ConsoleProgress
-from autotune.drivers.sweep import Budget, Sweep
-from autotune.pruning import Pruner
-from autotune.report import write_outputs
-from autotune.results import TrialResult
+from autotune.drivers.stop import StopReason
+from autotune.drivers.sweep import Budget
 from autotune.rundir import RunDir, RunSettings
 from autotune.script.cli import add_arguments as script_arguments
 from autotune.search_spaces import load_choices
 from autotune.space import Choices, Space
-from autotune.strategies import STRATEGIES, SearchContext, make_strategy
+from autotune.strategies import STRATEGIES
 from autotune.units import format_size
 from autotune.workload import make_workload
 
 if TYPE_CHECKING:
     from autotune.drivers.ray import RayOptions
 
-BACKENDS = ("deepspeed", "simulated", "replay")
-DEFAULT_STRATEGY = "hybrid"  # the trained policy's first proposals, then Optuna (strategies/hybrid.py)
-# Test hook: seconds every simulated trial sleeps, so that a test can kill the tuner mid-trial.
-SLEEP_ENV = "AUTOTUNE_SIMULATED_TRIAL_SLEEP_S"
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd]?)")
 _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -75,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="trials to launch, over all sessions of a resumed sweep (default: %(default)s)")
     parser.add_argument("--time-budget", type=duration, default=None,
                         help="no trial starts once the trials have taken this long, e.g. 8h, 90m")
-    parser.add_argument("--backend", choices=BACKENDS, default="deepspeed",
+    parser.add_argument("--backend", choices=backend_names(), default="deepspeed",
                         help="deepspeed: real trials; simulated: the estimator; replay: a measured surface "
                              "(default: %(default)s)")
     parser.add_argument("--surface", type=Path, default=None, help="replay surface (JSONL of results), for --backend replay")
@@ -138,73 +128,30 @@ def ray_options(args: argparse.Namespace) -> "RayOptions | None":
     return RayOptions(args.ray_address, args.concurrency, args.gpus_per_trial)
 
 
-def open_sweep(run_dir: RunDir, settings: RunSettings, space: Space, backend_name: str) -> Sweep:
-    """The sweep of a run directory: its recorded history, strategy (its study in the run's storage), pruner."""
-    pruner = Pruner(settings.workload, settings.hardware, settings.memory_budget_bytes)
-    context = SearchContext(space, settings.memory_budget_bytes, settings.seed, pruner.predict,
-                            run_dir.storage())
-    strategy = make_strategy(settings.strategy, context)
-    return Sweep(strategy, pruner, run_dir.append, backend_name, run_dir.results(),
-                 calibrator(settings.workload, settings.hardware), len(space))
-
-
-def nothing_fits(sweep: Sweep, space: Space) -> bool:
-    """Every config would be pruned: say so rather than record the whole space."""
-    return not any(sweep.pruner.check(c, sweep.backend_name) is None for c in space)
-
-
-def close_sweep(run_dir: RunDir, settings: RunSettings, sweep: Sweep):
-    """Save the calibration and write the outputs (summary, recommended configs, report, plots)."""
-    if sweep.pruner.calibration.samples:
-        measured = sweep.measured()
-        save_calibration(run_dir.path, sweep.pruner.calibration, settings.workload, settings.hardware,
-                         quality(measured, settings.workload, settings.hardware, sweep.pruner.calibration))
-    return write_outputs(run_dir, settings, sweep.results)
-
-
 def tune(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budget, resume: bool,
          ray: "RayOptions | None" = None) -> int:
-    backend = make_backend(settings, space, run_dir)
     progress = ConsoleProgress(budget.trials)
-    sweep = open_sweep(run_dir, settings, space, backend.name)
-    history = list(sweep.results)
+    history = run_dir.results()
     w = settings.workload
     progress.message(
         f"{'resuming' if resume else 'tuning'} {w.model.name} (global batch {w.global_batch}, {w.gpus} x "
         f"{settings.hardware.name}) under {format_size(settings.memory_budget_bytes)}: {settings.strategy} over "
         f"{len(space)} configs, {settings.backend} backend, up to {budget.trials} trials"
         + (f"; {len(history)} recorded already" if history else "") + f" -> {run_dir.path}")
-    if nothing_fits(sweep, space):
-        reason = NOTHING_FITS
-    elif ray is not None:
-        from autotune.drivers.ray import run_one
-
-        reason = run_one(sweep, settings, run_dir, budget, ray, progress)
-    else:
-        reason = run_local(sweep, backend, budget, progress)
-    outputs = close_sweep(run_dir, settings, sweep)
+    result = run_sweep(run_dir, settings, space, budget, ray, progress)
     if settings.backend == "script":
-        for line in script_mode().finish(run_dir, settings, outputs.best):
+        for line in script_mode().finish(run_dir, settings, result.best):
             progress.message(line)
-    progress.message(f"stopped: {STOP_TEXT.get(reason, reason)}; {sweep.launched} trials launched, "
-                     f"{len(sweep.results)} recorded in {run_dir.trials_path}")
-    progress.message(outputs.verdict)
-    if outputs.best is not None:
-        progress.message(f"recommended config: {run_dir.path / 'best_ds_config.json'} "
-                         f"(Hugging Face: {run_dir.path / 'best_hf_ds_config.json'})")
+    progress.message(f"stopped: {result.stop_reason.text}; {result.launched} trials launched, "
+                     f"{len(result.results)} recorded in {run_dir.trials_path}")
+    progress.message(result.verdict)
+    if result.best is not None:
+        progress.message(f"recommended config: {result.best_ds_config} (Hugging Face: {result.best_hf_ds_config})")
     progress.message(f"report: {run_dir.path / 'report.md'}")
-    if reason == INTERRUPTED:
+    if result.stop_reason == StopReason.INTERRUPTED:
         progress.message(f"interrupted: continue with the same command and --resume --out {run_dir.path}")
         return 130
-    return 0 if outputs.best is not None else 1
-
-
-NOTHING_FITS = "nothing fits"
-STOP_TEXT = {NOTHING_FITS: "no config of the space is predicted to fit, nothing was run",
-             TRIALS: "trial budget spent", TIME: "time budget spent", DONE: "the strategy has nothing left to try",
-             STALLED: "the strategy kept proposing known or pruned configs", INTERRUPTED: "interrupted",
-             FATAL: "a failure no other config can avoid (above)",
-             "no node": "no node of the Ray cluster has the resources one trial needs, nothing was run"}
+    return 0 if result.best is not None else 1
 
 
 def resolve(args: argparse.Namespace) -> tuple[RunSettings, Space]:
@@ -258,42 +205,8 @@ def _resolve_replay(args: argparse.Namespace) -> tuple[RunSettings, Space]:
     return settings, space
 
 
-def make_backend(settings: RunSettings, space: Space, run_dir: RunDir) -> Backend:
-    budget = settings.memory_budget_bytes
-    if settings.backend == "simulated":
-        from autotune.backends.simulated import SimulatedBackend
-
-        backend: Backend = SimulatedBackend(settings.workload, settings.hardware, budget, seed=settings.seed,
-                                            nvme_path=settings.choices.nvme_path)
-        sleep_s = float(os.environ.get(SLEEP_ENV, "0") or 0)
-        return SleepingBackend(backend, sleep_s) if sleep_s > 0 else backend
-    if settings.backend == "replay":
-        from autotune.backends.replay import ReplayBackend
-
-        return ReplayBackend(settings.surface, budget)
-    if settings.backend == "script":
-        return script_mode().make_backend(settings, run_dir)
-    from autotune.backends.deepspeed import DeepSpeedBackend
-
-    return DeepSpeedBackend(settings.workload, budget, settings.hardware, DsOptions(nvme_path=settings.choices.nvme_path),
-                            logs_dir=run_dir.logs_dir)
-
-
 def script_mode():
     """autotune.script.session, imported when a sweep tunes a user's script (--script)."""
     from autotune.script import session
 
     return session
-
-
-class SleepingBackend:
-    """A backend whose every trial also takes `sleep_s` of wall time (tests of kill and resume)."""
-
-    def __init__(self, inner: Backend, sleep_s: float) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self.sleep_s = sleep_s
-
-    def run(self, config: Config) -> TrialResult:
-        time.sleep(self.sleep_s)
-        return self.inner.run(config)

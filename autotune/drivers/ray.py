@@ -38,8 +38,9 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from rich.console import Console
 
 from autotune.backends import Backend
+from autotune.backends.factory import TrialOptions, as_backend, make_backend, simulated_sleep_s
 from autotune.config import Config, ConfigError
-from autotune.drivers.local import DONE, FATAL, INTERRUPTED, STALLED, TIME, TRIALS
+from autotune.drivers.stop import StopReason
 from autotune.drivers.progress import STATUS_STYLE, Progress, _headline
 from autotune.drivers.sweep import Budget, Sweep
 from autotune.results import TrialResult
@@ -50,8 +51,6 @@ if TYPE_CHECKING:
 
 REAL_BACKENDS = ("deepspeed", "script")  # backends whose trials run on devices
 LOCAL = "local"  # --ray-address local: start a private single-node Ray instance for this run
-NO_NODE = "no node"  # stop reason: no node of the cluster has the resources one trial asks for
-STOP_TEXT = {NO_NODE: "no node of the Ray cluster has the resources one trial needs, nothing was run"}
 MAX_FAILURES = 3  # resubmissions of a trial whose worker or node died
 ASKS_PER_SLOT = 3  # proposals asked for one free slot before a sweep waits for a result (see module doc)
 # Ray (2.60) binds its servers to loopback only when the node's IP is literally 127.0.0.1, and resolves
@@ -152,22 +151,25 @@ def cluster_capacity() -> dict[str, float]:
 
 # -- the trial task (runs on a worker node)
 
-def run_trial(make_backend: Callable[[], Backend], config: Config) -> TrialResult:
+@dataclass(frozen=True)
+class TrialReply:
+    """What a trial task sends back: its result, and the backend's verdict that no config can succeed."""
+
+    result: TrialResult
+    fatal: str | None = None
+
+
+def run_trial(make_backend: Callable[[], Backend], config: Config) -> TrialReply:
     """One trial in a Ray worker: build the backend there (it holds no state worth shipping) and run."""
     import ray
 
-    backend = make_backend()
+    backend = as_backend(make_backend())
     try:
         result = backend.run(config)
     finally:
-        close = getattr(backend, "close", None)
-        if callable(close):
-            close()
+        backend.close()
     extra = {"node_ip": ray.util.get_node_ip_address(), "node_id": ray.get_runtime_context().get_node_id()}
-    fatal = getattr(backend, "fatal", None)  # no config can succeed (drivers/local.py FATAL): tell the driver
-    if fatal:
-        extra["backend_fatal"] = str(fatal)
-    return replace(result, extra={**result.extra, **extra})
+    return TrialReply(replace(result, extra={**result.extra, **extra}), backend.fatal)
 
 
 # -- the scheduler
@@ -194,7 +196,7 @@ class Job:
         self.progress = progress
         self.in_flight: list[Flight] = []
         self.waiting = False  # the strategy wants a result before it proposes again
-        self.reason: str | None = None  # why it stopped, once it has
+        self.reason: StopReason | None = None  # why it stopped, once it has
         self.fatal: str | None = None  # the backend said no config can succeed: propose nothing more
         sweep.on_pruned = progress.pruned
 
@@ -206,23 +208,22 @@ class Job:
         """A config to launch now, or None (and `reason` set once nothing is in flight either)."""
         sweep, budget = self.sweep, self.budget
         if self.fatal:
-            return self._stop(FATAL)
-        if sweep.launched + len(self.in_flight) >= budget.trials:
-            return self._stop(TRIALS)
-        if budget.time_s is not None and sweep.spent_s >= budget.time_s:
-            return self._stop(TIME)
+            return self._stop(StopReason.FATAL)
+        spent = sweep.budget_spent(budget, len(self.in_flight))
+        if spent:
+            return self._stop(spent)
         flying = {f.config for f in self.in_flight}
         for _ in range(ASKS_PER_SLOT):
             sweep.stalled = False
             config = sweep.next_config()
             if config is None:
-                return self._stop(STALLED if sweep.stalled else DONE)
+                return self._stop(StopReason.STALLED if sweep.stalled else StopReason.DONE)
             if config not in flying:
                 return config
         self.waiting = True  # a sequential strategy: its next proposal needs the result in flight
         return None
 
-    def _stop(self, reason: str) -> None:
+    def _stop(self, reason: StopReason) -> None:
         if self.in_flight:
             self.waiting = True  # results in flight may give the strategy more to propose
         else:
@@ -231,7 +232,7 @@ class Job:
 
 
 def run_ray(jobs: Sequence[Job], concurrency: int | None = None, max_failures: int = MAX_FAILURES,
-            console: Console | None = None) -> dict[str, str]:
+            console: Console | None = None) -> dict[str, StopReason]:
     """Run every job to its end on the connected cluster; returns each job's stop reason by name."""
     import ray
     from ray import exceptions as rex
@@ -241,7 +242,7 @@ def run_ray(jobs: Sequence[Job], concurrency: int | None = None, max_failures: i
     refs: dict[Any, Flight] = {}
     for job in jobs:
         if job.reason is None and not fits_some_node(job.resources):
-            job.reason = NO_NODE
+            job.reason = StopReason.NO_NODE
             job.progress.message(f"{job.name}: no node of the cluster has {job.resources.describe()} for one "
                                  "trial: nothing runs for this workload")
 
@@ -264,13 +265,13 @@ def run_ray(jobs: Sequence[Job], concurrency: int | None = None, max_failures: i
             if config is not None:
                 submit(job, config, 1)
 
-    def record(flight: Flight, result: TrialResult) -> None:
+    def record(flight: Flight, reply: TrialReply) -> None:
         job = flight.job
-        result = replace(result, extra={**result.extra, "attempts": flight.attempt})
+        result = replace(reply.result, extra={**reply.result.extra, "attempts": flight.attempt})
         result = job.sweep.finish(flight.config, result)
         job.progress.finished(result, job.sweep.launched, job.sweep.best)
-        if result.extra.get("backend_fatal") and not job.fatal:
-            job.fatal = result.extra["backend_fatal"]
+        if reply.fatal and not job.fatal:
+            job.fatal = reply.fatal
             job.progress.message(f"stopping: {job.fatal}")
 
     try:
@@ -286,7 +287,7 @@ def run_ray(jobs: Sequence[Job], concurrency: int | None = None, max_failures: i
                 job.waiting = False
                 elapsed = time.monotonic() - flight.submitted
                 try:
-                    result = ray.get(ref)
+                    reply = ray.get(ref)
                 except rex.OutOfMemoryError as err:  # Ray's memory monitor killed the worker: the host ran out
                     result = TrialResult(flight.config, "oom", wall_time_s=elapsed, backend=job.sweep.backend_name,
                                          error=f"Ray killed the trial's worker for lack of host memory: {_first(err)}")
@@ -301,7 +302,10 @@ def run_ray(jobs: Sequence[Job], concurrency: int | None = None, max_failures: i
                         continue
                     result = TrialResult(flight.config, "crash", wall_time_s=elapsed, backend=job.sweep.backend_name,
                                          error=f"its worker or node died {flight.attempt} times: {_first(err)}")
-                record(flight, result)
+                else:
+                    record(flight, reply)
+                    continue
+                record(flight, TrialReply(result))
     except KeyboardInterrupt:
         for ref in refs:
             ray.cancel(ref)  # a KeyboardInterrupt in the task: the backend ends its processes
@@ -309,8 +313,8 @@ def run_ray(jobs: Sequence[Job], concurrency: int | None = None, max_failures: i
             ray.wait(list(refs), num_returns=len(refs), timeout=15)
         for job in jobs:
             if job.reason is None:
-                job.reason = INTERRUPTED
-    return {job.name: job.reason or DONE for job in jobs}
+                job.reason = StopReason.INTERRUPTED
+    return {job.name: job.reason or StopReason.DONE for job in jobs}
 
 
 def _room(job: Job, refs: dict[Any, Flight], capacity: dict[str, float]) -> bool:
@@ -370,22 +374,16 @@ class BackendSpec:
     sleep_s: float = 0.0  # test and benchmark hook: every trial also sleeps this long
 
     def __call__(self) -> Backend:
-        from autotune.commands.tune import SleepingBackend, make_backend
         from autotune.rundir import RunDir
 
-        backend = make_backend(self.settings, self.settings.space(), RunDir(self.run_dir))
-        if self.sleep_s > 0 and not isinstance(backend, SleepingBackend):
-            backend = SleepingBackend(backend, self.sleep_s)
-        return backend
+        return make_backend(self.settings, RunDir(self.run_dir), TrialOptions(sleep_s=self.sleep_s))
 
 
 def run_one(sweep: Sweep, settings: "RunSettings", run_dir: "RunDir", budget: Budget, options: RayOptions,
-            progress: Progress) -> str:
+            progress: Progress) -> StopReason:
     """`autotune tune --ray-address`: one sweep's trials on the cluster; returns why it stopped."""
-    from autotune.commands.tune import SLEEP_ENV
-
     resources = trial_resources(settings, options.gpus_per_trial)
-    sleep_s = float(os.environ.get(SLEEP_ENV) or 0) if settings.backend == "simulated" else 0.0
+    sleep_s = simulated_sleep_s(settings.backend)
     connect(options.address)
     try:
         progress.message(f"Ray cluster {options.address}: {describe_cluster()}; one trial asks for "

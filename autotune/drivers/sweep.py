@@ -6,13 +6,19 @@ decision made so far and nothing else."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
+from autotune.calibrate import calibrator
 from autotune.config import Config
+from autotune.drivers.stop import StopReason
 from autotune.estimate import Calibration
 from autotune.pruning import Pruner
 from autotune.results import TrialResult
-from autotune.strategies import Strategy
+from autotune.space import Space
+from autotune.strategies import SearchContext, Strategy, make_strategy
+
+if TYPE_CHECKING:
+    from autotune.rundir import RunDir, RunSettings
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,26 @@ class Sweep:
                 self.pruner = self.pruner.with_out_of_memory(result.config)
         if calibrate is not None and self.measured():
             self.pruner = self.pruner.recalibrated(calibrate(self.measured()), self.measured())
+
+    @classmethod
+    def open(cls, run_dir: "RunDir", settings: "RunSettings", space: Space) -> "Sweep":
+        """The sweep of a run directory: its recorded history, strategy (its study in the run's storage), pruner."""
+        pruner = Pruner(settings.workload, settings.hardware, settings.memory_budget_bytes)
+        context = SearchContext(space, settings.memory_budget_bytes, settings.seed, pruner.predict, run_dir.storage())
+        return cls(make_strategy(settings.strategy, context), pruner, run_dir.append, settings.backend,
+                   run_dir.results(), calibrator(settings.workload, settings.hardware), len(space))
+
+    def nothing_fits(self, space: Space) -> bool:
+        """Every config would be pruned: say so rather than record the whole space."""
+        return not any(self.pruner.check(c, self.backend_name) is None for c in space)
+
+    def budget_spent(self, budget: Budget, in_flight: int = 0) -> StopReason | None:
+        """TRIALS or TIME once no further trial may start (trials in flight count as launched)."""
+        if self.launched + in_flight >= budget.trials:
+            return StopReason.TRIALS
+        if budget.time_s is not None and self.spent_s >= budget.time_s:
+            return StopReason.TIME
+        return None
 
     @property
     def launched(self) -> int:

@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from autotune.backends.script import Script, ScriptBackend, read_json, user_config
+from autotune.backends.script import SCRIPT_FILE, Script, ScriptBackend, read_script_info, user_config
 from autotune.script.cli import script_from
 from autotune.config import Config, ConfigError
 from autotune.dsconfig import DsOptions, ds_config, validate
@@ -35,7 +35,6 @@ from autotune.space import Space
 from autotune.units import format_size
 from autotune.workload import PRESETS, Workload
 
-SCRIPT_FILE = "script.json"
 DEFAULT_GLOBAL_BATCH = 16
 
 
@@ -149,10 +148,7 @@ def save(run_dir: RunDir, script: Script, model: dict[str, Any] | None, notes: l
 
 
 def load(run_dir: RunDir) -> dict[str, Any]:
-    data = read_json(run_dir.path / SCRIPT_FILE)
-    if data is None:
-        raise ConfigError(f"{run_dir.path} has no {SCRIPT_FILE}: not a script-mode sweep")
-    return data
+    return read_script_info(run_dir.path)
 
 
 def resumed(run_dir: RunDir, settings: RunSettings, script: Script) -> RunSettings:
@@ -166,11 +162,6 @@ def resumed(run_dir: RunDir, settings: RunSettings, script: Script) -> RunSettin
         return settings  # the differences check names them
     return replace(settings, workload=known.workload, choices=known.choices)
 
-
-def make_backend(settings: RunSettings, run_dir: RunDir) -> ScriptBackend:
-    script = Script.from_dict(load(run_dir)["script"])
-    return ScriptBackend(script, settings.workload, settings.memory_budget_bytes, settings.hardware,
-                         DsOptions(nvme_path=settings.choices.nvme_path), run_dir.logs_dir)
 
 
 def recommendation(best: TrialResult, settings: RunSettings) -> tuple[dict[str, Any], list[str]]:

@@ -1,0 +1,166 @@
+"""The tuning library: `tune(spec)` wires a sweep together (run directory, strategy, pruning, backend, the
+loop on this machine or a Ray cluster) and returns what it found. The CLI's `autotune tune` is a client of
+it, as is anyone's notebook:
+
+    import autotune
+    spec = autotune.TuneSpec(autotune.make_workload("tiny"), autotune.load_hardware("cpu"),
+                             memory_budget_bytes=2 * 2**30, strategy="optuna", trials=10, backend="simulated")
+    result = autotune.tune(spec, out="runs/notebook")
+    result.best.config, result.best_ds_config
+
+A backend is a registered kind's name (`deepspeed`, `simulated`, `replay`; `autotune.register_backend` adds
+one) or any object with `run(config) -> TrialResult` (a user's own objective, run on this machine).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autotune.backends import Backend
+from autotune.backends.factory import TrialOptions, as_backend, make_backend, simulated_sleep_s
+from autotune.calibrate import quality, save_calibration
+from autotune.config import ConfigError
+from autotune.drivers.local import run_local
+from autotune.drivers.progress import Progress, QuietProgress
+from autotune.drivers.stop import StopReason
+from autotune.drivers.sweep import Budget, Sweep
+from autotune.hardware import Hardware
+from autotune.report import Outputs, write_outputs
+from autotune.results import TrialResult
+from autotune.rundir import RunDir, RunSettings
+from autotune.search_spaces import load_choices
+from autotune.space import Choices, Space
+from autotune.strategies import STRATEGIES
+from autotune.workload import Workload
+
+if TYPE_CHECKING:
+    from autotune.drivers.ray import RayOptions
+
+DEFAULT_STRATEGY = "hybrid"  # the trained policy's first proposals, then Optuna (strategies/hybrid.py)
+
+
+@dataclass(frozen=True)
+class TuneSpec:
+    """What to tune: the workload on the hardware under a memory budget per device, and how to search."""
+
+    workload: Workload
+    hardware: Hardware
+    memory_budget_bytes: int | None = None  # per device; default: the hardware's memory
+    strategy: str = DEFAULT_STRATEGY
+    trials: int = 30  # launched trials, over every session of a resumed sweep (pruned configs do not count)
+    time_budget_s: float | None = None  # no trial starts once the trials have taken this long
+    backend: Any = "deepspeed"  # a registered kind's name, or an object with run(config) -> TrialResult
+    space: Choices | str | None = None  # Choices, a preset name or a YAML path; default: cpu or default preset
+    seed: int = 0
+    surface: str | None = None  # replay: the surface file
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ConfigError(f"strategy {self.strategy!r}: allowed {', '.join(STRATEGIES)}")
+        if self.trials <= 0:
+            raise ConfigError(f"trials {self.trials!r}: must be a positive integer")
+        if self.memory_budget_bytes is not None and self.memory_budget_bytes <= 0:
+            raise ConfigError(f"memory budget {self.memory_budget_bytes!r}: must be a positive number of bytes")
+        if self.time_budget_s is not None and self.time_budget_s <= 0:
+            raise ConfigError(f"time budget {self.time_budget_s!r}: must be a positive number of seconds")
+
+    @property
+    def backend_name(self) -> str:
+        return self.backend if isinstance(self.backend, str) else as_backend(self.backend).name
+
+    def choices(self) -> Choices:
+        if isinstance(self.space, Choices):
+            return self.space
+        return load_choices(self.space or ("cpu" if self.hardware.is_cpu else "default"))
+
+    def settings(self) -> RunSettings:
+        """The run directory's settings (`run.json`): what a resumed sweep must match."""
+        return RunSettings(self.workload, self.hardware, self.memory_budget_bytes or self.hardware.memory_bytes,
+                           self.strategy, self.backend_name, self.seed, self.choices(),
+                           surface=None if self.surface is None else str(Path(self.surface).resolve()))
+
+    def budget(self) -> Budget:
+        return Budget(self.trials, self.time_budget_s)
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """What a sweep found: the best result within budget, every result in order, why it stopped, and where
+    the recommendation and report are."""
+
+    best: TrialResult | None
+    results: tuple[TrialResult, ...]
+    stop_reason: StopReason
+    run_dir: Path
+    summary: dict[str, Any] = field(default_factory=dict)
+    verdict: str = ""
+
+    @property
+    def best_ds_config(self) -> Path | None:
+        return self.run_dir / "best_ds_config.json" if self.best is not None else None
+
+    @property
+    def best_hf_ds_config(self) -> Path | None:
+        return self.run_dir / "best_hf_ds_config.json" if self.best is not None else None
+
+    @property
+    def launched(self) -> int:
+        return sum(r.status != "pruned" for r in self.results)
+
+
+def tune(spec: TuneSpec, out: str | Path | None = None, *, resume: bool = False, executor: "RayOptions | None" = None,
+         callbacks: Progress | None = None) -> TuneResult:
+    """Run the sweep `spec` describes into the run directory `out` (default runs/<model>-<strategy>-<time>),
+    or continue it there (`resume`), on this machine or on a Ray cluster (`executor`). `callbacks` hears of
+    every trial (autotune.drivers.progress.Progress; ConsoleProgress prints what `autotune tune` prints)."""
+    out = Path(out) if out is not None else Path("runs") / (
+        f"{spec.workload.model.name}-{spec.strategy}-{datetime.now():%Y%m%d-%H%M%S}")
+    run_dir = RunDir(out)
+    if resume and not run_dir.exists():
+        raise ConfigError(f"--resume: {out} holds no sweep to resume")
+    if not resume and run_dir.exists():
+        raise ConfigError(f"{out} already holds a sweep: pass --resume to continue it, or choose another --out")
+    settings = spec.settings()
+    objective = None if isinstance(spec.backend, str) else as_backend(spec.backend)
+    if objective is not None and executor is not None:
+        raise ConfigError("a backend object runs on this machine only: register a backend kind to run on Ray")
+    with run_dir.locked():
+        if resume:
+            differences = run_dir.read_settings().differences(settings)
+            if differences:
+                raise ConfigError(f"--resume: {out} was started with other settings ({'; '.join(differences)}): "
+                                  "repeat the original command with --resume")
+        else:
+            run_dir.write_settings(settings)
+        return run_sweep(run_dir, settings, settings.space(), spec.budget(), executor, callbacks or QuietProgress(),
+                         objective)
+
+
+def run_sweep(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budget, executor: "RayOptions | None",
+              progress: Progress, backend: Backend | None = None) -> TuneResult:
+    """The loop of a run directory whose settings are written: trials until the budget or the strategy ends
+    it, then the outputs. The caller holds the run directory's lock."""
+    sweep = Sweep.open(run_dir, settings, space)
+    if sweep.nothing_fits(space):
+        reason = StopReason.NOTHING_FITS
+    elif executor is not None:
+        from autotune.drivers.ray import run_one
+
+        reason = run_one(sweep, settings, run_dir, budget, executor, progress)
+    else:
+        backend = backend or make_backend(settings, run_dir, TrialOptions(sleep_s=simulated_sleep_s(settings.backend)))
+        reason = run_local(sweep, backend, budget, progress)
+    outputs = close_sweep(run_dir, settings, sweep)
+    return TuneResult(outputs.best, tuple(sweep.results), reason, run_dir.path, outputs.summary, outputs.verdict)
+
+
+def close_sweep(run_dir: RunDir, settings: RunSettings, sweep: Sweep) -> Outputs:
+    """Save the calibration and write the outputs (summary, recommended configs, report, plots)."""
+    if sweep.pruner.calibration.samples:
+        measured = sweep.measured()
+        save_calibration(run_dir.path, sweep.pruner.calibration, settings.workload, settings.hardware,
+                         quality(measured, settings.workload, settings.hardware, sweep.pruner.calibration))
+    return write_outputs(run_dir, settings, sweep.results)

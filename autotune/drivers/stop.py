@@ -1,0 +1,37 @@
+"""Why a sweep's loop ended, with the text people read."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class StopReason(str, Enum):
+    """A str, so that it compares equal to its value and prints in JSON and tables as before."""
+
+    TRIALS = "trials"
+    TIME = "time"
+    DONE = "done"
+    STALLED = "stalled"
+    INTERRUPTED = "interrupted"
+    FATAL = "fatal"  # the backend says no config can succeed (e.g. a user's script that never steps)
+    NOTHING_FITS = "nothing fits"
+    NO_NODE = "no node"  # no node of the Ray cluster has the resources one trial asks for
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def text(self) -> str:
+        return _TEXT[self]
+
+
+_TEXT = {
+    StopReason.TRIALS: "trial budget spent",
+    StopReason.TIME: "time budget spent",
+    StopReason.DONE: "the strategy has nothing left to try",
+    StopReason.STALLED: "the strategy kept proposing known or pruned configs",
+    StopReason.INTERRUPTED: "interrupted",
+    StopReason.FATAL: "a failure no other config can avoid (above)",
+    StopReason.NOTHING_FITS: "no config of the space is predicted to fit, nothing was run",
+    StopReason.NO_NODE: "no node of the Ray cluster has the resources one trial needs, nothing was run",
+}
