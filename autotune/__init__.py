@@ -1,8 +1,67 @@
-"""ds-autotune: finds the fastest DeepSpeed memory configuration that fits."""
+"""ds-autotune: finds the fastest DeepSpeed memory configuration that fits.
+
+    import autotune
+    spec = autotune.TuneSpec(autotune.make_workload("tiny"), autotune.load_hardware("cpu"),
+                             memory_budget_bytes=2 * 2**30, strategy="optuna", trials=10, backend="simulated")
+    result = autotune.tune(spec, out="runs/notebook")
+
+The library's names are imported when first used (PEP 562), so that `import autotune` stays cheap for the
+trial processes, which import the package too.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
 from autotune.config import Config, ConfigError
 from autotune.results import TrialResult
-from autotune.workload import ModelShape, Workload
+from autotune.workload import ModelShape, Workload, make_workload
 
-__all__ = ["Config", "ConfigError", "ModelShape", "TrialResult", "Workload"]
+if TYPE_CHECKING:
+    from autotune.api import TuneResult, TuneSpec, tune
+    from autotune.backends import Backend
+    from autotune.backends.factory import BackendKind, TrialOptions, make_backend, register_backend
+    from autotune.drivers.progress import ConsoleProgress, Progress, QuietProgress
+    from autotune.drivers.stop import StopReason
+    from autotune.estimate import Calibration, Estimate
+    from autotune.estimate import estimate as predict
+    from autotune.ranking import Ranking, rank_configs
+    from autotune.hardware import Hardware, load_hardware
+    from autotune.recording import Recorded, record_surface
+    from autotune.rundir import RunDir, RunSettings
+    from autotune.space import Choices, Space
+
+_LAZY = {
+    "tune": "autotune.api", "TuneSpec": "autotune.api", "TuneResult": "autotune.api",
+    "Backend": "autotune.backends", "BackendKind": "autotune.backends.factory",
+    "TrialOptions": "autotune.backends.factory", "make_backend": "autotune.backends.factory",
+    "register_backend": "autotune.backends.factory",
+    "Progress": "autotune.drivers.progress", "ConsoleProgress": "autotune.drivers.progress",
+    "QuietProgress": "autotune.drivers.progress", "StopReason": "autotune.drivers.stop",
+    "predict": "autotune.estimate", "Estimate": "autotune.estimate", "Calibration": "autotune.estimate",
+    "rank_configs": "autotune.ranking", "Ranking": "autotune.ranking",
+    "Hardware": "autotune.hardware", "load_hardware": "autotune.hardware",
+    "record_surface": "autotune.recording", "Recorded": "autotune.recording",
+    "RunDir": "autotune.rundir", "RunSettings": "autotune.rundir",
+    "Choices": "autotune.space", "Space": "autotune.space",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'autotune' has no attribute {name!r}")
+    # `predict` is autotune.estimate.estimate: the name `autotune.estimate` is the module.
+    value = getattr(import_module(_LAZY[name]), "estimate" if name == "predict" else name)
+    globals()[name] = value
+    return value
+
+
+__all__ = [
+    "Config", "ConfigError", "ModelShape", "TrialResult", "Workload", "make_workload",
+    "tune", "TuneSpec", "TuneResult", "Backend", "BackendKind", "TrialOptions", "make_backend",
+    "register_backend", "Progress", "ConsoleProgress", "QuietProgress", "StopReason", "predict", "Estimate",
+    "Calibration", "rank_configs", "Ranking", "Hardware", "load_hardware", "record_surface", "Recorded",
+    "RunDir", "RunSettings", "Choices", "Space",
+]
 __version__ = "0.1.0"

@@ -168,5 +168,32 @@ def check_machine(hardware: Hardware, ranks: int, machine: LocalMachine, memory_
                           f"{machine.describe()}): allowed up to {format_size(smallest)}")
 
 
+def resolve_hardware(choice: Hardware | str | None, *, real: bool,
+                     model: str | None = None) -> tuple[Hardware, LocalMachine | None]:
+    """A profile from `--hardware` (a Hardware, `auto` or None), and the machine if it was probed: `auto`, the
+    default for real trials, detects this machine; otherwise the CPU profile for tiny, else a100-80gb."""
+    if choice == AUTO or (choice is None and real):
+        machine = probe()
+        return auto_hardware(machine), machine
+    if isinstance(choice, Hardware):
+        return choice, None
+    if choice is not None:
+        raise ConfigError(f"hardware {choice!r}: expected a profile or {AUTO!r}")
+    return PROFILES["cpu" if model == "tiny" else "a100-80gb"], None
+
+
+def gpus_found(machine: LocalMachine | None) -> int:
+    """--gpus's default: every GPU that `auto` found, else one rank."""
+    return len(machine.gpus) if machine is not None and machine.gpus else 1
+
+
+def require_here(hardware: Hardware, ranks: int, memory_budget_bytes: int | None,
+                 machine: LocalMachine | None = None) -> None:
+    """Refuse a profile whose real trials cannot run on this machine (check_machine), probing only when the
+    profile needs a GPU: the CPU accelerator runs anywhere."""
+    if not hardware.is_cpu:
+        check_machine(hardware, ranks, machine or probe(), memory_budget_bytes or hardware.memory_bytes)
+
+
 if __name__ == "__main__":
     print(json.dumps(_probe_here()))

@@ -33,7 +33,11 @@ from typing import Any
 import yaml
 
 from autotune.config import ConfigError
-from autotune.devices import AUTO
+from autotune.argtypes import duration, positive_int, seed, size
+from autotune.backends.replay import replay_settings
+from autotune.devices import AUTO, require_here, resolve_hardware
+from autotune.hardware import Hardware, load_hardware
+from autotune.search_spaces import space_for
 from autotune.drivers.sweep import Budget
 from autotune.rundir import RunDir, RunSettings
 from autotune.space import Space
@@ -114,9 +118,6 @@ def _check_keys(data: dict, allowed: tuple[str, ...], where: str) -> None:
 
 def _workload(entry: dict[str, Any], where: str, base: Path) -> WorkloadSpec:
     """Resolve one workload entry with the same parsers, defaults and checks as `autotune tune`."""
-    from autotune.commands.common import hardware_of, positive_int, size, space_from
-    from autotune.commands.tune import _resolve_replay, duration
-
     def parse(key: str, parser, allowed: str):
         value = entry.get(key)
         if value is None:
@@ -136,37 +137,37 @@ def _workload(entry: dict[str, Any], where: str, base: Path) -> WorkloadSpec:
     backend = entry.get("backend", "simulated")
     if backend not in BACKENDS:
         raise ConfigError(f"{where}.backend: {backend!r}: allowed {', '.join(BACKENDS)}")
-    args = argparse.Namespace(
-        model=None, gpus=parse("gpus", positive_int, "a positive integer") or 1,
-        global_batch=parse("global_batch", positive_int, "a positive integer"),
-        hardware=None, space=None if entry.get("space") is None else _path_or_name(entry["space"], base),
-        memory_budget=parse("memory_budget", size, "a size such as 40GiB or 2GB"), strategy=strategy,
-        backend=backend, seed=parse("seed", _seed, "a non-negative integer") or 0,
-        surface=None if entry.get("surface") is None else Path(_path_or_name(entry["surface"], base)))
+    gpus = parse("gpus", positive_int, "a positive integer")
+    global_batch = parse("global_batch", positive_int, "a positive integer")
+    space_name = None if entry.get("space") is None else _path_or_name(entry["space"], base)
+    memory_budget = parse("memory_budget", size, "a size such as 40GiB or 2GB")
+    seed_value = parse("seed", seed, "a non-negative integer") or 0
+    hardware: Hardware | str | None = None
     if entry.get("hardware") == AUTO:
-        args.hardware = AUTO
+        hardware = AUTO
     elif entry.get("hardware") is not None:
-        from autotune.hardware import load_hardware
-
         try:
-            args.hardware = load_hardware(_path_or_name(entry["hardware"], base))
+            hardware = load_hardware(_path_or_name(entry["hardware"], base))
         except ConfigError as err:
             raise ConfigError(f"{where}.hardware: {err}") from None
     try:
         if backend == "replay":
-            args.model = model if isinstance(model, str) else None
-            settings, space = _resolve_replay(args)
+            if entry.get("surface") is None:
+                raise ConfigError("backend replay needs a surface (a JSONL of measured results)")
+            settings, space = replay_settings(
+                _path_or_name(entry["surface"], base), model=model if isinstance(model, str) else None,
+                global_batch=global_batch, gpus=gpus, hardware=hardware, space=space_name,
+                memory_budget=memory_budget, strategy=strategy, seed=seed_value)
         else:
             if entry.get("surface") is not None:
                 raise ConfigError(f"surface is only for backend replay (got backend {backend})")
-            workload = _model_workload(model, args.global_batch, args.gpus, where)
-            args.model = workload.model.name if workload.model.name in PRESETS else "custom"
+            workload = _model_workload(model, global_batch, gpus or 1, where)
             # Real trials default to this machine's devices; whether they can run is checked by run_sweep,
             # which knows whether this machine or a remote cluster runs them.
-            hardware, _ = hardware_of(args, real=backend == "deepspeed")
-            space = space_from(args, workload, hardware)
-            budget = args.memory_budget or hardware.memory_bytes
-            settings = RunSettings(workload, hardware, budget, strategy, backend, args.seed, space.choices)
+            profile, _ = resolve_hardware(hardware, real=backend == "deepspeed", model=workload.model.name)
+            space = space_for(space_name, workload, profile)
+            settings = RunSettings(workload, profile, memory_budget or profile.memory_bytes, strategy, backend,
+                                   seed_value, space.choices)
     except ConfigError as err:
         message = str(err)
         raise ConfigError(message if message.startswith(str(where)) else f"{where}: {message}") from None
@@ -193,10 +194,6 @@ def _model_workload(model: Any, global_batch: int | None, gpus: int, where: str)
     raise ConfigError(f"{where}.model: {model!r}: allowed {', '.join(PRESETS)} or a mapping of shapes")
 
 
-def _seed(text: str) -> int:
-    from autotune.commands.tune import seed
-
-    return seed(text)
 
 
 def _path_or_name(value: Any, base: Path) -> str:
@@ -214,7 +211,6 @@ def run_sweep(sweep_file: SweepFile, out: Path, address: str, resume: bool, conc
     the sweep summary. Returns the summary rows by workload name."""
     from rich.console import Console
 
-    from autotune.commands.common import check_here
     from autotune.backends.factory import simulated_sleep_s
     from autotune.api import close_sweep
     from autotune.drivers.sweep import Sweep
@@ -227,7 +223,7 @@ def run_sweep(sweep_file: SweepFile, out: Path, address: str, resume: bool, conc
         for spec in sweep_file.workloads:
             if spec.settings.backend in ray_driver.REAL_BACKENDS:
                 try:
-                    check_here(spec.settings.hardware, spec.settings.workload.gpus, spec.settings.memory_budget_bytes)
+                    require_here(spec.settings.hardware, spec.settings.workload.gpus, spec.settings.memory_budget_bytes)
                 except ConfigError as err:
                     raise ConfigError(f"{sweep_file.path}: workload {spec.name!r}: {err}") from None
     out.mkdir(parents=True, exist_ok=True)

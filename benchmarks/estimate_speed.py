@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from autotune.commands.estimate import rank
+from autotune.ranking import rank_configs as rank
 from autotune.hardware import PROFILES
 from autotune.search_spaces import load_choices
 from autotune.space import Space

@@ -12,7 +12,9 @@ from typing import Any
 import yaml
 
 from autotune.config import KNOBS, OFFLOADS, PRECISIONS, ZERO_STAGES, ConfigError
-from autotune.space import Choices
+from autotune.hardware import Hardware
+from autotune.space import Choices, Space
+from autotune.workload import Workload
 
 PRESET_DIR = Path(__file__).parent
 PRESETS = ("default", "cpu")
@@ -43,6 +45,12 @@ def load_choices(name_or_path: str | Path) -> Choices:
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {str(err).splitlines()[0]}") from None
     return parse_choices(data, str(path))
+
+
+def space_for(name_or_path: str | Path | None, workload: Workload, hardware: Hardware) -> Space:
+    """The space of a preset or YAML file for this workload and hardware (default: `cpu` on CPU hardware,
+    else `default`)."""
+    return Space(load_choices(name_or_path or ("cpu" if hardware.is_cpu else "default")), workload, hardware)
 
 
 def parse_choices(data: Any, source: str = "<space>") -> Choices:

@@ -108,7 +108,7 @@ class CrashingFirst:
 
 
 def test_crashed_trials_are_run_again_and_every_attempt_kept(space_file, tmp_path):
-    from autotune.commands.surface import record as record_space
+    from autotune.recording import record_surface as record_space
     from autotune.hardware import PROFILES
     from autotune.search_spaces import load_choices
     from autotune.space import Space

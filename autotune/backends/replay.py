@@ -16,13 +16,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from autotune.config import KNOBS, OFFLOADS, PRECISIONS, Config, ConfigError
 from autotune.hardware import Hardware, load_hardware
 from autotune.results import TrialResult, read_results
 from autotune.space import Choices, Space
-from autotune.workload import Workload
+from autotune.workload import Workload, make_workload
+
+if TYPE_CHECKING:
+    from autotune.rundir import RunSettings
 
 
 @dataclass(frozen=True)
@@ -118,3 +121,37 @@ def surface_space(surface: Surface, hardware: Hardware | None = None, workload: 
             raise ConfigError(f"surface {surface.path} does not record its hardware: pass one")
         hardware = load_hardware(surface.hardware)
     return Space(choices or surface_choices(surface), workload, hardware).restrict(surface.results)
+
+
+def replay_settings(surface_path: str | Path, *, model: str | None = None, global_batch: int | None = None,
+                    gpus: int | None = None, hardware: Hardware | str | None = None, space: str | None = None,
+                    memory_budget: int | None = None, strategy: str, seed: int = 0) -> tuple["RunSettings", Space]:
+    """A replay sweep's settings and space: the surface's workload (a given model, batch or GPU count must
+    agree with it), its hardware unless one is given, and its measured knob values, narrowed by `space`."""
+    from autotune.devices import resolve_hardware
+    from autotune.rundir import RunSettings
+    from autotune.search_spaces import load_choices
+
+    surface = load_surface(surface_path)
+    recorded = surface.workload
+    if recorded is None:
+        workload = make_workload(model or "tiny", global_batch, gpus or 1)
+    else:
+        workload = recorded
+        for flag, given, value in (("--model", model, recorded.model.name),
+                                   ("--global-batch", global_batch, recorded.global_batch),
+                                   ("--gpus", gpus, recorded.gpus)):
+            if given is not None and given != value:
+                raise ConfigError(f"{flag} {given}: the surface {surface_path} was recorded with {value}")
+    if hardware is None:
+        hardware = load_hardware(surface.hardware or "cpu")
+    elif not isinstance(hardware, Hardware):
+        hardware, _ = resolve_hardware(hardware, real=False)
+    choices = surface_choices(surface)
+    if space is not None:
+        narrowed = load_choices(space)
+        choices = Choices(**{k: tuple(v for v in choices.knob_values(k) if v in narrowed.knob_values(k))
+                             for k in KNOBS}, nvme_path=narrowed.nvme_path)
+    settings = RunSettings(workload, hardware, memory_budget or hardware.memory_bytes, strategy, "replay", seed,
+                           choices, surface=str(Path(surface_path).resolve()))
+    return settings, surface_space(surface, hardware, workload, choices)

@@ -7,34 +7,22 @@ import sys
 from dataclasses import dataclass
 
 from autotune.config import ConfigError
-from autotune.devices import AUTO, LocalMachine, auto_hardware, check_machine, probe
+from autotune.devices import AUTO, LocalMachine, gpus_found, require_here, resolve_hardware
 from autotune.hardware import PROFILES, Hardware, load_hardware
+from autotune.models import load_model
 from autotune.space import Space
-from autotune.units import parse_size
+from autotune.argtypes import positive_int, size  # noqa: F401  (the commands' flags use them)
 from autotune.workload import PRESETS, Workload, make_workload
-from autotune.search_spaces import load_choices
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive integer")
-    return value
-
-
-def size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
+from autotune.search_spaces import space_for
 
 
 def model_name(text: str) -> str:
-    if text not in PRESETS:
-        raise argparse.ArgumentTypeError(f"unknown model {text!r}: allowed {', '.join(PRESETS)}")
+    """--model: a preset, a Hugging Face config.json or model directory, a cached Hub id or a YAML/JSON shape
+    file (autotune.models), checked here; the text itself is kept (make_workload reads it again)."""
+    try:
+        load_model(text)
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
     return text
 
 
@@ -48,8 +36,8 @@ def hardware_name(text: str) -> Hardware | str:
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser, *, default_model: str | None = "tiny") -> None:
-    parser.add_argument("--model", type=model_name, default=default_model,
-                        help=f"built-in model preset: {', '.join(PRESETS)} (default: %(default)s)")
+    parser.add_argument("--model", type=model_name, default=default_model, help=MODEL_HELP)
+    parser.add_argument("--seq-len", type=positive_int, default=None, help=SEQ_LEN_HELP)
     parser.add_argument("--gpus", type=positive_int, default=None,
                         help="data-parallel devices (default: the GPUs found with --hardware auto, else 1)")
     parser.add_argument("--global-batch", type=positive_int, default=None,
@@ -59,6 +47,11 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, default_model: st
                         help="search-space YAML, or a preset name: default, cpu (default: cpu on CPU hardware)")
 
 
+MODEL_HELP = (f"a built-in preset ({', '.join(PRESETS)}), a Hugging Face config.json or model directory (read "
+              "offline), a Hub id found in the local Hugging Face cache, or a YAML/JSON file of shape keys "
+              "(default: %(default)s)")
+SEQ_LEN_HELP = ("tokens per sample (default: the preset's or shape file's; for a Hugging Face config its "
+                "max_position_embeddings, at most 4096)")
 HARDWARE_HELP = (f"auto (this machine's devices), a profile ({', '.join(PROFILES)}) or a YAML file (default: auto "
                  "for real trials, else cpu for tiny and a100-80gb for the other models)")
 
@@ -84,35 +77,19 @@ def target_from(args: argparse.Namespace, *, real: bool, check: bool = True) -> 
     here, before any trial: ConfigError naming the profile and what the machine has."""
     hardware, machine = hardware_of(args, real=real)
     gpus = args.gpus or gpus_found(machine)
-    workload = make_workload(args.model, args.global_batch, gpus)
+    workload = make_workload(args.model, args.global_batch, gpus, getattr(args, "seq_len", None))
     if real and check:
-        check_here(hardware, gpus, getattr(args, "memory_budget", None), machine)
+        require_here(hardware, gpus, getattr(args, "memory_budget", None), machine)
     return Target(workload, hardware, machine)
 
 
 def hardware_of(args: argparse.Namespace, *, real: bool) -> tuple[Hardware, LocalMachine | None]:
     """--hardware as a profile, and the machine if it was probed for `auto` (the default for real trials)."""
-    if args.hardware == AUTO or (args.hardware is None and real):
-        machine = probe()
-        return auto_hardware(machine), machine
-    return args.hardware or PROFILES["cpu" if getattr(args, "model", None) == "tiny" else "a100-80gb"], None
-
-
-def gpus_found(machine: LocalMachine | None) -> int:
-    """--gpus's default: every GPU that --hardware auto found, else one rank."""
-    return len(machine.gpus) if machine is not None and machine.gpus else 1
-
-
-def check_here(hardware: Hardware, ranks: int, memory_budget_bytes: int | None,
-               machine: LocalMachine | None = None) -> None:
-    """Refuse a profile whose real trials cannot run on this machine (autotune.devices.check_machine)."""
-    if not hardware.is_cpu:  # the CPU accelerator runs anywhere: no need to probe
-        check_machine(hardware, ranks, machine or probe(), memory_budget_bytes or hardware.memory_bytes)
+    return resolve_hardware(args.hardware, real=real, model=getattr(args, "model", None))
 
 
 def space_from(args: argparse.Namespace, workload: Workload, hardware: Hardware) -> Space:
-    name = args.space or ("cpu" if hardware.is_cpu else "default")
-    return Space(load_choices(name), workload, hardware)
+    return space_for(args.space, workload, hardware)
 
 
 def fail(prog: str, message: str) -> int:

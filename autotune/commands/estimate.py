@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass
 
 from rich.console import Console
 from rich.table import Table
 
 from autotune.commands.common import add_workload_arguments, size, space_from, target_from
-from autotune.estimate import MEMORY_TERMS, Estimate, estimate
+from autotune.estimate import MEMORY_TERMS
 from autotune.hardware import Hardware
-from autotune.space import Space
+from autotune.ranking import Ranking, rank_configs
 from autotune.units import format_size
 
 
@@ -26,33 +25,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the result as JSON instead of tables")
 
 
-@dataclass(frozen=True)
-class Ranking:
-    space: Space
-    budget_bytes: int
-    fits: tuple[Estimate, ...]  # fastest first
-    too_big: tuple[Estimate, ...]  # smallest peak first
-
-    def groups(self) -> list[tuple[str, list[Estimate]]]:
-        """Non-fitting configs by the term that dominates their peak, biggest group first."""
-        by_term: dict[str, list[Estimate]] = {}
-        for est in self.too_big:
-            by_term.setdefault(est.memory.dominant, []).append(est)
-        return sorted(by_term.items(), key=lambda item: -len(item[1]))
-
-
-def rank(space: Space, budget_bytes: int) -> Ranking:
-    estimates = [estimate(config, space.workload, space.hardware) for config in space]
-    fits = sorted((e for e in estimates if e.fits(budget_bytes)), key=lambda e: -e.throughput_samples_per_s)
-    too_big = sorted((e for e in estimates if not e.fits(budget_bytes)), key=lambda e: e.peak_bytes)
-    return Ranking(space, budget_bytes, tuple(fits), tuple(too_big))
-
-
 def run(args: argparse.Namespace) -> int:
     target = target_from(args, real=False)
     workload, hardware = target.workload, target.hardware
     budget = args.gpu_memory or hardware.memory_bytes
-    ranking = rank(space_from(args, workload, hardware), budget)
+    ranking = rank_configs(space_from(args, workload, hardware), budget)
     if args.json:
         out = as_json(ranking, hardware, args.top)
         if target.machine is not None:

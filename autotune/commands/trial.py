@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -14,13 +15,17 @@ from rich.table import Table
 
 from autotune.backends.deepspeed import DeepSpeedBackend
 from autotune.calibrate import calibrator, load_calibration, quality, save_calibration
-from autotune.commands.common import hardware_name, model_name, positive_int, size, target_from
+from autotune.backends.script import ScriptBackend
+from autotune.commands.common import (MODEL_HELP, SEQ_LEN_HELP, hardware_name, model_name, positive_int, size,
+                                      target_from)
+from autotune.commands.script import script_target
 from autotune.config import OFFLOADS, PRECISIONS, ZERO_STAGES, Config, ConfigError
 from autotune.dsconfig import DsOptions
-from autotune.estimate import MEMORY_TERMS, Calibration, Estimate
+from autotune.estimate import MEMORY_TERMS, Calibration, Estimate, estimate
 from autotune.hardware import PROFILES, Hardware
 from autotune.results import TrialResult, append_result, read_results
-from autotune.script.cli import add_arguments as script_arguments
+from autotune.script.cli import add_arguments as script_arguments, script_from
+from autotune.script.session import learned_workload
 from autotune.space import invalid_reason
 from autotune.units import format_size
 from autotune.worker.measure import MeasureSettings
@@ -38,7 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     knobs.add_argument("--offload-param", choices=OFFLOADS, default="none")
     knobs.add_argument("--nvme-path", default=None, help="directory for NVMe offload")
     work = parser.add_argument_group("the workload and machine")
-    work.add_argument("--model", type=model_name, default="tiny", help="built-in model preset (default: tiny)")
+    work.add_argument("--model", type=model_name, default="tiny", help=MODEL_HELP)
+    work.add_argument("--seq-len", type=positive_int, default=None, help=SEQ_LEN_HELP)
     work.add_argument("--gpus", type=positive_int, default=None,
                       help="data-parallel ranks on this machine (default: the GPUs found with --hardware auto, else 1)")
     work.add_argument("--global-batch", type=positive_int, default=None,
@@ -75,16 +81,15 @@ def measure_settings(args: argparse.Namespace) -> MeasureSettings:
 
 def run(args: argparse.Namespace) -> int:
     if args.script:  # the user's own script instead of the built-in model (autotune.script.session)
-        from autotune.script.session import run_trial
-
-        return run_trial(args)
+        return run_script_trial(args)
     target = target_from(args, real=True)
     workload, hardware = target.workload, target.hardware
     config = Config(args.zero_stage, args.micro_batch, args.ckpt_interval, args.precision,
                     args.offload_optimizer, args.offload_param)
     check_config(config, workload, hardware, args.nvme_path)
     measure = measure_settings(args)
-    run_dir = Path(args.run_dir or f"runs/trials/{args.model}-b{workload.global_batch}-g{workload.gpus}")
+    name = workload.model.name.replace("/", "--")  # a preset's name, or a file's model's (a Hub id: owner--name)
+    run_dir = Path(args.run_dir or f"runs/trials/{name}-b{workload.global_batch}-g{workload.gpus}")
     calibration = load_calibration(run_dir, workload, hardware) or Calibration()
     backend = DeepSpeedBackend(workload, args.memory_budget, hardware, DsOptions(nvme_path=args.nvme_path),
                                run_dir / "logs", args.timeout, measure, calibration=calibration)
@@ -174,3 +179,41 @@ def show(result: TrialResult, prediction: Estimate | None, calibration: Calibrat
     if prediction is None:
         console.print(f"no prediction: the {hardware.name} profile has no {result.config.precision} figures")
     console.print(f"recorded in {run_dir / 'trials.jsonl'}; logs in {extra.get('log_dir')}")
+
+
+def run_script_trial(args: argparse.Namespace) -> int:
+    """`autotune trial --script`: one trial of the script with one config, next to the estimator's
+    prediction for the model the script showed."""
+    script = script_from(args)
+    workload, hardware = script_target(args)
+    config = Config(args.zero_stage, args.micro_batch, args.ckpt_interval, args.precision,
+                    args.offload_optimizer, args.offload_param)
+    if workload.grad_accumulation(config.micro_batch) is None:
+        raise ConfigError(f"{config.label()}: global batch {workload.global_batch} is not a multiple of micro_batch "
+                          f"{config.micro_batch} x {workload.gpus} rank(s)")
+    check_config(config, replace(workload, model=replace(workload.model, layers=10**6)), hardware, args.nvme_path)
+    measure = measure_settings(args)
+    run_dir = Path(args.run_dir or f"runs/trials/script-{Path(script.path).stem}-b{workload.global_batch}-g{workload.gpus}")
+    backend = ScriptBackend(script, workload, args.memory_budget, hardware, DsOptions(nvme_path=args.nvme_path),
+                            run_dir / "logs", args.timeout, measure, shape_known=False)
+    result = backend.run(config) if args.json else _run_with_progress(backend, config)
+    model = result.extra.get("script_model")
+    prediction = None
+    if model:
+        workload = learned_workload(model, workload, script)
+        if hardware.supports(config.precision):
+            prediction = estimate(config, workload, hardware)
+            result = replace(result, extra={**result.extra, "predicted_peak_bytes": prediction.peak_bytes})
+    append_result(run_dir / "trials.jsonl", result)
+    if args.json:
+        print(json.dumps({"result": result.to_dict(), "prediction": prediction.to_dict() if prediction else None,
+                          "model": model, "run_dir": str(run_dir)}, indent=2))
+    else:
+        show(result, prediction, calibrator(workload, hardware)([]), workload, hardware, run_dir)
+        if model:
+            print(f"model seen at deepspeed.initialize: {model.get('class')}, {model['params']:,} parameters, "
+                  f"{model.get('layers', '?')} layers, hidden {model.get('hidden', '?')}, "
+                  f"checkpointing switch: {model.get('checkpoint_switch') or 'none'}")
+        if result.extra.get("script_verdict"):
+            print(f"the script cannot be tuned as it is ({result.extra['script_verdict']})")
+    return 0 if result.ok else 1

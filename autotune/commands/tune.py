@@ -5,55 +5,29 @@ report into the run directory."""
 from __future__ import annotations
 
 import argparse
-import re
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autotune.api import DEFAULT_STRATEGY, run_sweep
+from autotune.argtypes import duration, seed
+from autotune.backends.replay import replay_settings
 from autotune.backends.factory import SLEEP_ENV, backend_names  # noqa: F401  (SLEEP_ENV: tests set it)
+from autotune.commands import script as script_command
 from autotune.commands.common import add_workload_arguments, positive_int, size, space_from, target_from
-from autotune.config import KNOBS, ConfigError
+from autotune.config import ConfigError
 from autotune.interrupts import sigterm_as_interrupt
 from autotune.drivers.progress import ConsoleProgress
 from autotune.drivers.stop import StopReason
 from autotune.drivers.sweep import Budget
 from autotune.rundir import RunDir, RunSettings
 from autotune.script.cli import add_arguments as script_arguments
-from autotune.search_spaces import load_choices
-from autotune.space import Choices, Space
+from autotune.space import Space
 from autotune.strategies import STRATEGIES
 from autotune.units import format_size
-from autotune.workload import make_workload
 
 if TYPE_CHECKING:
     from autotune.drivers.ray import RayOptions
-
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd]?)")
-_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def duration(text: str) -> float:
-    """Seconds from '8h', '90m', '1h30m', '45s' or a plain number of seconds."""
-    compact = text.strip().lower().replace(" ", "")
-    parts = _DURATION.findall(compact)
-    if not compact or "".join(n + u for n, u in parts) != compact:
-        raise argparse.ArgumentTypeError(f"duration {text!r} is not understood: use e.g. 8h, 90m, 1h30m, 45s")
-    seconds = sum(float(n) * _SECONDS[u] for n, u in parts)
-    if seconds <= 0:
-        raise argparse.ArgumentTypeError(f"duration {text!r} must be positive")
-    return seconds
-
-
-def seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a non-negative integer")
-    return value
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_workload_arguments(parser, default_model=None)
@@ -159,7 +133,7 @@ def resolve(args: argparse.Namespace) -> tuple[RunSettings, Space]:
     if args.backend == "replay":
         return _resolve_replay(args)
     if args.script:
-        return script_mode().resolve(args)
+        return script_command.resolve(args)
     if args.surface is not None:
         raise ConfigError(f"--surface {args.surface} is only for --backend replay (got --backend {args.backend})")
     args.model = args.model or "tiny"
@@ -174,35 +148,11 @@ def resolve(args: argparse.Namespace) -> tuple[RunSettings, Space]:
 
 
 def _resolve_replay(args: argparse.Namespace) -> tuple[RunSettings, Space]:
-    from autotune.backends.replay import load_surface, surface_choices, surface_space
-
     if args.surface is None:
         raise ConfigError("--backend replay needs --surface FILE (a JSONL of measured results)")
-    surface = load_surface(args.surface)
-    recorded = surface.workload
-    if recorded is None:
-        workload = make_workload(args.model or "tiny", args.global_batch, args.gpus or 1)
-    else:
-        workload = recorded
-        for flag, given, value in (("--model", args.model, recorded.model.name),
-                                   ("--global-batch", args.global_batch, recorded.global_batch),
-                                   ("--gpus", args.gpus, recorded.gpus)):
-            if given is not None and given != value:
-                raise ConfigError(f"{flag} {given}: the surface {args.surface} was recorded with {value}")
-    hardware = args.hardware
-    if hardware is None:
-        from autotune.hardware import load_hardware
-        hardware = load_hardware(surface.hardware or "cpu")
-    choices = surface_choices(surface)
-    if args.space is not None:
-        narrowed = load_choices(args.space)
-        choices = Choices(**{k: tuple(v for v in choices.knob_values(k) if v in narrowed.knob_values(k))
-                             for k in KNOBS}, nvme_path=narrowed.nvme_path)
-    space = surface_space(surface, hardware, workload, choices)
-    budget = args.memory_budget or hardware.memory_bytes
-    settings = RunSettings(workload, hardware, budget, args.strategy, "replay", args.seed, choices,
-                           surface=str(Path(args.surface).resolve()))
-    return settings, space
+    return replay_settings(args.surface, model=args.model, global_batch=args.global_batch, gpus=args.gpus,
+                           hardware=args.hardware, space=args.space, memory_budget=args.memory_budget,
+                           strategy=args.strategy, seed=args.seed)
 
 
 def script_mode():

@@ -14,7 +14,6 @@ Hugging Face Trainer.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shlex
 from dataclasses import replace
@@ -22,11 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from autotune.backends.script import SCRIPT_FILE, Script, ScriptBackend, read_script_info, user_config
-from autotune.script.cli import script_from
 from autotune.config import Config, ConfigError
 from autotune.dsconfig import DsOptions, ds_config, validate
 from autotune.estimate import estimate
-from autotune.hardware import Hardware
 from autotune.results import TrialResult
 from autotune.rundir import RunDir, RunSettings
 from autotune.script import merge
@@ -38,38 +35,10 @@ from autotune.workload import PRESETS, Workload
 DEFAULT_GLOBAL_BATCH = 16
 
 
-def script_target(args: argparse.Namespace) -> tuple[Workload, Hardware]:
-    """The placeholder workload and the hardware (--hardware, default auto: this machine's devices), refused
-    before any trial if this machine cannot run it: a script's trials always run here."""
-    from autotune.commands.common import check_here, gpus_found, hardware_of
-
-    hardware, machine = hardware_of(args, real=True)
-    workload = placeholder(args.global_batch, args.gpus or gpus_found(machine))
-    check_here(hardware, workload.gpus, args.memory_budget, machine)
-    return workload, hardware
-
-
 def placeholder(global_batch: int | None, gpus: int) -> Workload:
     """The workload before the script has shown its model: only the batch arithmetic is real."""
     shape = replace(PRESETS["tiny"], name="unknown")
     return Workload(shape, global_batch or DEFAULT_GLOBAL_BATCH, gpus)
-
-
-def resolve(args: argparse.Namespace) -> tuple[RunSettings, Space]:
-    """`autotune tune --script`: the sweep's settings before the script has shown its model."""
-    from autotune.commands.common import space_from
-
-    if args.model is not None:
-        raise ConfigError(f"--model {args.model} with --script {args.script}: choose one (the script brings its model)")
-    if args.backend != "deepspeed":
-        raise ConfigError(f"--backend {args.backend} with --script: a script's trials are real runs (--backend deepspeed)")
-    if getattr(args, "ray_address", None):
-        raise ConfigError("--ray-address with --script: script mode runs its trials on this machine only (not yet on Ray)")
-    script_from(args)  # the script exists and its arguments parse
-    workload, hardware = script_target(args)
-    space = space_from(args, workload, hardware)
-    budget = args.memory_budget or hardware.memory_bytes
-    return RunSettings(workload, hardware, budget, args.strategy, "script", args.seed, space.choices), space
 
 
 def stopped(run_dir: RunDir, settings: RunSettings, fatal: str) -> int:
@@ -210,45 +179,3 @@ def finish(run_dir: RunDir, settings: RunSettings, best: TrialResult | None) -> 
 
 def _has_auto(ds: dict[str, Any]) -> bool:
     return "auto" in json.dumps(ds)
-
-
-def run_trial(args: argparse.Namespace) -> int:
-    """`autotune trial --script`: one trial of the script with one config, next to the estimator's
-    prediction for the model the script showed."""
-    from autotune.calibrate import calibrator
-    from autotune.commands.trial import _run_with_progress, check_config, measure_settings, show
-    from autotune.results import append_result
-
-    script = script_from(args)
-    workload, hardware = script_target(args)
-    config = Config(args.zero_stage, args.micro_batch, args.ckpt_interval, args.precision,
-                    args.offload_optimizer, args.offload_param)
-    if workload.grad_accumulation(config.micro_batch) is None:
-        raise ConfigError(f"{config.label()}: global batch {workload.global_batch} is not a multiple of micro_batch "
-                          f"{config.micro_batch} x {workload.gpus} rank(s)")
-    check_config(config, replace(workload, model=replace(workload.model, layers=10**6)), hardware, args.nvme_path)
-    measure = measure_settings(args)
-    run_dir = Path(args.run_dir or f"runs/trials/script-{Path(script.path).stem}-b{workload.global_batch}-g{workload.gpus}")
-    backend = ScriptBackend(script, workload, args.memory_budget, hardware, DsOptions(nvme_path=args.nvme_path),
-                            run_dir / "logs", args.timeout, measure, shape_known=False)
-    result = backend.run(config) if args.json else _run_with_progress(backend, config)
-    model = result.extra.get("script_model")
-    prediction = None
-    if model:
-        workload = learned_workload(model, workload, script)
-        if hardware.supports(config.precision):
-            prediction = estimate(config, workload, hardware)
-            result = replace(result, extra={**result.extra, "predicted_peak_bytes": prediction.peak_bytes})
-    append_result(run_dir / "trials.jsonl", result)
-    if args.json:
-        print(json.dumps({"result": result.to_dict(), "prediction": prediction.to_dict() if prediction else None,
-                          "model": model, "run_dir": str(run_dir)}, indent=2))
-    else:
-        show(result, prediction, calibrator(workload, hardware)([]), workload, hardware, run_dir)
-        if model:
-            print(f"model seen at deepspeed.initialize: {model.get('class')}, {model['params']:,} parameters, "
-                  f"{model.get('layers', '?')} layers, hidden {model.get('hidden', '?')}, "
-                  f"checkpointing switch: {model.get('checkpoint_switch') or 'none'}")
-        if result.extra.get("script_verdict"):
-            print(f"the script cannot be tuned as it is ({result.extra['script_verdict']})")
-    return 0 if result.ok else 1

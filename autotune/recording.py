@@ -1,0 +1,94 @@
+"""Recording a replay surface: every config of a space run through a backend, each result appended (fsync'd)
+to a JSONL file as soon as it is known, resumable (configs already in the file are skipped), in a shuffled
+order fixed by a seed so that a partial surface covers the space evenly. `autotune surface record` and the
+GPU validation kit call it; the replay backend (autotune.backends.replay) reads what it writes.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+from autotune.backends import Backend
+from autotune.config import Config, ConfigError
+from autotune.results import TrialResult, append_result, read_results
+from autotune.space import Space
+from autotune.units import format_size
+
+
+@dataclass(frozen=True)
+class Recorded:
+    recorded: int  # configs run by this call
+    total_measured: int  # configs of the space now in the file
+
+
+def record_surface(space: Space, backend: Backend, out: Path, *, order_seed: int = 0, limit: int | None = None,
+           retries: int = 1, progress: Callable[[str], None] = print) -> Recorded:
+    """Run every config of `space` not yet in `out` through `backend`, appending each result.
+
+    A `crash` is re-run up to `retries` times (now, or on a later resume): on a shared machine a trial
+    can fail for reasons that are not its config's (e.g. a port taken between choosing and binding it).
+    Every attempt stays in the file; the replay backend uses a config's last line.
+    """
+    workload, hardware = space.workload, space.hardware
+    existing = read_results(out) if out.exists() else []
+    for result in existing:
+        recorded_for = result.extra.get("workload")
+        if recorded_for is not None and recorded_for != workload.to_dict():
+            raise ConfigError(f"{out} was recorded for another workload ({describe_workload(recorded_for)}): "
+                              f"choose another --out or the same --model/--gpus/--global-batch")
+    last = {r.config: r for r in existing}
+    crashes = Counter(r.config for r in existing if r.status == "crash")
+
+    def wanted(config: Config) -> bool:
+        return config not in last or (last[config].status == "crash" and crashes[config] <= retries)
+
+    todo = [c for c in space if wanted(c)]
+    random.Random(order_seed).shuffle(todo)
+    if limit is not None:
+        todo = todo[:limit]
+    total = sum(1 for c in space if c in last and not wanted(c))
+    progress(f"{out}: {len(space)} configs in the space, {total} already measured, {len(todo)} to run "
+             f"on the {backend.name} backend")
+    extra = {"workload": workload.to_dict(), "hardware": hardware.name}
+    started = time.monotonic()
+    for n, config in enumerate(todo, 1):
+        while True:
+            result = backend.run(config)
+            result = replace(result, extra={**result.extra, **extra})
+            append_result(out, result)
+            elapsed = time.monotonic() - started
+            eta = elapsed / n * (len(todo) - n)
+            progress(f"[{n}/{len(todo)}] {config.label():<28} {_outcome(result)}  "
+                     f"{result.wall_time_s:5.1f}s  elapsed {_clock(elapsed)}  left ~{_clock(eta)}")
+            crashes[config] += result.status == "crash"
+            if result.status != "crash" or crashes[config] > retries:
+                break
+            progress(f"[{n}/{len(todo)}] {config.label():<28} crashed: running it again "
+                     f"(attempt {crashes[config] + 1} of {retries + 1})")
+        total += 1
+    return Recorded(len(todo), total)
+
+
+def _outcome(result: TrialResult) -> str:
+    if result.ok:
+        return (f"ok     {result.throughput_samples_per_s:8.3g} samples/s  peak "
+                f"{format_size(result.peak_memory_bytes):>9}")
+    reason = (result.error or "").splitlines()[0][:80] if result.error else ""
+    return f"{result.status:<6} {reason}"
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
+def describe_workload(workload: dict) -> str:
+    model = workload.get("model", {})
+    name = model.get("name", model) if isinstance(model, dict) else model
+    return f"{name}, global batch {workload.get('global_batch')}, {workload.get('gpus')} GPU(s)"

@@ -1,0 +1,104 @@
+"""The package's shape: no import cycle (function-level imports included, where cycles hide), and no module
+of the library imports the CLI (`autotune.commands`, `autotune.cli`)."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = {"autotune": ROOT / "autotune", "autotune.envs": ROOT / "envs", "autotune.search_spaces": ROOT / "search_spaces"}
+CLI = ("autotune.commands", "autotune.cli")
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package, folder in PACKAGES.items():
+        for path in folder.rglob("*.py"):
+            if "__pycache__" in path.parts:
+                continue
+            parts = path.relative_to(folder).with_suffix("").parts
+            name = ".".join((package, *parts))
+            found[name.removesuffix(".__init__")] = path
+    return found
+
+
+def imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """Every autotune module `name` imports, at any depth of its code (a package import counts as its
+    __init__); `if TYPE_CHECKING:` blocks are left out: they never run."""
+    tree = ast.parse(path.read_text())
+    skipped = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(n) for n in ast.walk(node))
+    out = set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            targets = [f"{base}.{a.name}" for a in node.names] + [base]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                out.add(target)
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    found = modules()
+    known = set(found)
+    return {name: imports(name, path, known) for name, path in found.items()}
+
+
+def cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(edges):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def without_parents(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    """A module importing its own package's __init__ is how Python imports a submodule, not a cycle."""
+    return {n: {t for t in targets if not n.startswith(t + ".")} for n, targets in edges.items()}
+
+
+def test_the_package_has_no_import_cycle():
+    found = cycle(without_parents(graph()))
+    assert found is None, " -> ".join(found)
+
+
+def test_no_library_module_imports_the_cli():
+    offenders = {name: sorted(t for t in targets if t.startswith(CLI))
+                 for name, targets in graph().items() if not name.startswith(CLI)}
+    assert {n: t for n, t in offenders.items() if t} == {}
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert cycle({"a": {"b"}, "b": set()}) is None
