@@ -1,12 +1,16 @@
 """`autotune/DeepSpeedMemory-v0`: tune one workload's DeepSpeed memory config under a memory budget,
 one trial per step.
 
-Episode. `reset` picks a task (a fixed workload, one drawn by the workload sampler, or a replay
-surface) and a start config (not yet measured). Each `step` applies an action (envs/actions.py): an
-edit of the current config, or a `jump` to the best unmeasured config of the predictions corrected by
-the episode's trials (envs/residuals.py), followed by one trial of the new config through the backend;
-`run` (a trial of the current config); or `stop`. The episode terminates on `stop` and is truncated after
-`horizon` steps.
+Configuration: an `EnvConfig` (envs/config.py, which lists the keys) or an `env_config` dict of the same
+keys, as RLlib and `gymnasium.make("autotune/DeepSpeedMemory-v0", env_config={...})` pass it.
+
+Episode. `reset` asks the environment's episode source (envs/episodes.py; by default the tasks the
+config describes: a fixed workload, one drawn by the workload sampler, or a replay surface) for a task
+and a start config (not yet measured). Each `step` applies an action (envs/actions.py): an edit of the
+current config, or a `jump` to the best unmeasured config of the predictions corrected by the episode's
+trials (envs/residuals.py), followed by one trial of the new config through the backend; `run` (a trial
+of the current config); or `stop`. The episode terminates on `stop` and is truncated after `horizon`
+steps.
 
 Observation: `{"observations": float32 vector (envs/observation.py FEATURES), "action_mask": float32
 0/1 per action}` (the layout of RLlib's action-masking examples). The mask forbids edits that lead to
@@ -16,114 +20,49 @@ configs invalid for the task (Space.invalid_reason) or, on replay, not measured 
 Reward: envs/reward.py. `info`: `result` (the TrialResult as a dict, None when nothing ran), `config`
 (current), `best` (the episode's best feasible config, throughput, peak and step, or None), `trials`,
 `action`, `invalid_action`, `task`, `reference_throughput` (the reward's normaliser) and
-`optimum_throughput` (the task's true best where known: simulated without noise, replay; else None).
-
-env_config keys (all optional):
-    backend         "simulated" (default) | "replay" | "deepspeed", or an object with `name` and
-                    `run(config) -> TrialResult` (then workload, hardware and budget are required)
-    workload        preset name, Workload, or {"model": preset | shape dict, "global_batch": n, "gpus": n};
-                    without it the simulated backend draws tasks from the sampler
-    sampler         WorkloadSampler or a dict of its settings (default: split "train", pool of 256 tasks)
-    hardware        profile name, YAML path or Hardware (default: the surface's, cpu for tiny, else a100-80gb)
-    memory_budget   bytes or a size like "2GiB", or a list of them drawn per episode (default: device memory)
-    space           search-space preset, YAML path or Choices (default: cpu on CPU hardware, else default;
-                    on replay, the surface's measured values)
-    surface         replay: a surface path, or a list of them drawn per episode
-    horizon         steps per episode (default 16)
-    start           "random" (default) | "default" (the space's default config) | "estimator" (best
-                    predicted to fit, else the smallest predicted peak)
-    noise           simulated: step-time noise sigma (default 0)
-    calibration     Calibration or dict of its fields, for the simulated backend and the predictions
-    reward          dict of envs/reward.py Reward fields
-    mask_revisits   also mask edits to configs measured earlier in the episode (default False)
-    flat_info       info as numbers and strings with the same keys at every step (the TrialResult and the
-                    configs as JSON strings, NaN where unknown), as gymnasium's vector environments and
-                    RLlib need (they merge infos key by key); default False
-    reference_throughput  object/deepspeed backends: the reward's normaliser instead of the estimator's best
-    backend_options deepspeed: keyword arguments of DeepSpeedBackend
-    cache_size      landscapes kept per environment (default 256)
-    seed            seed of the first reset when reset() is given none
+`optimum_throughput` (the task's true best where known: simulated without noise, replay; else None);
+with `flat_info`, numbers and strings with the same keys at every step (`_flat_info`). A source may
+rewrite the info (the training simulator's flat info judges the best config by its hidden truth).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, fields
-from typing import Any, Callable, Mapping
+from dataclasses import fields
+from typing import Any, Mapping
 
 import gymnasium as gym
 import numpy as np
 
-from autotune.backends import Backend
-from autotune.backends.factory import as_backend
-from autotune.backends.replay import ReplayBackend, Surface, load_surface, surface_choices, surface_space
-from autotune.backends.simulated import SimulatedBackend
 from autotune.config import KNOBS, Config, ConfigError
-from autotune.estimate import Calibration, Estimate, estimate
-from autotune.hardware import Hardware, PROFILES, load_hardware
 from autotune.results import TrialResult
-from autotune.search_spaces import load_choices
-from autotune.space import Choices, Space
-from autotune.units import parse_size
-from autotune.workload import Workload, make_workload
 
 from autotune.envs import observation as obs
 from autotune.envs.actions import ACTIONS, FIRST_EDIT, JUMP, RUN, STOP
-from autotune.envs.landscape import Landscape, Layout, LruCache, build_landscape, build_layout, validity_key
+from autotune.envs.config import BACKENDS, CONFIG_KEYS, DEFAULT_SAMPLER, STARTS, EnvConfig
+from autotune.envs.episodes import Episode, EpisodeSource, TaskSource
 from autotune.envs.residuals import Residuals
-from autotune.envs.reward import Reward
-from autotune.envs.sampler import Task, WorkloadSampler
 
-BACKENDS = ("simulated", "replay", "deepspeed")
-STARTS = ("random", "default", "estimator")
-CONFIG_KEYS = ("backend", "workload", "sampler", "hardware", "memory_budget", "space", "surface", "horizon", "start",
-               "noise", "calibration", "reward", "mask_revisits", "flat_info", "reference_throughput", "backend_options",
-               "cache_size", "seed")
-DEFAULT_SAMPLER = {"split": "train", "pool_size": 256}
-
-
-@dataclass(frozen=True)
-class Episode:
-    """What one reset fixes: the task, how trials run, and the estimator's view of its space."""
-
-    task: Task
-    backend: Backend
-    landscape: Landscape
-    reference: float
-    optimum: float | None
-    predicted_best: float
-    static: np.ndarray  # per config: the observation's config, prediction and per-action blocks
-    task_features: np.ndarray
-    task_info: dict[str, Any]
+__all__ = ["BACKENDS", "CONFIG_KEYS", "DEFAULT_SAMPLER", "STARTS", "DeepSpeedMemoryEnv", "EnvConfig", "Episode",
+           "EpisodeSource"]
 
 
 class DeepSpeedMemoryEnv(gym.Env):
+    """`env_config`: an EnvConfig or a dict of its keys. `source`: where episodes come from (default: the
+    tasks `env_config` describes, envs/episodes.py TaskSource, built from the same config)."""
+
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
 
-    def __init__(self, env_config: Mapping[str, Any] | None = None, render_mode: str | None = None) -> None:
-        config = dict(env_config or {})
-        unknown = sorted(set(config) - set(CONFIG_KEYS))
-        if unknown:
-            raise ConfigError(f"unknown env_config key(s) {unknown}: allowed {list(CONFIG_KEYS)}")
+    def __init__(self, env_config: EnvConfig | Mapping[str, Any] | None = None, render_mode: str | None = None, *,
+                 source: EpisodeSource | None = None) -> None:
+        self.config = config = EnvConfig.of(env_config)
         if render_mode not in (None, *self.metadata["render_modes"]):
             raise ConfigError(f"render_mode={render_mode!r}: allowed {self.metadata['render_modes']}")
         self.render_mode = render_mode
-        self.horizon = _positive_int(config.get("horizon", 16), "horizon")
-        self.start = config.get("start", "random")
-        if self.start not in STARTS:
-            raise ConfigError(f"start={self.start!r}: allowed {list(STARTS)}")
-        self.reward_spec = config["reward"] if isinstance(config.get("reward"), Reward) else \
-            Reward.from_dict(config.get("reward"))
-        self.mask_revisits = bool(config.get("mask_revisits", False))
-        self.flat_info = bool(config.get("flat_info", False))
-        self.calibration = _calibration(config.get("calibration"))
-        self._seed = config.get("seed")
-        cache_size = _positive_int(config.get("cache_size", 256), "cache_size")
-        self._landscapes: LruCache[Any] = LruCache(cache_size)  # per (workload, hardware, space)
-        self._episodes: LruCache[Episode] = LruCache(cache_size)  # per task: landscape, budget and backend
-        self._layouts: LruCache[Layout] = LruCache(cache_size)  # per validity_key
-        self._setup_tasks(config)
+        self.horizon = config.horizon
+        self.reward_spec = config.reward
+        self.source: EpisodeSource = source if source is not None else TaskSource(config)
 
         self.action_space = gym.spaces.Discrete(len(ACTIONS))
         self.observation_space = gym.spaces.Dict({
@@ -132,68 +71,15 @@ class DeepSpeedMemoryEnv(gym.Env):
         })
         self._episode: Episode | None = None
 
-    # -- configuration ------------------------------------------------------------------------------
-
-    def _setup_tasks(self, config: dict[str, Any]) -> None:
-        backend = config.get("backend", "simulated")
-        self._backend_object: Backend | None = None
-        if not isinstance(backend, str):
-            if not callable(getattr(backend, "run", None)):
-                raise ConfigError(f"backend {backend!r}: allowed {list(BACKENDS)} or an object with name and run()")
-            self._backend_object, backend = as_backend(backend), "object"
-        elif backend not in BACKENDS:
-            raise ConfigError(f"backend={backend!r}: allowed {list(BACKENDS)}")
-        self.backend_kind = backend
-        self._noise = config.get("noise", 0.0)
-        if not isinstance(self._noise, (int, float)) or not 0 <= self._noise < float("inf"):
-            raise ConfigError(f"noise={self._noise!r}: must be a number >= 0 (step-time noise sigma)")
-        if backend != "simulated" and self._noise:
-            raise ConfigError("noise applies to the simulated backend only")
-        self._backend_options = dict(config.get("backend_options") or {})
-        self._reference_override = config.get("reference_throughput")
-        if self._reference_override is not None and not (isinstance(self._reference_override, (int, float))
-                                                          and self._reference_override > 0):
-            raise ConfigError(f"reference_throughput={self._reference_override!r}: must be a positive number")
-        self._budgets = _budgets(config.get("memory_budget"))
-        self._surfaces: tuple[Surface, ...] = ()
-        self._sampler: WorkloadSampler | None = None
-        self._workload: Workload | None = None
-        space = config.get("space")
-        self._choices: Choices | None = space if isinstance(space, Choices) else \
-            (load_choices(space) if space is not None else None)
-        hardware = config.get("hardware")
-        self._hardware: Hardware | None = hardware if isinstance(hardware, Hardware) or hardware is None else \
-            load_hardware(str(hardware))
-
-        if backend == "replay":
-            paths = config.get("surface")
-            if not paths:
-                raise ConfigError("the replay backend needs env_config['surface']: a surface JSONL path (or a list)")
-            self._surfaces = tuple(load_surface(p) for p in ([paths] if isinstance(paths, str) else paths))
-            if "workload" in config:
-                self._workload = _workload(config["workload"])
-            return
-        if "workload" in config:
-            self._workload = _workload(config["workload"])
-        elif backend == "simulated":
-            sampler = config.get("sampler", DEFAULT_SAMPLER)
-            self._sampler = sampler if isinstance(sampler, WorkloadSampler) else _sampler(sampler)
-        else:
-            raise ConfigError(f"the {backend} backend needs env_config['workload']")
-        if self._sampler is not None and (self._budgets or self._hardware or self._choices):
-            raise ConfigError("memory_budget, hardware and space come from the sampler: set them in its settings")
-        if "sampler" in config and self._sampler is None:
-            raise ConfigError("sampler applies to the simulated backend without a fixed workload")
-
     # -- gymnasium API ------------------------------------------------------------------------------
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        if seed is None and self._episode is None and self._seed is not None:
-            seed = int(self._seed)
+        if seed is None and self._episode is None and self.config.seed is not None:
+            seed = int(self.config.seed)
         super().reset(seed=seed)
-        self._episode = self._new_episode()
-        land = self._episode.landscape
-        self._current = self._start_index(land)
+        self._episode = episode = self.source.episode(self.np_random)
+        land = episode.landscape
+        self._current = self.source.start(episode, self.np_random)
         self._measured = np.zeros(len(land), dtype=bool)
         self._steps = 0
         self._trials = 0
@@ -209,26 +95,29 @@ class DeepSpeedMemoryEnv(gym.Env):
     def step(self, action: Any):
         if self._episode is None:
             raise gym.error.ResetNeeded("call reset() before step()")
-        ep = self._episode
         action = int(action)
-        mask = self._mask_now
         self._steps += 1
-        terminated, result, invalid = False, None, False
-        if not 0 <= action < len(ACTIONS) or not mask[action]:
-            reward, invalid = -self.reward_spec.invalid_action_penalty, True
-        elif action == STOP:
-            reward = self.reward_spec.stop(self._best_throughput, ep.reference, self.horizon - self._steps + 1)
-            terminated = True
-        else:
-            if action == JUMP:
-                self._current = self._jump
-            elif action != RUN:
-                self._current = int(ep.landscape.moves[self._current, action])
+        invalid = not 0 <= action < len(ACTIONS) or not self._mask_now[action]
+        result = None
+        if not invalid and action != STOP:
+            self._current = self._target(action)
             result = self._trial(self._current)
-            reward = self.reward_spec.trial(result, ep.task.memory_budget_bytes, ep.reference, self._best_before)
+        reward = self._reward(action, invalid, result)
+        terminated = not invalid and action == STOP
         truncated = not terminated and self._steps >= self.horizon
         name = ACTIONS[action] if 0 <= action < len(ACTIONS) else str(action)
         return self._observation(), float(reward), terminated, truncated, self._info(result, name, invalid)
+
+    def _reward(self, action: int, invalid: bool, result: TrialResult | None) -> float:
+        """envs/reward.py: a penalty for a masked action, the stop's reward, or the trial's."""
+        ep, spec = self._episode, self.reward_spec
+        assert ep is not None
+        if invalid:
+            return -spec.invalid_action_penalty
+        if action == STOP:
+            return spec.stop(self._best_throughput, ep.reference, self.horizon - self._steps + 1)
+        assert result is not None
+        return spec.trial(result, ep.task.memory_budget_bytes, ep.reference, self._best_before)
 
     def render(self) -> str | None:
         if self.render_mode != "ansi" or self._episode is None:
@@ -240,6 +129,16 @@ class DeepSpeedMemoryEnv(gym.Env):
         return f"step {self._steps}/{self.horizon} {config.label()}: {status}; best {best}"
 
     # -- episode mechanics --------------------------------------------------------------------------
+
+    def _target(self, action: int) -> int:
+        """The config an allowed trial action (run, an edit, jump) leads to."""
+        ep = self._episode
+        assert ep is not None
+        if action == JUMP:
+            return self._jump
+        if action == RUN:
+            return self._current
+        return int(ep.landscape.moves[self._current, action])
 
     def _trial(self, index: int) -> TrialResult:
         ep = self._episode
@@ -259,11 +158,13 @@ class DeepSpeedMemoryEnv(gym.Env):
                           "peak_memory_bytes": result.peak_memory_bytes, "step": self._steps}
         return result
 
+    # -- observation --------------------------------------------------------------------------------
+
     def _mask(self) -> np.ndarray:
         ep = self._episode
         assert ep is not None
         mask = ep.landscape.edit_mask[self._current].copy()
-        if self.mask_revisits:
+        if self.config.mask_revisits:
             moves = ep.landscape.moves[self._current, FIRST_EDIT:]
             mask[FIRST_EDIT:] *= ~self._measured[moves]
         mask[RUN] = float(not self._measured[self._current])
@@ -319,19 +220,23 @@ class DeepSpeedMemoryEnv(gym.Env):
         if self._best_throughput > 0:
             vector[obs.EPISODE_AT + 6] = obs.ratio_feature(throughput, self._best_throughput)
 
+    # -- info -------------------------------------------------------------------------------------------
+
     def _info(self, result: TrialResult | None, action: str, invalid: bool) -> dict[str, Any]:
         ep = self._episode
         assert ep is not None
         current = ep.landscape.configs[self._current]
-        if self.flat_info:
-            return self._flat_info(result, action, invalid, current)
-        config = {k: getattr(current, k) for k in KNOBS}
-        return {"result": None if result is None else _result_dict(result, config),
-                "config": config,
-                "best": None if self._best is None else dict(self._best),
-                "trials": self._trials, "action": action, "invalid_action": invalid,
-                "task": ep.task_info, "reference_throughput": ep.reference,
-                "optimum_throughput": ep.optimum}
+        if self.config.flat_info:
+            info = self._flat_info(result, action, invalid, current)
+        else:
+            config = {k: getattr(current, k) for k in KNOBS}
+            info = {"result": None if result is None else _result_dict(result, config),
+                    "config": config,
+                    "best": None if self._best is None else dict(self._best),
+                    "trials": self._trials, "action": action, "invalid_action": invalid,
+                    "task": ep.task_info, "reference_throughput": ep.reference,
+                    "optimum_throughput": ep.optimum}
+        return self.source.info(ep, info, result)
 
     def _flat_info(self, result: TrialResult | None, action: str, invalid: bool, current: Config) -> dict[str, Any]:
         """Same keys and value types at every step (vector environments merge infos key by key)."""
@@ -350,111 +255,6 @@ class DeepSpeedMemoryEnv(gym.Env):
                 "reference_throughput": float(ep.reference),
                 "optimum_throughput": nan if ep.optimum is None else float(ep.optimum)}
 
-    def _start_index(self, land: Landscape) -> int:
-        if self.start == "random":
-            return int(self.np_random.integers(len(land)))
-        if self.start == "default":
-            return land.index[land.space.default()]
-        assert self._episode is not None
-        fits = land.feasible(self._episode.task.memory_budget_bytes)
-        if fits.any():
-            return int(np.flatnonzero(fits)[np.argmax(land.throughput[fits])])
-        return int(np.argmin(land.peak))
-
-    # -- tasks --------------------------------------------------------------------------------------
-
-    def _new_episode(self) -> Episode:
-        rng = self.np_random
-        if self.backend_kind == "replay":
-            surface = self._surfaces[int(rng.integers(len(self._surfaces)))]
-            hardware = self._hardware or load_hardware(surface.hardware or "cpu")
-            budget = self._pick_budget(rng, hardware.memory_bytes)
-            episode = self._episodes.get(("replay", surface.path, budget),
-                                         lambda: self._replay_episode(surface, hardware, budget))
-        else:
-            task = self._sampler.sample(rng) if self._sampler is not None else self._fixed_task(rng)
-            key = (task.workload, repr(task.hardware), task.choices, task.memory_budget_bytes)
-            build = self._simulated_episode if self.backend_kind == "simulated" else self._other_episode
-            episode = self._episodes.get(key, lambda: build(task))
-        if isinstance(episode.backend, SimulatedBackend):
-            episode.backend.reseed(rng)  # noise draws come from the environment's seeded generator
-        return episode
-
-    def _pick_budget(self, rng: np.random.Generator, default: int) -> int:
-        if not self._budgets:
-            return default
-        return self._budgets[int(rng.integers(len(self._budgets)))]
-
-    def _fixed_task(self, rng: np.random.Generator) -> Task:
-        workload = self._workload
-        assert workload is not None
-        hardware = self._hardware or PROFILES["cpu" if workload.model.name == "tiny" else "a100-80gb"]
-        if self._choices is None:
-            self._choices = load_choices("cpu" if hardware.is_cpu else "default")
-        return Task(workload, hardware, self._pick_budget(rng, hardware.memory_bytes), self._choices)
-
-    def _simulated_episode(self, task: Task) -> Episode:
-        def build() -> tuple[Landscape, SimulatedBackend]:
-            base = SimulatedBackend(task.workload, task.hardware, task.hardware.memory_bytes, self._noise,
-                                    calibration=self.calibration, nvme_path=task.choices.nvme_path)
-            return self._build_landscape(task, base.estimate), base  # primes the backend's predictions
-
-        land, base = self._landscapes.get(("simulated", task.workload, repr(task.hardware), task.choices), build)
-        budget = task.memory_budget_bytes
-        best = land.predicted_best(budget)
-        # Without noise the simulated landscape is the estimator's: its best within budget is the optimum.
-        optimum = best if land.feasible(budget).any() and not self._noise else None
-        return self._episode_of(task, base.with_budget(budget), land, best, optimum)
-
-    def _replay_episode(self, surface: Surface, hardware: Hardware, budget: int) -> Episode:
-        choices = self._choices or surface_choices(surface)
-        workload = self._workload or surface.workload
-        if workload is None:
-            raise ConfigError(f"surface {surface.path} does not record its workload: set env_config['workload']")
-        task = Task(workload, hardware, budget, choices)
-        land = self._landscapes.get(("replay", surface.path, workload, repr(hardware), choices), lambda: build_landscape(
-            surface_space(surface, hardware, workload, choices), self._estimator(workload, hardware)))
-        best = surface.best(budget)
-        if best is not None:
-            reference = optimum = float(best.throughput_samples_per_s or 0.0)
-        else:  # nothing fits: scale by the best measured throughput regardless of the budget
-            ran = [r.throughput_samples_per_s or 0.0 for r in surface.results.values() if r.ok]
-            reference, optimum = (max(ran) if ran else land.predicted_best(budget)), None
-        return self._episode_of(task, ReplayBackend(surface, budget), land, reference, optimum)
-
-    def _other_episode(self, task: Task) -> Episode:
-        key = ("estimator", task.workload, repr(task.hardware), task.choices)
-        land = self._landscapes.get(key, lambda: self._build_landscape(
-            task, self._estimator(task.workload, task.hardware)))
-        backend = self._backend_object
-        if backend is None:
-            from autotune.backends.deepspeed import DeepSpeedBackend  # imports torch: only when asked for
-
-            options = {"hardware": task.hardware, **self._backend_options}
-            backend = DeepSpeedBackend(task.workload, memory_budget_bytes=task.memory_budget_bytes, **options)
-        reference = float(self._reference_override or land.predicted_best(task.memory_budget_bytes))
-        return self._episode_of(task, backend, land, reference, None)
-
-    def _build_landscape(self, task: Task, estimator: Callable[[Config], Estimate]) -> Landscape:
-        """The task's landscape; valid configs and moves are worked out once per validity key."""
-        space = Space(task.choices, task.workload, task.hardware)
-        return build_landscape(space, estimator, self._layouts.get(validity_key(space), lambda: build_layout(space)))
-
-    def _estimator(self, workload: Workload, hardware: Hardware) -> Callable[[Config], Estimate]:
-        calibration = self.calibration
-        return lambda config: estimate(config, workload, hardware, calibration)
-
-    def _episode_of(self, task: Task, backend: Backend, land: Landscape, reference: float,
-                    optimum: float | None) -> Episode:
-        budget = task.memory_budget_bytes
-        predicted_best = land.predicted_best(budget)
-        if len(land) == 0:
-            raise ConfigError(f"the space has no valid config for {task.workload.model.name} on {task.hardware.name}")
-        share = float(land.feasible(budget).mean())
-        return Episode(task, backend, land, reference, optimum, predicted_best,
-                       obs.config_blocks(land, budget, predicted_best), obs.task_features(task, share),
-                       {**task.to_dict(), "backend": backend.name})
-
 
 RESULT_FIELDS = tuple(f.name for f in fields(TrialResult) if f.name not in ("config", "extra"))
 
@@ -466,64 +266,3 @@ def _result_dict(result: TrialResult, config: dict[str, Any]) -> dict[str, Any]:
         out[name] = getattr(result, name)
     out.update(result.extra)
     return out
-
-
-# -- env_config parsing ------------------------------------------------------------------------------
-
-def _positive_int(value: Any, name: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"{name}={value!r}: must be a positive integer")
-    return value
-
-
-def _workload(value: Any) -> Workload:
-    if isinstance(value, Workload):
-        return value
-    if isinstance(value, str):
-        return make_workload(value)
-    if isinstance(value, Mapping):
-        try:
-            return Workload.from_dict(value)
-        except (KeyError, TypeError) as err:
-            raise ConfigError(f"workload {dict(value)!r}: {err}; expected model, global_batch, gpus") from None
-    raise ConfigError(f"workload {value!r}: expected a preset name, a Workload or a dict")
-
-
-def _sampler(settings: Any) -> WorkloadSampler:
-    if not isinstance(settings, Mapping):
-        raise ConfigError(f"sampler {settings!r}: expected a WorkloadSampler or a dict of its settings")
-    allowed = [f.name for f in fields(WorkloadSampler) if f.init]
-    unknown = sorted(set(settings) - set(allowed))
-    if unknown:
-        raise ConfigError(f"unknown sampler setting(s) {unknown}: allowed {allowed}")
-    values = {**DEFAULT_SAMPLER, **settings}
-    for key in ("profiles", "held_out_profiles", "budget_fractions", "held_out_budget_fractions",
-                "held_out_presets", "gpu_counts"):
-        if key in values:  # lists from JSON/YAML settings
-            values[key] = tuple(values[key])
-    return WorkloadSampler(**values)
-
-
-def _budgets(value: Any) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    values = value if isinstance(value, (list, tuple)) else [value]
-    try:
-        return tuple(parse_size(v) for v in values)
-    except ValueError as err:
-        raise ConfigError(f"memory_budget: {err}") from None
-
-
-def _calibration(value: Any) -> Calibration:
-    if value is None:
-        return Calibration()
-    if isinstance(value, Calibration):
-        return value
-    if isinstance(value, Mapping):
-        allowed = [f.name for f in fields(Calibration)]
-        unknown = sorted(set(value) - set(allowed))
-        if unknown:
-            raise ConfigError(f"unknown calibration key(s) {unknown}: allowed {allowed}")
-        return Calibration(**value)
-    raise ConfigError(f"calibration {value!r}: expected a Calibration or a dict of its fields")
-

@@ -161,12 +161,12 @@ def test_env_copies_of_one_runner_share_their_estimator_caches():
     factory = TrainingEnvFactory()
     first, second = factory({"samplers": SMALL_POOL, "seed": 0}), factory({"samplers": SMALL_POOL, "seed": 1})
     first.reset(seed=0)
-    assert len(second._landscapes) == len(first._landscapes) == 1  # built once, seen by both
+    assert len(second.source.caches.landscapes) == len(first.source.caches.landscapes) == 1  # built once, seen by both
     second.reset(seed=0)
     assert second._episode.landscape is first._episode.landscape
     assert second._episode.backend is not first._episode.backend  # each copy draws its own hidden truth
     fresh = pickle.loads(pickle.dumps(factory))({"samplers": SMALL_POOL})
-    assert len(fresh._landscapes) == 0  # another process starts its own caches
+    assert len(fresh.source.caches.landscapes) == 0  # another process starts its own caches
 
 
 def test_episode_figures():
@@ -200,8 +200,8 @@ def test_training_settings_are_checked_and_a_run_resumes_only_with_the_same_ones
 
 def test_training_tasks_hold_out_the_test_split_and_tiny():
     env = TrainingEnv({"samplers": samplers("train", 64, 0, 0.5), "seed": 0})
-    assert [s.pool[0].hardware.is_cpu for s in env._samplers] == [False, True]
-    for sampler in env._samplers:
+    assert [s.pool[0].hardware.is_cpu for s in env.source.samplers] == [False, True]
+    for sampler in env.source.samplers:
         for task in sampler.pool:
             assert task.workload.model.name != "tiny" and sampler.held_out(task) == ()
     small = TrainingEnv({"samplers": samplers("train", 4, 0, 0.5), "seed": 0})

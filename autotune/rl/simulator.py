@@ -28,7 +28,9 @@ from typing import Any, Mapping
 import numpy as np
 
 from autotune.config import KNOBS, Config, ConfigError
-from autotune.envs.deepspeed_memory import DeepSpeedMemoryEnv, Episode
+from autotune.envs.config import EnvConfig
+from autotune.envs.deepspeed_memory import DeepSpeedMemoryEnv
+from autotune.envs.episodes import Episode, EstimatorCaches, TaskSource, start_index
 from autotune.envs.landscape import Landscape, build_landscape
 from autotune.envs.sampler import Task, WorkloadSampler
 from autotune.backends.simulated import SimulatedBackend
@@ -151,81 +153,109 @@ def distorted_task(task: Task, spread: float, noise: float, seed: int) -> Distor
                             Distortion.draw(space, spread, rng), noise, rng)
 
 
-class TrainingEnv(DeepSpeedMemoryEnv):
-    """`autotune/DeepSpeedMemory-v0` on the distorted simulation (simulated backend only; other backends
-    behave as in the base environment). Extra env_config keys: `randomize` (the spread s above, default
-    0.3; 0 turns the distortion off) and the start `mixed` (half the episodes at the estimator's best
-    predicted config, half at random: inference starts at the former, training needs the latter to
-    explore), and `samplers`: a list of WorkloadSampler settings, each with a `weight`, one of which
-    draws each episode's task (e.g. GPU profiles on the default space and the CPU profile on cpu.yaml)."""
+class DistortedSource:
+    """Episodes of the distorted simulation: `base`'s tasks (drawn by one of `samplers`, picked by weight,
+    where there are several), each with a fresh hidden truth on the simulated backend (other backends'
+    episodes are left as they are); starts as `base`'s, or `mixed`; and a flat info that judges the best
+    config found by its true throughput."""
 
-    def __init__(self, env_config: Mapping[str, Any] | None = None, render_mode: str | None = None) -> None:
-        config = dict(env_config or {})
-        self.spread = float(config.pop("randomize", 0.3))
-        if not math.isfinite(self.spread) or self.spread < 0:
-            raise ConfigError(f"randomize={self.spread!r}: must be >= 0")
-        start = config.get("start", "random")
-        if start not in STARTS:
-            raise ConfigError(f"start={start!r}: allowed {list(STARTS)}")
-        self.mixed_start = start == "mixed"
-        if self.mixed_start:
-            config["start"] = "random"
-        self._samplers: tuple[WorkloadSampler, ...] = ()
-        self._weights = np.ones(0)
-        if "samplers" in config:
-            if "sampler" in config:
-                raise ConfigError("give either sampler or samplers, not both")
-            settings = [dict(s) for s in config.pop("samplers")]
-            if not settings:
-                raise ConfigError("samplers: needs at least one sampler's settings")
-            weights = np.array([float(s.pop("weight", 1.0)) for s in settings])
-            if (weights <= 0).any() or not np.isfinite(weights).all():
-                raise ConfigError(f"samplers: weights {weights.tolist()} must be positive numbers")
-            self._samplers = tuple(WorkloadSampler(**s) for s in settings)
-            self._weights = weights / weights.sum()
-            config["sampler"] = self._samplers[0]
-        super().__init__(config, render_mode)
+    def __init__(self, base: TaskSource, spread: float = 0.3, samplers: tuple[WorkloadSampler, ...] = (),
+                 weights: np.ndarray | None = None, mixed_start: bool = False) -> None:
+        self.base = base
+        self.spread = spread
+        self.samplers = samplers
+        self.weights = weights if weights is not None else np.ones(len(samplers)) / max(1, len(samplers))
+        self.mixed_start = mixed_start
 
-    def _new_episode(self) -> Episode:
-        if len(self._samplers) > 1:
-            self._sampler = self._samplers[int(self.np_random.choice(len(self._samplers), p=self._weights))]
-        episode = super()._new_episode()
-        if self.backend_kind != "simulated" or not isinstance(episode.backend, SimulatedBackend):
+    @property
+    def caches(self) -> EstimatorCaches:
+        return self.base.caches
+
+    def episode(self, rng: np.random.Generator) -> Episode:
+        sampler = None
+        if len(self.samplers) > 1:
+            sampler = self.samplers[int(rng.choice(len(self.samplers), p=self.weights))]
+        episode = self.base.episode(rng, sampler)
+        if self.base.config.kind != "simulated" or not isinstance(episode.backend, SimulatedBackend):
             return episode
         land = episode.landscape
-        # A fresh hidden truth every episode (the base environment caches episodes per task).
-        distortion = Distortion.draw(land.space, self.spread, self.np_random)
-        backend = DistortedBackend(land, land.codes, episode.task.memory_budget_bytes, distortion, self._noise,
-                                   self.np_random)
+        # A fresh hidden truth every episode (the base source caches episodes per task).
+        distortion = Distortion.draw(land.space, self.spread, rng)
+        backend = DistortedBackend(land, land.codes, episode.task.memory_budget_bytes, distortion,
+                                   self.base.config.noise, rng)
         optimum = backend.optimum
         return replace(episode, backend=backend, optimum=optimum,
                        reference=optimum if optimum else episode.reference)
 
-    def _start_index(self, land: Landscape) -> int:
-        if self.mixed_start and self.np_random.random() < MIXED_ESTIMATOR_SHARE:
-            self.start = "estimator"
-            try:
-                return super()._start_index(land)
-            finally:
-                self.start = "random"
-        return super()._start_index(land)
+    def start(self, episode: Episode, rng: np.random.Generator) -> int:
+        if self.mixed_start and rng.random() < MIXED_ESTIMATOR_SHARE:
+            return start_index("estimator", episode, rng)
+        return self.base.start(episode, rng)
 
-    def _info(self, result: TrialResult | None, action: str, invalid: bool) -> dict[str, Any]:
+    def info(self, episode: Episode, info: dict[str, Any], result: TrialResult | None) -> dict[str, Any]:
         """A flat info of numbers and strings with the same keys at every step: RLlib steps several copies
         of the environment as one gymnasium vector env, which merges infos key by key and cannot merge a
         None in one copy with a dict in another (the base environment's `result` and `best`)."""
-        nested = super()._info(result, action, invalid)
-        best = nested.get("best")
+        best = info.get("best")
         true_best = 0.0
-        backend = self._episode.backend if self._episode is not None else None
-        if best and isinstance(backend, DistortedBackend):
-            true_best = backend.true_throughput(Config.from_dict(best["config"]))
-        optimum = nested.get("optimum_throughput")
-        return {"trials": int(nested["trials"]), "action": str(nested["action"]),
+        if best and isinstance(episode.backend, DistortedBackend):
+            true_best = episode.backend.true_throughput(Config.from_dict(best["config"]))
+        optimum = info.get("optimum_throughput")
+        return {"trials": int(info["trials"]), "action": str(info["action"]),
                 "status": "none" if result is None else result.status,
                 "best_throughput": float(best["throughput_samples_per_s"]) if best else 0.0,
                 "best_true_throughput": true_best,
                 "optimum_throughput": float(optimum) if optimum else float("nan")}
+
+
+def training_source(env_config: Mapping[str, Any] | None = None,
+                    caches: EstimatorCaches | None = None) -> tuple[EnvConfig, DistortedSource]:
+    """The environment's config and the distorted source of a training `env_config`: the environment's
+    keys plus `randomize`, `samplers` and the start `mixed` (see TrainingEnv)."""
+    config = dict(env_config or {})
+    spread = float(config.pop("randomize", 0.3))
+    if not math.isfinite(spread) or spread < 0:
+        raise ConfigError(f"randomize={spread!r}: must be >= 0")
+    start = config.get("start", "random")
+    if start not in STARTS:
+        raise ConfigError(f"start={start!r}: allowed {list(STARTS)}")
+    mixed = start == "mixed"
+    if mixed:
+        config["start"] = "random"
+    chosen: tuple[WorkloadSampler, ...] = ()
+    weights = np.ones(0)
+    if "samplers" in config:
+        if "sampler" in config:
+            raise ConfigError("give either sampler or samplers, not both")
+        settings = [dict(s) for s in config.pop("samplers")]
+        if not settings:
+            raise ConfigError("samplers: needs at least one sampler's settings")
+        weights = np.array([float(s.pop("weight", 1.0)) for s in settings])
+        if (weights <= 0).any() or not np.isfinite(weights).all():
+            raise ConfigError(f"samplers: weights {weights.tolist()} must be positive numbers")
+        chosen = tuple(WorkloadSampler(**s) for s in settings)
+        weights = weights / weights.sum()
+        config["sampler"] = chosen[0]
+    parsed = EnvConfig.from_dict(config)
+    return parsed, DistortedSource(TaskSource(parsed, caches), spread, chosen, weights, mixed)
+
+
+class TrainingEnv(DeepSpeedMemoryEnv):
+    """`autotune/DeepSpeedMemory-v0` on the distorted simulation: the base environment with a
+    DistortedSource (simulated backend only; other backends behave as in the base environment). Extra
+    env_config keys: `randomize` (the spread s above, default 0.3; 0 turns the distortion off) and the
+    start `mixed` (half the episodes at the estimator's best predicted config, half at random: inference
+    starts at the former, training needs the latter to explore), and `samplers`: a list of
+    WorkloadSampler settings, each with a `weight`, one of which draws each episode's task (e.g. GPU
+    profiles on the default space and the CPU profile on cpu.yaml). `caches`: estimator caches shared
+    with other copies (TrainingEnvFactory)."""
+
+    source: DistortedSource
+
+    def __init__(self, env_config: Mapping[str, Any] | None = None, render_mode: str | None = None, *,
+                 caches: EstimatorCaches | None = None) -> None:
+        config, source = training_source(env_config, caches)
+        super().__init__(config, render_mode, source=source)
 
 
 class TrainingEnvFactory:
@@ -235,14 +265,12 @@ class TrainingEnvFactory:
     gets its own caches (they are not pickled)."""
 
     def __init__(self) -> None:
-        self._caches: tuple[Any, Any] | None = None
+        self._caches: EstimatorCaches | None = None
 
     def __call__(self, env_config: Mapping[str, Any] | None = None) -> TrainingEnv:
-        env = TrainingEnv(env_config)
+        env = TrainingEnv(env_config, caches=self._caches)
         if self._caches is None:
-            self._caches = (env._landscapes, env._layouts)
-        else:
-            env._landscapes, env._layouts = self._caches
+            self._caches = env.source.caches
         return env
 
     def __getstate__(self) -> dict[str, Any]:

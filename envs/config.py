@@ -1,0 +1,252 @@
+"""The typed configuration of `autotune/DeepSpeedMemory-v0`: `EnvConfig`.
+
+The environment takes an `EnvConfig` or a plain `env_config` dict with the same keys (RLlib and
+`gymnasium.make(..., env_config={...})` pass dicts): `EnvConfig.from_dict` checks the keys, and the
+constructor normalises each value (a preset name to a Workload, a size string to bytes, a dict of
+settings to a WorkloadSampler, ...) and raises a one-line ConfigError naming what is wrong.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping
+
+from autotune.config import ConfigError
+from autotune.estimate import Calibration
+from autotune.hardware import Hardware, load_hardware
+from autotune.search_spaces import load_choices
+from autotune.space import Choices
+from autotune.units import parse_size
+from autotune.workload import Workload, make_workload
+
+from autotune.envs.reward import Reward
+from autotune.envs.sampler import WorkloadSampler
+
+BACKENDS = ("simulated", "replay", "deepspeed")
+STARTS = ("random", "default", "estimator")
+DEFAULT_SAMPLER = {"split": "train", "pool_size": 256}
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """What one environment tunes and how (all keys optional).
+
+    backend         "simulated" (default) | "replay" | "deepspeed", or an object with `run(config) ->
+                    TrialResult` (and optionally `name`, `fatal`, `close`: autotune.backends.factory.as_backend
+                    adapts it; then workload, hardware and budget are required)
+    workload        preset name, Workload, or {"model": preset | shape dict, "global_batch": n, "gpus": n};
+                    without it the simulated backend draws tasks from the sampler
+    sampler         WorkloadSampler or a dict of its settings (default: split "train", pool of 256 tasks)
+    hardware        profile name, YAML path or Hardware (default: the surface's, cpu for tiny, else a100-80gb)
+    memory_budget   bytes or a size like "2GiB", or a list of them drawn per episode (default: device memory)
+    space           search-space preset, YAML path or Choices (default: cpu on CPU hardware, else default;
+                    on replay, the surface's measured values)
+    surface         replay: a surface path, or a list of them drawn per episode
+    horizon         steps per episode (default 16)
+    start           "random" (default) | "default" (the space's default config) | "estimator" (best
+                    predicted to fit, else the smallest predicted peak)
+    noise           simulated: step-time noise sigma (default 0)
+    calibration     Calibration or dict of its fields, for the simulated backend and the predictions
+    reward          Reward or dict of envs/reward.py Reward fields
+    mask_revisits   also mask edits to configs measured earlier in the episode (default False)
+    flat_info       info as numbers and strings with the same keys at every step (the TrialResult and the
+                    configs as JSON strings, NaN where unknown), as gymnasium's vector environments and
+                    RLlib need (they merge infos key by key); default False
+    reference_throughput  object/deepspeed backends: the reward's normaliser instead of the estimator's best
+    backend_options deepspeed: keyword arguments of DeepSpeedBackend
+    cache_size      landscapes kept per environment (default 256)
+    seed            seed of the first reset when reset() is given none
+
+    The fields hold the normalised values (Workload, WorkloadSampler, Hardware, Choices, bytes, ...);
+    None means "not given". `sampler` stays None when the default sampler applies (`task_sampler()`).
+    """
+
+    backend: Any = "simulated"  # a name of BACKENDS or a backend object
+    workload: Workload | None = None
+    sampler: WorkloadSampler | None = None
+    hardware: Hardware | None = None
+    memory_budget: tuple[int, ...] = ()  # bytes; several: one drawn per episode
+    space: Choices | None = None
+    surface: tuple[str, ...] = ()
+    horizon: int = 16
+    start: str = "random"
+    noise: float = 0.0
+    calibration: Calibration = Calibration()
+    reward: Reward = Reward()
+    mask_revisits: bool = False
+    flat_info: bool = False
+    reference_throughput: float | None = None
+    backend_options: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    cache_size: int = 256
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        def put(name: str, value: Any) -> None:  # the dataclass is frozen
+            object.__setattr__(self, name, value)
+
+        _positive_int(self.horizon, "horizon")
+        if self.start not in STARTS:
+            raise ConfigError(f"start={self.start!r}: allowed {list(STARTS)}")
+        put("reward", self.reward if isinstance(self.reward, Reward) else Reward.from_dict(self.reward))
+        put("mask_revisits", bool(self.mask_revisits))
+        put("flat_info", bool(self.flat_info))
+        put("calibration", _calibration(self.calibration))
+        _positive_int(self.cache_size, "cache_size")
+        backend = self.backend
+        if not isinstance(backend, str):
+            if not callable(getattr(backend, "run", None)):
+                raise ConfigError(f"backend {backend!r}: allowed {list(BACKENDS)} or an object with name and run()")
+        elif backend not in BACKENDS:
+            raise ConfigError(f"backend={backend!r}: allowed {list(BACKENDS)}")
+        noise = self.noise
+        if not isinstance(noise, (int, float)) or not 0 <= noise < float("inf"):
+            raise ConfigError(f"noise={noise!r}: must be a number >= 0 (step-time noise sigma)")
+        if self.kind != "simulated" and noise:
+            raise ConfigError("noise applies to the simulated backend only")
+        put("backend_options", dict(self.backend_options or {}))
+        reference = self.reference_throughput
+        if reference is not None and not (isinstance(reference, (int, float)) and reference > 0):
+            raise ConfigError(f"reference_throughput={reference!r}: must be a positive number")
+        put("memory_budget", _budgets(self.memory_budget))
+        if self.space is not None and not isinstance(self.space, Choices):
+            put("space", load_choices(self.space))
+        if self.hardware is not None and not isinstance(self.hardware, Hardware):
+            put("hardware", load_hardware(str(self.hardware)))
+        surface = self.surface
+        put("surface", () if not surface else (str(surface),) if isinstance(surface, (str, os.PathLike)) else
+            tuple(str(s) for s in surface))
+
+        if self.kind == "replay":
+            if not self.surface:
+                raise ConfigError("the replay backend needs env_config['surface']: a surface JSONL path (or a list)")
+            if self.workload is not None:
+                put("workload", _workload(self.workload))
+            return  # (a sampler is not used on replay)
+        if self.workload is not None:
+            put("workload", _workload(self.workload))
+        elif self.kind == "simulated":
+            if self.sampler is not None and not isinstance(self.sampler, WorkloadSampler):
+                put("sampler", _sampler(self.sampler))
+        else:
+            raise ConfigError(f"the {self.kind} backend needs env_config['workload']")
+        if self.draws_tasks and (self.memory_budget or self.hardware or self.space):
+            raise ConfigError("memory_budget, hardware and space come from the sampler: set them in its settings")
+        if self.sampler is not None and not self.draws_tasks:
+            raise ConfigError("sampler applies to the simulated backend without a fixed workload")
+
+    # -- derived -----------------------------------------------------------------------------------
+
+    @property
+    def kind(self) -> str:
+        """The backend's kind: a name of BACKENDS, or "object" for a backend object."""
+        return self.backend if isinstance(self.backend, str) else "object"
+
+    @property
+    def draws_tasks(self) -> bool:
+        """Each episode's task comes from a WorkloadSampler (simulated backend without a fixed workload)."""
+        return self.kind == "simulated" and self.workload is None
+
+    def task_sampler(self) -> WorkloadSampler | None:
+        """The sampler that draws the tasks: the given one or the default (None: a fixed workload or replay)."""
+        if not self.draws_tasks:
+            return None
+        return self.sampler if self.sampler is not None else _sampler(DEFAULT_SAMPLER)
+
+    # -- dicts -------------------------------------------------------------------------------------
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> "EnvConfig":
+        """An `env_config` dict (unknown keys are an error)."""
+        data = dict(data or {})
+        unknown = sorted(set(data) - set(CONFIG_KEYS))
+        if unknown:
+            raise ConfigError(f"unknown env_config key(s) {unknown}: allowed {list(CONFIG_KEYS)}")
+        # A key given as None is "not given", except where None is no value at all (as ever).
+        if "workload" in data and data["workload"] is None:
+            _workload(None)
+        if "sampler" in data and data["sampler"] is None:
+            _sampler(None)
+        return cls(**data)
+
+    @classmethod
+    def of(cls, value: "EnvConfig | Mapping[str, Any] | None") -> "EnvConfig":
+        """`value` itself, or the EnvConfig of an `env_config` dict (None: all defaults)."""
+        if isinstance(value, EnvConfig):
+            return value
+        if value is None or isinstance(value, Mapping):
+            return cls.from_dict(value)
+        raise ConfigError(f"env_config {value!r}: expected an EnvConfig or a dict")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The keys that differ from the defaults, with their normalised values (`from_dict` takes it back)."""
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            default = f.default_factory() if callable(f.default_factory) else f.default  # type: ignore[misc]
+            if value is not None and value != default:
+                out[f.name] = value
+        return out
+
+
+CONFIG_KEYS = tuple(f.name for f in fields(EnvConfig))
+
+
+# -- values ----------------------------------------------------------------------------------------
+
+def _positive_int(value: Any, name: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{name}={value!r}: must be a positive integer")
+    return value
+
+
+def _workload(value: Any) -> Workload:
+    if isinstance(value, Workload):
+        return value
+    if isinstance(value, str):
+        return make_workload(value)
+    if isinstance(value, Mapping):
+        try:
+            return Workload.from_dict(value)
+        except (KeyError, TypeError) as err:
+            raise ConfigError(f"workload {dict(value)!r}: {err}; expected model, global_batch, gpus") from None
+    raise ConfigError(f"workload {value!r}: expected a preset name, a Workload or a dict")
+
+
+def _sampler(settings: Any) -> WorkloadSampler:
+    if not isinstance(settings, Mapping):
+        raise ConfigError(f"sampler {settings!r}: expected a WorkloadSampler or a dict of its settings")
+    allowed = [f.name for f in fields(WorkloadSampler) if f.init]
+    unknown = sorted(set(settings) - set(allowed))
+    if unknown:
+        raise ConfigError(f"unknown sampler setting(s) {unknown}: allowed {allowed}")
+    values = {**DEFAULT_SAMPLER, **settings}
+    for key in ("profiles", "held_out_profiles", "budget_fractions", "held_out_budget_fractions",
+                "held_out_presets", "gpu_counts"):
+        if key in values:  # lists from JSON/YAML settings
+            values[key] = tuple(values[key])
+    return WorkloadSampler(**values)
+
+
+def _budgets(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    values = value if isinstance(value, (list, tuple)) else [value]
+    try:
+        return tuple(parse_size(v) for v in values)
+    except ValueError as err:
+        raise ConfigError(f"memory_budget: {err}") from None
+
+
+def _calibration(value: Any) -> Calibration:
+    if value is None:
+        return Calibration()
+    if isinstance(value, Calibration):
+        return value
+    if isinstance(value, Mapping):
+        allowed = [f.name for f in fields(Calibration)]
+        unknown = sorted(set(value) - set(allowed))
+        if unknown:
+            raise ConfigError(f"unknown calibration key(s) {unknown}: allowed {allowed}")
+        return Calibration(**value)
+    raise ConfigError(f"calibration {value!r}: expected a Calibration or a dict of its fields")
