@@ -1,0 +1,112 @@
+"""The library's public API: the README's Python example runs as written, every strategy runs on every
+backend through `autotune.tune`, and `import autotune` stays cheap."""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import autotune
+from autotune.config import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+SURFACE = ROOT / "benchmarks" / "surfaces" / "tiny-cpu.jsonl"
+STRATEGIES = ("grid", "random", "optuna", "optuna-gp", "rl", "hybrid")
+
+
+def readme_python() -> str:
+    section = ROOT.joinpath("README.md").read_text().split("## From Python", 1)[1]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_the_readme_python_example_runs(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    exec(compile(readme_python(), "README.md", "exec"), {})
+    out = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("[20")]  # DeepSpeed's logs
+    assert "trials launched" in out[0] and "samples/s" in out[1] and out[2].endswith("best_ds_config.json")
+    assert out[3] == "1"  # the objective's fastest micro-batch
+    assert (tmp_path / "runs/notebook/best_ds_config.json").exists()
+    assert (tmp_path / "runs/notebook-mine/trials.jsonl").exists()
+
+
+def spec(strategy: str, backend, trials: int = 4, **changes) -> autotune.TuneSpec:
+    values = dict(workload=autotune.make_workload("tiny", global_batch=16), hardware=autotune.load_hardware("cpu"),
+                  memory_budget_bytes=int(0.85 * 2**30), strategy=strategy, trials=trials, backend=backend, seed=1)
+    return autotune.TuneSpec(**{**values, **changes})
+
+
+class Halving:
+    """A user's objective: throughput falls with the micro-batch, no memory limit."""
+
+    name = "halving"
+
+    def run(self, config):
+        return autotune.TrialResult(config, "ok", throughput_samples_per_s=100.0 / config.micro_batch,
+                                    step_time_s=0.01 * config.micro_batch, peak_memory_bytes=2**20,
+                                    backend=self.name)
+
+
+def backends():
+    return {"simulated": {}, "replay": {"surface": str(SURFACE)}, "objective": {}}
+
+
+@pytest.mark.parametrize("backend", list(backends()))
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_every_strategy_on_every_backend(strategy, backend, tmp_path):
+    chosen = Halving() if backend == "objective" else backend
+    result = autotune.tune(spec(strategy, chosen, **backends()[backend]), out=tmp_path / "run")
+    assert isinstance(result.stop_reason, autotune.StopReason)
+    assert 1 <= result.launched <= 4 and result.results
+    assert all(r.backend == (Halving.name if backend == "objective" else backend)
+               for r in result.results if r.status != "pruned")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["trials"] == len(result.results) and summary["strategy"] == strategy
+    if result.best is not None:
+        assert result.best_ds_config.exists() and result.best.fits(result.summary["memory_budget_bytes"])
+    resumed = autotune.tune(spec(strategy, chosen, **backends()[backend]), out=tmp_path / "run", resume=True)
+    assert resumed.results[:len(result.results)] == result.results  # nothing recorded is lost or repeated
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_every_strategy_on_real_deepspeed_trials(strategy, tmp_path):
+    result = autotune.tune(spec(strategy, "deepspeed", trials=2), out=tmp_path / "run")
+    ran = [r for r in result.results if r.status != "pruned"]
+    assert ran and all(r.backend == "deepspeed" for r in ran)
+    assert any(r.ok for r in ran), [r.error for r in ran]
+
+
+def test_bad_specs_are_one_line_errors(tmp_path):
+    with pytest.raises(ConfigError, match="strategy 'annealing': allowed grid"):
+        spec("annealing", "simulated")
+    with pytest.raises(ConfigError, match="trials 0"):
+        spec("grid", "simulated", trials=0)
+    with pytest.raises(ConfigError, match="backend 'quantum': allowed deepspeed, simulated, replay, script"):
+        autotune.tune(spec("grid", "quantum"), out=tmp_path / "run")
+    with pytest.raises(ConfigError, match="needs a run\\(config\\)"):
+        autotune.tune(spec("grid", object()), out=tmp_path / "other")
+    autotune.tune(spec("grid", "simulated", trials=1), out=tmp_path / "done")
+    with pytest.raises(ConfigError, match="already holds a sweep"):
+        autotune.tune(spec("grid", "simulated", trials=1), out=tmp_path / "done")
+
+
+def test_a_registered_backend_kind_is_built_by_the_factory(tmp_path, monkeypatch):
+    from autotune.backends import factory
+
+    monkeypatch.setattr(factory, "_REGISTRY", dict(factory._REGISTRY))  # the kind is gone after the test
+    kind = autotune.BackendKind("halving", lambda settings, run_dir, options: Halving())
+    autotune.register_backend(kind)
+    result = autotune.tune(spec("random", "halving", trials=3), out=tmp_path / "run")
+    assert result.best.config.micro_batch == min(r.config.micro_batch for r in result.results if r.ok)
+
+
+def test_import_autotune_stays_cheap():
+    code = "import sys, autotune; print(sorted(m for m in ('optuna', 'ray', 'rich', 'autotune.api') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    assert set(autotune.__all__) >= {"tune", "TuneSpec", "TuneResult", "predict", "rank_configs", "record_surface"}
+    for name in autotune.__all__:
+        assert getattr(autotune, name) is not None
