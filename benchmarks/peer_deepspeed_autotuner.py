@@ -102,7 +102,7 @@ def collect(work: Path, command: str, exit_code: int, wall_time_s: float) -> dic
     optimal = results_dir / "ds_config_optimal.json"
     summary_file = results_dir / "summary.txt"
     lines = (work / "autotuner.log").read_text().splitlines()
-    explain = [l for l in lines if any(k in l for k in ("Error", "error", "Traceback", "No such file", "not found",
+    explain = [line for line in lines if any(k in line for k in ("Error", "error", "Traceback", "No such file", "not found",
                                                           "Unable", "failed", "exit"))][-8:]
     return {"command": command, "exit_code": exit_code, "wall_time_s": wall_time_s,
             "experiments_started": len(exps), "experiments_with_metrics": len(finished),

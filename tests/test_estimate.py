@@ -123,8 +123,9 @@ def test_korthikanti_per_layer_figure_without_dropout():
 
 def test_step_time_reflects_recompute_offload_and_communication():
     workload = make_workload("gpt2-xl", 256, 16)
-    t = lambda **kw: estimate(Config(**{"zero_stage": 2, "micro_batch": 4, "ckpt_interval": 0,
-                                        "precision": "bf16", **kw}), workload, GPU)
+    def t(**kw):
+        return estimate(Config(**{"zero_stage": 2, "micro_batch": 4, "ckpt_interval": 0,
+                                            "precision": "bf16", **kw}), workload, GPU)
     base = t()
     assert t(ckpt_interval=1).step_time_s > base.step_time_s  # recomputation costs a forward
     assert t(offload_optimizer="cpu").step_time_s > base.step_time_s
