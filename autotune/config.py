@@ -1,4 +1,4 @@
-"""The knobs of a DeepSpeed memory configuration (DESIGN.md section 2) as one value."""
+"""The knobs of a DeepSpeed memory configuration (ARCHITECTURE.md section 2) as one value."""
 
 from __future__ import annotations
 

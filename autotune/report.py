@@ -1,5 +1,5 @@
 """Outputs of a sweep, written from its run directory alone (so `autotune report runs/NAME` regenerates
-them): `summary.json` (the contract of DESIGN.md section 3), `best_ds_config.json` (checked with
+them): `summary.json` (the contract of ARCHITECTURE.md section 3), `best_ds_config.json` (checked with
 DeepSpeed's own parser) and `best_hf_ds_config.json`, `report.md`, and `plots/*.png`."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from autotune.rundir import RunDir, RunSettings
 from autotune.units import format_size
 
 TOP = 10
-CLOSE_CALL = 0.13  # median throughput difference between two launches of one config here (DESIGN.md section 4)
+CLOSE_CALL = 0.13  # median throughput difference between two launches of one config here (ARCHITECTURE.md section 4)
 
 
 @dataclass(frozen=True)

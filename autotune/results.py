@@ -1,4 +1,4 @@
-"""TrialResult: the record of one trial (DESIGN.md section 3), one JSON line of trials.jsonl or of a
+"""TrialResult: the record of one trial (ARCHITECTURE.md section 3), one JSON line of trials.jsonl or of a
 replay surface."""
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ class Choices:
 
 
 def invalid_reason(config: Config, workload: Workload, hardware: Hardware, nvme_path: str | None) -> str | None:
-    """Why `config` cannot run for this workload on this hardware (DESIGN.md section 2), or None."""
+    """Why `config` cannot run for this workload on this hardware (ARCHITECTURE.md section 2), or None."""
     if workload.grad_accumulation(config.micro_batch) is None:
         return (f"global batch {workload.global_batch} is not a multiple of micro_batch {config.micro_batch}"
                 f" x {workload.gpus} GPU(s)")

@@ -137,7 +137,7 @@ def test_step_time_reflects_recompute_offload_and_communication():
 
 
 def test_cpu_offload_on_the_cpu_accelerator_saves_nothing():
-    """DESIGN.md section 4: on the CPU, offloaded state lives in the same RSS as everything else."""
+    """ARCHITECTURE.md section 4: on the CPU, offloaded state lives in the same RSS as everything else."""
     workload = make_workload("tiny")
     cpu = PROFILES["cpu"]
     plain = estimate(Config(3, 4, 0, "bf16"), workload, cpu)

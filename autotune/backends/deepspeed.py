@@ -1,7 +1,7 @@
 """The deepspeed backend: each trial is a short real DeepSpeed training run of the built-in model, in its
 own processes (autotune.runner), measured by the worker (autotune.worker) and turned into a TrialResult.
 
-Result (DESIGN.md section 3, plus extra keys written flat):
+Result (ARCHITECTURE.md section 3, plus extra keys written flat):
 - throughput: global batch / median optimizer-step wall time of rank 0 (every micro-step, after warm-up);
 - peak_memory_bytes: the worst rank's true peak of the whole process over the measured window (CPU: the
   resident set, VmHWM; CUDA: the allocator's max reserved plus the memory outside it, as nvidia-smi shows:

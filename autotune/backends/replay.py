@@ -1,5 +1,5 @@
 """The replay backend: trials looked up in a surface, a JSONL table of measured TrialResults
-(DESIGN.md section 3), so tuners can be compared on real landscapes in milliseconds.
+(ARCHITECTURE.md section 3), so tuners can be compared on real landscapes in milliseconds.
 
 - An unmeasured config is refused with a ConfigError naming it: asking for it is a bug of the caller
   (the environment masks such configs; `surface_space` gives the space of measured ones).
@@ -98,7 +98,7 @@ class ReplayBackend:
 
 
 def surface_choices(surface: Surface) -> Choices:
-    """Per knob, the values the surface measured: numbers ascending, names in the DESIGN.md order."""
+    """Per knob, the values the surface measured: numbers ascending, names in the ARCHITECTURE.md order."""
     order = {"precision": PRECISIONS, "offload_optimizer": OFFLOADS, "offload_param": OFFLOADS}
     values = {}
     for knob in KNOBS:

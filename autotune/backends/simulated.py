@@ -3,7 +3,7 @@
 What a result holds:
 - step time: the estimator's step time times a seeded multiplicative noise factor exp(noise * N(0, 1))
   (lognormal, median 1); throughput is the global batch over that step time. Real step times on a
-  shared machine scatter by ~10-40% (DESIGN.md section 4), so RL training on this backend can add noise
+  shared machine scatter by ~10-40% (ARCHITECTURE.md section 4), so RL training on this backend can add noise
   of that size.
 - memory: the estimator's predicted peak per device, without noise (measured peaks repeat within ~2%).
   A peak over the budget is the OOM cliff: status `oom`, with the predicted peak kept in

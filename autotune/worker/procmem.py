@@ -1,4 +1,4 @@
-"""A process's resident memory on Linux, from /proc (DESIGN.md section 4).
+"""A process's resident memory on Linux, from /proc (ARCHITECTURE.md section 4).
 
 `VmHWM` is the true peak resident set since the process started or since its last reset (writing 5 to
 /proc/<pid>/clear_refs); polling `VmRSS` would miss short peaks. The runner's watchdog reads the ranks'
