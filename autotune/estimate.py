@@ -143,10 +143,16 @@ def _activation_bytes(config: Config, workload: Workload) -> int:
     m = workload.model
     p = 2 if config.precision in ("fp16", "bf16") else 4
     tokens = config.micro_batch * m.seq_len
-    if m.arch == "gpt":
-        per_token = 5 * m.hidden + (m.hidden + 2 * m.kv_dim) + 2 * m.ffn_hidden
-    else:  # rotary outputs of q and k, and the SwiGLU gate, up, activation and product
-        per_token = 5 * m.hidden + (m.hidden + 2 * m.kv_dim) + (m.hidden + m.kv_dim) + 4 * m.ffn_hidden
+    h, q = m.hidden, m.q_dim
+    # Norms' inputs and outputs (two norms: 4h; one shared by parallel attention and MLP: 2h; Gemma 2's
+    # four: 6h), the attention output (q wide), and q, k, v for SDPA.
+    per_token = 2 * h * min(m.norms_per_layer, 2) + h * max(m.norms_per_layer - 2, 0) + q + (q + 2 * m.kv_dim)
+    if m.positions == "rotary":
+        per_token += q + m.kv_dim  # rotary outputs of q and k
+    mlp = 2 * m.ffn_hidden if m.arch == "gpt" else 4 * m.ffn_hidden  # GELU in and out; gate, up, act, product
+    if m.moe:  # each token through its routed experts: their MLPs, its gathered input and weighted output
+        mlp = m.experts_per_token * (mlp + 2 * h)
+    per_token += mlp
     layer = tokens * per_token * p + config.micro_batch * m.heads * m.seq_len * 4  # + SDPA logsumexp
     # The LM head at the start of backward: the fp32 log-softmax kept for backward, its gradient and the
     # gradient of its input, 12 bytes per logit in fp32 and in bf16 (measured on the built-in model: 12.0
@@ -159,7 +165,8 @@ def _activation_bytes(config: Config, workload: Workload) -> int:
     # the head). Recomputing one segment holds its layers' activations and the gradients in flight.
     segments = math.ceil(m.layers / config.ckpt_interval)
     inputs = segments * tokens * m.hidden * p
-    recompute = config.ckpt_interval * layer + tokens * ((m.ffn_hidden + m.hidden) * p + 4 * m.hidden)
+    recompute = (config.ckpt_interval * layer
+                 + tokens * ((m.ffn_hidden * m.experts_per_token + m.hidden) * p + 4 * m.hidden))
     return inputs + max(head, recompute)
 
 
@@ -228,7 +235,9 @@ def _step_time(config: Config, workload: Workload, hardware: Hardware, calibrati
     n = m.params
     gas = workload.grad_accumulation(config.micro_batch) or 1
     tokens = config.micro_batch * m.seq_len
-    layer_flops = 2 * tokens * m.layers * m.layer_params + 4 * config.micro_batch * m.layers * m.seq_len ** 2 * m.hidden
+    # Per token, the parameters it goes through (a MoE layer's routed experts only) and attention's scores.
+    layer_flops = (2 * tokens * m.layers * m.active_layer_params
+                   + 4 * config.micro_batch * m.layers * m.seq_len ** 2 * m.q_dim)
     forward = layer_flops + 2 * tokens * m.vocab * m.hidden
     ranks_per_node = min(dp, hardware.gpus_per_node)
     # CPU ranks share the machine's cores.

@@ -44,6 +44,10 @@ class Unsupported(Exception):
     """The config cannot run on this machine's accelerator or software."""
 
 
+class UnsupportedModel(Unsupported):
+    """The built-in model cannot be built in this shape (a mixture of experts): no config would run."""
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m autotune.worker")
     parser.add_argument("spec")
@@ -64,7 +68,7 @@ def main(argv: list[str]) -> int:
         status, message = classify(err)
         report = {"status": status, "error": message, "exception": type(err).__name__,
                   "phase": _last_phase, "rank": rank, "pid": os.getpid(),
-                  "fatal": isinstance(err, AcceleratorMismatch)}  # no other config runs here either
+                  "fatal": isinstance(err, (AcceleratorMismatch, UnsupportedModel))}  # nor would any other config
         code = 1
     write_json_atomic(report_path(spec.log_dir, rank), report)
     sys.stdout.flush()
@@ -106,9 +110,11 @@ def run(spec: WorkerSpec, rank: int, started: float) -> dict[str, Any]:
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
-    from autotune.worker.model import GPT, synthetic_batch
+    from autotune.worker.model import GPT, synthetic_batch, unsupported_reason
 
     clock.lap("import_s")
+    if unsupported_reason(spec.workload.model):
+        raise UnsupportedModel(unsupported_reason(spec.workload.model))
     accel = get_accelerator()
     device_name = accel.device_name()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))

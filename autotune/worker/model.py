@@ -4,6 +4,12 @@ It follows `autotune.workload.ModelShape` exactly (so `ModelShape.params` counts
 written the way the estimator's memory formulas assume: fused attention (`scaled_dot_product_attention`,
 no materialised s x s scores), no dropout, and with `ckpt_interval = k` the layers run in checkpointed
 segments of k layers (only segment inputs are kept; backward recomputes one segment at a time).
+
+It builds the dense shapes `autotune.models` reads from Hugging Face configs, up to what changes neither the
+parameter count nor the memory (GPT-NeoX's and Phi-2's partial rotary is applied to whole heads, Gemma's
+GeGLU is SwiGLU): head_dim, tied or untied embeddings, learned or rotary positions, q/k/v biases, a biased LM
+head, one norm per layer (parallel attention and MLP) or Gemma 2's four. A mixture-of-experts shape is
+refused (`unsupported_reason`): its router and experts are not built here.
 """
 
 from __future__ import annotations
@@ -32,14 +38,23 @@ def _rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
+def unsupported_reason(shape: ModelShape) -> str | None:
+    """Why the built-in model cannot be this shape, or None when it can."""
+    if shape.moe:
+        return (f"model {shape.name}: a mixture of experts ({shape.experts} experts, {shape.experts_per_token} per "
+                "token) is not built by the built-in trial model; estimate it, or tune your own script (--script)")
+    if shape.norms_per_layer not in (1, 2, 4):
+        return f"model {shape.name}: norms_per_layer={shape.norms_per_layer}: the built-in model builds 1, 2 or 4"
+    return None
+
+
 class Attention(nn.Module):
     def __init__(self, shape: ModelShape) -> None:
         super().__init__()
         self.heads, self.kv_heads = shape.heads, shape.kv_heads
-        self.head_dim = shape.hidden // shape.heads
-        bias = shape.arch == "gpt"
-        self.qkv = nn.Linear(shape.hidden, shape.hidden + 2 * shape.kv_dim, bias=bias)
-        self.out = nn.Linear(shape.hidden, shape.hidden, bias=bias)
+        self.head_dim = shape.head_dim
+        self.qkv = nn.Linear(shape.hidden, shape.q_dim + 2 * shape.kv_dim, bias=shape.qkv_bias)
+        self.out = nn.Linear(shape.q_dim, shape.hidden, bias=shape.arch == "gpt")
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         b, s, _ = x.shape
@@ -73,10 +88,21 @@ class Block(nn.Module):
     def __init__(self, shape: ModelShape) -> None:
         super().__init__()
         norm = nn.LayerNorm if shape.arch == "gpt" else RMSNorm
+        self.norms = shape.norms_per_layer
         self.norm1, self.attn = norm(shape.hidden), Attention(shape)
-        self.norm2, self.mlp = norm(shape.hidden), MLP(shape)
+        if self.norms >= 2:
+            self.norm2 = norm(shape.hidden)
+        self.mlp = MLP(shape)
+        if self.norms == 4:  # Gemma 2: the attention's and the MLP's outputs are normed too
+            self.post_attn_norm, self.post_mlp_norm = norm(shape.hidden), norm(shape.hidden)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        if self.norms == 1:  # parallel attention and MLP on one norm (Phi-2)
+            y = self.norm1(x)
+            return x + self.attn(y, rope) + self.mlp(y)
+        if self.norms == 4:
+            x = x + self.post_attn_norm(self.attn(self.norm1(x), rope))
+            return x + self.post_mlp_norm(self.mlp(self.norm2(x)))
         x = x + self.attn(self.norm1(x), rope)
         return x + self.mlp(self.norm2(x))
 
@@ -88,14 +114,17 @@ class GPT(nn.Module):
         super().__init__()
         if not 0 <= ckpt_interval <= shape.layers:
             raise ValueError(f"ckpt_interval={ckpt_interval}: allowed 0..{shape.layers}")
+        reason = unsupported_reason(shape)
+        if reason:
+            raise ValueError(reason)
         self.shape, self.ckpt_interval = shape, ckpt_interval
         self.embed = nn.Embedding(shape.vocab, shape.hidden)
-        self.pos = nn.Embedding(shape.seq_len, shape.hidden) if shape.arch == "gpt" else None
+        self.pos = nn.Embedding(shape.max_positions, shape.hidden) if shape.positions == "learned" else None
         self.blocks = nn.ModuleList(Block(shape) for _ in range(shape.layers))
         self.norm = nn.LayerNorm(shape.hidden) if shape.arch == "gpt" else RMSNorm(shape.hidden)
-        self.head = nn.Linear(shape.hidden, shape.vocab, bias=False)
+        self.head = nn.Linear(shape.hidden, shape.vocab, bias=shape.lm_head_bias)
         self.apply(self._init)
-        if shape.arch == "gpt":
+        if shape.tied_embeddings:
             # Tied as Hugging Face's GPT-2 ties them: one Parameter in two modules, which ZeRO-3 gathers
             # through the head module's own hooks.
             self.head.weight = self.embed.weight
@@ -108,9 +137,9 @@ class GPT(nn.Module):
             nn.init.zeros_(module.bias)
 
     def _rope(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        if self.shape.arch == "gpt":
+        if self.shape.positions != "rotary":
             return None
-        dim = self.shape.hidden // self.shape.heads
+        dim = self.shape.head_dim
         inv = 1.0 / (10000 ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim))
         angles = torch.outer(torch.arange(x.shape[1], device=x.device, dtype=torch.float32), inv)
         angles = torch.cat((angles, angles), dim=-1)
