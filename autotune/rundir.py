@@ -1,4 +1,4 @@
-"""The run directory of a sweep (DESIGN.md section 3): `run.json` (the sweep's settings), `trials.jsonl`
+"""The run directory of a sweep (ARCHITECTURE.md section 3): `run.json` (the sweep's settings), `trials.jsonl`
 (append-only, every trial in order), the Optuna study, the outputs, `logs/<trial>/`, and a lock.
 
 Optuna storage: SQLite through RDBStorage (`study.db`). Every ask and tell is one SQLite transaction,
@@ -12,6 +12,9 @@ outlives a SIGKILLed holder, and the next tuner has to wait out a grace period o
 
 Lock: `fcntl.flock` on `.lock`, held for the whole sweep. The kernel drops it when the holder dies,
 so a killed tuner never leaves the directory locked, and a second live tuner is refused at once.
+
+The lock, atomic writes and fsync'd appends are `RunFolder`'s, which the run directory of a policy's
+training (autotune/rl/train.py TrainingRun) shares; what the two hold differs.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import sqlite3
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, TypeVar
 
 from autotune.config import ConfigError
 from autotune.hardware import Hardware
@@ -80,9 +83,69 @@ class RunSettings:
         return [f"{key}: {theirs[key]!r} != {mine[key]!r}" for key in mine if mine[key] != theirs[key]]
 
 
-class RunDir:
+R = TypeVar("R", bound="RunFolder")
+
+
+class RunFolder:
+    """What every run directory shares (a sweep's RunDir, a policy training run's autotune.rl.train.TrainingRun):
+    a lock held by one process for the whole run, atomic writes, and appends that survive a crash."""
+
+    holder = "process"  # who holds the lock, as the refusal names it: "in use by another <holder>"
+
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+
+    @contextmanager
+    def locked(self: R) -> Iterator[R]:
+        """Hold the directory for one process; a second one gets RunDirBusy at once."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        with open(self.path / LOCK, "a+") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.seek(0)
+                holder = handle.read().strip() or "unknown"
+                raise RunDirBusy(f"{self.path} is in use by another {self.holder} (pid {holder}); "
+                                 "wait for it to finish or choose another --out") from None
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"{os.getpid()}\n")
+            handle.flush()
+            try:
+                yield self
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def write_text(self, name: str, text: str) -> Path:
+        """Write atomically (a crash leaves the old file or the new one, never half of one)."""
+        path = self.path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+        return path
+
+    def write_json(self, name: str, data: Any) -> Path:
+        """Write atomically (a crash leaves the old file or the new one, never half of one)."""
+        return self.write_text(name, json.dumps(data, indent=2) + "\n")
+
+    def read_json(self, name: str) -> Any:
+        """The JSON file's data, None if there is no such file."""
+        path = self.path / name
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    def append_line(self, name: str, line: str) -> None:
+        """Append one line and fsync it (the file is an append-only record)."""
+        with open(self.path / name, "a") as f:
+            f.write(line + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+class RunDir(RunFolder):
+    """A sweep's run directory."""
+
+    holder = "tuner"
 
     trials_path = property(lambda self: self.path / TRIALS)
     settings_path = property(lambda self: self.path / SETTINGS)
@@ -109,27 +172,6 @@ class RunDir:
         """Holds a sweep (settings or trials), as opposed to an empty or absent folder."""
         return self.settings_path.exists() or self.trials_path.exists()
 
-    @contextmanager
-    def locked(self) -> Iterator["RunDir"]:
-        """Hold the directory for one tuner; a second one gets RunDirBusy at once."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        with open(self.path / LOCK, "a+") as handle:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                handle.seek(0)
-                holder = handle.read().strip() or "unknown"
-                raise RunDirBusy(f"{self.path} is in use by another tuner (pid {holder}); "
-                                 "wait for it to finish or choose another --out") from None
-            handle.seek(0)
-            handle.truncate()
-            handle.write(f"{os.getpid()}\n")
-            handle.flush()
-            try:
-                yield self
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
-
     def results(self) -> list[TrialResult]:
         return read_results(self.trials_path)
 
@@ -146,15 +188,6 @@ class RunDir:
 
     def write_settings(self, settings: RunSettings) -> None:
         self.write_json(SETTINGS, settings.to_dict())
-
-    def write_json(self, name: str, data: Any) -> Path:
-        """Write atomically (a crash leaves the old file or the new one, never half of one)."""
-        path = self.path / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(data, indent=2) + "\n")
-        tmp.replace(path)
-        return path
 
     def trial_log_dir(self, number: int) -> Path:
         return self.logs_dir / f"{number:04d}"

@@ -198,6 +198,50 @@ def test_training_settings_are_checked_and_a_run_resumes_only_with_the_same_ones
     assert TrainSettings.from_dict(settings.to_dict()) == settings
 
 
+def test_a_training_run_shares_the_run_folder_lock_and_atomic_files(tmp_path):
+    from autotune.rl.train import Iteration, TrainingRun
+    from autotune.rundir import RunDir, RunDirBusy, RunFolder
+
+    run, _, _ = prepare(tmp_path / "run", TrainSettings(iterations=3, seed=4))
+    assert isinstance(run, TrainingRun) and isinstance(run, RunFolder) and not isinstance(run, RunDir)
+    assert json.loads((run.path / "settings.json").read_text()) == TrainSettings(iterations=3, seed=4).to_dict()
+    rows = [Iteration(i, 10 * i, i, 0.5, 3.0, 0.1, 0.9, 0.2, float(i)) for i in (1, 2, 3)]
+    for row in rows:
+        run.append_progress(row)
+    assert run.progress() == rows and run.keep_progress(2) == rows[:2] and run.progress() == rows[:2]
+    (run.checkpoints / "000002").mkdir(parents=True)
+    run.point_latest("000002")
+    assert run.latest_checkpoint() == run.checkpoints / "000002"
+    assert not list(run.path.rglob("*.tmp"))
+    with run.locked():
+        with pytest.raises(RunDirBusy, match=r"is in use by another trainer \(pid \d+\)"):
+            with TrainingRun(run.path).locked():
+                pass
+    with TrainingRun(run.path).locked():  # released
+        pass
+
+
+def test_ray_is_joined_through_the_drivers_connect_and_local_training_sizes_its_instance(monkeypatch):
+    import sys
+    import types
+
+    import autotune.drivers.ray as ray_driver
+    from autotune.rl.train import connect_ray
+
+    calls = []
+    fake = types.SimpleNamespace(is_initialized=lambda: False, init=lambda **kw: calls.append(("init", kw)))
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    monkeypatch.setattr(ray_driver, "connect", lambda address: calls.append(("connect", address)))
+    assert connect_ray("10.0.0.1:6379", 2) and calls == [("connect", "10.0.0.1:6379")]
+    calls.clear()
+    for address in (None, "local"):
+        assert connect_ray(address, 3)
+    assert calls == [("init", {"num_cpus": 3, "include_dashboard": False, "log_to_driver": False})] * 2
+    fake.is_initialized = lambda: True  # already connected: nothing to do, nothing to disconnect
+    calls.clear()
+    assert not connect_ray("10.0.0.1:6379", 2) and calls == []
+
+
 def test_training_tasks_hold_out_the_test_split_and_tiny():
     env = TrainingEnv({"samplers": samplers("train", 64, 0, 0.5), "seed": 0})
     assert [s.pool[0].hardware.is_cpu for s in env.source.samplers] == [False, True]

@@ -14,15 +14,16 @@ Run directory (`--out`):
     checkpoints/latest  the name of the newest complete one (written after it)
     policy/             the policy exported at the last checkpoint (policy.pt + policy.json), what
                         `--strategy rl` loads without Ray
+    .lock               held by the training process (autotune.rundir.RunFolder): a second one is refused
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import shlex
 import shutil
+import sys
 import time
 from datetime import datetime, timezone
 from dataclasses import asdict, dataclass, fields
@@ -31,6 +32,7 @@ from typing import Any, Callable, Mapping
 
 from autotune.config import ConfigError
 from autotune.interrupts import sigterm_as_interrupt
+from autotune.rundir import RunFolder
 
 BACKENDS = ("simulated", "replay")
 # Settings that may differ when a run is resumed: they change how, not what, is trained.
@@ -185,13 +187,15 @@ class TrainResult:
     policy: Path | None
 
 
-class RunDir:
-    """The files of one training run."""
+class TrainingRun(RunFolder):
+    """The files of one training run (module doc). Not a sweep's RunDir (it holds no trials, study or
+    report, and its settings are TrainSettings), but the same lock, atomic writes and fsync'd appends
+    (autotune.rundir.RunFolder): one `autotune rl train` at a time trains into a directory."""
 
-    def __init__(self, out: str | Path) -> None:
-        self.path = Path(out)
-        self.checkpoints = self.path / "checkpoints"
-        self.policy = self.path / "policy"
+    holder = "trainer"
+
+    checkpoints = property(lambda self: self.path / "checkpoints")
+    policy = property(lambda self: self.path / "policy")
 
     def latest_checkpoint(self) -> Path | None:
         pointer = self.checkpoints / "latest"
@@ -200,9 +204,16 @@ class RunDir:
         path = self.checkpoints / pointer.read_text().strip()
         return path if path.is_dir() else None
 
+    def point_latest(self, name: str) -> None:
+        """Move the `latest` pointer to checkpoint `name` (once it is complete)."""
+        self.write_text("checkpoints/latest", name + "\n")
+
     def settings(self) -> TrainSettings | None:
-        path = self.path / SETTINGS
-        return TrainSettings.from_dict(json.loads(path.read_text())) if path.is_file() else None
+        data = self.read_json(SETTINGS)
+        return TrainSettings.from_dict(data) if data is not None else None
+
+    def write_settings(self, settings: TrainSettings) -> None:
+        self.write_json(SETTINGS, settings.to_dict())
 
     def progress(self) -> list[Iteration]:
         path = self.path / PROGRESS
@@ -220,22 +231,20 @@ class RunDir:
     def keep_progress(self, upto: int) -> list[Iteration]:
         """Drop progress lines of iterations after the checkpoint a resumed run restarts from."""
         rows = [r for r in self.progress() if r.iteration <= upto]
-        tmp = self.path / (PROGRESS + ".tmp")
-        tmp.write_text("".join(json.dumps(r.to_dict()) + "\n" for r in rows))
-        os.replace(tmp, self.path / PROGRESS)
+        self.write_text(PROGRESS, "".join(json.dumps(r.to_dict()) + "\n" for r in rows))
         return rows
 
     def append_progress(self, row: Iteration) -> None:
-        with open(self.path / PROGRESS, "a") as f:
-            f.write(json.dumps(row.to_dict()) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        self.append_line(PROGRESS, json.dumps(row.to_dict()))
 
 
-def prepare(out: str | Path, settings: TrainSettings) -> tuple[RunDir, TrainSettings, Path | None]:
+RunDir = TrainingRun  # the name callers (autotune/commands/rl.py, tests) import
+
+
+def prepare(out: str | Path, settings: TrainSettings) -> tuple[TrainingRun, TrainSettings, Path | None]:
     """The run directory, the settings to train with, and the checkpoint to resume from (None: fresh).
     A directory holding a run resumes it, if the settings that shape the policy agree."""
-    run = RunDir(out)
+    run = TrainingRun(out)
     previous = run.settings()
     checkpoint = run.latest_checkpoint()
     if previous is not None:
@@ -246,9 +255,7 @@ def prepare(out: str | Path, settings: TrainSettings) -> tuple[RunDir, TrainSett
             raise ConfigError(f"{run.path} holds a training run with other settings ({shown}): "
                               f"use another --out, or the same settings to resume it")
     run.path.mkdir(parents=True, exist_ok=True)
-    tmp = run.path / (SETTINGS + ".tmp")
-    tmp.write_text(json.dumps(settings.to_dict(), indent=2) + "\n")
-    os.replace(tmp, run.path / SETTINGS)
+    run.write_settings(settings)
     return run, settings, checkpoint
 
 
@@ -305,7 +312,7 @@ def iteration_row(result: Mapping[str, Any], seconds: float) -> Iteration:
         oom_trials=_metric(runners, "oom_trials"), seconds=round(seconds, 2))
 
 
-def training_meta(run: RunDir, checkpoint: str) -> dict[str, Any]:
+def training_meta(run: TrainingRun, checkpoint: str) -> dict[str, Any]:
     """How the policy of `checkpoint` was trained: command, settings and figures, from its run directory."""
     settings = run.settings()
     rows = [r for r in run.progress() if r.iteration <= int(checkpoint)]
@@ -329,7 +336,7 @@ def export_checkpoint(checkpoint: str | Path, folder: str | Path, meta: Mapping[
     module = RLModule.from_checkpoint(module_dir.resolve())
     if meta is None:
         meta = {**layout(), "env": "autotune/DeepSpeedMemory-v0"}
-        run = RunDir(checkpoint.parent.parent)
+        run = TrainingRun(checkpoint.parent.parent)
         if run.settings() is not None:
             meta["training"] = training_meta(run, checkpoint.name)
     folder = save_policy(folder, module.spec, module.policy_state(), meta)
@@ -363,15 +370,22 @@ def provenance(training: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _init_ray(address: str | None, workers: int) -> bool:
-    """Connect to Ray (a local instance sized for the runners unless `address` is given); True if we started it."""
-    import ray
+def connect_ray(address: str | None, workers: int) -> bool:
+    """Connect to Ray: the cluster at `address` (autotune.drivers.ray.connect), or, without one (or with
+    "local"), a private local instance sized for the runners. True if this call connected (the caller
+    then disconnects); False if this process already was."""
+    from autotune.drivers.ray import LOCAL, connect
 
-    if ray.is_initialized():
+    ray = sys.modules.get("ray")  # not imported here: connect(LOCAL) sets Ray's environment before the import
+    if ray is not None and ray.is_initialized():
         return False
-    if address:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    if address and address != LOCAL:
+        connect(address)
     else:
+        # connect(LOCAL) would start an instance with every core (Ray starts workers to match): this becomes
+        # connect(LOCAL, num_cpus=max(1, workers)) once autotune.drivers.ray.connect takes the instance's CPUs.
+        import ray
+
         ray.init(num_cpus=max(1, workers), include_dashboard=False, log_to_driver=False)
     return True
 
@@ -382,42 +396,43 @@ def train(out: str | Path, settings: TrainSettings, *, ray_address: str | None =
     """Train until `settings.iterations` (counted over resumed sessions), checkpointing every
     `checkpoint_every` iterations and at the end. Ctrl-C or SIGTERM raise KeyboardInterrupt after
     stopping the algorithm and the Ray instance this call started; the last checkpoint stays."""
-    import ray
-
+    from autotune.drivers.ray import disconnect
     from autotune.rl.policy import layout
 
-    run, settings, checkpoint = prepare(out, settings)
-    started_ray = _init_ray(ray_address, settings.workers)
-    algo = None
-    try:
-        with sigterm_as_interrupt():  # installed after Ray's own handler
-            algo = algorithm_config(settings, env).build_algo()
-            resumed_from = 0
-            if checkpoint is not None:
-                algo.restore_from_path(str(checkpoint.resolve()))
-                resumed_from = int(algo.iteration)
-            rows = run.keep_progress(resumed_from)
-            offset = rows[-1].seconds if rows else 0.0
-            start = time.monotonic()
-            last = rows[-1] if rows else None
-            meta = dict(policy_meta) if policy_meta is not None else {**layout(), "env": "autotune/DeepSpeedMemory-v0"}
-            while algo.iteration < settings.iterations:
-                result = algo.train()
-                last = iteration_row(result, offset + time.monotonic() - start)
-                run.append_progress(last)
-                on_iteration(last)
-                if last.iteration % settings.checkpoint_every == 0 or last.iteration >= settings.iterations:
-                    checkpoint = _checkpoint(algo, run, settings, last, meta)
-            policy = run.policy if (run.policy / "policy.pt").is_file() else None
-            return TrainResult(run.path, int(algo.iteration), resumed_from, last, checkpoint, policy)
-    finally:
-        if algo is not None:
-            algo.stop()
-        if started_ray:
-            ray.shutdown()
+    with TrainingRun(out).locked():
+        run, settings, checkpoint = prepare(out, settings)
+        connected = connect_ray(ray_address, settings.workers)
+        algo = None
+        try:
+            with sigterm_as_interrupt():  # installed after Ray's own handler
+                algo = algorithm_config(settings, env).build_algo()
+                resumed_from = 0
+                if checkpoint is not None:
+                    algo.restore_from_path(str(checkpoint.resolve()))
+                    resumed_from = int(algo.iteration)
+                rows = run.keep_progress(resumed_from)
+                offset = rows[-1].seconds if rows else 0.0
+                start = time.monotonic()
+                last = rows[-1] if rows else None
+                meta = dict(policy_meta) if policy_meta is not None else \
+                    {**layout(), "env": "autotune/DeepSpeedMemory-v0"}
+                while algo.iteration < settings.iterations:
+                    result = algo.train()
+                    last = iteration_row(result, offset + time.monotonic() - start)
+                    run.append_progress(last)
+                    on_iteration(last)
+                    if last.iteration % settings.checkpoint_every == 0 or last.iteration >= settings.iterations:
+                        checkpoint = _checkpoint(algo, run, settings, last, meta)
+                policy = run.policy if (run.policy / "policy.pt").is_file() else None
+                return TrainResult(run.path, int(algo.iteration), resumed_from, last, checkpoint, policy)
+        finally:
+            if algo is not None:
+                algo.stop()
+            if connected:
+                disconnect()
 
 
-def _checkpoint(algo: Any, run: RunDir, settings: TrainSettings, row: Iteration, meta: Mapping[str, Any]) -> Path:
+def _checkpoint(algo: Any, run: TrainingRun, settings: TrainSettings, row: Iteration, meta: Mapping[str, Any]) -> Path:
     run.checkpoints.mkdir(parents=True, exist_ok=True)
     name = f"{row.iteration:06d}"
     path = run.checkpoints / name
@@ -425,9 +440,7 @@ def _checkpoint(algo: Any, run: RunDir, settings: TrainSettings, row: Iteration,
         shutil.rmtree(path)
     algo.save_to_path(str(path.resolve()))  # RLlib's filesystem layer needs absolute paths
     # The pointer moves only once the checkpoint is complete: a kill mid-save resumes from the previous one.
-    tmp = run.checkpoints / "latest.tmp"
-    tmp.write_text(name + "\n")
-    os.replace(tmp, run.checkpoints / "latest")
+    run.point_latest(name)
     for old in sorted(p for p in run.checkpoints.iterdir() if p.is_dir())[:-settings.keep_checkpoints]:
         shutil.rmtree(old, ignore_errors=True)
     export_checkpoint(path, run.policy, {**meta, "training": training_meta(run, name)})
