@@ -37,13 +37,10 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune.backends.replay import ReplayBackend, load_surface, surface_space
-from autotune.calibrate import calibrator
 from autotune.drivers.local import run_local
 from autotune.drivers.progress import QuietProgress
 from autotune.drivers.sweep import Budget, Sweep
 from autotune.envs.sampler import Task, WorkloadSampler
-from autotune.pruning import Pruner
-from autotune.results import TrialResult
 from autotune.rl.policy import Policy
 from autotune.rl.simulator import distorted_task
 from autotune.rl.train import samplers
@@ -109,12 +106,10 @@ def strategy_for(name: str, context: SearchContext, policy: Policy):
 
 def run_one(name: str, space: Space, backend, budget: int, optimum: float, trials: int, seed: int, policy: Policy,
             true_value) -> tuple[list[float], int, int, int, list[float]]:
-    pruner = Pruner(space.workload, space.hardware, budget)
-    strategy = Timed(strategy_for(name, SearchContext(space, budget, seed, pruner.predict), policy))
-    record: list[TrialResult] = []
     # Calibrated from the measured trials as `autotune tune` does: the pruner's margin adapts.
-    sweep = Sweep(strategy, pruner, record.append, backend.name, (), calibrator(space.workload, space.hardware),
-                  len(space))
+    sweep = Sweep.in_memory(space, budget, lambda context: Timed(strategy_for(name, context, policy)),
+                            backend.name, seed)
+    strategy = sweep.strategy
     run_local(sweep, backend, Budget(trials), QuietProgress())
     curve, best_measured, best_true = [], 0.0, 0.0
     for result in sweep.results:

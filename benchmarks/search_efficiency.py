@@ -47,18 +47,15 @@ from rich.table import Table
 
 from autotune.backends.replay import ReplayBackend, load_surface, surface_space
 from autotune.backends.simulated import SimulatedBackend
-from autotune.calibrate import calibrator
 from autotune.config import KNOBS, Config
 from autotune.drivers.local import run_local
 from autotune.drivers.progress import QuietProgress
 from autotune.drivers.sweep import Budget, Sweep
 from autotune.envs.sampler import Task
 from autotune.hardware import PROFILES
-from autotune.pruning import Pruner
 from autotune.rl.simulator import distorted_task
 from autotune.search_spaces import load_choices
 from autotune.space import Space
-from autotune.strategies import SearchContext, make_strategy
 from autotune.workload import make_workload
 
 ROOT = Path(__file__).resolve().parent
@@ -127,10 +124,7 @@ def grid_subspace(space: Space) -> set[Config]:
 def sweep(name: str, space: Space, backend, budget: int, trials: int, seed: int,
           truth: Callable[[Config], float], optimum: float) -> tuple[list[float], int, int, float]:
     start = time.perf_counter()
-    pruner = Pruner(space.workload, space.hardware, budget)
-    strategy = make_strategy(name, SearchContext(space, budget, seed, pruner.predict))
-    s = Sweep(strategy, pruner, lambda r: None, backend.name, (), calibrator(space.workload, space.hardware),
-              len(space))
+    s = Sweep.in_memory(space, budget, name, backend.name, seed)
     run_local(s, backend, Budget(trials), QuietProgress())
     curve, best_measured, best_true = [], 0.0, 0.0
     for r in s.results:

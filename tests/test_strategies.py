@@ -43,10 +43,8 @@ def gpu_space() -> Space:
 
 
 def sweep(name: str, space: Space, backend, budget: int, trials: int, seed: int = 0, storage=None) -> Sweep:
-    pruner = Pruner(space.workload, space.hardware, budget)
-    strategy = make_strategy(name, SearchContext(space, budget, seed, pruner.predict, storage))
     record: list[TrialResult] = []
-    s = Sweep(strategy, pruner, record.append, backend.name, (), None, len(space))
+    s = Sweep.in_memory(space, budget, name, backend.name, seed, record=record.append, calibrate=False, storage=storage)
     s.stop_reason = run_local(s, backend, Budget(trials), QuietProgress())
     assert record == s.results  # everything decided was recorded, in order
     return s

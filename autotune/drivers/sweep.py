@@ -6,7 +6,7 @@ decision made so far and nothing else."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from autotune.calibrate import calibrator
 from autotune.config import Config
@@ -74,6 +74,18 @@ class Sweep:
         context = SearchContext(space, settings.memory_budget_bytes, settings.seed, pruner.predict, run_dir.storage())
         return cls(make_strategy(settings.strategy, context), pruner, run_dir.append, settings.backend,
                    run_dir.results(), calibrator(settings.workload, settings.hardware), len(space))
+
+    @classmethod
+    def in_memory(cls, space: Space, budget_bytes: int, strategy: str | Callable[[SearchContext], Strategy],
+                  backend_name: str, seed: int = 0, *, record: Callable[[TrialResult], None] = lambda r: None,
+                  calibrate: bool = True, storage: Any = None) -> "Sweep":
+        """A sweep with no run directory (benchmarks, tests): `strategy` is a name or builds one from its context;
+        `record` hears every result in order; `calibrate` refits the estimator on measured trials, as tune does."""
+        pruner = Pruner(space.workload, space.hardware, budget_bytes)
+        context = SearchContext(space, budget_bytes, seed, pruner.predict, storage)
+        built = make_strategy(strategy, context) if isinstance(strategy, str) else strategy(context)
+        return cls(built, pruner, record, backend_name, (),
+                   calibrator(space.workload, space.hardware) if calibrate else None, len(space))
 
     def nothing_fits(self, space: Space) -> bool:
         """Every config would be pruned: say so rather than record the whole space."""
