@@ -37,13 +37,17 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?
 _MISSING = object()
 
 
+class UnknownModel(ConfigError):
+    """The text names no preset, no file or directory, and no Hub id in the local cache."""
+
+
 def load_model(spec: str, seq_len: int | None = None) -> ModelShape:
     """The model shape `spec` names (a preset, a config.json, a model directory, a shape file, a cached
     Hub id), at `seq_len` tokens per sample if given. ConfigError (one line) if it names none."""
     if seq_len is not None and (not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len <= 0):
         raise ConfigError(f"seq_len={seq_len!r}: must be a positive integer")
     if not isinstance(spec, str) or not spec.strip():
-        raise ConfigError(f"model {spec!r}: {ALLOWED}")
+        raise UnknownModel(f"model {spec!r}: {ALLOWED}")
     if spec in PRESETS:
         return with_seq_len(PRESETS[spec], seq_len)
     path = Path(spec).expanduser()
@@ -60,10 +64,10 @@ def load_model(spec: str, seq_len: int | None = None) -> ModelShape:
         config = cached_config(spec, cache)
         if config is not None:
             return _from_hf(_read_json(config), str(config), spec, seq_len)
-        raise ConfigError(f"unknown model {spec!r}: not a preset ({', '.join(PRESETS)}), no such file or directory, "
+        raise UnknownModel(f"unknown model {spec!r}: not a preset ({', '.join(PRESETS)}), no such file or directory, "
                           f"and not in the local Hugging Face cache ({cache / _cache_folder(spec)}): pass a config.json "
                           "path, a model directory or a YAML/JSON shape file (nothing is downloaded)")
-    raise ConfigError(f"model {spec}: no such file or directory; {ALLOWED}")
+    raise UnknownModel(f"model {spec}: no such file or directory; {ALLOWED}")
 
 
 ALLOWED = ("allowed: a preset (" + ", ".join(PRESETS) + "), a Hugging Face config.json or model directory, "

@@ -9,7 +9,8 @@ defaults:                 # optional: every workload's keys unless it sets them
   trials: 20
 workloads:
   - name: gpt2-xl-8gpu    # its run directory: <out>/<name>
-    model: gpt2-xl        # a preset, or a shape: {layers: 48, hidden: 1600, heads: 25, vocab: 50257, seq_len: 1024}
+    model: gpt2-xl        # a preset, or a shape: {layers: 48, hidden: 1600, heads: 25, vocab: 50257, seq_len: 1024},
+                          # or a Hugging Face config.json / model directory / cached Hub id, or a shape file
     gpus: 8
     global_batch: 256
     hardware: a100-40gb
@@ -44,6 +45,7 @@ from autotune.space import Space
 from autotune.strategies import STRATEGIES
 from autotune.units import format_size
 from autotune.drivers.stop import StopReason
+from autotune.models import SHAPE_KEYS, UnknownModel
 from autotune.workload import PRESETS, ModelShape, Workload, make_workload
 
 WORKLOAD_KEYS = ("name", "model", "gpus", "global_batch", "hardware", "memory_budget", "space", "strategy", "trials",
@@ -161,7 +163,7 @@ def _workload(entry: dict[str, Any], where: str, base: Path) -> WorkloadSpec:
         else:
             if entry.get("surface") is not None:
                 raise ConfigError(f"surface is only for backend replay (got backend {backend})")
-            workload = _model_workload(model, global_batch, gpus or 1, where)
+            workload = _model_workload(model, global_batch, gpus or 1, where, base)
             # Real trials default to this machine's devices; whether they can run is checked by run_sweep,
             # which knows whether this machine or a remote cluster runs them.
             profile, _ = resolve_hardware(hardware, real=backend == "deepspeed", model=workload.model.name)
@@ -177,21 +179,32 @@ def _workload(entry: dict[str, Any], where: str, base: Path) -> WorkloadSpec:
     return WorkloadSpec(name, settings, space, Budget(trials, time_budget), gpus_per_trial)
 
 
-def _model_workload(model: Any, global_batch: int | None, gpus: int, where: str) -> Workload:
+def _model_workload(model: Any, global_batch: int | None, gpus: int, where: str,
+                    base: Path | None = None) -> Workload:
+    """`model:` as a preset, a Hugging Face config.json or model directory (relative to the sweep file's
+    folder), a cached Hub id, a YAML/JSON shape file (autotune.models), or a mapping of shape keys."""
     if isinstance(model, str):
-        if model not in PRESETS:
-            raise ConfigError(f"{where}.model: {model!r}: allowed {', '.join(PRESETS)} or a mapping of shapes")
-        return make_workload(model, global_batch, gpus)
+        local = base / model if base is not None and model not in PRESETS else None
+        try:
+            return make_workload(str(local) if local is not None and local.exists() else model, global_batch, gpus)
+        except UnknownModel:
+            raise ConfigError(f"{where}.model: {model!r}: {ALLOWED_MODELS}") from None
+        except ConfigError as err:
+            raise ConfigError(f"{where}.model: {err}") from None
     if isinstance(model, dict):
         shape = {"name": "custom", **model}
         try:
             return Workload(ModelShape(**shape), global_batch or 32 * gpus, gpus)
         except TypeError as err:
-            raise ConfigError(f"{where}.model: {model!r}: {err}; allowed keys name, layers, hidden, heads, vocab, "
-                              "seq_len, ffn_hidden, kv_heads, arch") from None
+            raise ConfigError(f"{where}.model: {model!r}: {err}; allowed keys "
+                              f"{', '.join(SHAPE_KEYS)}") from None
         except ConfigError as err:
             raise ConfigError(f"{where}.model: {err}") from None
-    raise ConfigError(f"{where}.model: {model!r}: allowed {', '.join(PRESETS)} or a mapping of shapes")
+    raise ConfigError(f"{where}.model: {model!r}: {ALLOWED_MODELS}")
+
+
+ALLOWED_MODELS = (f"allowed {', '.join(PRESETS)}, a Hugging Face config.json or model directory, a Hub id in the local "
+                  "Hugging Face cache, a YAML/JSON shape file, or a mapping of shape keys")
 
 
 
