@@ -119,24 +119,34 @@ def tune(spec: TuneSpec, out: str | Path | None = None, *, resume: bool = False,
     out = Path(out) if out is not None else Path("runs") / (
         f"{spec.workload.model.name}-{spec.strategy}-{datetime.now():%Y%m%d-%H%M%S}")
     run_dir = RunDir(out)
-    if resume and not run_dir.exists():
-        raise ConfigError(f"--resume: {out} holds no sweep to resume")
-    if not resume and run_dir.exists():
-        raise ConfigError(f"{out} already holds a sweep: pass --resume to continue it, or choose another --out")
+    check_out(run_dir, resume)
     settings = spec.settings()
     objective = None if isinstance(spec.backend, str) else as_backend(spec.backend)
     if objective is not None and executor is not None:
         raise ConfigError("a backend object runs on this machine only: register a backend kind to run on Ray")
     with run_dir.locked():
-        if resume:
-            differences = run_dir.read_settings().differences(settings)
-            if differences:
-                raise ConfigError(f"--resume: {out} was started with other settings ({'; '.join(differences)}): "
-                                  "repeat the original command with --resume")
-        else:
-            run_dir.write_settings(settings)
+        begin(run_dir, settings, resume)
         return run_sweep(run_dir, settings, settings.space(), spec.budget(), executor, callbacks or QuietProgress(),
                          objective)
+
+
+def check_out(run_dir: RunDir, resume: bool) -> None:
+    """A new sweep needs a directory that holds none; a resumed one, the directory of one."""
+    if resume and not run_dir.exists():
+        raise ConfigError(f"--resume: {run_dir.path} holds no sweep to resume")
+    if not resume and run_dir.exists():
+        raise ConfigError(f"{run_dir.path} already holds a sweep: pass --resume to continue it, or choose another --out")
+
+
+def begin(run_dir: RunDir, settings: RunSettings, resume: bool) -> None:
+    """Write a new sweep's settings, or check that a resumed one is started with the same (under its lock)."""
+    if not resume:
+        run_dir.write_settings(settings)
+        return
+    differences = run_dir.read_settings().differences(settings)
+    if differences:
+        raise ConfigError(f"--resume: {run_dir.path} was started with other settings ({'; '.join(differences)}): "
+                          "repeat the original command with --resume")
 
 
 def run_sweep(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budget, executor: "RayOptions | None",

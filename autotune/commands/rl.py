@@ -18,28 +18,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from autotune.commands.common import positive_int
+from autotune.argtypes import non_negative_float, non_negative_int, positive_int
 from autotune.config import ConfigError
-
-
-def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or a positive integer")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0")
-    return value
 
 
 def widths(text: str) -> tuple[int, ...]:

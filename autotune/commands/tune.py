@@ -9,7 +9,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autotune.api import DEFAULT_STRATEGY, run_sweep
+from autotune.api import DEFAULT_STRATEGY, begin, check_out, run_sweep
 from autotune.argtypes import duration, seed
 from autotune.backends.replay import replay_settings
 from autotune.backends.factory import SLEEP_ENV, backend_names  # noqa: F401  (SLEEP_ENV: tests set it)
@@ -69,10 +69,7 @@ def run(args: argparse.Namespace) -> int:
     name = f"script-{args.script.stem}" if args.script else settings.workload.model.name
     out = args.out or Path("runs") / f"{name}-{settings.strategy}-{datetime.now():%Y%m%d-%H%M%S}"
     run_dir = RunDir(out)
-    if args.resume and not run_dir.exists():
-        raise ConfigError(f"--resume: {out} holds no sweep to resume")
-    if not args.resume and run_dir.exists():
-        raise ConfigError(f"{out} already holds a sweep: pass --resume to continue it, or choose another --out")
+    check_out(run_dir, args.resume)
     with run_dir.locked(), sigterm_as_interrupt():
         if args.script and args.resume:
             settings = script_mode().resumed(run_dir, settings, script_mode().script_from(args))
@@ -81,13 +78,7 @@ def run(args: argparse.Namespace) -> int:
             if fatal:
                 run_dir.write_settings(settings)
                 return script_mode().stopped(run_dir, settings, fatal)
-        if args.resume:
-            differences = run_dir.read_settings().differences(settings)
-            if differences:
-                raise ConfigError(f"--resume: {out} was started with other settings ({'; '.join(differences)}): "
-                                  "repeat the original command with --resume")
-        else:
-            run_dir.write_settings(settings)
+        begin(run_dir, settings, args.resume)
         return tune(run_dir, settings, space, Budget(args.trials, args.time_budget), args.resume, ray_options(args))
 
 
