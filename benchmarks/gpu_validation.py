@@ -371,7 +371,7 @@ class Timed:
 def record_plan(plan: Plan, available_s: float, args: argparse.Namespace, console: Any) -> dict[str, Any]:
     """Record as much of the plan's subset as `available_s` allows; what was chosen and done."""
     from autotune.backends.deepspeed import DeepSpeedBackend
-    from autotune.commands.surface import record
+    from autotune.recording import record_surface as record
     from autotune.dsconfig import DsOptions
     from autotune.worker.measure import MeasureSettings
 
