@@ -1,7 +1,7 @@
 """A model shape from a name, a file or a directory: what `--model` (and a workload's model) may be.
 
 `load_model(spec, seq_len)` takes, in this order:
-- a built-in preset name (`autotune.workload.PRESETS`);
+- a built-in preset name (`autotune.shapes.PRESETS`);
 - a Hugging Face `config.json`, or a model directory holding one, read with the standard library (no
   transformers, no network): the model types of `HF_TYPES`;
 - a YAML or JSON file of this project's own shape keys (`ModelShape`'s fields), optionally on top of a
@@ -61,12 +61,12 @@ def load_model(spec: str, seq_len: int | None = None) -> ModelShape:
         return _from_file(path, seq_len)
     if _HUB_ID.match(spec) and not spec.endswith((".json", ".yaml", ".yml")):
         cache = hub_cache()
-        config = cached_config(spec, cache)
-        if config is not None:
-            return _from_hf(_read_json(config), str(config), spec, seq_len)
+        cached = cached_config(spec, cache)
+        if cached is not None:
+            return _from_hf(_read_json(cached), str(cached), spec, seq_len)
         raise UnknownModel(f"unknown model {spec!r}: not a preset ({', '.join(PRESETS)}), no such file or directory, "
-                          f"and not in the local Hugging Face cache ({cache / _cache_folder(spec)}): pass a config.json "
-                          "path, a model directory or a YAML/JSON shape file (nothing is downloaded)")
+                           f"and not in the local Hugging Face cache ({cache / _cache_folder(spec)}): pass a config.json "
+                           "path, a model directory or a YAML/JSON shape file (nothing is downloaded)")
     raise UnknownModel(f"model {spec}: no such file or directory; {ALLOWED}")
 
 
@@ -175,12 +175,12 @@ def _from_shape(data: dict[str, Any], path: Path, seq_len: int | None) -> ModelS
             values["head_dim"] = 0  # follows the new hidden / heads
         if "hidden" in data and "ffn_hidden" not in data and PRESETS[base].arch == "gpt":
             values["ffn_hidden"] = 0
-        if "seq_len" in data or seq_len is not None:
-            values["max_positions"] = 0
     values.update(data)
-    values.setdefault("name", path.stem)
+    values["name"] = data.get("name", path.stem)  # a shape on top of a preset is another model
     if seq_len is not None:
         values["seq_len"] = seq_len
+    if base is not None and "max_positions" not in data and values.get("max_positions") and "seq_len" in values:
+        values["max_positions"] = max(values["max_positions"], values["seq_len"])  # as with a preset: grows to fit
     missing = [k for k in ("layers", "hidden", "heads", "vocab", "seq_len") if k not in values]
     if missing:
         hint = " (or pass --seq-len)" if missing == ["seq_len"] else ""
