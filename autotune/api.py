@@ -116,9 +116,7 @@ def tune(spec: TuneSpec, out: str | Path | None = None, *, resume: bool = False,
     """Run the sweep `spec` describes into the run directory `out` (default runs/<model>-<strategy>-<time>),
     or continue it there (`resume`), on this machine or on a Ray cluster (`executor`). `callbacks` hears of
     every trial (autotune.drivers.progress.Progress; ConsoleProgress prints what `autotune tune` prints)."""
-    out = Path(out) if out is not None else Path("runs") / (
-        f"{spec.workload.model.name}-{spec.strategy}-{datetime.now():%Y%m%d-%H%M%S}")
-    run_dir = RunDir(out)
+    run_dir = RunDir(out if out is not None else default_run_dir(spec.workload.model.name, spec.strategy))
     check_out(run_dir, resume)
     settings = spec.settings()
     objective = None if isinstance(spec.backend, str) else as_backend(spec.backend)
@@ -128,6 +126,11 @@ def tune(spec: TuneSpec, out: str | Path | None = None, *, resume: bool = False,
         begin(run_dir, settings, resume)
         return run_sweep(run_dir, settings, settings.space(), spec.budget(), executor, callbacks or QuietProgress(),
                          objective)
+
+
+def default_run_dir(name: str, strategy: str) -> Path:
+    """runs/<model>-<strategy>-<time>; a Hub id's owner/name becomes owner--name (one folder)."""
+    return Path("runs") / f"{name.replace('/', '--')}-{strategy}-{datetime.now():%Y%m%d-%H%M%S}"
 
 
 def check_out(run_dir: RunDir, resume: bool) -> None:

@@ -110,3 +110,10 @@ def test_import_autotune_stays_cheap():
     assert set(autotune.__all__) >= {"tune", "TuneSpec", "TuneResult", "predict", "rank_configs", "record_surface"}
     for name in autotune.__all__:
         assert getattr(autotune, name) is not None
+
+
+def test_a_hub_id_names_one_run_folder():
+    from autotune.api import default_run_dir
+
+    path = default_run_dir("meta-llama/Meta-Llama-3-8B", "optuna")
+    assert path.parent.name == "runs" and path.name.startswith("meta-llama--Meta-Llama-3-8B-optuna-")

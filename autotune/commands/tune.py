@@ -5,11 +5,10 @@ report into the run directory."""
 from __future__ import annotations
 
 import argparse
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autotune.api import DEFAULT_STRATEGY, begin, check_out, run_sweep
+from autotune.api import DEFAULT_STRATEGY, begin, check_out, default_run_dir, run_sweep
 from autotune.argtypes import duration, seed
 from autotune.backends.replay import replay_settings
 from autotune.backends.factory import SLEEP_ENV, backend_names  # noqa: F401  (SLEEP_ENV: tests set it)
@@ -67,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress display says what matters
     settings, space = resolve(args)
     name = f"script-{args.script.stem}" if args.script else settings.workload.model.name
-    out = args.out or Path("runs") / f"{name}-{settings.strategy}-{datetime.now():%Y%m%d-%H%M%S}"
+    out = args.out or default_run_dir(name, settings.strategy)
     run_dir = RunDir(out)
     check_out(run_dir, args.resume)
     with run_dir.locked(), sigterm_as_interrupt():
