@@ -20,7 +20,7 @@ from autotune.drivers.progress import ConsoleProgress
 from autotune.drivers.stop import StopReason
 from autotune.drivers.sweep import Budget
 from autotune.rundir import RunDir, RunSettings
-from autotune.script.cli import add_arguments as script_arguments
+from autotune.script.cli import add_arguments as script_arguments, script_from
 from autotune.space import Space
 from autotune.strategies import STRATEGIES
 from autotune.units import format_size
@@ -71,9 +71,9 @@ def run(args: argparse.Namespace) -> int:
     check_out(run_dir, args.resume)
     with run_dir.locked(), sigterm_as_interrupt():
         if args.script and args.resume:
-            settings = script_mode().resumed(run_dir, settings, script_mode().script_from(args))
+            settings = script_mode().resumed(run_dir, settings, script_from(args))
         elif args.script:  # the first trial shows the script's model (autotune.script.session)
-            settings, space, fatal = script_mode().first_trial(run_dir, settings, space, script_mode().script_from(args))
+            settings, space, fatal = script_mode().first_trial(run_dir, settings, space, script_from(args))
             if fatal:
                 run_dir.write_settings(settings)
                 return script_mode().stopped(run_dir, settings, fatal)
