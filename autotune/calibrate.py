@@ -58,6 +58,7 @@ class FitQuality:
 
 
 def usable(results: Sequence[TrialResult]) -> list[TrialResult]:
+    """Ok results with a measured peak and step time: the only rows the fits below read."""
     return [r for r in results if r.ok and r.peak_memory_bytes and r.step_time_s]
 
 
@@ -94,13 +95,13 @@ def _fit_memory(rows: list[TrialResult], workload: Workload, hardware: Hardware)
     a, b = [], []
     for r in rows:
         states, activations = _memory_terms(r, workload, hardware)
-        y = float(r.peak_memory_bytes)
+        y = float(r.peak_bytes)
         a.append([GiB / y, states / y, activations / y])  # overhead in GiB keeps the columns comparable
         b.append(1.0)
     a += [[0.0, MEMORY_SCALE_PRIOR, 0.0], [0.0, 0.0, PRIOR_WEIGHT]]
     b += [MEMORY_SCALE_PRIOR, PRIOR_WEIGHT]
     lower = [0.0, SCALE_BOUNDS[0], SCALE_BOUNDS[0]]
-    upper = [max(r.peak_memory_bytes for r in rows) / GiB, SCALE_BOUNDS[1], SCALE_BOUNDS[1]]
+    upper = [max(r.peak_bytes for r in rows) / GiB, SCALE_BOUNDS[1], SCALE_BOUNDS[1]]
     solution = lsq_linear(np.array(a), np.array(b), bounds=(lower, upper)).x
     return solution[0] * GiB, float(solution[1]), float(solution[2])
 
@@ -116,7 +117,7 @@ def _fit_time(rows: list[TrialResult], workload: Workload, hardware: Hardware) -
     a, b = [], []
     for r in rows:
         compute, rest = _time_terms(r, workload, hardware)
-        y = float(r.step_time_s)
+        y = float(r.step_time)
         row = [0.0] * (len(precisions) + 1)  # unknowns: 1 / scale of each precision, step overhead
         row[precisions.index(r.config.precision)] = compute / y
         row[-1] = 1.0 / y
@@ -126,7 +127,7 @@ def _fit_time(rows: list[TrialResult], workload: Workload, hardware: Hardware) -
         a.append([PRIOR_WEIGHT if j == i else 0.0 for j in range(len(precisions) + 1)])
         b.append(PRIOR_WEIGHT)
     lower = [1.0 / SCALE_BOUNDS[1]] * len(precisions) + [0.0]
-    upper = [1.0 / SCALE_BOUNDS[0]] * len(precisions) + [max(r.step_time_s for r in rows)]
+    upper = [1.0 / SCALE_BOUNDS[0]] * len(precisions) + [max(r.step_time for r in rows)]
     *inverses, overhead = lsq_linear(np.array(a), np.array(b), bounds=(lower, upper)).x
     return {p: float(1.0 / inv) for p, inv in zip(precisions, inverses)}, float(overhead)
 
@@ -141,7 +142,7 @@ def quality(results: Sequence[TrialResult], workload: Workload, hardware: Hardwa
         errors = []
         for r in rows:
             est = estimate(r.config, workload, hardware, cal)
-            pred, real = (est.peak_bytes, r.peak_memory_bytes) if memory else (est.step_time_s, r.step_time_s)
+            pred, real = (est.peak_bytes, r.peak_bytes) if memory else (est.step_time_s, r.step_time)
             errors.append(abs(pred - real) / real)
         return statistics.mean(errors)
 

@@ -20,10 +20,10 @@ FAILED = ("oom", "crash", "timeout", "unsupported")
 def pareto_front(results: Sequence[TrialResult]) -> list[TrialResult]:
     """Results no other result beats on both throughput (higher) and peak memory (lower), by memory."""
     points = sorted((r for r in results if r.ok and r.peak_memory_bytes),
-                    key=lambda r: (r.peak_memory_bytes, -r.throughput_samples_per_s))
+                    key=lambda r: (r.peak_bytes, -r.throughput))
     front: list[TrialResult] = []
     for result in points:
-        if not front or result.throughput_samples_per_s > front[-1].throughput_samples_per_s:
+        if not front or result.throughput > front[-1].throughput:
             front.append(result)
     return front
 
@@ -33,11 +33,11 @@ def throughput_vs_memory(results: Sequence[TrialResult], budget_bytes: int, best
     fig = Figure(figsize=(8, 5), layout="constrained")
     ax = fig.subplots()
     ok = [r for r in results if r.ok and r.peak_memory_bytes]
-    ax.scatter([r.peak_memory_bytes / GiB for r in ok], [r.throughput_samples_per_s for r in ok],
+    ax.scatter([r.peak_bytes / GiB for r in ok], [r.throughput for r in ok],
                s=28, color="tab:blue", label=f"ran ({len(ok)})", zorder=3)
     failed = [r for r in results if r.status in FAILED and r.peak_memory_bytes]
     if failed:
-        ax.scatter([r.peak_memory_bytes / GiB for r in failed], [0] * len(failed), marker="x", color="tab:red",
+        ax.scatter([r.peak_bytes / GiB for r in failed], [0] * len(failed), marker="x", color="tab:red",
                    label=f"failed, measured peak ({len(failed)})", zorder=3)
     pruned = [r for r in results if r.status == "pruned" and r.extra.get("predicted_peak_bytes")]
     if pruned:
@@ -45,10 +45,10 @@ def throughput_vs_memory(results: Sequence[TrialResult], budget_bytes: int, best
                    color="grey", alpha=0.5, label=f"pruned, predicted peak ({len(pruned)})", zorder=2)
     front = pareto_front(ok)
     if front:
-        ax.step([r.peak_memory_bytes / GiB for r in front], [r.throughput_samples_per_s for r in front],
+        ax.step([r.peak_bytes / GiB for r in front], [r.throughput for r in front],
                 where="post", color="tab:green", label="Pareto front", zorder=2)
     if best is not None and best.peak_memory_bytes:
-        ax.scatter([best.peak_memory_bytes / GiB], [best.throughput_samples_per_s], marker="*", s=220,
+        ax.scatter([best.peak_memory_bytes / GiB], [best.throughput], marker="*", s=220,
                    color="gold", edgecolor="black", label="recommended", zorder=4)
     ax.axvline(budget_bytes / GiB, color="tab:red", linestyle="--", label=f"budget {budget_bytes / GiB:.3g} GiB")
     ax.set_xlabel("peak memory per device (GiB)")
@@ -69,9 +69,9 @@ def best_so_far(results: Sequence[TrialResult], budget_bytes: int, path: Path) -
     best, curve = 0.0, []
     for r in launched:
         if r.fits(budget_bytes):
-            best = max(best, r.throughput_samples_per_s)
+            best = max(best, r.throughput)
         curve.append(best)
-    ax.scatter(xs, [r.throughput_samples_per_s if r.ok else 0.0 for r in launched], s=18,
+    ax.scatter(xs, [r.throughput if r.ok else 0.0 for r in launched], s=18,
                c=["tab:blue" if r.ok else "tab:red" for r in launched], label="trial (red: failed)", zorder=3)
     ax.step(xs, curve, where="post", color="tab:green", label="best within budget so far")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -85,7 +85,7 @@ class Pruner:
 
     def _over_prediction(self, calibration: Calibration, result: TrialResult) -> float:
         predicted = estimate(result.config, self.workload, self.hardware, calibration).peak_bytes
-        return predicted / result.peak_memory_bytes - 1.0
+        return predicted / result.peak_bytes - 1.0
 
 
 def layout(config: Config) -> tuple:

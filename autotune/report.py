@@ -36,7 +36,7 @@ def summarize(results: Sequence[TrialResult], settings: RunSettings) -> dict:
     index = None
     if best is not None:
         index = next(i for i, r in enumerate(results, 1)
-                     if r.fits(budget) and r.throughput_samples_per_s >= best.throughput_samples_per_s)
+                     if r.fits(budget) and r.throughput >= best.throughput)
     counts = Counter(r.status for r in results)
     return {
         "best": None if best is None else {"config": best.config.to_dict(),
@@ -132,7 +132,7 @@ def markdown(results: Sequence[TrialResult], settings: RunSettings, summary: dic
 
 
 def _top_table(results: Sequence[TrialResult], budget: int) -> list[str]:
-    fitting = sorted((r for r in results if r.fits(budget)), key=lambda r: -r.throughput_samples_per_s)
+    fitting = sorted((r for r in results if r.fits(budget)), key=lambda r: -r.throughput)
     if not fitting:
         return ["## Top configs", "", "No trial ran within the budget.", ""]
     lines = [f"## Top {min(TOP, len(fitting))} configs within budget", "",
@@ -144,18 +144,18 @@ def _top_table(results: Sequence[TrialResult], budget: int) -> list[str]:
         predicted = r.extra.get("predicted_peak_bytes")
         lines.append(
             f"| {rank} | {r.extra.get('trial', '')} | {c.zero_stage} | {c.micro_batch} | {c.ckpt_interval} | "
-            f"{c.precision} | {c.offload_optimizer} | {c.offload_param} | {r.throughput_samples_per_s:.3g} | "
+            f"{c.precision} | {c.offload_optimizer} | {c.offload_param} | {r.throughput:.3g} | "
             f"{_num(r.tokens_per_s)} | {_num(r.step_time_s)} | {format_size(r.peak_memory_bytes)} | "
             f"{_pct(r.peak_memory_bytes, budget)} | {format_size(predicted)} |")
     return lines + [""]
 
 
 def _close_call(results: Sequence[TrialResult], budget: int, backend: str) -> list[str]:
-    fitting = sorted((r for r in results if r.fits(budget)), key=lambda r: -r.throughput_samples_per_s)
+    fitting = sorted((r for r in results if r.fits(budget)), key=lambda r: -r.throughput)
     if backend != "deepspeed" or len(fitting) < 2:
         return []
     first, second = fitting[0], fitting[1]
-    gap = first.throughput_samples_per_s / second.throughput_samples_per_s - 1
+    gap = first.throughput / second.throughput - 1
     if gap >= CLOSE_CALL:
         return []
     return [f"Close call: the runner-up ({second.config.label()}) is {gap:.0%} slower, less than the "

@@ -43,6 +43,30 @@ class TrialResult:
     def ok(self) -> bool:
         return self.status == "ok"
 
+    # The measured values where the caller already knows they exist: throughput for an ok result (every ok
+    # result has one), peak memory and step time for a result that measured them. Any other is a bug of
+    # the caller, raised here instead of surfacing later as a None in arithmetic.
+    @property
+    def throughput(self) -> float:
+        """throughput_samples_per_s of a result that ran."""
+        if self.throughput_samples_per_s is None:
+            raise ValueError(f"a {self.status} result of {self.config.label()} has no throughput")
+        return self.throughput_samples_per_s
+
+    @property
+    def peak_bytes(self) -> int:
+        """peak_memory_bytes of a result that measured it."""
+        if self.peak_memory_bytes is None:
+            raise ValueError(f"a {self.status} result of {self.config.label()} has no measured peak memory")
+        return self.peak_memory_bytes
+
+    @property
+    def step_time(self) -> float:
+        """step_time_s of a result that measured it."""
+        if self.step_time_s is None:
+            raise ValueError(f"a {self.status} result of {self.config.label()} has no measured step time")
+        return self.step_time_s
+
     def fits(self, budget_bytes: int | None) -> bool:
         """Ran and stayed within `budget_bytes` (no budget: ran)."""
         if not self.ok:
@@ -126,7 +150,8 @@ def _drop_torn_tail(path: Path) -> None:
         f.seek(-1, os.SEEK_END)
         if f.read(1) == b"\n":
             return
-        data = f.getvalue() if hasattr(f, "getvalue") else (f.seek(0) or f.read())
+        f.seek(0)
+        data = f.read()
         f.truncate(data.rfind(b"\n") + 1)
 
 

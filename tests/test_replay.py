@@ -117,6 +117,23 @@ def test_torn_last_line_is_ignored(surface_path):
     assert len(load_surface(surface_path)) == 3
 
 
+def test_an_append_drops_a_torn_last_line(surface_path):
+    with surface_path.open("a") as out:
+        out.write('{"config": {"zero_stage"')
+    append_result(surface_path, TrialResult(SMALL, "ok", 11.0, backend="deepspeed", extra=EXTRA))
+    lines = surface_path.read_text().splitlines()
+    assert len(lines) == 4 and all(json.loads(line) for line in lines)
+
+
+def test_measured_values_of_a_result():
+    ran = TrialResult(FAST, "ok", 40.0, 40.0 * 256, 0.4, 900 * MiB)
+    assert (ran.throughput, ran.peak_bytes, ran.step_time) == (40.0, 900 * MiB, 0.4)
+    crashed = TrialResult(CRASHED, "crash", error="exit code 1")
+    for name in ("throughput", "peak_bytes", "step_time"):
+        with pytest.raises(ValueError, match=f"a crash result of {CRASHED.label()} has no"):
+            getattr(crashed, name)
+
+
 COMMITTED = Path(__file__).resolve().parents[1] / "benchmarks" / "surfaces" / "tiny-cpu.jsonl"
 
 
