@@ -15,9 +15,12 @@ class Backend(Protocol):
     (anything with `run`) with `autotune.backends.factory.as_backend`."""
 
     name: str  # "deepspeed" | "simulated" | "replay" | "script" | a user's, written to TrialResult.backend
-    # Set once the backend knows no config can succeed (a script that never steps, a rank on the wrong
-    # accelerator): drivers stop launching.
-    fatal: str | None
+
+    @property
+    def fatal(self) -> str | None:
+        """Set once the backend knows no config can succeed (a script that never steps, a rank on the wrong
+        accelerator): drivers stop launching. Drivers only read it: a plain attribute or a property."""
+        ...
 
     def run(self, config: Config) -> TrialResult:
         """Run (or look up) one trial. Failures are results with a status, never exceptions."""

@@ -136,22 +136,25 @@ class DeepSpeedBackend:
                 number += 1
 
     def _result(self, config: Config, outcome: RunOutcome, extra: dict[str, Any]) -> TrialResult:
-        common = dict(memory_budget_bytes=self.memory_budget_bytes, wall_time_s=outcome.wall_time_s, backend=self.name)
+        budget, wall_time_s = self.memory_budget_bytes, outcome.wall_time_s
         extra = {**extra, "master_port": outcome.master_port}
         if outcome.status != "ok":
             fatal = next((r["error"] for r in outcome.reports if r and r.get("fatal")), None)
             self.fatal = self.fatal or fatal
             # The highest resident set the runner saw (CPU): for an oom, how far past the budget it went.
-            return TrialResult(config, outcome.status, error=outcome.error, extra=extra, **common,
+            return TrialResult(config, outcome.status, error=outcome.error, extra=extra, memory_budget_bytes=budget,
+                               wall_time_s=wall_time_s, backend=self.name,
                                peak_memory_bytes=max(outcome.observed_peaks, default=None))
-        first = outcome.reports[0]
-        worst = max(outcome.reports, key=lambda r: r["peak_memory_bytes"])
+        reports = [r for r in outcome.reports if r is not None]
+        assert len(reports) == len(outcome.reports), "the runner judges a trial ok only with every rank's report"
+        first = reports[0]
+        worst = max(reports, key=lambda r: r["peak_memory_bytes"])
         step = first["step_time_s"]
         throughput = self.workload.global_batch / step
         extra.update(
             peak_memory_growth_bytes=worst["peak_memory_bytes"] - worst["baseline_memory_bytes"],
             baseline_memory_bytes=worst["baseline_memory_bytes"],
-            startup_peak_bytes=max(r["startup_peak_bytes"] for r in outcome.reports),
+            startup_peak_bytes=max(r["startup_peak_bytes"] for r in reports),
             step_time_iqr_s=first["step_time_iqr_s"], step_times_s=first["step_times_s"],
             steps_measured=len(first["step_times_s"]), stop_reason=first["stop_reason"],
             launch_to_first_step_s=first["first_step_time"] - outcome.launch_time,
@@ -163,5 +166,6 @@ class DeepSpeedBackend:
                 extra[key] = worst[key]
         return TrialResult(config, "ok", throughput_samples_per_s=throughput,
                            tokens_per_s=throughput * self._seq_len(extra), step_time_s=step,
-                           peak_memory_bytes=worst["peak_memory_bytes"], extra=extra, **common)
+                           peak_memory_bytes=worst["peak_memory_bytes"], extra=extra, memory_budget_bytes=budget,
+                           wall_time_s=wall_time_s, backend=self.name)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from autotune.config import KNOBS, OFFLOADS, PRECISIONS, Config, ConfigError
 from autotune.hardware import Hardware, load_hardware
@@ -100,11 +100,14 @@ class ReplayBackend:
 def surface_choices(surface: Surface) -> Choices:
     """Per knob, the values the surface measured: numbers ascending, names in the ARCHITECTURE.md order."""
     order = {"precision": PRECISIONS, "offload_optimizer": OFFLOADS, "offload_param": OFFLOADS}
-    values = {}
-    for knob in KNOBS:
+
+    def measured(knob: str) -> tuple[Any, ...]:
         seen = {getattr(c, knob) for c in surface.results}
-        values[knob] = tuple(v for v in order[knob] if v in seen) if knob in order else tuple(sorted(seen))
-    return Choices(**values)
+        return tuple(v for v in order[knob] if v in seen) if knob in order else tuple(sorted(seen))
+
+    return Choices(zero_stage=measured("zero_stage"), micro_batch=measured("micro_batch"),
+                   ckpt_interval=measured("ckpt_interval"), precision=measured("precision"),
+                   offload_optimizer=measured("offload_optimizer"), offload_param=measured("offload_param"))
 
 
 def surface_space(surface: Surface, hardware: Hardware | None = None, workload: Workload | None = None,
