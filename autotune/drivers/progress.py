@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from rich.console import Console
+from rich.status import Status
 
 from autotune.config import Config
 from autotune.results import TrialResult
@@ -40,11 +41,12 @@ class ConsoleProgress:
     def __init__(self, total_trials: int, console: Console | None = None) -> None:
         self.total = total_trials
         self.console = console or Console(width=max(Console().width, 160))  # one line per trial, unwrapped
-        self._status = None
+        self._status: Status | None = None
 
     def started(self, number: int, launched: int, config: Config) -> None:
-        self._status = self.console.status(f"trial {launched}/{self.total} (#{number}) {config.label()}: running")
-        self._status.start()
+        status = self.console.status(f"trial {launched}/{self.total} (#{number}) {config.label()}: running")
+        status.start()
+        self._status = status
 
     def finished(self, result: TrialResult, launched: int, best: TrialResult | None) -> None:
         self._stop()

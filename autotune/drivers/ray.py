@@ -208,16 +208,19 @@ class Job:
         """A config to launch now, or None (and `reason` set once nothing is in flight either)."""
         sweep, budget = self.sweep, self.budget
         if self.fatal:
-            return self._stop(StopReason.FATAL)
+            self._stop(StopReason.FATAL)
+            return None
         spent = sweep.budget_spent(budget, len(self.in_flight))
         if spent:
-            return self._stop(spent)
+            self._stop(spent)
+            return None
         flying = {f.config for f in self.in_flight}
         for _ in range(ASKS_PER_SLOT):
             sweep.stalled = False
             config = sweep.next_config()
             if config is None:
-                return self._stop(StopReason.STALLED if sweep.stalled else StopReason.DONE)
+                self._stop(StopReason.STALLED if sweep.stalled else StopReason.DONE)
+                return None
             if config not in flying:
                 return config
         self.waiting = True  # a sequential strategy: its next proposal needs the result in flight
@@ -228,7 +231,6 @@ class Job:
             self.waiting = True  # results in flight may give the strategy more to propose
         else:
             self.reason = reason
-        return None
 
 
 def run_ray(jobs: Sequence[Job], concurrency: int | None = None, max_failures: int = MAX_FAILURES,

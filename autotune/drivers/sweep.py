@@ -33,7 +33,7 @@ def best_of(results: Sequence[TrialResult], budget_bytes: int) -> TrialResult | 
     """The fastest result within budget; the earliest one among equals."""
     best = None
     for result in results:
-        if result.fits(budget_bytes) and (best is None or result.throughput_samples_per_s > best.throughput_samples_per_s):
+        if result.fits(budget_bytes) and (best is None or result.throughput > best.throughput):
             best = result
     return best
 
@@ -144,7 +144,7 @@ class Sweep:
         result = self._add(result)
         self.spent_s += result.wall_time_s
         if result.fits(self.pruner.budget_bytes) and (
-                self.best is None or result.throughput_samples_per_s > self.best.throughput_samples_per_s):
+                self.best is None or result.throughput > self.best.throughput):
             self.best = result
         if result.status == "oom":
             self.pruner = self.pruner.with_out_of_memory(config)
