@@ -73,6 +73,7 @@ class OptunaStrategy:
         for trial in trials:
             config = self.config_of(trial.params)
             if trial.state == TrialState.COMPLETE and config is not None:
+                assert trial.value is not None, "a complete trial of a single-objective study has its value"
                 self.outcomes.setdefault(config, (trial.value, sum(trial.constraints.values())))
             elif trial.state == TrialState.RUNNING:
                 if config is None or config in self.pending:
@@ -88,9 +89,9 @@ class OptunaStrategy:
 
     def propose(self) -> Config | None:
         while self.resumed:
-            config = self.resumed.pop(0)
-            if config in self.pending:  # not already told from the recorded history
-                return config
+            resumed = self.resumed.pop(0)
+            if resumed in self.pending:  # not already told from the recorded history
+                return resumed
         trial = self.study.ask(self.distributions)
         config = self.config_of(trial.params)
         if config is not None and config not in self.outcomes:

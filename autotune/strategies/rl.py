@@ -19,7 +19,7 @@ answered from the record.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,6 +27,9 @@ from autotune.config import Config
 from autotune.envs.actions import JUMP, RUN, STOP
 from autotune.results import TrialResult
 from autotune.strategies import SearchContext
+
+if TYPE_CHECKING:
+    from autotune.envs.landscape import Landscape
 
 DEFAULT_HORIZON = 16
 
@@ -105,8 +108,8 @@ class RLStrategy:
             # tuner's calibrated pruner knows better than the environment's uncalibrated predictions).
             self.proposed -= 1
             self.pruned.add(config)
-            env = self.env.unwrapped
-            index = env._episode.landscape.index.get(config)
+            env = self.env
+            index = self._landscape().index.get(config)
             if index is not None:
                 env.allowed[index] = False
             self.observation = env._observation()
@@ -118,12 +121,17 @@ class RLStrategy:
 
     # -- helpers
 
+    def _landscape(self) -> Landscape:
+        episode = self.env._episode
+        assert episode is not None, "the environment was reset in __init__"
+        return episode.landscape
+
     def _start_within_space(self) -> None:
         """On a restricted space (a replay surface), start at the estimator's best predicted config among the
         space's configs rather than of the whole product of the knob values, which the surface may never
         have measured (the environment takes its start from its own, unrestricted view of the space)."""
-        env = self.env.unwrapped
-        landscape, budget = env._episode.landscape, self.context.budget_bytes
+        env = self.env
+        landscape, budget = self._landscape(), self.context.budget_bytes
         inside = np.array([c in self.context.space for c in landscape.configs])
         env.allowed = inside
         if not inside.any() or inside[env._current]:
@@ -137,8 +145,8 @@ class RLStrategy:
 
     def _target(self, action: int) -> Config:
         """The config an action leads to from the current one (the environment's move table)."""
-        env = self.env.unwrapped
-        landscape = env._episode.landscape
+        env = self.env
+        landscape = self._landscape()
         if action == JUMP:
             return landscape.configs[env._jump]
         index = env._current if action == RUN else int(landscape.moves[env._current, action])
