@@ -183,7 +183,7 @@ class EnvConfig:
         out = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            default = f.default_factory() if callable(f.default_factory) else f.default  # type: ignore[misc]
+            default = f.default_factory() if callable(f.default_factory) else f.default
             if value is not None and value != default:
                 out[f.name] = value
         return out
@@ -207,7 +207,7 @@ def _workload(value: Any) -> Workload:
         return make_workload(value)
     if isinstance(value, Mapping):
         try:
-            return Workload.from_dict(value)
+            return Workload.from_dict(dict(value))
         except (KeyError, TypeError) as err:
             raise ConfigError(f"workload {dict(value)!r}: {err}; expected model, global_batch, gpus") from None
     raise ConfigError(f"workload {value!r}: expected a preset name, a Workload or a dict")

@@ -119,7 +119,7 @@ class DeepSpeedMemoryEnv(gym.Env):
         assert result is not None
         return spec.trial(result, ep.task.memory_budget_bytes, ep.reference, self._best_before)
 
-    def render(self) -> str | None:
+    def render(self) -> str | None:  # type: ignore[override]  # an "ansi" frame is a string
         if self.render_mode != "ansi" or self._episode is None:
             return None
         config = self._episode.landscape.configs[self._current]

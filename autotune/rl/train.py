@@ -152,10 +152,10 @@ CPU_SAMPLER = {"profiles": ["cpu"], "held_out_profiles": [], "space": "cpu", "ma
 
 def samplers(split: str, pool_size: int, seed: int, cpu_share: float) -> list[dict[str, Any]]:
     """WorkloadSampler settings (with weights) of the training tasks, or of a held-out split ("test")."""
-    gpu = {"weight": 1.0 - cpu_share, "split": split, "pool_size": pool_size, "seed": seed,
-           "held_out_presets": list(HELD_OUT_PRESETS)}
-    cpu = {**CPU_SAMPLER, "weight": cpu_share, "split": split, "pool_size": max(1, pool_size // 4), "seed": seed + 1,
-           "held_out_presets": list(HELD_OUT_PRESETS)}
+    gpu: dict[str, Any] = {"weight": 1.0 - cpu_share, "split": split, "pool_size": pool_size, "seed": seed,
+                           "held_out_presets": list(HELD_OUT_PRESETS)}
+    cpu: dict[str, Any] = {**CPU_SAMPLER, "weight": cpu_share, "split": split, "pool_size": max(1, pool_size // 4),
+                           "seed": seed + 1, "held_out_presets": list(HELD_OUT_PRESETS)}
     return [s for s in (gpu, cpu) if s["weight"] > 0]
 
 
@@ -333,7 +333,7 @@ def export_checkpoint(checkpoint: str | Path, folder: str | Path, meta: Mapping[
     module_dir = checkpoint / "learner_group" / "learner" / "rl_module" / "default_policy"
     if not module_dir.is_dir():
         raise ConfigError(f"{checkpoint}: not an RLlib algorithm checkpoint of this policy ({module_dir} is missing)")
-    module = RLModule.from_checkpoint(module_dir.resolve())
+    module: Any = RLModule.from_checkpoint(module_dir.resolve())  # a MaskedPolicyModule (spec, policy_state)
     if meta is None:
         meta = {**layout(), "env": "autotune/DeepSpeedMemory-v0"}
         run = TrainingRun(checkpoint.parent.parent)
@@ -376,8 +376,8 @@ def connect_ray(address: str | None, workers: int) -> bool:
     then disconnects); False if this process already was."""
     from autotune.drivers.ray import LOCAL, connect
 
-    ray = sys.modules.get("ray")  # not imported here: connect(LOCAL) sets Ray's environment before the import
-    if ray is not None and ray.is_initialized():
+    imported = sys.modules.get("ray")  # not imported here: connect(LOCAL) sets Ray's environment before the import
+    if imported is not None and imported.is_initialized():
         return False
     if address and address != LOCAL:
         connect(address)
