@@ -9,7 +9,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -146,7 +146,9 @@ def show(result: TrialResult, prediction: Estimate | None, calibration: Calibrat
                   f"budget {format_size(result.memory_budget_bytes) if result.memory_budget_bytes else 'none'}")
     cal = f"calibrated on {calibration.samples} trial(s)" if calibration.samples else "uncalibrated"
     table = Table(title=f"Trial {result.status}: measured vs predicted ({hardware.name} profile, {cal})")
-    for column, justify in (("", "left"), ("measured", "right"), ("predicted", "right"), ("predicted / measured", "right")):
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("", "left"), ("measured", "right"), ("predicted", "right"), ("predicted / measured", "right"))
+    for column, justify in columns:
         table.add_column(column, justify=justify, no_wrap=True)
 
     def row(name: str, measured: float | None, predicted: float | None, fmt) -> None:

@@ -336,8 +336,8 @@ class Shim:
         if isinstance(err, SystemExit) and err.code in (None, 0):
             try:
                 return self.script_ended()  # sys.exit(0) is the script ending normally
-            except ScriptVerdict as verdict:
-                err = verdict
+            except ScriptVerdict as ended:
+                err = ended
         status, message = classify(err)
         verdict = getattr(err, "verdict", None)
         if verdict is None and not self.initialized and self.last_phase == "script":

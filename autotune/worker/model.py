@@ -53,7 +53,8 @@ class Attention(nn.Module):
         super().__init__()
         self.heads, self.kv_heads = shape.heads, shape.kv_heads
         self.head_dim = shape.head_dim
-        self.qkv = nn.Linear(shape.hidden, shape.q_dim + 2 * shape.kv_dim, bias=shape.qkv_bias)
+        # ModelShape's __post_init__ resolved a None qkv_bias to the architecture's default: a bool here.
+        self.qkv = nn.Linear(shape.hidden, shape.q_dim + 2 * shape.kv_dim, bias=bool(shape.qkv_bias))
         self.out = nn.Linear(shape.q_dim, shape.hidden, bias=shape.arch == "gpt")
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
