@@ -278,7 +278,7 @@ def run_sweep(sweep_file: SweepFile, out: Path, address: str, resume: bool, conc
                 console.print(f"Ray cluster {address}: {ray_driver.describe_cluster()}; {len(jobs)} workloads "
                               f"at once" + (f", at most {concurrency} trials in flight" if concurrency else ""),
                               highlight=False)
-                reasons.update(ray_driver.run_ray(jobs, concurrency, console=console))
+                reasons.update(ray_driver.run_ray(jobs, concurrency))
             finally:
                 ray_driver.disconnect()
         rows = {}

@@ -1,4 +1,4 @@
-"""The local driver: trials one at a time on this machine, within a budget of trials and time.
+"""The local executor: trials one at a time on this machine, in this process (drivers/loop.py runs the loop).
 
 Ctrl-C (KeyboardInterrupt) or SIGTERM during a trial: the backend ends the trial's processes (the
 deepspeed runner kills its process group before the interrupt leaves `run`), the loop stops, and the
@@ -9,30 +9,42 @@ from __future__ import annotations
 
 from autotune.backends import Backend
 from autotune.backends.factory import as_backend
+from autotune.drivers.loop import Flight, Job, TrialReply, run_jobs
 from autotune.drivers.progress import Progress
 from autotune.drivers.stop import StopReason
 from autotune.drivers.sweep import Budget, Sweep
 
 
+class LocalExecutor:
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.pending: Flight | None = None
+
+    def room(self, job: Job) -> bool:
+        return self.pending is None
+
+    def submit(self, flight: Flight) -> None:
+        sweep = flight.job.sweep
+        flight.job.progress.started(sweep.next_number, sweep.launched + 1, flight.config)
+        self.pending = flight
+
+    def wait(self) -> tuple[Flight, TrialReply | None]:
+        flight, self.pending = self.pending, None
+        assert flight is not None, "wait() with nothing submitted"
+        return flight, TrialReply(self.backend.run(flight.config), self.backend.fatal)
+
+    def in_flight(self) -> int:
+        return int(self.pending is not None)
+
+    def cancel(self) -> None:
+        self.pending = None  # the backend ended the trial's processes before the interrupt reached here
+
+
 def run_local(sweep: Sweep, backend: Backend, budget: Budget, progress: Progress) -> StopReason:
     """Run trials until the budget is spent or the strategy is done; returns why it stopped."""
-    sweep.on_pruned = progress.pruned
-    backend = as_backend(backend)
+    executor = LocalExecutor(as_backend(backend))
+    job = Job("local", sweep, budget, progress=progress)
     try:
-        while True:
-            spent = sweep.budget_spent(budget)
-            if spent:
-                return spent
-            config = sweep.next_config()
-            if config is None:
-                return StopReason.STALLED if sweep.stalled else StopReason.DONE
-            progress.started(sweep.next_number, sweep.launched + 1, config)
-            result = sweep.finish(config, backend.run(config))
-            progress.finished(result, sweep.launched, sweep.best)
-            if backend.fatal:
-                progress.message(f"stopping: {backend.fatal}")
-                return StopReason.FATAL
-    except KeyboardInterrupt:
-        return StopReason.INTERRUPTED
+        return run_jobs([job], executor)[job.name]
     finally:
-        backend.close()
+        executor.backend.close()

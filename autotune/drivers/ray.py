@@ -1,5 +1,5 @@
-"""The Ray driver: the local driver's loop over `Sweep` (drivers/sweep.py) with several trials in flight on
-a Ray cluster, for one sweep (`autotune tune --ray-address`) or several at once (`autotune sweep`).
+"""The Ray executor of the tuning loop (drivers/loop.py): several trials in flight on a Ray cluster, for one
+sweep (`autotune tune --ray-address`) or several at once (`autotune sweep`).
 
 Each trial is one Ray task that builds the sweep's backend on whichever node Ray picks and runs one config
 there; the task asks for the trial's devices as Ray resources (`TrialResources`), so Ray never places two
@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from rich.console import Console
@@ -40,6 +40,7 @@ from rich.console import Console
 from autotune.backends import Backend
 from autotune.backends.factory import TrialOptions, as_backend, make_backend, simulated_sleep_s
 from autotune.config import Config, ConfigError
+from autotune.drivers.loop import Flight, Job, TrialReply, TrialResources, run_jobs
 from autotune.drivers.stop import StopReason
 from autotune.drivers.progress import STATUS_STYLE, Progress, _headline
 from autotune.drivers.sweep import Budget, Sweep
@@ -52,7 +53,6 @@ if TYPE_CHECKING:
 REAL_BACKENDS = ("deepspeed", "script")  # backends whose trials run on devices
 LOCAL = "local"  # --ray-address local: start a private single-node Ray instance for this run
 MAX_FAILURES = 3  # resubmissions of a trial whose worker or node died
-ASKS_PER_SLOT = 3  # proposals asked for one free slot before a sweep waits for a result (see module doc)
 # Ray (2.60) binds its servers to loopback only when the node's IP is literally 127.0.0.1, and resolves
 # 127.0.0.1 to the routable address unless this variable is 0 (its switch for single-machine clusters).
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
@@ -64,30 +64,6 @@ class RayOptions:
     concurrency: int | None = None  # trials in flight at most (None: as many as the cluster holds)
     gpus_per_trial: int | None = None  # None: the workload's data-parallel size
     max_failures: int = MAX_FAILURES
-
-
-@dataclass(frozen=True)
-class TrialResources:
-    """What one trial asks the cluster for."""
-
-    cpus: float = 1.0
-    gpus: float = 0.0
-    custom: tuple[tuple[str, float], ...] = ()
-
-    def demand(self) -> dict[str, float]:
-        out = {"CPU": self.cpus, "GPU": self.gpus, **dict(self.custom)}
-        return {k: v for k, v in out.items() if v > 0}
-
-    @property
-    def devices(self) -> float:
-        """The scarce resource a trial holds, for sharing the cluster between sweeps."""
-        return self.gpus or sum(dict(self.custom).values()) or self.cpus
-
-    def options(self) -> dict[str, Any]:
-        return {"num_cpus": self.cpus, "num_gpus": self.gpus, "resources": dict(self.custom)}
-
-    def describe(self) -> str:
-        return ", ".join(f"{v:g} {k}" for k, v in self.demand().items()) or "nothing"
 
 
 def trial_resources(settings: "RunSettings", gpus_per_trial: int | None = None) -> TrialResources:
@@ -151,14 +127,6 @@ def cluster_capacity() -> dict[str, float]:
 
 # -- the trial task (runs on a worker node)
 
-@dataclass(frozen=True)
-class TrialReply:
-    """What a trial task sends back: its result, and the backend's verdict that no config can succeed."""
-
-    result: TrialResult
-    fatal: str | None = None
-
-
 def run_trial(make_backend: Callable[[], Backend], config: Config) -> TrialReply:
     """One trial in a Ray worker: build the backend there (it holds no state worth shipping) and run."""
     import ray
@@ -174,158 +142,80 @@ def run_trial(make_backend: Callable[[], Backend], config: Config) -> TrialReply
 
 # -- the scheduler
 
-@dataclass
-class Flight:
-    job: "Job"
-    config: Config
-    attempt: int
-    submitted: float = field(default_factory=time.monotonic)
+class RayExecutor:
+    """Submits each trial as a Ray task (the resources of its job) and waits for the first to finish."""
+
+    def __init__(self, max_failures: int = MAX_FAILURES) -> None:
+        import ray
+
+        self.ray = ray
+        self.task = ray.remote(run_trial)
+        self.refs: dict[Any, Flight] = {}
+        self.max_failures = max_failures
+
+    def room(self, job: Job) -> bool:
+        """One more trial of `job` fits beside those in flight (by the cluster's total resources)."""
+        capacity = cluster_capacity()
+        used: dict[str, float] = {}
+        for flight in self.refs.values():
+            for k, v in flight.job.resources.demand().items():
+                used[k] = used.get(k, 0.0) + v
+        return all(used.get(k, 0.0) + v <= capacity.get(k, 0.0) + 1e-9 for k, v in job.resources.demand().items())
+
+    def submit(self, flight: Flight) -> None:
+        job = flight.job
+        ref = self.task.options(max_retries=0, **job.resources.options()).remote(job.make_backend, flight.config)
+        self.refs[ref] = flight
+        job.progress.message(f"start     {flight.config.label():<28} {len(self.refs)} in flight"
+                             + (f" (attempt {flight.attempt})" if flight.attempt > 1 else ""))
+
+    def wait(self) -> tuple[Flight, TrialReply | None]:
+        from ray import exceptions as rex
+
+        done, _ = self.ray.wait(list(self.refs), num_returns=1)
+        ref = done[0]
+        flight = self.refs.pop(ref)
+        job = flight.job
+        elapsed = time.monotonic() - flight.submitted
+        fatal = None
+        try:
+            reply: TrialReply = self.ray.get(ref)
+            result, fatal = reply.result, reply.fatal
+        except rex.OutOfMemoryError as err:  # Ray's memory monitor killed the worker: the host ran out
+            result = TrialResult(flight.config, "oom", wall_time_s=elapsed, backend=job.sweep.backend_name,
+                                 error=f"Ray killed the trial's worker for lack of host memory: {_first(err)}")
+        except rex.RayTaskError as err:  # the trial code raised: a crash of this trial, recorded
+            result = TrialResult(flight.config, "crash", wall_time_s=elapsed, backend=job.sweep.backend_name,
+                                 error=f"trial raised {_first(err.cause if err.cause else err)}")
+        except rex.RayError as err:  # worker or node died: the trial did not finish, run it again
+            if flight.attempt <= self.max_failures:
+                job.progress.message(f"lost      {flight.config.label():<28} its worker or node died "
+                                     f"({type(err).__name__}): submitting it again")
+                return flight, None
+            result = TrialResult(flight.config, "crash", wall_time_s=elapsed, backend=job.sweep.backend_name,
+                                 error=f"its worker or node died {flight.attempt} times: {_first(err)}")
+        return flight, TrialReply(replace(result, extra={**result.extra, "attempts": flight.attempt}), fatal)
+
+    def in_flight(self) -> int:
+        return len(self.refs)
+
+    def cancel(self) -> None:
+        for ref in self.refs:
+            self.ray.cancel(ref)  # a KeyboardInterrupt in the task: the backend ends its processes
+        if self.refs:
+            self.ray.wait(list(self.refs), num_returns=len(self.refs), timeout=15)
+        self.refs.clear()
 
 
-class Job:
-    """One sweep on the cluster: its Sweep, budget, what a trial asks for, and how to build its backend
-    (a picklable callable, called on the worker)."""
-
-    def __init__(self, name: str, sweep: Sweep, budget: Budget, resources: TrialResources,
-                 make_backend: Callable[[], Backend], progress: Progress) -> None:
-        self.name = name
-        self.sweep = sweep
-        self.budget = budget
-        self.resources = resources
-        self.make_backend = make_backend
-        self.progress = progress
-        self.in_flight: list[Flight] = []
-        self.waiting = False  # the strategy wants a result before it proposes again
-        self.reason: StopReason | None = None  # why it stopped, once it has
-        self.fatal: str | None = None  # the backend said no config can succeed: propose nothing more
-        sweep.on_pruned = progress.pruned
-
-    @property
-    def devices_in_use(self) -> float:
-        return len(self.in_flight) * self.resources.devices
-
-    def next_config(self) -> Config | None:
-        """A config to launch now, or None (and `reason` set once nothing is in flight either)."""
-        sweep, budget = self.sweep, self.budget
-        if self.fatal:
-            self._stop(StopReason.FATAL)
-            return None
-        spent = sweep.budget_spent(budget, len(self.in_flight))
-        if spent:
-            self._stop(spent)
-            return None
-        flying = {f.config for f in self.in_flight}
-        for _ in range(ASKS_PER_SLOT):
-            sweep.stalled = False
-            config = sweep.next_config()
-            if config is None:
-                self._stop(StopReason.STALLED if sweep.stalled else StopReason.DONE)
-                return None
-            if config not in flying:
-                return config
-        self.waiting = True  # a sequential strategy: its next proposal needs the result in flight
-        return None
-
-    def _stop(self, reason: StopReason) -> None:
-        if self.in_flight:
-            self.waiting = True  # results in flight may give the strategy more to propose
-        else:
-            self.reason = reason
-
-
-def run_ray(jobs: Sequence[Job], concurrency: int | None = None, max_failures: int = MAX_FAILURES,
-            console: Console | None = None) -> dict[str, StopReason]:
+def run_ray(jobs: Sequence[Job], concurrency: int | None = None,
+            max_failures: int = MAX_FAILURES) -> dict[str, StopReason]:
     """Run every job to its end on the connected cluster; returns each job's stop reason by name."""
-    import ray
-    from ray import exceptions as rex
-
-    console = console or Console()
-    task = ray.remote(run_trial)
-    refs: dict[Any, Flight] = {}
     for job in jobs:
         if job.reason is None and not fits_some_node(job.resources):
             job.reason = StopReason.NO_NODE
             job.progress.message(f"{job.name}: no node of the cluster has {job.resources.describe()} for one "
                                  "trial: nothing runs for this workload")
-
-    def submit(job: Job, config: Config, attempt: int) -> None:
-        ref = task.options(max_retries=0, **job.resources.options()).remote(job.make_backend, config)
-        flight = Flight(job, config, attempt)
-        refs[ref] = flight
-        job.in_flight.append(flight)
-        job.progress.message(f"start     {config.label():<28} {len(refs)} in flight"
-                             + (f" (attempt {attempt})" if attempt > 1 else ""))
-
-    def fill() -> None:
-        while concurrency is None or len(refs) < concurrency:
-            capacity = cluster_capacity()
-            ready = [j for j in jobs if j.reason is None and not j.waiting and _room(j, refs, capacity)]
-            if not ready:
-                return
-            job = min(ready, key=lambda j: (j.devices_in_use, j.sweep.launched))
-            config = job.next_config()
-            if config is not None:
-                submit(job, config, 1)
-
-    def record(flight: Flight, reply: TrialReply) -> None:
-        job = flight.job
-        result = replace(reply.result, extra={**reply.result.extra, "attempts": flight.attempt})
-        result = job.sweep.finish(flight.config, result)
-        job.progress.finished(result, job.sweep.launched, job.sweep.best)
-        if reply.fatal and not job.fatal:
-            job.fatal = reply.fatal
-            job.progress.message(f"stopping: {job.fatal}")
-
-    try:
-        while True:
-            fill()
-            if not refs:
-                break
-            done, _ = ray.wait(list(refs), num_returns=1)
-            for ref in done:
-                flight = refs.pop(ref)
-                job = flight.job
-                job.in_flight.remove(flight)
-                job.waiting = False
-                elapsed = time.monotonic() - flight.submitted
-                try:
-                    reply = ray.get(ref)
-                except rex.OutOfMemoryError as err:  # Ray's memory monitor killed the worker: the host ran out
-                    result = TrialResult(flight.config, "oom", wall_time_s=elapsed, backend=job.sweep.backend_name,
-                                         error=f"Ray killed the trial's worker for lack of host memory: {_first(err)}")
-                except rex.RayTaskError as err:  # the trial code raised: a crash of this trial, recorded
-                    result = TrialResult(flight.config, "crash", wall_time_s=elapsed, backend=job.sweep.backend_name,
-                                         error=f"trial raised {_first(err.cause if err.cause else err)}")
-                except rex.RayError as err:  # worker or node died: the trial did not finish, run it again
-                    if flight.attempt <= max_failures:
-                        job.progress.message(f"lost      {flight.config.label():<28} its worker or node died "
-                                             f"({type(err).__name__}): submitting it again")
-                        submit(job, flight.config, flight.attempt + 1)
-                        continue
-                    result = TrialResult(flight.config, "crash", wall_time_s=elapsed, backend=job.sweep.backend_name,
-                                         error=f"its worker or node died {flight.attempt} times: {_first(err)}")
-                else:
-                    record(flight, reply)
-                    continue
-                record(flight, TrialReply(result))
-    except KeyboardInterrupt:
-        for ref in refs:
-            ray.cancel(ref)  # a KeyboardInterrupt in the task: the backend ends its processes
-        if refs:
-            ray.wait(list(refs), num_returns=len(refs), timeout=15)
-        for job in jobs:
-            if job.reason is None:
-                job.reason = StopReason.INTERRUPTED
-    return {job.name: job.reason or StopReason.DONE for job in jobs}
-
-
-def _room(job: Job, refs: dict[Any, Flight], capacity: dict[str, float]) -> bool:
-    """One more trial of `job` fits beside those in flight (by the cluster's total resources)."""
-    used: dict[str, float] = {}
-    for flight in refs.values():
-        for k, v in flight.job.resources.demand().items():
-            used[k] = used.get(k, 0.0) + v
-    return all(used.get(k, 0.0) + v <= capacity.get(k, 0.0) + 1e-9 for k, v in job.resources.demand().items())
+    return run_jobs(jobs, RayExecutor(max_failures), concurrency)
 
 
 def _first(err: BaseException) -> str:

@@ -1,0 +1,181 @@
+"""The one tuning loop: jobs (sweeps) propose configs, an executor runs them, results go back to their sweep.
+
+    fill the free slots: the job with the fewest devices in use proposes (Job.next_config: budget, fatal
+    verdict, strategy done or stalled, a sequential strategy waiting for its result); the executor submits;
+    wait for one result; record it in its sweep; repeat until no job proposes and nothing is in flight.
+
+Executors only submit and wait: `LocalExecutor` runs one trial at a time in this process (drivers/local.py),
+`RayExecutor` several at once on a Ray cluster (drivers/ray.py). A trial whose executor lost it (a dead Ray
+worker or node) comes back as no reply and is submitted again. Ctrl-C (KeyboardInterrupt) or SIGTERM: the
+executor cancels what is in flight (the deepspeed backend ends its trial's processes), nothing unfinished is
+recorded, every job stops as INTERRUPTED, and `--resume` runs the lost trials again.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence
+
+from autotune.backends import Backend
+from autotune.config import Config
+from autotune.drivers.progress import Progress, QuietProgress
+from autotune.drivers.stop import StopReason
+from autotune.drivers.sweep import Budget, Sweep
+from autotune.results import TrialResult
+
+ASKS_PER_SLOT = 3  # proposals asked for one free slot before a sweep waits for a result in flight
+
+
+@dataclass(frozen=True)
+class TrialResources:
+    """What one trial asks the executor for (Ray resources; the local executor runs one trial at a time)."""
+
+    cpus: float = 1.0
+    gpus: float = 0.0
+    custom: tuple[tuple[str, float], ...] = ()
+
+    def demand(self) -> dict[str, float]:
+        out = {"CPU": self.cpus, "GPU": self.gpus, **dict(self.custom)}
+        return {k: v for k, v in out.items() if v > 0}
+
+    @property
+    def devices(self) -> float:
+        """The scarce resource a trial holds, for sharing the executor between sweeps."""
+        return self.gpus or sum(dict(self.custom).values()) or self.cpus
+
+    def options(self) -> dict[str, Any]:
+        return {"num_cpus": self.cpus, "num_gpus": self.gpus, "resources": dict(self.custom)}
+
+    def describe(self) -> str:
+        return ", ".join(f"{v:g} {k}" for k, v in self.demand().items()) or "nothing"
+
+
+@dataclass(frozen=True)
+class TrialReply:
+    """What running a trial gives back: its result, and the backend's verdict that no config can succeed."""
+
+    result: TrialResult
+    fatal: str | None = None
+
+
+@dataclass
+class Flight:
+    job: "Job"
+    config: Config
+    attempt: int = 1
+    submitted: float = field(default_factory=time.monotonic)
+
+
+class Job:
+    """One sweep under the loop: its Sweep, budget, what a trial asks for, and how a worker builds its backend
+    (a picklable callable; None where the executor holds the backend)."""
+
+    def __init__(self, name: str, sweep: Sweep, budget: Budget, resources: TrialResources = TrialResources(),
+                 make_backend: Callable[[], Backend] | None = None, progress: Progress = QuietProgress()) -> None:
+        self.name = name
+        self.sweep = sweep
+        self.budget = budget
+        self.resources = resources
+        self.make_backend = make_backend
+        self.progress = progress
+        self.in_flight: list[Flight] = []
+        self.waiting = False  # the strategy wants a result before it proposes again
+        self.reason: StopReason | None = None  # why it stopped, once it has
+        self.fatal: str | None = None  # the backend said no config can succeed: propose nothing more
+        sweep.on_pruned = progress.pruned
+
+    @property
+    def devices_in_use(self) -> float:
+        return len(self.in_flight) * self.resources.devices
+
+    def next_config(self) -> Config | None:
+        """A config to launch now, or None (and `reason` set once nothing is in flight either)."""
+        sweep, budget = self.sweep, self.budget
+        if self.fatal:
+            self._stop(StopReason.FATAL)
+            return None
+        spent = sweep.budget_spent(budget, len(self.in_flight))
+        if spent:
+            self._stop(spent)
+            return None
+        flying = {f.config for f in self.in_flight}
+        for _ in range(ASKS_PER_SLOT):
+            sweep.stalled = False
+            config = sweep.next_config()
+            if config is None:
+                self._stop(StopReason.STALLED if sweep.stalled else StopReason.DONE)
+                return None
+            if config not in flying:
+                return config
+        self.waiting = True  # a sequential strategy: its next proposal needs the result in flight
+        return None
+
+    def record(self, flight: Flight, reply: TrialReply) -> None:
+        result = self.sweep.finish(flight.config, reply.result)
+        self.progress.finished(result, self.sweep.launched, self.sweep.best)
+        if reply.fatal and not self.fatal:
+            self.fatal = reply.fatal
+            self.progress.message(f"stopping: {self.fatal}")
+
+    def _stop(self, reason: StopReason) -> None:
+        if self.in_flight:
+            self.waiting = True  # results in flight may give the strategy more to propose
+        else:
+            self.reason = reason
+
+
+class Executor(Protocol):
+    def room(self, job: Job) -> bool:
+        """One more trial of `job` may start now."""
+        ...
+
+    def submit(self, flight: Flight) -> None: ...
+
+    def wait(self) -> tuple[Flight, TrialReply | None]:
+        """The next finished trial; no reply when the executor lost it (submit it again)."""
+        ...
+
+    def in_flight(self) -> int: ...
+
+    def cancel(self) -> None:
+        """End whatever is in flight (interrupted)."""
+        ...
+
+
+def run_jobs(jobs: Sequence[Job], executor: Executor, concurrency: int | None = None) -> dict[str, StopReason]:
+    """Run every job to its end; returns each job's stop reason by name."""
+
+    def fill() -> None:
+        while concurrency is None or executor.in_flight() < concurrency:
+            ready = [j for j in jobs if j.reason is None and not j.waiting and executor.room(j)]
+            if not ready:
+                return
+            job = min(ready, key=lambda j: (j.devices_in_use, j.sweep.launched))
+            config = job.next_config()
+            if config is not None:
+                submit(Flight(job, config))
+
+    def submit(flight: Flight) -> None:
+        flight.job.in_flight.append(flight)
+        executor.submit(flight)
+
+    try:
+        while True:
+            fill()
+            if not executor.in_flight():
+                break
+            flight, reply = executor.wait()
+            job = flight.job
+            job.in_flight.remove(flight)
+            job.waiting = False
+            if reply is None:
+                submit(Flight(job, flight.config, flight.attempt + 1))
+            else:
+                job.record(flight, reply)
+    except KeyboardInterrupt:
+        executor.cancel()
+        for job in jobs:
+            if job.reason is None:
+                job.reason = StopReason.INTERRUPTED
+    return {job.name: job.reason or StopReason.DONE for job in jobs}
