@@ -42,16 +42,6 @@ def duration(text: str) -> float:
     return seconds
 
 
-def seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a non-negative integer")
-    return value
-
-
 def non_negative_int(text: str) -> int:
     try:
         value = int(text)
@@ -62,11 +52,22 @@ def non_negative_int(text: str) -> int:
     return value
 
 
-def non_negative_float(text: str) -> float:
+def _number(text: str, allowed: str, ok) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0")
+    if not (ok(value) and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"{text!r} must be {allowed}")
     return value
+
+
+def non_negative_float(text: str) -> float:
+    return _number(text, "a finite number >= 0", lambda v: v >= 0)
+
+
+def positive_float(text: str) -> float:
+    return _number(text, "a finite number > 0", lambda v: v > 0)
+
+
+seed = non_negative_int  # a seed is any integer >= 0

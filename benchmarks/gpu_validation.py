@@ -45,7 +45,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # search_efficiency beside this file, also when imported from elsewhere
 
 from autotune.cli import ArgumentParser  # noqa: E402
-from autotune.commands.common import positive_int  # noqa: E402
+from autotune.argtypes import non_negative_float, positive_float, positive_int  # noqa: E402
+from search_efficiency import finite  # noqa: E402  (beside this file)
 from autotune.config import Config, ConfigError  # noqa: E402
 from autotune.estimate import Calibration, Estimate, estimate  # noqa: E402
 from autotune.hardware import PROFILES, Hardware  # noqa: E402
@@ -585,38 +586,7 @@ def markdown(report: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def finite(value: Any) -> Any:
-    """JSON without Infinity/NaN (strict parsers refuse them): None instead."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [finite(v) for v in value]
-    return value
-
-
 # -- command line ------------------------------------------------------------------------------------------
-
-def non_negative_minutes(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be a number of minutes >= 0 (0: analyse only)")
-    return value
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be a positive number")
-    return value
-
 
 def model_list(text: str) -> tuple[ModelShape, ...]:
     names = [n.strip() for n in text.split(",") if n.strip()]
@@ -639,7 +609,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = ArgumentParser(prog="gpu_validation", description=__doc__.splitlines()[0])
     parser.add_argument("--cpu", action="store_true",
                         help="the CPU check (CI): tiny models, DeepSpeed's CPU accelerator, profile cpu")
-    parser.add_argument("--minutes", type=non_negative_minutes, default=None,
+    parser.add_argument("--minutes", type=non_negative_float, default=None,
                         help=f"minutes of trials for this call, split between the surfaces; 0: analyse what is "
                              f"recorded (default: {GPU_MODE.minutes:g} on a GPU, to fit one 10-minute command with "
                              f"install and analysis; {CPU_MODE.minutes:g} with --cpu)")

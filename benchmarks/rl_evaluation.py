@@ -37,6 +37,7 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune.backends.replay import ReplayBackend, load_surface, surface_space
+from search_efficiency import finite  # beside this script
 from autotune.drivers.local import run_local
 from autotune.drivers.progress import QuietProgress
 from autotune.drivers.sweep import Budget, Sweep
@@ -226,17 +227,6 @@ def load_times(policy: Path) -> dict:
             "print(d, 'ray' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     return {"load_ms": statistics.median(times), "torch_import_s": float(out[0]), "ray_imported": out[1]}
-
-
-def finite(value):
-    """JSON has no infinity: "never reached" is written as null."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [finite(v) for v in value]
-    return value
 
 
 def median(values: list[float]) -> float:

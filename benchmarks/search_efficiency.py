@@ -315,18 +315,19 @@ def main() -> None:
         console.print(table(world, data))
         console.print("goals: " + "; ".join(f"{k} = {v}" for k, v in data["goals"].items()), highlight=False)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(_finite(result), indent=1) + "\n")
+    args.out.with_suffix(".json").write_text(json.dumps(finite(result), indent=1) + "\n")
     args.out.with_suffix(".md").write_text(markdown(result, args))
     console.print(f"wrote {args.out.with_suffix('.md')} and .json")
 
 
-def _finite(value):
+def finite(value):
+    """JSON has no infinity (\"never reached\"): null instead, in nested dicts and lists too."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return {k: finite(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
+        return [finite(v) for v in value]
     return value
 
 
