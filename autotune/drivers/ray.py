@@ -164,6 +164,7 @@ class RayExecutor:
 
     def submit(self, flight: Flight) -> None:
         job = flight.job
+        assert job.make_backend is not None, f"job {job.name}: a Ray worker builds the backend, from make_backend"
         ref = self.task.options(max_retries=0, **job.resources.options()).remote(job.make_backend, flight.config)
         self.refs[ref] = flight
         job.progress.message(f"start     {flight.config.label():<28} {len(self.refs)} in flight"
