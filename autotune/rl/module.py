@@ -23,7 +23,8 @@ OBS_KEY = "observations"
 MASK_KEY = "action_mask"
 
 
-def net_spec(observation_space: gym.Space, action_space: gym.Space, model_config: dict[str, Any]) -> NetSpec:
+def net_spec(observation_space: gym.Space | None, action_space: gym.Space | None,
+             model_config: dict[str, Any]) -> NetSpec:
     if not isinstance(observation_space, gym.spaces.Dict) or {OBS_KEY, MASK_KEY} - set(observation_space.spaces):
         raise ValueError(f"the masked policy needs a Dict observation space with keys {OBS_KEY!r} and "
                          f"{MASK_KEY!r}, got {observation_space}")
@@ -39,7 +40,13 @@ class MaskedPolicyModule(TorchRLModule, ValueFunctionAPI):
     """`model_config`: {"hiddens": [128, 128], "activation": "tanh"}."""
 
     def setup(self) -> None:
-        self.spec = net_spec(self.observation_space, self.action_space, dict(self.model_config or {}))
+        # RLModule types these as optional and model_config as a dict or RLlib's DefaultModelConfig; net_spec
+        # refuses spaces that are not the masked policy's, and this module's settings are a dict.
+        config = self.model_config
+        if config is not None and not isinstance(config, dict):
+            raise ValueError(f"the masked policy's model_config is a dict {{'hiddens': [...], 'activation': ...}}, "
+                             f"got {config!r}")
+        self.spec = net_spec(self.observation_space, self.action_space, dict(config or {}))
         self.pi = policy_net(self.spec)
         # Built on inference-only copies too: the state dicts of learner and env runners then match.
         self.vf = value_net(self.spec)

@@ -46,8 +46,10 @@ def mlp(in_dim: int, hiddens: Sequence[int], out_dim: int, activation: str) -> n
 def policy_net(spec: NetSpec) -> nn.Sequential:
     net = mlp(spec.obs_dim, spec.hiddens, spec.n_actions, spec.activation)
     # Small last layer: the initial policy is near-uniform over the allowed actions (PPO practice).
-    nn.init.orthogonal_(net[-1].weight, gain=0.01)
-    nn.init.zeros_(net[-1].bias)
+    last = net[-1]
+    assert isinstance(last, nn.Linear), "mlp ends in its output layer, a Linear"
+    nn.init.orthogonal_(last.weight, gain=0.01)
+    nn.init.zeros_(last.bias)
     return net
 
 

@@ -89,6 +89,7 @@ class DistortedBackend:
     distortion applied, and the noise-free optimum known."""
 
     name = "simulated"
+    fatal: str | None = None  # no config can succeed here (Backend protocol)
 
     def __init__(self, landscape: Landscape, codes: np.ndarray, budget_bytes: int, distortion: Distortion,
                  noise: float, rng: np.random.Generator, trial_overhead_s: float = 15.0, measured_steps: int = 10):
@@ -117,6 +118,9 @@ class DistortedBackend:
 
     def true_throughput(self, config: Config) -> float:
         return float(self.throughput[self.landscape.index[config]])
+
+    def close(self) -> None:
+        """Nothing held between trials."""
 
     def run(self, config: Config) -> TrialResult:
         index = self.landscape.index.get(config)
