@@ -149,8 +149,9 @@ class WorkloadSampler:
         return self.draw(rng)
 
     def draw(self, rng: np.random.Generator) -> Task:
+        held: dict[str, bool | None]  # per dimension: the held-out part, the training part, None: either part
         if self.split == "all":
-            held = {dim: None for dim in DIMENSIONS}  # None: either part
+            held = {dim: None for dim in DIMENSIONS}
         elif self.split == "train":
             held = {dim: False for dim in DIMENSIONS}
         else:
