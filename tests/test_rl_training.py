@@ -118,8 +118,11 @@ def test_sigterm_stops_training_cleanly_and_the_cli_resumes_from_the_last_checkp
         for line in process.stdout:
             seen.append(line)
             if line.startswith("iter    3/6"):
-                while RunDir(out).latest_checkpoint().name != "000003":
-                    time.sleep(0.2)
+                # Checkpoint 3 lands about an iteration (a second or so) after this line: wait for it, and
+                # fail (rather than wait forever) if a loaded machine let the trainer run past it or end.
+                while (latest := RunDir(out).latest_checkpoint()) is None or latest.name < "000003":
+                    assert process.poll() is None, "the trainer ended before its checkpoint 3: " + "".join(seen)
+                    time.sleep(0.05)
                 process.send_signal(signal.SIGTERM)
                 break
         rest, _ = process.communicate(timeout=120)
