@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import Sequence
+from typing import NoReturn, Sequence
 
 from autotune.config import ConfigError
 
@@ -24,7 +24,7 @@ COMMANDS = {
 class ArgumentParser(argparse.ArgumentParser):
     """Bad input is one line naming the value, and exit code 2."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 

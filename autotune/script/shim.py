@@ -378,5 +378,5 @@ class _AfterImport(importlib.abc.MetaPathFinder):
             exec_module(module)
             callback(module)
 
-        spec.loader.exec_module = exec_and_patch  # type: ignore[method-assign]
+        spec.loader.exec_module = exec_and_patch  # type: ignore[method-assign]  # patches this one loader on purpose
         return spec
