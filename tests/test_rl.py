@@ -231,12 +231,12 @@ def test_ray_is_joined_through_the_drivers_connect_and_local_training_sizes_its_
     calls = []
     fake = types.SimpleNamespace(is_initialized=lambda: False, init=lambda **kw: calls.append(("init", kw)))
     monkeypatch.setitem(sys.modules, "ray", fake)
-    monkeypatch.setattr(ray_driver, "connect", lambda address: calls.append(("connect", address)))
-    assert connect_ray("10.0.0.1:6379", 2) and calls == [("connect", "10.0.0.1:6379")]
+    monkeypatch.setattr(ray_driver, "connect", lambda address, num_cpus=None: calls.append(("connect", address, num_cpus)))
+    assert connect_ray("10.0.0.1:6379", 2) and calls == [("connect", "10.0.0.1:6379", None)]
     calls.clear()
     for address in (None, "local"):
         assert connect_ray(address, 3)
-    assert calls == [("init", {"num_cpus": 3, "include_dashboard": False, "log_to_driver": False})] * 2
+    assert calls == [("connect", "local", 3)] * 2
     fake.is_initialized = lambda: True  # already connected: nothing to do, nothing to disconnect
     calls.clear()
     assert not connect_ray("10.0.0.1:6379", 2) and calls == []

@@ -81,8 +81,9 @@ def trial_resources(settings: "RunSettings", gpus_per_trial: int | None = None) 
     return TrialResources(cpus=1.0, gpus=float(gpus_per_trial or ranks))
 
 
-def connect(address: str) -> None:
-    """Connect this process to a Ray cluster (or start a private local one); one-line error on failure."""
+def connect(address: str, num_cpus: int | None = None) -> None:
+    """Connect this process to a Ray cluster (or start a private local one of `num_cpus` CPUs, default every
+    core); one-line error on failure."""
     if address == LOCAL and "ray" not in sys.modules:
         os.environ.setdefault(LOOPBACK_ENV, "0")  # read when ray is imported: bind the instance to loopback
     import ray
@@ -91,7 +92,7 @@ def connect(address: str) -> None:
         return
     try:
         if address == LOCAL:
-            ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
         else:
             ray.init(address=address, log_to_driver=False, configure_logging=False)
     except Exception as err:  # noqa: BLE001  (ConnectionError, AuthenticationError, RuntimeError, ...)

@@ -381,12 +381,8 @@ def connect_ray(address: str | None, workers: int) -> bool:
         return False
     if address and address != LOCAL:
         connect(address)
-    else:
-        # connect(LOCAL) would start an instance with every core (Ray starts workers to match): this becomes
-        # connect(LOCAL, num_cpus=max(1, workers)) once autotune.drivers.ray.connect takes the instance's CPUs.
-        import ray
-
-        ray.init(num_cpus=max(1, workers), include_dashboard=False, log_to_driver=False)
+    else:  # a local instance sized for the runners (with every core, Ray would start workers to match)
+        connect(LOCAL, num_cpus=max(1, workers))
     return True
 
 
