@@ -163,9 +163,8 @@ def check_machine(hardware: Hardware, ranks: int, machine: LocalMachine, memory_
                           f"({machine.describe()}): allowed 1 to {len(machine.gpus)}")
     smallest = min(g.memory_bytes for g in machine.gpus)
     if memory_budget_bytes is not None and memory_budget_bytes > smallest:
-        raise ConfigError(f"memory budget {format_size(memory_budget_bytes)} (from --hardware {hardware.name} or "
-                          f"--memory-budget) is more than this machine's GPU holds ({format_size(smallest)}: "
-                          f"{machine.describe()}): allowed up to {format_size(smallest)}")
+        raise ConfigError(f"memory budget {format_size(memory_budget_bytes)} is more than this machine's GPU holds "
+                          f"({format_size(smallest)}: {machine.describe()}): allowed up to {format_size(smallest)}")
 
 
 def resolve_hardware(choice: Hardware | str | None, *, real: bool,
@@ -190,9 +189,10 @@ def gpus_found(machine: LocalMachine | None) -> int:
 def require_here(hardware: Hardware, ranks: int, memory_budget_bytes: int | None,
                  machine: LocalMachine | None = None) -> None:
     """Refuse a profile whose real trials cannot run on this machine (check_machine), probing only when the
-    profile needs a GPU: the CPU accelerator runs anywhere."""
+    profile needs a GPU: the CPU accelerator runs anywhere. `memory_budget_bytes`: a budget the user chose
+    (None: the profile's memory, a nominal figure a little above what the device reports: 80 GiB vs 79.1)."""
     if not hardware.is_cpu:
-        check_machine(hardware, ranks, machine or probe(), memory_budget_bytes or hardware.memory_bytes)
+        check_machine(hardware, ranks, machine or probe(), memory_budget_bytes)
 
 
 if __name__ == "__main__":

@@ -236,7 +236,9 @@ def run_sweep(sweep_file: SweepFile, out: Path, address: str, resume: bool, conc
         for spec in sweep_file.workloads:
             if spec.settings.backend in ray_driver.REAL_BACKENDS:
                 try:
-                    require_here(spec.settings.hardware, spec.settings.workload.gpus, spec.settings.memory_budget_bytes)
+                    chosen = spec.settings.memory_budget_bytes  # the profile's own memory is no chosen budget
+                    require_here(spec.settings.hardware, spec.settings.workload.gpus,
+                                 None if chosen == spec.settings.hardware.memory_bytes else chosen)
                 except ConfigError as err:
                     raise ConfigError(f"{sweep_file.path}: workload {spec.name!r}: {err}") from None
     out.mkdir(parents=True, exist_ok=True)

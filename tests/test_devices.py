@@ -353,3 +353,13 @@ def test_a_real_cpu_trial_needs_no_accelerator_in_the_environment(tmp_path, monk
     spec = json.loads((Path(result.extra["log_dir"]) / "spec.json").read_text())
     assert report["device"] == "cpu" and spec["accelerator"] == "cpu" and backend.fatal is None
     assert "cuda_context_bytes" not in result.extra
+
+
+def test_a_profile_whose_nominal_memory_exceeds_the_device_is_not_refused():
+    # An H100 reports 79.1 GiB; the h100-80gb profile says 80: only a budget the user chose is checked.
+    from autotune.devices import require_here
+
+    node = gpus("NVIDIA H100 80GB HBM3", 1, 79.1)
+    require_here(PROFILES["h100-80gb"], 1, None, node)
+    with pytest.raises(ConfigError, match="memory budget 79.5 GiB is more than"):
+        require_here(PROFILES["h100-80gb"], 1, int(79.5 * GiB), node)
