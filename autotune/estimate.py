@@ -1,6 +1,6 @@
 """Per-device memory and step-time predictions for a config, before anything runs (pure arithmetic).
 
-Sources, per term (see also DESIGN.md section 5):
+Sources, per term (see also ARCHITECTURE.md section 5):
 - Model states: ZeRO (Rajbhandari et al., SC'20, section 3, table 1) as DeepSpeed implements it:
   a 16-bit copy of the weights, gradients, and 12 bytes/param of optimizer state (fp32 master, Adam m, v),
   plus the fp32 gradient partition DeepSpeed keeps for stages 1-2 (counted by
