@@ -35,6 +35,7 @@ import yaml
 
 from autotune.config import ConfigError
 from autotune.argtypes import duration, positive_int, seed, size
+from autotune.backends.factory import backend_kind
 from autotune.backends.replay import replay_settings
 from autotune.devices import AUTO, require_here, resolve_hardware
 from autotune.hardware import Hardware, load_hardware
@@ -234,7 +235,7 @@ def run_sweep(sweep_file: SweepFile, out: Path, address: str, resume: bool, conc
     console = console or Console(width=160)
     if address == ray_driver.LOCAL:  # this machine runs the real trials: refuse what it cannot run, up front
         for spec in sweep_file.workloads:
-            if spec.settings.backend in ray_driver.REAL_BACKENDS:
+            if backend_kind(spec.settings.backend).real:
                 try:
                     chosen = spec.settings.memory_budget_bytes  # the profile's own memory is no chosen budget
                     require_here(spec.settings.hardware, spec.settings.workload.gpus,

@@ -1,7 +1,8 @@
 """The one place a sweep's backend is built: a registry of backend kinds, each a builder from the sweep's
-settings. `autotune tune`, `autotune sweep`, `autotune surface record`, the Ray driver's workers and the
-Gymnasium environment all call `make_backend`; a user adds a kind with `register_backend`, or hands the
-library any object with `run(config) -> TrialResult` (`as_backend` adapts it).
+settings. `autotune tune`, `autotune sweep`, `autotune surface record` and the Ray driver's workers call
+`make_backend` (the Gymnasium environment builds its own, with options a sweep has not: step-time noise, a
+calibration, a loaded surface); a user adds a kind with `register_backend`, or hands the library any object
+with `run(config) -> TrialResult` (`as_backend` adapts it).
 """
 
 from __future__ import annotations

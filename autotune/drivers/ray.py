@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from rich.console import Console
 
 from autotune.backends import Backend
-from autotune.backends.factory import TrialOptions, as_backend, make_backend, simulated_sleep_s
+from autotune.backends.factory import TrialOptions, as_backend, backend_kind, make_backend, simulated_sleep_s
 from autotune.config import Config, ConfigError
 from autotune.drivers.loop import Flight, Job, TrialReply, TrialResources, run_jobs
 from autotune.drivers.stop import StopReason
@@ -50,7 +50,6 @@ from autotune.units import format_size
 if TYPE_CHECKING:
     from autotune.rundir import RunDir, RunSettings
 
-REAL_BACKENDS = ("deepspeed", "script")  # backends whose trials run on devices
 LOCAL = "local"  # --ray-address local: start a private single-node Ray instance for this run
 MAX_FAILURES = 3  # resubmissions of a trial whose worker or node died
 # Ray (2.60) binds its servers to loopback only when the node's IP is literally 127.0.0.1, and resolves
@@ -74,7 +73,7 @@ def trial_resources(settings: "RunSettings", gpus_per_trial: int | None = None) 
     if gpus_per_trial is not None and gpus_per_trial < ranks:
         raise ConfigError(f"--gpus-per-trial {gpus_per_trial}: a trial of this workload runs {ranks} ranks, "
                           f"one per device: allowed {ranks} or more")
-    if settings.backend not in REAL_BACKENDS:
+    if not backend_kind(settings.backend).real:
         return TrialResources(cpus=1.0)
     if settings.hardware.is_cpu:
         return TrialResources(cpus=float(ranks))
