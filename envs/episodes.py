@@ -27,8 +27,9 @@ from autotune.backends.factory import as_backend
 from autotune.backends.replay import ReplayBackend, Surface, load_surface, surface_choices, surface_space
 from autotune.backends.simulated import SimulatedBackend
 from autotune.config import Config, ConfigError
+from autotune.devices import resolve_hardware
 from autotune.estimate import Estimate, estimate
-from autotune.hardware import Hardware, PROFILES, load_hardware
+from autotune.hardware import Hardware, load_hardware
 from autotune.results import TrialResult
 from autotune.search_spaces import load_choices
 from autotune.space import Choices, Space
@@ -181,7 +182,7 @@ class TaskSource:
     def _fixed_task(self, rng: np.random.Generator) -> Task:
         workload = self.config.workload
         assert workload is not None
-        hardware = self.config.hardware or PROFILES["cpu" if workload.model.name == "tiny" else "a100-80gb"]
+        hardware, _ = resolve_hardware(self.config.hardware, real=False, model=workload.model.name)
         if self._choices is None:
             self._choices = load_choices("cpu" if hardware.is_cpu else "default")
         return Task(workload, hardware, self._pick_budget(rng, hardware.memory_bytes), self._choices)

@@ -26,7 +26,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from autotune.commands.tune import SLEEP_ENV
+from autotune.backends.factory import SLEEP_ENV
 from autotune.results import read_results
 
 pytestmark = pytest.mark.slow

@@ -15,7 +15,7 @@ import optuna
 import pytest
 
 from autotune.cli import main
-from autotune.commands.tune import SLEEP_ENV
+from autotune.backends.factory import SLEEP_ENV
 from autotune.config import KNOBS, Config
 from autotune.results import read_results
 from autotune.rundir import RunDir

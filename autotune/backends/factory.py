@@ -40,7 +40,6 @@ class BackendKind:
     name: str
     build: Builder
     real: bool = False  # its trials run on devices: Ray asks for them, the machine is checked first
-    doc: str = ""
 
 
 _REGISTRY: dict[str, BackendKind] = {}
@@ -65,9 +64,9 @@ def backend_kind(name: str) -> BackendKind:
         raise ConfigError(f"backend {name!r}: allowed {', '.join(_REGISTRY)}") from None
 
 
-def backend_names(*, tunable: bool = True) -> tuple[str, ...]:
-    """The registered kinds; `tunable`: those `autotune tune --backend` offers (script mode has --script)."""
-    return tuple(name for name in _REGISTRY if not tunable or name != "script")
+def backend_names() -> tuple[str, ...]:
+    """The registered kinds `autotune tune --backend` offers (script mode has --script instead)."""
+    return tuple(name for name in _REGISTRY if name != "script")
 
 
 def make_backend(settings: "RunSettings", run_dir: "RunDir | None" = None,
@@ -126,10 +125,10 @@ def _script(settings: "RunSettings", run_dir: "RunDir | None", options: TrialOpt
                          **_deepspeed_options(options))
 
 
-for _kind in (BackendKind("deepspeed", _deepspeed, real=True, doc="real short DeepSpeed runs of the built-in model"),
-              BackendKind("simulated", _simulated, doc="the estimator's prediction, optional seeded noise"),
-              BackendKind("replay", _replay, doc="a surface of measured results"),
-              BackendKind("script", _script, real=True, doc="real short runs of the user's own training script")):
+for _kind in (BackendKind("deepspeed", _deepspeed, real=True),  # real short runs of the built-in model
+              BackendKind("simulated", _simulated),  # the estimator's prediction
+              BackendKind("replay", _replay),  # a surface of measured results
+              BackendKind("script", _script, real=True)):  # real short runs of the user's own script
     register_backend(_kind)
 
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from autotune.api import DEFAULT_STRATEGY, begin, check_out, default_run_dir, run_sweep
 from autotune.argtypes import duration, seed
 from autotune.backends.replay import replay_settings
-from autotune.backends.factory import SLEEP_ENV, backend_names  # noqa: F401  (SLEEP_ENV: tests set it)
+from autotune.backends.factory import backend_names
 from autotune.commands import script as script_command
 from autotune.commands.common import add_workload_arguments, positive_int, size, space_from, target_from
 from autotune.config import ConfigError
