@@ -14,12 +14,21 @@ order of configs by memory (micro-batch, precision) is reliable even where its a
 A config of another layout is pruned from OTHER_LAYOUT_SLACK more: the estimator's error differs a little
 between layouts. (On the distorted simulation of benchmarks/search_efficiency.py this took Optuna's
 out-of-memory trials from 5.6% to 4.4% of those launched, at no measurable cost in trials to 98%.)
+
+Device memory is not the only limit: offloaded state lives in the node's host memory (all its ranks'
+together) and ZeRO-Infinity's in the NVMe path's free space. A config predicted over either (with the same
+margin) is pruned too, and every pruned result names its cause (`extra["cause"]`: CAUSES), so that the
+console, the report and the verdict say what to change: the budget is the answer to device memory only.
+A trial that ran out of host memory teaches the pruner as a device out-of-memory does, by host need.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+from collections import Counter
 from dataclasses import dataclass, replace
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from autotune.config import Config
 from autotune.estimate import Calibration, Estimate, estimate
@@ -28,9 +37,60 @@ from autotune.results import TrialResult
 from autotune.units import format_size
 from autotune.workload import Workload
 
+if TYPE_CHECKING:
+    from autotune.rundir import RunSettings
+
 UNCALIBRATED_MARGIN = 0.25
 MIN_MARGIN = 0.05
 OTHER_LAYOUT_SLACK = 0.05
+
+DEVICE_MEMORY, HOST_MEMORY, NVME_SPACE = "device_memory", "host_memory", "nvme_space"
+# What a person reads for each cause (the console's pruned summary, the report, the verdict).
+CAUSES = {DEVICE_MEMORY: "device memory", HOST_MEMORY: "host memory (offloaded state)", NVME_SPACE: "NVMe space"}
+NO_SPACE_MARKERS = ("no space left on device", "enospc", "nvme space")
+
+
+def host_need_bytes(est: Estimate, workload: Workload, hardware: Hardware) -> int:
+    """Host memory the offloaded state of all ranks of one node needs."""
+    return est.host_bytes * min(workload.gpus, hardware.gpus_per_node)
+
+
+def nvme_need_bytes(est: Estimate, workload: Workload, hardware: Hardware) -> int:
+    """NVMe space the offloaded state of all ranks of one node needs (they share the node's path)."""
+    return est.nvme_bytes * min(workload.gpus, hardware.gpus_per_node)
+
+
+def free_bytes(path: str | None) -> int | None:
+    """Free space at `path` on this machine; None when there is no such path here."""
+    if not path or not os.path.exists(path):
+        return None
+    return shutil.disk_usage(path).free
+
+
+def cause_of(result: TrialResult) -> str | None:
+    """The resource a failed or pruned result ran out of (a key of CAUSES), or None for other failures.
+    The pruner and the backends record it (`extra["cause"]`); older records are read from their message."""
+    recorded = result.extra.get("cause")
+    if recorded in CAUSES:
+        return str(recorded)
+    if result.status not in ("oom", "pruned", "crash"):
+        return None
+    text = (result.error or "").lower()
+    if any(marker in text for marker in NO_SPACE_MARKERS):
+        return NVME_SPACE
+    if "host memory" in text:
+        return HOST_MEMORY
+    return DEVICE_MEMORY if result.status in ("oom", "pruned") else None
+
+
+def cause_counts(results: Iterable[TrialResult]) -> Counter[str]:
+    """How many of `results` ran out of (or were predicted over) each resource."""
+    return Counter(c for c in map(cause_of, results) if c is not None)
+
+
+def describe_causes(counts: Counter[str], verb: str = "over") -> str:
+    """'790 over device memory, 22 over host memory (offloaded state)', largest first."""
+    return ", ".join(f"{n} {verb} {CAUSES[c]}" for c, n in counts.most_common())
 
 
 @dataclass(frozen=True)
@@ -40,7 +100,19 @@ class Pruner:
     budget_bytes: int
     calibration: Calibration = Calibration()
     margin: float = UNCALIBRATED_MARGIN
-    out_of_memory: frozenset[Config] = frozenset()  # configs that ran out of memory in this sweep
+    out_of_memory: frozenset[Config] = frozenset()  # configs that ran out of device memory in this sweep
+    out_of_host_memory: frozenset[Config] = frozenset()  # configs whose offloaded state ran out of host memory
+    nvme_free_bytes: int | None = None  # free space at the NVMe path where trials run (None: not checked)
+
+    @classmethod
+    def for_settings(cls, settings: "RunSettings") -> "Pruner":
+        """The pruner of a sweep: its budget, and the NVMe path's free space where its trials run on this
+        machine (a real backend; a simulated machine's disk is not this one's)."""
+        from autotune.backends.factory import backend_kind
+
+        real = backend_kind(settings.backend).real
+        nvme = free_bytes(settings.choices.nvme_path) if real else None
+        return cls(settings.workload, settings.hardware, settings.memory_budget_bytes, nvme_free_bytes=nvme)
 
     def predict(self, config: Config) -> Estimate:
         return estimate(config, self.workload, self.hardware, self.calibration)
@@ -48,31 +120,57 @@ class Pruner:
     def check(self, config: Config, backend: str) -> TrialResult | None:
         """A `pruned` result if `config` is predicted not to fit even with the margin, else None."""
         est = self.predict(config)
-        if not est.fits(self.budget_bytes, self.margin):
-            reason = (f"predicted peak {format_size(est.peak_bytes)} exceeds the budget of "
-                      f"{format_size(self.budget_bytes)} by more than the {self.margin:.0%} safety margin (largest "
-                      f"term: {est.memory.dominant} {format_size(getattr(est.memory, est.memory.dominant))})")
-        else:
-            smaller = self._smaller_out_of_memory(config, est.peak_bytes)
-            if smaller is None:
-                return None
-            reason = f"{smaller.label()} ran out of memory with a predicted peak no larger than this config's " \
-                     f"{format_size(est.peak_bytes)}"
-            if layout(smaller) != layout(config):
-                reason += f" less {OTHER_LAYOUT_SLACK:.0%} (another memory layout)"
+        found = self._over_limit(est) or self._smaller_out_of_memory(config, est)
+        if found is None:
+            return None
+        cause, reason = found
         return TrialResult(config, "pruned", memory_budget_bytes=self.budget_bytes, backend=backend, error=reason,
                            extra={"predicted_peak_bytes": est.peak_bytes,
                                   "predicted_throughput_samples_per_s": est.throughput_samples_per_s,
-                                  "predicted_memory": est.memory.to_dict(), "pruning_margin": self.margin})
+                                  "predicted_memory": est.memory.to_dict(), "pruning_margin": self.margin,
+                                  "cause": cause})
 
-    def with_out_of_memory(self, config: Config) -> "Pruner":
-        return replace(self, out_of_memory=self.out_of_memory | {config})
+    def _over_limit(self, est: Estimate) -> tuple[str, str] | None:
+        """(cause, reason) for the first limit the prediction exceeds by more than the margin: device memory,
+        then the node's host memory, then the NVMe path's free space."""
+        margin = f"by more than the {self.margin:.0%} safety margin"
+        if not est.fits(self.budget_bytes, self.margin):
+            term = est.memory.dominant
+            return DEVICE_MEMORY, (f"predicted peak {format_size(est.peak_bytes)} exceeds the budget of "
+                                   f"{format_size(self.budget_bytes)} {margin} (largest term: {term} "
+                                   f"{format_size(getattr(est.memory, term))})")
+        host = host_need_bytes(est, self.workload, self.hardware)
+        if host > self.hardware.host_memory_bytes * (1 + self.margin):
+            return HOST_MEMORY, (f"offloaded state needs {format_size(host)} of host memory per node, more than "
+                                 f"the {format_size(self.hardware.host_memory_bytes)} of {self.hardware.name} {margin}")
+        nvme = nvme_need_bytes(est, self.workload, self.hardware)
+        if self.nvme_free_bytes is not None and nvme > self.nvme_free_bytes * (1 + self.margin):
+            return NVME_SPACE, (f"offloaded state needs {format_size(nvme)} of NVMe space per node, more than "
+                                f"the {format_size(self.nvme_free_bytes)} free at the NVMe path {margin}")
+        return None
 
-    def _smaller_out_of_memory(self, config: Config, peak: int) -> Config | None:
+    def with_out_of_memory(self, config: Config, cause: str | None = DEVICE_MEMORY) -> "Pruner":
+        """This pruner taught that `config` ran out of `cause` (a device or host memory; others teach nothing)."""
+        if cause == HOST_MEMORY:
+            return replace(self, out_of_host_memory=self.out_of_host_memory | {config})
+        if cause == DEVICE_MEMORY:
+            return replace(self, out_of_memory=self.out_of_memory | {config})
+        return self
+
+    def _smaller_out_of_memory(self, config: Config, est: Estimate) -> tuple[str, str] | None:
         for other in sorted(self.out_of_memory):
             slack = 1.0 if layout(other) == layout(config) else 1.0 + OTHER_LAYOUT_SLACK
-            if self.predict(other).peak_bytes * slack <= peak:
-                return other
+            if self.predict(other).peak_bytes * slack <= est.peak_bytes:
+                reason = (f"{other.label()} ran out of memory with a predicted peak no larger than this config's "
+                          f"{format_size(est.peak_bytes)}")
+                if layout(other) != layout(config):
+                    reason += f" less {OTHER_LAYOUT_SLACK:.0%} (another memory layout)"
+                return DEVICE_MEMORY, reason
+        host = host_need_bytes(est, self.workload, self.hardware)
+        for other in sorted(self.out_of_host_memory):
+            if host and host_need_bytes(self.predict(other), self.workload, self.hardware) <= host:
+                return HOST_MEMORY, (f"{other.label()} ran out of host memory with offloaded state predicted no "
+                                     f"larger than this config's {format_size(host)}")
         return None
 
     def recalibrated(self, calibration: Calibration, measured: Iterable[TrialResult]) -> "Pruner":

@@ -14,6 +14,8 @@ from autotune.config import Config
 from autotune.dsconfig import DsOptions, ds_config, hf_ds_config, validate
 from autotune.drivers.sweep import best_of
 from autotune.estimate import estimate
+from autotune.pruning import (CAUSES, DEVICE_MEMORY, HOST_MEMORY, NVME_SPACE, Pruner, cause_counts, cause_of,
+                              host_need_bytes)
 from autotune.results import STATUSES, TrialResult
 from autotune.rundir import RunDir, RunSettings
 from autotune.units import format_size
@@ -50,22 +52,54 @@ def summarize(results: Sequence[TrialResult], settings: RunSettings) -> dict:
     }
 
 
-def no_fit_verdict(settings: RunSettings) -> str:
-    """Why there is no recommendation: nothing in the space is predicted to fit, or no trial found one."""
+def no_fit_verdict(settings: RunSettings, results: Sequence[TrialResult] = ()) -> str:
+    """Why there is no recommendation, naming the resource that ran out: nothing in the space is predicted
+    to fit (device memory, host memory for offloaded state, NVMe space), or no trial found one."""
     space = settings.space()
-    estimates = [estimate(c, space.workload, space.hardware) for c in space]
+    pruner = Pruner.for_settings(settings)
+    checks = {c: pruner.check(c, settings.backend) for c in space}
     budget = format_size(settings.memory_budget_bytes)
-    if not estimates:
+    if not checks:
         return f"no config fits: the space has no valid config for this workload (budget {budget})"
-    smallest = min(estimates, key=lambda e: e.peak_bytes)
-    term = smallest.memory.dominant
-    where = (f"the smallest predicted peak is {format_size(smallest.peak_bytes)} ({smallest.config.label()}), "
-             f"dominated by {term} ({format_size(getattr(smallest.memory, term))})")
-    predicted = sum(e.fits(settings.memory_budget_bytes) for e in estimates)
+    predicted = sum(r is None for r in checks.values())
     if predicted:
-        return (f"no trial ran within the budget of {budget}, though {predicted} configs are predicted to fit "
-                f"({where}): run more trials or raise the budget")
-    return f"no config fits the budget of {budget}: {where}"
+        ran = cause_counts(r for r in results if r.status != "pruned")
+        hit = f"; the trials ran out of {_cause_list(ran)}" if ran else ""
+        advice = "run more trials" + (" or raise the budget" if ran and ran.most_common(1)[0][0] == DEVICE_MEMORY
+                                      else "")
+        return (f"no trial ran within the budget of {budget}, though {predicted} configs are predicted to fit"
+                f"{hit}: {advice}")
+    counts = cause_counts(r for r in checks.values() if r is not None)
+    main = counts.most_common(1)[0][0]
+    if main == DEVICE_MEMORY and len(counts) == 1:
+        estimates = [pruner.predict(c) for c in checks]
+        smallest = min(estimates, key=lambda e: e.peak_bytes)
+        term = smallest.memory.dominant
+        return (f"no config fits the budget of {budget}: the smallest predicted peak is "
+                f"{format_size(smallest.peak_bytes)} ({smallest.config.label()}), dominated by {term} "
+                f"({format_size(getattr(smallest.memory, term))}): raise the budget or use more devices")
+    # Some configs fit the device but not the host (or the NVMe path): that, not the budget, is the limit.
+    limits, fixes = [], []
+    if counts[HOST_MEMORY]:
+        host = [c for c, r in checks.items() if r is not None and cause_of(r) == HOST_MEMORY]
+        need = {c: host_need_bytes(pruner.predict(c), settings.workload, settings.hardware) for c in host}
+        least = min(host, key=need.__getitem__)
+        limits.append(f"{counts[HOST_MEMORY]} need more host memory for offloaded state than the "
+                      f"{format_size(settings.hardware.host_memory_bytes)} of one {settings.hardware.name} node "
+                      f"(the least, {least.label()}, needs {format_size(need[least])})")
+        fixes.append("a node with more host memory, more GPUs to shard the state over, or NVMe offload "
+                     "(a space with an nvme_path)")
+    if counts[NVME_SPACE]:
+        limits.append(f"{counts[NVME_SPACE]} need more NVMe space than is free at {settings.choices.nvme_path}")
+        fixes.append("more free space at the NVMe path")
+    device = f"{counts[DEVICE_MEMORY]} configs are predicted over the {budget} device budget and the other " \
+        if counts[DEVICE_MEMORY] else ""
+    return (f"no config fits: {device}{' and '.join(limits)}; raising the budget would not help, "
+            f"{' or '.join(fixes)} would")
+
+
+def _cause_list(counts: Counter[str]) -> str:
+    return ", ".join(f"{CAUSES[c]} ({n})" for c, n in counts.most_common())
 
 
 def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialResult] | None = None) -> Outputs:
@@ -92,9 +126,9 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
                    f"peak {format_size(best.peak_memory_bytes)} of {format_size(settings.memory_budget_bytes)} "
                    f"(trial {summary['best_trial_index']})")
     else:
-        verdict = no_fit_verdict(settings)
+        verdict = no_fit_verdict(settings, results)
     report = run.path / "report.md"
-    report.write_text(markdown(results, settings, summary, best, verdict))
+    run.write_text("report.md", markdown(results, settings, summary, best, verdict))
     files.append(report)
     return Outputs(best, summary, tuple(files), verdict)
 

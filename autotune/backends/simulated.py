@@ -30,6 +30,7 @@ import numpy as np
 from autotune.config import Config, ConfigError
 from autotune.estimate import Calibration, Estimate, estimate
 from autotune.hardware import Hardware
+from autotune.pruning import DEVICE_MEMORY, HOST_MEMORY, host_need_bytes
 from autotune.results import TrialResult
 from autotune.space import invalid_reason
 from autotune.units import format_size
@@ -44,11 +45,6 @@ class _Prediction(NamedTuple):
     host_need_bytes: int
     step_time_s: float
     dominant_term: str
-
-
-def host_need_bytes(est: Estimate, workload: Workload, hardware: Hardware) -> int:
-    """Host memory the offloaded state of all ranks of one node needs."""
-    return est.host_bytes * min(workload.gpus, hardware.gpus_per_node)
 
 
 class SimulatedBackend:
@@ -125,13 +121,13 @@ class SimulatedBackend:
         elif peak > budget:
             result = TrialResult(config, "oom", peak_memory_bytes=peak, memory_budget_bytes=budget,
                                  wall_time_s=self.trial_overhead_s, backend=self.name,
-                                 extra={"predicted_peak_bytes": peak},
+                                 extra={"predicted_peak_bytes": peak, "cause": DEVICE_MEMORY},
                                  error=f"predicted peak {format_size(peak)} exceeds the budget {format_size(budget)}"
                                        f" (largest term: {dominant})")
         elif host_need > self.hardware.host_memory_bytes:
             result = TrialResult(config, "oom", peak_memory_bytes=peak, memory_budget_bytes=budget,
                                  wall_time_s=self.trial_overhead_s, backend=self.name,
-                                 extra={"predicted_peak_bytes": peak},
+                                 extra={"predicted_peak_bytes": peak, "cause": HOST_MEMORY},
                                  error=f"offloaded state needs {format_size(host_need)} of host memory per node,"
                                        f" more than the {format_size(self.hardware.host_memory_bytes)} there")
         else:

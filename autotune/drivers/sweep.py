@@ -12,7 +12,7 @@ from autotune.calibrate import calibrator
 from autotune.config import Config
 from autotune.drivers.stop import StopReason
 from autotune.estimate import Calibration
-from autotune.pruning import Pruner
+from autotune.pruning import Pruner, cause_of
 from autotune.results import TrialResult
 from autotune.space import Space
 from autotune.strategies import SearchContext, Strategy, make_strategy
@@ -63,15 +63,16 @@ class Sweep:
         for result in history:
             strategy.observe(result.config, result)
             if result.status == "oom":
-                self.pruner = self.pruner.with_out_of_memory(result.config)
+                self.pruner = self.pruner.with_out_of_memory(result.config, cause_of(result))
         if calibrate is not None and self.measured():
             self.pruner = self.pruner.recalibrated(calibrate(self.measured()), self.measured())
 
     @classmethod
     def open(cls, run_dir: "RunDir", settings: "RunSettings", space: Space) -> "Sweep":
         """The sweep of a run directory: its recorded history, strategy (its study in the run's storage), pruner."""
-        pruner = Pruner(settings.workload, settings.hardware, settings.memory_budget_bytes)
-        context = SearchContext(space, settings.memory_budget_bytes, settings.seed, pruner.predict, run_dir.storage())
+        pruner = Pruner.for_settings(settings)
+        context = SearchContext(space, settings.memory_budget_bytes, settings.seed, pruner.predict,
+                                run_dir.storage(settings.storage), run_dir.study_name(settings.storage))
         return cls(make_strategy(settings.strategy, context), pruner, run_dir.append, settings.backend,
                    run_dir.results(), calibrator(settings.workload, settings.hardware), len(space))
 
@@ -147,7 +148,7 @@ class Sweep:
                 self.best is None or result.throughput > self.best.throughput):
             self.best = result
         if result.status == "oom":
-            self.pruner = self.pruner.with_out_of_memory(config)
+            self.pruner = self.pruner.with_out_of_memory(config, cause_of(result))
         if self.calibrate is not None and measurable(result):
             self.pruner = self.pruner.recalibrated(self.calibrate(self.measured()), self.measured())
         return result
