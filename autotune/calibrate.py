@@ -28,6 +28,7 @@ import numpy as np
 from scipy.optimize import lsq_linear
 
 from autotune.config import ConfigError
+from autotune.files import write_atomic
 from autotune.estimate import Calibration, estimate
 from autotune.hardware import Hardware
 from autotune.results import TrialResult
@@ -161,10 +162,7 @@ def save_calibration(run_dir: str | Path, calibration: Calibration, workload: Wo
         data["hardware"] = hardware.name
     if fit is not None:
         data["fit"] = fit.to_dict()
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(path)
-    return path
+    return write_atomic(path, json.dumps(data, indent=2) + "\n")
 
 
 def load_calibration(path: str | Path, workload: Workload | None = None,

@@ -7,18 +7,44 @@ A user adds a profile with a YAML file of the same keys (`--hardware my-gpu.yaml
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+import math
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from autotune.config import ConfigError
+from autotune.config import PRECISIONS, ConfigError
+from autotune.files import load_yaml, short
 from autotune.units import parse_size
 
 GB = 10**9
 GiB = 2**30
 TFLOPS = 10**12
+
+
+MAX_BYTES = 2**63 - 1
+
+
+def _positive_number(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and value > 0)
+
+
+_SIZE_KEYS = {"memory_bytes", "host_memory_bytes", "runtime_overhead_bytes"}
+_INT_KEYS = _SIZE_KEYS | {"gpus_per_node"}
+# key: (lower bound check, upper bound check, what is allowed)
+_RANGES: dict[str, tuple[Any, Any, str]] = {
+    "memory_bytes": (lambda v: v > 0, lambda v: v <= MAX_BYTES, "a positive size such as 80GiB"),
+    "host_memory_bytes": (lambda v: v > 0, lambda v: v <= MAX_BYTES, "a positive size such as 1024GiB"),
+    "runtime_overhead_bytes": (lambda v: v >= 0, lambda v: v <= MAX_BYTES, "a size >= 0 such as 1GiB"),
+    "gpus_per_node": (lambda v: v >= 1, lambda v: v <= 2**20, "a whole number >= 1"),
+    **{key: (lambda v: v > 0, lambda v: True, "a positive number (e.g. 768e9)")
+       for key in ("mem_bandwidth", "host_link_bw", "intra_node_bw", "inter_node_bw", "cpu_adam_params_per_s",
+                   "nvme_bw")},
+    "step_overhead_s": (lambda v: v >= 0, lambda v: True, "a number of seconds >= 0"),
+    "max_efficiency": (lambda v: v > 0, lambda v: v <= 1, "a fraction in (0, 1]"),
+    "half_efficiency_tokens": (lambda v: v >= 0, lambda v: True, "a number of tokens >= 0"),
+}
+_FLOAT_KEYS = set(_RANGES) - _INT_KEYS
 
 
 @dataclass(frozen=True)
@@ -39,6 +65,28 @@ class Hardware:
     max_efficiency: float = 0.5  # best fraction of peak FLOP/s a transformer step reaches
     half_efficiency_tokens: float = 1024.0  # tokens per micro-batch at which efficiency is half the best
     is_cpu: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigError(f"name: {short(self.name)}: allowed a non-empty string")
+        for key, (low, high, allowed) in _RANGES.items():
+            value = getattr(self, key)
+            if key in _INT_KEYS:
+                good = isinstance(value, int) and not isinstance(value, bool)
+            else:
+                good = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            if not good or not low(value) or not high(value):
+                raise ConfigError(f"{key}: {short(value)}: allowed {allowed}")
+        if not isinstance(self.peak_flops, dict) or not self.peak_flops:
+            raise ConfigError(f"peak_flops: {short(self.peak_flops)}: allowed a mapping of precision "
+                              f"({', '.join(PRECISIONS)}) to FLOP/s, at least one")
+        for precision, flops in self.peak_flops.items():
+            if precision not in PRECISIONS:
+                raise ConfigError(f"peak_flops: precision {short(precision)}: allowed {', '.join(PRECISIONS)}")
+            if not _positive_number(flops):
+                raise ConfigError(f"peak_flops.{precision}: {short(flops)}: allowed a positive number of FLOP/s")
+        if not isinstance(self.is_cpu, bool):
+            raise ConfigError(f"is_cpu: {short(self.is_cpu)}: allowed true or false")
 
     def supports(self, precision: str) -> bool:
         return precision in self.peak_flops
@@ -88,7 +136,59 @@ PROFILES: dict[str, Hardware] = {
                     max_efficiency=0.5, half_efficiency_tokens=256.0, is_cpu=True),
 }
 
-_SIZE_KEYS = {"memory_bytes", "host_memory_bytes", "runtime_overhead_bytes"}
+def _as_number(value: Any) -> Any:
+    """A number as people write it in YAML: 768e9 (which PyYAML reads as a string), 1.5e12, 900_000_000."""
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            return value
+    return value
+
+
+def _as_size(key: str, value: Any, source: str) -> Any:
+    if isinstance(value, str):
+        number = _as_number(value)
+        if isinstance(number, float):
+            value = number
+    if key == "runtime_overhead_bytes" and value == 0 and not isinstance(value, bool):
+        return 0
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ConfigError(f"{source}: {key}: {short(value)}: allowed a size such as 40GiB or a number of bytes")
+    try:
+        return parse_size(value)
+    except (ValueError, OverflowError) as err:  # OverflowError: an infinite or absurdly long number
+        raise ConfigError(f"{source}: {key}: {err}") from None
+
+
+def hardware_from_dict(data: Any, source: str) -> Hardware:
+    """A profile from a mapping of Hardware's keys (a YAML file's, or run.json's `hardware`): sizes may be
+    written as 40GiB, numbers as 768e9; anything else not allowed is a ConfigError naming `source` and the key."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping of hardware keys, got {short(data)}")
+    allowed = {f.name for f in fields(Hardware)}
+    unknown = set(data) - allowed
+    if unknown:
+        raise ConfigError(f"{source}: unknown key(s) {sorted(map(str, unknown))}: allowed {', '.join(sorted(allowed))}")
+    values = dict(data)
+    for key in _SIZE_KEYS & set(values):
+        values[key] = _as_size(key, values[key], source)
+    for key in _FLOAT_KEYS & set(values):
+        values[key] = _as_number(values[key])
+    if isinstance(values.get("gpus_per_node"), str):
+        number = _as_number(values["gpus_per_node"])
+        if isinstance(number, float) and number.is_integer():
+            values["gpus_per_node"] = int(number)
+    if isinstance(values.get("peak_flops"), dict):
+        values["peak_flops"] = {k: _as_number(v) for k, v in values["peak_flops"].items()}
+    missing = [f.name for f in fields(Hardware)
+               if f.name not in values and f.default is MISSING and f.default_factory is MISSING]
+    if missing:
+        raise ConfigError(f"{source}: missing key(s) {', '.join(missing)} (or a base: profile to start from)")
+    try:
+        return Hardware(**values)
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from None
 
 
 def load_hardware(name_or_path: str) -> Hardware:
@@ -99,28 +199,23 @@ def load_hardware(name_or_path: str) -> Hardware:
     if path.suffix not in (".yaml", ".yml") or not path.is_file():
         raise ConfigError(
             f"unknown hardware {name_or_path!r}: allowed {sorted(PROFILES)} or a YAML file of profile keys")
-    data = yaml.safe_load(path.read_text()) or {}
+    data = load_yaml(path, "a hardware profile (YAML keys of autotune.hardware.Hardware)")
+    data = {} if data is None else data
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping of hardware keys, got {type(data).__name__}")
+        raise ConfigError(f"{path}: expected a mapping of hardware keys, got {short(data)}")
+    data = dict(data)
     base_name = data.pop("base", None)
     allowed = {f.name for f in fields(Hardware)}
     unknown = set(data) - allowed
     if unknown:
-        raise ConfigError(f"{path}: unknown key(s) {sorted(unknown)}: allowed base, {', '.join(sorted(allowed))}")
+        raise ConfigError(f"{path}: unknown key(s) {sorted(map(str, unknown))}: allowed base, "
+                          f"{', '.join(sorted(allowed))}")
     if base_name is not None:
-        if base_name not in PROFILES:
-            raise ConfigError(f"{path}: base={base_name!r}: allowed {sorted(PROFILES)}")
+        if not isinstance(base_name, str) or base_name not in PROFILES:
+            raise ConfigError(f"{path}: base={short(base_name)}: allowed {sorted(PROFILES)}")
         base = asdict(PROFILES[base_name])
     else:
         base = {}
     base.update(data)
     base.setdefault("name", path.stem)
-    for key in _SIZE_KEYS & set(base):
-        try:
-            base[key] = parse_size(base[key])
-        except ValueError as err:
-            raise ConfigError(f"{path}: {key}: {err}") from None
-    try:
-        return Hardware(**base)
-    except TypeError as err:
-        raise ConfigError(f"{path}: {err}") from None
+    return hardware_from_dict(base, str(path))

@@ -11,10 +11,17 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from autotune.estimate import MEMORY_TERMS, Estimate
+from autotune.files import atomic_output
 from autotune.results import TrialResult
 
 GiB = 2**30
 FAILED = ("oom", "crash", "timeout", "unsupported")
+
+
+def _save(fig: Figure, path: Path) -> None:
+    """PNG to a unique temporary name, then renamed over `path`: a reader never sees half a plot."""
+    with atomic_output(path) as handle:
+        fig.savefig(handle, format="png", dpi=110)
 
 
 def pareto_front(results: Sequence[TrialResult]) -> list[TrialResult]:
@@ -57,7 +64,7 @@ def throughput_vs_memory(results: Sequence[TrialResult], budget_bytes: int, best
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small", loc="best")
-    fig.savefig(path, dpi=110)
+    _save(fig, path)
     return path
 
 
@@ -81,7 +88,7 @@ def best_so_far(results: Sequence[TrialResult], budget_bytes: int, path: Path) -
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small", loc="lower right")
-    fig.savefig(path, dpi=110)
+    _save(fig, path)
     return path
 
 
@@ -101,5 +108,5 @@ def memory_breakdown(est: Estimate, budget_bytes: int, measured_bytes: int | Non
     ax.set_xlabel("GiB per device")
     ax.set_title("Estimator's memory breakdown of the recommended config")
     fig.legend(fontsize="small", loc="outside lower center", ncol=3)
-    fig.savefig(path, dpi=110)
+    _save(fig, path)
     return path

@@ -15,7 +15,7 @@ from typing import Callable
 
 from autotune.backends import Backend
 from autotune.config import Config, ConfigError
-from autotune.results import TrialResult, append_result, read_results
+from autotune.results import TrialResult, append_result, read_results, repair_tail
 from autotune.space import Space
 from autotune.units import format_size
 
@@ -35,7 +35,10 @@ def record_surface(space: Space, backend: Backend, out: Path, *, order_seed: int
     Every attempt stays in the file; the replay backend uses a config's last line.
     """
     workload, hardware = space.workload, space.hardware
-    existing = read_results(out) if out.exists() else []
+    repaired = repair_tail(out)  # before the first append: a torn last line is moved aside, not merged into
+    if repaired:
+        progress(repaired)
+    existing = read_results(out)
     for result in existing:
         recorded_for = result.extra.get("workload")
         if recorded_for is not None and recorded_for != workload.to_dict():

@@ -11,7 +11,10 @@ alternative: it survives a crash too, but its file lock (a symlink or an exclusi
 outlives a SIGKILLed holder, and the next tuner has to wait out a grace period or have it removed.
 
 Lock: `fcntl.flock` on `.lock`, held for the whole sweep. The kernel drops it when the holder dies,
-so a killed tuner never leaves the directory locked, and a second live tuner is refused at once.
+so a killed tuner never leaves the directory locked, and a second live tuner is refused at once. The lock
+file is opened without following a symlink and never through a second hard link (autotune.files.open_lock):
+a planted `.lock -> victim` is refused, the victim untouched. Taking the lock repairs the end of
+`trials.jsonl` (autotune.results.repair_tail) before anything is appended; `notes` says what was repaired.
 
 The lock, atomic writes and fsync'd appends are `RunFolder`'s, which the run directory of a policy's
 training (autotune/rl/train.py TrainingRun) shares; what the two hold differs.
@@ -29,10 +32,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, TypeVar
 
 from autotune.config import ConfigError
-from autotune.hardware import Hardware
-from autotune.results import TrialResult, append_result, read_results
+from autotune.files import append_line, load_json, open_lock, short, write_atomic
+from autotune.hardware import Hardware, hardware_from_dict
+from autotune.results import TrialResult, append_result, read_results, repair_tail
 from autotune.search_spaces import parse_choices
 from autotune.space import Choices, Space
+from autotune.study_storage import masked, open_storage, study_name
 from autotune.workload import Workload
 
 if TYPE_CHECKING:
@@ -60,6 +65,7 @@ class RunSettings:
     seed: int
     choices: Choices
     surface: str | None = None
+    storage: str | None = None  # the Optuna study's storage (autotune.study_storage); None: study.db here
 
     def space(self) -> Space:
         return Space(self.choices, self.workload, self.hardware)
@@ -68,14 +74,39 @@ class RunSettings:
         return {"workload": self.workload.to_dict(), "hardware": self.hardware.to_dict(),
                 "memory_budget_bytes": self.memory_budget_bytes, "strategy": self.strategy,
                 "backend": self.backend, "seed": self.seed, "space": self.choices.to_dict(),
-                "surface": self.surface}
+                "surface": self.surface, "storage": masked(self.storage)}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "RunSettings":
-        return cls(workload=Workload.from_dict(data["workload"]), hardware=Hardware(**data["hardware"]),
-                   memory_budget_bytes=int(data["memory_budget_bytes"]), strategy=data["strategy"],
-                   backend=data["backend"], seed=int(data["seed"]),
-                   choices=parse_choices(data["space"], SETTINGS), surface=data.get("surface"))
+    def from_dict(cls, data: Any, source: str = SETTINGS) -> "RunSettings":
+        """The settings `to_dict` wrote; ConfigError naming `source` and the first key that is not allowed."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source}: expected a JSON object of run settings, got {short(data)}")
+        missing = [k for k in ("workload", "hardware", "memory_budget_bytes", "strategy", "backend", "seed", "space")
+                   if k not in data]
+        if missing:
+            raise ConfigError(f"{source}: missing key(s) {', '.join(missing)}: not the run.json of a sweep")
+        try:
+            workload = Workload.from_dict(data["workload"])
+        except ConfigError as err:
+            raise ConfigError(f"{source}: workload: {err}") from None
+        hardware = hardware_from_dict(data["hardware"], f"{source}: hardware")
+        for key, low in (("memory_budget_bytes", 1), ("seed", 0)):
+            value = data[key]
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= 2**63 - 1:
+                raise ConfigError(f"{source}: {key}: {short(value)}: allowed a whole number >= {low}")
+        for key in ("strategy", "backend"):
+            if not isinstance(data[key], str) or not data[key]:
+                raise ConfigError(f"{source}: {key}: {short(data[key])}: allowed a name")
+        surface = data.get("surface")
+        if surface is not None and not isinstance(surface, str):
+            raise ConfigError(f"{source}: surface: {short(surface)}: allowed a path or null")
+        storage = data.get("storage")  # absent from the run.json of sweeps before --storage
+        if storage is not None and not isinstance(storage, str):
+            raise ConfigError(f"{source}: storage: {short(storage)}: allowed a storage URL, a journal path or null")
+        return cls(workload=workload, hardware=hardware, memory_budget_bytes=data["memory_budget_bytes"],
+                   strategy=data["strategy"], backend=data["backend"], seed=data["seed"],
+                   choices=parse_choices(data["space"], f"{source}: space"), surface=surface,
+                   storage=storage)
 
     def differences(self, other: "RunSettings") -> list[str]:
         """`key: this != other` for every setting that differs."""
@@ -94,52 +125,51 @@ class RunFolder:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self.notes: list[str] = []  # what taking the lock repaired (a torn record moved aside), for the caller to say
 
     @contextmanager
     def locked(self: R) -> Iterator[R]:
         """Hold the directory for one process; a second one gets RunDirBusy at once."""
         self.path.mkdir(parents=True, exist_ok=True)
-        with open(self.path / LOCK, "a+") as handle:
+        fd = open_lock(self.path / LOCK)
+        try:
             try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                handle.seek(0)
-                holder = handle.read().strip() or "unknown"
+                holder = os.pread(fd, 64, 0).decode("utf-8", "replace").strip() or "unknown"
                 raise RunDirBusy(f"{self.path} is in use by another {self.holder} (pid {holder}); "
                                  "wait for it to finish or choose another --out") from None
-            handle.seek(0)
-            handle.truncate()
-            handle.write(f"{os.getpid()}\n")
-            handle.flush()
+            os.ftruncate(fd, 0)  # ours now: open_lock refused a symlink or a second hard link
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
             try:
+                self.repair()
                 yield self
             finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+    def repair(self) -> None:
+        """Make the directory's append-only files whole before anything is appended (under the lock)."""
 
     def write_text(self, name: str, text: str) -> Path:
-        """Write atomically (a crash leaves the old file or the new one, never half of one)."""
+        """Write atomically (a crash leaves the old file or the new one, never half of one), durably."""
         path = self.path / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
-        return path
+        return write_atomic(path, text)
 
     def write_json(self, name: str, data: Any) -> Path:
         """Write atomically (a crash leaves the old file or the new one, never half of one)."""
         return self.write_text(name, json.dumps(data, indent=2) + "\n")
 
     def read_json(self, name: str) -> Any:
-        """The JSON file's data, None if there is no such file."""
+        """The JSON file's data, None if there is no such file; ConfigError naming it if it is not JSON."""
         path = self.path / name
-        return json.loads(path.read_text()) if path.is_file() else None
+        return load_json(path) if os.path.lexists(path) else None
 
     def append_line(self, name: str, line: str) -> None:
-        """Append one line and fsync it (the file is an append-only record)."""
-        with open(self.path / name, "a") as f:
-            f.write(line + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        """Append one line and fsync it (the file is an append-only record); never through a symlink."""
+        append_line(self.path / name, line)
 
 
 class RunDir(RunFolder):
@@ -153,9 +183,13 @@ class RunDir(RunFolder):
     logs_dir = property(lambda self: self.path / "logs")
     plots_dir = property(lambda self: self.path / "plots")
 
-    def storage(self) -> "optuna.storages.RDBStorage":
-        """The run's Optuna storage (SQLite, WAL, synchronous=NORMAL)."""
+    def storage(self, url: str | None = None) -> "optuna.storages.BaseStorage":
+        """The run's Optuna storage: the one the sweep names (`url`, autotune.study_storage), or by default
+        study.db here (SQLite, WAL, synchronous=NORMAL)."""
         import optuna
+
+        if url is not None:
+            return open_storage(url)
 
         path = self.study_path.resolve()
 
@@ -168,9 +202,18 @@ class RunDir(RunFolder):
         self.path.mkdir(parents=True, exist_ok=True)
         return optuna.storages.RDBStorage(f"sqlite:///{path}", engine_kwargs={"creator": connect})
 
+    def study_name(self, url: str | None = None) -> str:
+        """The name of the sweep's study in its storage (autotune.study_storage)."""
+        return study_name(self.path, url)
+
     def exists(self) -> bool:
         """Holds a sweep (settings or trials), as opposed to an empty or absent folder."""
         return self.settings_path.exists() or self.trials_path.exists()
+
+    def repair(self) -> None:
+        note = repair_tail(self.trials_path)
+        if note:
+            self.notes.append(note)
 
     def results(self) -> list[TrialResult]:
         return read_results(self.trials_path)
@@ -179,12 +222,10 @@ class RunDir(RunFolder):
         append_result(self.trials_path, result)
 
     def read_settings(self) -> RunSettings:
-        if not self.settings_path.exists():
+        if not os.path.lexists(self.settings_path):
             raise ConfigError(f"{self.path} is not a run directory: no {SETTINGS}")
-        try:
-            return RunSettings.from_dict(json.loads(self.settings_path.read_text()))
-        except (json.JSONDecodeError, KeyError, TypeError) as err:
-            raise ConfigError(f"{self.settings_path}: not valid run settings: {err}") from None
+        data = load_json(self.settings_path, "the run settings a sweep wrote (JSON)")
+        return RunSettings.from_dict(data, str(self.settings_path))
 
     def write_settings(self, settings: RunSettings) -> None:
         self.write_json(SETTINGS, settings.to_dict())

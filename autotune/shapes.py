@@ -54,6 +54,8 @@ class ModelShape:
     experts_per_token: int = 1
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigError(f"model name={str(self.name)[:80]!r}: must be a non-empty string")
         for key in ("layers", "hidden", "heads", "vocab", "seq_len"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:

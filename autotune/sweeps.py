@@ -25,15 +25,15 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import re
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from autotune.config import ConfigError
+from autotune.files import load_yaml, read_bytes, short, write_atomic
 from autotune.argtypes import duration, positive_int, seed, size
 from autotune.backends.factory import backend_kind
 from autotune.backends.replay import replay_settings
@@ -82,25 +82,22 @@ def load_sweep(path: str | Path) -> SweepFile:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"sweep file {str(path)!r}: no such file")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {str(err).splitlines()[0]}") from None
+    data = load_yaml(path, f"a sweep file (YAML with {', '.join(TOP_KEYS)})")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping with keys {', '.join(TOP_KEYS)}, got {type(data).__name__}")
     _check_keys(data, TOP_KEYS, str(path))
     defaults = data.get("defaults") or {}
     if not isinstance(defaults, dict):
-        raise ConfigError(f"{path}: defaults: expected a mapping of workload keys, got {defaults!r}")
+        raise ConfigError(f"{path}: defaults: expected a mapping of workload keys, got {short(defaults)}")
     _check_keys(defaults, tuple(k for k in WORKLOAD_KEYS if k != "name"), f"{path}: defaults")
     entries = data.get("workloads")
     if not isinstance(entries, list) or not entries:
-        raise ConfigError(f"{path}: workloads: expected a non-empty list of workloads, got {entries!r}")
+        raise ConfigError(f"{path}: workloads: expected a non-empty list of workloads, got {short(entries)}")
     specs, names = [], set()
     for i, entry in enumerate(entries):
         where = f"{path}: workloads[{i}]"
         if not isinstance(entry, dict):
-            raise ConfigError(f"{where}: expected a mapping of {', '.join(WORKLOAD_KEYS)}, got {entry!r}")
+            raise ConfigError(f"{where}: expected a mapping of {', '.join(WORKLOAD_KEYS)}, got {short(entry)}")
         _check_keys(entry, WORKLOAD_KEYS, where)
         spec = _workload({**defaults, **entry}, where, path.parent)
         if spec.name in names:
@@ -109,7 +106,7 @@ def load_sweep(path: str | Path) -> SweepFile:
         specs.append(spec)
     concurrency = data.get("concurrency")
     if concurrency is not None and (not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1):
-        raise ConfigError(f"{path}: concurrency: {concurrency!r}: allowed a positive integer")
+        raise ConfigError(f"{path}: concurrency: {short(concurrency)}: allowed a positive integer")
     return SweepFile(path, tuple(specs), concurrency)
 
 
@@ -127,19 +124,19 @@ def _workload(entry: dict[str, Any], where: str, base: Path) -> WorkloadSpec:
             return None
         try:
             return parser(str(value))
-        except (argparse.ArgumentTypeError, ConfigError, ValueError) as err:
-            raise ConfigError(f"{where}.{key}: {value!r}: {err} (allowed {allowed})") from None
+        except (argparse.ArgumentTypeError, ConfigError, ValueError, OverflowError) as err:
+            raise ConfigError(f"{where}.{key}: {short(value)}: {err} (allowed {allowed})") from None
 
     name = entry.get("name")
     if not isinstance(name, str) or not _NAME.match(name):
-        raise ConfigError(f"{where}.name: {name!r}: allowed letters, digits, '.', '_' and '-' (a directory name)")
+        raise ConfigError(f"{where}.name: {short(name)}: allowed letters, digits, '.', '_' and '-' (a directory name)")
     model = entry.get("model", "tiny")
     strategy = entry.get("strategy", DEFAULT_STRATEGY)
-    if strategy not in STRATEGIES:
-        raise ConfigError(f"{where}.strategy: {strategy!r}: allowed {', '.join(STRATEGIES)}")
+    if not isinstance(strategy, str) or strategy not in STRATEGIES:
+        raise ConfigError(f"{where}.strategy: {short(strategy)}: allowed {', '.join(STRATEGIES)}")
     backend = entry.get("backend", "simulated")
-    if backend not in BACKENDS:
-        raise ConfigError(f"{where}.backend: {backend!r}: allowed {', '.join(BACKENDS)}")
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ConfigError(f"{where}.backend: {short(backend)}: allowed {', '.join(BACKENDS)}")
     gpus = parse("gpus", positive_int, "a positive integer")
     global_batch = parse("global_batch", positive_int, "a positive integer")
     space_name = None if entry.get("space") is None else _path_or_name(entry["space"], base)
@@ -189,7 +186,7 @@ def _model_workload(model: Any, global_batch: int | None, gpus: int, where: str,
         try:
             return make_workload(str(local) if local is not None and local.exists() else model, global_batch, gpus)
         except UnknownModel:
-            raise ConfigError(f"{where}.model: {model!r}: {ALLOWED_MODELS}") from None
+            raise ConfigError(f"{where}.model: {short(model)}: {ALLOWED_MODELS}") from None
         except ConfigError as err:
             raise ConfigError(f"{where}.model: {err}") from None
     if isinstance(model, dict):
@@ -197,11 +194,11 @@ def _model_workload(model: Any, global_batch: int | None, gpus: int, where: str,
         try:
             return Workload(ModelShape(**shape), global_batch or 32 * gpus, gpus)
         except TypeError as err:
-            raise ConfigError(f"{where}.model: {model!r}: {err}; allowed keys "
+            raise ConfigError(f"{where}.model: {short(model)}: {err}; allowed keys "
                               f"{', '.join(SHAPE_KEYS)}") from None
         except ConfigError as err:
             raise ConfigError(f"{where}.model: {err}") from None
-    raise ConfigError(f"{where}.model: {model!r}: {ALLOWED_MODELS}")
+    raise ConfigError(f"{where}.model: {short(model)}: {ALLOWED_MODELS}")
 
 
 ALLOWED_MODELS = (f"allowed {', '.join(PRESETS)}, a Hugging Face config.json or model directory, a Hub id in the local "
@@ -260,7 +257,8 @@ def run_sweep(sweep_file: SweepFile, out: Path, address: str, resume: bool, conc
                                       f"({'; '.join(differences)}): restore {sweep_file.path} as it was")
             else:
                 run.write_settings(spec.settings)
-        (out / "sweep.yaml").write_text(sweep_file.path.read_text())  # what produced these run directories
+        # what produced these run directories
+        write_atomic(out / "sweep.yaml", read_bytes(sweep_file.path, "the sweep file"))
         jobs, reasons, sweeps = [], {}, {}
         for spec in sweep_file.workloads:
             run = runs[spec.name]
@@ -327,17 +325,10 @@ def write_summary(out: Path, rows: list[dict]) -> tuple[Path, Path]:
                      f"{r['trials']} | {r['recommended'] or 'none: ' + r['verdict']} | {r['throughput_samples_per_s']} | "
                      f"{r['peak_memory']} | {r['stopped']} | [report]({r['report']}) |")
     lines.append("")
-    _atomic_write(md, "\n".join(lines))
-    tmp = csv_path.with_name(csv_path.name + ".tmp")
-    with open(tmp, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=CSV_COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-    tmp.replace(csv_path)
+    write_atomic(md, "\n".join(lines))
+    table = io.StringIO(newline="")
+    writer = csv.DictWriter(table, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    write_atomic(csv_path, table.getvalue())
     return md, csv_path
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)

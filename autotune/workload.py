@@ -41,10 +41,21 @@ class Workload:
         return {"model": self.model.to_dict(), "global_batch": self.global_batch, "gpus": self.gpus}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Workload":
+    def from_dict(cls, data: Any) -> "Workload":
+        """The workload `to_dict` wrote; ConfigError naming what is not (this reads run.json and surfaces)."""
+        if not isinstance(data, dict) or "model" not in data or "global_batch" not in data:
+            raise ConfigError(f"{str(data)[:80]}: expected an object with model, global_batch and gpus")
         model = data["model"]
-        shape = preset(model) if isinstance(model, str) else ModelShape(**model)
-        return cls(shape, int(data["global_batch"]), int(data.get("gpus", 1)))
+        if isinstance(model, str):
+            shape = preset(model)
+        elif isinstance(model, dict):
+            try:
+                shape = ModelShape(**model)
+            except TypeError as err:  # a key ModelShape has not, or one it needs missing
+                raise ConfigError(f"model {str(model)[:80]}: {err}") from None
+        else:
+            raise ConfigError(f"model {str(model)[:80]}: expected a preset name or a shape object")
+        return cls(shape, data["global_batch"], data.get("gpus", 1))
 
 
 def make_workload(model: str | ModelShape, global_batch: int | None = None, gpus: int = 1,

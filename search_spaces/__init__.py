@@ -9,9 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from autotune.config import KNOBS, OFFLOADS, PRECISIONS, ZERO_STAGES, ConfigError
+from autotune.files import load_yaml, short
 from autotune.hardware import Hardware
 from autotune.space import Choices, Space
 from autotune.workload import Workload
@@ -40,10 +39,7 @@ def load_choices(name_or_path: str | Path) -> Choices:
     path = preset_path(text) if text in PRESETS else Path(text)
     if not path.is_file():
         raise ConfigError(f"search space {text!r}: no such file; presets are {list(PRESETS)}")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {str(err).splitlines()[0]}") from None
+    data = load_yaml(path, "a search space (YAML: knob -> list of values)")
     return parse_choices(data, str(path))
 
 
@@ -58,25 +54,25 @@ def parse_choices(data: Any, source: str = "<space>") -> Choices:
         raise ConfigError(f"{source}: expected a mapping of knob -> list of values, got {type(data).__name__}")
     unknown = set(data) - set(KNOBS) - {"nvme_path"}
     if unknown:
-        key = sorted(unknown)[0]
+        key = sorted(unknown, key=str)[0]
         raise ConfigError(f"{source}: unknown knob {key!r}: allowed {', '.join(KNOBS)}, nvme_path")
     values: dict[str, Any] = {}
     for knob, raw in data.items():
         if knob == "nvme_path":
             if raw is not None and not isinstance(raw, str):
-                raise ConfigError(f"{source}: nvme_path: {raw!r} must be a directory path or null")
+                raise ConfigError(f"{source}: nvme_path: {short(raw)} must be a directory path or null")
             values[knob] = raw
             continue
         allowed, ok = _ALLOWED[knob]
         if not isinstance(raw, list) or not raw:
-            raise ConfigError(f"{source}: {knob}: {raw!r} must be a non-empty list of {allowed}")
+            raise ConfigError(f"{source}: {knob}: {short(raw)} must be a non-empty list of {allowed}")
         for value in raw:
             if knob in _INT_KNOBS:
                 good_type = isinstance(value, int) and not isinstance(value, bool)
             else:
                 good_type = isinstance(value, str)
             if not good_type or not ok(value):
-                raise ConfigError(f"{source}: {knob}: bad value {value!r}: allowed {allowed}")
+                raise ConfigError(f"{source}: {knob}: bad value {short(value)}: allowed {allowed}")
         values[knob] = tuple(raw)
     try:
         return Choices(**values)

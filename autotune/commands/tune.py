@@ -5,21 +5,22 @@ report into the run directory."""
 from __future__ import annotations
 
 import argparse
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 from autotune.api import DEFAULT_STRATEGY, begin, check_out, default_run_dir, run_sweep
-from autotune.argtypes import duration, seed
+from autotune.argtypes import duration, gpu_count, output_dir, ray_address, seed
 from autotune.backends.replay import replay_settings
 from autotune.backends.factory import backend_names
 from autotune.commands import script as script_command
-from autotune.commands.common import add_workload_arguments, positive_int, size, space_from, target_from
+from autotune.commands.common import add_workload_arguments, make_dir, positive_int, size, space_from, target_from
 from autotune.config import ConfigError
 from autotune.interrupts import sigterm_as_interrupt
 from autotune.drivers.progress import ConsoleProgress
 from autotune.drivers.stop import StopReason
 from autotune.drivers.sweep import Budget
-from autotune.rundir import RunDir, RunSettings
+from autotune.rundir import SETTINGS, STUDY, RunDir, RunSettings
 from autotune.script.cli import add_arguments as script_arguments, script_from
 from autotune.space import Space
 from autotune.strategies import STRATEGIES
@@ -42,8 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="deepspeed: real trials; simulated: the estimator; replay: a measured surface "
                              "(default: %(default)s)")
     parser.add_argument("--surface", type=Path, default=None, help="replay surface (JSONL of results), for --backend replay")
-    parser.add_argument("--seed", type=seed, default=0, help="seed of the strategy (default: %(default)s)")
-    parser.add_argument("--out", type=Path, default=None, help="run directory (default: runs/<model>-<strategy>-<time>)")
+    parser.add_argument("--seed", type=seed, default=0, help="seed of the strategy, 0 to 2**32-1 (default: %(default)s)")
+    parser.add_argument("--out", type=output_dir, default=None,
+                        help="run directory (default: runs/<model>-<strategy>-<time>)")
     parser.add_argument("--resume", action="store_true", help="continue the sweep in --out")
     add_ray_arguments(parser)
     script_arguments(parser)
@@ -51,12 +53,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_ray_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of the Ray driver (drivers/ray.py), shared with `autotune sweep`."""
-    parser.add_argument("--ray-address", default=None,
+    parser.add_argument("--ray-address", type=ray_address, default=None,
                         help="run the trials on this Ray cluster (host:port or auto; 'local' starts a private "
                              "instance on loopback), several at once")
     parser.add_argument("--concurrency", type=positive_int, default=None,
                         help="with --ray-address: trials in flight at most (default: as many as the cluster holds)")
-    parser.add_argument("--gpus-per-trial", type=positive_int, default=None,
+    parser.add_argument("--gpus-per-trial", type=gpu_count, default=None,
                         help="with --ray-address: GPUs one real trial asks for (default: --gpus)")
 
 
@@ -64,12 +66,17 @@ def run(args: argparse.Namespace) -> int:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress display says what matters
+    # Every check that can refuse the command comes before anything is written to the run directory.
     settings, space = resolve(args)
+    ray = ray_options(args)
     name = f"script-{args.script.stem}" if args.script else settings.workload.model.name
     out = args.out or default_run_dir(name, settings.strategy)
     run_dir = RunDir(out)
     check_out(run_dir, args.resume)
-    with run_dir.locked(), sigterm_as_interrupt():
+    before = set(_STARTUP_FILES) if args.resume else {n for n in _STARTUP_FILES if (out / n).exists()}
+    make_dir(out, "--out")
+    args._run_dir = out  # an internal error's traceback goes to its logs/ (autotune.cli)
+    with run_dir.locked(), sigterm_as_interrupt(), undone_unless_started(run_dir, before):
         if args.script and args.resume:
             settings = script_mode().resumed(run_dir, settings, script_from(args))
         elif args.script:  # the first trial shows the script's model (autotune.script.session)
@@ -78,7 +85,26 @@ def run(args: argparse.Namespace) -> int:
                 run_dir.write_settings(settings)
                 return script_mode().stopped(run_dir, settings, fatal)
         begin(run_dir, settings, args.resume)
-        return tune(run_dir, settings, space, Budget(args.trials, args.time_budget), args.resume, ray_options(args))
+        return tune(run_dir, settings, space, Budget(args.trials, args.time_budget), args.resume, ray)
+
+
+# What a new sweep writes before its first trial (the lock stays: it records nothing). Removed again when the
+# sweep fails before one (an unreachable Ray cluster, a fault), so that the corrected command is not refused
+# with "already holds a sweep".
+_STARTUP_FILES = (SETTINGS, STUDY, f"{STUDY}-wal", f"{STUDY}-shm", f"{STUDY}-journal")
+
+
+@contextmanager
+def undone_unless_started(run_dir: RunDir, before: set[str]) -> Iterator[None]:
+    """Under the run directory's lock: if the sweep fails (not Ctrl-C) before recording any trial, remove the
+    startup files it wrote, i.e. those not in `before` (a resumed sweep passes them all: nothing is removed)."""
+    try:
+        yield
+    except Exception:
+        if not run_dir.trials_path.exists():
+            for name in set(_STARTUP_FILES) - before:
+                (run_dir.path / name).unlink(missing_ok=True)
+        raise
 
 
 def ray_options(args: argparse.Namespace) -> "RayOptions | None":
@@ -95,6 +121,8 @@ def ray_options(args: argparse.Namespace) -> "RayOptions | None":
 def tune(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budget, resume: bool,
          ray: "RayOptions | None" = None) -> int:
     progress = ConsoleProgress(budget.trials)
+    for note in run_dir.notes:  # what taking the run directory repaired (autotune.rundir)
+        progress.message(note)
     history = run_dir.results()
     w = settings.workload
     progress.message(

@@ -6,7 +6,6 @@ forward pass of a small MLP."""
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -15,6 +14,7 @@ import numpy as np
 import torch
 
 from autotune.config import ConfigError
+from autotune.files import atomic_output, write_atomic
 from autotune.rl.network import NetSpec, mask_logits, policy_net
 
 WEIGHTS = "policy.pt"
@@ -84,15 +84,12 @@ def save_policy(folder: str | Path, spec: NetSpec, state_dict: Mapping[str, torc
     layout (`actions`, `features`) of the environment it was trained on."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / (WEIGHTS + ".tmp")
-    torch.save({k: v.detach().cpu().contiguous() for k, v in state_dict.items()}, tmp)
-    os.replace(tmp, folder / WEIGHTS)
+    with atomic_output(folder / WEIGHTS) as handle:
+        torch.save({k: v.detach().cpu().contiguous() for k, v in state_dict.items()}, handle)
     data = {"format": FORMAT, "spec": spec.to_dict(), **dict(meta)}
     write_json(folder / META, data)
     return folder
 
 
 def write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(data, indent=2) + "\n")

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from autotune.config import ConfigError
+from autotune.files import write_atomic
 from autotune.interrupts import sigterm_as_interrupt
 from autotune.rundir import RunFolder
 
@@ -341,7 +342,7 @@ def export_checkpoint(checkpoint: str | Path, folder: str | Path, meta: Mapping[
             meta["training"] = training_meta(run, checkpoint.name)
     folder = save_policy(folder, module.spec, module.policy_state(), meta)
     if meta.get("training"):
-        (folder / "PROVENANCE.md").write_text(provenance(meta["training"]))
+        write_atomic(folder / "PROVENANCE.md", provenance(meta["training"]))
     return folder
 
 

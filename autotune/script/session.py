@@ -173,7 +173,7 @@ def finish(run_dir: RunDir, settings: RunSettings, best: TrialResult | None) -> 
     section += [f"- {line}" for line in lines] + [""]
     report = run_dir.path / "report.md"
     if report.exists():
-        report.write_text(report.read_text() + "\n".join(section))
+        run_dir.write_text("report.md", report.read_text() + "\n".join(section))
     return lines
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from autotune.config import Config
+from autotune.files import write_atomic
 from autotune.worker.device import ACCELERATORS
 from autotune.worker.measure import MeasureSettings
 from autotune.workload import Workload
@@ -84,9 +85,7 @@ def events_path(log_dir: str | Path, rank: int) -> Path:
 
 def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
     """Write then rename: a reader never sees half a file, even if the writer is killed."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, allow_nan=False))
-    tmp.replace(path)
+    write_atomic(path, json.dumps(data, allow_nan=False))
 
 
 def record_phase(log_dir: str | Path, rank: int, phase: str, **info: Any) -> None:
