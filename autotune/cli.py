@@ -1,10 +1,20 @@
-"""`autotune` command line: one module per command under autotune/commands."""
+"""`autotune` command line: one module per command under autotune/commands.
+
+One error path for every command: bad input is one line `autotune <cmd>: error: ...` and exit 2 (argparse's
+type functions in autotune.argtypes, and ConfigError from the library); Ctrl-C is exit 130; anything else is a
+bug or a fault of the machine, reported as one line naming the exception and the file its traceback was
+written to, exit 1 (`--debug` prints the traceback too). Never a bare traceback."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import tempfile
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
 from typing import NoReturn, Sequence
 
 from autotune.config import ConfigError
@@ -19,6 +29,8 @@ COMMANDS = {
     "rl": "Train the RL policy with RLlib (PPO) on the simulated environment, resumably; export a checkpoint's policy.",
     "sweep": "Tune many workloads of a sweep YAML at once on a Ray cluster; one run directory each and a summary table.",
 }
+ERROR_LOG = "last-error.log"  # under the user's cache directory when no run directory is known
+DEBUG_HELP = "on an internal error, print its traceback (it is always written to a log file)"
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -30,18 +42,24 @@ class ArgumentParser(argparse.ArgumentParser):
 
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog="autotune", description="Find the fastest DeepSpeed memory config that fits.")
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
     for name, help_text in COMMANDS.items():
         module = importlib.import_module(f"autotune.commands.{name.replace('-', '_')}")
         command = sub.add_parser(name, help=help_text, description=help_text)
         module.add_arguments(command)
-        command.set_defaults(_run=module.run, _prog=command.prog)
+        # also after the command's name; SUPPRESS keeps `autotune --debug tune` from being reset to False
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
+        # _run_dir: where the internal-error log goes; a command sets it once it knows its run directory
+        command.set_defaults(_run=module.run, _prog=command.prog, _run_dir=None)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = argparse.Namespace(_prog="autotune", _run_dir=None,
+                              debug="--debug" in (sys.argv[1:] if argv is None else argv))
     try:
+        args = build_parser().parse_args(argv)  # argparse's own errors: one line, SystemExit(2)
         return int(args._run(args) or 0)
     except ConfigError as err:
         print(f"{args._prog}: error: {err}", file=sys.stderr)
@@ -49,6 +67,64 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{args._prog}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `autotune estimate --json | head`: the reader left, nothing to report
+        _silence_stdout()
+        return 1
+    except Exception as err:  # noqa: BLE001  the guard: anything else is one line and a log, not a traceback
+        return internal_error(args, err)
+
+
+def internal_error(args: argparse.Namespace, err: Exception) -> int:
+    """Say that a bug (or a fault of the machine) ended the command, in one line naming where the traceback
+    was written; print the traceback as well under --debug. Exit status 1."""
+    text = "".join(traceback.format_exception(err))
+    log = write_error_log(text, getattr(args, "_run_dir", None))
+    where = f"traceback in {log}" if isinstance(log, Path) else f"traceback not saved: {log}"
+    message = " ".join(f"{type(err).__name__}: {err}".split())  # one line, whatever the exception holds
+    if getattr(args, "debug", False):
+        print(text, end="", file=sys.stderr)
+    print(f"{args._prog}: internal error: {message} ({where})", file=sys.stderr)
+    return 1
+
+
+def write_error_log(text: str, run_dir: str | Path | None) -> Path | str:
+    """The traceback in `<run_dir>/logs/` when the command has a run directory (one file per error), else in
+    the user's cache (~/.cache/ds-autotune/last-error.log), else a new file in the temp directory; the path,
+    or why it could not be written. Written under a fresh name then renamed: a planted symlink is replaced,
+    never followed."""
+    stamp = f"{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{os.getpid()}"
+    places: list[tuple[Path, str | None]] = []
+    if run_dir is not None and Path(run_dir).is_dir():
+        places.append((Path(run_dir) / "logs", f"error-{stamp}.log"))
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    places.append((Path(cache) / "ds-autotune", ERROR_LOG))
+    places.append((Path(tempfile.gettempdir()), None))  # None: keep mkstemp's unique name
+    reason = "no place to write it"
+    for folder, name in places:
+        temp = None
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd, temp = tempfile.mkstemp(prefix="ds-autotune-error-", suffix=".log", dir=folder)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(text)
+            if name is None:
+                return Path(temp)
+            os.replace(temp, folder / name)
+            return folder / name
+        except OSError as err:
+            reason = f"{folder}: {err.strerror or err}"
+            if temp is not None and name is not None:
+                Path(temp).unlink(missing_ok=True)
+    return reason
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that flushing it at exit does not raise BrokenPipeError again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no real file descriptor (e.g. captured by a test)
+        pass
 
 
 if __name__ == "__main__":

@@ -12,23 +12,45 @@ _UNITS = {
 _SIZE = re.compile(r"^\s*([-+]?[0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*$")
 
 
+MAX_SIZE = 2**50  # 1024 TiB: more than any device or host holds; larger values are typos (or overflow later)
+_MAX_SIZE_TEXT = "1 B to 1024 TiB"
+
+
+def shown(text: object, limit: int = 40) -> str:
+    """repr of a value typed by a user, cut short so that one error line stays one readable line."""
+    if isinstance(text, int) and text.bit_length() > 10_000:  # repr refuses ints past 4300 digits
+        return f"an integer of {text.bit_length()} bits"
+    full = repr(text)
+    return full if len(full) <= limit else f"{full[:limit]}... ({len(str(text))} characters)"
+
+
 def parse_size(text: str | int | float) -> int:
     """Bytes from '32GiB' (2**30), '32GB' (10**9), '32000MB', '1.5TiB' or a plain number of bytes.
 
-    Raises ValueError naming the text for anything else, including zero and negative sizes.
+    Raises ValueError naming the text for anything else, including zero and negative sizes and sizes past
+    MAX_SIZE (never OverflowError: a number of 400 digits is refused like any other out-of-range size).
     """
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
-        value, unit = float(text), ""
+    value: int | float
+    if isinstance(text, int) and not isinstance(text, bool):
+        value, scale = text, 1  # exact: 10**400 from a YAML file must not go through float
+    elif isinstance(text, float):
+        value, scale = text, 1
     else:
         match = _SIZE.match(str(text))
         if not match or match.group(2).upper() not in _UNITS:
             raise ValueError(
-                f"size {text!r} is not understood: use a number with B, KB, MB, GB, TB (powers of 1000) "
+                f"size {shown(text)} is not understood: use a number with B, KB, MB, GB, TB (powers of 1000) "
                 "or KiB, MiB, GiB, TiB (powers of 1024), e.g. 32GiB")
-        value, unit = float(match.group(1)), match.group(2).upper()
-    size = int(round(value * _UNITS[unit]))
+        value, scale = float(match.group(1)), _UNITS[match.group(2).upper()]
+    if value != value:  # NaN compares false with everything
+        raise ValueError(f"size {shown(text)} is not a number: allowed {_MAX_SIZE_TEXT}")
+    if value <= 0:
+        raise ValueError(f"size {shown(text)} must be positive")
+    if value * scale > MAX_SIZE:  # float('9' * 400) is inf, which compares fine; int(round(inf)) would not
+        raise ValueError(f"size {shown(text)} is too large: allowed {_MAX_SIZE_TEXT}")
+    size = int(round(value * scale))
     if size <= 0:
-        raise ValueError(f"size {text!r} must be positive")
+        raise ValueError(f"size {shown(text)} must be positive (at least 1 byte)")
     return size
 
 

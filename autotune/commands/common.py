@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from autotune.config import ConfigError
 from autotune.devices import AUTO, LocalMachine, gpus_found, require_here, resolve_hardware
 from autotune.hardware import PROFILES, Hardware, load_hardware
 from autotune.models import load_model
 from autotune.space import Space
-from autotune.argtypes import positive_int, size  # noqa: F401  (the commands' flags use them)
+from autotune.argtypes import gpu_count, positive_int, size  # noqa: F401  (the commands' flags use them)
 from autotune.workload import PRESETS, Workload, make_workload
 from autotune.search_spaces import space_for
 
@@ -38,8 +39,8 @@ def hardware_name(text: str) -> Hardware | str:
 def add_workload_arguments(parser: argparse.ArgumentParser, *, default_model: str | None = "tiny") -> None:
     parser.add_argument("--model", type=model_name, default=default_model, help=MODEL_HELP)
     parser.add_argument("--seq-len", type=positive_int, default=None, help=SEQ_LEN_HELP)
-    parser.add_argument("--gpus", type=positive_int, default=None,
-                        help="data-parallel devices (default: the GPUs found with --hardware auto, else 1)")
+    parser.add_argument("--gpus", type=gpu_count, default=None,
+                        help="data-parallel devices, 1 to 4096 (default: the GPUs found with --hardware auto, else 1)")
     parser.add_argument("--global-batch", type=positive_int, default=None,
                         help="samples per optimizer step over all devices (default: 16 for tiny, else 32 x gpus)")
     parser.add_argument("--hardware", type=hardware_name, default=None, help=HARDWARE_HELP)
@@ -95,3 +96,13 @@ def space_from(args: argparse.Namespace, workload: Workload, hardware: Hardware)
 def fail(prog: str, message: str) -> int:
     print(f"{prog}: error: {message}", file=sys.stderr)
     return 2
+
+
+def make_dir(path: Path, flag: str) -> Path:
+    """Create an output directory (and its parents) once every input is checked; a file system that refuses
+    (read-only, full, a name it does not allow) is a ConfigError naming the path, not an OSError traceback."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"{flag} {path}: cannot create the directory: {err.strerror or err}") from None
+    return path

@@ -9,7 +9,7 @@ import json
 from rich.console import Console
 from rich.table import Table
 
-from autotune.commands.common import add_workload_arguments, size, space_from, target_from
+from autotune.commands.common import add_workload_arguments, positive_int, size, space_from, target_from
 from autotune.estimate import MEMORY_TERMS
 from autotune.hardware import Hardware
 from autotune.ranking import Ranking, rank_configs
@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu-memory", type=size, default=None,
                         help="memory budget per device, e.g. 32GiB (2**30), 32GB or 32000MB (10**9, 10**6)"
                              " (default: the hardware's memory)")
-    parser.add_argument("--top", type=int, default=10, help="rows of the ranking to show (default: 10)")
+    parser.add_argument("--top", type=positive_int, default=10, help="rows of the ranking to show (default: 10)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON instead of tables")
 
 

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
-
+from autotune.argtypes import existing_dir
 from autotune.report import write_outputs
 from autotune.rundir import RunDir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", type=Path, help="run directory of a sweep (holds run.json and trials.jsonl)")
+    parser.add_argument("run_dir", type=existing_dir, help="run directory of a sweep (holds run.json and trials.jsonl)")
 
 
 def run(args: argparse.Namespace) -> int:
     run_dir = RunDir(args.run_dir)
+    args._run_dir = args.run_dir  # an internal error's traceback goes to its logs/ (autotune.cli)
     outputs = write_outputs(run_dir, run_dir.read_settings())
     print(outputs.verdict)
     for path in outputs.files:

@@ -18,17 +18,25 @@ from pathlib import Path
 
 from rich.console import Console
 
-from autotune.argtypes import non_negative_float, non_negative_int, positive_int
+from autotune.argtypes import non_negative_float, non_negative_int, output_dir, positive_int, ray_address, seed
 from autotune.config import ConfigError
+from autotune.units import shown
+
+
+MAX_WIDTH, MAX_LAYERS = 65536, 16  # a policy network past these is a typo (and would not fit in memory)
 
 
 def widths(text: str) -> tuple[int, ...]:
+    allowed = f"comma-separated integers from 1 to {MAX_WIDTH}, at most {MAX_LAYERS} of them, e.g. 128,128"
+    parts = text.split(",")
+    if len(parts) > MAX_LAYERS or any(len(part.strip()) > 6 for part in parts):
+        raise argparse.ArgumentTypeError(f"{shown(text)}: expected {allowed}")
     try:
-        values = tuple(int(part) for part in text.split(","))
+        values = tuple(int(part) for part in parts)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated positive integers, e.g. 128,128") from None
-    if not values or min(values) <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated positive integers, e.g. 128,128")
+        raise argparse.ArgumentTypeError(f"{shown(text)}: expected {allowed}") from None
+    if not values or min(values) <= 0 or max(values) > MAX_WIDTH:
+        raise argparse.ArgumentTypeError(f"{shown(text)}: expected {allowed}")
     return values
 
 
@@ -49,10 +57,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="replay surface JSONL (repeat for several), for --backend replay")
     train.add_argument("--workers", type=non_negative_int, default=defaults.workers,
                        help="remote env runners; 0 samples in this process (default: %(default)s)")
-    train.add_argument("--out", type=Path, default=None, help="run directory (default: runs/policy-<time>)")
-    train.add_argument("--ray-address", default=None,
+    train.add_argument("--out", type=output_dir, default=None, help="run directory (default: runs/policy-<time>)")
+    train.add_argument("--ray-address", type=ray_address, default=None,
                        help="address of a running Ray cluster (default: start a local Ray instance)")
-    train.add_argument("--seed", type=non_negative_int, default=defaults.seed, help="seed (default: %(default)s)")
+    train.add_argument("--seed", type=seed, default=defaults.seed, help="seed, 0 to 2**32-1 (default: %(default)s)")
     train.add_argument("--horizon", type=positive_int, default=defaults.horizon,
                        help="trials per episode at most (default: %(default)s)")
     train.add_argument("--noise", type=non_negative_float, default=defaults.noise,
@@ -87,7 +95,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             description="Write the policy of an RLlib checkpoint of `autotune rl train` as policy.pt + "
                                         "policy.json, which `--strategy rl` loads without Ray.")
     export.add_argument("checkpoint", type=Path, help="a checkpoint directory (RUN/checkpoints/NNNNNN)")
-    export.add_argument("--out", type=Path, required=True, help="directory to write the policy to")
+    export.add_argument("--out", type=output_dir, required=True, help="directory to write the policy to")
     export.set_defaults(_rl=run_export)
 
 
@@ -112,6 +120,7 @@ def run_train(args: argparse.Namespace) -> int:
         train_batch=args.train_batch, minibatch=args.minibatch,
         epochs=args.epochs, pool_size=args.pool_size, hiddens=args.hiddens, checkpoint_every=args.checkpoint_every)
     out = args.out or Path("runs") / f"policy-{datetime.now():%Y%m%d-%H%M%S}"
+    args._run_dir = out  # an internal error's traceback goes to its logs/ (autotune.cli), once it exists
     console = Console(width=max(Console().width, 200))  # one line per iteration
     resuming = RunDir(out).latest_checkpoint()
     console.print(f"{'resuming' if resuming else 'training'} a policy in {out}: PPO, {settings.iterations} iterations "

@@ -20,10 +20,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from autotune.argtypes import duration, output_dir, output_file, seed
 from autotune.backends.factory import TrialOptions, make_backend
 from autotune.backends.replay import load_surface
-from autotune.commands.common import add_workload_arguments, positive_int, size, space_from, target_from
-from autotune.config import ConfigError
+from autotune.commands.common import add_workload_arguments, make_dir, positive_int, size, space_from, target_from
 from autotune.results import STATUSES
 from autotune.rundir import RunSettings
 from autotune.recording import describe_workload, record_surface
@@ -37,21 +37,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="surface_command", required=True, parser_class=type(parser))
     record = sub.add_parser("record", help="run every config of a space and append each result to a JSONL surface")
     add_workload_arguments(record)
-    record.add_argument("--out", type=Path, required=True, help="surface file (JSONL); an existing one is resumed")
+    record.add_argument("--out", type=output_file, required=True,
+                        help="surface file (JSONL); an existing one is resumed")
     record.add_argument("--backend", choices=BACKENDS, default="deepspeed",
                         help="deepspeed: real trials (default); simulated: the estimator, for quick experiments")
     record.add_argument("--memory-budget", type=size, default=None,
                         help="per-device budget the trials run under (default: the hardware's memory)")
-    record.add_argument("--timeout", type=float, default=None, help="seconds per trial before it is ended")
-    record.add_argument("--logs", type=Path, default=None,
+    record.add_argument("--timeout", type=duration, default=None,
+                        help="time per trial before it is ended, e.g. 600 (seconds) or 10m")
+    record.add_argument("--logs", type=output_dir, default=None,
                         help="deepspeed: directory of the trials' logs (default: <out without .jsonl>.logs)")
     record.add_argument("--limit", type=positive_int, default=None, help="record at most this many new configs")
     record.add_argument("--max-steps", type=positive_int, default=10,
                         help="deepspeed: measured optimizer steps at most per trial (default: %(default)s)")
-    record.add_argument("--max-measure-s", type=float, default=30.0,
+    record.add_argument("--max-measure-s", type=duration, default=30.0,
                         help="deepspeed: seconds of measured steps at most per trial, at least one step "
                              "(default: %(default)s; a surface has hundreds of trials)")
-    record.add_argument("--seed", type=int, default=0, help="order in which configs run (default: %(default)s)")
+    record.add_argument("--seed", type=seed, default=0,
+                        help="order in which configs run, 0 to 2**32-1 (default: %(default)s)")
     record.add_argument("--retries", type=int, default=1, choices=range(0, 4), metavar="{0..3}",
                         help="times a crashed trial is run again (default: %(default)s)")
     record.set_defaults(_surface=run_record)
@@ -73,14 +76,13 @@ def run_record(args: argparse.Namespace) -> int:
     workload, hardware = target.workload, target.hardware
     space = space_from(args, workload, hardware)
     budget = args.memory_budget or hardware.memory_bytes
-    if args.max_measure_s <= 0:
-        raise ConfigError(f"--max-measure-s {args.max_measure_s}: must be a positive number of seconds")
     logs = args.logs or args.out.parent / f"{args.out.stem}.logs"
     # A recording runs every config of the space: a grid, in the order `record` shuffles.
     settings = RunSettings(workload, hardware, budget, "grid", args.backend, args.seed, space.choices)
     defaults = MeasureSettings()
     measure = MeasureSettings(defaults.warmup_steps, min(defaults.min_steps, args.max_steps), args.max_steps,
                               defaults.rel_tol, args.max_measure_s)
+    make_dir(args.out.parent, "--out")  # every input checked: now the surface's folder may be created
     backend = make_backend(settings, options=TrialOptions(str(logs), args.timeout, measure))
     console = Console(highlight=False, soft_wrap=True)
     if target.detected():

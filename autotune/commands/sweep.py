@@ -7,18 +7,18 @@ import argparse
 from datetime import datetime
 from pathlib import Path
 
-from autotune.commands.common import positive_int
+from autotune.argtypes import output_dir, positive_int, ray_address
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("sweep_file", type=Path, help="sweep YAML listing the workloads (see examples/sweep.yaml)")
-    parser.add_argument("--ray-address", default="local",
+    parser.add_argument("--ray-address", type=ray_address, default="local",
                         help="Ray cluster (host:port or auto); 'local' starts a private instance on loopback "
                              "(default: %(default)s)")
     parser.add_argument("--concurrency", type=positive_int, default=None,
                         help="trials in flight at most, over all workloads (default: the file's, else as many "
                              "as the cluster holds)")
-    parser.add_argument("--out", type=Path, default=None, help="sweep directory (default: runs/sweep-<file>-<time>)")
+    parser.add_argument("--out", type=output_dir, default=None, help="sweep directory (default: runs/sweep-<file>-<time>)")
     parser.add_argument("--resume", action="store_true", help="continue the sweep in --out")
 
 
@@ -32,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
 
         raise ConfigError("--resume needs --out DIR (the sweep directory to continue)")
     out = args.out or Path("runs") / f"sweep-{args.sweep_file.stem}-{datetime.now():%Y%m%d-%H%M%S}"
+    args._run_dir = out  # an internal error's traceback goes to its logs/ (autotune.cli), once it exists
     with sigterm_as_interrupt():
         rows = run_sweep(sweep_file, out, args.ray_address, args.resume, args.concurrency or sweep_file.concurrency)
     print(f"sweep summary: {out / SUMMARY_MD} ({out / SUMMARY_CSV})")

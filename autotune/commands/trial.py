@@ -13,11 +13,12 @@ from rich.console import Console, JustifyMethod
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from autotune.argtypes import duration, gpu_count, int_range, non_negative_int, output_dir
 from autotune.backends.deepspeed import DeepSpeedBackend
 from autotune.calibrate import calibrator, load_calibration, quality, save_calibration
 from autotune.backends.script import ScriptBackend
-from autotune.commands.common import (MODEL_HELP, SEQ_LEN_HELP, hardware_name, model_name, positive_int, size,
-                                      target_from)
+from autotune.commands.common import (MODEL_HELP, SEQ_LEN_HELP, hardware_name, make_dir, model_name, positive_int,
+                                      size, target_from)
 from autotune.commands.script import script_target
 from autotune.config import OFFLOADS, PRECISIONS, ZERO_STAGES, Config, ConfigError
 from autotune.dsconfig import DsOptions
@@ -34,9 +35,10 @@ from autotune.workload import Workload
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     knobs = parser.add_argument_group("the config")
-    knobs.add_argument("--zero-stage", type=int, choices=ZERO_STAGES, required=True)
+    knobs.add_argument("--zero-stage", type=int_range(min(ZERO_STAGES), max(ZERO_STAGES)), choices=ZERO_STAGES,
+                       required=True)
     knobs.add_argument("--micro-batch", type=positive_int, required=True, help="samples per device per micro-step")
-    knobs.add_argument("--ckpt-interval", type=int, default=0,
+    knobs.add_argument("--ckpt-interval", type=non_negative_int, default=0,
                        help="0: no activation checkpointing; k: checkpointed segments of k layers (default: 0)")
     knobs.add_argument("--precision", choices=PRECISIONS, required=True)
     knobs.add_argument("--offload-optimizer", choices=OFFLOADS, default="none")
@@ -45,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     work = parser.add_argument_group("the workload and machine")
     work.add_argument("--model", type=model_name, default="tiny", help=MODEL_HELP)
     work.add_argument("--seq-len", type=positive_int, default=None, help=SEQ_LEN_HELP)
-    work.add_argument("--gpus", type=positive_int, default=None,
+    work.add_argument("--gpus", type=gpu_count, default=None,
                       help="data-parallel ranks on this machine (default: the GPUs found with --hardware auto, else 1)")
     work.add_argument("--global-batch", type=positive_int, default=None,
                       help="samples per optimizer step over all ranks (default: 16 for tiny, else 32 x gpus)")
@@ -56,10 +58,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="per device, e.g. 2GiB: on CUDA the allocator's cap, on the CPU each rank's resident "
                            "set (the trial ends as oom past it) (default: none)")
     run = parser.add_argument_group("the run")
-    run.add_argument("--run-dir", default=None,
+    run.add_argument("--run-dir", type=output_dir, default=None,
                      help="where trials.jsonl, logs/ and calibration.json live (default: runs/trials/<model>-b<batch>-g<gpus>)")
-    run.add_argument("--timeout", type=float, default=600.0, help="seconds before the trial is ended (default: 600)")
-    run.add_argument("--warmup-steps", type=int, default=MeasureSettings.warmup_steps,
+    run.add_argument("--timeout", type=duration, default=600.0,
+                     help="time before the trial is ended, e.g. 600 (seconds) or 10m (default: 600)")
+    run.add_argument("--warmup-steps", type=non_negative_int, default=MeasureSettings.warmup_steps,
                      help="optimizer steps before measuring (default: %(default)s)")
     run.add_argument("--max-steps", type=positive_int, default=MeasureSettings.max_steps,
                      help="measured optimizer steps at most; fewer once the step time is stable (default: %(default)s)")
@@ -70,11 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def measure_settings(args: argparse.Namespace) -> MeasureSettings:
-    """The trial's measurement from --timeout, --warmup-steps and --max-steps, checked."""
-    if args.timeout <= 0:
-        raise ConfigError(f"--timeout {args.timeout:g}: must be a positive number of seconds")
-    if args.warmup_steps < 0:
-        raise ConfigError(f"--warmup-steps {args.warmup_steps}: must be 0 or more")
+    """The trial's measurement from --warmup-steps and --max-steps (checked by their argparse types)."""
     return MeasureSettings(warmup_steps=args.warmup_steps, min_steps=min(MeasureSettings.min_steps, args.max_steps),
                            max_steps=args.max_steps)
 
@@ -89,7 +88,9 @@ def run(args: argparse.Namespace) -> int:
     check_config(config, workload, hardware, args.nvme_path)
     measure = measure_settings(args)
     name = workload.model.name.replace("/", "--")  # a preset's name, or a file's model's (a Hub id: owner--name)
-    run_dir = Path(args.run_dir or f"runs/trials/{name}-b{workload.global_batch}-g{workload.gpus}")
+    run_dir = make_dir(Path(args.run_dir or f"runs/trials/{name}-b{workload.global_batch}-g{workload.gpus}"),
+                       "--run-dir")
+    args._run_dir = run_dir  # an internal error's traceback goes to its logs/ (autotune.cli)
     calibration = load_calibration(run_dir, workload, hardware) or Calibration()
     backend = DeepSpeedBackend(workload, args.memory_budget, hardware, DsOptions(nvme_path=args.nvme_path),
                                run_dir / "logs", args.timeout, measure, calibration=calibration)
@@ -195,7 +196,9 @@ def run_script_trial(args: argparse.Namespace) -> int:
                           f"{config.micro_batch} x {workload.gpus} rank(s)")
     check_config(config, replace(workload, model=replace(workload.model, layers=10**6)), hardware, args.nvme_path)
     measure = measure_settings(args)
-    run_dir = Path(args.run_dir or f"runs/trials/script-{Path(script.path).stem}-b{workload.global_batch}-g{workload.gpus}")
+    run_dir = make_dir(Path(args.run_dir or f"runs/trials/script-{Path(script.path).stem}-b{workload.global_batch}"
+                            f"-g{workload.gpus}"), "--run-dir")
+    args._run_dir = run_dir
     backend = ScriptBackend(script, workload, args.memory_budget, hardware, DsOptions(nvme_path=args.nvme_path),
                             run_dir / "logs", args.timeout, measure, shape_known=False)
     result = backend.run(config) if args.json else _run_with_progress(backend, config)
