@@ -24,7 +24,7 @@ from autotune.search_spaces import load_choices
 from autotune.space import Space
 from autotune.strategies import STRATEGIES, SearchContext, make_strategy
 from autotune.strategies.grid import EARLY_STOP
-from autotune.strategies.optuna_search import PENALTY, WARM_START
+from autotune.strategies.optuna_search import INVALID_CONSTRAINT, PENALTY, WARM_START
 from autotune.workload import make_workload
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -210,7 +210,7 @@ def test_optuna_starts_with_the_smallest_predicted_config_when_none_is_predicted
     assert strategy.propose() == smallest.config
 
 
-def test_optuna_reports_failures_as_completed_trials_with_penalty_and_memory_constraint(gpu_space):
+def test_optuna_keeps_failures_infeasible_and_never_run_proposals_out_of_complete(gpu_space):
     budget = 12 * GiB
     backend = SimulatedBackend(WORKLOAD, HARDWARE, budget, calibration=Calibration(activation_scale=2.0))
     s = sweep("optuna", gpu_space, backend, budget, trials=25)
@@ -218,21 +218,34 @@ def test_optuna_reports_failures_as_completed_trials_with_penalty_and_memory_con
     assert statuses["oom"] > 0 and statuses["pruned"] > 0
     study = s.strategy.study
     trials = study.get_trials()
-    assert {t.state for t in trials} == {optuna.trial.TrialState.COMPLETE}
+    State = optuna.trial.TrialState
     by_status = {}
     for t in trials:
         by_status.setdefault(t.user_attrs["status"], []).append(t)
-        assert set(t.constraints) == {"memory"}
-    for status in ("oom", "pruned", "invalid"):
-        for t in by_status.get(status, []):
-            assert t.value == PENALTY and t.constraints["memory"] > 0
-    assert by_status["oom"] and by_status["pruned"]
+    # Only the configs that ran are COMPLETE: one per launched trial, as trials.jsonl has them.
+    complete = [t for t in trials if t.state == State.COMPLETE]
+    assert len(complete) == len(launched(s)) == 25
+    assert sorted(t.user_attrs["report_trial"] for t in complete) == [r.extra["trial"] for r in launched(s)]
+    for t in by_status["oom"]:
+        assert t.state == State.COMPLETE and t.value == PENALTY and list(t.constraints.values())[0] > 0
+        assert t.user_attrs["feasible"] is False
     for t in by_status["ok"]:
-        assert t.value > 0 and t.constraints["memory"] <= 0
+        assert t.state == State.COMPLETE and t.value > 0 and list(t.constraints.values())[0] <= 0
         config = s.strategy.config_of(t.params)
         assert s.known[config].throughput_samples_per_s == pytest.approx(t.value)
-    # Repeats and invalid combinations are told without running anything.
-    assert len(launched(s)) == 25 < len(trials)
+        assert t.user_attrs["throughput_samples_per_s"] == pytest.approx(t.value)
+    # Pruned configs never ran: PRUNED, infeasible, under their trial number in trials.jsonl.
+    assert len(by_status["pruned"]) == statuses["pruned"]
+    for t in by_status["pruned"]:
+        assert t.state == State.PRUNED and t.value is None and list(t.constraints.values())[0] > 0
+        assert s.results[t.user_attrs["report_trial"] - 1].status == "pruned"
+    # Invalid combinations and repeats are told without running or recording anything.
+    for t in by_status.get("invalid", []):
+        assert t.state == State.PRUNED and list(t.constraints.values()) == [INVALID_CONSTRAINT]
+        assert t.user_attrs["reason"] and "report_trial" not in t.user_attrs
+    for t in by_status.get("repeat", []):
+        assert t.state == State.FAIL and "report_trial" not in t.user_attrs
+    assert by_status.get("invalid") or by_status.get("repeat")
 
 
 def test_optuna_same_seed_same_sweep(gpu_space):

@@ -41,6 +41,7 @@ class SearchContext:
     seed: int = 0
     predict: Callable[[Config], Estimate] | None = None  # the estimator as calibrated when the search starts
     storage: Any = None  # Optuna storage (URL or storage object) of the run directory; None: in memory
+    study_name: str = "autotune"  # the sweep's study in that storage (autotune.study_storage.study_name)
 
 
 # strategy name -> "module:factory", factory(context) -> Strategy. Later strategies (rl, hybrid) add entries.

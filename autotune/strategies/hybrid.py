@@ -16,6 +16,10 @@ Optuna alone and 11 for taking turns with Optuna from the first trial (`interlea
 
 On a Ray cluster, with several trials in flight, Optuna proposes whenever the policy waits for its result.
 
+In the study, a trial the policy proposed has user attribute `proposed_by` = `policy` (Optuna's own say
+`warm start`, `nearest untried` or `optuna`); otherwise it reads as the `optuna` strategy's study does
+(strategies/optuna_search.py: knob values, status, report_trial, throughput, peak, feasibility).
+
 Resume: the policy is deterministic and Optuna's study is stored, so a resumed sweep replays the policy's
 proposals from the record and reloads the study.
 """
@@ -43,6 +47,7 @@ class HybridStrategy:
         self.interleave = interleave
         self.in_policy = True
         self.policy_turn = True
+        self.proposed: set[Config] = set()  # configs the policy proposed, so the study can say whose they were
 
     def propose(self) -> Config | None:
         # While the policy's proposal is still running (a Ray sweep has several trials in flight), Optuna
@@ -52,6 +57,7 @@ class HybridStrategy:
             config = self.policy.propose()
             if config is not None:
                 self.policy_turn = False
+                self.proposed.add(config)
                 return config
             self.in_policy = False
         self.policy_turn = True
@@ -60,7 +66,7 @@ class HybridStrategy:
     def observe(self, config: Config, result: TrialResult) -> None:
         if self.in_policy:
             self.policy.observe(config, result)
-        self.search.observe(config, result)
+        self.search.observe(config, result, proposed_by="policy" if config in self.proposed else "record")
 
 
 def hybrid(context: SearchContext) -> HybridStrategy:

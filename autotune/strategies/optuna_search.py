@@ -4,27 +4,41 @@ Encoding: one parameter per knob. Ordered knobs (zero_stage, micro_batch, ckpt_i
 indexing their list of choices, so the sampler's kernels see that micro-batch 4 lies between 2 and 8;
 unordered knobs (precision and the offloads) are categorical. A knob combination that is not a valid
 config (e.g. CPU offload with ZeRO-0, a micro-batch that does not divide the global batch, a config a
-replay surface never measured) is told at once as an infeasible completed trial with the penalty value,
-without running or recording anything, and the nearest untried valid config runs in its place: the
+replay surface never measured) is told at once as an infeasible pruned trial, without running or
+recording anything, and the nearest untried valid config runs in its place: the
 sampler learns the invalid region as it learns the out-of-memory one, and every proposal costs at most
 two asks however sparse the valid configs are. One categorical over the flat index of valid configs would
 avoid invalid proposals but hide every relation between configs from the sampler.
 
-Objective: samples/s, maximised. A failure (oom, crash, timeout, unsupported) or a pruned config is a
-COMPLETE trial with value PENALTY and a positive `memory` constraint (Trial.set_constraint), so the
-sampler learns from it (a FAIL trial would be ignored); TPE ranks infeasible trials below all feasible
-ones, and among themselves by how far they broke the constraint. Feasible trials carry
-peak/budget - 1 <= 0.
+Objective: samples/s, maximised (metric name `throughput_samples_per_s`), with one memory constraint,
+peak/budget - 1 (<= 0 fits). How each proposal is kept in the study, so that the `optuna` CLI and
+optuna-dashboard read it as the run directory does:
+- a config that ran is COMPLETE: its throughput (PENALTY for a failure: oom, crash, timeout, unsupported)
+  and its constraint (positive for a failure, so the sampler learns from it: a FAIL trial would be ignored);
+- a config the estimator pruned (never ran) is PRUNED with its predicted constraint, and an invalid
+  combination is PRUNED with INVALID_CONSTRAINT and the reason: TPE ranks PRUNED and COMPLETE trials that
+  break a constraint alike (below every feasible trial, among themselves by how far they broke it); the
+  GP sampler models COMPLETE trials only, so it learns the out-of-memory region from the trials that ran;
+- a proposal of a config already tried is FAIL (`repeat`): it carries nothing new for the sampler;
+- every trial's user attributes hold the knobs' real values under their own names (zero_stage,
+  micro_batch, ...; the parameters `<knob>_index` index the space's values, study user attribute
+  `space`), `status`, who proposed it, and once known `report_trial` (its 1-based line in trials.jsonl,
+  the trial number of the report, which differs from Optuna's 0-based numbers that also count proposals
+  that never reached trials.jsonl), throughput, step time and peak memory.
+The constraint is written as the system attribute `constraints` (a list, the format of the samplers'
+`constraints_func`): optuna-dashboard 0.21 reads feasibility from it and not from Optuna 5's
+`Trial.set_constraint` keys (`constraints:<name>`); Optuna reads both.
 
-The study lives in the storage of the run directory when one is given. A resumed study keeps what it
-learnt; a trial left RUNNING by a killed tuner is taken over: told from the recorded result if the driver
-recorded one, and otherwise proposed again before anything else (ahead of warm-start trials still
-waiting in the queue), so the config that was in flight runs again first.
+The study lives in the storage of the run directory when one is given (autotune.study_storage). A resumed
+study keeps what it learnt; a trial left RUNNING by a killed tuner is taken over: told from the recorded
+result if the driver recorded one, and otherwise proposed again before anything else (ahead of warm-start
+trials still waiting in the queue), so the config that was in flight runs again first.
 """
 
 from __future__ import annotations
 
 import random
+import warnings
 from typing import Any
 
 import optuna
@@ -37,11 +51,15 @@ from autotune.results import TrialResult
 from autotune.strategies import SearchContext
 
 ORDERED = ("zero_stage", "micro_batch", "ckpt_interval")
-PENALTY = 0.0  # samples/s told for a config that did not run within budget
+PENALTY = 0.0  # samples/s told for a config that ran and failed, or did not fit the budget
 INVALID_CONSTRAINT = 1.0  # constraint told for invalid combinations and for failures with no memory figure
 WARM_START = 5  # the estimator's best predicted configs (one per memory layout and precision), tried first
 STARTUP_TRIALS = 8  # proposals (including the warm start) before the model-based sampler takes over
-STUDY_NAME = "autotune"
+STUDY_NAME = "autotune"  # the study's name in a run directory's own study.db
+METRIC = "throughput_samples_per_s"
+CONSTRAINTS_KEY = "constraints"  # the trial system attribute optuna-dashboard reads feasibility from
+MEASURES = ("throughput_samples_per_s", "tokens_per_s", "step_time_s", "peak_memory_bytes")
+REASON_CHARS = 500  # a failure's error, as a user attribute, is cut to this
 
 
 def tpe(context: SearchContext) -> "OptunaStrategy":
@@ -64,26 +82,55 @@ class OptunaStrategy:
         self.space = context.space
         self.rng = random.Random(context.seed)
         self.distributions = _distributions(self.space)
-        self.study = optuna.create_study(storage=context.storage, study_name=STUDY_NAME, direction="maximize",
-                                         sampler=sampler, load_if_exists=True)
+        self.study = optuna.create_study(storage=context.storage, study_name=context.study_name,
+                                         direction="maximize", sampler=sampler, load_if_exists=True)
         self.outcomes: dict[Config, tuple[float, float]] = {}  # config -> (value, constraint) told
+        self.report_trials: dict[Config, int] = {}  # config -> its trial number in trials.jsonl
         self.pending: dict[Config, optuna.trial.Trial] = {}  # asked, not yet told
         self.resumed: list[Config] = []  # in flight when an earlier tuner was killed: proposed first
         trials = self.study.get_trials(deepcopy=False)
         for trial in trials:
             config = self.config_of(trial.params)
-            if trial.state == TrialState.COMPLETE and config is not None:
-                assert trial.value is not None, "a complete trial of a single-objective study has its value"
-                self.outcomes.setdefault(config, (trial.value, sum(trial.constraints.values())))
+            if trial.state in (TrialState.COMPLETE, TrialState.PRUNED) and config is not None:
+                value = trial.value if trial.state == TrialState.COMPLETE else PENALTY
+                assert value is not None, "a complete trial of a single-objective study has its value"
+                self.outcomes.setdefault(config, (value, sum(trial.constraints.values())))
+                if isinstance(trial.user_attrs.get("report_trial"), int):
+                    self.report_trials.setdefault(config, trial.user_attrs["report_trial"])
             elif trial.state == TrialState.RUNNING:
                 if config is None or config in self.pending:
+                    optuna.trial.Trial(self.study, trial._trial_id).set_user_attr("status", "abandoned")
                     self.study.tell(trial.number, state=TrialState.FAIL)
                 else:
                     self.pending[config] = optuna.trial.Trial(self.study, trial._trial_id)
                     self.resumed.append(config)
+        self._describe()
         if not trials:
             for config in self.warm_start():
-                self.study.enqueue_trial(self.params_of(config))
+                self.study.enqueue_trial(self.params_of(config), user_attrs={"proposed_by": "warm start"})
+
+    def _describe(self) -> None:
+        """What a reader of the study (optuna CLI, optuna-dashboard) needs to read it without the run directory."""
+        with warnings.catch_warnings():  # set_metric_names is "experimental" in Optuna 5
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            self.study.set_metric_names([METRIC])
+        w, space = self.space.workload, self.space
+        described = {
+            "workload": f"{w.model.name}, global batch {w.global_batch}, {w.gpus} x {space.hardware.name}",
+            "memory_budget_bytes": self.context.budget_bytes,
+            "strategy": self.name,
+            "space": {knob: list(space.choices.knob_values(knob)) for knob in KNOBS},
+            "parameters": ", ".join(f"{k}_index" for k in ORDERED) + " index the values of `space`; each "
+                          "trial's user attributes hold the knobs' values under their own names",
+            "constraints": "one: memory, peak / budget - 1 (<= 0 fits); 1.0 for an invalid combination or a "
+                           "failure with no memory figure",
+            "trial numbers": "user attribute report_trial is the trial's number in trials.jsonl and the report "
+                             "(from 1); Optuna's numbers (from 0) also count proposals that never ran",
+        }
+        current = self.study.user_attrs
+        for key, value in described.items():
+            if current.get(key) != value:
+                self.study.set_user_attr(key, value)
 
     # -- the Strategy interface
 
@@ -95,21 +142,27 @@ class OptunaStrategy:
         trial = self.study.ask(self.distributions)
         config = self.config_of(trial.params)
         if config is not None and config not in self.outcomes:
-            self.pending[config] = trial
+            self._asked(trial, config)
             return config
-        # An invalid combination, or a config already measured: the sampler learns that at once (the
-        # penalty, or the known result again), and the nearest config not tried yet runs in its place.
-        # So a proposal costs at most two asks, however sparse the valid configs are in the knob grid
-        # (a replay surface that measured a fraction of the space).
+        # An invalid combination, or a config already tried: the sampler learns that at once (an infeasible
+        # pruned trial; a repeat carries nothing new and fails), and the nearest config not tried yet runs in
+        # its place. So a proposal costs at most two asks, however sparse the valid configs are in the knob
+        # grid (a replay surface that measured a fraction of the space).
         if config is None:
-            self._tell(trial, PENALTY, INVALID_CONSTRAINT, "invalid")
+            attrs = {**self._decoded(trial.params), "proposed_by": self._proposer(trial), "status": "invalid",
+                     "reason": self._invalid_reason(trial.params), "feasible": False}
+            self._finish(trial, TrialState.PRUNED, None, INVALID_CONSTRAINT, attrs)
         else:
-            self._tell(trial, *self.outcomes[config], "repeat")
+            attrs = {**config.to_dict(), "config": config.label(), "proposed_by": self._proposer(trial),
+                     "status": "repeat"}
+            if config in self.report_trials:
+                attrs["repeat_of_report_trial"] = self.report_trials[config]
+            self._finish(trial, TrialState.FAIL, None, None, attrs)
         nearest = self.nearest_untried(trial.params)
         if nearest is None:
             return None
-        self.study.enqueue_trial(self.params_of(nearest))
-        self.pending[nearest] = self.study.ask(self.distributions)
+        self.study.enqueue_trial(self.params_of(nearest), user_attrs={"proposed_by": "nearest untried"})
+        self._asked(self.study.ask(self.distributions), nearest)
         return nearest
 
     def nearest_untried(self, params: dict[str, Any]) -> Config | None:
@@ -131,18 +184,21 @@ class OptunaStrategy:
                 best.append(config)
         return self.rng.choice(best) if best else None
 
-    def observe(self, config: Config, result: TrialResult) -> None:
-        value, constraint = self.outcome(result)
+    def observe(self, config: Config, result: TrialResult, proposed_by: str = "record") -> None:
+        """Tell the study `result`; a config it never asked for (a resumed sweep's record, the hybrid's
+        policy) is added as a finished trial, `proposed_by` saying whose it was."""
+        state, value, constraint = self.outcome_state(result)
         if config in self.pending:
-            self._tell(self.pending.pop(config), value, constraint, result.status)
+            self._finish(self.pending.pop(config), state, value, constraint, self._result_attrs(result, constraint))
         elif config not in self.outcomes:
-            self._add(config, value, constraint, result.status)
-        self.outcomes.setdefault(config, (value, constraint))
-
-    def _add(self, config: Config, value: float, constraint: float, status: str) -> None:
-        self.study.add_trial(optuna.trial.create_trial(
-            params=self.params_of(config), distributions=self.distributions, value=value,
-            constraints={"memory": constraint}, user_attrs={"status": status}))
+            attrs = {**config.to_dict(), "config": config.label(), "proposed_by": proposed_by,
+                     **self._result_attrs(result, constraint)}
+            self.study.add_trial(optuna.trial.create_trial(
+                state=state, params=self.params_of(config), distributions=self.distributions,
+                value=value, user_attrs=attrs, system_attrs={CONSTRAINTS_KEY: [constraint]}))
+        self.outcomes.setdefault(config, (PENALTY if value is None else value, constraint))
+        if isinstance(result.extra.get("trial"), int):
+            self.report_trials.setdefault(config, result.extra["trial"])
 
     # -- encoding
 
@@ -156,22 +212,36 @@ class OptunaStrategy:
                 params[knob] = value
         return params
 
+    def _decoded(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The knobs' values a trial's parameters stand for (whether or not they make a valid config)."""
+        values: dict[str, Any] = {}
+        for knob in KNOBS:
+            if knob in ORDERED:
+                choices = self.space.choices.knob_values(knob)
+                index = params.get(f"{knob}_index")
+                if isinstance(index, int) and 0 <= index < len(choices):
+                    values[knob] = choices[index]
+            elif knob in params:
+                values[knob] = params[knob]
+        return values
+
     def config_of(self, params: dict[str, Any]) -> Config | None:
         """The config of a trial's parameters, or None if that combination is not a valid config here."""
-        values = {}
+        values = self._decoded(params)
         try:
-            for knob in KNOBS:
-                if knob in ORDERED:
-                    values[knob] = self.space.choices.knob_values(knob)[params[f"{knob}_index"]]
-                else:
-                    values[knob] = params[knob]
             config = Config(**values)
-        except (KeyError, IndexError, ConfigError):
+        except (TypeError, ConfigError):
             return None
         return config if self.space.is_valid(config) else None
 
+    def _invalid_reason(self, params: dict[str, Any]) -> str:
+        try:
+            return self.space.invalid_reason(Config(**self._decoded(params))) or "not a valid config"
+        except (TypeError, ConfigError) as err:
+            return str(err)
+
     def outcome(self, result: TrialResult) -> tuple[float, float]:
-        """(value, memory constraint) told to the sampler for a result."""
+        """(value, memory constraint) the sampler learns from a result."""
         budget = self.context.budget_bytes
         if result.fits(budget):
             peak = result.peak_memory_bytes
@@ -180,6 +250,13 @@ class OptunaStrategy:
         if result.status in ("oom", "pruned") and peak:
             return PENALTY, max(peak / budget - 1.0, 0.01)
         return PENALTY, INVALID_CONSTRAINT
+
+    def outcome_state(self, result: TrialResult) -> tuple[TrialState, float | None, float]:
+        """(state, value, constraint) of a result's trial: PRUNED with no value for a config that never ran."""
+        value, constraint = self.outcome(result)
+        if result.status == "pruned":
+            return TrialState.PRUNED, None, constraint
+        return TrialState.COMPLETE, value, constraint
 
     def warm_start(self) -> list[Config]:
         """The configs the estimator predicts fastest among those predicted to fit, one per structure
@@ -203,11 +280,38 @@ class OptunaStrategy:
 
     # -- helpers
 
-    def _tell(self, trial: optuna.trial.Trial, value: float, constraint: float, status: str) -> None:
-        if "memory" not in trial.constraints:  # a killed tuner may have set it before it could tell
-            trial.set_constraint("memory", constraint)
-        trial.set_user_attr("status", status)
-        self.study.tell(trial, value)
+    def _proposer(self, trial: optuna.trial.Trial) -> str:
+        """Who proposed an asked trial: an enqueued trial says so itself (warm start, nearest untried)."""
+        return str(trial.user_attrs.get("proposed_by", self.name))
+
+    def _asked(self, trial: optuna.trial.Trial, config: Config) -> None:
+        """A proposal about to run: its knobs' values show in the study while it runs."""
+        self.pending[config] = trial
+        for key, value in {**config.to_dict(), "config": config.label(), "proposed_by": self._proposer(trial),
+                           "status": "running"}.items():
+            trial.set_user_attr(key, value)
+
+    def _result_attrs(self, result: TrialResult, constraint: float) -> dict[str, Any]:
+        attrs: dict[str, Any] = {"status": result.status, "feasible": constraint <= 0}
+        if isinstance(result.extra.get("trial"), int):
+            attrs["report_trial"] = result.extra["trial"]
+        for key in MEASURES:
+            if getattr(result, key) is not None:
+                attrs[key] = getattr(result, key)
+        if result.status == "pruned" and result.extra.get("predicted_peak_bytes"):
+            attrs["predicted_peak_bytes"] = result.extra["predicted_peak_bytes"]
+        if result.error:
+            attrs["reason"] = result.error[:REASON_CHARS]
+        return attrs
+
+    def _finish(self, trial: optuna.trial.Trial, state: TrialState, value: float | None, constraint: float | None,
+                attrs: dict[str, Any]) -> None:
+        for key, item in attrs.items():
+            trial.set_user_attr(key, item)
+        if constraint is not None:
+            # The list format (module doc): optuna-dashboard reads it, Optuna's samplers too.
+            trial.storage.set_trial_system_attr(trial._trial_id, CONSTRAINTS_KEY, [constraint])
+        self.study.tell(trial, value, state=state)
 
 
 def _distributions(space) -> dict[str, BaseDistribution]:
