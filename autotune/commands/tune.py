@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import argparse
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 from autotune.api import DEFAULT_STRATEGY, begin, check_out, default_run_dir, run_sweep
-from autotune.argtypes import duration, gpu_count, output_dir, ray_address, seed
+from autotune.argtypes import duration, gpu_count, non_negative_int, output_dir, ray_address, seed
 from autotune.backends.replay import replay_settings
 from autotune.backends.factory import backend_names
 from autotune.commands import script as script_command
@@ -20,10 +21,12 @@ from autotune.interrupts import sigterm_as_interrupt
 from autotune.drivers.progress import ConsoleProgress
 from autotune.drivers.stop import StopReason
 from autotune.drivers.sweep import Budget
+from autotune.pruning import cause_counts, describe_causes
 from autotune.rundir import SETTINGS, STUDY, RunDir, RunSettings
 from autotune.script.cli import add_arguments as script_arguments, script_from
 from autotune.space import Space
 from autotune.strategies import STRATEGIES
+from autotune.study_storage import canonical as canonical_storage, check_storage
 from autotune.units import format_size
 
 if TYPE_CHECKING:
@@ -39,6 +42,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="trials to launch, over all sessions of a resumed sweep (default: %(default)s)")
     parser.add_argument("--time-budget", type=duration, default=None,
                         help="no trial starts once the trials have taken this long, e.g. 8h, 90m")
+    parser.add_argument("--confirm", type=non_negative_int, default=None, metavar="K",
+                        help="confirmation of close calls: after the search, the best config and those within the "
+                             "launch-to-launch spread of it (at most 3) run up to K more times each in fresh "
+                             "processes, and the recommendation is the best median; the repeats count in --trials, "
+                             "at most a quarter of them while the search could still use them; 0: off (default: 2 "
+                             "for real trials, deepspeed and --script; 0 for simulated and replay)")
     parser.add_argument("--backend", choices=backend_names(), default="deepspeed",
                         help="deepspeed: real trials; simulated: the estimator; replay: a measured surface "
                              "(default: %(default)s)")
@@ -47,6 +56,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=output_dir, default=None,
                         help="run directory (default: runs/<model>-<strategy>-<time>)")
     parser.add_argument("--resume", action="store_true", help="continue the sweep in --out")
+    parser.add_argument("--storage", default=None, metavar="URL",
+                        help="keep the Optuna study in this storage instead of study.db in --out (which holds "
+                             "everything else): an Optuna RDB URL (sqlite:///PATH, postgresql://USER:PASS@HOST/DB, "
+                             "mysql+pymysql://...) or a journal file's path; one study per run directory, named "
+                             "in report.md; repeat it with --resume")
     add_ray_arguments(parser)
     script_arguments(parser)
 
@@ -68,13 +82,16 @@ def run(args: argparse.Namespace) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress display says what matters
     # Every check that can refuse the command comes before anything is written to the run directory.
     settings, space = resolve(args)
+    if args.storage is not None:
+        settings = replace(settings, storage=canonical_storage(args.storage))
     ray = ray_options(args)
     name = f"script-{args.script.stem}" if args.script else settings.workload.model.name
     out = args.out or default_run_dir(name, settings.strategy)
     run_dir = RunDir(out)
     check_out(run_dir, args.resume)
+    check_storage(settings.storage, run_dir.study_name(settings.storage), args.resume)
     before = set(_STARTUP_FILES) if args.resume else {n for n in _STARTUP_FILES if (out / n).exists()}
-    make_dir(out, "--out")
+    make_dir(out, "--out" if args.out else "the default run directory")
     args._run_dir = out  # an internal error's traceback goes to its logs/ (autotune.cli)
     with run_dir.locked(), sigterm_as_interrupt(), undone_unless_started(run_dir, before):
         if args.script and args.resume:
@@ -85,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
                 run_dir.write_settings(settings)
                 return script_mode().stopped(run_dir, settings, fatal)
         begin(run_dir, settings, args.resume)
-        return tune(run_dir, settings, space, Budget(args.trials, args.time_budget), args.resume, ray)
+        return tune(run_dir, settings, space, Budget(args.trials, args.time_budget, args.confirm), args.resume, ray)
 
 
 # What a new sweep writes before its first trial (the lock stays: it records nothing). Removed again when the
@@ -131,6 +148,11 @@ def tune(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budget, r
         f"{len(space)} configs, {settings.backend} backend, up to {budget.trials} trials"
         + (f"; {len(history)} recorded already" if history else "") + f" -> {run_dir.path}")
     result = run_sweep(run_dir, settings, space, budget, ray, progress)
+    progress.close()  # the last batch of pruned configs, before the summary
+    pruned = [r for r in result.results if r.status == "pruned"]
+    if len(pruned) > 1:
+        progress.message(f"pruned {len(pruned)} configs in all: {describe_causes(cause_counts(pruned), 'predicted over')}"
+                         " (each with its reason in trials.jsonl and report.md)")
     if settings.backend == "script":
         for line in script_mode().finish(run_dir, settings, result.best):
             progress.message(line)
