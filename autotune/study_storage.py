@@ -46,7 +46,8 @@ def masked(storage: str | None) -> str | None:
     from sqlalchemy.exc import ArgumentError
 
     try:
-        return make_url(storage).render_as_string(hide_password=True)
+        url = make_url(storage)
+        return storage if url.password is None else url.render_as_string(hide_password=True)
     except ArgumentError:  # unparseable: hide whatever stands between the scheme and an @
         scheme, _, rest = storage.partition("://")
         return f"{scheme}://***@{rest.rpartition('@')[2]}" if "@" in rest else storage
@@ -137,11 +138,20 @@ def study_name(run_path: str | Path, storage: str | None) -> str:
 
 def check_storage(storage: str | None, study: str, resume: bool) -> None:
     """Before a sweep writes anything: the storage opens, and a new sweep does not find its study there
-    already (a resumed one may, or may not: its recorded trials are told again)."""
+    already (a resumed one may, or may not: its recorded trials are told again). A study none of whose
+    trials was recorded (no `report_trial`) is what a new sweep that failed before its first trial left:
+    it is removed."""
     if storage is None:
         return
+    import optuna
+
     opened = open_storage(storage)
-    if not resume and study in {s.study_name for s in opened.get_all_studies()}:
-        raise ConfigError(f"storage {masked(storage)!r} already holds study {study!r} of an earlier sweep in this "
-                          f"run directory: resume that sweep with --resume, delete the study (optuna delete-study "
-                          f"--study-name {study!r} --storage URL), or choose another --out")
+    if resume or study not in {s.study_name for s in opened.get_all_studies()}:
+        return
+    trials = opened.get_all_trials(opened.get_study_id_from_name(study), deepcopy=False)
+    if not any("report_trial" in t.user_attrs for t in trials):
+        optuna.delete_study(study_name=study, storage=opened)
+    else:
+        raise ConfigError(f"storage {masked(storage)!r} already holds study {study!r} of an earlier sweep in "
+                          f"this run directory: resume that sweep with --resume, delete the study (optuna "
+                          f"delete-study --study-name {study!r} --storage URL), or choose another --out")
