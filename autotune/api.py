@@ -34,6 +34,7 @@ from autotune.rundir import RunDir, RunSettings
 from autotune.search_spaces import load_choices
 from autotune.space import Choices, Space
 from autotune.strategies import STRATEGIES
+from autotune.study_storage import canonical as canonical_storage, check_storage
 from autotune.workload import Workload
 
 if TYPE_CHECKING:
@@ -56,6 +57,9 @@ class TuneSpec:
     space: Choices | str | None = None  # Choices, a preset name or a YAML path; default: cpu or default preset
     seed: int = 0
     surface: str | None = None  # replay: the surface file
+    # Where the Optuna study lives (autotune.study_storage): an Optuna RDB URL (sqlite:///..., postgresql://...)
+    # or a journal file's path; None: study.db in the run directory, which holds everything else either way.
+    storage: str | None = None
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -66,6 +70,8 @@ class TuneSpec:
             raise ConfigError(f"memory budget {self.memory_budget_bytes!r}: must be a positive number of bytes")
         if self.time_budget_s is not None and self.time_budget_s <= 0:
             raise ConfigError(f"time budget {self.time_budget_s!r}: must be a positive number of seconds")
+        if self.storage is not None:
+            canonical_storage(self.storage)
 
     @property
     def backend_name(self) -> str:
@@ -80,7 +86,8 @@ class TuneSpec:
         """The run directory's settings (`run.json`): what a resumed sweep must match."""
         return RunSettings(self.workload, self.hardware, self.memory_budget_bytes or self.hardware.memory_bytes,
                            self.strategy, self.backend_name, self.seed, self.choices(),
-                           surface=None if self.surface is None else str(Path(self.surface).resolve()))
+                           surface=None if self.surface is None else str(Path(self.surface).resolve()),
+                           storage=None if self.storage is None else canonical_storage(self.storage))
 
     def budget(self) -> Budget:
         return Budget(self.trials, self.time_budget_s)
@@ -119,6 +126,7 @@ def tune(spec: TuneSpec, out: str | Path | None = None, *, resume: bool = False,
     run_dir = RunDir(out if out is not None else default_run_dir(spec.workload.model.name, spec.strategy))
     check_out(run_dir, resume)
     settings = spec.settings()
+    check_storage(settings.storage, run_dir.study_name(settings.storage), resume)
     objective = None if isinstance(spec.backend, str) else as_backend(spec.backend)
     if objective is not None and executor is not None:
         raise ConfigError("a backend object runs on this machine only: register a backend kind to run on Ray")

@@ -18,9 +18,11 @@ from autotune.pruning import (CAUSES, DEVICE_MEMORY, HOST_MEMORY, NVME_SPACE, Pr
                               host_need_bytes)
 from autotune.results import STATUSES, TrialResult
 from autotune.rundir import RunDir, RunSettings
+from autotune.study_storage import masked
 from autotune.units import format_size
 
 TOP = 10
+OPTUNA_STRATEGIES = ("optuna", "optuna-gp", "hybrid")  # the strategies that keep an Optuna study
 CLOSE_CALL = 0.13  # median throughput difference between two launches of one config here (ARCHITECTURE.md section 4)
 
 
@@ -128,13 +130,24 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
     else:
         verdict = no_fit_verdict(settings, results)
     report = run.path / "report.md"
-    run.write_text("report.md", markdown(results, settings, summary, best, verdict))
+    run.write_text("report.md", markdown(results, settings, summary, best, verdict, study=study_line(run, settings)))
     files.append(report)
     return Outputs(best, summary, tuple(files), verdict)
 
 
+def study_line(run: RunDir, settings: RunSettings) -> str | None:
+    """Where the Optuna study is and how its trial numbers map to this report's (strategies/optuna_search.py)."""
+    if settings.strategy not in OPTUNA_STRATEGIES:
+        return None
+    storage = masked(settings.storage) or f"sqlite:///{run.study_path.resolve()}"
+    return (f"- Optuna study: `{run.study_name(settings.storage)}` in `{storage}` (optuna-dashboard or the `optuna` "
+            "CLI read it). Optuna numbers its trials from 0 and also keeps proposals that never ran (invalid "
+            "combinations, repeats: PRUNED or FAIL); each trial's user attribute `report_trial` is its trial "
+            "number in this report and trials.jsonl, and its knobs' values are user attributes under their names")
+
+
 def markdown(results: Sequence[TrialResult], settings: RunSettings, summary: dict, best: TrialResult | None,
-             verdict: str) -> str:
+             verdict: str, study: str | None = None) -> str:
     w, budget = settings.workload, settings.memory_budget_bytes
     launched = [r for r in results if r.status != "pruned"]
     counts = ", ".join(f"{n} {s}" for s, n in summary["status_counts"].items() if n)
@@ -147,6 +160,7 @@ def markdown(results: Sequence[TrialResult], settings: RunSettings, summary: dic
         f"- Strategy: {settings.strategy}, backend: {settings.backend}, seed {settings.seed}",
         f"- Trials: {len(results)} recorded, {len(launched)} launched ({counts or 'none'}); "
         f"trial time {sum(r.wall_time_s for r in results) / 60:.1f} min",
+        *([study] if study else []),
         "",
         f"**{verdict[0].upper() + verdict[1:]}.**",
         "",
