@@ -42,6 +42,21 @@ def short(value: Any) -> str:
 
 # -- reading
 
+def is_file(path: str | Path) -> bool:
+    """Path.is_file that answers False, never raises, for any name (too long, a NUL, unreadable parents)."""
+    try:
+        return os.path.isfile(path)
+    except (OSError, ValueError):
+        return False
+
+
+def exists(path: str | Path) -> bool:
+    try:
+        return os.path.lexists(path)
+    except (OSError, ValueError):
+        return False
+
+
 def read_bytes(path: str | Path, what: str = "a file") -> bytes:
     """The file's bytes; ConfigError naming the file if it is missing, not a regular file or unreadable."""
     path = Path(path)

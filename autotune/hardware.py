@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.config import PRECISIONS, ConfigError
-from autotune.files import load_yaml, short
+from autotune.files import is_file, load_yaml, short
 from autotune.units import parse_size
 
 GB = 10**9
@@ -196,7 +196,7 @@ def load_hardware(name_or_path: str) -> Hardware:
     if name_or_path in PROFILES:
         return PROFILES[name_or_path]
     path = Path(name_or_path)
-    if path.suffix not in (".yaml", ".yml") or not path.is_file():
+    if path.suffix not in (".yaml", ".yml") or not is_file(path):
         raise ConfigError(
             f"unknown hardware {name_or_path!r}: allowed {sorted(PROFILES)} or a YAML file of profile keys")
     data = load_yaml(path, "a hardware profile (YAML keys of autotune.hardware.Hardware)")

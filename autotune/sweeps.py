@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.config import ConfigError
-from autotune.files import load_yaml, read_bytes, short, write_atomic
+from autotune.files import exists, is_file, load_yaml, read_bytes, short, write_atomic
 from autotune.argtypes import duration, positive_int, seed, size
 from autotune.backends.factory import backend_kind
 from autotune.backends.replay import replay_settings
@@ -80,7 +80,7 @@ class SweepFile:
 
 def load_sweep(path: str | Path) -> SweepFile:
     path = Path(path)
-    if not path.is_file():
+    if not is_file(path):
         raise ConfigError(f"sweep file {str(path)!r}: no such file")
     data = load_yaml(path, f"a sweep file (YAML with {', '.join(TOP_KEYS)})")
     if not isinstance(data, dict):
@@ -184,13 +184,16 @@ def _model_workload(model: Any, global_batch: int | None, gpus: int, where: str,
     if isinstance(model, str):
         local = base / model if base is not None and model not in PRESETS else None
         try:
-            return make_workload(str(local) if local is not None and local.exists() else model, global_batch, gpus)
+            return make_workload(str(local) if local is not None and exists(local) else model, global_batch, gpus)
         except UnknownModel:
             raise ConfigError(f"{where}.model: {short(model)}: {ALLOWED_MODELS}") from None
         except ConfigError as err:
             raise ConfigError(f"{where}.model: {err}") from None
     if isinstance(model, dict):
         shape = {"name": "custom", **model}
+        unknown = [key for key in shape if key not in SHAPE_KEYS and key != "name"]
+        if unknown:
+            raise ConfigError(f"{where}.model: unknown key {short(unknown[0])}: allowed keys {', '.join(SHAPE_KEYS)}")
         try:
             return Workload(ModelShape(**shape), global_batch or 32 * gpus, gpus)
         except TypeError as err:
@@ -211,7 +214,7 @@ def _path_or_name(value: Any, base: Path) -> str:
     """A preset name as is; a relative file path relative to the sweep file's folder."""
     text = str(value)
     candidate = base / text
-    return str(candidate) if ("/" in text or text.endswith((".yaml", ".yml", ".jsonl"))) and candidate.exists() else text
+    return str(candidate) if ("/" in text or text.endswith((".yaml", ".yml", ".jsonl"))) and exists(candidate) else text
 
 
 # -- running a sweep

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from autotune.config import ConfigError
@@ -44,17 +44,20 @@ class Workload:
     def from_dict(cls, data: Any) -> "Workload":
         """The workload `to_dict` wrote; ConfigError naming what is not (this reads run.json and surfaces)."""
         if not isinstance(data, dict) or "model" not in data or "global_batch" not in data:
-            raise ConfigError(f"{str(data)[:80]}: expected an object with model, global_batch and gpus")
+            raise ConfigError(f"{repr(data)[:80]}: expected an object with model, global_batch and gpus")
         model = data["model"]
         if isinstance(model, str):
             shape = preset(model)
         elif isinstance(model, dict):
-            try:
-                shape = ModelShape(**model)
-            except TypeError as err:  # a key ModelShape has not, or one it needs missing
-                raise ConfigError(f"model {str(model)[:80]}: {err}") from None
+            names = [f.name for f in fields(ModelShape)]
+            unknown = [key for key in model if key not in names]
+            missing = [key for key in names[:6] if key not in model]  # name, layers, hidden, heads, vocab, seq_len
+            if unknown or missing:
+                raise ConfigError(f"model: {'unknown key ' + repr(unknown[0])[:40] if unknown else 'missing ' + missing[0]}:"
+                                  f" allowed keys {', '.join(names)}")
+            shape = ModelShape(**model)
         else:
-            raise ConfigError(f"model {str(model)[:80]}: expected a preset name or a shape object")
+            raise ConfigError(f"model {repr(model)[:80]}: expected a preset name or a shape object")
         return cls(shape, data["global_batch"], data.get("gpus", 1))
 
 

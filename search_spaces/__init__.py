@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.config import KNOBS, OFFLOADS, PRECISIONS, ZERO_STAGES, ConfigError
-from autotune.files import load_yaml, short
+from autotune.files import is_file, load_yaml, short
 from autotune.hardware import Hardware
 from autotune.space import Choices, Space
 from autotune.workload import Workload
@@ -37,7 +37,7 @@ def load_choices(name_or_path: str | Path) -> Choices:
     """Choices from a preset name (`default`, `cpu`) or a YAML file path."""
     text = str(name_or_path)
     path = preset_path(text) if text in PRESETS else Path(text)
-    if not path.is_file():
+    if not is_file(path):
         raise ConfigError(f"search space {text!r}: no such file; presets are {list(PRESETS)}")
     data = load_yaml(path, "a search space (YAML: knob -> list of values)")
     return parse_choices(data, str(path))

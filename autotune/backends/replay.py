@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from autotune.config import KNOBS, OFFLOADS, PRECISIONS, Config, ConfigError
+from autotune.files import is_file
 from autotune.hardware import Hardware, load_hardware
 from autotune.results import TrialResult, read_results
 from autotune.space import Choices, Space
@@ -50,7 +51,7 @@ class Surface:
 
 def load_surface(path: str | Path) -> Surface:
     path = Path(path)
-    if not path.is_file():
+    if not is_file(path):
         raise ConfigError(f"surface {str(path)!r}: no such file (record one with `autotune surface record`)")
     try:
         lines = read_results(path)
