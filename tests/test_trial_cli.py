@@ -24,8 +24,8 @@ BASE = ["trial", "--model", "tiny", "--zero-stage", "2", "--micro-batch", "4", "
     (["--offload-param", "cpu"], "offload_param needs zero_stage 3"),
     (["--zero-stage", "0", "--offload-optimizer", "cpu"], "offload_optimizer needs zero_stage >= 1"),
     (["--zero-stage", "3", "--offload-param", "nvme"], "NVMe offload needs an nvme_path"),
-    (["--timeout", "0"], "--timeout 0"),
-    (["--warmup-steps", "-1"], "--warmup-steps -1"),
+    (["--timeout", "0"], "--timeout: duration '0' must be positive"),
+    (["--warmup-steps", "-1"], "--warmup-steps: '-1' must be 0 or a positive integer"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, named, capsys, tmp_path):
     argv = BASE + ["--run-dir", str(tmp_path / "run")] + args
