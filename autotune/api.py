@@ -23,6 +23,7 @@ from autotune.backends import Backend
 from autotune.backends.factory import TrialOptions, as_backend, make_backend, simulated_sleep_s
 from autotune.calibrate import quality, save_calibration
 from autotune.config import ConfigError
+from autotune.confirm import prior_sigma
 from autotune.drivers.local import run_local
 from autotune.drivers.progress import Progress, QuietProgress
 from autotune.drivers.stop import StopReason
@@ -60,6 +61,11 @@ class TuneSpec:
     # Where the Optuna study lives (autotune.study_storage): an Optuna RDB URL (sqlite:///..., postgresql://...)
     # or a journal file's path; None: study.db in the run directory, which holds everything else either way.
     storage: str | None = None
+    # Confirmation of close calls (autotune/confirm.py): after the search, the best config and those within
+    # the launch spread of it run up to this many more times in fresh processes, and the recommendation is
+    # the best median. The repeats count in `trials` (at most a quarter of them while the search could still
+    # use them). None: 2 for backends whose trials run on devices (deepspeed, script), 0 otherwise.
+    confirm: int | None = None
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -72,6 +78,10 @@ class TuneSpec:
             raise ConfigError(f"time budget {self.time_budget_s!r}: must be a positive number of seconds")
         if self.storage is not None:
             canonical_storage(self.storage)
+        if self.confirm is not None and (isinstance(self.confirm, bool) or not isinstance(self.confirm, int)
+                                         or self.confirm < 0):
+            raise ConfigError(f"confirm {self.confirm!r}: must be a whole number of repeats >= 0 (0: no "
+                              "confirmation; None: the backend's default)")
 
     @property
     def backend_name(self) -> str:
@@ -90,7 +100,7 @@ class TuneSpec:
                            storage=None if self.storage is None else canonical_storage(self.storage))
 
     def budget(self) -> Budget:
-        return Budget(self.trials, self.time_budget_s)
+        return Budget(self.trials, self.time_budget_s, self.confirm)
 
 
 @dataclass(frozen=True)
@@ -173,6 +183,7 @@ def run_sweep(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budg
         reason = run_one(sweep, settings, run_dir, budget, executor, progress)
     else:
         backend = backend or make_backend(settings, run_dir, TrialOptions(sleep_s=simulated_sleep_s(settings.backend)))
+        sweep.launch_sigma = prior_sigma(settings.backend, backend)  # a simulation's own noise, if it says
         reason = run_local(sweep, backend, budget, progress)
     outputs = close_sweep(run_dir, settings, sweep)
     return TuneResult(outputs.best, tuple(sweep.results), reason, run_dir.path, outputs.summary, outputs.verdict)

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from autotune.config import Config
 from autotune.dsconfig import DsOptions, ds_config, hf_ds_config, validate
-from autotune.drivers.sweep import best_of
+from autotune.confirm import DEFAULT_REPEATS, Confirmation, confidence_words, confirmation, is_repeat, prior_sigma, recommend
 from autotune.estimate import estimate
 from autotune.pruning import (CAUSES, DEVICE_MEMORY, HOST_MEMORY, NVME_SPACE, Pruner, cause_counts, cause_of,
-                              host_need_bytes)
+                              describe_causes, host_need_bytes)
 from autotune.results import STATUSES, TrialResult
 from autotune.rundir import RunDir, RunSettings
 from autotune.study_storage import masked
@@ -23,7 +23,6 @@ from autotune.units import format_size
 
 TOP = 10
 OPTUNA_STRATEGIES = ("optuna", "optuna-gp", "hybrid")  # the strategies that keep an Optuna study
-CLOSE_CALL = 0.13  # median throughput difference between two launches of one config here (ARCHITECTURE.md section 4)
 
 
 @dataclass(frozen=True)
@@ -36,13 +35,12 @@ class Outputs:
 
 def summarize(results: Sequence[TrialResult], settings: RunSettings) -> dict:
     budget = settings.memory_budget_bytes
-    best = best_of(results, budget)
+    best = recommend(results, budget)  # the best median where close calls were confirmed
     index = None
-    if best is not None:
-        index = next(i for i, r in enumerate(results, 1)
-                     if r.fits(budget) and r.throughput >= best.throughput)
+    if best is not None:  # the pick's first run
+        index = next(i for i, r in enumerate(results, 1) if r.config == best.config and r.status != "pruned")
     counts = Counter(r.status for r in results)
-    return {
+    summary: dict[str, Any] = {
         "best": None if best is None else {"config": best.config.to_dict(),
                                            "throughput_samples_per_s": best.throughput_samples_per_s,
                                            "peak_memory_bytes": best.peak_memory_bytes},
@@ -52,52 +50,64 @@ def summarize(results: Sequence[TrialResult], settings: RunSettings) -> dict:
         "memory_budget_bytes": budget,
         "status_counts": {status: counts.get(status, 0) for status in STATUSES},
     }
+    if best is not None and "runs" in best.extra:
+        summary["best"].update(runs=best.extra["runs"], throughput_runs=best.extra["throughput_runs"])
+    confirmed = confirmation(results, budget, prior_sigma(settings.backend))
+    if confirmed is not None and confirmed.repeats:
+        summary["confirmation"] = confirmed.to_dict()
+    return summary
 
 
 def no_fit_verdict(settings: RunSettings, results: Sequence[TrialResult] = ()) -> str:
-    """Why there is no recommendation, naming the resource that ran out: nothing in the space is predicted
-    to fit (device memory, host memory for offloaded state, NVMe space), or no trial found one."""
+    """Why there is no recommendation, naming the resource that ran out (device memory, host memory for
+    offloaded state, NVMe space): configs predicted to fit are still untried, or none is left. The budget is
+    named as the fix only where raising it would let some config run."""
     space = settings.space()
     pruner = Pruner.for_settings(settings)
-    checks = {c: pruner.check(c, settings.backend) for c in space}
     budget = format_size(settings.memory_budget_bytes)
-    if not checks:
+    recorded = {r.config: r for r in results}
+    # Each config's fate: its recorded result, else the pruner's verdict (None: predicted to fit, untried).
+    fate = {c: recorded.get(c) or pruner.check(c, settings.backend) for c in space}
+    if not fate:
         return f"no config fits: the space has no valid config for this workload (budget {budget})"
-    predicted = sum(r is None for r in checks.values())
-    if predicted:
-        ran = cause_counts(r for r in results if r.status != "pruned")
+    untried = sum(r is None for r in fate.values())
+    ran = cause_counts(r for r in results if r.status != "pruned")
+    if untried:
         hit = f"; the trials ran out of {_cause_list(ran)}" if ran else ""
         advice = "run more trials" + (" or raise the budget" if ran and ran.most_common(1)[0][0] == DEVICE_MEMORY
                                       else "")
-        return (f"no trial ran within the budget of {budget}, though {predicted} configs are predicted to fit"
-                f"{hit}: {advice}")
-    counts = cause_counts(r for r in checks.values() if r is not None)
-    main = counts.most_common(1)[0][0]
-    if main == DEVICE_MEMORY and len(counts) == 1:
-        estimates = [pruner.predict(c) for c in checks]
-        smallest = min(estimates, key=lambda e: e.peak_bytes)
+        return (f"no trial ran within the budget of {budget}, though {untried} untried configs are predicted to "
+                f"fit{hit}: {advice}")
+    counts = cause_counts(r for r in fate.values() if r is not None)
+    if not counts:
+        return f"no config ran within the budget of {budget}, for reasons other than memory (see the failures)"
+    if set(counts) == {DEVICE_MEMORY}:
+        smallest = min((pruner.predict(c) for c in fate), key=lambda e: e.peak_bytes)
         term = smallest.memory.dominant
         return (f"no config fits the budget of {budget}: the smallest predicted peak is "
                 f"{format_size(smallest.peak_bytes)} ({smallest.config.label()}), dominated by {term} "
                 f"({format_size(getattr(smallest.memory, term))}): raise the budget or use more devices")
-    # Some configs fit the device but not the host (or the NVMe path): that, not the budget, is the limit.
-    limits, fixes = [], []
+    hw = settings.hardware
+    details, fixes = [], []
+    if counts[DEVICE_MEMORY]:
+        unlimited = replace(pruner, budget_bytes=2**62)  # which configs only the device budget keeps out
+        helped = sum(unlimited.check(c, settings.backend) is None for c, r in fate.items()
+                     if r is not None and cause_of(r) == DEVICE_MEMORY)
+        details.append(f"device budget {budget}")
+        fixes.append(f"raise the budget ({helped} of the configs over it would then fit)" if helped
+                     else "raising the budget alone would not help")
     if counts[HOST_MEMORY]:
-        host = [c for c, r in checks.items() if r is not None and cause_of(r) == HOST_MEMORY]
-        need = {c: host_need_bytes(pruner.predict(c), settings.workload, settings.hardware) for c in host}
+        host = [c for c, r in fate.items() if r is not None and cause_of(r) == HOST_MEMORY]
+        need = {c: host_need_bytes(pruner.predict(c), settings.workload, hw) for c in host}
         least = min(host, key=need.__getitem__)
-        limits.append(f"{counts[HOST_MEMORY]} need more host memory for offloaded state than the "
-                      f"{format_size(settings.hardware.host_memory_bytes)} of one {settings.hardware.name} node "
-                      f"(the least, {least.label()}, needs {format_size(need[least])})")
-        fixes.append("a node with more host memory, more GPUs to shard the state over, or NVMe offload "
+        details.append(f"host memory {format_size(hw.host_memory_bytes)} per {hw.name} node; the least offloaded "
+                       f"state, {least.label()}, needs {format_size(need[least])}")
+        fixes.append("a node with more host memory, more GPUs to shard the offloaded state over, or NVMe offload "
                      "(a space with an nvme_path)")
     if counts[NVME_SPACE]:
-        limits.append(f"{counts[NVME_SPACE]} need more NVMe space than is free at {settings.choices.nvme_path}")
+        details.append(f"{format_size(pruner.nvme_free_bytes)} free at {settings.choices.nvme_path}")
         fixes.append("more free space at the NVMe path")
-    device = f"{counts[DEVICE_MEMORY]} configs are predicted over the {budget} device budget and the other " \
-        if counts[DEVICE_MEMORY] else ""
-    return (f"no config fits: {device}{' and '.join(limits)}; raising the budget would not help, "
-            f"{' or '.join(fixes)} would")
+    return f"no config fits: {describe_causes(counts)} ({'; '.join(details)}): {'; '.join(fixes)}"
 
 
 def _cause_list(counts: Counter[str]) -> str:
@@ -109,7 +119,7 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
 
     results = run.results() if results is None else list(results)
     summary = summarize(results, settings)
-    best = best_of(results, settings.memory_budget_bytes)
+    best = recommend(results, settings.memory_budget_bytes)
     files = [run.write_json("summary.json", summary)]
     run.plots_dir.mkdir(parents=True, exist_ok=True)
     files.append(plots.throughput_vs_memory(results, settings.memory_budget_bytes, best,
@@ -124,7 +134,9 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
         est = estimate(best.config, settings.workload, settings.hardware)
         files.append(plots.memory_breakdown(est, settings.memory_budget_bytes, best.peak_memory_bytes,
                                             run.plots_dir / "memory_breakdown.png"))
-        verdict = (f"recommended {best.config.label()}: {best.throughput_samples_per_s:.3g} samples/s, "
+        runs = best.extra.get("runs")
+        verdict = (f"recommended {best.config.label()}: {best.throughput_samples_per_s:.3g} samples/s"
+                   + (f" (median of {runs} runs)" if runs else "") + ", "
                    f"peak {format_size(best.peak_memory_bytes)} of {format_size(settings.memory_budget_bytes)} "
                    f"(trial {summary['best_trial_index']})")
     else:
@@ -161,6 +173,7 @@ def markdown(results: Sequence[TrialResult], settings: RunSettings, summary: dic
         f"- Trials: {len(results)} recorded, {len(launched)} launched ({counts or 'none'}); "
         f"trial time {sum(r.wall_time_s for r in results) / 60:.1f} min",
         *([study] if study else []),
+        *_limits(results),
         "",
         f"**{verdict[0].upper() + verdict[1:]}.**",
         "",
@@ -170,7 +183,7 @@ def markdown(results: Sequence[TrialResult], settings: RunSettings, summary: dic
                   "with the Hugging Face Trainer / Accelerate (pass the same micro-batch, accumulation and "
                   "precision in the training arguments).", ""]
     lines += _top_table(results, budget)
-    lines += _close_call(results, budget, settings.backend)
+    lines += _confirmation(results, budget, settings.backend)
     lines += _failures(results)
     lines += ["## Plots", "", "![throughput against peak memory](plots/throughput_vs_memory.png)", "",
               "![best so far](plots/best_so_far.png)", ""]
@@ -180,7 +193,8 @@ def markdown(results: Sequence[TrialResult], settings: RunSettings, summary: dic
 
 
 def _top_table(results: Sequence[TrialResult], budget: int) -> list[str]:
-    fitting = sorted((r for r in results if r.fits(budget)), key=lambda r: -r.throughput)
+    # One row per config, its search run: the confirmation section has the repeats.
+    fitting = sorted((r for r in results if r.fits(budget) and not is_repeat(r)), key=lambda r: -r.throughput)
     if not fitting:
         return ["## Top configs", "", "No trial ran within the budget.", ""]
     lines = [f"## Top {min(TOP, len(fitting))} configs within budget", "",
@@ -198,31 +212,86 @@ def _top_table(results: Sequence[TrialResult], budget: int) -> list[str]:
     return lines + [""]
 
 
-def _close_call(results: Sequence[TrialResult], budget: int, backend: str) -> list[str]:
-    fitting = sorted((r for r in results if r.fits(budget)), key=lambda r: -r.throughput)
-    if backend != "deepspeed" or len(fitting) < 2:
+def _confirmation(results: Sequence[TrialResult], budget: int, backend: str) -> list[str]:
+    """Each finalist's runs and how sure the pick is (autotune/confirm.py); with no repeats, whether the
+    runner-up is within the launch spread, and how to settle it."""
+    confirmed = confirmation(results, budget, prior_sigma(backend))
+    if confirmed is None or len(confirmed.finalists) + confirmed.repeats < 2:
         return []
-    first, second = fitting[0], fitting[1]
-    gap = first.throughput / second.throughput - 1
-    if gap >= CLOSE_CALL:
-        return []
-    return [f"Close call: the runner-up ({second.config.label()}) is {gap:.0%} slower, less than the "
-            f"{CLOSE_CALL:.0%} median difference between two launches of one config on a CPU box; "
-            "re-measure both in fresh processes before relying on the order.", ""]
+    spread = confirmed.spread
+    if not confirmed.repeats:
+        if spread.sigma <= 0:
+            return []
+        fitting = sorted((r for r in results if r.fits(budget)), key=lambda r: -r.throughput)
+        first, second = fitting[0], fitting[1]
+        gap = first.throughput / second.throughput - 1
+        launched = sum(r.status != "pruned" for r in results)
+        if gap >= spread.typical:
+            return []
+        return [f"Close call: the runner-up ({second.config.label()}) is {gap:.0%} slower, less than the "
+                f"{spread.typical:.0%} median difference between two launches of one config ({spread.source}); "
+                "nothing was re-measured (confirmation off, or no trials left for it): `autotune tune ... --resume "
+                f"--confirm {DEFAULT_REPEATS} --trials {launched + 2 * DEFAULT_REPEATS}` runs both again in fresh "
+                "processes and recommends the better median.", ""]
+    return _confirmation_table(confirmed)
+
+
+def _confirmation_table(confirmed: Confirmation) -> list[str]:
+    spread = confirmed.spread
+    lines = ["## Confirmation of close calls", "",
+             f"{confirmed.repeats} repeat trials re-ran the best config and those within the launch spread of it "
+             f"in fresh processes; the recommendation is the best median. Launch spread: two launches of one config "
+             f"differ by {spread.typical:.0%} typically (from {spread.source}).", "",
+             "| config | trials | runs | median samples/s | min - max | pick faster in |",
+             "| --- | --- | ---: | ---: | --- | --- |"]
+    wins = {c.other.config: c for c in confirmed.comparisons}
+    for c in confirmed.finalists:
+        versus = wins.get(c.config)
+        faster = "(the pick)" if versus is None else f"{versus.wins} of {versus.pairs} pairs of runs"
+        failed = f", {c.failed} failed" if c.failed else ""
+        lines.append(f"| {c.config.label()} | {', '.join(f'#{t}' for t in c.trials)} | {c.runs}{failed} | "
+                     f"{c.median:.3g} | {min(c.throughputs):.3g} - {max(c.throughputs):.3g} | {faster} |")
+    lines.append("")
+    pick = confirmed.pick
+    if not confirmed.comparisons:
+        lines += [f"How sure: {pick.config.label()} was the only config within the spread of the best after its "
+                  f"{pick.runs} runs: no close call.", ""]
+        return lines
+    runner = min(confirmed.comparisons, key=lambda c: c.gap)
+    p = confirmed.probability
+    chance = "" if p is None else f" (a {p:.0%} chance that it is faster than every other config listed, given that spread)"
+    lines += [f"How sure: {confidence_words(p)}{chance}. Its median is {runner.gap:.0%} above the runner-up "
+              f"{runner.other.config.label()}'s, whose runs it beat in {runner.wins} of {runner.pairs} pairs."
+              + (" Either is a fine choice: the difference is within what one launch to the next varies."
+                 if p is not None and p < 0.6 else ""), ""]
+    return lines
+
+
+def _limits(results: Sequence[TrialResult]) -> list[str]:
+    """The status summary's lines on what ran out: configs pruned and trials that failed, by resource."""
+    pruned = cause_counts(r for r in results if r.status == "pruned")
+    failed = cause_counts(r for r in results if r.status in ("oom", "crash"))
+    lines = []
+    if pruned:
+        lines.append(f"- Pruned (not run): {describe_causes(pruned, 'predicted over')}")
+    if failed:
+        lines.append(f"- Out of memory or space: {describe_causes(failed, 'trials ran out of', 'of')}")
+    return lines
 
 
 def _failures(results: Sequence[TrialResult]) -> list[str]:
-    groups: dict[tuple[str, str], list[TrialResult]] = defaultdict(list)
+    groups: dict[tuple[str, str, str], list[TrialResult]] = defaultdict(list)
     for r in results:
         if not r.ok:
-            groups[(r.status, _cause(r.error))].append(r)
+            limit = cause_of(r)
+            groups[(r.status, CAUSES[limit] if limit else "-", _cause(r.error))].append(r)
     if not groups:
         return ["## Failures and pruned configs", "", "None: every trial ran within the budget.", ""]
-    lines = ["## Failures and pruned configs, by cause", "", "| status | cause | count | configs (first 3) |",
-             "| --- | --- | ---: | --- |"]
-    for (status, cause), group in sorted(groups.items(), key=lambda item: (item[0][0], -len(item[1]))):
+    lines = ["## Failures and pruned configs, by cause", "",
+             "| status | ran out of | cause | count | configs (first 3) |", "| --- | --- | --- | ---: | --- |"]
+    for (status, limit, cause), group in sorted(groups.items(), key=lambda item: (item[0][0], -len(item[1]))):
         configs = "; ".join(f"#{r.extra.get('trial', '')} {r.config.label()}" for r in group[:3])
-        lines.append(f"| {status} | {cause.replace('|', '/')} | {len(group)} | {configs} |")
+        lines.append(f"| {status} | {limit} | {cause.replace('|', '/')} | {len(group)} | {configs} |")
     return lines + [""]
 
 

@@ -84,6 +84,7 @@ class Job:
         self.reason: StopReason | None = None  # why it stopped, once it has
         self.fatal: str | None = None  # the backend said no config can succeed: propose nothing more
         sweep.on_pruned = progress.pruned
+        sweep.on_message = progress.message
 
     @property
     def devices_in_use(self) -> float:
@@ -102,7 +103,7 @@ class Job:
         flying = {f.config for f in self.in_flight}
         for _ in range(ASKS_PER_SLOT):
             sweep.stalled = False
-            config = sweep.next_config()
+            config = sweep.next_config(budget, flying)
             if config is None:
                 self._stop(StopReason.STALLED if sweep.stalled else StopReason.DONE)
                 return None

@@ -1,12 +1,18 @@
 """The state of one sweep, shared by every driver: the strategy, the estimator's pruning, the recorded
 history and the best result so far. A driver asks `next_config()` for work and hands each result to
 `finish()`; both record to the run's append-only trial log in order, so the log always holds every
-decision made so far and nothing else."""
+decision made so far and nothing else.
+
+Confirmation of close calls (autotune/confirm.py): with `Budget.confirm` repeats per finalist, the search
+stops early enough to leave the repeats room, then the finalists run again; a repeat is recorded like any
+trial (marked `"phase": "confirm"`) but not told to the strategy, and `best` is the best median."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Collection, Sequence
+
+from autotune import confirm
 
 from autotune.calibrate import calibrator
 from autotune.config import Config
@@ -27,6 +33,9 @@ class Budget:
     # No trial starts once the recorded trials' wall time (as their backend reports it) reaches this;
     # counted over every session of a resumed sweep.
     time_s: float | None = None
+    # Repeats per finalist of the confirmation of close calls (autotune/confirm.py), counted in `trials`;
+    # None: the backend's default (confirm.default_repeats: on for real trials, off for simulated and replay).
+    confirm: int | None = None
 
 
 def best_of(results: Sequence[TrialResult], budget_bytes: int) -> TrialResult | None:
@@ -53,14 +62,25 @@ class Sweep:
         self.backend_name = backend_name
         self.calibrate = calibrate
         self.results: list[TrialResult] = list(history)
-        self.known: dict[Config, TrialResult] = {r.config: r for r in history}
-        self.best = best_of(self.results, pruner.budget_bytes)
+        # The search's own result per config (a repeat of confirmation never replaces it).
+        self.known: dict[Config, TrialResult] = {}
+        for r in history:
+            self.known.setdefault(r.config, r)
+        self.best = confirm.recommend(self.results, pruner.budget_bytes)
+        self.repeats_run = sum(confirm.is_repeat(r) for r in history)
+        # The launch spread assumed until this run's repeats measure it (the caller may know its backend's).
+        self.launch_sigma: float | None = confirm.prior_sigma(backend_name)
+        self.search_ended: StopReason | None = None  # the strategy had nothing left (this session)
+        self._announced: tuple[Config, ...] = ()
+        self.on_message: Callable[[str], None] = lambda text: None
         self.spent_s = sum(r.wall_time_s for r in history)
         # A strategy that only proposes known or pruned configs is stopped after this many in a row.
         self.max_idle = 2 * space_size + 10
         self.stalled = False
         self.on_pruned: Callable[[TrialResult], None] = lambda result: None
         for result in history:
+            if confirm.is_repeat(result):
+                continue
             strategy.observe(result.config, result)
             if result.status == "oom":
                 self.pruner = self.pruner.with_out_of_memory(result.config, cause_of(result))
@@ -115,9 +135,60 @@ class Sweep:
         surface is real measurements; a simulated machine is the machine of that simulation)."""
         return [r for r in self.results if measurable(r)]
 
-    def next_config(self) -> Config | None:
-        """The next config to launch, or None when the strategy is done (or stalled). Configs predicted
-        not to fit are recorded as pruned here; configs already known are answered from the record."""
+    def repeats(self, budget: Budget | None) -> int:
+        """Repeats per finalist the confirmation runs under `budget`."""
+        if budget is None:
+            return 0
+        return confirm.default_repeats(self.backend_name) if budget.confirm is None else budget.confirm
+
+    def next_config(self, budget: Budget | None = None, in_flight: Collection[Config] = ()) -> Config | None:
+        """The next config to launch, or None when the strategy is done (or stalled) and nothing needs
+        confirming, or when confirmation waits for the search's trials in flight. Configs predicted not
+        to fit are recorded as pruned here; configs already known are answered from the record. With a
+        budget that confirms, the search stops once the trials left are the confirmation's reserve."""
+        repeats = self.repeats(budget)
+        if not repeats:
+            return self._search()
+        assert budget is not None
+        if self.search_ended is None and not self._search_over(budget, repeats, in_flight):
+            config = self._search()
+            if config is not None:
+                return config
+            self.search_ended = StopReason.STALLED if self.stalled else StopReason.DONE
+        self.stalled = self.search_ended == StopReason.STALLED  # the loop's stop reason, once nothing is left
+        if any(c not in self.known for c in in_flight):
+            return None  # the finalists depend on the search's trials still running
+        plan = confirm.plan(self.results, self.pruner.budget_bytes, repeats, self.launch_sigma, in_flight)
+        if plan.next is not None:
+            self._announce(plan, repeats)
+        return plan.next
+
+    def _search_over(self, budget: Budget, repeats: int, in_flight: Collection[Config]) -> bool:
+        """The trials (or time) left are what confirmation needs."""
+        reserve = confirm.reserve(self.results, self.pruner.budget_bytes, repeats, self.launch_sigma,
+                                  budget.trials, in_flight)
+        if not reserve:
+            return False
+        if self.launched + len(in_flight) + reserve >= budget.trials:
+            return True
+        if budget.time_s is None:
+            return False
+        walls = [r.wall_time_s for r in self.results if r.status != "pruned"]
+        typical = sorted(walls)[len(walls) // 2] if walls else 0.0
+        return self.spent_s + reserve * typical >= budget.time_s
+
+    def _announce(self, plan: confirm.Plan, repeats: int) -> None:
+        configs = tuple(c.config for c in plan.finalists)
+        if configs == self._announced:
+            return
+        self._announced = configs
+        names = ", ".join(f"{c.config.label()} ({c.median:.3g} samples/s, {c.runs} run{'s' * (c.runs > 1)})"
+                          for c in plan.finalists)
+        self.on_message(f"confirming the close calls in fresh processes, up to {1 + repeats} runs each: {names} "
+                        f"(within {plan.spread.typical:.0%} of the best, the launch spread from "
+                        f"{plan.spread.source})")
+
+    def _search(self) -> Config | None:
         idle = 0
         while idle < self.max_idle:
             config = self.strategy.propose()
@@ -136,18 +207,25 @@ class Sweep:
         return None
 
     def finish(self, config: Config, result: TrialResult) -> TrialResult:
-        """Record a launched trial's result (a peak over budget becomes `oom`) and tell the strategy."""
+        """Record a launched trial's result (a peak over budget becomes `oom`) and tell the strategy; a
+        repeat of a known config (confirmation) is recorded as one and told to no strategy."""
         est = self.pruner.predict(config)
         # The prediction the tuner launched on (calibrated as of now) replaces any the backend made.
         extra = {**result.extra, "predicted_peak_bytes": est.peak_bytes,
                  "predicted_throughput_samples_per_s": est.throughput_samples_per_s}
+        first = self.known.get(config)
+        if first is not None:
+            extra.update(phase=confirm.PHASE, repeat_of=first.extra.get("trial"))
         result = replace(result, config=config, extra=extra).under_budget(self.pruner.budget_bytes)
         result = self._add(result)
         self.spent_s += result.wall_time_s
-        if result.fits(self.pruner.budget_bytes) and (
+        if first is not None or self.repeats_run:
+            self.repeats_run += first is not None
+            self.best = confirm.recommend(self.results, self.pruner.budget_bytes)
+        elif result.fits(self.pruner.budget_bytes) and (
                 self.best is None or result.throughput > self.best.throughput):
             self.best = result
-        if result.status == "oom":
+        if first is None and result.status == "oom":
             self.pruner = self.pruner.with_out_of_memory(config, cause_of(result))
         if self.calibrate is not None and measurable(result):
             self.pruner = self.pruner.recalibrated(self.calibrate(self.measured()), self.measured())
@@ -157,6 +235,7 @@ class Sweep:
         result = replace(result, extra={**result.extra, "trial": self.next_number})
         self._record(result)  # durable before the strategy hears of it: a crash in between is replayed
         self.results.append(result)
-        self.known[result.config] = result
-        self.strategy.observe(result.config, result)
+        if not confirm.is_repeat(result):
+            self.known[result.config] = result
+            self.strategy.observe(result.config, result)
         return result
