@@ -144,6 +144,16 @@ def test_a_flag_refused_by_the_command_writes_nothing(workdir, capsys):
     assert not (workdir / "run").exists()
 
 
+@pytest.mark.parametrize("value", ["abc", "-1", "nan", NINES])
+def test_a_bad_environment_variable_is_one_line_naming_it(value, workdir, capsys, monkeypatch):
+    from autotune.backends.factory import SLEEP_ENV
+
+    monkeypatch.setenv(SLEEP_ENV, value)
+    code, _, err = cli(FAST_TUNE + ["--strategy", "random", "--out", "run"], capsys)
+    one_line_error(code, err, "autotune tune", f"environment variable {SLEEP_ENV}=")
+    assert not (workdir / "run" / "run.json").exists()
+
+
 # -- output paths ------------------------------------------------------------------------------------------------
 
 @pytest.fixture

@@ -49,7 +49,19 @@ SLEEP_ENV = "AUTOTUNE_SIMULATED_TRIAL_SLEEP_S"
 
 
 def simulated_sleep_s(backend: str) -> float:
-    return float(os.environ.get(SLEEP_ENV) or 0) if backend == "simulated" else 0.0
+    """Seconds each simulated trial sleeps (a test hook); a value that is not a finite number >= 0 is a
+    ConfigError naming the variable, not a ValueError traceback."""
+    from argparse import ArgumentTypeError
+
+    from autotune.argtypes import non_negative_float
+
+    if backend != "simulated":
+        return 0.0
+    text = os.environ.get(SLEEP_ENV) or "0"
+    try:
+        return non_negative_float(text)
+    except ArgumentTypeError as err:
+        raise ConfigError(f"environment variable {SLEEP_ENV}={text[:40]!r}: {err}") from None
 
 
 def register_backend(kind: BackendKind) -> None:
