@@ -62,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)  # argparse's own errors: one line, SystemExit(2)
         return int(args._run(args) or 0)
     except ConfigError as err:
-        print(f"{args._prog}: error: {err}", file=sys.stderr)
+        print(f"{args._prog}: error: {one_line(str(err))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"{args._prog}: interrupted", file=sys.stderr)
@@ -80,7 +80,7 @@ def internal_error(args: argparse.Namespace, err: Exception) -> int:
     text = "".join(traceback.format_exception(err))
     log = write_error_log(text, getattr(args, "_run_dir", None))
     where = f"traceback in {log}" if isinstance(log, Path) else f"traceback not saved: {log}"
-    message = " ".join(f"{type(err).__name__}: {err}".split())  # one line, whatever the exception holds
+    message = one_line(f"{type(err).__name__}: {err}")
     if getattr(args, "debug", False):
         print(text, end="", file=sys.stderr)
     print(f"{args._prog}: internal error: {message} ({where})", file=sys.stderr)
@@ -116,6 +116,11 @@ def write_error_log(text: str, run_dir: str | Path | None) -> Path | str:
             if temp is not None and name is not None:
                 Path(temp).unlink(missing_ok=True)
     return reason
+
+
+def one_line(text: str) -> str:
+    """The message on one line, whatever it holds (a parser's message may quote several lines of a file)."""
+    return " ".join(text.split())
 
 
 def _silence_stdout() -> None:

@@ -323,7 +323,7 @@ def test_the_log_falls_back_to_a_new_temp_file_and_never_follows_a_symlink(workd
 
 def test_config_errors_interrupts_and_argparse_errors_keep_their_exit_codes(workdir, capsys, monkeypatch):
     def refuse(args):
-        raise ConfigError("--thing 3: allowed 1 or 2")
+        raise ConfigError("--thing 3: allowed 1\n  or 2")  # kept on one line
 
     def interrupted(args):
         raise KeyboardInterrupt
