@@ -28,7 +28,7 @@ import numpy as np
 from scipy.optimize import lsq_linear
 
 from autotune.config import ConfigError
-from autotune.files import write_atomic
+from autotune.files import load_json, write_atomic
 from autotune.estimate import Calibration, estimate
 from autotune.hardware import Hardware
 from autotune.results import TrialResult
@@ -175,11 +175,16 @@ def load_calibration(path: str | Path, workload: Workload | None = None,
     if not path.exists():
         return None
     try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"{path}: not a calibration file ({err})") from None
+        data = load_json(path, "a calibration file (JSON)")
+    except ConfigError as err:
+        raise ConfigError(f"not a calibration file: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: not a calibration file (expected a JSON object)")
     if workload is not None and "workload" in data:
-        fitted = Workload.from_dict(data["workload"])
+        try:
+            fitted = Workload.from_dict(data["workload"])
+        except ConfigError as err:
+            raise ConfigError(f"{path}: workload: {err}") from None
         if fitted != workload:
             raise ConfigError(f"{path}: fitted for another workload ({fitted.model.name}, global batch "
                               f"{fitted.global_batch}, {fitted.gpus} GPU(s)), not {workload.model.name}, global batch "

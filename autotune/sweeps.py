@@ -193,7 +193,8 @@ def _model_workload(model: Any, global_batch: int | None, gpus: int, where: str,
         shape = {"name": "custom", **model}
         unknown = [key for key in shape if key not in SHAPE_KEYS and key != "name"]
         if unknown:
-            raise ConfigError(f"{where}.model: unknown key {short(unknown[0])}: allowed keys {', '.join(SHAPE_KEYS)}")
+            raise ConfigError(f"{where}.model: {short(model)}: unknown key {short(unknown[0])}; allowed keys "
+                              f"{', '.join(SHAPE_KEYS)}")
         try:
             return Workload(ModelShape(**shape), global_batch or 32 * gpus, gpus)
         except TypeError as err:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from autotune.config import ConfigError
-from autotune.files import atomic_output, write_atomic
+from autotune.files import atomic_output, load_json, write_atomic
 from autotune.rl.network import NetSpec, mask_logits, policy_net
 
 WEIGHTS = "policy.pt"
@@ -47,9 +47,10 @@ class Policy:
         weights, meta_path = folder / WEIGHTS, folder / META
         if not weights.is_file() or not meta_path.is_file():
             raise ConfigError(f"policy {str(path)!r}: expected {WEIGHTS} and {META} in that directory")
-        meta = json.loads(meta_path.read_text())
-        if meta.get("format") != FORMAT:
-            raise ConfigError(f"policy {str(path)!r}: format {meta.get('format')!r}, this version reads {FORMAT}")
+        meta = load_json(meta_path, "a policy's metadata (JSON)")
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            found = meta.get("format") if isinstance(meta, dict) else None
+            raise ConfigError(f"policy {str(path)!r}: format {found!r}, this version reads {FORMAT}")
         current = layout() if check_layout else {}
         for key in current:
             if meta.get(key) != current[key]:
