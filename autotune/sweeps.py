@@ -189,6 +189,9 @@ def _model_workload(model: Any, global_batch: int | None, gpus: int, where: str,
             raise ConfigError(f"{where}.model: {short(model)}: {ALLOWED_MODELS}") from None
         except ConfigError as err:
             raise ConfigError(f"{where}.model: {err}") from None
+        except (OSError, ValueError) as err:  # a name the filesystem refuses to look up (too long)
+            raise ConfigError(f"{where}.model: {short(model)}: {err.strerror if isinstance(err, OSError) else err}; "
+                              f"{ALLOWED_MODELS}") from None
     if isinstance(model, dict):
         shape = {"name": "custom", **model}
         unknown = [key for key in shape if key not in SHAPE_KEYS and key != "name"]
