@@ -72,6 +72,8 @@ def one_line_error(code, err: str, prog: str, *fragments: str) -> None:
     (["trial", "--zero-stage", "1", "--micro-batch", "1", "--precision", "bf16", "--warmup-steps", "-1"],
      "'-1' must be 0 or a positive integer"),
     (["trial", "--zero-stage", "7", "--micro-batch", "1", "--precision", "bf16"], "'7' is too large: allowed 0 to 3"),
+    (["trial", "--zero-stage", "3", "--micro-batch", "1", "--precision", "bf16", "--offload-param", "nvme",
+      "--nvme-path", "/nonexistent/nvme"], "argument --nvme-path: '/nonexistent/nvme': no such directory"),
     (FAST_TUNE + ["--time-budget", NINES], "is too long: allowed more than 0 s, at most 366d"),
     (FAST_TUNE + ["--strategy", "optuna", "--seed", "1180591620717411303424"],
      "argument --seed: '1180591620717411303424' is too large: allowed 0 to 4294967295"),

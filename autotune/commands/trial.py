@@ -13,7 +13,7 @@ from rich.console import Console, JustifyMethod
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from autotune.argtypes import duration, gpu_count, int_range, non_negative_int, output_dir
+from autotune.argtypes import duration, existing_dir, gpu_count, int_range, non_negative_int, output_dir
 from autotune.backends.deepspeed import DeepSpeedBackend
 from autotune.calibrate import calibrator, load_calibration, quality, save_calibration
 from autotune.backends.script import ScriptBackend
@@ -43,7 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     knobs.add_argument("--precision", choices=PRECISIONS, required=True)
     knobs.add_argument("--offload-optimizer", choices=OFFLOADS, default="none")
     knobs.add_argument("--offload-param", choices=OFFLOADS, default="none")
-    knobs.add_argument("--nvme-path", default=None, help="directory for NVMe offload")
+    knobs.add_argument("--nvme-path", type=nvme_dir, default=None,
+                       help="directory for NVMe offload: an existing writable directory on the NVMe drive")
     work = parser.add_argument_group("the workload and machine")
     work.add_argument("--model", type=model_name, default="tiny", help=MODEL_HELP)
     work.add_argument("--seq-len", type=positive_int, default=None, help=SEQ_LEN_HELP)
@@ -70,6 +71,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="after the trial, fit the estimator to every ok trial of --run-dir and save calibration.json")
     parser.add_argument("--json", action="store_true", help="print the result and prediction as JSON")
     script_arguments(parser)
+
+
+def nvme_dir(text: str) -> str:
+    """--nvme-path: an existing writable directory (a mount of the NVMe drive; one that is missing is a typo)."""
+    return str(existing_dir(text))
 
 
 def measure_settings(args: argparse.Namespace) -> MeasureSettings:
