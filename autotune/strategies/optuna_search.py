@@ -107,7 +107,7 @@ class OptunaStrategy:
         self._describe()
         if not trials:
             for config in self.warm_start():
-                self.study.enqueue_trial(self.params_of(config), user_attrs={"proposed_by": "warm start"})
+                self._enqueue(config, "warm start")
 
     def _describe(self) -> None:
         """What a reader of the study (optuna CLI, optuna-dashboard) needs to read it without the run directory."""
@@ -161,7 +161,7 @@ class OptunaStrategy:
         nearest = self.nearest_untried(trial.params)
         if nearest is None:
             return None
-        self.study.enqueue_trial(self.params_of(nearest), user_attrs={"proposed_by": "nearest untried"})
+        self._enqueue(nearest, "nearest untried")
         self._asked(self.study.ask(self.distributions), nearest)
         return nearest
 
@@ -283,6 +283,12 @@ class OptunaStrategy:
     def _proposer(self, trial: optuna.trial.Trial) -> str:
         """Who proposed an asked trial: an enqueued trial says so itself (warm start, nearest untried)."""
         return str(trial.user_attrs.get("proposed_by", self.name))
+
+    def _enqueue(self, config: Config, proposed_by: str) -> None:
+        """Queue a config; a queued trial (WAITING, e.g. a warm start the hybrid's policy left no room for)
+        shows its knobs' values too."""
+        self.study.enqueue_trial(self.params_of(config), user_attrs={
+            **config.to_dict(), "config": config.label(), "proposed_by": proposed_by, "status": "queued"})
 
     def _asked(self, trial: optuna.trial.Trial, config: Config) -> None:
         """A proposal about to run: its knobs' values show in the study while it runs."""

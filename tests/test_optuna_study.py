@@ -1,0 +1,286 @@
+"""The Optuna study of a sweep, read through optuna-dashboard's own HTTP API (a real server on loopback) and
+Optuna's API: knob values, results, metric name, feasibility and the report's trial numbers; `--storage`
+(a shared SQLite database, a journal file) with resume; bad storages refused before anything is written."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shutil
+import threading
+import urllib.request
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Iterator
+
+import optuna
+import pytest
+
+import autotune
+from autotune.cli import main
+from autotune.config import KNOBS
+from autotune.results import read_results
+from autotune.rundir import RunDir
+from autotune.study_storage import study_name
+
+GiB = 2**30
+BUDGET = "0.7GiB"  # the tiny model on the simulated CPU: some configs fit, some run out of memory, some are pruned
+TRIALS = 10
+
+
+def cli(argv: list[str], capsys) -> tuple[int, str, str]:
+    try:
+        code = main(argv)
+    except SystemExit as exit_:
+        code = exit_.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def tune(out: Path, strategy: str = "optuna", *extra: str, trials: int = TRIALS) -> None:
+    assert main(["tune", "--model", "tiny", "--memory-budget", BUDGET, "--strategy", strategy, "--trials",
+                 str(trials), "--backend", "simulated", "--seed", "1", "--out", str(out), *extra]) == 0
+
+
+@contextmanager
+def dashboard(storage: Any) -> Iterator[str]:
+    """optuna-dashboard's WSGI app on a free loopback port; yields its base URL."""
+    from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+    import optuna_dashboard
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = make_server("127.0.0.1", 0, optuna_dashboard.wsgi(storage), handler_class=Quiet)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=60) as response:
+        assert response.status == 200
+        return response.read()
+
+
+def read_study(storage: Any, name: str) -> tuple[dict[str, Any], list[dict[str, str]]]:
+    """The dashboard's study detail and CSV export of study `name`."""
+    with dashboard(storage) as base:
+        studies = json.loads(get(f"{base}/api/studies"))["study_summaries"]
+        ids = [s["study_id"] for s in studies if s["study_name"] == name]
+        assert len(ids) == 1, [s["study_name"] for s in studies]
+        detail = json.loads(get(f"{base}/api/studies/{ids[0]}"))
+        rows = list(csv.DictReader(io.StringIO(get(f"{base}/csv/{ids[0]}").decode())))
+    return detail, rows
+
+
+def attrs(trial: dict[str, Any]) -> dict[str, str]:
+    return {a["key"]: a["value"] for a in trial["user_attrs"]}
+
+
+def assert_reads_like_the_run(detail: dict[str, Any], rows: list[dict[str, str]], run: Path) -> None:
+    """Every recorded trial is in the study under its report number, with its knobs' values, status, results
+    and feasibility as the dashboard sees them; proposals that never ran are neither COMPLETE nor numbered."""
+    results = read_results(run / "trials.jsonl")
+    budget = RunDir(run).read_settings().memory_budget_bytes
+    assert detail["objective_names"] == ["throughput_samples_per_s"]
+    assert set(KNOBS) | {"status", "report_trial", "throughput_samples_per_s", "peak_memory_bytes", "feasible"} <= {
+        a["key"] for a in detail["union_user_attrs"]}
+    numbered = {int(attrs(t)["report_trial"]): t for t in detail["trials"] if "report_trial" in attrs(t)}
+    assert sorted(numbered) == list(range(1, len(results) + 1))
+    for number, result in enumerate(results, 1):
+        trial, a = numbered[number], attrs(numbered[number])
+        for knob in KNOBS:
+            assert a[knob] == str(getattr(result.config, knob)), (number, knob)
+        assert a["config"] == result.config.label() and a["status"] == result.status
+        assert trial["state"] == ("Pruned" if result.status == "pruned" else "Complete")
+        # Feasibility as optuna-dashboard computes it: every constraint <= 0.
+        assert len(trial["constraints"]) == 1
+        assert (trial["constraints"][0] <= 0) is result.fits(budget) is (a["feasible"] == "True")
+        if result.status == "pruned":
+            assert "values" not in trial and "throughput_samples_per_s" not in a
+        else:
+            assert trial["values"] == [pytest.approx(result.throughput if result.fits(budget) else 0.0)]
+        if result.throughput_samples_per_s is not None:
+            assert float(a["throughput_samples_per_s"]) == pytest.approx(result.throughput_samples_per_s)
+        if result.peak_memory_bytes is not None:
+            assert int(a["peak_memory_bytes"]) == result.peak_memory_bytes
+    for trial in detail["trials"]:
+        a = attrs(trial)
+        if "report_trial" in a:
+            continue
+        if trial["state"] == "Waiting":  # queued and never asked (a warm start the budget left no room for)
+            assert a["status"] == "queued" and {knob: a[knob] for knob in KNOBS}
+        else:  # never ran: an invalid combination or a repeat
+            assert (trial["state"], a["status"]) in {("Pruned", "invalid"), ("Fail", "repeat")}
+    # The best trial is the recommendation.
+    best = json.loads((run / "summary.json").read_text())["best"]["config"]
+    assert {k: attrs(detail["best_trials"][0])[k] for k in KNOBS} == {k: str(v) for k, v in best.items()}
+    # The CSV export: the metric's name heads the value column, the knobs' values are columns.
+    assert len(rows) == len(detail["trials"]) and "throughput_samples_per_s" in rows[0]
+    by_number = {int(r["UserAttribute report_trial"]): r for r in rows if r["UserAttribute report_trial"]}
+    assert [int(by_number[n]["UserAttribute micro_batch"]) for n in sorted(by_number)] == [
+        r.config.micro_batch for r in results]
+
+
+@pytest.fixture(scope="module")
+def optuna_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("runs") / "tiny-optuna"
+    tune(out)
+    return out
+
+
+def test_the_dashboard_reads_a_tuned_study_with_knob_values_results_and_feasibility(optuna_run):
+    detail, rows = read_study(f"sqlite:///{optuna_run / 'study.db'}", "autotune")
+    assert_reads_like_the_run(detail, rows, optuna_run)
+    results = read_results(optuna_run / "trials.jsonl")
+    assert {r.status for r in results} >= {"ok", "oom", "pruned"}  # the budget makes every kind of trial
+    launched = [r for r in results if r.status != "pruned"]
+    assert sum(t["state"] == "Complete" for t in detail["trials"]) == len(launched) == TRIALS
+    assert any(attrs(t)["status"] == "invalid" for t in detail["trials"])  # this seed proposes some
+    user = {a["key"]: a["value"] for a in detail["user_attrs"]}
+    assert json.loads(user["space"])["micro_batch"] == [1, 2, 4, 8]
+    assert int(user["memory_budget_bytes"]) == RunDir(optuna_run).read_settings().memory_budget_bytes
+
+
+def test_optunas_own_api_reads_real_values_and_the_report_names_the_study(optuna_run):
+    study = optuna.load_study(study_name="autotune", storage=f"sqlite:///{optuna_run / 'study.db'}")
+    assert study.metric_names == ["throughput_samples_per_s"]
+    best = study.best_trial
+    summary = json.loads((optuna_run / "summary.json").read_text())
+    assert best.user_attrs["report_trial"] == summary["best_trial_index"]
+    assert {k: best.user_attrs[k] for k in KNOBS} == summary["best"]["config"]
+    assert best.user_attrs["micro_batch"] == summary["best"]["config"]["micro_batch"]  # not an index
+    report = (optuna_run / "report.md").read_text()
+    assert f"Optuna study: `autotune` in `sqlite:///{(optuna_run / 'study.db').resolve()}`" in report
+    assert "`report_trial`" in report
+
+
+def test_the_hybrid_strategys_study_reads_the_same(tmp_path):
+    run = tmp_path / "tiny-hybrid"
+    tune(run, "hybrid")
+    detail, rows = read_study(f"sqlite:///{run / 'study.db'}", "autotune")
+    assert_reads_like_the_run(detail, rows, run)
+    numbered = sorted((int(attrs(t)["report_trial"]), attrs(t)["proposed_by"]) for t in detail["trials"]
+                      if "report_trial" in attrs(t))
+    proposers = [by for _, by in numbered]
+    assert proposers[0] == "policy"  # the policy's proposals first, then Optuna's
+    assert {"policy"} < set(proposers) <= {"policy", "warm start", "optuna", "nearest untried"}
+
+
+def test_storage_url_puts_the_study_in_a_shared_database_and_resume_continues_it(tmp_path):
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    first, second = tmp_path / "first", tmp_path / "second"
+    tune(first, "optuna", "--storage", url, trials=6)
+    tune(second, "optuna", "--storage", url, trials=4)
+    tune(first, "optuna", "--storage", url, "--resume", trials=TRIALS)
+    for run in (first, second):
+        assert not (run / "study.db").exists() and (run / "trials.jsonl").is_file() and (run / "report.md").is_file()
+        assert f"in `{url}`" in (run / "report.md").read_text()
+    names = {s.study_name for s in optuna.get_all_study_summaries(url)}
+    assert names == {study_name(first, url), study_name(second, url)}
+    detail, rows = read_study(url, study_name(first, url))  # resumed: one study, numbered on from the record
+    assert_reads_like_the_run(detail, rows, first)
+    assert sum(t["state"] == "Complete" for t in detail["trials"]) == TRIALS
+    assert json.loads((first / "run.json").read_text())["storage"] == url
+
+
+def test_the_library_takes_a_journal_file_as_storage(tmp_path):
+    journal = tmp_path / "studies.log"
+    spec = autotune.TuneSpec(autotune.make_workload("tiny"), autotune.load_hardware("cpu"),
+                             memory_budget_bytes=int(0.7 * GiB), strategy="optuna", trials=TRIALS,
+                             backend="simulated", seed=1, storage=str(journal))
+    run = tmp_path / "run"
+    result = autotune.tune(spec, out=run)
+    assert result.best is not None and not (run / "study.db").exists()
+    detail, rows = read_study(str(journal), study_name(run, str(journal)))  # the dashboard opens the journal itself
+    assert_reads_like_the_run(detail, rows, run)
+
+
+@pytest.mark.parametrize("storage, says, syntax", [
+    ("foo://nowhere", "cannot be opened", False),
+    # No driver here, or nothing listening: refused either way, when it is opened.
+    ("postgresql://tuner:s3cret@127.0.0.1:1/studies", "", False),
+    ("sqlite:////nonexistent-folder/study.db", "does not exist", True),
+    ("sqlite:///:memory:", "in-memory", True),
+    ("/nonexistent-folder/studies.log", "does not exist", True),
+    ("{tmp}", "a folder", True),
+    ("{tmp}/existing.db", "pass sqlite:///", True),
+    ("{tmp}/notes.txt", "not an Optuna journal", True),
+], ids=["unknown-dialect", "postgres-unreachable", "sqlite-no-folder", "sqlite-memory", "journal-no-folder",
+        "folder", "sqlite-file-as-journal", "not-a-journal"])
+def test_a_bad_storage_is_one_line_exit_2_and_nothing_written(storage, says, syntax, tmp_path, capsys):
+    optuna.create_study(storage=f"sqlite:///{tmp_path / 'existing.db'}")
+    (tmp_path / "notes.txt").write_text("not a journal\n")
+    storage = storage.replace("{tmp}", str(tmp_path))
+    before = sorted(p.name for p in tmp_path.iterdir())
+    out = tmp_path / "run"
+    code, stdout, err = cli(["tune", "--backend", "simulated", "--strategy", "optuna", "--trials", "2",
+                             "--out", str(out), "--storage", storage], capsys)
+    assert code == 2 and stdout == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("autotune tune: error: storage '"), err
+    assert says in lines[0] and "allowed: an Optuna RDB URL" in lines[0]
+    assert "s3cret" not in err  # a password is never shown
+    assert sorted(p.name for p in tmp_path.iterdir()) == before and not out.exists()
+    spec = autotune.TuneSpec(autotune.make_workload("tiny"), autotune.load_hardware("cpu"), strategy="optuna",
+                             trials=2, backend="simulated", storage=None if syntax else storage)
+    with pytest.raises(autotune.ConfigError, match="storage '"):  # the library: at construction or on opening
+        if syntax:
+            autotune.TuneSpec(spec.workload, spec.hardware, storage=storage)
+        else:
+            autotune.tune(replace(spec, storage=storage), out=out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before and not out.exists()
+
+
+def test_a_new_sweep_does_not_take_over_a_study_an_earlier_one_left(tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    run = tmp_path / "run"
+    tune(run, "optuna", "--storage", url, trials=2)
+    shutil.rmtree(run)  # the run directory is deleted, its study stays
+    code, _, err = cli(["tune", "--backend", "simulated", "--strategy", "optuna", "--trials", "2", "--out", str(run),
+                        "--storage", url], capsys)
+    assert code == 2 and "already holds study" in err and "optuna delete-study" in err and not run.exists()
+    # A study none of whose trials was recorded (a sweep that failed before its first trial) is replaced.
+    optuna.delete_study(study_name=study_name(run, url), storage=url)
+    left = optuna.create_study(study_name=study_name(run, url), storage=url)
+    left.enqueue_trial({"zero_stage_index": 0})
+    tune(run, "optuna", "--storage", url, trials=2)
+    trials = optuna.load_study(study_name=study_name(run, url), storage=url).trials
+    assert sorted(t.user_attrs.get("report_trial") for t in trials if t.state.is_finished()
+                  and "report_trial" in t.user_attrs) == [1, 2]
+
+
+def test_resumed_optuna_study_keeps_report_numbers_after_a_result_recorded_but_never_told(tmp_path):
+    """A record the study never heard of (the tuner died between recording and telling) is added on resume
+    under its report number, with its knobs' values."""
+    run = tmp_path / "run"
+    tune(run, "optuna", trials=3)
+    study = optuna.load_study(study_name="autotune", storage=f"sqlite:///{run / 'study.db'}")
+    results = read_results(run / "trials.jsonl")
+    lost = results[-1]
+    # Forget the last told trial as if it had never been told: a fresh study holding all but it.
+    fresh = f"sqlite:///{tmp_path / 'fresh.db'}"
+    copy = optuna.create_study(study_name="autotune", storage=fresh, direction="maximize")
+    for trial in study.trials:
+        if trial.state.is_finished() and trial.user_attrs.get("report_trial") != len(results):
+            copy.add_trial(trial)
+    for name in ("study.db", "study.db-wal", "study.db-shm"):  # the WAL would replay the old study onto the new
+        (run / name).unlink(missing_ok=True)
+    Path(fresh.removeprefix("sqlite:///")).rename(run / "study.db")
+    tune(run, "optuna", "--resume", trials=5)
+    trials = optuna.load_study(study_name="autotune", storage=f"sqlite:///{run / 'study.db'}").trials
+    told = [t for t in trials if t.user_attrs.get("report_trial") == len(results)]
+    assert len(told) == 1 and told[0].user_attrs["proposed_by"] == "record"
+    assert {k: told[0].user_attrs[k] for k in KNOBS} == lost.config.to_dict()
+    numbers = sorted(t.user_attrs["report_trial"] for t in trials if "report_trial" in t.user_attrs)
+    assert numbers == list(range(1, len(read_results(run / "trials.jsonl")) + 1))
