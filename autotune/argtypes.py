@@ -108,6 +108,20 @@ def ray_address(text: str) -> str:
                                      "(port 1 to 65535), e.g. 10.0.0.5:6379")
 
 
+# -- paths read ---------------------------------------------------------------------------------------------
+
+def input_file(text: str) -> Path:
+    """A file the command reads: it exists, is a regular file (not a directory or a device) and is readable."""
+    path = Path(text)
+    if not text or "\0" in text or not os.path.exists(path):
+        raise argparse.ArgumentTypeError(f"{shown(text)}: no such file")
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"{shown(text)} is not a regular file")
+    if not os.access(path, os.R_OK):
+        raise argparse.ArgumentTypeError(f"{shown(text)} is not readable")
+    return path
+
+
 # -- paths written to -----------------------------------------------------------------------------------
 
 def output_dir(text: str) -> Path:

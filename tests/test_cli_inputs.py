@@ -156,6 +156,21 @@ def test_a_bad_environment_variable_is_one_line_naming_it(value, workdir, capsys
     assert not (workdir / "run" / "run.json").exists()
 
 
+def test_files_read_are_checked_before_anything_starts(workdir, capsys):
+    """--script and rl train --surface name the missing file first; a surface is read before Ray starts."""
+    (workdir / "a-dir").mkdir()
+    code, _, err = cli(FAST_TUNE + ["--script", "nope.py"], capsys)
+    one_line_error(code, err, "autotune tune", "argument --script: 'nope.py': no such file")
+    code, _, err = cli(FAST_TUNE + ["--script", "a-dir"], capsys)
+    one_line_error(code, err, "autotune tune", "argument --script: 'a-dir' is not a regular file")
+    code, _, err = cli(["rl", "train", "--backend", "replay", "--surface", "nope.jsonl"], capsys)
+    one_line_error(code, err, "autotune rl train", "argument --surface: 'nope.jsonl': no such file")
+    (workdir / "s.jsonl").write_bytes(b"\xff\xfe{}\n")
+    code, _, err = cli(["rl", "train", "--out", "p", "--backend", "replay", "--surface", "s.jsonl"], capsys)
+    one_line_error(code, err, "autotune rl train", "s.jsonl")
+    assert sorted(p.name for p in workdir.iterdir()) == ["a-dir", "s.jsonl"]
+
+
 # -- output paths ------------------------------------------------------------------------------------------------
 
 @pytest.fixture

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from autotune.argtypes import non_negative_float, non_negative_int, output_dir, positive_int, ray_address, seed
+from autotune.argtypes import (input_file, non_negative_float, non_negative_int, output_dir, positive_int, ray_address,
+                               seed)
 from autotune.config import ConfigError
 from autotune.units import shown
 
@@ -53,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--backend", choices=BACKENDS, default=defaults.backend,
                        help="simulated: the workload sampler on the distorted simulation; replay: surfaces "
                             "(default: %(default)s)")
-    train.add_argument("--surface", type=Path, action="append", default=[],
+    train.add_argument("--surface", type=input_file, action="append", default=[],
                        help="replay surface JSONL (repeat for several), for --backend replay")
     train.add_argument("--workers", type=non_negative_int, default=defaults.workers,
                        help="remote env runners; 0 samples in this process (default: %(default)s)")
@@ -89,14 +90,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="environment copies per runner (default: %(default)s)")
     train.add_argument("--checkpoint-every", type=positive_int, default=defaults.checkpoint_every,
                        help="iterations between checkpoints (default: %(default)s)")
-    train.set_defaults(_rl=run_train)
+    train.set_defaults(_rl=run_train, _prog=train.prog)  # errors name "autotune rl train"
 
     export = sub.add_parser("export", help="write a checkpoint's policy as policy.pt + policy.json (no Ray needed to load)",
                             description="Write the policy of an RLlib checkpoint of `autotune rl train` as policy.pt + "
                                         "policy.json, which `--strategy rl` loads without Ray.")
     export.add_argument("checkpoint", type=Path, help="a checkpoint directory (RUN/checkpoints/NNNNNN)")
     export.add_argument("--out", type=output_dir, required=True, help="directory to write the policy to")
-    export.set_defaults(_rl=run_export)
+    export.set_defaults(_rl=run_export, _prog=export.prog)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -110,9 +111,10 @@ def run_train(args: argparse.Namespace) -> int:
         raise ConfigError("--backend replay needs --surface FILE (one or more)")
     if args.backend != "replay" and args.surface:
         raise ConfigError(f"--surface is only for --backend replay (got --backend {args.backend})")
-    for path in args.surface:
-        if not path.is_file():
-            raise ConfigError(f"--surface {path}: no such file")
+    from autotune.backends.replay import load_surface
+
+    for path in args.surface:  # read here, before Ray starts, so that a bad surface is one line at once
+        load_surface(path)
     settings = TrainSettings(
         iterations=args.iterations, backend=args.backend, surfaces=tuple(str(p.resolve()) for p in args.surface),
         seed=args.seed, workers=args.workers, envs_per_worker=args.envs_per_worker, horizon=args.horizon,

@@ -57,12 +57,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="order in which configs run, 0 to 2**32-1 (default: %(default)s)")
     record.add_argument("--retries", type=int, default=1, choices=range(0, 4), metavar="{0..3}",
                         help="times a crashed trial is run again (default: %(default)s)")
-    record.set_defaults(_surface=run_record)
+    record.set_defaults(_surface=run_record, _prog=record.prog)  # errors name "autotune surface record"
     show = sub.add_parser("show", help="summarise a surface: statuses, and the fastest configs within a budget")
     show.add_argument("surface", type=Path)
     show.add_argument("--memory-budget", type=size, default=None, help="budget to apply (default: none)")
     show.add_argument("--top", type=positive_int, default=10)
-    show.set_defaults(_surface=run_show)
+    show.set_defaults(_surface=run_show, _prog=show.prog)
 
 
 def run(args: argparse.Namespace) -> int:

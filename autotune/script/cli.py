@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import argparse
 import shlex
-from pathlib import Path
 from typing import TYPE_CHECKING
 
+from autotune.argtypes import input_file
 from autotune.config import ConfigError
 
 if TYPE_CHECKING:
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("script mode (tune your own training script, unchanged)")
-    group.add_argument("--script", type=Path, default=None,
+    group.add_argument("--script", type=input_file, default=None,
                        help="your DeepSpeed training script; each trial runs it with the trial's config applied at "
                             "deepspeed.initialize (instead of the built-in --model)")
     group.add_argument("--script-args", default="",
