@@ -23,8 +23,8 @@ An entry of corpus.yaml:
 Placeholders in argv, file texts and env values: {huge} (400 nines), {long} (a 300-character name),
 {tmp} (the entry's folder, absolute). A bad input (exit 2) is clean when its stderr is one line starting with
 `autotune`, without a traceback, naming what `mentions` lists, and every file of the recorded run it was
-given (run.json, trials.jsonl) is byte-identical afterwards; a fine input (exit 0) is clean when it exits 0
-without a traceback.
+given (run.json, trials.jsonl) is byte-identical afterwards; a fine input (exit 0), or a sweep's verdict
+(exit 1: nothing fits) where an entry allows it, is clean when it exits so without a traceback.
 """
 
 from __future__ import annotations
