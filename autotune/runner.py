@@ -8,6 +8,10 @@ Launchers (all single-node, no pdsh/ssh):
 - `torchrun` and `deepspeed`: the same worker through `torch.distributed.run` or DeepSpeed's own
   launcher, for comparison (benchmarks/trial_overhead.py).
 Every process is started in a new session (its own process group). A fresh MASTER_PORT is chosen per trial.
+Nothing of a trial listens beyond loopback: rank 0 serves the rendezvous store on MASTER_ADDR (127.0.0.1;
+autotune.worker.main.host_store_on_loopback) and gloo's and NCCL's sockets are bound to `lo`.
+A trial's port is claimed with an owner marker beside DeepSpeed's shared-memory segments, so that the
+segments of a trial whose tuner was killed (SIGKILL: no cleanup ran) are removed when the next trial starts.
 
 While the trial runs, the runner polls (every `poll_s`): the ranks' reports, their exits, the wall-clock
 timeout (paused while a rank builds DeepSpeed's C++ ops, a one-time cost per machine), and on the CPU the
@@ -24,6 +28,7 @@ stderr is kept in the logs and its last lines are quoted in a crash's message, n
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import socket
@@ -44,7 +49,10 @@ LAUNCHERS = ("direct", "torchrun", "deepspeed")
 STDERR_TAIL_LINES = 15
 MAX_BUILD_PAUSE_S = 1800.0  # a first-use C++ op build longer than this counts against the timeout
 MASTER_ADDR = "127.0.0.1"
+LOOPBACK_IFNAME = "lo"  # Linux's loopback interface
 SHM_DIR = Path("/dev/shm")
+OWNER_PREFIX = "ds-autotune_trial"  # SHM_DIR/<prefix>_<uid>_<port>.owner: the runner that owns that port's segments
+STALE_MARKER_AGE_S = 60.0  # an unreadable marker this old was left by a runner killed while writing it
 
 
 @dataclass(frozen=True)
@@ -94,7 +102,7 @@ def remove_shm_buffers(addr: str, port: int, shm_dir: Path = SHM_DIR) -> list[Pa
     Its shm_comm op creates one POSIX segment of ~66 MB per rank, named after the uid, master address and
     port, and never unlinks it: without this, a sweep of a few hundred trials fills /dev/shm, i.e. RAM."""
     removed = []
-    for path in shm_dir.glob(f"deepspeed_allreduce_buffer_{os.getuid()}_{addr}_{port}_*"):
+    for path in shm_dir.glob(_buffer_glob(addr, port)):
         try:
             path.unlink()
             removed.append(path)
@@ -103,16 +111,147 @@ def remove_shm_buffers(addr: str, port: int, shm_dir: Path = SHM_DIR) -> list[Pa
     return removed
 
 
+def _buffer_glob(addr: str, port: int) -> str:
+    return f"deepspeed_allreduce_buffer_{os.getuid()}_{addr}_{port}_*"
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
+# -- the owner marker of a trial's shared memory --------------------------------------------------------
+# A tuner killed with SIGKILL runs no cleanup: its trial's segments would stay until reboot. So each trial
+# first claims its port with a marker beside the segments (same machine, same lifetime: tmpfs), naming the
+# runner process that owns them; every later trial start removes the segments of markers whose owner is gone.
+
+def _marker(port: int, shm_dir: Path) -> Path:
+    return shm_dir / f"{OWNER_PREFIX}_{os.getuid()}_{port}.owner"
+
+
+def _pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+def claim_port(shm_dir: Path = SHM_DIR, attempts: int = 20) -> int:
+    """A free port for a trial's rendezvous, with this process recorded as the owner of its segments.
+    The marker is created exclusively and without following links, so a port another runner holds (or a
+    file planted in the shared directory) is never taken over; without a usable directory, a plain port."""
+    owner = json.dumps({"pid": os.getpid(), "started": psutil.Process().create_time(), "pidns": _pid_namespace()})
+    for _ in range(attempts):
+        port = free_port()
+        try:
+            fd = os.open(_marker(port, shm_dir), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except FileExistsError:
+            continue  # another trial's port (or a stale marker the next cleanup removes)
+        except OSError:
+            return port  # no shared-memory directory here: nothing to leak, nothing to mark
+        with os.fdopen(fd, "w") as out:
+            out.write(owner)
+        return port
+    return free_port()
+
+
+def release_port(port: int, shm_dir: Path = SHM_DIR) -> None:
+    """The trial of `port` has ended and its segments are gone: drop its marker."""
+    try:
+        _marker(port, shm_dir).unlink()
+    except FileNotFoundError:
+        pass
+
+
+def remove_stale_shm(shm_dir: Path = SHM_DIR, addr: str = MASTER_ADDR) -> list[Path]:
+    """Remove what trials of dead runners left in `shm_dir` (their segments and markers); returns what was
+    removed. Never touches a marker of another user, of a live runner, of another pid namespace (a container
+    sharing /dev/shm, whose processes cannot be seen from here), nor a segment some process still holds."""
+    stale = [(path, port) for path, port in _markers(shm_dir) if _owner_gone(path)]
+    if not stale:
+        return []
+    held = _held_files(shm_dir)
+    removed: list[Path] = []
+    for marker, port in stale:
+        segments = list(shm_dir.glob(_buffer_glob(addr, port)))
+        busy = [s for s in segments if s.name in held]
+        for segment in segments:
+            if segment.name not in held:
+                try:
+                    segment.unlink()
+                    removed.append(segment)
+                except FileNotFoundError:
+                    pass
+        if not busy:  # a survivor (e.g. a launcher's orphan) still holds some: look again next time
+            release_port(port, shm_dir)
+            removed.append(marker)
+    return removed
+
+
+def _markers(shm_dir: Path) -> list[tuple[Path, int]]:
+    found = []
+    for path in shm_dir.glob(f"{OWNER_PREFIX}_{os.getuid()}_*.owner"):
+        port = path.name[:-len(".owner")].rsplit("_", 1)[-1]
+        if port.isdigit():
+            found.append((path, int(port)))
+    return found
+
+
+def _owner_gone(marker: Path) -> bool:
+    try:
+        fd = os.open(marker, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return False  # a link, or gone meanwhile: not ours to judge
+    with os.fdopen(fd) as handle:
+        if os.fstat(handle.fileno()).st_uid != os.getuid():
+            return False
+        text = handle.read(4096)
+        age = time.time() - os.fstat(handle.fileno()).st_mtime
+    try:
+        owner = json.loads(text)
+        pid, started, pidns = int(owner["pid"]), float(owner["started"]), str(owner.get("pidns", ""))
+    except (ValueError, TypeError, KeyError):
+        return age > STALE_MARKER_AGE_S  # its runner died between creating and writing it
+    if pidns != _pid_namespace():
+        return False
+    try:
+        proc = psutil.Process(pid)
+        return proc.status() == psutil.STATUS_ZOMBIE or abs(proc.create_time() - started) > 1.0
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:
+        return False
+
+
+def _held_files(shm_dir: Path) -> set[str]:
+    """Names of the files directly in `shm_dir` that some process visible here has open or mapped."""
+    prefix = os.path.realpath(shm_dir) + os.sep
+    held: set[str] = set()
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                try:
+                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                except OSError:
+                    continue
+                if target.startswith(prefix):
+                    held.add(target[len(prefix):].removesuffix(" (deleted)"))
+            with open(f"/proc/{pid}/maps") as maps:
+                for line in maps:
+                    path = line.rstrip("\n").split(maxsplit=5)[5:]
+                    if path and path[0].startswith(prefix):
+                        held.add(path[0][len(prefix):].removesuffix(" (deleted)"))
+        except OSError:
+            continue  # gone, or another user's
+    return held
+
+
 def run_worker(spec: WorkerSpec, options: LaunchOptions) -> RunOutcome:
     """Run the trial described by `spec` (whose `log_dir` receives every file) and return its outcome."""
     log_dir = Path(spec.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
+    remove_stale_shm()  # what earlier trials of killed tuners left behind
     trial = _Trial(spec, options, log_dir)
     try:
         trial.launch()
@@ -136,7 +275,7 @@ class _Trial:
         self.exits_seen: tuple[int | None, ...] = ()  # exit codes before the runner killed anything
         self.devices: dict[int, str] = {}  # rank -> the accelerator it reported
         self.peaks: dict[int, int] = {}  # rank -> highest VmHWM read (CPU ranks)
-        self.master_port = free_port()
+        self.master_port = claim_port()
 
     # -- launch -------------------------------------------------------------------------------------
     def launch(self) -> None:
@@ -144,7 +283,10 @@ class _Trial:
         o = self.options
         # The spec's accelerator wins over the caller's environment: the trial runs where it was planned to.
         base = {**os.environ, **o.env, "MASTER_ADDR": MASTER_ADDR, "MASTER_PORT": str(self.master_port),
-                "PYTHONUNBUFFERED": "1", "LOCAL_SIZE": str(o.ranks), "DS_ACCELERATOR": self.spec.accelerator}
+                "PYTHONUNBUFFERED": "1", "LOCAL_SIZE": str(o.ranks), "DS_ACCELERATOR": self.spec.accelerator,
+                # One machine: the ranks' own sockets (gloo's and NCCL's pairs and bootstrap) listen on
+                # loopback, not on the interface an inherited setting or the host name would pick.
+                "GLOO_SOCKET_IFNAME": LOOPBACK_IFNAME, "NCCL_SOCKET_IFNAME": LOOPBACK_IFNAME}
         # The interpreter's own bin directory first, as an activated venv has it: DeepSpeed's op builds call
         # `ninja` from PATH, and two ninja versions (the venv's, the system's) do not read each other's
         # build logs, so they rebuild the C++ ops (minutes) every time the other one ran last.
@@ -264,6 +406,7 @@ class _Trial:
         for log in self.logs:
             log.close()
         remove_shm_buffers(MASTER_ADDR, self.master_port)
+        release_port(self.master_port)
         self.ended_at = time.time()
 
     def _members(self) -> list[psutil.Process]:

@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from autotune.worker.device import AcceleratorMismatch, open_device
-from autotune.worker.main import (Unsupported, agree, check_supported, classify, die_with_parent, load_ops,
-                                  prepared_ds_config)
+from autotune.worker.main import (Unsupported, agree, check_supported, classify, die_with_parent,
+                                  host_store_on_loopback, load_ops, prepared_ds_config)
 from autotune.worker.measure import iqr, median_rel_se, stop_reason
 from autotune.worker.protocol import WorkerSpec, record_phase, report_path, write_json_atomic
 from autotune.script import merge
@@ -138,8 +138,12 @@ class Shim:
             import cpuinfo
 
             cpuinfo.get_cpu_info = lambda: dict(self.spec.cpu_info)  # DeepSpeed's builders ask at call time
-        load_ops(trial, self.accel)
+        load_ops(trial, self.accel, lambda op, building: self.phase("build_ops", op=op, building=building))
         self.lap("build_ops_s")
+        from deepspeed.constants import default_pg_timeout
+
+        # The script's own env:// initialization joins this loopback-only store instead of opening one.
+        self.store = host_store_on_loopback(torch, default_pg_timeout)
         self.baseline = self.memory.current()
         self.original_initialize = deepspeed.initialize
         deepspeed.initialize = self.initialize
@@ -291,6 +295,7 @@ class Shim:
         self.peaks.append(self.memory.peak() - self.baseline)
         reason = agree(self.torch, self.world, self.engine.device,
                        lambda: stop_reason(self.times, time.time() - self.first_step, self.spec.measure, self.peaks))
+        self.phase("measure", step=len(self.times))  # for the live progress line: steps measured so far
         if reason is not None:
             self.finish(self.measured(reason), 0)
 

@@ -126,10 +126,13 @@ def run(spec: WorkerSpec, rank: int, started: float) -> dict[str, Any]:
         import cpuinfo
 
         cpuinfo.get_cpu_info = lambda: dict(spec.cpu_info)  # DeepSpeed's builders import it at call time
-    load_ops(ds, accel)
+    load_ops(ds, accel, lambda op, building: _phase(spec, rank, "build_ops", op=op, building=building))
     clock.lap("build_ops_s")
 
     _phase(spec, rank, "dist_init")
+    from deepspeed.constants import default_pg_timeout
+
+    store = host_store_on_loopback(torch, default_pg_timeout)  # noqa: F841  (rank 0: served while held)
     deepspeed.init_distributed(dist_backend=accel.communication_backend_name())
     world = torch.distributed.get_world_size()
     clock.lap("dist_init_s")
@@ -181,6 +184,7 @@ def run(spec: WorkerSpec, rank: int, started: float) -> dict[str, Any]:
         peaks.append(memory.peak() - baseline)
         reason = agree(torch, world, device,
                         lambda: stop_reason(times, time.time() - first_step, spec.measure, peaks))
+        _phase(spec, rank, "measure", step=len(times))  # for the live progress line: steps measured so far
     memory.finish()
     peak = memory.peak()
     clock.lap("measure_s")
@@ -226,9 +230,10 @@ def check_supported(spec: WorkerSpec, ds: dict[str, Any], accel: Any) -> None:
             raise Unsupported("NVMe offload needs DeepSpeed's async_io op, which cannot be built here (libaio?)")
 
 
-def load_ops(ds: dict[str, Any], accel: Any) -> None:
+def load_ops(ds: dict[str, Any], accel: Any, report: Callable[[str, bool], None] | None = None) -> None:
     """Build (first use on a machine: minutes) or load the C++ ops the trial will need, before the
-    runner's timeout clock runs again (it pauses during this phase)."""
+    runner's timeout clock runs again (it pauses during this phase). `report(op, building)` hears of each
+    op before it loads, and whether it has to be built first (what the progress line shows)."""
     import deepspeed.ops
 
     names = []
@@ -242,6 +247,8 @@ def load_ops(ds: dict[str, Any], accel: Any) -> None:
         if builder is None or not deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
             continue
         clear_stale_build_lock(builder.name)
+        if report is not None:
+            report(builder.NAME, needs_build(builder.name))
         try:
             builder.load(verbose=False)
         except ImportError:
@@ -251,6 +258,18 @@ def load_ops(ds: dict[str, Any], accel: Any) -> None:
 
             JIT_EXTENSION_VERSIONER.entries.pop(builder.name, None)
             builder.jit_load(verbose=False)
+
+
+def needs_build(name: str) -> bool:
+    """Whether loading op `name` will compile it (or wait for another process compiling it): it is not
+    installed prebuilt and torch's build directory holds no library of it yet, or holds a build's lock."""
+    from deepspeed.git_version_info import installed_ops
+    from torch.utils.cpp_extension import _get_build_directory
+
+    if installed_ops.get(name, False):
+        return False
+    build_dir = _get_build_directory(name, verbose=False)
+    return not os.path.exists(os.path.join(build_dir, f"{name}.so")) or os.path.exists(os.path.join(build_dir, "lock"))
 
 
 def clear_stale_build_lock(name: str, min_age_s: float = STALE_LOCK_AGE_S) -> bool:
@@ -305,6 +324,42 @@ class _PhaseClock:
         now = time.time()
         self.phases[name] = now - self.last
         self.last = now
+
+
+def host_store_on_loopback(torch: Any, timeout: Any) -> Any:
+    """Serve torch.distributed's rendezvous store of a single-node trial on loopback only.
+
+    With `env://`, rank 0's TCPStore listens on every interface (`*:<MASTER_PORT>`), reachable from the
+    network. Instead rank 0 hosts the store itself on a socket bound to MASTER_ADDR (a loopback address) and
+    every rank, rank 0 included, joins it as a client, as under torchrun's agent
+    (TORCHELASTIC_USE_AGENT_STORE): any later `env://` initialization (DeepSpeed's, a script's own) then
+    finds the store instead of opening one. Returns the server on rank 0 (keep it referenced while the
+    process group lives), else None. Does nothing under torchrun, whose agent hosts the store, or when
+    MASTER_ADDR is not a loopback address (a multi-node run)."""
+    import ipaddress
+    import socket
+
+    addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") or not port.isdigit():
+        return None
+    try:
+        if not ipaddress.ip_address(addr).is_loopback:
+            return None
+    except ValueError:
+        return None  # a host name: a multi-node setup, not ours to change
+    os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # this rank's own rendezvous: join, do not host
+    if int(os.environ.get("RANK", "0")) != 0:
+        return None
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    listener = socket.create_server((addr, int(port)), family=socket.AF_INET6 if ":" in addr else socket.AF_INET)
+    try:
+        server = torch.distributed.TCPStore(addr, int(port), world, True, timeout, wait_for_workers=False,
+                                            master_listen_fd=listener.fileno())
+    except BaseException:
+        listener.close()
+        raise
+    listener.detach()  # the store owns the descriptor now (and closes it)
+    return server
 
 
 def die_with_parent() -> None:
