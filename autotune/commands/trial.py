@@ -94,9 +94,7 @@ def run(args: argparse.Namespace) -> int:
     check_config(config, workload, hardware, args.nvme_path)
     measure = measure_settings(args)
     name = workload.model.name.replace("/", "--")  # a preset's name, or a file's model's (a Hub id: owner--name)
-    run_dir = make_dir(Path(args.run_dir or f"runs/trials/{name}-b{workload.global_batch}-g{workload.gpus}"),
-                       "--run-dir")
-    args._run_dir = run_dir  # an internal error's traceback goes to its logs/ (autotune.cli)
+    run_dir = created_run_dir(args, f"runs/trials/{name}-b{workload.global_batch}-g{workload.gpus}")
     calibration = load_calibration(run_dir, workload, hardware) or Calibration()
     backend = DeepSpeedBackend(workload, args.memory_budget, hardware, DsOptions(nvme_path=args.nvme_path),
                                run_dir / "logs", args.timeout, measure, calibration=calibration)
@@ -115,6 +113,14 @@ def run(args: argparse.Namespace) -> int:
     else:
         show(result, prediction, backend.calibration, workload, hardware, run_dir)
     return 0 if result.ok else 1
+
+
+def created_run_dir(args: argparse.Namespace, default: str) -> Path:
+    """--run-dir (or the default), created once every input is checked; an internal error's traceback goes
+    to its logs/ (autotune.cli)."""
+    run_dir = make_dir(Path(args.run_dir or default), "--run-dir" if args.run_dir else "the default run directory")
+    args._run_dir = run_dir
+    return run_dir
 
 
 def check_config(config: Config, workload: Workload, hardware: Hardware, nvme_path: str | None) -> None:
@@ -202,9 +208,8 @@ def run_script_trial(args: argparse.Namespace) -> int:
                           f"{config.micro_batch} x {workload.gpus} rank(s)")
     check_config(config, replace(workload, model=replace(workload.model, layers=10**6)), hardware, args.nvme_path)
     measure = measure_settings(args)
-    run_dir = make_dir(Path(args.run_dir or f"runs/trials/script-{Path(script.path).stem}-b{workload.global_batch}"
-                            f"-g{workload.gpus}"), "--run-dir")
-    args._run_dir = run_dir
+    run_dir = created_run_dir(args, f"runs/trials/script-{Path(script.path).stem}-b{workload.global_batch}"
+                                    f"-g{workload.gpus}")
     backend = ScriptBackend(script, workload, args.memory_budget, hardware, DsOptions(nvme_path=args.nvme_path),
                             run_dir / "logs", args.timeout, measure, shape_known=False)
     result = backend.run(config) if args.json else _run_with_progress(backend, config)
