@@ -22,6 +22,7 @@ from autotune.pruning import Pruner, cause_of
 from autotune.results import TrialResult
 from autotune.space import Space
 from autotune.strategies import SearchContext, Strategy, make_strategy
+from autotune.tracking import NO_TRACKING, Tracker
 
 if TYPE_CHECKING:
     from autotune.rundir import RunDir, RunSettings
@@ -78,6 +79,7 @@ class Sweep:
         self.max_idle = 2 * space_size + 10
         self.stalled = False
         self.on_pruned: Callable[[TrialResult], None] = lambda result: None
+        self.tracker: Tracker = NO_TRACKING  # experiment tracking hears every recorded result (autotune.tracking)
         for result in history:
             if confirm.is_repeat(result):
                 continue
@@ -235,6 +237,7 @@ class Sweep:
         result = replace(result, extra={**result.extra, "trial": self.next_number})
         self._record(result)  # durable before the strategy hears of it: a crash in between is replayed
         self.results.append(result)
+        self.tracker.trial(result)  # after the record: a resumed sweep logs what a crash left unlogged
         if not confirm.is_repeat(result):
             self.known[result.config] = result
             self.strategy.observe(result.config, result)
