@@ -36,6 +36,7 @@ from autotune.search_spaces import load_choices
 from autotune.space import Choices, Space
 from autotune.strategies import STRATEGIES
 from autotune.study_storage import canonical as canonical_storage, check_storage
+from autotune.tracking import check_uri as check_tracking_uri, resolve_uri as tracking_uri, tracked
 from autotune.workload import Workload
 
 if TYPE_CHECKING:
@@ -66,6 +67,10 @@ class TuneSpec:
     # the best median. The repeats count in `trials` (at most a quarter of them while the search could still
     # use them). None: 2 for backends whose trials run on devices (deepspeed, script), 0 otherwise.
     confirm: int | None = None
+    # MLflow tracking (autotune/tracking.py, the `tracking` extra): a tracking URI (sqlite:///PATH,
+    # http://SERVER, ...), True for sqlite:///<run dir>/mlflow.db, None: off. Not a setting of the sweep: a
+    # resumed sweep may add or change it (the parent run of each store is kept in the run directory).
+    mlflow_uri: str | bool | None = None
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -82,6 +87,7 @@ class TuneSpec:
                                          or self.confirm < 0):
             raise ConfigError(f"confirm {self.confirm!r}: must be a whole number of repeats >= 0 (0: no "
                               "confirmation; None: the backend's default)")
+        check_tracking_uri(self.mlflow_uri)
 
     @property
     def backend_name(self) -> str:
@@ -114,6 +120,7 @@ class TuneResult:
     run_dir: Path
     summary: dict[str, Any] = field(default_factory=dict)
     verdict: str = ""
+    files: tuple[Path, ...] = ()  # the outputs written (summary, recommended configs, report, plots)
 
     @property
     def best_ds_config(self) -> Path | None:
@@ -126,6 +133,25 @@ class TuneResult:
     @property
     def launched(self) -> int:
         return sum(r.status != "pruned" for r in self.results)
+
+    def to_dict(self) -> dict[str, Any]:
+        """What `autotune tune --json` prints: the recommendation, why the sweep stopped, the counts and the
+        files (JSON types only)."""
+        best = self.best
+        return {
+            "run_dir": str(self.run_dir), "stop_reason": self.stop_reason.value, "stopped": self.stop_reason.text,
+            "verdict": self.verdict,
+            "best": None if best is None else {
+                **best.to_dict(), "label": best.config.label(), "trial": self.summary.get("best_trial_index")},
+            "launched": self.launched, "recorded": len(self.results),
+            "memory_budget_bytes": self.summary.get("memory_budget_bytes"),
+            "status_counts": self.summary.get("status_counts", {}),
+            "summary": self.summary,
+            "recommended": {p.name: str(p) for p in self.files  # best_ds_config.json, best_hf_ds_config.json, ...
+                            if p.name.startswith(("best_", "recommended_")) and p.parent == self.run_dir},
+            "report": str(self.run_dir / "report.md"),
+            "files": [str(p) for p in self.files],
+        }
 
 
 def tune(spec: TuneSpec, out: str | Path | None = None, *, resume: bool = False, executor: "RayOptions | None" = None,
@@ -143,7 +169,7 @@ def tune(spec: TuneSpec, out: str | Path | None = None, *, resume: bool = False,
     with run_dir.locked():
         begin(run_dir, settings, resume)
         return run_sweep(run_dir, settings, settings.space(), spec.budget(), executor, callbacks or QuietProgress(),
-                         objective)
+                         objective, tracking=tracking_uri(spec.mlflow_uri, run_dir.path))
 
 
 def default_run_dir(name: str, strategy: str) -> Path:
@@ -171,22 +197,28 @@ def begin(run_dir: RunDir, settings: RunSettings, resume: bool) -> None:
 
 
 def run_sweep(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budget, executor: "RayOptions | None",
-              progress: Progress, backend: Backend | None = None) -> TuneResult:
+              progress: Progress, backend: Backend | None = None, *, tracking: str | None = None) -> TuneResult:
     """The loop of a run directory whose settings are written: trials until the budget or the strategy ends
-    it, then the outputs. The caller holds the run directory's lock."""
+    it, then the outputs. The caller holds the run directory's lock. `tracking`: an MLflow tracking URI that
+    hears every trial and the recommendation (autotune.tracking), or None."""
     sweep = Sweep.open(run_dir, settings, space)
-    if sweep.nothing_fits(space):
-        reason = StopReason.NOTHING_FITS
-    elif executor is not None:
-        from autotune.drivers.ray import run_one
+    with tracked(tracking, run_dir, settings, sweep.results, progress.message) as tracker:
+        sweep.tracker = tracker
+        if sweep.nothing_fits(space):
+            reason = StopReason.NOTHING_FITS
+        elif executor is not None:
+            from autotune.drivers.ray import run_one
 
-        reason = run_one(sweep, settings, run_dir, budget, executor, progress)
-    else:
-        backend = backend or make_backend(settings, run_dir, TrialOptions(sleep_s=simulated_sleep_s(settings.backend)))
-        sweep.launch_sigma = prior_sigma(settings.backend, backend)  # a simulation's own noise, if it says
-        reason = run_local(sweep, backend, budget, progress)
-    outputs = close_sweep(run_dir, settings, sweep)
-    return TuneResult(outputs.best, tuple(sweep.results), reason, run_dir.path, outputs.summary, outputs.verdict)
+            reason = run_one(sweep, settings, run_dir, budget, executor, progress)
+        else:
+            backend = backend or make_backend(settings, run_dir,
+                                              TrialOptions(sleep_s=simulated_sleep_s(settings.backend)))
+            sweep.launch_sigma = prior_sigma(settings.backend, backend)  # a simulation's own noise, if it says
+            reason = run_local(sweep, backend, budget, progress)
+        outputs = close_sweep(run_dir, settings, sweep)
+        tracker.finish(outputs.best, outputs.summary, outputs.files, outputs.verdict, reason.value)
+    return TuneResult(outputs.best, tuple(sweep.results), reason, run_dir.path, outputs.summary, outputs.verdict,
+                      outputs.files)
 
 
 def close_sweep(run_dir: RunDir, settings: RunSettings, sweep: Sweep) -> Outputs:

@@ -26,6 +26,7 @@ import importlib.util
 import math
 import time
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Protocol, Sequence
 
@@ -171,7 +172,9 @@ class MlflowTracker:
         except Exception as err:  # noqa: BLE001  MLflow's, SQLAlchemy's and requests' errors alike
             raise ConfigError(f"MLflow tracking URI {key}: {_one_line(err)}") from None
         tracker = cls(client, uri, experiment_id, run_id, logged, warn)
-        for result in history:  # a session without tracking, or a crash between recording and logging
+        for number, result in enumerate(history, 1):  # a session without tracking, or a crash in between
+            if "trial" not in result.extra:  # a run directory from before trials were numbered
+                result = replace(result, extra={**result.extra, "trial": number})
             tracker.trial(result)
         return tracker
 
