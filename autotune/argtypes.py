@@ -110,15 +110,20 @@ def ray_address(text: str) -> str:
 
 # -- paths read ---------------------------------------------------------------------------------------------
 
+def shown_path(text: str) -> str:
+    """A path as an error names it: whole unless absurdly long (a 300-character name is itself the problem)."""
+    return shown(text, 200)
+
+
 def input_file(text: str) -> Path:
     """A file the command reads: it exists, is a regular file (not a directory or a device) and is readable."""
     path = Path(text)
     if not text or "\0" in text or not os.path.exists(path):
-        raise argparse.ArgumentTypeError(f"{shown(text)}: no such file")
+        raise argparse.ArgumentTypeError(f"{shown_path(text)}: no such file")
     if not path.is_file():
-        raise argparse.ArgumentTypeError(f"{shown(text)} is not a regular file")
+        raise argparse.ArgumentTypeError(f"{shown_path(text)} is not a regular file")
     if not os.access(path, os.R_OK):
-        raise argparse.ArgumentTypeError(f"{shown(text)} is not readable")
+        raise argparse.ArgumentTypeError(f"{shown_path(text)} is not readable")
     return path
 
 
@@ -130,7 +135,7 @@ def output_dir(text: str) -> Path:
     path = _output_path(text)
     if path.exists():
         if not path.is_dir():
-            raise argparse.ArgumentTypeError(f"{shown(text)} exists and is not a directory")
+            raise argparse.ArgumentTypeError(f"{shown_path(text)} exists and is not a directory")
         _writable(path, text)
     return path
 
@@ -140,14 +145,14 @@ def output_file(text: str) -> Path:
     directory that exists or can be created."""
     path = _output_path(text)
     if path.is_dir():
-        raise argparse.ArgumentTypeError(f"{shown(text)} is a directory: name a file (e.g. {text.rstrip('/')}/out.jsonl)")
+        raise argparse.ArgumentTypeError(f"{shown_path(text)} is a directory: name a file (e.g. {text.rstrip('/')}/out.jsonl)")
     if path.exists():
         if not path.is_file():
-            raise argparse.ArgumentTypeError(f"{shown(text)} is not a regular file")
+            raise argparse.ArgumentTypeError(f"{shown_path(text)} is not a regular file")
         if not os.access(path, os.W_OK):
-            raise argparse.ArgumentTypeError(f"{shown(text)} is not writable")
+            raise argparse.ArgumentTypeError(f"{shown_path(text)} is not writable")
     elif text.endswith(os.sep):
-        raise argparse.ArgumentTypeError(f"{shown(text)} ends with '{os.sep}': name a file, not a directory")
+        raise argparse.ArgumentTypeError(f"{shown_path(text)} ends with '{os.sep}': name a file, not a directory")
     return path
 
 
@@ -155,7 +160,7 @@ def existing_dir(text: str) -> Path:
     """A directory that must exist, and that the command writes into (e.g. a run directory's outputs)."""
     path = output_dir(text)
     if not path.is_dir():
-        raise argparse.ArgumentTypeError(f"{shown(text)}: no such directory")
+        raise argparse.ArgumentTypeError(f"{shown_path(text)}: no such directory")
     return path
 
 
@@ -164,24 +169,24 @@ def _output_path(text: str) -> Path:
     if not text:
         raise argparse.ArgumentTypeError("an empty path: name a file or directory")
     if "\0" in text:
-        raise argparse.ArgumentTypeError(f"{shown(text)} contains a NUL character")
+        raise argparse.ArgumentTypeError(f"{shown_path(text)} contains a NUL character")
     path = Path(text)
     absolute = Path(os.path.abspath(text))
     ancestor = _nearest_existing(absolute)
     name_max = _limit(ancestor, "PC_NAME_MAX", 255)
     for part in absolute.parts:
         if len(os.fsencode(part)) > name_max:
-            raise argparse.ArgumentTypeError(f"{shown(text)}: a name of {len(os.fsencode(part))} bytes: "
+            raise argparse.ArgumentTypeError(f"{shown_path(text)}: a name of {len(os.fsencode(part))} bytes: "
                                              f"allowed at most {name_max} bytes per name")
     path_max = _limit(ancestor, "PC_PATH_MAX", 4096)
     if len(os.fsencode(str(absolute))) >= path_max:
-        raise argparse.ArgumentTypeError(f"{shown(text)} is {len(os.fsencode(str(absolute)))} bytes long as an "
+        raise argparse.ArgumentTypeError(f"{shown_path(text)} is {len(os.fsencode(str(absolute)))} bytes long as an "
                                          f"absolute path: allowed less than {path_max}")
     if os.path.lexists(absolute) and not os.path.exists(absolute):
-        raise argparse.ArgumentTypeError(f"{shown(text)} is a symbolic link to nothing")
+        raise argparse.ArgumentTypeError(f"{shown_path(text)} is a symbolic link to nothing")
     if ancestor != absolute:
         if not ancestor.is_dir():
-            raise argparse.ArgumentTypeError(f"{shown(text)}: {ancestor} is not a directory")
+            raise argparse.ArgumentTypeError(f"{shown_path(text)}: {ancestor} is not a directory")
         _writable(ancestor, text)
     return path
 
@@ -204,7 +209,7 @@ def _nearest_existing(absolute: Path) -> Path:
 def _writable(directory: Path, text: str) -> None:
     if not os.access(directory, os.W_OK | os.X_OK):
         where = "" if Path(os.path.abspath(text)) == directory else f": {directory}"
-        raise argparse.ArgumentTypeError(f"{shown(text)}{where} is not a writable directory")
+        raise argparse.ArgumentTypeError(f"{shown_path(text)}{where} is not a writable directory")
 
 
 def _limit(path: Path, name: str, default: int) -> int:

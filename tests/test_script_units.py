@@ -138,8 +138,9 @@ def test_the_first_trial_is_plain_and_small():
 
 
 def test_cli_refuses_a_missing_script_and_a_model_with_a_script(tmp_path, capsys):
-    assert main(["tune", "--script", str(tmp_path / "missing.py"), "--out", str(tmp_path / "r")]) == 2
-    assert "missing.py" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:  # refused by --script's argparse type
+        main(["tune", "--script", str(tmp_path / "missing.py"), "--out", str(tmp_path / "r")])
+    assert refused.value.code == 2 and "missing.py': no such file" in capsys.readouterr().err
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")
     assert main(["tune", "--script", str(script), "--model", "tiny", "--out", str(tmp_path / "r")]) == 2
