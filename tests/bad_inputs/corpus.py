@@ -19,6 +19,7 @@ An entry of corpus.yaml:
       env: {NAME: value}               # environment variables of the command
       mentions: [text]                 # the error line must contain each (the bad value, the file)
       then: {argv: [...], exit: 0}     # a follow-up command (the corrected one) and its expected exit
+      isolate: true                    # tests run it as a subprocess too (it may block in native code)
 
 Placeholders in argv, file texts and env values: {huge} (400 nines), {long} (a 300-character name),
 {tmp} (the entry's folder, absolute). A bad input (exit 2) is clean when its stderr is one line starting with
@@ -37,6 +38,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -239,7 +241,9 @@ def call_main(argv: list[str]) -> tuple[int | None, str]:
 
     err, out = io.StringIO(), io.StringIO()
     code: int | None
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+    # Warnings are recorded, not printed: in one process a library warns about what an earlier command did
+    # (gymnasium: "Overriding environment ... already in registry"); the subprocess runs show what users see.
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out), warnings.catch_warnings(record=True):
         try:
             code = main(argv)
         except SystemExit as done:
