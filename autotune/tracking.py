@@ -251,6 +251,12 @@ class MlflowTracker:
                       "the trials are recorded in the run directory, and --resume logs those missing")
 
 
+def parent_of(run_dir: "RunFolder", uri: str) -> dict[str, str]:
+    """The experiment and parent run ids of `run_dir` in the store at `uri` (empty before the first session)."""
+    entry = _read_state(run_dir).get(masked(uri) or uri) or {}
+    return {key: str(entry[key]) for key in ("experiment_id", "run_id") if key in entry}
+
+
 def _client(uri: str) -> Any:
     try:
         from mlflow.tracking import MlflowClient

@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import functools
+import json
+import math
+import os
 import sys
+from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
+from typing import Any, Callable, Iterator, TextIO
 
 from autotune.config import ConfigError
 from autotune.devices import AUTO, LocalMachine, gpus_found, require_here, resolve_hardware
@@ -106,3 +113,79 @@ def make_dir(path: Path, flag: str) -> Path:
     except OSError as err:
         raise ConfigError(f"{flag} {path}: cannot create the directory: {err.strerror or err}") from None
     return path
+
+
+# -- --json: one JSON document on stdout ------------------------------------------------------------------
+
+JSON_HELP = "print one JSON document on stdout (what the tables say); progress and messages go to stderr"
+
+
+def add_json_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help=JSON_HELP)
+
+
+def json_command(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """A command's `run` with --json: while it runs, whatever is written to stdout (progress, a library's log
+    line, a child process's output) goes to stderr, so that stdout holds only the document `emit_json` writes.
+    Errors are unchanged: one line on stderr, exit 2 (autotune.cli)."""
+
+    @functools.wraps(run)
+    def wrapper(args: argparse.Namespace) -> int:
+        if not getattr(args, "json", False):
+            return run(args)
+        with _stdout_to_stderr() as stdout:
+            args._json_out = stdout
+            return run(args)
+
+    return wrapper
+
+
+def emit_json(args: argparse.Namespace, data: Any) -> None:
+    """Write the command's JSON document to its real stdout (see json_command)."""
+    stream: TextIO = getattr(args, "_json_out", None) or sys.stdout
+    stream.write(json.dumps(jsonable(data), indent=2, allow_nan=False) + "\n")
+    stream.flush()
+
+
+def jsonable(value: Any) -> Any:
+    """`value` in JSON types: paths and enums as their text, a value with to_dict() as that, NaN and
+    infinities as null (JSON has none)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if value is None or isinstance(value, (str, int)):
+        return value
+    if isinstance(value, Enum):
+        return jsonable(value.value)
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [jsonable(v) for v in value]
+    if hasattr(value, "to_dict"):
+        return jsonable(value.to_dict())
+    return str(value)
+
+
+@contextmanager
+def _stdout_to_stderr() -> Iterator[TextIO]:
+    """Point stdout at stderr (the file descriptor too, which child processes inherit) and yield a stream on
+    the real stdout. Where stdout is no file descriptor (a test's captured stream), only sys.stdout moves."""
+    sys.stdout.flush()
+    try:
+        out_fd, err_fd = sys.stdout.fileno(), sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        real = sys.stdout
+        with redirect_stdout(sys.stderr):
+            yield real
+        return
+    saved = os.dup(out_fd)
+    real = os.fdopen(saved, "w", closefd=True)
+    try:
+        os.dup2(err_fd, out_fd)
+        with redirect_stdout(sys.stderr):
+            yield real
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, out_fd)
+        real.close()

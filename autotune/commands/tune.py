@@ -8,14 +8,15 @@ import argparse
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from autotune.api import DEFAULT_STRATEGY, begin, check_out, default_run_dir, run_sweep
 from autotune.argtypes import duration, gpu_count, non_negative_int, output_dir, ray_address, seed
 from autotune.backends.replay import replay_settings
 from autotune.backends.factory import backend_names
 from autotune.commands import script as script_command
-from autotune.commands.common import add_workload_arguments, make_dir, positive_int, size, space_from, target_from
+from autotune.commands.common import (add_json_argument, add_workload_arguments, emit_json, json_command, make_dir,
+                                      positive_int, size, space_from, target_from)
 from autotune.config import ConfigError
 from autotune.interrupts import sigterm_as_interrupt
 from autotune.drivers.progress import ConsoleProgress
@@ -26,7 +27,8 @@ from autotune.rundir import SETTINGS, STUDY, RunDir, RunSettings
 from autotune.script.cli import add_arguments as script_arguments, script_from
 from autotune.space import Space
 from autotune.strategies import STRATEGIES
-from autotune.study_storage import canonical as canonical_storage, check_storage
+from autotune.study_storage import canonical as canonical_storage, check_storage, masked
+from autotune import tracking
 from autotune.units import format_size
 
 if TYPE_CHECKING:
@@ -61,8 +63,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "everything else): an Optuna RDB URL (sqlite:///PATH, postgresql://USER:PASS@HOST/DB, "
                              "mysql+pymysql://...) or a journal file's path; one study per run directory, named "
                              "in report.md; repeat it with --resume")
+    add_tracking_arguments(parser)
+    add_json_argument(parser)
     add_ray_arguments(parser)
     script_arguments(parser)
+
+
+def add_tracking_arguments(parser: argparse.ArgumentParser) -> None:
+    """MLflow tracking (autotune/tracking.py), shared with `autotune sweep`."""
+    parser.add_argument("--mlflow", action="store_true",
+                        help="log every trial and the recommendation to MLflow, in sqlite:///<out>/mlflow.db (needs "
+                             f"the {tracking.EXTRA} extra: pip install 'ds-autotune[{tracking.EXTRA}]')")
+    parser.add_argument("--mlflow-uri", default=None, metavar="URI",
+                        help="log to this MLflow tracking URI instead (http://SERVER:5000, sqlite:///PATH, "
+                             "postgresql://...); a resumed sweep continues its parent run there")
+
+
+def tracking_uri(args: argparse.Namespace, folder: Path) -> str | None:
+    """The MLflow URI of --mlflow / --mlflow-uri (None: no tracking); ConfigError when mlflow is missing."""
+    if args.mlflow_uri is not None:
+        tracking.check_uri(args.mlflow_uri)
+        return args.mlflow_uri.strip()
+    return tracking.resolve_uri(True, folder) if args.mlflow else None
 
 
 def add_ray_arguments(parser: argparse.ArgumentParser) -> None:
@@ -76,6 +98,7 @@ def add_ray_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --ray-address: GPUs one real trial asks for (default: --gpus)")
 
 
+@json_command
 def run(args: argparse.Namespace) -> int:
     import optuna
 
@@ -90,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
     run_dir = RunDir(out)
     check_out(run_dir, args.resume)
     check_storage(settings.storage, run_dir.study_name(settings.storage), args.resume)
+    mlflow = tracking_uri(args, out)
     before = set(_STARTUP_FILES) if args.resume else {n for n in _STARTUP_FILES if (out / n).exists()}
     make_dir(out, "--out" if args.out else "the default run directory")
     args._run_dir = out  # an internal error's traceback goes to its logs/ (autotune.cli)
@@ -100,9 +124,13 @@ def run(args: argparse.Namespace) -> int:
             settings, space, fatal = script_mode().first_trial(run_dir, settings, space, script_from(args))
             if fatal:
                 run_dir.write_settings(settings)
-                return script_mode().stopped(run_dir, settings, fatal)
+                code = script_mode().stopped(run_dir, settings, fatal)
+                if args.json:
+                    emit_json(args, stopped_json(run_dir, settings, fatal))
+                return code
         begin(run_dir, settings, args.resume)
-        return tune(run_dir, settings, space, Budget(args.trials, args.time_budget, args.confirm), args.resume, ray)
+        return tune(run_dir, settings, space, Budget(args.trials, args.time_budget, args.confirm), args.resume, ray,
+                    mlflow=mlflow, emit=(lambda data: emit_json(args, data)) if args.json else None)
 
 
 # What a new sweep writes before its first trial (the lock stays: it records nothing). Removed again when the
@@ -136,7 +164,9 @@ def ray_options(args: argparse.Namespace) -> "RayOptions | None":
 
 
 def tune(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budget, resume: bool,
-         ray: "RayOptions | None" = None) -> int:
+         ray: "RayOptions | None" = None, *, mlflow: str | None = None,
+         emit: Callable[[dict], None] | None = None) -> int:
+    """Run the sweep with progress on the console; `emit` (--json) gets the result as one JSON object."""
     progress = ConsoleProgress(budget.trials)
     for note in run_dir.notes:  # what taking the run directory repaired (autotune.rundir)
         progress.message(note)
@@ -147,7 +177,7 @@ def tune(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budget, r
         f"{settings.hardware.name}) under {format_size(settings.memory_budget_bytes)}: {settings.strategy} over "
         f"{len(space)} configs, {settings.backend} backend, up to {budget.trials} trials"
         + (f"; {len(history)} recorded already" if history else "") + f" -> {run_dir.path}")
-    result = run_sweep(run_dir, settings, space, budget, ray, progress)
+    result = run_sweep(run_dir, settings, space, budget, ray, progress, tracking=mlflow)
     progress.close()  # the last batch of pruned configs, before the summary
     pruned = [r for r in result.results if r.status == "pruned"]
     if len(pruned) > 1:
@@ -162,10 +192,27 @@ def tune(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budget, r
     if result.best is not None:
         progress.message(f"recommended config: {result.best_ds_config} (Hugging Face: {result.best_hf_ds_config})")
     progress.message(f"report: {run_dir.path / 'report.md'}")
+    if mlflow is not None:
+        progress.message(f"MLflow: {masked(mlflow)} (experiment and parent run in {run_dir.path / tracking.STATE})")
+    if emit is not None:
+        emit({**result.to_dict(), "budget": {"trials": budget.trials, "time_s": budget.time_s, "confirm": budget.confirm},
+              "strategy": settings.strategy, "backend": settings.backend,
+              "mlflow": None if mlflow is None else {"uri": masked(mlflow),
+                                                     **tracking.parent_of(run_dir, mlflow)}})
     if result.stop_reason == StopReason.INTERRUPTED:
         progress.message(f"interrupted: continue with the same command and --resume --out {run_dir.path}")
         return 130
     return 0 if result.best is not None else 1
+
+
+def stopped_json(run_dir: RunDir, settings: RunSettings, fatal: str) -> dict:
+    """--json when a script's first trial showed it cannot be tuned as it is."""
+    from autotune.api import TuneResult
+    from autotune.report import summarize
+
+    results = run_dir.results()
+    return TuneResult(None, tuple(results), StopReason.FATAL, run_dir.path, summarize(results, settings),
+                      fatal).to_dict()
 
 
 def resolve(args: argparse.Namespace) -> tuple[RunSettings, Space]:
