@@ -37,7 +37,7 @@ class ArgumentParser(argparse.ArgumentParser):
     """Bad input is one line naming the value, and exit code 2."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {one_line(message)}\n")
 
 
 def build_parser() -> ArgumentParser:
@@ -118,9 +118,15 @@ def write_error_log(text: str, run_dir: str | Path | None) -> Path | str:
     return reason
 
 
+# What str.splitlines breaks at, besides "\n": shown escaped when a message quotes a value holding one.
+_BREAKS = {c: c.encode("unicode_escape").decode() for c in "\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"}
+
+
 def one_line(text: str) -> str:
-    """The message on one line, whatever it holds (a parser's message may quote several lines of a file)."""
-    return " ".join(text.split())
+    """The message on one line, whatever it holds: a parser's message may quote several lines of a file (joined
+    with spaces), a value typed may hold a carriage return (escaped: '\\r')."""
+    joined = " ".join(part.strip() for part in text.strip().split("\n"))
+    return "".join(_BREAKS.get(c, c) for c in joined)
 
 
 def _silence_stdout() -> None:

@@ -86,6 +86,7 @@ def one_line_error(code, err: str, prog: str, *fragments: str) -> None:
     (["rl", "train", "--hiddens", "128," + NINES], "integers from 1 to 65536"),
     (FAST_TUNE + ["--ray-address", "127.0.0.1:0"], "'127.0.0.1:0' is not a Ray address: allowed local, auto or host:port"),
     (["sweep", "s.yaml", "--ray-address", "host"], "'host' is not a Ray address"),
+    (["estimate", "--model", "x\ry\u2028z"], "argument --model: model x\\ry\\u2028z"),  # one line, whatever it holds
 ])
 def test_bad_numbers_are_one_line_exit_2_and_write_nothing(argv, fragment, workdir, capsys):
     code, _, err = cli(argv, capsys)
