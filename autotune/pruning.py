@@ -88,9 +88,10 @@ def cause_counts(results: Iterable[TrialResult]) -> Counter[str]:
     return Counter(c for c in map(cause_of, results) if c is not None)
 
 
-def describe_causes(counts: Counter[str], verb: str = "over") -> str:
-    """'790 over device memory, 22 over host memory (offloaded state)', largest first."""
-    return ", ".join(f"{n} {verb} {CAUSES[c]}" for c, n in counts.most_common())
+def describe_causes(counts: Counter[str], verb: str = "over", then: str = "over") -> str:
+    """'790 predicted over device memory, 22 over host memory (offloaded state)' (verb 'predicted over'),
+    largest first; `then` replaces `verb` after the first."""
+    return ", ".join(f"{n} {verb if i == 0 else then} {CAUSES[c]}" for i, (c, n) in enumerate(counts.most_common()))
 
 
 @dataclass(frozen=True)

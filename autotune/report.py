@@ -1,6 +1,7 @@
 """Outputs of a sweep, written from its run directory alone (so `autotune report runs/NAME` regenerates
 them): `summary.json` (the contract of ARCHITECTURE.md section 3), `best_ds_config.json` (checked with
-DeepSpeed's own parser) and `best_hf_ds_config.json`, `report.md`, and `plots/*.png`."""
+DeepSpeed's own parser), `best_hf_ds_config.json`, `recommended_trainer_args.json` and
+`best_accelerate_config.yaml` (autotune/handoff.py), `report.md`, and `plots/*.png`."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from autotune.config import Config
-from autotune.dsconfig import DsOptions, ds_config, hf_ds_config, validate
+from autotune.handoff import Handoff, stack_line
 from autotune.confirm import DEFAULT_REPEATS, Confirmation, confidence_words, confirmation, is_repeat, prior_sigma, recommend
 from autotune.estimate import estimate
 from autotune.pruning import (CAUSES, DEVICE_MEMORY, HOST_MEMORY, NVME_SPACE, Pruner, cause_counts, cause_of,
@@ -31,6 +32,22 @@ class Outputs:
     summary: dict
     files: tuple[Path, ...]
     verdict: str  # one line: the recommendation, or why nothing fits
+
+    def to_dict(self, run_dir: Path) -> dict[str, Any]:
+        """What `autotune report --json` prints (and `tune --json`, with the stop reason): JSON types only."""
+        best = self.best
+        return {
+            "run_dir": str(run_dir), "verdict": self.verdict,
+            "best": None if best is None else {**best.to_dict(), "label": best.config.label(),
+                                               "trial": self.summary.get("best_trial_index")},
+            "memory_budget_bytes": self.summary.get("memory_budget_bytes"),
+            "status_counts": self.summary.get("status_counts", {}),
+            "summary": self.summary,
+            "recommended": {p.name: str(p) for p in self.files  # best_ds_config.json, best_hf_ds_config.json, ...
+                            if p.name.startswith(("best_", "recommended_")) and p.parent == Path(run_dir)},
+            "report": str(Path(run_dir) / "report.md"),
+            "files": [str(p) for p in self.files],
+        }
 
 
 def summarize(results: Sequence[TrialResult], settings: RunSettings) -> dict:
@@ -90,24 +107,29 @@ def no_fit_verdict(settings: RunSettings, results: Sequence[TrialResult] = ()) -
     hw = settings.hardware
     details, fixes = [], []
     if counts[DEVICE_MEMORY]:
-        unlimited = replace(pruner, budget_bytes=2**62)  # which configs only the device budget keeps out
-        helped = sum(unlimited.check(c, settings.backend) is None for c, r in fate.items()
+        # Raising the budget helps only up to the device's memory, and only configs nothing else keeps out.
+        device = replace(pruner, budget_bytes=max(hw.memory_bytes, settings.memory_budget_bytes))
+        helped = sum(device.check(c, settings.backend) is None for c, r in fate.items()
                      if r is not None and cause_of(r) == DEVICE_MEMORY)
-        details.append(f"device budget {budget}")
-        fixes.append(f"raise the budget ({helped} of the configs over it would then fit)" if helped
-                     else "raising the budget alone would not help")
+        if device.budget_bytes > settings.memory_budget_bytes and helped:
+            details.append(f"device budget {budget} of the {format_size(hw.memory_bytes)} of a {hw.name}")
+            fixes.append(f"raise the budget ({helped} more configs would fit in all of the device's memory)")
+        else:
+            details.append(f"device memory {budget}")
+            fixes.append("devices with more memory")
+    fixes.append("more GPUs (ZeRO shards the model states over them)")
     if counts[HOST_MEMORY]:
         host = [c for c, r in fate.items() if r is not None and cause_of(r) == HOST_MEMORY]
         need = {c: host_need_bytes(pruner.predict(c), settings.workload, hw) for c in host}
         least = min(host, key=need.__getitem__)
-        details.append(f"host memory {format_size(hw.host_memory_bytes)} per {hw.name} node; the least offloaded "
-                       f"state, {least.label()}, needs {format_size(need[least])}")
-        fixes.append("a node with more host memory, more GPUs to shard the offloaded state over, or NVMe offload "
-                     "(a space with an nvme_path)")
+        details.append(f"host memory {format_size(hw.host_memory_bytes)} per {hw.name} node, while the smallest "
+                       f"offloaded state ({least.label()}) needs {format_size(need[least])}")
+        fixes.append("a node with more host memory, or NVMe offload (a space with an nvme_path)")
     if counts[NVME_SPACE]:
         details.append(f"{format_size(pruner.nvme_free_bytes)} free at {settings.choices.nvme_path}")
         fixes.append("more free space at the NVMe path")
-    return f"no config fits: {describe_causes(counts)} ({'; '.join(details)}): {'; '.join(fixes)}"
+    return (f"no config fits: {describe_causes(counts, 'configs over')} ({'; '.join(details)}); it needs "
+            f"{', '.join(fixes[:-1])} or {fixes[-1]}")
 
 
 def _cause_list(counts: Counter[str]) -> str:
@@ -121,16 +143,15 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
     summary = summarize(results, settings)
     best = recommend(results, settings.memory_budget_bytes)
     files = [run.write_json("summary.json", summary)]
+    usage: list[str] = []  # the report's section on using the recommendation (autotune/handoff.py)
     run.plots_dir.mkdir(parents=True, exist_ok=True)
     files.append(plots.throughput_vs_memory(results, settings.memory_budget_bytes, best,
                                             run.plots_dir / "throughput_vs_memory.png"))
     files.append(plots.best_so_far(results, settings.memory_budget_bytes, run.plots_dir / "best_so_far.png"))
     if best is not None:
-        options = DsOptions(nvme_path=settings.choices.nvme_path)
-        ds = ds_config(best.config, settings.workload, options)
-        validate(ds, settings.workload.gpus)
-        files.append(run.write_json("best_ds_config.json", ds))
-        files.append(run.write_json("best_hf_ds_config.json", hf_ds_config(best.config, settings.workload, options)))
+        handoff = Handoff.of(best.config, settings, run.path)
+        files += handoff.write(run)  # best_ds_config.json, best_hf_ds_config.json, trainer args, accelerate config
+        usage = handoff.markdown()
         est = estimate(best.config, settings.workload, settings.hardware)
         files.append(plots.memory_breakdown(est, settings.memory_budget_bytes, best.peak_memory_bytes,
                                             run.plots_dir / "memory_breakdown.png"))
@@ -142,7 +163,8 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
     else:
         verdict = no_fit_verdict(settings, results)
     report = run.path / "report.md"
-    run.write_text("report.md", markdown(results, settings, summary, best, verdict, study=study_line(run, settings)))
+    run.write_text("report.md", markdown(results, settings, summary, best, verdict, study=study_line(run, settings),
+                                       usage=usage))
     files.append(report)
     return Outputs(best, summary, tuple(files), verdict)
 
@@ -159,7 +181,7 @@ def study_line(run: RunDir, settings: RunSettings) -> str | None:
 
 
 def markdown(results: Sequence[TrialResult], settings: RunSettings, summary: dict, best: TrialResult | None,
-             verdict: str, study: str | None = None) -> str:
+             verdict: str, study: str | None = None, usage: Sequence[str] = ()) -> str:
     w, budget = settings.workload, settings.memory_budget_bytes
     launched = [r for r in results if r.status != "pruned"]
     counts = ", ".join(f"{n} {s}" for s, n in summary["status_counts"].items() if n)
@@ -173,18 +195,20 @@ def markdown(results: Sequence[TrialResult], settings: RunSettings, summary: dic
         f"- Trials: {len(results)} recorded, {len(launched)} launched ({counts or 'none'}); "
         f"trial time {sum(r.wall_time_s for r in results) / 60:.1f} min",
         *([study] if study else []),
+        *([f"- Stack: {line}"] if (line := stack_line(settings.stack)) else []),
         *_limits(results),
         "",
         f"**{verdict[0].upper() + verdict[1:]}.**",
         "",
     ]
     if best is not None:
-        lines += ["Use `best_ds_config.json` with `deepspeed.initialize(config=...)`, or `best_hf_ds_config.json` "
-                  "with the Hugging Face Trainer / Accelerate (pass the same micro-batch, accumulation and "
-                  "precision in the training arguments).", ""]
+        lines += ["Use it with DeepSpeed (`best_ds_config.json`), the Hugging Face Trainer (`recommended_trainer_args.json` "
+                  "with `best_hf_ds_config.json`) or Accelerate (`best_accelerate_config.yaml`): see "
+                  "[Using the recommendation](#using-the-recommendation).", ""]
     lines += _top_table(results, budget)
     lines += _confirmation(results, budget, settings.backend)
     lines += _failures(results)
+    lines += usage
     lines += ["## Plots", "", "![throughput against peak memory](plots/throughput_vs_memory.png)", "",
               "![best so far](plots/best_so_far.png)", ""]
     if best is not None:

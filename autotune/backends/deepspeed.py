@@ -33,7 +33,7 @@ from autotune.hardware import Hardware
 from autotune.results import TrialResult
 from autotune.runner import LaunchOptions, RunOutcome, run_worker
 from autotune.worker.measure import MeasureSettings
-from autotune.worker.protocol import WorkerSpec, write_json_atomic
+from autotune.worker.protocol import WorkerSpec, current_phase, write_json_atomic
 from autotune.workload import Workload
 
 
@@ -62,6 +62,7 @@ class DeepSpeedBackend:
         self.accelerator = accelerator or (hardware.accelerator if hardware is not None else "cpu")
         self.fatal: str | None = None  # set when a rank found the wrong accelerator: no config can run here
         self._cpu_info: dict[str, Any] | None = None
+        self._running: Path | None = None  # the log directory of the trial in flight
         self.launch = LaunchOptions(ranks=workload.gpus, timeout_s=timeout_s, memory_budget_bytes=memory_budget_bytes,
                                     launcher=launcher, env=dict(env or {}))
 
@@ -72,6 +73,12 @@ class DeepSpeedBackend:
 
     def close(self) -> None:
         """Nothing to release: each trial ends its own processes."""
+
+    def phase(self) -> str | None:
+        """Where the trial in flight is (rank 0's latest phase, e.g. 'building ops (cpu_adam)'); None between
+        trials. Read from another thread by the progress display."""
+        running = self._running
+        return current_phase(running) if running is not None else None
 
     def run(self, config: Config) -> TrialResult:
         log_dir = self._new_log_dir(config)
@@ -88,7 +95,11 @@ class DeepSpeedBackend:
             spec = WorkerSpec(config, self.workload, ds, str(log_dir), self.measure, self.memory_budget_bytes,
                               self.seed, fault=self.fault, cpu_info=self.cpu_info(), extra=self._spec_extra(),
                               accelerator=self.accelerator)
-            outcome = run_worker(spec, self.launch)
+            self._running = log_dir
+            try:
+                outcome = run_worker(spec, self.launch)
+            finally:
+                self._running = None
             self._read_outcome(log_dir, outcome, extra)
             result = self._result(config, outcome, extra)
         write_json_atomic(log_dir / "result.json", result.to_dict())

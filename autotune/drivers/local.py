@@ -10,7 +10,7 @@ from __future__ import annotations
 from autotune.backends import Backend
 from autotune.backends.factory import as_backend
 from autotune.drivers.loop import Flight, Job, TrialReply, run_jobs
-from autotune.drivers.progress import Progress
+from autotune.drivers.progress import LiveProgress, PhaseReporter, Progress
 from autotune.drivers.stop import StopReason
 from autotune.drivers.sweep import Budget, Sweep
 
@@ -43,6 +43,10 @@ class LocalExecutor:
 def run_local(sweep: Sweep, backend: Backend, budget: Budget, progress: Progress) -> StopReason:
     """Run trials until the budget is spent or the strategy is done; returns why it stopped."""
     executor = LocalExecutor(as_backend(backend))
+    if isinstance(progress, LiveProgress):
+        progress.set_slots(1)
+        if isinstance(executor.backend, PhaseReporter):  # the live line shows the running trial's phase
+            progress.follow(executor.backend.phase)
     job = Job("local", sweep, budget, progress=progress)
     try:
         return run_jobs([job], executor)[job.name]

@@ -1,19 +1,33 @@
 """Progress of a sweep for people: one line per trial (number, config, status, throughput, memory,
-best so far) and, while a trial runs, a live status line with its config and elapsed time."""
+best so far, the sweep's ETA), one line per batch of pruned configs (how many, and what each was predicted
+to exceed: autotune.pruning.CAUSES; every config and its reason stay in trials.jsonl and report.md), and,
+while a trial runs, a live line with its config, its phase (loading or building DeepSpeed's C++ ops,
+initializing, warming up, measuring: read from the backend, `PhaseReporter`), its elapsed time and the ETA.
+
+The ETA is the median wall time of the trials seen so far times the trials left, divided by the trials
+that run at once (`set_slots`: 1 locally, the Ray executor's slots); it says nothing until one trial
+has finished.
+"""
 
 from __future__ import annotations
 
-from typing import Protocol
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence, runtime_checkable
 
 from rich.console import Console
 from rich.status import Status
 
 from autotune.config import Config
+from autotune.pruning import cause_counts, describe_causes
 from autotune.results import TrialResult
 from autotune.units import format_size
 
 STATUS_STYLE = {"ok": "green", "oom": "red", "crash": "red", "timeout": "yellow", "unsupported": "yellow",
                 "pruned": "dim"}
+PhaseSource = Callable[[], "str | None"]
 
 
 class Progress(Protocol):
@@ -21,6 +35,22 @@ class Progress(Protocol):
     def finished(self, result: TrialResult, launched: int, best: TrialResult | None) -> None: ...
     def pruned(self, result: TrialResult) -> None: ...
     def message(self, text: str) -> None: ...
+
+
+@runtime_checkable
+class PhaseReporter(Protocol):
+    """A backend that can say where its trial in flight is (DeepSpeedBackend: rank 0's latest phase)."""
+
+    def phase(self) -> str | None: ...
+
+
+@runtime_checkable
+class LiveProgress(Protocol):
+    """A progress display that shows the running trial's phase and an ETA (ConsoleProgress); drivers feed
+    it what they know, a plain Progress needs neither."""
+
+    def follow(self, phase: PhaseSource) -> None: ...
+    def set_slots(self, slots: int) -> None: ...
 
 
 class QuietProgress:
@@ -37,41 +67,171 @@ class QuietProgress:
         pass
 
 
+def eta_s(durations: Sequence[float], remaining: int, slots: int = 1, running_s: float = 0.0) -> float | None:
+    """Seconds until `remaining` more trials (the running one included) are done, `slots` at a time, at the
+    median of `durations`; the running one has already run `running_s`. None before any trial finished."""
+    if not durations:
+        return None
+    if remaining <= 0:
+        return 0.0
+    median = statistics.median(durations)
+    return max(median * math.ceil(remaining / max(slots, 1)) - min(running_s, median), 0.0)
+
+
+def format_clock(seconds: float) -> str:
+    """Elapsed time as a clock: 0:42, 12:05, 1:02:03."""
+    s = int(seconds)
+    h, m = divmod(s // 60, 60)
+    return f"{h}:{m:02d}:{s % 60:02d}" if h else f"{m}:{s % 60:02d}"
+
+
+def format_duration(seconds: float) -> str:
+    """A rough duration for an ETA: 40 s, 7 min, 2 h 05 min."""
+    if seconds < 60:
+        return f"{max(int(round(seconds / 10.0)) * 10, 10) if seconds >= 10 else int(math.ceil(seconds))} s"
+    minutes = int(round(seconds / 60))
+    if minutes < 60:
+        return f"{minutes} min"
+    return f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+@dataclass
+class _Running:
+    number: int
+    launched: int
+    config: Config
+    since: float
+
+
 class ConsoleProgress:
-    def __init__(self, total_trials: int, console: Console | None = None) -> None:
+    def __init__(self, total_trials: int, console: Console | None = None, *,
+                 clock: Callable[[], float] = time.monotonic, slots: int = 1, phase_every_s: float = 0.5) -> None:
         self.total = total_trials
         self.console = console or Console(width=max(Console().width, 160))  # one line per trial, unwrapped
+        self.clock = clock
+        self.slots = slots
+        self.durations: list[float] = []  # wall time of each trial finished in this session
+        self.done = 0  # trials finished over every session (the sweep's `launched` at the last result)
+        self.running: dict[Config, _Running] = {}
+        self._phase: PhaseSource | None = None
+        self._phase_every_s = phase_every_s
+        self._phase_read: tuple[float, str | None] = (-math.inf, None)
+        self._pruned: list[TrialResult] = []  # the batch not yet summarised
         self._status: Status | None = None
 
+    # -- what drivers tell it (LiveProgress) ------------------------------------------------------------
+    def follow(self, phase: PhaseSource) -> None:
+        """Read the running trial's phase from `phase` (a backend's `phase`)."""
+        self._phase = phase
+
+    def set_slots(self, slots: int) -> None:
+        self.slots = max(1, slots)
+
+    # -- Progress -------------------------------------------------------------------------------------
     def started(self, number: int, launched: int, config: Config) -> None:
-        status = self.console.status(f"trial {launched}/{self.total} (#{number}) {config.label()}: running")
-        status.start()
-        self._status = status
+        self._flush_pruned()
+        self.done = max(self.done, launched - 1 - len(self.running))
+        self.running[config] = _Running(number, launched, config, self.clock())
+        self._phase_read = (-math.inf, None)
+        self._show()
 
     def finished(self, result: TrialResult, launched: int, best: TrialResult | None) -> None:
-        self._stop()
+        run = self.running.pop(result.config, None)
+        self.durations.append(self.clock() - run.since if run is not None else result.wall_time_s)
+        self.done = max(self.done, launched)
+        self._flush_pruned()
+        if not self.running:
+            self._stop()
         style = STATUS_STYLE.get(result.status, "")
         throughput = f"{result.throughput_samples_per_s:8.2f} samples/s" if result.throughput_samples_per_s else " " * 18
         best_text = (f"best {best.throughput_samples_per_s:.2f} (#{best.extra.get('trial', '?')})" if best
                      else "best -")
+        eta = self.eta()
+        eta_text = f"  ETA {format_duration(eta)}" if eta else ""
         error = f"  {_headline(result.error)}" if result.error and not result.ok else ""
         self.console.print(
             f"trial {launched:>3}/{self.total} #{result.extra.get('trial', '?'):<4} {result.config.label():<28} "
             f"[{style}]{result.status:<11}[/{style}] {throughput}  peak {format_size(result.peak_memory_bytes):>9}  "
-            f"{result.wall_time_s:6.1f} s  {best_text}{error}", highlight=False)
+            f"{result.wall_time_s:6.1f} s  {best_text}{eta_text}{error}", highlight=False)
 
     def pruned(self, result: TrialResult) -> None:
-        self.console.print(f"pruned    #{result.extra.get('trial', '?'):<4} {result.config.label():<28} "
-                           f"[dim]{_headline(result.error)}[/dim]", highlight=False)
+        """Gathered into one line per batch (printed before the next trial or message)."""
+        self._pruned.append(result)
+        self._show()
 
     def message(self, text: str) -> None:
-        self._stop()
+        self._flush_pruned()
+        if not self.running:
+            self._stop()
         self.console.print(text, highlight=False)
+
+    def close(self) -> None:
+        """Print the last batch of pruned configs and end the live line."""
+        self._flush_pruned()
+        self._stop()
+
+    # -- the live line -------------------------------------------------------------------------------
+    def eta(self) -> float | None:
+        """Seconds until the sweep's trial budget is spent, at the median trial time so far."""
+        remaining = self.total - self.done
+        running = max((self.clock() - r.since for r in self.running.values()), default=0.0)
+        return eta_s(self.durations, remaining, self.slots, running)
+
+    def live_line(self) -> str:
+        """What the live line says now."""
+        now = self.clock()
+        if not self.running:
+            return f"pruning: {len(self._pruned)} configs predicted not to fit so far"
+        eta = self.eta()
+        eta_text = f" · sweep ETA {format_duration(eta)}" if eta is not None else ""
+        if len(self.running) == 1:
+            run = next(iter(self.running.values()))
+            phase = self._current_phase(now) or "running"
+            return (f"trial {run.launched}/{self.total} (#{run.number}) {run.config.label()}: {phase} · "
+                    f"{format_clock(now - run.since)}{eta_text}")
+        oldest = min(self.running.values(), key=lambda r: r.since)
+        return (f"{len(self.running)} trials running (longest: {oldest.config.label()}, "
+                f"{format_clock(now - oldest.since)}){eta_text}")
+
+    def __rich__(self) -> str:
+        return self.live_line()
+
+    def _current_phase(self, now: float) -> str | None:
+        if self._phase is None:
+            return None
+        at, phase = self._phase_read
+        if now - at >= self._phase_every_s:  # rendered ~12 times a second: read the events file less often
+            try:
+                phase = self._phase()
+            except OSError:  # a trial's directory going away as it ends
+                phase = None
+            self._phase_read = (now, phase)
+        return phase
+
+    def _show(self) -> None:
+        if self._status is None:
+            self._status = self.console.status(self)  # re-rendered on every refresh: elapsed time and phase
+            self._status.start()
 
     def _stop(self) -> None:
         if self._status is not None:
             self._status.stop()
             self._status = None
+
+    def _flush_pruned(self) -> None:
+        batch, self._pruned = self._pruned, []
+        if not batch:
+            return
+        if len(batch) == 1:
+            result = batch[0]
+            self.console.print(f"pruned    #{result.extra.get('trial', '?'):<4} {result.config.label():<28} "
+                               f"[dim]{_headline(result.error)}[/dim]", highlight=False)
+            return
+        numbers = [r.extra.get("trial") for r in batch]
+        span = f" (#{numbers[0]}-#{numbers[-1]})" if None not in (numbers[0], numbers[-1]) else ""
+        causes = describe_causes(cause_counts(batch), "predicted over")
+        self.console.print(f"pruned    {len(batch)} configs{span}: {causes or 'predicted not to fit'}",
+                           highlight=False)
 
 
 def _headline(error: str | None, width: int = 110) -> str:

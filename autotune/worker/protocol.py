@@ -4,6 +4,9 @@ runner -> ranks: `spec.json` (WorkerSpec).
 ranks -> runner: `rank<r>.events.jsonl` (one line per phase entered, with the pid: the runner learns the
 ranks' pids and where a hung trial stopped) and `rank<r>.json` (the rank's report: measurements, or a
 structured failure with its status). Nothing here is read from free text such as stderr.
+A phase may be recorded again with more detail: `build_ops` once per C++ op (`op`, and `building` when it
+must be compiled first), `measure` after each measured step (`step`). `describe_phase` turns rank 0's
+latest event into what the live progress line shows.
 """
 
 from __future__ import annotations
@@ -23,6 +26,10 @@ from autotune.workload import Workload
 
 SPEC = "spec.json"
 PHASES = ("start", "build_ops", "dist_init", "build", "initialize", "warmup", "measure", "done")
+# What a person reads for each phase (the worker's and the script shim's, which adds `script`).
+PHASE_LABELS = {"start": "starting", "build_ops": "loading ops", "dist_init": "initializing (distributed)",
+                "build": "initializing (model)", "initialize": "initializing (DeepSpeed engine)",
+                "script": "running the script", "warmup": "warming up", "measure": "measuring", "done": "finishing"}
 # Failure statuses a rank reports itself; `timeout` and the watchdog's `oom` are the runner's verdicts.
 RANK_FAILURES = ("oom", "unsupported", "crash")
 FAULTS = ("hang",)  # injected by tests: the rank (and a child it starts) hangs before importing torch
@@ -112,3 +119,23 @@ def read_report(log_dir: str | Path, rank: int) -> dict[str, Any] | None:
     if not path.exists():
         return None
     return json.loads(path.read_text())
+
+
+def describe_phase(events: list[dict[str, Any]]) -> str | None:
+    """The latest event of a rank as a person reads it: 'building ops (cpu_adam)', 'measuring (step 4)';
+    None before the rank recorded anything."""
+    if not events:
+        return None
+    last = events[-1]
+    phase = str(last.get("phase"))
+    label = PHASE_LABELS.get(phase, phase)
+    if phase == "build_ops" and last.get("op"):
+        label = f"{'building' if last.get('building') else 'loading'} ops ({last['op']})"
+    elif phase == "measure" and last.get("step"):
+        label += f" (step {last['step']})"
+    return label
+
+
+def current_phase(log_dir: str | Path, rank: int = 0) -> str | None:
+    """describe_phase of a running trial's rank (rank 0 by default)."""
+    return describe_phase(read_events(log_dir, rank))
