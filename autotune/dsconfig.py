@@ -112,21 +112,26 @@ def ds_config(config: Config, workload: Workload, options: DsOptions = DsOptions
 
 
 def hf_ds_config(config: Config, workload: Workload, options: DsOptions = DsOptions()) -> dict[str, Any]:
-    """The Trainer/Accelerate flavour: "auto" where they fill the value from their own arguments.
+    """The Trainer/Accelerate flavour of `ds_config`: "auto" only where the value is the training recipe's.
 
-    The tuned values stay explicit (micro-batch, accumulation, precision, ZeRO and offload); the Trainer
-    checks them against TrainingArguments, so pass the same `per_device_train_batch_size`,
-    `gradient_accumulation_steps` and bf16/fp16 flags.
+    Every tuned value stays concrete: micro-batch, accumulation and the global batch they make, precision,
+    ZeRO stage, offload and the bucket sizes (the Trainer would fill an "auto" bucket with hidden^2, not
+    what was measured). "auto" is left for the learning rate, weight decay and gradient clipping, which
+    the Trainer fills from its `TrainingArguments` and Accelerate from `DummyOptim(lr=, weight_decay=)`
+    (and clipping 1.0). Adam's betas and eps stay concrete at the Trainer's defaults: `DummyOptim` cannot
+    fill them ("optimizer.params.betas not found in kwargs"), and the Trainer checks them against
+    `adam_beta1`, `adam_beta2` and `adam_epsilon`. No scheduler section: the schedule is the recipe's (the
+    Trainer's `lr_scheduler_type`; with Accelerate, `DummyScheduler(optimizer, lr_scheduler_callable=...)`).
     """
     out = copy.deepcopy(ds_config(config, workload, options))
-    out["train_batch_size"] = "auto"
-    out["optimizer"]["params"] = {key: "auto" for key in out["optimizer"]["params"]}
+    params = out["optimizer"]["params"]
+    params["lr"] = params["weight_decay"] = "auto"
     out["gradient_clipping"] = "auto"
-    zero = out["zero_optimization"]
-    for key in ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold"):
-        if key in zero:
-            zero[key] = "auto"
     return out
+
+
+RECIPE_AUTO = ("optimizer.params.lr", "optimizer.params.weight_decay", "gradient_clipping")
+"""The only keys `hf_ds_config` leaves "auto"."""
 
 
 def validate(ds: dict[str, Any], world_size: int = 1) -> Any:

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Iterator, TypeVar
 
 from autotune.config import ConfigError
 from autotune.files import append_line, load_json, open_lock, short, write_atomic
+from autotune.handoff import DEFAULT_STACK, STACKS
 from autotune.hardware import Hardware, hardware_from_dict
 from autotune.results import TrialResult, append_result, read_results, repair_tail
 from autotune.search_spaces import parse_choices
@@ -66,6 +67,7 @@ class RunSettings:
     choices: Choices
     surface: str | None = None
     storage: str | None = None  # the Optuna study's storage (autotune.study_storage); None: study.db here
+    stack: str = DEFAULT_STACK  # the user's training stack, which the space was narrowed to (autotune.handoff)
 
     def space(self) -> Space:
         return Space(self.choices, self.workload, self.hardware)
@@ -74,7 +76,7 @@ class RunSettings:
         return {"workload": self.workload.to_dict(), "hardware": self.hardware.to_dict(),
                 "memory_budget_bytes": self.memory_budget_bytes, "strategy": self.strategy,
                 "backend": self.backend, "seed": self.seed, "space": self.choices.to_dict(),
-                "surface": self.surface, "storage": masked(self.storage)}
+                "surface": self.surface, "storage": masked(self.storage), "stack": self.stack}
 
     @classmethod
     def from_dict(cls, data: Any, source: str = SETTINGS) -> "RunSettings":
@@ -103,10 +105,13 @@ class RunSettings:
         storage = data.get("storage")  # absent from the run.json of sweeps before --storage
         if storage is not None and not isinstance(storage, str):
             raise ConfigError(f"{source}: storage: {short(storage)}: allowed a storage URL, a journal path or null")
+        stack = data.get("stack", DEFAULT_STACK)  # absent from the run.json of sweeps before --stack
+        if stack not in STACKS:
+            raise ConfigError(f"{source}: stack: {short(stack)}: allowed {', '.join(STACKS)}")
         return cls(workload=workload, hardware=hardware, memory_budget_bytes=data["memory_budget_bytes"],
                    strategy=data["strategy"], backend=data["backend"], seed=data["seed"],
                    choices=parse_choices(data["space"], f"{source}: space"), surface=surface,
-                   storage=storage)
+                   storage=storage, stack=stack)
 
     def differences(self, other: "RunSettings") -> list[str]:
         """`key: this != other` for every setting that differs."""

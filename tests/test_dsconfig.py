@@ -1,7 +1,7 @@
 import pytest
 
 from autotune.config import KNOBS, Config, ConfigError
-from autotune.dsconfig import DsOptions, ds_config, hf_ds_config, validate
+from autotune.dsconfig import RECIPE_AUTO, DsOptions, ds_config, hf_ds_config, validate
 from autotune.hardware import PROFILES
 from autotune.search_spaces import load_choices
 from autotune.space import Choices, Space
@@ -64,15 +64,25 @@ def test_invalid_configs_are_refused():
         ds_config(Config(3, 4, 0, "bf16", "nvme"), workload)
 
 
-def test_hf_flavour_leaves_trainer_values_to_auto_and_keeps_tuned_ones():
+def test_hf_flavour_leaves_only_the_recipe_to_auto_and_keeps_tuned_ones():
     workload = make_workload("gpt2-small", 64, 2)
     config = Config(3, 4, 2, "bf16", "cpu", "cpu")
-    hf = hf_ds_config(config, workload)
-    assert hf["train_batch_size"] == "auto"
-    assert set(hf["optimizer"]["params"].values()) == {"auto"}
+    hf, ds = hf_ds_config(config, workload), ds_config(config, workload)
+    assert hf["train_batch_size"] == 64
+    # lr, weight decay and clipping are the recipe's; betas and eps stay concrete (DummyOptim cannot fill them)
+    assert hf["optimizer"]["params"] == {"lr": "auto", "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": "auto"}
     assert hf["gradient_clipping"] == "auto"
     zero = hf["zero_optimization"]
-    assert zero["reduce_bucket_size"] == zero["stage3_prefetch_bucket_size"] == "auto"
-    assert zero["stage"] == 3 and zero["offload_param"]["device"] == "cpu"
+    assert zero == ds["zero_optimization"]  # the tuned buckets, not the Trainer's hidden^2
+    assert zero["stage"] == 3 and zero["offload_param"]["device"] == "cpu" and isinstance(zero["reduce_bucket_size"], int)
     assert hf["train_micro_batch_size_per_gpu"] == 4 and hf["gradient_accumulation_steps"] == 8
     assert hf["bf16"]["enabled"] is True
+
+    def autos(node, prefix=""):
+        for key, value in node.items():
+            if isinstance(value, dict):
+                yield from autos(value, f"{prefix}{key}.")
+            elif value == "auto":
+                yield prefix + key
+
+    assert sorted(autos(hf)) == sorted(RECIPE_AUTO)
