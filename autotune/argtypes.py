@@ -127,6 +127,15 @@ def input_file(text: str) -> Path:
     return path
 
 
+def input_dir(text: str) -> Path:
+    """A directory the command reads (e.g. a checkpoint): it exists and is a directory."""
+    if not text or "\0" in text or not os.path.exists(text):
+        raise argparse.ArgumentTypeError(f"{shown_path(text)}: no such directory")
+    if not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{shown_path(text)} is not a directory")
+    return Path(text)
+
+
 # -- paths written to -----------------------------------------------------------------------------------
 
 def output_dir(text: str) -> Path:

@@ -19,7 +19,7 @@ from autotune.devices import AUTO, LocalMachine, gpus_found, require_here, resol
 from autotune.hardware import PROFILES, Hardware, load_hardware
 from autotune.models import load_model
 from autotune.space import Space
-from autotune.argtypes import gpu_count, positive_int, size  # noqa: F401  (the commands' flags use them)
+from autotune.argtypes import gpu_count, positive_int, shown_path, size  # noqa: F401  (the commands' flags use them)
 from autotune.workload import PRESETS, Workload, make_workload
 from autotune.search_spaces import space_for
 
@@ -31,6 +31,8 @@ def model_name(text: str) -> str:
         load_model(text)
     except ConfigError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
+    except OSError as err:  # a name the file system refuses (too long, say) is not a model either
+        raise argparse.ArgumentTypeError(f"model {shown_path(text)}: {err.strerror or err}") from None
     return text
 
 
@@ -41,6 +43,8 @@ def hardware_name(text: str) -> Hardware | str:
         return load_hardware(text)
     except ConfigError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
+    except OSError as err:
+        raise argparse.ArgumentTypeError(f"hardware {shown_path(text)}: {err.strerror or err}") from None
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser, *, default_model: str | None = "tiny") -> None:

@@ -18,8 +18,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from autotune.argtypes import (input_file, non_negative_float, non_negative_int, output_dir, positive_int, ray_address,
+from autotune.argtypes import (input_dir, input_file, non_negative_float, non_negative_int, output_dir, positive_int, ray_address,
                                seed)
+from autotune.commands.common import add_json_argument, emit_json, json_command
 from autotune.config import ConfigError
 from autotune.units import shown
 
@@ -90,16 +91,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="environment copies per runner (default: %(default)s)")
     train.add_argument("--checkpoint-every", type=positive_int, default=defaults.checkpoint_every,
                        help="iterations between checkpoints (default: %(default)s)")
+    add_json_argument(train)
     train.set_defaults(_rl=run_train, _prog=train.prog)  # errors name "autotune rl train"
 
     export = sub.add_parser("export", help="write a checkpoint's policy as policy.pt + policy.json (no Ray needed to load)",
                             description="Write the policy of an RLlib checkpoint of `autotune rl train` as policy.pt + "
                                         "policy.json, which `--strategy rl` loads without Ray.")
-    export.add_argument("checkpoint", type=Path, help="a checkpoint directory (RUN/checkpoints/NNNNNN)")
+    export.add_argument("checkpoint", type=input_dir, help="a checkpoint directory (RUN/checkpoints/NNNNNN)")
     export.add_argument("--out", type=output_dir, required=True, help="directory to write the policy to")
+    add_json_argument(export)
     export.set_defaults(_rl=run_export, _prog=export.prog)
 
 
+@json_command
 def run(args: argparse.Namespace) -> int:
     return args._rl(args)
 
@@ -148,17 +152,26 @@ def run_train(args: argparse.Namespace) -> int:
         result = train(out, settings, ray_address=args.ray_address, on_iteration=show)
     except KeyboardInterrupt:
         console.print(f"interrupted: the same command resumes from the last checkpoint in {out / 'checkpoints'}")
+        if args.json:
+            emit_json(args, {"out": str(out), "interrupted": True})
         return 130
     console.print(f"done: {result.iterations} iterations; checkpoint {result.checkpoint}; policy {result.policy}",
                   highlight=False)
+    if args.json:
+        emit_json(args, {"out": str(result.out), "interrupted": False, "iterations": result.iterations,
+                         "resumed_from": result.resumed_from, "checkpoint": result.checkpoint, "policy": result.policy,
+                         "last": result.last, "settings": settings})
     return 0
 
 
 def run_export(args: argparse.Namespace) -> int:
     from autotune.rl.train import export_checkpoint
 
-    if not args.checkpoint.is_dir():
-        raise ConfigError(f"checkpoint {args.checkpoint}: no such directory")
     folder = export_checkpoint(args.checkpoint, args.out)
-    print(f"policy written to {folder}" + (" with PROVENANCE.md" if (folder / "PROVENANCE.md").is_file() else ""))
+    provenance = (folder / "PROVENANCE.md").is_file()
+    if args.json:
+        emit_json(args, {"policy": folder, "files": sorted(str(p) for p in folder.iterdir() if p.is_file()),
+                         "provenance": provenance})
+        return 0
+    print(f"policy written to {folder}" + (" with PROVENANCE.md" if provenance else ""))
     return 0
