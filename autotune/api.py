@@ -28,6 +28,7 @@ from autotune.drivers.local import run_local
 from autotune.drivers.progress import Progress, QuietProgress
 from autotune.drivers.stop import StopReason
 from autotune.drivers.sweep import Budget, Sweep
+from autotune.handoff import DEFAULT_STACK, check_stack, narrow_choices
 from autotune.hardware import Hardware
 from autotune.report import Outputs, write_outputs
 from autotune.results import TrialResult
@@ -71,8 +72,12 @@ class TuneSpec:
     # http://SERVER, ...), True for sqlite:///<run dir>/mlflow.db, None: off. Not a setting of the sweep: a
     # resumed sweep may add or change it (the parent run of each store is kept in the run directory).
     mlflow_uri: str | bool | None = None
+    # What will train with the recommendation (autotune/handoff.py): deepspeed (every knob), trainer or
+    # accelerate (activation checkpointing on/off only: the space keeps ckpt_interval 0 and 1).
+    stack: str = DEFAULT_STACK
 
     def __post_init__(self) -> None:
+        check_stack(self.stack)
         if self.strategy not in STRATEGIES:
             raise ConfigError(f"strategy {self.strategy!r}: allowed {', '.join(STRATEGIES)}")
         if self.trials <= 0:
@@ -94,16 +99,20 @@ class TuneSpec:
         return self.backend if isinstance(self.backend, str) else as_backend(self.backend).name
 
     def choices(self) -> Choices:
+        """The space's choices, narrowed to what the stack can apply."""
         if isinstance(self.space, Choices):
-            return self.space
-        return load_choices(self.space or ("cpu" if self.hardware.is_cpu else "default"))
+            choices = self.space
+        else:
+            choices = load_choices(self.space or ("cpu" if self.hardware.is_cpu else "default"))
+        return narrow_choices(choices, self.stack)[0]
 
     def settings(self) -> RunSettings:
         """The run directory's settings (`run.json`): what a resumed sweep must match."""
         return RunSettings(self.workload, self.hardware, self.memory_budget_bytes or self.hardware.memory_bytes,
                            self.strategy, self.backend_name, self.seed, self.choices(),
                            surface=None if self.surface is None else str(Path(self.surface).resolve()),
-                           storage=None if self.storage is None else canonical_storage(self.storage))
+                           storage=None if self.storage is None else canonical_storage(self.storage),
+                           stack=self.stack)
 
     def budget(self) -> Budget:
         return Budget(self.trials, self.time_budget_s, self.confirm)
@@ -137,21 +146,9 @@ class TuneResult:
     def to_dict(self) -> dict[str, Any]:
         """What `autotune tune --json` prints: the recommendation, why the sweep stopped, the counts and the
         files (JSON types only)."""
-        best = self.best
-        return {
-            "run_dir": str(self.run_dir), "stop_reason": self.stop_reason.value, "stopped": self.stop_reason.text,
-            "verdict": self.verdict,
-            "best": None if best is None else {
-                **best.to_dict(), "label": best.config.label(), "trial": self.summary.get("best_trial_index")},
-            "launched": self.launched, "recorded": len(self.results),
-            "memory_budget_bytes": self.summary.get("memory_budget_bytes"),
-            "status_counts": self.summary.get("status_counts", {}),
-            "summary": self.summary,
-            "recommended": {p.name: str(p) for p in self.files  # best_ds_config.json, best_hf_ds_config.json, ...
-                            if p.name.startswith(("best_", "recommended_")) and p.parent == self.run_dir},
-            "report": str(self.run_dir / "report.md"),
-            "files": [str(p) for p in self.files],
-        }
+        outputs = Outputs(self.best, self.summary, self.files, self.verdict).to_dict(self.run_dir)
+        return {"run_dir": outputs.pop("run_dir"), "stop_reason": self.stop_reason.value,
+                "stopped": self.stop_reason.text, "launched": self.launched, "recorded": len(self.results), **outputs}
 
 
 def tune(spec: TuneSpec, out: str | Path | None = None, *, resume: bool = False, executor: "RayOptions | None" = None,

@@ -25,6 +25,9 @@ class Recorded:
     recorded: int  # configs run by this call
     total_measured: int  # configs of the space now in the file
 
+    def to_dict(self) -> dict[str, int]:
+        return {"recorded": self.recorded, "total_measured": self.total_measured}
+
 
 def record_surface(space: Space, backend: Backend, out: Path, *, order_seed: int = 0, limit: int | None = None,
            retries: int = 1, progress: Callable[[str], None] = print) -> Recorded:

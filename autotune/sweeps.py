@@ -224,9 +224,11 @@ def _path_or_name(value: Any, base: Path) -> str:
 # -- running a sweep
 
 def run_sweep(sweep_file: SweepFile, out: Path, address: str, resume: bool, concurrency: int | None = None,
-              console=None) -> dict[str, dict]:
+              console=None, mlflow: str | None = None) -> dict[str, dict]:
     """Tune every workload of the file at once on the Ray cluster at `address`; write each run directory and
-    the sweep summary. Returns the summary rows by workload name."""
+    the sweep summary. Returns the summary rows by workload name. `mlflow`: an MLflow tracking URI, where each
+    workload is a parent run of its trials (autotune.tracking), or None."""
+    from autotune.tracking import tracked
     from rich.console import Console
 
     from autotune.backends.factory import simulated_sleep_s
@@ -266,12 +268,14 @@ def run_sweep(sweep_file: SweepFile, out: Path, address: str, resume: bool, conc
                 run.write_settings(spec.settings)
         # what produced these run directories
         write_atomic(out / "sweep.yaml", read_bytes(sweep_file.path, "the sweep file"))
-        jobs, reasons, sweeps = [], {}, {}
+        jobs, reasons, sweeps, trackers = [], {}, {}, {}
         for spec in sweep_file.workloads:
             run = runs[spec.name]
             sweep = Sweep.open(run, spec.settings, spec.space)
             sweeps[spec.name] = sweep
             progress = ray_driver.LabelledProgress(spec.name, spec.budget.trials, console)
+            sweep.tracker = trackers[spec.name] = stack.enter_context(
+                tracked(mlflow, run, spec.settings, sweep.results, progress.message, name=f"{out.name}/{spec.name}"))
             if sweep.nothing_fits(spec.space):
                 reasons[spec.name] = StopReason.NOTHING_FITS
                 progress.message("no config of the space is predicted to fit: nothing runs for this workload")
@@ -292,6 +296,8 @@ def run_sweep(sweep_file: SweepFile, out: Path, address: str, resume: bool, conc
         rows = {}
         for spec in sweep_file.workloads:
             outputs = close_sweep(runs[spec.name], spec.settings, sweeps[spec.name])
+            trackers[spec.name].finish(outputs.best, outputs.summary, outputs.files, outputs.verdict,
+                                       str(reasons[spec.name]))
             rows[spec.name] = summary_row(spec, runs[spec.name], out, outputs, reasons[spec.name])
         write_summary(out, list(rows.values()))
     return rows

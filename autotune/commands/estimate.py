@@ -4,12 +4,12 @@ those that do not grouped by the memory term that breaks the budget."""
 from __future__ import annotations
 
 import argparse
-import json
 
 from rich.console import Console
 from rich.table import Table
 
-from autotune.commands.common import add_workload_arguments, positive_int, size, space_from, target_from
+from autotune.commands.common import (add_json_argument, add_workload_arguments, emit_json, json_command, positive_int,
+                                      size, space_from, target_from)
 from autotune.estimate import MEMORY_TERMS
 from autotune.hardware import Hardware
 from autotune.ranking import Ranking, rank_configs
@@ -22,9 +22,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="memory budget per device, e.g. 32GiB (2**30), 32GB or 32000MB (10**9, 10**6)"
                              " (default: the hardware's memory)")
     parser.add_argument("--top", type=positive_int, default=10, help="rows of the ranking to show (default: 10)")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON instead of tables")
+    add_json_argument(parser)
 
 
+@json_command
 def run(args: argparse.Namespace) -> int:
     target = target_from(args, real=False)
     workload, hardware = target.workload, target.hardware
@@ -34,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
         out = as_json(ranking, hardware, args.top)
         if target.machine is not None:
             out["detected"] = {"machine": target.machine.describe(), "hardware": hardware.to_dict()}
-        print(json.dumps(out, indent=2))
+        emit_json(args, out)
     else:
         if target.detected():
             Console(width=max(Console().width, 180)).print(target.detected())

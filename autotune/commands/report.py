@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import argparse
 from autotune.argtypes import existing_dir
+from autotune.commands.common import add_json_argument, emit_json, json_command
 from autotune.report import write_outputs
 from autotune.rundir import RunDir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", type=existing_dir, help="run directory of a sweep (holds run.json and trials.jsonl)")
+    add_json_argument(parser)
 
 
+@json_command
 def run(args: argparse.Namespace) -> int:
     run_dir = RunDir(args.run_dir)
     args._run_dir = args.run_dir  # an internal error's traceback goes to its logs/ (autotune.cli)
     outputs = write_outputs(run_dir, run_dir.read_settings())
+    if args.json:
+        emit_json(args, outputs.to_dict(run_dir.path))
+        return 0 if outputs.best is not None else 1
     print(outputs.verdict)
     for path in outputs.files:
         print(f"  {path}")

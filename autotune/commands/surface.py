@@ -23,7 +23,8 @@ from rich.table import Table
 from autotune.argtypes import duration, output_dir, output_file, seed
 from autotune.backends.factory import TrialOptions, make_backend
 from autotune.backends.replay import load_surface
-from autotune.commands.common import add_workload_arguments, make_dir, positive_int, size, space_from, target_from
+from autotune.commands.common import (add_json_argument, add_workload_arguments, emit_json, json_command, make_dir,
+                                      positive_int, size, space_from, target_from)
 from autotune.results import STATUSES
 from autotune.rundir import RunSettings
 from autotune.recording import describe_workload, record_surface
@@ -57,14 +58,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="order in which configs run, 0 to 2**32-1 (default: %(default)s)")
     record.add_argument("--retries", type=int, default=1, choices=range(0, 4), metavar="{0..3}",
                         help="times a crashed trial is run again (default: %(default)s)")
+    add_json_argument(record)
     record.set_defaults(_surface=run_record, _prog=record.prog)  # errors name "autotune surface record"
     show = sub.add_parser("show", help="summarise a surface: statuses, and the fastest configs within a budget")
     show.add_argument("surface", type=Path)
     show.add_argument("--memory-budget", type=size, default=None, help="budget to apply (default: none)")
     show.add_argument("--top", type=positive_int, default=10)
+    add_json_argument(show)
     show.set_defaults(_surface=run_show, _prog=show.prog)
 
 
+@json_command
 def run(args: argparse.Namespace) -> int:
     return args._surface(args)
 
@@ -90,6 +94,10 @@ def run_record(args: argparse.Namespace) -> int:
     done = record_surface(space, backend, args.out, order_seed=args.seed, limit=args.limit, retries=args.retries,
                   progress=console.print)
     console.print(f"{args.out}: {done.recorded} configs recorded now, {done.total_measured} of {len(space)} measured")
+    if args.json:
+        emit_json(args, {"surface": str(args.out), "workload": workload.to_dict(), "hardware": hardware.name,
+                         "backend": args.backend, **done.to_dict(), "configs": len(space),
+                         "logs": str(logs) if args.backend == "deepspeed" else None})
     return 0
 
 
@@ -110,6 +118,13 @@ def run_show(args: argparse.Namespace) -> int:
     for column in ("#", "config", "samples/s", "step s", "peak", "trial s"):
         table.add_column(column, justify="right" if column != "config" else "left")
     ranked = sorted((r for r in results if r.ok), key=lambda r: -(r.throughput_samples_per_s or 0))
+    if args.json:
+        emit_json(args, {"surface": str(args.surface), "workload": None if workload is None else workload.to_dict(),
+                         "hardware": surface.hardware, "configs": len(results), "status_counts": counts,
+                         "memory_budget_bytes": budget,
+                         "fastest": [dict(r.to_dict(), rank=i, label=r.config.label())
+                                     for i, r in enumerate(ranked[:args.top], 1)]})
+        return 0
     for i, r in enumerate(ranked[:args.top], 1):
         table.add_row(str(i), r.config.label(), f"{r.throughput_samples_per_s:.4g}", f"{r.step_time_s or 0:.3g}",
                       format_size(r.peak_memory_bytes), f"{r.wall_time_s:.1f}")

@@ -8,6 +8,8 @@ from datetime import datetime
 from pathlib import Path
 
 from autotune.argtypes import output_dir, positive_int, ray_address
+from autotune.commands.common import add_json_argument, emit_json, json_command
+from autotune.commands.tune import add_tracking_arguments, tracking_uri
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,10 +22,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "as the cluster holds)")
     parser.add_argument("--out", type=output_dir, default=None, help="sweep directory (default: runs/sweep-<file>-<time>)")
     parser.add_argument("--resume", action="store_true", help="continue the sweep in --out")
+    add_tracking_arguments(parser)  # --mlflow: sqlite:///<out>/mlflow.db, one parent run per workload
+    add_json_argument(parser)
 
 
+@json_command
 def run(args: argparse.Namespace) -> int:
     from autotune.interrupts import sigterm_as_interrupt
+    from autotune.study_storage import masked
     from autotune.sweeps import SUMMARY_CSV, SUMMARY_MD, load_sweep, run_sweep
 
     sweep_file = load_sweep(args.sweep_file)
@@ -33,10 +39,16 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--resume needs --out DIR (the sweep directory to continue)")
     out = args.out or Path("runs") / f"sweep-{args.sweep_file.stem}-{datetime.now():%Y%m%d-%H%M%S}"
     args._run_dir = out  # an internal error's traceback goes to its logs/ (autotune.cli), once it exists
+    mlflow = tracking_uri(args, out)
     with sigterm_as_interrupt():
-        rows = run_sweep(sweep_file, out, args.ray_address, args.resume, args.concurrency or sweep_file.concurrency)
+        rows = run_sweep(sweep_file, out, args.ray_address, args.resume, args.concurrency or sweep_file.concurrency,
+                         mlflow=mlflow)
     print(f"sweep summary: {out / SUMMARY_MD} ({out / SUMMARY_CSV})")
     interrupted = any(r["stopped"] == "interrupted" for r in rows.values())
+    if args.json:
+        emit_json(args, {"out": str(out), "summary_md": str(out / SUMMARY_MD), "summary_csv": str(out / SUMMARY_CSV),
+                         "interrupted": interrupted, "mlflow": mlflow and masked(mlflow),
+                         "workloads": list(rows.values())})
     if interrupted:
         print(f"interrupted: continue with the same command and --resume --out {out}")
         return 130

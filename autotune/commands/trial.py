@@ -5,7 +5,6 @@ Exit status: 0 if the trial ran (`ok`), 1 if it failed (oom, unsupported, timeou
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,8 +16,8 @@ from autotune.argtypes import duration, existing_dir, gpu_count, int_range, non_
 from autotune.backends.deepspeed import DeepSpeedBackend
 from autotune.calibrate import calibrator, load_calibration, quality, save_calibration
 from autotune.backends.script import ScriptBackend
-from autotune.commands.common import (MODEL_HELP, SEQ_LEN_HELP, hardware_name, make_dir, model_name, positive_int,
-                                      size, target_from)
+from autotune.commands.common import (MODEL_HELP, SEQ_LEN_HELP, add_json_argument, emit_json, hardware_name,
+                                      json_command, make_dir, model_name, positive_int, size, target_from)
 from autotune.commands.script import script_target
 from autotune.config import OFFLOADS, PRECISIONS, ZERO_STAGES, Config, ConfigError
 from autotune.dsconfig import DsOptions
@@ -69,7 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="measured optimizer steps at most; fewer once the step time is stable (default: %(default)s)")
     run.add_argument("--calibrate", action="store_true",
                      help="after the trial, fit the estimator to every ok trial of --run-dir and save calibration.json")
-    parser.add_argument("--json", action="store_true", help="print the result and prediction as JSON")
+    add_json_argument(parser)
     script_arguments(parser)
 
 
@@ -84,6 +83,7 @@ def measure_settings(args: argparse.Namespace) -> MeasureSettings:
                            max_steps=args.max_steps)
 
 
+@json_command
 def run(args: argparse.Namespace) -> int:
     if args.script:  # the user's own script instead of the built-in model (autotune.script.session)
         return run_script_trial(args)
@@ -108,8 +108,8 @@ def run(args: argparse.Namespace) -> int:
         backend.calibration = _recalibrate(run_dir, workload, hardware) or backend.calibration
         prediction = backend.predict(config)
     if args.json:
-        print(json.dumps({"result": result.to_dict(), "prediction": prediction.to_dict() if prediction else None,
-                          "calibration": backend.calibration.to_dict(), "run_dir": str(run_dir)}, indent=2))
+        emit_json(args, {"result": result.to_dict(), "prediction": prediction.to_dict() if prediction else None,
+                         "calibration": backend.calibration.to_dict(), "run_dir": str(run_dir)})
     else:
         show(result, prediction, backend.calibration, workload, hardware, run_dir)
     return 0 if result.ok else 1
@@ -222,8 +222,8 @@ def run_script_trial(args: argparse.Namespace) -> int:
             result = replace(result, extra={**result.extra, "predicted_peak_bytes": prediction.peak_bytes})
     append_result(run_dir / "trials.jsonl", result)
     if args.json:
-        print(json.dumps({"result": result.to_dict(), "prediction": prediction.to_dict() if prediction else None,
-                          "model": model, "run_dir": str(run_dir)}, indent=2))
+        emit_json(args, {"result": result.to_dict(), "prediction": prediction.to_dict() if prediction else None,
+                         "model": model, "run_dir": str(run_dir)})
     else:
         show(result, prediction, calibrator(workload, hardware)([]), workload, hardware, run_dir)
         if model:
