@@ -16,6 +16,7 @@
    - with --ray: a tuner driving a local Ray instance killed with SIGKILL, then resumed.
 
     python benchmarks/robustness.py [--jobs 2] [--rounds 3] [--no-real] [--ray] [--only TEXT] [--no-faults]
+                                    [--no-corpus] [--in-process]
 
 Writes benchmarks/results/robustness.md and robustness.json.
 """
@@ -55,11 +56,11 @@ STRATEGIES = ("random", "optuna", "hybrid", "grid")
 # ---------------------------------------------------------------------------------------------------------
 # 1. the corpus
 
-def run_corpus(entries: list[corpus.Entry], jobs: int, timeout_s: float) -> list[corpus.Outcome]:
+def run_corpus(entries: list[corpus.Entry], jobs: int, timeout_s: float, in_process: bool) -> list[corpus.Outcome]:
     corpus.templates()  # made once, before the workers share it
     root = Path(tempfile.mkdtemp(prefix="robustness-corpus-"))
     outcomes: list[corpus.Outcome] = []
-    with Progress() as progress, ThreadPoolExecutor(jobs) as pool:
+    with Progress() as progress, ThreadPoolExecutor(max(1, jobs)) as pool:
         task = progress.add_task("bad inputs", total=len(entries))
 
         def one(args: tuple[int, corpus.Entry]) -> corpus.Outcome:
@@ -67,17 +68,32 @@ def run_corpus(entries: list[corpus.Entry], jobs: int, timeout_s: float) -> list
             folder = root / f"{i:04d}"
             folder.mkdir()
             try:
+                if in_process and not entry.raw.get("isolate"):
+                    return in_process_run(entry, folder)
                 return corpus.run_subprocess(entry, folder, timeout_s)
             except Exception as err:  # noqa: BLE001 - a broken entry is reported, not fatal
                 return corpus.Outcome(entry, None, "", f"could not run the entry: {err!r}")
 
-        for outcome in pool.map(one, enumerate(entries)):
+        for outcome in (map if in_process else pool.map)(one, enumerate(entries)):
             outcomes.append(outcome)
             if not outcome.clean:
                 progress.console.print(f"[red]unclean[/red] [{outcome.entry.command}] {outcome.entry.label}: "
                                        f"{outcome.problem}", markup=True, highlight=False)
             progress.advance(task)
     return outcomes
+
+
+def in_process_run(entry: corpus.Entry, folder: Path) -> corpus.Outcome:
+    """Quicker, less faithful: the entry through autotune.cli.main in this process (one at a time: it changes
+    the working directory and the environment)."""
+    saved, cwd = dict(os.environ), os.getcwd()
+    os.environ.update({k: corpus.expand(str(v), folder) for k, v in (entry.raw.get("env") or {}).items()})
+    try:
+        return corpus.run_in_process(entry, folder)
+    finally:
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def corpus_tables(outcomes: list[corpus.Outcome]) -> tuple[list[list[str]], list[list[str]]]:
@@ -167,7 +183,10 @@ def wait_for(predicate: Callable[[], bool], proc: subprocess.Popen | None, timeo
 
 
 def resume(run: Path, strategy: str, budget: int = TRIALS, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*tune_argv(run, strategy, budget), "--resume"], env=env_with(**env), capture_output=True,
+    """The same command again with --resume; plain when the tuner was stopped before it recorded its settings
+    (a sweep that never started is started afresh, as its user would)."""
+    again = ["--resume"] if (run / "run.json").exists() else []
+    return subprocess.run([*tune_argv(run, strategy, budget), *again], env=env_with(**env), capture_output=True,
                           text=True, timeout=600)
 
 
@@ -395,6 +414,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=2, help="bad inputs run at once (default: 2)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds one bad input may take (default: 120)")
+    parser.add_argument("--in-process", action="store_true",
+                        help="run the bad inputs through autotune.cli.main in this process (quicker; not the record)")
     parser.add_argument("--only", default=None, help="run only the corpus entries whose label contains this text")
     parser.add_argument("--rounds", type=int, default=3, help="kills per signal (default: 3)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the kill moments (default: 0)")
@@ -404,11 +425,11 @@ def main() -> None:
     parser.add_argument("--ray", action="store_true", help="also kill a tuner driving a local Ray instance")
     args = parser.parse_args()
     entries = [e for e in corpus.load_corpus() if args.only is None or args.only in e.label]
-    outcomes = [] if args.no_corpus else run_corpus(entries, args.jobs, args.timeout)
+    outcomes = [] if args.no_corpus else run_corpus(entries, args.jobs, args.timeout, args.in_process)
     faults = [] if args.no_faults else run_faults(args.rounds, not args.no_real, args.ray, args.seed)
     command = "python benchmarks/robustness.py " + " ".join(sys.argv[1:])
     text = report(outcomes, faults, command.strip())
-    if args.only is None and not args.no_corpus and not args.no_faults:  # only a full run is the record
+    if args.only is None and not (args.no_corpus or args.no_faults or args.in_process):  # only a full run is the record
         RESULTS.mkdir(parents=True, exist_ok=True)
         (RESULTS / "robustness.md").write_text(text)
         (RESULTS / "robustness.json").write_text(json.dumps({
