@@ -296,24 +296,33 @@ offload_param: [none]
 PAST_RENDEZVOUS = ("build", "initialize", "warmup", "measure")
 
 
-def _ranks_past_rendezvous(log_dir: Path, ranks: int = 2) -> list[int] | None:
+def _ranks_past_rendezvous(log_dir: Path, tuner: int, ranks: int = 2) -> list[int] | None:
+    """The pids of the trial's ranks once all of them, children of `tuner` (a resumed trial's log
+    directory also holds the events of the killed tuner's ranks), are past the rendezvous."""
     events = [read_events(log_dir, rank) for rank in range(ranks)]
     if all(e and e[-1]["phase"] in PAST_RENDEZVOUS for e in events):
-        return [e[-1]["pid"] for e in events]
+        pids = [e[-1]["pid"] for e in events]
+        if all(psutil.pid_exists(pid) and psutil.Process(pid).ppid() == tuner for pid in pids):
+            return pids
     return None
 
 
-def _wait_for_trial(out: Path, number: int, tuner: subprocess.Popen, timeout: float = 600) -> tuple[Path, list[int]]:
-    """The log directory and rank pids of trial `number`, once both ranks are past the rendezvous."""
+def _wait_for_trial(out: Path, tuner: subprocess.Popen, timeout: float = 600) -> list[int]:
+    """The rank pids of the tuner's trial that runs once one trial is recorded, when both ranks are past
+    the rendezvous (the first trial's ranks are gone before it is recorded)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert tuner.poll() is None, tuner.communicate()[0]
-        for log_dir in sorted((out / "logs").glob(f"{number:04d}-*")):
-            pids = _ranks_past_rendezvous(log_dir)
-            if pids:
-                return log_dir, pids
+        if (out / "trials.jsonl").is_file() and len(read_results(out / "trials.jsonl")) == 1:
+            for log_dir in sorted((out / "logs").iterdir()):
+                try:
+                    pids = _ranks_past_rendezvous(log_dir, tuner.pid)
+                except psutil.Error:
+                    continue
+                if pids:
+                    return pids
         time.sleep(0.1)
-    raise AssertionError(f"trial {number} did not get past its rendezvous in {timeout} s")
+    raise AssertionError(f"no second trial got past its rendezvous in {timeout} s")
 
 
 def _port_of(tuner_pid: int) -> int:
@@ -343,7 +352,7 @@ def test_real_trials_listen_on_loopback_and_survive_sigkill_resume_and_sigterm(t
     resumed = None
     try:
         # 1. trial 1 is recorded; trial 2 runs: every socket of the trial listens on loopback
-        _, pids = _wait_for_trial(out, 2, tuner)
+        pids = _wait_for_trial(out, tuner)
         port = _port_of(tuner.pid)
         seen = listeners(tree(tuner.pid))
         assert {ip for _, ip, _ in seen} <= set(LOOPBACK), seen
@@ -366,7 +375,7 @@ def test_real_trials_listen_on_loopback_and_survive_sigkill_resume_and_sigterm(t
         # 3. --resume: its first trial start removes them; then SIGTERM mid-trial ends every rank
         resumed = subprocess.Popen(argv + ["--resume"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                    text=True)
-        _, pids = _wait_for_trial(out, 2, resumed)
+        pids = _wait_for_trial(out, resumed)
         assert not any(p.exists() for p in left) and not marker(port).exists()
         port = _port_of(resumed.pid)
         resumed.send_signal(signal.SIGTERM)
