@@ -82,6 +82,7 @@ def one_line_error(code, err: str, prog: str, *fragments: str) -> None:
      "allowed 0 to 4294967295"),
     (["rl", "train", "--seed", str(2**32)], "allowed 0 to 4294967295"),
     (["rl", "train", "--noise", "nan"], "'nan' must be a finite number >= 0"),
+    (["rl", "train", "--workers", "100000"], "'100000' is too large: allowed 0 to 4096 runners"),
     (["rl", "train", "--hiddens", ",".join(["8"] * 17)], "at most 16 of them"),
     (["rl", "train", "--hiddens", "128," + NINES], "integers from 1 to 65536"),
     (FAST_TUNE + ["--ray-address", "127.0.0.1:0"], "'127.0.0.1:0' is not a Ray address: allowed local, auto or host:port"),

@@ -18,14 +18,15 @@ from pathlib import Path
 
 from rich.console import Console
 
-from autotune.argtypes import (input_dir, input_file, non_negative_float, non_negative_int, output_dir, positive_int, ray_address,
-                               seed)
+from autotune.argtypes import (input_dir, input_file, int_range, non_negative_float, output_dir, positive_int,
+                               ray_address, seed)
 from autotune.commands.common import add_json_argument, emit_json, json_command
 from autotune.config import ConfigError
 from autotune.units import shown
 
 
 MAX_WIDTH, MAX_LAYERS = 65536, 16  # a policy network past these is a typo (and would not fit in memory)
+MAX_RUNNERS = 4096  # Ray actors (or environment copies) of one training run: more is a typo that Ray would queue
 
 
 def widths(text: str) -> tuple[int, ...]:
@@ -57,8 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "(default: %(default)s)")
     train.add_argument("--surface", type=input_file, action="append", default=[],
                        help="replay surface JSONL (repeat for several), for --backend replay")
-    train.add_argument("--workers", type=non_negative_int, default=defaults.workers,
-                       help="remote env runners; 0 samples in this process (default: %(default)s)")
+    train.add_argument("--workers", type=int_range(0, MAX_RUNNERS, " runners"), default=defaults.workers,
+                       help="remote env runners, at most 4096; 0 samples in this process (default: %(default)s)")
     train.add_argument("--out", type=output_dir, default=None, help="run directory (default: runs/policy-<time>)")
     train.add_argument("--ray-address", type=ray_address, default=None,
                        help="address of a running Ray cluster (default: start a local Ray instance)")
@@ -87,8 +88,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--hiddens", type=widths, default=defaults.hiddens,
                        help="hidden layer widths of the policy and value networks, e.g. 128,128 "
                             "(default: %(default)s)")
-    train.add_argument("--envs-per-worker", type=positive_int, default=defaults.envs_per_worker,
-                       help="environment copies per runner (default: %(default)s)")
+    train.add_argument("--envs-per-worker", type=int_range(1, MAX_RUNNERS, " copies"), default=defaults.envs_per_worker,
+                       help="environment copies per runner, at most 4096 (default: %(default)s)")
     train.add_argument("--checkpoint-every", type=positive_int, default=defaults.checkpoint_every,
                        help="iterations between checkpoints (default: %(default)s)")
     add_json_argument(train)
