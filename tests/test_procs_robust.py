@@ -223,7 +223,47 @@ def test_ray_init_that_never_returns_is_bounded():
         release.set()
 
 
-LOCAL_RAY_SWEEP_SLEEP_S = "3"
+@pytest.fixture
+def http2_server():
+    """A port that answers as an HTTP/2 server (its SETTINGS frame), then never again: a gRPC endpoint that
+    is no Ray cluster (or a proxy that accepts every connection)."""
+    server = socket.create_server(("127.0.0.2", 0))
+    accepted = []
+
+    def serve():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            accepted.append(conn)
+            try:
+                conn.recv(65536)
+                conn.sendall(bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]) + bytes([0, 0, 0, 4, 1, 0, 0, 0, 0]))  # SETTINGS, ACK
+            except OSError:
+                pass
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield server.getsockname()[1]
+    server.close()
+    for conn in accepted:
+        conn.close()
+
+
+@pytest.mark.slow
+def test_real_ray_against_a_server_that_is_no_ray_cluster_gives_up_in_one_line(http2_server):
+    code = ("import sys\nfrom autotune.config import ConfigError\nfrom autotune.drivers import ray\n"
+            "ray.CONNECT_TIMEOUT_S = 3\ntry:\n    ray.connect(sys.argv[1])\nexcept ConfigError as err:\n"
+            "    print(err)\n    sys.exit(2)\n")
+    run = subprocess.run([sys.executable, "-c", code, f"127.0.0.2:{http2_server}"], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert run.stdout.strip() == (f"cannot reach Ray cluster at 127.0.0.2:{http2_server}: no Ray cluster answered "
+                                  "within 3 s; is it a Ray cluster's address (the head's GCS port, or ray://HOST:PORT "
+                                  "of its Ray Client server)?")
+
+
+LOCAL_RAY_SWEEP_SLEEP_S = "2"
 
 
 @pytest.mark.slow
