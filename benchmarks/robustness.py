@@ -153,10 +153,12 @@ def complete_lines(path: Path) -> list[bytes]:
 def check_after(kind: str, detail: str, before: list[bytes], run: Path, resume: subprocess.CompletedProcess,
                 budget: int = TRIALS, note: str = "") -> Fault:
     """Nothing lost: the resume ended well, every line recorded before is still in place, the trials are
-    numbered 1..N once each and the budget was completed."""
+    numbered 1..N once each and the budget was completed (pruned trials are recorded but not launched)."""
     after = complete_lines(run / "trials.jsonl")
     kept = sum(1 for i, line in enumerate(before) if i < len(after) and after[i] == line)
-    numbers = [json.loads(line).get("trial") for line in after]
+    records = [json.loads(line) for line in after]
+    numbers = [r.get("trial") for r in records]
+    launched = sum(1 for r in records if r.get("status") != "pruned")  # the budget counts launched trials
     problems = []
     if resume.returncode != 0:
         problems.append(f"resume exit {resume.returncode}: {resume.stderr.strip().splitlines()[-1:] or ''}")
@@ -166,8 +168,8 @@ def check_after(kind: str, detail: str, before: list[bytes], run: Path, resume: 
         problems.append(f"{len(before) - kept} recorded trial(s) lost or changed")
     if numbers != list(range(1, len(after) + 1)):
         problems.append(f"trial numbers {numbers}")
-    if len(after) != budget:
-        problems.append(f"{len(after)} trials, budget {budget}")
+    if launched != budget:
+        problems.append(f"{launched} trials launched, budget {budget}")
     return Fault(kind, detail, not problems, len(before), kept, len(after), "; ".join(problems) or note)
 
 
