@@ -377,7 +377,7 @@ def connect_ray(address: str | None, workers: int) -> bool:
     then disconnects); False if this process already was."""
     from autotune.drivers.ray import LOCAL, connect
 
-    imported = sys.modules.get("ray")  # not imported here: connect(LOCAL) sets Ray's environment before the import
+    imported = sys.modules.get("ray")  # not imported here: only connect() needs Ray
     if imported is not None and imported.is_initialized():
         return False
     if address and address != LOCAL:
