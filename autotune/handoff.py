@@ -179,7 +179,7 @@ class Handoff:
 
     def console_lines(self) -> list[str]:
         d = self.folder
-        lines = [f"DeepSpeed: deepspeed.initialize(..., config='{d / DS_CONFIG}')",
+        lines = [f"recommended config: {d / DS_CONFIG} (deepspeed.initialize(..., config=...))",
                  f"Hugging Face Trainer: TrainingArguments(**json.load(open('{d / TRAINER_ARGS}')), ...), i.e. "
                  + shlex.join(self.trainer_flags()),
                  f"Accelerate: accelerate launch --config_file {d / ACCELERATE_CONFIG} train.py "
@@ -199,6 +199,11 @@ class Handoff:
                 "tune with --stack trainer or --stack accelerate for a recommendation they apply as measured")
 
     def markdown(self) -> list[str]:
+        """The report's section. Its paths are relative to the run directory (a copied run directory
+        regenerates the same report); the trainer arguments and the Accelerate config hold absolute ones."""
+        return replace(self, folder=Path())._markdown()
+
+    def _markdown(self) -> list[str]:
         c, w = self.config, self.workload
         m, a = c.micro_batch, self.accumulation
         lines = ["## Using the recommendation", "",
@@ -208,7 +213,8 @@ class Handoff:
                  f"{w.gpus}), {c.precision}, ZeRO-{c.zero_stage}, offload optimizer {c.offload_optimizer} / "
                  f"parameters {c.offload_param}, and the bucket sizes it ran with. Launch {w.gpus} process(es) "
                  "(one per device)" + (", with `DS_ACCELERATOR=cpu` on a CPU machine." if self.hardware.is_cpu else "."),
-                 ""]
+                 "", f"Paths below are relative to this run directory; `{TRAINER_ARGS}` and `{ACCELERATE_CONFIG}` name "
+                 f"`{HF_DS_CONFIG}` by its absolute path, so that they work from any directory.", ""]
         lines += self._deepspeed_section() + self._trainer_section() + self._accelerate_section()
         return lines
 

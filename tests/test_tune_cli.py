@@ -61,7 +61,7 @@ def test_simulated_tune_writes_every_output(simulated_run):
     assert ds["train_micro_batch_size_per_gpu"] == best.config.micro_batch
     assert ds["zero_optimization"]["stage"] == best.config.zero_stage
     hf = json.loads((simulated_run / "best_hf_ds_config.json").read_text())
-    assert hf["train_batch_size"] == "auto" and hf["train_micro_batch_size_per_gpu"] == best.config.micro_batch
+    assert hf["train_batch_size"] == 16 and hf["train_micro_batch_size_per_gpu"] == best.config.micro_batch
     report = (simulated_run / "report.md").read_text()
     assert "## Top" in report and best.config.label() in report and "plots/best_so_far.png" in report
 

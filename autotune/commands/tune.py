@@ -22,6 +22,7 @@ from autotune.interrupts import sigterm_as_interrupt
 from autotune.drivers.progress import ConsoleProgress
 from autotune.drivers.stop import StopReason
 from autotune.drivers.sweep import Budget
+from autotune.handoff import DEFAULT_STACK, STACKS, Handoff, for_stack
 from autotune.pruning import cause_counts, describe_causes
 from autotune.rundir import SETTINGS, STUDY, RunDir, RunSettings
 from autotune.script.cli import add_arguments as script_arguments, script_from
@@ -63,6 +64,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "everything else): an Optuna RDB URL (sqlite:///PATH, postgresql://USER:PASS@HOST/DB, "
                              "mysql+pymysql://...) or a journal file's path; one study per run directory, named "
                              "in report.md; repeat it with --resume")
+    parser.add_argument("--stack", choices=list(STACKS), default=DEFAULT_STACK,
+                        help="what will train with the recommendation: deepspeed (your loop around "
+                             "deepspeed.initialize: every knob), trainer (Hugging Face Trainer) or accelerate: these "
+                             "switch activation checkpointing on or off only, so the space keeps ckpt_interval 0 and 1 "
+                             "(default: %(default)s)")
     add_tracking_arguments(parser)
     add_json_argument(parser)
     add_ray_arguments(parser)
@@ -105,6 +111,9 @@ def run(args: argparse.Namespace) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress display says what matters
     # Every check that can refuse the command comes before anything is written to the run directory.
     settings, space = resolve(args)
+    settings, space, stack_note = for_stack(settings, space, args.stack)
+    if stack_note:
+        print(stack_note, flush=True)
     if args.storage is not None:
         settings = replace(settings, storage=canonical_storage(args.storage))
     ray = ray_options(args)
@@ -190,7 +199,8 @@ def tune(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budget, r
                      f"{len(result.results)} recorded in {run_dir.trials_path}")
     progress.message(result.verdict)
     if result.best is not None:
-        progress.message(f"recommended config: {result.best_ds_config} (Hugging Face: {result.best_hf_ds_config})")
+        for line in Handoff.of(result.best.config, settings, run_dir.path).console_lines():
+            progress.message(line)
     progress.message(f"report: {run_dir.path / 'report.md'}")
     if mlflow is not None:
         progress.message(f"MLflow: {masked(mlflow)} (experiment and parent run in {run_dir.path / tracking.STATE})")
