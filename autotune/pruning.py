@@ -30,7 +30,7 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Iterable
 
-from autotune.config import Config
+from autotune.config import Config, ConfigError
 from autotune.estimate import Calibration, Estimate, estimate
 from autotune.hardware import Hardware
 from autotune.results import TrialResult
@@ -111,7 +111,10 @@ class Pruner:
         machine (a real backend; a simulated machine's disk is not this one's)."""
         from autotune.backends.factory import backend_kind
 
-        real = backend_kind(settings.backend).real
+        try:
+            real = backend_kind(settings.backend).real
+        except ConfigError:  # a backend object the caller passed: its machine is not known
+            real = False
         nvme = free_bytes(settings.choices.nvme_path) if real else None
         return cls(settings.workload, settings.hardware, settings.memory_budget_bytes, nvme_free_bytes=nvme)
 
