@@ -93,9 +93,38 @@ def check_uri(uri: str | bool | None) -> None:
     if uri is None or uri is False:
         return
     if not (uri is True or (isinstance(uri, str) and uri.strip() and uri.isprintable())):
-        raise ConfigError(f"MLflow tracking URI {str(uri)[:80]!r}: allowed an MLflow tracking URI (sqlite:///PATH, "
-                          "http(s)://SERVER, postgresql://..., databricks) or True for sqlite:///<run dir>/mlflow.db")
+        raise ConfigError(f"MLflow tracking URI {str(uri)[:80]!r}: allowed {_ALLOWED} or True for "
+                          "sqlite:///<run dir>/mlflow.db")
+    if isinstance(uri, str):
+        _check_scheme(uri.strip())
     check_available()
+
+
+_ALLOWED = "an MLflow tracking URI (sqlite:///PATH, http(s)://SERVER, postgresql://..., mysql://..., databricks)"
+_SCHEMES = {"", "file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks", "databricks-uc", "uc"}
+
+
+def _check_scheme(uri: str) -> None:
+    """Refuse, before the sweep starts, a scheme MLflow does not know (nor a plugin adds) and a plain file
+    store, which MLflow 3 refuses unless MLFLOW_ALLOW_FILE_STORE=true."""
+    import os
+    from importlib.metadata import entry_points
+    from urllib.parse import urlparse
+
+    if uri.lower() in ("databricks", "databricks-uc", "uc"):  # MLflow's names of a Databricks workspace
+        return
+    scheme = urlparse(uri).scheme.lower()
+    base = scheme.split("+", 1)[0]  # postgresql+psycopg2://...
+    shown = masked(uri) if "@" in uri else uri
+    if len(scheme) == 1:  # a Windows drive letter: a path
+        base = ""
+    if base not in _SCHEMES and base not in {e.name for e in entry_points(group="mlflow.tracking_store")}:
+        raise ConfigError(f"MLflow tracking URI {shown!r}: unknown scheme {scheme!r}: allowed {_ALLOWED}")
+    allowed = os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").strip().lower() in ("1", "true", "yes")
+    if base in ("", "file") and not allowed:
+        raise ConfigError(f"MLflow tracking URI {shown!r}: a file store, which MLflow 3 refuses unless "
+                          "MLFLOW_ALLOW_FILE_STORE=true; use sqlite:///PATH/mlflow.db (or --mlflow: one in the run "
+                          "directory)")
 
 
 def check_available() -> None:
@@ -151,10 +180,10 @@ class MlflowTracker:
         """The parent run of `run_dir` in the store at `uri` (continued if `mlflow.json` names one that still
         exists, else created), with every launched trial of `history` not yet logged logged now. ConfigError
         when the store cannot be opened."""
-        client = _client(uri)
         state = _read_state(run_dir)
         key = masked(uri) or uri
         try:
+            client = _client(uri)
             parent = _existing_parent(client, state.get(key))
             if parent is None:
                 experiment_id = _experiment(client, uri)
