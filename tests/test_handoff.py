@@ -1,0 +1,263 @@
+"""The handoff (autotune/handoff.py): the files `autotune tune` writes train a tiny model as written through
+deepspeed.initialize, the Hugging Face Trainer, Accelerate's DeepSpeedPlugin with DummyOptim, and `accelerate
+launch --config_file` (slow: real DeepSpeed on the CPU accelerator, gloo, one process each, tests/handoff_train.py);
+and a stack that cannot apply a knob is not offered it (--stack)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from autotune.api import TuneSpec
+from autotune.cli import main
+from autotune.config import Config, ConfigError
+from autotune.dsconfig import RECIPE_AUTO, hf_ds_config
+from autotune.handoff import (ACCELERATE_CONFIG, DS_CONFIG, HF_DS_CONFIG, TRAINER_ARGS, Handoff, for_stack,
+                              narrow_choices)
+from autotune.hardware import PROFILES
+from autotune.rundir import RunSettings
+from autotune.runner import extensions_dir, free_port, remove_shm_buffers
+from autotune.search_spaces import load_choices
+from autotune.space import Choices
+from autotune.workload import make_workload
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "tests" / "handoff_train.py"
+# No offload (it would build DeepSpeed's CPU Adam, minutes). Checkpointing every layer or every 2: the Trainer
+# stack keeps 1 only, so the recommendation has gradient checkpointing on.
+SPACE = """\
+zero_stage: [1, 2]
+micro_batch: [4, 8]
+ckpt_interval: [1, 2]
+precision: [bf16]
+offload_optimizer: [none]
+offload_param: [none]
+"""
+
+
+def settings(stack: str = "deepspeed", space: str = "cpu") -> RunSettings:
+    return RunSettings(make_workload("tiny"), PROFILES["cpu"], 2**34, "optuna", "simulated", 0, load_choices(space),
+                       stack=stack)
+
+
+# ---- the space narrowed to the stack ----
+
+def test_trainer_and_accelerate_keep_only_the_on_off_checkpointing_intervals():
+    choices = load_choices("default")
+    assert choices.ckpt_interval == (0, 1, 2, 4, 8)
+    assert narrow_choices(choices, "deepspeed") == (choices, None)
+    for stack in ("trainer", "accelerate"):
+        narrowed, note = narrow_choices(choices, stack)
+        assert narrowed.ckpt_interval == (0, 1)
+        assert dataclasses.replace(narrowed, ckpt_interval=choices.ckpt_interval) == choices  # nothing else changed
+        assert note is not None and f"--stack {stack}" in note and "[2, 4, 8] removed" in note
+    assert narrow_choices(Choices(ckpt_interval=(0, 1)), "trainer") == (Choices(ckpt_interval=(0, 1)), None)
+    with pytest.raises(ConfigError, match=r"ckpt_interval \[2, 4\] holds no value .* allowed 0 \(off\) and 1"):
+        narrow_choices(Choices(ckpt_interval=(2, 4)), "accelerate")
+    with pytest.raises(ConfigError, match="stack 'keras': allowed deepspeed, trainer, accelerate"):
+        narrow_choices(choices, "keras")
+
+
+def test_for_stack_narrows_settings_and_space_together():
+    base = settings(space="default")
+    narrowed, space, note = for_stack(base, base.space(), "trainer")
+    assert narrowed.stack == "trainer" and space.choices == narrowed.choices and narrowed.choices.ckpt_interval == (0, 1)
+    assert {c.ckpt_interval for c in space} == {0, 1} and note
+    assert RunSettings.from_dict(json.loads(json.dumps(narrowed.to_dict()))) == narrowed  # run.json keeps the stack
+
+
+def test_run_json_without_a_stack_is_deepspeed_and_a_bad_one_is_refused():
+    data = settings().to_dict()
+    del data["stack"]  # a run directory from before --stack
+    assert RunSettings.from_dict(data).stack == "deepspeed"
+    with pytest.raises(ConfigError, match="stack: 'jax': allowed deepspeed, trainer, accelerate"):
+        RunSettings.from_dict({**data, "stack": "jax"})
+
+
+def test_tune_spec_stack():
+    spec = TuneSpec(make_workload("tiny"), PROFILES["cpu"], space="default", stack="accelerate")
+    assert spec.settings().stack == "accelerate" and spec.settings().choices.ckpt_interval == (0, 1)
+    with pytest.raises(ConfigError, match="stack 'tf'"):
+        TuneSpec(make_workload("tiny"), PROFILES["cpu"], stack="tf")
+
+
+def test_cli_stack_says_what_it_removed_and_resume_keeps_it(tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["tune", "--backend", "simulated", "--strategy", "random", "--trials", "2", "--space", "default",
+            "--out", str(out)]
+    assert main([*argv, "--stack", "trainer"]) == 0
+    printed = capsys.readouterr().out
+    assert "--stack trainer: ckpt_interval [2, 4, 8] removed from the space" in printed
+    assert f"recommended config: {out / DS_CONFIG}" in printed and "--gradient_accumulation_steps" in printed
+    run = json.loads((out / "run.json").read_text())
+    assert run["stack"] == "trainer" and run["space"]["ckpt_interval"] == [0, 1]
+    assert "- Stack: trainer: the space held only what the Hugging Face Trainer can apply" in (out / "report.md").read_text()
+    assert main([*argv, "--stack", "trainer", "--trials", "3", "--resume"]) == 0
+    capsys.readouterr()
+    assert main([*argv, "--trials", "4", "--resume"]) == 2  # another stack is another sweep
+    assert "was started with other settings" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:  # argparse's usage error
+        main([*argv, "--stack", "pytorch-lightning"])
+    assert refused.value.code == 2 and "invalid choice: 'pytorch-lightning'" in capsys.readouterr().err
+
+
+# ---- what the files hold, checked with the Trainer's and Accelerate's own config code (no engine) ----
+
+def hf_config(config: Config) -> dict:
+    return hf_ds_config(config, make_workload("tiny"))
+
+
+def test_the_trainer_accepts_the_hf_config_with_the_recommended_arguments_and_keeps_the_tuned_values(tmp_path):
+    from transformers import TrainingArguments
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    config = Config(3, 4, 1, "bf16")
+    handoff = Handoff(config, make_workload("tiny"), PROFILES["cpu"], "trainer", tmp_path)
+    recommended = handoff.trainer_args()
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainingArguments) if f.init}
+    assert set(recommended) <= set(defaults)  # every key is a TrainingArguments field
+    args = SimpleNamespace(**{**defaults, **recommended, "world_size": 1}, get_warmup_steps=lambda steps: 0)
+    hf = HfTrainerDeepSpeedConfig(hf_config(config))
+    hf.trainer_config_process(args)
+    hf.trainer_config_finalize(args, SimpleNamespace(config=SimpleNamespace(hidden_size=256)), 100)  # raises on a mismatch
+    filled = hf.config
+    assert filled["zero_optimization"]["reduce_bucket_size"] == hf_config(config)["zero_optimization"]["reduce_bucket_size"]
+    assert filled["zero_optimization"]["reduce_bucket_size"] != 256 * 256  # the tuned size, not the Trainer's hidden^2
+    assert filled["optimizer"]["params"]["lr"] == defaults["learning_rate"] and filled["gradient_clipping"] == 1.0
+    # The default arguments are refused, as the Trainer refuses them: hence recommended_trainer_args.json.
+    plain = HfTrainerDeepSpeedConfig(hf_config(config))
+    plain.trainer_config_process(SimpleNamespace(**{**defaults, "world_size": 1}, get_warmup_steps=lambda steps: 0))
+    with pytest.raises(ValueError, match="gradient_accumulation_steps"):
+        plain.trainer_config_finalize(args, SimpleNamespace(config=SimpleNamespace(hidden_size=256)), 100)
+
+
+def test_accelerate_dummy_optim_fills_every_auto_of_the_hf_config():
+    from accelerate.utils import DeepSpeedPlugin
+
+    plugin = DeepSpeedPlugin(hf_ds_config=hf_config(Config(2, 8, 0, "bf16")))
+    # What Accelerator.prepare fills for DummyOptim (lr, weight_decay) and itself (clipping); nothing else is auto.
+    plugin.deepspeed_config_process(must_match=False, **{"optimizer.params.lr": 3e-4,
+                                                         "optimizer.params.weight_decay": 0.01, "gradient_clipping": 1.0})
+    assert plugin.deepspeed_config["optimizer"]["params"] == {"lr": 3e-4, "betas": [0.9, 0.999], "eps": 1e-8,
+                                                              "weight_decay": 0.01}
+    assert len(RECIPE_AUTO) == 3
+    # The old flavour (betas and eps "auto") fails as users saw it.
+    old = hf_config(Config(2, 8, 0, "bf16"))
+    old["optimizer"]["params"]["betas"] = "auto"
+    with pytest.raises(ValueError, match="optimizer.params.betas` not found in kwargs"):
+        DeepSpeedPlugin(hf_ds_config=old).deepspeed_config_process(
+            must_match=False, **{"optimizer.params.lr": 3e-4, "optimizer.params.weight_decay": 0.0})
+
+
+def test_accelerate_config_names_the_hf_config_and_nothing_accelerate_refuses_beside_it(tmp_path):
+    handoff = Handoff(Config(3, 4, 0, "bf16"), make_workload("tiny", 32, 2), PROFILES["cpu"], "accelerate", tmp_path)
+    written = yaml.safe_load(handoff.accelerate_yaml())
+    assert written["distributed_type"] == "DEEPSPEED" and written["num_processes"] == 2
+    assert written["deepspeed_config"] == {"deepspeed_config_file": str(tmp_path / HF_DS_CONFIG), "zero3_init_flag": True}
+    assert "mixed_precision" not in written  # accelerate refuses it beside a deepspeed_config_file
+
+
+def test_report_section_explains_an_interval_the_trainer_cannot_apply(tmp_path):
+    workload = make_workload("gpt2-small", 64)
+    handoff = Handoff(Config(2, 8, 4, "bf16"), workload, PROFILES["a100-80gb"], "deepspeed", tmp_path)
+    text = "\n".join(handoff.markdown())
+    assert "## Using the recommendation" in text and "Activation checkpointing: segments of 4 layers (3 segments" in text
+    assert "checkpoint(run_segment, x, self.layers[start:start + k], use_reentrant=False)" in text and "k = 4" in text
+    assert "Note: ckpt_interval 4 is applied in the model's code" in text
+    assert str(tmp_path) not in text  # relative paths: a copied run directory regenerates the same report
+    assert "--per_device_train_batch_size 8 --gradient_accumulation_steps 8 --bf16 true" in text
+    assert "use_cpu" not in handoff.trainer_args()
+    assert any("--stack trainer" in line for line in handoff.console_lines())
+    off = Handoff(Config(2, 8, 0, "bf16"), workload, PROFILES["a100-80gb"], "trainer", tmp_path)
+    assert "Activation checkpointing: off." in off.markdown() and off.ckpt_mismatch() is None
+
+
+# ---- the files train a tiny model, as written ----
+
+@pytest.fixture(scope="module")
+def recommended(tmp_path_factory) -> tuple[Path, Config]:
+    """One simulated sweep with --stack trainer; its outputs serve every training test below."""
+    base = tmp_path_factory.mktemp("handoff")
+    (base / "space.yaml").write_text(SPACE)
+    out = base / "run"
+    assert main(["tune", "--backend", "simulated", "--strategy", "optuna", "--trials", "3", "--space",
+                 str(base / "space.yaml"), "--stack", "trainer", "--out", str(out)]) == 0
+    best = Config.from_dict(json.loads((out / "summary.json").read_text())["best"]["config"])
+    assert best.ckpt_interval == 1  # [1, 2] narrowed to [1]
+    return out, best
+
+
+def train(mode: str, run: Path, monkeypatch, *extra: str, launched: bool = False) -> dict:
+    """tests/handoff_train.py in a fresh process (its own process group, Accelerate state and DeepSpeed engine)."""
+    port = free_port()
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", extensions_dir(sys.executable))  # ops built once per environment
+    if launched:
+        command = [str(Path(sys.executable).parent / "accelerate"), "launch", "--config_file", str(run / ACCELERATE_CONFIG),
+                   "--main_process_port", str(port), str(SCRIPT), mode, str(run), *extra]
+    else:
+        for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                           "MASTER_PORT": str(port)}.items():
+            monkeypatch.setenv(key, value)
+        command = [sys.executable, str(SCRIPT), mode, str(run), *extra]
+    try:
+        done = subprocess.run(command, cwd=run.parent, capture_output=True, text=True, timeout=600)
+    finally:
+        remove_shm_buffers("127.0.0.1", port)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("HANDOFF ")]
+    assert done.returncode == 0 and lines, (done.stdout[-2000:], done.stderr[-4000:])
+    return json.loads(lines[-1].removeprefix("HANDOFF "))
+
+
+def check_tuned(ran: dict, run: Path, best: Config) -> None:
+    ds = json.loads((run / DS_CONFIG).read_text())
+    assert ran["micro_batch"] == best.micro_batch and ran["accumulation"] == ds["gradient_accumulation_steps"] > 1
+    assert ran["train_batch_size"] == 16 and ran["zero_stage"] == best.zero_stage
+    assert ran["bf16"] is True and ran["fp16"] is False
+    assert ran["reduce_bucket_size"] == ds["zero_optimization"]["reduce_bucket_size"]  # the tuned size
+    assert ran["optimizer_steps"] == 2 and ran["checkpointing"] is True
+    assert ran["losses"] and all(math.isfinite(loss) for loss in ran["losses"])
+
+
+@pytest.mark.slow
+def test_best_ds_config_trains_with_deepspeed_initialize(recommended, monkeypatch):
+    run, best = recommended
+    ran = train("deepspeed", run, monkeypatch)
+    check_tuned(ran, run, best)
+    assert ran["optimizer"]["params"]["lr"] == 1e-4 and len(ran["losses"]) == 2 * ran["accumulation"]
+
+
+@pytest.mark.slow
+def test_recommended_trainer_args_and_hf_config_train_with_the_trainer(recommended, monkeypatch, tmp_path):
+    run, best = recommended
+    assert json.loads((run / TRAINER_ARGS).read_text())["deepspeed"] == str(run.resolve() / HF_DS_CONFIG)
+    ran = train("trainer", run, monkeypatch, str(tmp_path / "out"))
+    check_tuned(ran, run, best)
+    # The recipe's "auto" values came from TrainingArguments' defaults.
+    assert ran["optimizer"]["params"] == {"lr": 5e-5, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0}
+    assert ran["gradient_clipping"] == 1.0 and len(ran["losses"]) == 2
+
+
+@pytest.mark.slow
+def test_hf_config_trains_with_an_accelerate_plugin_and_dummy_optim(recommended, monkeypatch):
+    run, best = recommended
+    ran = train("plugin", run, monkeypatch)
+    check_tuned(ran, run, best)
+    assert ran["optimizer"]["params"] == {"lr": 3e-4, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01}
+    assert ran["mixed_precision"] == "bf16" and ran["gradient_clipping"] == 1.0
+
+
+@pytest.mark.slow
+def test_accelerate_launch_with_the_recommended_config_file(recommended, monkeypatch):
+    run, best = recommended
+    ran = train("launched", run, monkeypatch, launched=True)
+    check_tuned(ran, run, best)
+    assert ran["processes"] == 1 and ran["optimizer"]["params"]["lr"] == 3e-4
