@@ -348,6 +348,27 @@ def test_report_of_a_bad_record_changes_nothing() -> None:
         assert recorded(run) == before
 
 
+@pytest.mark.parametrize("tail", ["newline lost", "torn"])
+def test_resume_after_a_broken_last_line_loses_nothing(tail: str) -> None:
+    """The data-loss example of the issue: `truncate -s -1 RUN/trials.jsonl` (the last trial complete, only its
+    newline lost), or a torn last line; `--resume` keeps every complete trial in place and numbers the new ones
+    after them, each number once."""
+    with scratch() as folder:
+        run = copy_run(folder)
+        trials = run / "trials.jsonl"
+        kept = trials.read_bytes().splitlines()
+        if tail == "newline lost":
+            os.truncate(trials, trials.stat().st_size - 1)
+        else:
+            with trials.open("ab") as out:
+                out.write(b'{"config": {"zero_stage": 1, "micro_')
+        run_cli([*RESUME, "--out", str(run)])
+        lines = trials.read_bytes().splitlines()
+        assert lines[:len(kept)] == kept
+        assert [json.loads(line)["trial"] for line in lines] == list(range(1, len(lines) + 1))
+        assert len(lines) == 4
+
+
 # ---------------------------------------------------------------------------------------------------------
 # the corpus: every entry gives what it promises (exit code, one line naming the value, nothing changed)
 
