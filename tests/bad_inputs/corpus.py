@@ -108,12 +108,11 @@ def expand(text: str, folder: Path) -> str:
 def templates() -> Path:
     """A recorded simulated run (3 trials) and a simulated surface of the tiny model, made once per process."""
     root = Path(tempfile.mkdtemp(prefix="autotune-corpus-templates-"))
-    for argv in (["tune", "--backend", "simulated", "--strategy", "random", "--trials", "3", "--out", "run"],
-                 ["surface", "record", "--backend", "simulated", "--out", "surface.jsonl", "--limit", "12"]):
-        done = subprocess.run([sys.executable, "-m", "autotune.cli", *argv], cwd=root, capture_output=True,
-                              text=True, env=_env({}), timeout=300)
-        if done.returncode != 0:
-            raise RuntimeError(f"corpus template `autotune {' '.join(argv)}` failed: {done.stderr[-2000:]}")
+    for argv in (["tune", "--backend", "simulated", "--strategy", "random", "--trials", "3", "--out", f"{root}/run"],
+                 ["surface", "record", "--backend", "simulated", "--out", f"{root}/surface.jsonl", "--limit", "12"]):
+        code, stderr = call_main(argv)
+        if code != 0:
+            raise RuntimeError(f"corpus template `autotune {' '.join(argv)}` failed: {stderr[-2000:]}")
     (root / "a_file").write_text("a plain file\n")
     return root
 
