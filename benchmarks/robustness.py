@@ -287,8 +287,8 @@ def real_trial_killed(root: Path) -> Fault:
     """SIGKILL the tuner while its real DeepSpeed trial holds its /dev/shm segments; after the ranks are gone,
     the next start (--resume) removes them."""
     run = root / "real"
-    argv = [sys.executable, "-m", "autotune.cli", "tune", "--backend", "deepspeed", "--model", "tiny", "--hardware",
-            "cpu", "--strategy", "grid", "--trials", "2", "--out", str(run)]
+    argv = [sys.executable, "-m", "autotune.cli", "tune", "--backend", "deepspeed", "--model", "tiny", "--gpus", "2",
+            "--hardware", "cpu", "--strategy", "grid", "--trials", "2", "--out", str(run)]
     proc = subprocess.Popen(argv, env=env_with(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     mine: set[str] = set()
 
