@@ -91,7 +91,9 @@ def no_fit_verdict(settings: RunSettings, results: Sequence[TrialResult] = ()) -
     ran = cause_counts(r for r in results if r.status != "pruned")
     if untried:
         hit = f"; the trials ran out of {_cause_list(ran)}" if ran else ""
-        advice = "run more trials" + (" or raise the budget" if ran and ran.most_common(1)[0][0] == DEVICE_MEMORY
+        # The budget is the fix only for device memory, and only below the device's own.
+        below = settings.memory_budget_bytes < settings.hardware.memory_bytes
+        advice = "run more trials" + (" or raise the budget" if below and ran and ran.most_common(1)[0][0] == DEVICE_MEMORY
                                       else "")
         return (f"no trial ran within the budget of {budget}, though {untried} untried configs are predicted to "
                 f"fit{hit}: {advice}")
