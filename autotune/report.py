@@ -18,7 +18,7 @@ from autotune.estimate import estimate
 from autotune.pruning import (CAUSES, DEVICE_MEMORY, HOST_MEMORY, NVME_SPACE, Pruner, cause_counts, cause_of,
                               describe_causes, host_need_bytes)
 from autotune.results import STATUSES, TrialResult
-from autotune.rundir import RunDir, RunSettings
+from autotune.rundir import STUDY, RunDir, RunSettings
 from autotune.study_storage import masked
 from autotune.units import format_size
 
@@ -175,9 +175,10 @@ def study_line(run: RunDir, settings: RunSettings) -> str | None:
     """Where the Optuna study is and how its trial numbers map to this report's (strategies/optuna_search.py)."""
     if settings.strategy not in OPTUNA_STRATEGIES:
         return None
-    storage = masked(settings.storage) or f"sqlite:///{run.study_path.resolve()}"
-    return (f"- Optuna study: `{run.study_name(settings.storage)}` in `{storage}` (optuna-dashboard or the `optuna` "
-            "CLI read it). Optuna numbers its trials from 0 and also keeps proposals that never ran (invalid "
+    where = (f"`{masked(settings.storage)}`" if settings.storage else
+             f"`{STUDY}` here (`optuna-dashboard sqlite:///{STUDY}` in this directory)")
+    return (f"- Optuna study: `{run.study_name(settings.storage)}` in {where}; optuna-dashboard and the `optuna` "
+            "CLI read it. Optuna numbers its trials from 0 and also keeps proposals that never ran (invalid "
             "combinations, repeats: PRUNED or FAIL); each trial's user attribute `report_trial` is its trial "
             "number in this report and trials.jsonl, and its knobs' values are user attributes under their names")
 
