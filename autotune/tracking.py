@@ -120,6 +120,10 @@ def _check_scheme(uri: str) -> None:
         base = ""
     if base not in _SCHEMES and base not in {e.name for e in entry_points(group="mlflow.tracking_store")}:
         raise ConfigError(f"MLflow tracking URI {shown!r}: unknown scheme {scheme!r}: allowed {_ALLOWED}")
+    database = _sqlite_path(uri)
+    if database is not None and database.is_dir():  # MLflow would retry opening it for a minute and a half
+        raise ConfigError(f"MLflow tracking URI {shown!r}: {database} is a directory: allowed sqlite:///PATH to "
+                          "a database file (created if missing)")
     allowed = os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").strip().lower() in ("1", "true", "yes")
     if base in ("", "file") and not allowed:
         raise ConfigError(f"MLflow tracking URI {shown!r}: a file store, which MLflow 3 refuses unless "
@@ -333,12 +337,16 @@ def _experiment(client: Any, uri: str) -> str:
 def _artifact_location(uri: str) -> str | None:
     """Artifacts beside a SQLite store (MLflow's default is ./mlruns under whatever directory the tuner runs
     in); a server or database store keeps its own default."""
+    database = _sqlite_path(uri)
+    return None if database is None else (database.resolve().parent / LOCAL_ARTIFACTS).as_uri()
+
+
+def _sqlite_path(uri: str) -> Path | None:
+    """The database file of a sqlite:/// URI (None for another store, or SQLite in memory)."""
     if not uri.startswith("sqlite:///"):
         return None
     database = uri[len("sqlite:///"):].split("?", 1)[0]
-    if not database or database == ":memory:":
-        return None
-    return (Path(database).resolve().parent / LOCAL_ARTIFACTS).as_uri()
+    return None if not database or database == ":memory:" else Path(database)
 
 
 def _logged_trials(client: Any, experiment_id: str, run_id: str) -> set[int]:

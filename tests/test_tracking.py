@@ -1,0 +1,238 @@
+"""MLflow tracking (autotune/tracking.py) against a real MLflow store (SQLite, read back with MlflowClient):
+one parent run per sweep, one nested run per launched trial with its knobs, measurements, status and error,
+the recommendation and the outputs on the parent; a resumed sweep continues the same parent and logs only
+trials not logged yet (also those of a session without tracking); missing mlflow, a bad URI and a store
+that fails mid-sweep."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+import autotune
+from autotune import tracking
+from autotune.cli import main
+from autotune.config import ConfigError
+from autotune.results import read_results
+
+GiB = 2**30
+SPACE = """zero_stage: [0, 1, 2]
+micro_batch: [4, 8]
+ckpt_interval: [0]
+precision: [fp32, bf16]
+offload_optimizer: [none]
+offload_param: [none]
+"""
+TUNE = ["tune", "--model", "tiny", "--backend", "simulated", "--strategy", "optuna", "--memory-budget", "0.85GiB",
+        "--seed", "2"]
+
+
+def cli(argv: list[str], capfd) -> tuple[int, str, str]:
+    try:
+        code = main(argv)
+    except SystemExit as exit_:
+        code = exit_.code
+    out, err = capfd.readouterr()
+    return code, out, err
+
+
+def runs_in(uri: str) -> tuple[list, dict[int, object]]:
+    """The parent runs and the nested runs (by trial number) of the store's ds-autotune experiment."""
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name(tracking.DEFAULT_EXPERIMENT)
+    runs = client.search_runs([experiment.experiment_id], max_results=1000)
+    parents = [r for r in runs if tracking.PARENT_TAG not in r.data.tags]
+    children: dict[int, object] = {}
+    for run in runs:
+        if tracking.PARENT_TAG in run.data.tags:
+            number = int(run.data.tags[tracking.TRIAL_TAG])
+            assert number not in children, f"trial {number} logged twice"
+            children[number] = run
+    return parents, children
+
+
+def check_children(children: dict, results, parent_id: str) -> None:
+    """Each launched trial of trials.jsonl is one nested run with its knobs, measurements, status and error."""
+    launched = {r.extra["trial"]: r for r in results if r.status != "pruned"}
+    assert set(children) == set(launched)
+    for number, result in launched.items():
+        run = children[number]
+        assert run.data.tags[tracking.PARENT_TAG] == parent_id
+        assert run.data.params == {knob: str(value) for knob, value in result.config.to_dict().items()}
+        assert run.data.tags["status"] == result.status and run.info.run_name == f"#{number} {result.config.label()}"
+        assert run.data.tags["phase"] == result.extra.get("phase", "search")
+        assert run.info.status == ("FINISHED" if result.ok else "FAILED")
+        for key in ("throughput_samples_per_s", "peak_memory_bytes", "step_time_s"):
+            value = getattr(result, key)
+            if value is None:
+                assert key not in run.data.metrics
+            else:
+                assert run.data.metrics[key] == pytest.approx(value)
+        assert run.data.tags.get("error") == (result.error[:tracking.TAG_LIMIT] if result.error else None)
+
+
+def check_recommendation(uri: str, parent, run_dir: Path) -> None:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    best = summary["best"]
+    tags, metrics = parent.data.tags, parent.data.metrics
+    assert {k: tags[f"best.{k}"] for k in best["config"]} == {k: str(v) for k, v in best["config"].items()}
+    assert tags["best.trial"] == str(summary["best_trial_index"])
+    assert metrics["best_throughput_samples_per_s"] == pytest.approx(best["throughput_samples_per_s"])
+    assert metrics["best_peak_memory_bytes"] == pytest.approx(best["peak_memory_bytes"])
+    assert metrics["trials_recorded"] == summary["trials"]
+    assert {s: metrics[f"trials_{s}"] for s in summary["status_counts"]} == summary["status_counts"]
+    assert tags["verdict"].startswith("recommended ") and tags["autotune.run_dir"] == str(run_dir.resolve())
+    client = MlflowClient(uri)
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"best_ds_config.json", "best_hf_ds_config.json", "summary.json", "report.md", "plots"} <= artifacts
+    local = Path(client.download_artifacts(parent.info.run_id, "best_ds_config.json", str(run_dir.parent)))
+    assert json.loads(local.read_text()) == json.loads((run_dir / "best_ds_config.json").read_text())
+
+
+def test_a_tracked_tune_logs_a_parent_a_nested_run_per_trial_and_the_recommendation(tmp_path, monkeypatch, capfd):
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    (tmp_path / "store").mkdir()
+    run_dir = tmp_path / "run"
+    code, out, err = cli([*TUNE, "--trials", "4", "--out", str(run_dir), "--mlflow-uri", uri], capfd)
+    assert code == 0, err
+    parents, children = runs_in(uri)
+    assert len(parents) == 1
+    parent = parents[0]
+    state = json.loads((run_dir / tracking.STATE).read_text())
+    assert state[uri]["run_id"] == parent.info.run_id and parent.info.status == "FINISHED"
+    assert parent.info.run_name == "run"
+    assert parent.data.params["model"] == "tiny" and parent.data.params["strategy"] == "optuna"
+    assert parent.data.params["memory_budget_bytes"] == str(int(0.85 * GiB))
+    results = read_results(run_dir / "trials.jsonl")
+    check_children(children, results, parent.info.run_id)
+    assert len(children) == 4
+    check_recommendation(uri, parent, run_dir)
+    # Artifacts beside the SQLite store, not in ./mlruns of wherever the tuner ran.
+    assert (tmp_path / "store" / tracking.LOCAL_ARTIFACTS).is_dir() and not (tmp_path / "mlruns").exists()
+    assert f"MLflow: {uri}" in out
+
+
+def test_resume_continues_the_parent_and_logs_each_trial_once(tmp_path, monkeypatch, capfd):
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "run"
+    code, _, err = cli([*TUNE, "--trials", "2", "--out", str(run_dir), "--mlflow"], capfd)
+    assert code == 0, err
+    uri = tracking.local_uri(run_dir)  # --mlflow: a SQLite store in the run directory
+    assert (run_dir / tracking.LOCAL_DB).is_file() and (run_dir / tracking.LOCAL_ARTIFACTS).is_dir()
+    (parent,), first = runs_in(uri)
+    first_ids = {n: r.info.run_id for n, r in first.items()}
+    assert sorted(first) == [1, 2]
+    # A session without tracking, then one with it again: the trials it missed are logged, none twice.
+    code, _, err = cli([*TUNE, "--trials", "4", "--out", str(run_dir), "--resume"], capfd)
+    assert code == 0, err
+    assert len(runs_in(uri)[1]) == 2
+    code, _, err = cli([*TUNE, "--trials", "6", "--out", str(run_dir), "--resume", "--mlflow"], capfd)
+    assert code == 0, err
+    parents, children = runs_in(uri)
+    assert [p.info.run_id for p in parents] == [parent.info.run_id]
+    results = read_results(run_dir / "trials.jsonl")
+    check_children(children, results, parent.info.run_id)
+    assert len(children) == 6 and {n: children[n].info.run_id for n in first_ids} == first_ids
+    parent = MlflowClient(uri).get_run(parent.info.run_id)
+    assert parent.info.status == "FINISHED" and parent.data.metrics["trials_recorded"] == len(results)
+    check_recommendation(uri, parent, run_dir)
+    assert not (tmp_path / "mlruns").exists()
+
+
+def test_failed_trials_carry_their_status_and_error(tmp_path, monkeypatch, capfd):
+    """The library path (TuneSpec.mlflow_uri) on a replay surface where one config crashed."""
+    monkeypatch.chdir(tmp_path)
+    space = tmp_path / "space.yaml"
+    space.write_text(SPACE)
+    surface = tmp_path / "surface.jsonl"
+    code, _, err = cli(["surface", "record", "--model", "tiny", "--hardware", "cpu", "--space", str(space),
+                        "--backend", "simulated", "--out", str(surface)], capfd)
+    assert code == 0, err
+    lines = [json.loads(line) for line in surface.read_text().splitlines()]
+    crashed = lines[0]
+    crashed.update(status="crash", throughput_samples_per_s=None, tokens_per_s=None, step_time_s=None,
+                   error="RuntimeError: the rank died\n" + "x" * 6000)
+    surface.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    spec = autotune.TuneSpec(autotune.make_workload("tiny", global_batch=16), autotune.load_hardware("cpu"),
+                             memory_budget_bytes=GiB, strategy="random", trials=12, backend="replay",
+                             surface=str(surface), space=str(space), mlflow_uri=uri)
+    result = autotune.tune(spec, out=tmp_path / "run")
+    (parent,), children = runs_in(uri)
+    check_children(children, result.results, parent.info.run_id)
+    failed = [r for r in children.values() if r.data.tags["status"] == "crash"]
+    assert len(failed) == 1 and failed[0].info.status == "FAILED"
+    assert failed[0].data.tags["error"].startswith("RuntimeError: the rank died")
+    assert len(failed[0].data.tags["error"]) == tracking.TAG_LIMIT
+    assert "throughput_samples_per_s" not in failed[0].data.metrics
+    assert parent.data.metrics["trials_crash"] == 1 and parent.data.tags["best.config"] == result.best.config.label()
+
+
+def test_missing_mlflow_names_the_extra_and_writes_nothing(tmp_path, monkeypatch, capfd):
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # as if not installed
+    code, out, err = cli([*TUNE, "--trials", "2", "--out", str(tmp_path / "run"), "--mlflow"], capfd)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "pip install 'ds-autotune[tracking]'" in err
+    assert not (tmp_path / "run" / "run.json").exists()
+    with pytest.raises(ConfigError, match=r"ds-autotune\[tracking\]"):
+        autotune.TuneSpec(autotune.make_workload("tiny"), autotune.load_hardware("cpu"), mlflow_uri=True)
+
+
+@pytest.mark.parametrize("uri, named", [
+    ("gopher://host/x", "unknown scheme 'gopher'"),
+    ("/some/folder", "MLFLOW_ALLOW_FILE_STORE=true"),
+    ("file:///some/folder", "use sqlite:///PATH/mlflow.db"),
+    (" ", "MLflow tracking URI"),
+    ("sqlite:///{tmp}", "is a directory"),
+])
+def test_a_bad_uri_is_one_line_before_anything_is_written(uri, named, tmp_path, capfd, monkeypatch):
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    uri = uri.format(tmp=tmp_path)
+    run_dir = tmp_path / "run"
+    code, out, err = cli([*TUNE, "--trials", "1", "--out", str(run_dir), "--mlflow-uri", uri], capfd)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and named in err
+    assert not (run_dir / "run.json").exists() and not (run_dir / tracking.STATE).exists()
+
+
+def test_a_store_that_cannot_be_opened_leaves_no_sweep_behind(tmp_path, capfd, monkeypatch):
+    """The store is opened before the first trial: a server that does not answer is one line, exit 2, and
+    the corrected command starts the sweep (nothing is left that says 'already holds a sweep')."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # MLflow's own: fail at once, not in minutes
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    run_dir = tmp_path / "run"
+    code, _, err = cli([*TUNE, "--trials", "1", "--out", str(run_dir), "--mlflow-uri", f"http://127.0.0.1:{port}"],
+                       capfd)
+    assert code == 2 and f"MLflow tracking URI http://127.0.0.1:{port}:" in err
+    assert len(err.strip().splitlines()) == 1
+    assert not (run_dir / "run.json").exists() and not (run_dir / "trials.jsonl").exists()
+    code, _, err = cli([*TUNE, "--trials", "1", "--out", str(run_dir)], capfd)
+    assert code == 0, err
+
+
+class Failing:
+    """A store that goes away: every call raises."""
+
+    def __getattr__(self, name):
+        def call(*args, **kwargs):
+            raise ConnectionError("the tracking server went away")
+        return call
+
+
+def test_a_store_failing_mid_sweep_warns_once_and_the_sweep_goes_on():
+    warnings: list[str] = []
+    tracker = tracking.MlflowTracker(Failing(), "http://server:5000", "1", "parent", set(), warnings.append)
+    config = autotune.Config(0, 4, 0, "bf16", "none", "none")
+    for number in (1, 2, 3):
+        tracker.trial(autotune.TrialResult(config, "ok", throughput_samples_per_s=1.0, extra={"trial": number}))
+    tracker.finish(None, {"trials": 3}, [], "no config fits", "trials")
+    tracker.end("FINISHED")
+    assert len(warnings) == 1 and "the tracking server went away" in warnings[0] and "--resume" in warnings[0]
+    assert tracker.logged == set()
