@@ -157,11 +157,24 @@ def claim_port(shm_dir: Path = SHM_DIR, attempts: int = 20) -> int:
 
 
 def release_port(port: int, shm_dir: Path = SHM_DIR) -> None:
-    """The trial of `port` has ended and its segments are gone: drop its marker."""
+    """This process's trial of `port` has ended and its segments are gone: drop its marker (only its own:
+    a port claimed without a marker may carry another runner's, or a file someone else planted)."""
+    if _marker_pid(_marker(port, shm_dir)) == os.getpid():
+        _marker(port, shm_dir).unlink(missing_ok=True)
+
+
+def _marker_pid(marker: Path) -> int | None:
     try:
-        _marker(port, shm_dir).unlink()
-    except FileNotFoundError:
-        pass
+        fd = os.open(marker, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd) as handle:
+        if os.fstat(handle.fileno()).st_uid != os.getuid():
+            return None
+        try:
+            return int(json.loads(handle.read(4096))["pid"])
+        except (ValueError, TypeError, KeyError, OSError):
+            return None
 
 
 def remove_stale_shm(shm_dir: Path = SHM_DIR, addr: str = MASTER_ADDR) -> list[Path]:
@@ -184,7 +197,7 @@ def remove_stale_shm(shm_dir: Path = SHM_DIR, addr: str = MASTER_ADDR) -> list[P
                 except FileNotFoundError:
                     pass
         if not busy:  # a survivor (e.g. a launcher's orphan) still holds some: look again next time
-            release_port(port, shm_dir)
+            marker.unlink(missing_ok=True)
             removed.append(marker)
     return removed
 

@@ -143,6 +143,10 @@ def test_claiming_a_port_never_takes_a_marked_one_nor_follows_a_link(tmp_path, m
     owner = json.loads(marker(5002, tmp_path).read_text())
     assert owner["pid"] == os.getpid() and owner["started"] == psutil.Process().create_time()
     assert victim.read_text() == "keep" and marker(5000, tmp_path).read_text() == "{}"
+    for port in (5000, 5001, 5002):  # only its own marker is dropped at the end of the trial
+        release_port(port, tmp_path)
+    assert marker(5000, tmp_path).exists() and marker(5001, tmp_path).is_symlink()
+    assert not marker(5002, tmp_path).exists()
 
 
 def test_a_trial_start_removes_what_a_killed_tuners_trial_left(tmp_path):
