@@ -186,9 +186,15 @@ workloads:
   - {name: too-big, model: llama-70b, gpus: 1, global_batch: 8, hardware: a100-40gb, memory_budget: 1GiB}
 """)
     out = tmp_path / "sweep"
-    run = autotune(cluster, "sweep", str(sweep), "--ray-address", cluster.address, "--out", str(out), sleep_s=0.5)
+    run = autotune(cluster, "sweep", str(sweep), "--ray-address", cluster.address, "--out", str(out), "--json",
+                   "--mlflow", sleep_s=0.5)
     assert run.returncode == 1, run.stderr[-3000:]  # one workload has no recommendation
     rows = {r["workload"]: r for r in _csv(out / "sweep_summary.csv")}
+    # --json: the summary rows on stdout, alone; --mlflow: one parent run per workload in <out>/mlflow.db
+    doc = json.loads(run.stdout)
+    assert doc["out"] == str(out) and not doc["interrupted"] and doc["summary_csv"] == str(out / "sweep_summary.csv")
+    assert {r["workload"]: r["recommended"] for r in doc["workloads"]} == {n: r["recommended"] for n, r in rows.items()}
+    _check_tracked(f"sqlite:///{out / 'mlflow.db'}", out, {"tiny-a": 4, "gpt2-8gpu": 4, "too-big": 0})
     assert set(rows) == {"tiny-a", "gpt2-8gpu", "too-big"}
     for name in ("tiny-a", "gpt2-8gpu"):
         assert rows[name]["recommended"] and float(rows[name]["throughput_samples_per_s"]) > 0
@@ -198,9 +204,27 @@ workloads:
     assert not (out / "too-big" / "trials.jsonl").exists()  # nothing ran, nothing recorded
     md = (out / "sweep_summary.md").read_text()
     assert "[report](tiny-a/report.md)" in md and "too-big" in md
-    # The two workloads shared the cluster: their trials interleave in time.
-    starts = [line.split()[0] for line in run.stdout.splitlines() if " start " in line]
+    # The two workloads shared the cluster: their trials interleave in time (progress: stderr with --json).
+    starts = [line.split()[0] for line in run.stderr.splitlines() if " start " in line]
     assert {"tiny-a", "gpt2-8gpu"} <= set(starts[:4])
+
+
+def _check_tracked(uri: str, out: Path, children: dict[str, int]) -> None:
+    """Each workload a parent run (named <sweep>/<workload>) with one nested run per launched trial."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("ds-autotune").experiment_id])
+    parents = {r.info.run_name: r for r in runs if "mlflow.parentRunId" not in r.data.tags}
+    assert set(parents) == {f"{out.name}/{name}" for name in children}
+    for name, count in children.items():
+        parent = parents[f"{out.name}/{name}"]
+        nested = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+        assert len(nested) == count
+        if count:
+            assert sorted(int(r.data.tags["autotune.trial"]) for r in nested) == \
+                [r.extra["trial"] for r in launched(read_results(out / name / "trials.jsonl"))]
+        assert parent.info.status == "FINISHED" and ("best.config" in parent.data.tags) == bool(count)
 
 
 def test_real_deepspeed_trials_on_both_nodes(cluster, tmp_path):
