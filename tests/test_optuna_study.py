@@ -284,3 +284,41 @@ def test_resumed_optuna_study_keeps_report_numbers_after_a_result_recorded_but_n
     assert {k: told[0].user_attrs[k] for k in KNOBS} == lost.config.to_dict()
     numbers = sorted(t.user_attrs["report_trial"] for t in trials if "report_trial" in t.user_attrs)
     assert numbers == list(range(1, len(read_results(run / "trials.jsonl")) + 1))
+
+
+def test_queued_configs_that_already_ran_are_skipped_and_every_trial_holds_its_own_config():
+    """The hybrid's policy may run a config that waits in Optuna's warm-start queue: the queue's entry is a
+    repeat (FAIL) and the proposal after it is a config of its own, told under its own parameters."""
+    from autotune.backends.simulated import SimulatedBackend
+    from autotune.hardware import PROFILES
+    from autotune.search_spaces import load_choices
+    from autotune.space import Space
+    from autotune.strategies import SearchContext, make_strategy
+
+    workload, hardware, budget = autotune.make_workload("tiny"), PROFILES["cpu"], 2 * GiB
+    space = Space(load_choices("cpu"), workload, hardware)
+    strategy = make_strategy("optuna", SearchContext(space, budget))
+    backend = SimulatedBackend(workload, hardware, budget)
+    queued = strategy.warm_start()
+    assert len(queued) == 5  # the warm start: one per structure
+    ran = []
+    for config in queued[:2] + [queued[-1]]:  # run elsewhere (the policy), some ahead of others in the queue
+        ran.append(replace(backend.run(config).under_budget(budget), extra={"trial": len(ran) + 1}))
+        strategy.observe(config, ran[-1], proposed_by="policy")
+    for _ in range(6):
+        config = strategy.propose()
+        assert config not in {r.config for r in ran}
+        ran.append(replace(backend.run(config).under_budget(budget), extra={"trial": len(ran) + 1}))
+        strategy.observe(config, ran[-1])
+    assert [r.config for r in ran[3:5]] == queued[2:4]  # the queue's other entries, in order
+    trials = strategy.study.get_trials()
+    for trial in trials:
+        if trial.state.is_finished() and trial.user_attrs["status"] != "invalid":
+            assert strategy.config_of(trial.params).to_dict() == {k: trial.user_attrs[k] for k in KNOBS}
+    numbered = {t.user_attrs["report_trial"]: t for t in trials if "report_trial" in t.user_attrs}
+    assert sorted(numbered) == list(range(1, len(ran) + 1))
+    for number, result in enumerate(ran, 1):
+        assert strategy.config_of(numbered[number].params) == result.config
+    repeats = [t for t in trials if t.user_attrs.get("status") == "repeat"]
+    assert len(repeats) == 3 and all(t.state == optuna.trial.TrialState.FAIL for t in repeats)
+    assert sorted(t.user_attrs["repeat_of_report_trial"] for t in repeats) == [1, 2, 3]

@@ -139,31 +139,47 @@ class OptunaStrategy:
             resumed = self.resumed.pop(0)
             if resumed in self.pending:  # not already told from the recorded history
                 return resumed
-        trial = self.study.ask(self.distributions)
-        config = self.config_of(trial.params)
-        if config is not None and config not in self.outcomes:
-            self._asked(trial, config)
-            return config
-        # An invalid combination, or a config already tried: the sampler learns that at once (an infeasible
-        # pruned trial; a repeat carries nothing new and fails), and the nearest config not tried yet runs in
-        # its place. So a proposal costs at most two asks, however sparse the valid configs are in the knob
+        while True:
+            trial = self.study.ask(self.distributions)
+            config = self.config_of(trial.params)
+            if config is not None and config not in self.outcomes and config not in self.pending:
+                self._asked(trial, config)
+                return config
+            # An invalid combination, or a config already tried or in flight: the sampler learns that at once
+            # (an infeasible pruned trial; a repeat carries nothing new and fails).
+            self._refuse(trial, config)
+            if not self._queued(trial):
+                break
+            # A queued config (a warm start the hybrid's policy already ran): the queue goes on, and Optuna
+            # asks its next entry before sampling, so the nearest config below is not enqueued behind it.
+        # The nearest config not tried yet runs in place of a sampled proposal that cannot run. So a proposal
+        # costs at most two asks once the queue is empty, however sparse the valid configs are in the knob
         # grid (a replay surface that measured a fraction of the space).
-        if config is None:
-            attrs = {**self._decoded(trial.params), "proposed_by": self._proposer(trial), "status": "invalid",
-                     "reason": self._invalid_reason(trial.params), "feasible": False}
-            self._finish(trial, TrialState.PRUNED, None, INVALID_CONSTRAINT, attrs)
-        else:
-            attrs = {**config.to_dict(), "config": config.label(), "proposed_by": self._proposer(trial),
-                     "status": "repeat"}
-            if config in self.report_trials:
-                attrs["repeat_of_report_trial"] = self.report_trials[config]
-            self._finish(trial, TrialState.FAIL, None, None, attrs)
         nearest = self.nearest_untried(trial.params)
         if nearest is None:
             return None
         self._enqueue(nearest, "nearest untried")
-        self._asked(self.study.ask(self.distributions), nearest)
+        trial = self.study.ask(self.distributions)
+        assert self.config_of(trial.params) == nearest, "the queue was empty: the enqueued config is asked next"
+        self._asked(trial, nearest)
         return nearest
+
+    def _refuse(self, trial: optuna.trial.Trial, config: Config | None) -> None:
+        """Tell a proposal that will not run: PRUNED (infeasible) if invalid, FAIL if a repeat."""
+        if config is None:
+            attrs = {**self._decoded(trial.params), "proposed_by": self._proposer(trial), "status": "invalid",
+                     "reason": self._invalid_reason(trial.params), "feasible": False}
+            self._finish(trial, TrialState.PRUNED, None, INVALID_CONSTRAINT, attrs)
+            return
+        attrs = {**config.to_dict(), "config": config.label(), "proposed_by": self._proposer(trial),
+                 "status": "repeat"}
+        if config in self.report_trials:
+            attrs["repeat_of_report_trial"] = self.report_trials[config]
+        self._finish(trial, TrialState.FAIL, None, None, attrs)
+
+    def _queued(self, trial: optuna.trial.Trial) -> bool:
+        """Whether an asked trial came from the study's queue (enqueue_trial) rather than the sampler."""
+        return "fixed_params" in trial.storage.get_trial_system_attrs(trial._trial_id)
 
     def nearest_untried(self, params: dict[str, Any]) -> Config | None:
         """The untried valid config closest to a proposal: index distance on ordered knobs, 1 per other
