@@ -148,8 +148,8 @@ _MISSING = f"MLflow tracking needs mlflow: pip install 'ds-autotune[{EXTRA}]' (i
 def tracked(uri: str | None, run_dir: "RunFolder", settings: "RunSettings", history: Sequence[TrialResult],
             warn: Callable[[str], None], name: str | None = None) -> Iterator[Tracker]:
     """The sweep's tracker for one session (NO_TRACKING when `uri` is None): the parent run opened or
-    continued, the history not yet logged logged now. The parent ends FINISHED when `finish` was called,
-    KILLED on Ctrl-C, FAILED on an error."""
+    continued, the history not yet logged logged now. The parent ends FINISHED (KILLED when the sweep was
+    interrupted, or on Ctrl-C), FAILED on an error."""
     if uri is None:
         yield NO_TRACKING
         return
@@ -162,7 +162,7 @@ def tracked(uri: str | None, run_dir: "RunFolder", settings: "RunSettings", hist
     except BaseException:
         tracker.end("FAILED")
         raise
-    tracker.end("FINISHED")
+    tracker.end(tracker.final_status)
 
 
 class MlflowTracker:
@@ -177,6 +177,7 @@ class MlflowTracker:
         self.logged = logged  # trial numbers with a child run
         self.warn = warn
         self.broken: str | None = None  # why tracking stopped for this session
+        self.final_status = "FINISHED"  # the parent's at the end of the session (KILLED: interrupted)
 
     @classmethod
     def open(cls, uri: str, run_dir: "RunFolder", settings: "RunSettings", history: Sequence[TrialResult], *,
@@ -230,6 +231,8 @@ class MlflowTracker:
             return
         from mlflow.entities import RunTag
 
+        if str(stop_reason) == "interrupted":
+            self.final_status = "KILLED"
         now = _now_ms()
         step = int(summary.get("trials") or 0)
         values: dict[str, Any] = {f"trials_{status}": n for status, n in summary.get("status_counts", {}).items()}

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -133,10 +134,15 @@ def test_sigterm_stops_training_cleanly_and_the_cli_resumes_from_the_last_checkp
     assert "from checkpoint 000002" in "".join(seen) and "interrupted" in rest
     assert RunDir(out).latest_checkpoint().name == "000003"
 
-    code = main(["rl", "train", "--iterations", "4", *flags])
-    printed = capsys.readouterr().out
+    code = main(["rl", "train", "--iterations", "4", *flags, "--json"])
+    captured = capsys.readouterr()
+    printed = captured.err  # --json: the progress lines on stderr, one JSON document on stdout
     assert code == 0, printed
     assert "from checkpoint 000003" in printed and "iter    4/4" in printed and "within 2% of optimum" in printed
+    doc = json.loads(captured.out)
+    assert doc["out"] == str(out) and doc["iterations"] == 4 and doc["resumed_from"] == 3 and not doc["interrupted"]
+    assert doc["checkpoint"] == str(out / "checkpoints" / "000004") and doc["policy"] == str(out / "policy")
+    assert doc["last"]["iteration"] == 4 and doc["settings"]["iterations"] == 4
     assert [r.iteration for r in RunDir(out).progress()] == [1, 2, 3, 4]
     assert RunDir(out).latest_checkpoint().name == "000004"
     assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.is_dir()) == ["000003", "000004"]
@@ -162,6 +168,10 @@ def test_export_writes_a_ray_free_policy_with_its_provenance(trained, tmp_path, 
     assert RunDir(out).settings().command(out) in provenance and f"Seed {SETTINGS.seed}" in provenance
     assert f"| {int(latest.name)} | " in provenance  # the figures of the exported iteration
     assert policy.meta["training"]["checkpoint"] == latest.name
+    assert main(["rl", "export", str(latest), "--out", str(tmp_path / "again"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["policy"] == str(tmp_path / "again") and doc["provenance"]
+    assert {Path(p).name for p in doc["files"]} >= {"policy.pt", "policy.json", "PROVENANCE.md"}
     code = main(["rl", "export", str(tmp_path), "--out", str(tmp_path / "x")])
     assert code == 2 and "not an RLlib algorithm checkpoint" in capsys.readouterr().err
 

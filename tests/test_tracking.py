@@ -132,10 +132,12 @@ def test_resume_continues_the_parent_and_logs_each_trial_once(tmp_path, monkeypa
     code, _, err = cli([*TUNE, "--trials", "4", "--out", str(run_dir), "--resume"], capfd)
     assert code == 0, err
     assert len(runs_in(uri)[1]) == 2
-    code, _, err = cli([*TUNE, "--trials", "6", "--out", str(run_dir), "--resume", "--mlflow"], capfd)
+    code, out, err = cli([*TUNE, "--trials", "6", "--out", str(run_dir), "--resume", "--mlflow", "--json"], capfd)
     assert code == 0, err
     parents, children = runs_in(uri)
     assert [p.info.run_id for p in parents] == [parent.info.run_id]
+    assert json.loads(out)["mlflow"] == {"uri": uri, "experiment_id": parent.info.experiment_id,
+                                         "run_id": parent.info.run_id}
     results = read_results(run_dir / "trials.jsonl")
     check_children(children, results, parent.info.run_id)
     assert len(children) == 6 and {n: children[n].info.run_id for n in first_ids} == first_ids
