@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Callable
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
@@ -77,8 +78,8 @@ def run_corpus(entries: list[corpus.Entry], jobs: int, timeout_s: float, in_proc
         for outcome in (map if in_process else pool.map)(one, enumerate(entries)):
             outcomes.append(outcome)
             if not outcome.clean:
-                progress.console.print(f"[red]unclean[/red] [{outcome.entry.command}] {outcome.entry.label}: "
-                                       f"{outcome.problem}", markup=True, highlight=False)
+                progress.console.print(f"[red]unclean[/red] {escape(f'[{outcome.entry.command}] {outcome.entry.label}: {outcome.problem}')}",
+                                       markup=True, highlight=False)
             progress.advance(task)
     return outcomes
 
@@ -356,7 +357,7 @@ def run_faults(rounds: int, real: bool, ray: bool, seed: int) -> list[Fault]:
                 fault = Fault("harness", getattr(job, "__name__", "job"), False, 0, 0, 0, repr(err))
             colour = "green" if fault.survived else "red"
             progress.console.print(f"[{colour}]{'survived' if fault.survived else 'NOT survived'}[/{colour}] "
-                                   f"{fault.kind}: {fault.detail}: {fault.note}", markup=True, highlight=False)
+                                   f"{escape(f'{fault.kind}: {fault.detail}: {fault.note}')}", markup=True, highlight=False)
             faults.append(fault)
             progress.advance(task)
     return faults
