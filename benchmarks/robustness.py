@@ -42,6 +42,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
+from rich.text import Text
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
@@ -382,7 +383,7 @@ def report(outcomes: list[corpus.Outcome], faults: list[Fault], command: str) ->
         for column in ("command", "category", "tried", "clean"):
             table.add_column(column, justify="right" if column in ("tried", "clean") else "left")
         for row in rows:
-            table.add_row(*row, style="red" if row[2] != row[3] else None)
+            table.add_row(*map(Text, row), style="red" if row[2] != row[3] else None)
         console.print(table)
         total = rows[-1]
         lines += [f"## Bad inputs: {total[3]} of {total[2]} clean", "",
@@ -392,7 +393,7 @@ def report(outcomes: list[corpus.Outcome], faults: list[Fault], command: str) ->
             for column in ("command", "input", "what went wrong"):
                 bad.add_column(column, overflow="fold")
             for row in unclean:
-                bad.add_row(*row)
+                bad.add_row(*map(Text, row))
             console.print(bad)
             lines += [f"### Unclean inputs ({len(unclean)})", "", *markdown_table(["command", "input", "what went wrong"],
                                                                                    unclean), ""]
@@ -403,7 +404,7 @@ def report(outcomes: list[corpus.Outcome], faults: list[Fault], command: str) ->
         rows = [[f.kind, f.detail, "yes" if f.survived else "NO", str(f.recorded_before), str(f.kept),
                  str(f.final_trials), f.note] for f in faults]
         for row in rows:
-            table.add_row(*row, style=None if row[2] == "yes" else "red")
+            table.add_row(*map(Text, row), style=None if row[2] == "yes" else "red")
         console.print(table)
         survived = sum(f.survived for f in faults)
         console.print(f"faults: {survived} of {len(faults)} survived")
