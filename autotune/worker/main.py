@@ -21,6 +21,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from typing import Any, Callable
@@ -38,6 +39,7 @@ CPU_OOM = "DefaultCPUAllocator: can't allocate memory"  # c10's own report of a 
 DEVICE_OOM_MARKERS = ("cublas_status_alloc_failed", "cudaerrormemoryallocation", "cuda error: out of memory",
                       "cuda out of memory", "failure 'out of memory'", "hip out of memory")
 STALE_LOCK_AGE_S = 60.0  # a live build writes its ninja file and starts compiling well within this
+SLOW_LOAD_S = 5.0  # loading a built op takes about a second here: one still loading after this is being built
 
 
 class Unsupported(Exception):
@@ -247,8 +249,14 @@ def load_ops(ds: dict[str, Any], accel: Any, report: Callable[[str, bool], None]
         if builder is None or not deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
             continue
         clear_stale_build_lock(builder.name)
+        building = needs_build(builder.name)
+        slow = None
         if report is not None:
-            report(builder.NAME, needs_build(builder.name))
+            report(builder.NAME, building)
+            if not building:  # torch rebuilds on changed sources or flags, or waits on another's build: say so
+                slow = threading.Timer(SLOW_LOAD_S, report, (builder.NAME, True))
+                slow.daemon = True
+                slow.start()
         try:
             builder.load(verbose=False)
         except ImportError:
@@ -258,6 +266,9 @@ def load_ops(ds: dict[str, Any], accel: Any, report: Callable[[str, bool], None]
 
             JIT_EXTENSION_VERSIONER.entries.pop(builder.name, None)
             builder.jit_load(verbose=False)
+        finally:
+            if slow is not None:
+                slow.cancel()
 
 
 def needs_build(name: str) -> bool:
