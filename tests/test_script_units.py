@@ -1,10 +1,12 @@
 """Script mode, the parts that need no trial: merging the trial's keys into a script's config, reading a
-model's shape, narrowing the space, and the command line's refusals."""
+model's shape and the script's global batch, keeping that batch (the space, the shim's config, --global-batch),
+narrowing the space, and the command line's refusals."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 from torch import nn
@@ -13,10 +15,13 @@ from autotune.cli import main
 from autotune.config import Config, ConfigError
 from autotune.dsconfig import DsOptions, ds_config
 from autotune.hardware import PROFILES
-from autotune.rundir import RunSettings
-from autotune.script import merge
+from autotune.backends.script import Script
+from autotune.rundir import RunDir, RunSettings
+from autotune.script import batch, merge
 from autotune.script.inspect_model import checkpoint_switch, model_info, shape_from_info
-from autotune.script.session import first_config, narrowed, placeholder
+from autotune.script.session import finish, first_config, narrowed, placeholder, save, with_global_batch
+from autotune.script.shim import KEEP_SCRIPT_BATCH, Shim, ScriptVerdict
+from autotune.worker.protocol import WorkerSpec
 from autotune.search_spaces import load_choices
 from autotune.space import Space
 
@@ -149,3 +154,150 @@ def test_cli_refuses_a_missing_script_and_a_model_with_a_script(tmp_path, capsys
     assert main(["tune", "--script", str(script), "--script-args", "'unclosed", "--out", str(tmp_path / "r")]) == 2
     assert "--script-args" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+# -- the script's global batch (autotune.script.batch): read, kept, split, overridden ---------------------------
+
+def test_global_batch_from_a_deepspeed_config_follows_deepspeeds_rules():
+    def of(config: dict, ranks: int = 1):
+        found = batch.from_ds_config(config, ranks)
+        return None if found is None else (found.global_batch, found.micro_batch, found.accumulation)
+
+    assert of({"train_micro_batch_size_per_gpu": 1}) == (1, 1, 1)  # the issue's script: micro 1, no accumulation
+    assert of({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3}, ranks=2) == (12, 2, 3)
+    assert of({"train_batch_size": 32}, ranks=4) == (32, 8, 1)  # alone: no accumulation
+    assert of({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4}, ranks=2) == (32, 4, 4)
+    assert of({"train_batch_size": 32, "gradient_accumulation_steps": 2}, ranks=2) == (32, 8, 2)
+    assert of({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 64}) == (64, 64, 1)  # USER above
+    for unknown in ({}, {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto"},
+                    {"train_batch_size": 10, "train_micro_batch_size_per_gpu": 4},  # 10 is no multiple of 4
+                    {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3}):
+        assert of(unknown) is None, unknown
+    assert batch.from_ds_config({"train_micro_batch_size_per_gpu": 1}, 1).source == "DeepSpeed config"
+
+
+def test_global_batch_from_training_arguments():
+    args = SimpleNamespace(per_device_train_batch_size=4, gradient_accumulation_steps=2)
+    found = batch.from_training_arguments(args, ranks=2)
+    assert (found.global_batch, found.micro_batch, found.accumulation, found.source) == (16, 4, 2, "TrainingArguments")
+    assert "16 (micro-batch 4 x gradient accumulation 2 x 2 ranks, from the TrainingArguments)" == found.describe()
+    assert batch.from_training_arguments(SimpleNamespace(), ranks=1) is None
+
+
+def test_micro_batches_are_the_divisors_that_keep_the_global_batch():
+    assert batch.divisors(24, 2) == [1, 2, 3, 4, 6, 12] and batch.divisors(3, 2) == []
+    assert batch.micro_batches((1, 2, 4, 8), 1, 1) == ((1,), [2, 4, 8])  # a global batch of 1: micro-batch 1 only
+    assert batch.micro_batches((1, 2, 4, 8), 24, 1, script_micro=24) == ((1, 2, 4, 8, 24), [])
+    assert batch.micro_batches((4, 8), 16, 1, script_micro=16) == ((4, 8, 16), [])
+    with pytest.raises(ConfigError, match=r"micro_batch \[4, 8\]: none keeps the global batch 6 .*allowed: \[1, 2, 3, 6\]"):
+        batch.micro_batches((4, 8), 6, 1)
+    assert batch.trial_keys(16, 2, 2) == {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2,
+                                          "gradient_accumulation_steps": 4}
+    with pytest.raises(ConfigError, match=r"global batch 1 is not a multiple of micro_batch 2 .*keep it: \[1\]"):
+        batch.trial_keys(1, 2, 1)
+
+
+def script_settings(micro=(1, 2, 4, 8)) -> RunSettings:
+    choices = replace(load_choices("cpu"), micro_batch=micro)
+    return RunSettings(placeholder(None, 1), PROFILES["cpu"], 2**32, "optuna", "script", 0, choices)
+
+
+ISSUE_BATCH = {"global_batch": 1, "micro_batch": 1, "accumulation": 1, "ranks": 1, "source": "DeepSpeed config"}
+
+
+def test_the_scripts_global_batch_becomes_the_workloads_and_narrows_the_micro_batches():
+    settings, settled, notes = with_global_batch(script_settings(), {"batch": ISSUE_BATCH}, None)
+    assert settings.workload.global_batch == 1 and settings.choices.micro_batch == (1,)
+    assert not settled.changed and settled.to_dict()["script"] == ISSUE_BATCH
+    assert "global batch 1 (micro-batch 1 x gradient accumulation 1 x 1 rank, from the DeepSpeed config): the " \
+           "script's own, kept" in notes[0]
+    assert "[2, 4, 8] removed from the space" in notes[1]
+    space = settings.space()
+    assert {c.micro_batch for c in space} == {1} and {c.zero_stage for c in space} == {0, 1, 2, 3}
+    assert {c.offload_optimizer for c in space} == {"none", "cpu"}  # still tuned: stage, offload, precision, ...
+    # The script's own micro-batch joins the space when it keeps the global batch.
+    own = {**ISSUE_BATCH, "global_batch": 48, "micro_batch": 48}
+    settings, _, notes = with_global_batch(script_settings(), {"batch": own}, None)
+    assert settings.choices.micro_batch == (1, 2, 4, 8, 48) and "the script's own 48 added" in notes[-1]
+
+
+def test_global_batch_given_overrides_the_scripts_and_says_the_recipe_changed(tmp_path):
+    settings, settled, notes = with_global_batch(script_settings(), {"batch": ISSUE_BATCH}, 16)
+    assert settings.workload.global_batch == 16 and settings.choices.micro_batch == (1, 2, 4, 8)
+    assert settled.changed and settled.to_dict()["given"] == 16
+    assert notes[0].startswith("the training recipe changed: global batch from the script's 1 (micro-batch 1")
+    assert "to 16 (--global-batch)" in notes[0]
+    # The same as the script's, or nothing read from the script: no change to report.
+    assert not with_global_batch(script_settings(), {"batch": ISSUE_BATCH}, 1)[1].changed
+    settings, settled, notes = with_global_batch(script_settings(), {"batch": None}, None)
+    assert settings.workload.global_batch == 16 and "the tuner's default" in notes[0]
+    # The report's Script mode section carries the line (and the console gets it from finish()).
+    run_dir = RunDir(tmp_path)
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    settings, settled, notes = with_global_batch(script_settings(), {"batch": ISSUE_BATCH}, 16)
+    save(run_dir, Script(str(script)), None, notes, None, settled)
+    (tmp_path / "report.md").write_text("# report\n")
+    lines = finish(run_dir, settings, None)
+    assert lines[0] == notes[0]
+    assert "- the training recipe changed: global batch from the script's 1" in (tmp_path / "report.md").read_text()
+    assert json.loads((tmp_path / "script.json").read_text())["global_batch"]["changed"] is True
+
+
+def test_too_few_steps_counts_micro_steps_at_the_trials_accumulation_and_names_the_scripts_flag():
+    # The issue: 30 engine.step() calls at accumulation 16 made 1 optimizer step; 2 are needed (1 of warm-up).
+    text = batch.steps_needed(30, 1, 16, 2, ["--deepspeed", "--deepspeed_config", "c.json", "--steps", "30"])
+    assert "30 micro-step(s) (engine.step() calls), 1 optimizer step(s) at the trial's gradient accumulation 16" in text
+    assert "i.e. 32 micro-steps" in text and text.endswith("pass --steps 32 or more (more give a steadier median)")
+    # The Trainer's --max_steps counts optimizer steps.
+    assert "pass --max_steps 2 or more" in batch.steps_needed(4, 1, 4, 2, ["--max_steps=1", "--bf16", "true"])
+    assert "let the script run that long" in batch.steps_needed(3, 1, 2, 2, ["--epochs", "1"])
+
+
+def shim_for(tmp_path, micro: int, keep: bool) -> Shim:
+    workload = placeholder(None, 1)
+    config = Config(0, micro, 0, "bf16")
+    spec = WorkerSpec(config, workload, ds_config(config, workload), str(tmp_path), extra={KEEP_SCRIPT_BATCH: keep})
+    return Shim(spec, 0)
+
+
+def test_the_shim_runs_the_scripts_global_batch_at_the_trials_micro_batch(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    user = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 4,
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
+    shim = shim_for(tmp_path, 2, keep=True)
+    used = shim.trial_config(user, batch.from_ds_config(user, 1))
+    assert (used["train_batch_size"], used["train_micro_batch_size_per_gpu"], used["gradient_accumulation_steps"]) == (4, 2, 2)
+    assert used["optimizer"] == user["optimizer"]
+    # Not kept (the tuner knows the global batch, or --global-batch): the spec's keys, the script's recorded.
+    shim = shim_for(tmp_path, 2, keep=False)
+    used = shim.trial_config(user, batch.from_ds_config(user, 1))
+    assert (used["train_batch_size"], used["gradient_accumulation_steps"]) == (16, 8)
+    assert shim.script_batch.global_batch == 4
+    # A micro-batch that cannot keep it is the verdict, naming those that can.
+    shim = shim_for(tmp_path, 8, keep=True)
+    with pytest.raises(ScriptVerdict, match=r"global batch 4 \(micro-batch 1 .*keep it: \[1, 2, 4\]") as verdict:
+        shim.trial_config(user, batch.from_ds_config(user, 1))
+    assert verdict.value.verdict == "global_batch_indivisible"
+
+
+def test_the_shim_reads_the_trainers_batch_before_it_sets_the_trials(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+
+    class TrainingArguments:  # the fields the shim reads and sets, as transformers.TrainingArguments has them
+        def __init__(self, **kwargs) -> None:
+            self.__dict__.update(bf16=False, fp16=False, gradient_checkpointing=True, **kwargs)
+            self.__post_init__()
+
+        def __post_init__(self) -> None:
+            pass
+
+    module = SimpleNamespace(TrainingArguments=TrainingArguments)
+    shim = shim_for(tmp_path, 2, keep=True)
+    shim.patch_training_arguments(module)
+    args = TrainingArguments(deepspeed={"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto"},
+                             per_device_train_batch_size=4, gradient_accumulation_steps=3)
+    assert shim.script_batch.to_dict() == {"global_batch": 24, "micro_batch": 4, "accumulation": 3, "ranks": 2,
+                                           "source": "TrainingArguments"}
+    assert (args.per_device_train_batch_size, args.gradient_accumulation_steps) == (2, 6)  # 2 x 6 x 2 = 24 kept
+    assert args.deepspeed["train_batch_size"] == 24

@@ -122,6 +122,10 @@ class DeepSpeedBackend:
         """Tokens per sample, for tokens_per_s."""
         return self.workload.model.seq_len
 
+    def _global_batch(self, extra: Mapping[str, Any]) -> int:
+        """Samples per optimizer step, for the throughput."""
+        return self.workload.global_batch
+
     def cpu_info(self) -> dict[str, Any] | None:
         """py-cpuinfo's description of this machine, asked once per backend instead of per trial."""
         if self._cpu_info is None:
@@ -161,7 +165,7 @@ class DeepSpeedBackend:
         first = reports[0]
         worst = max(reports, key=lambda r: r["peak_memory_bytes"])
         step = first["step_time_s"]
-        throughput = self.workload.global_batch / step
+        throughput = self._global_batch(extra) / step
         extra.update(
             peak_memory_growth_bytes=worst["peak_memory_bytes"] - worst["baseline_memory_bytes"],
             baseline_memory_bytes=worst["baseline_memory_bytes"],

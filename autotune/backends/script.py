@@ -7,7 +7,11 @@ Results are those of the deepspeed backend (same report keys, same TrialResult e
   sequence length and micro-batch of the first batch, the checkpointing switch), also for a failed trial
   whenever the script got as far as `deepspeed.initialize`;
 - `script_verdict`: for a failure caused by the script whatever the config (autotune.script.shim.VERDICTS),
-  which the tuner acts on by stopping after that trial (`fatal`).
+  which the tuner acts on by stopping after that trial (`fatal`);
+- `global_batch`: the samples per optimizer step the trial ran (its throughput counts those).
+With `keep_script_batch` (the tuner does not know the script's global batch yet: its first trial, or
+`autotune trial --script` without --global-batch) a trial runs the global batch the script asks for
+(autotune.script.batch), not the workload's; `script_model["batch"]` says which it was and where it was read.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from autotune.estimate import Calibration
 from autotune.hardware import Hardware
 from autotune.results import TrialResult
 from autotune.runner import RunOutcome
-from autotune.script.shim import MODEL_FILE, USER_CONFIG_FILE
+from autotune.script.shim import KEEP_SCRIPT_BATCH, MODEL_FILE, USER_CONFIG_FILE
 from autotune.worker.measure import MeasureSettings
 from autotune.workload import Workload
 
@@ -65,11 +69,13 @@ class ScriptBackend(DeepSpeedBackend):
                  hardware: Hardware | None = None, ds_options: DsOptions = DsOptions(),
                  logs_dir: str | Path = "runs/logs", timeout_s: float = 600.0,
                  measure: MeasureSettings = MeasureSettings(), *, calibration: Calibration = Calibration(),
-                 shape_known: bool = True, env: Mapping[str, str] | None = None) -> None:
+                 shape_known: bool = True, keep_script_batch: bool = False,
+                 env: Mapping[str, str] | None = None) -> None:
         super().__init__(workload, memory_budget_bytes, hardware, ds_options, logs_dir, timeout_s, measure,
                          calibration=calibration, env=env)
         self.script = script
         self.shape_known = shape_known  # False: `workload.model` is a placeholder until a trial inspects it
+        self.keep_script_batch = keep_script_batch  # True: `workload.global_batch` too, the script's is run
         self.launch = replace(self.launch, module=SHIM)
 
     def predict(self, config: Config):
@@ -79,12 +85,15 @@ class ScriptBackend(DeepSpeedBackend):
         return {"script": self.script.absolute}
 
     def _spec_extra(self) -> dict[str, Any]:
-        return {"script": self.script.absolute, "script_args": list(self.script.args)}
+        return {"script": self.script.absolute, "script_args": list(self.script.args),
+                KEEP_SCRIPT_BATCH: self.keep_script_batch}
 
     def _read_outcome(self, log_dir: Path, outcome: RunOutcome, extra: dict[str, Any]) -> None:
         model = read_json(log_dir / MODEL_FILE)
         if model:
             extra["script_model"] = model
+            if model.get("global_batch"):
+                extra["global_batch"] = model["global_batch"]
         verdict = next((r.get("verdict") for r in outcome.reports if r and r.get("verdict")), None)
         if verdict:
             extra["script_verdict"] = verdict
@@ -92,6 +101,9 @@ class ScriptBackend(DeepSpeedBackend):
 
     def _seq_len(self, extra: Mapping[str, Any]) -> int:
         return (extra.get("script_model") or {}).get("seq_len") or self.workload.model.seq_len
+
+    def _global_batch(self, extra: Mapping[str, Any]) -> int:
+        return extra.get("global_batch") or self.workload.global_batch
 
 
 def read_script_info(run_dir: str | Path) -> dict[str, Any]:

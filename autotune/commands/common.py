@@ -53,7 +53,8 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, default_model: st
     parser.add_argument("--gpus", type=gpu_count, default=None,
                         help="data-parallel devices, 1 to 4096 (default: the GPUs found with --hardware auto, else 1)")
     parser.add_argument("--global-batch", type=positive_int, default=None,
-                        help="samples per optimizer step over all devices (default: 16 for tiny, else 32 x gpus)")
+                        help="samples per optimizer step over all devices (default: 16 for tiny, else 32 x gpus; with "
+                             "--script, the script's own: given, it changes the script's recipe)")
     parser.add_argument("--hardware", type=hardware_name, default=None, help=HARDWARE_HELP)
     parser.add_argument("--space", default=None,
                         help="search-space YAML, or a preset name: default, cpu (default: cpu on CPU hardware)")

@@ -25,7 +25,8 @@ from autotune.estimate import MEMORY_TERMS, Calibration, Estimate, estimate
 from autotune.hardware import PROFILES, Hardware
 from autotune.results import TrialResult, append_result, read_results
 from autotune.script.cli import add_arguments as script_arguments, script_from
-from autotune.script.session import learned_workload
+from autotune.script.batch import settle
+from autotune.script.session import learned_workload, script_batch_of
 from autotune.space import invalid_reason
 from autotune.units import format_size
 from autotune.worker.measure import MeasureSettings
@@ -198,34 +199,43 @@ def show(result: TrialResult, prediction: Estimate | None, calibration: Calibrat
 
 def run_script_trial(args: argparse.Namespace) -> int:
     """`autotune trial --script`: one trial of the script with one config, next to the estimator's
-    prediction for the model the script showed."""
+    prediction for the model the script showed. The trial runs the script's own global batch (the shim reads
+    it) unless --global-batch is given."""
     script = script_from(args)
     workload, hardware = script_target(args)
     config = Config(args.zero_stage, args.micro_batch, args.ckpt_interval, args.precision,
                     args.offload_optimizer, args.offload_param)
-    if workload.grad_accumulation(config.micro_batch) is None:
+    keep = args.global_batch is None  # the script's global batch: the shim checks this micro-batch keeps it
+    if not keep and workload.grad_accumulation(config.micro_batch) is None:
         raise ConfigError(f"{config.label()}: global batch {workload.global_batch} is not a multiple of micro_batch "
                           f"{config.micro_batch} x {workload.gpus} rank(s)")
-    check_config(config, replace(workload, model=replace(workload.model, layers=10**6)), hardware, args.nvme_path)
+    checked = replace(workload, model=replace(workload.model, layers=10**6),
+                      global_batch=config.micro_batch * workload.gpus if keep else workload.global_batch)
+    check_config(config, checked, hardware, args.nvme_path)
     measure = measure_settings(args)
-    run_dir = created_run_dir(args, f"runs/trials/script-{Path(script.path).stem}-b{workload.global_batch}"
-                                    f"-g{workload.gpus}")
+    run_dir = created_run_dir(args, f"runs/trials/script-{Path(script.path).stem}"
+                                    f"{'' if keep else f'-b{workload.global_batch}'}-g{workload.gpus}")
     backend = ScriptBackend(script, workload, args.memory_budget, hardware, DsOptions(nvme_path=args.nvme_path),
-                            run_dir / "logs", args.timeout, measure, shape_known=False)
+                            run_dir / "logs", args.timeout, measure, shape_known=False, keep_script_batch=keep)
     result = backend.run(config) if args.json else _run_with_progress(backend, config)
     model = result.extra.get("script_model")
     prediction = None
+    settled = None
     if model:
-        workload = learned_workload(model, workload, script)
+        settled = settle(script_batch_of(model), args.global_batch, workload.global_batch)
+        workload = replace(learned_workload(model, workload, script), global_batch=settled.global_batch)
         if hardware.supports(config.precision):
             prediction = estimate(config, workload, hardware)
             result = replace(result, extra={**result.extra, "predicted_peak_bytes": prediction.peak_bytes})
     append_result(run_dir / "trials.jsonl", result)
     if args.json:
         emit_json(args, {"result": result.to_dict(), "prediction": prediction.to_dict() if prediction else None,
-                         "model": model, "run_dir": str(run_dir)})
+                         "model": model, "global_batch": settled.to_dict() if settled else None,
+                         "run_dir": str(run_dir)})
     else:
         show(result, prediction, calibrator(workload, hardware)([]), workload, hardware, run_dir)
+        if settled is not None:
+            print(settled.line())
         if model:
             print(f"model seen at deepspeed.initialize: {model.get('class')}, {model['params']:,} parameters, "
                   f"{model.get('layers', '?')} layers, hidden {model.get('hidden', '?')}, "

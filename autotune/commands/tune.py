@@ -128,9 +128,10 @@ def run(args: argparse.Namespace) -> int:
     args._run_dir = out  # an internal error's traceback goes to its logs/ (autotune.cli)
     with run_dir.locked(), sigterm_as_interrupt(), undone_unless_started(run_dir, before):
         if args.script and args.resume:
-            settings = script_mode().resumed(run_dir, settings, script_from(args))
+            settings = script_mode().resumed(run_dir, settings, script_from(args), args.global_batch)
         elif args.script:  # the first trial shows the script's model (autotune.script.session)
-            settings, space, fatal = script_mode().first_trial(run_dir, settings, space, script_from(args))
+            settings, space, fatal = script_mode().first_trial(run_dir, settings, space, script_from(args),
+                                                               global_batch=args.global_batch)
             if fatal:
                 run_dir.write_settings(settings)
                 code = script_mode().stopped(run_dir, settings, fatal)

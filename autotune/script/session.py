@@ -2,9 +2,12 @@
 
 Tune: the model is not known before the script runs, so the first trial (a safe config: no ZeRO sharding
 decision forced, the smallest micro-batch, no checkpointing, no offload) runs before the search and
-teaches the tuner the model (autotune.script.inspect_model): the sweep's workload gets its shape, the
-estimator is calibrated on that first measurement, and `ckpt_interval` keeps only the values the model's
-own switch can apply (none without one). A first trial that fails because of the script (it crashes
+teaches the tuner the model (autotune.script.inspect_model) and the script's global batch
+(autotune.script.batch; that trial already runs it): the sweep's workload gets the model's shape and the
+script's global batch (never changed unless --global-batch is given, and then the console and report say
+the recipe changed), `micro_batch` keeps the values that divide that global batch, the estimator is
+calibrated on that first measurement, and `ckpt_interval` keeps only the values the model's own switch can
+apply (none without one). A first trial that fails because of the script (it crashes
 before `deepspeed.initialize`, never calls it, never steps, ...) ends the sweep at once with that verdict.
 The run directory gets `script.json` (the script, its arguments, the model learned, the notes), and the
 recommendation `best_ds_config.json` is the script's own config with the tuned keys (optimizer, scheduler
@@ -26,17 +29,18 @@ from autotune.dsconfig import DsOptions, ds_config, validate
 from autotune.estimate import estimate
 from autotune.results import TrialResult
 from autotune.rundir import RunDir, RunSettings
-from autotune.script import merge
+from autotune.script import batch, merge
 from autotune.script.inspect_model import shape_from_info
 from autotune.space import Space
 from autotune.units import format_size
 from autotune.workload import PRESETS, Workload
 
-DEFAULT_GLOBAL_BATCH = 16
+DEFAULT_GLOBAL_BATCH = 16  # only where the script states no batch size and --global-batch is not given
 
 
 def placeholder(global_batch: int | None, gpus: int) -> Workload:
-    """The workload before the script has shown its model: only the batch arithmetic is real."""
+    """The workload before the script has shown its model: only the batch arithmetic is real, and only when
+    --global-batch is given (else the first trial runs the script's own and the workload learns it)."""
     shape = replace(PRESETS["tiny"], name="unknown")
     return Workload(shape, global_batch or DEFAULT_GLOBAL_BATCH, gpus)
 
@@ -68,6 +72,31 @@ def learned_workload(model: dict[str, Any], workload: Workload, script: Script) 
     return replace(workload, model=shape)
 
 
+def script_batch_of(model: dict[str, Any] | None) -> batch.ScriptBatch | None:
+    """The global batch the script asked for, as the shim recorded it with the model (None: not read)."""
+    found = (model or {}).get("batch")
+    return batch.ScriptBatch.from_dict(found) if found else None
+
+
+def with_global_batch(settings: RunSettings, model: dict[str, Any] | None,
+                      given: int | None) -> tuple[RunSettings, batch.Settled, list[str]]:
+    """The settings with the global batch settled (the script's unless --global-batch) and the micro-batches
+    that keep it; the line that says which, and a note for the micro-batches removed."""
+    found = script_batch_of(model)
+    settled = batch.settle(found, given, DEFAULT_GLOBAL_BATCH)
+    workload = replace(settings.workload, global_batch=settled.global_batch)
+    choices = settings.choices
+    own = found.micro_batch if found is not None and not settled.changed else None
+    kept, removed = batch.micro_batches(choices.micro_batch, settled.global_batch, workload.gpus, own)
+    notes = [settled.line()]
+    if removed:
+        notes.append(f"micro_batch: {removed} removed from the space: they do not divide the global batch "
+                     f"{settled.global_batch} over {workload.gpus} rank(s)")
+    if own is not None and own not in choices.micro_batch:
+        notes.append(f"micro_batch: the script's own {own} added to the space")
+    return replace(settings, workload=workload, choices=replace(choices, micro_batch=kept)), settled, notes
+
+
 def narrowed(settings: RunSettings, model: dict[str, Any]) -> tuple[RunSettings, list[str]]:
     """The settings with the learned workload and the checkpointing values the model can apply."""
     choices, notes = settings.choices, []
@@ -86,20 +115,33 @@ def narrowed(settings: RunSettings, model: dict[str, Any]) -> tuple[RunSettings,
 
 
 def first_trial(run_dir: RunDir, settings: RunSettings, space: Space, script: Script,
-                timeout_s: float = 600.0) -> tuple[RunSettings, Space, str | None]:
-    """Run the first trial, record it, and return the sweep's settings and space for the model it showed,
-    and the script's verdict if the script (not the config) failed."""
+                timeout_s: float = 600.0, global_batch: int | None = None) -> tuple[RunSettings, Space, str | None]:
+    """Run the first trial, record it, and return the sweep's settings and space for the model and global
+    batch it showed (`global_batch`: --global-batch, which overrides the script's), and the script's verdict
+    if the script (not the config) failed."""
     config = first_config(space)
-    print(f"first trial of {script.path}: {config.label()} (shows the tuner the script's model)", flush=True)
+    print(f"first trial of {script.path}: {config.label()} (shows the tuner the script's model and global batch)",
+          flush=True)
     backend = ScriptBackend(script, settings.workload, settings.memory_budget_bytes, settings.hardware,
                             DsOptions(nvme_path=settings.choices.nvme_path), run_dir.logs_dir, timeout_s,
-                            shape_known=False)
+                            shape_known=False, keep_script_batch=global_batch is None)
     result = backend.run(config)
     model = result.extra.get("script_model")
     notes: list[str] = []
+    settled: batch.Settled | None = None
+    if model:
+        settings, settled, notes = with_global_batch(settings, model, global_batch)
+    elif backend.fatal is None:  # the sweep goes on, but nothing was learned
+        settings, settled, notes = with_global_batch(settings, None, global_batch)
+        notes[0] = (f"the first trial ended ({result.status}) before deepspeed.initialize, so the script's global "
+                    f"batch is unknown: global batch {settled.global_batch} "
+                    f"({'--global-batch' if global_batch else 'the tuner default: pass --global-batch to set it'})")
+    if notes:
+        print(notes[0], flush=True)
     if model:
         settings = replace(settings, workload=learned_workload(model, settings.workload, script))
-        settings, notes = narrowed(settings, model)
+        settings, more = narrowed(settings, model)
+        notes += more
         if settings.hardware.supports(config.precision):
             est = estimate(config, settings.workload, settings.hardware)
             result = replace(result, extra={**result.extra, "predicted_peak_bytes": est.peak_bytes,
@@ -108,26 +150,30 @@ def first_trial(run_dir: RunDir, settings: RunSettings, space: Space, script: Sc
     print(f"first trial {result.status}: " + (f"{result.throughput_samples_per_s:.4g} samples/s, peak "
           f"{format_size(result.peak_memory_bytes)}" if result.ok else str(result.error).splitlines()[0]), flush=True)
     run_dir.append(result)
-    save(run_dir, script, model, notes, backend.fatal)
+    save(run_dir, script, model, notes, backend.fatal, settled)
     return settings, settings.space(), backend.fatal
 
 
-def save(run_dir: RunDir, script: Script, model: dict[str, Any] | None, notes: list[str], fatal: str | None) -> None:
-    run_dir.write_json(SCRIPT_FILE, {"script": script.to_dict(), "model": model, "notes": notes, "fatal": fatal})
+def save(run_dir: RunDir, script: Script, model: dict[str, Any] | None, notes: list[str], fatal: str | None,
+         settled: batch.Settled | None = None) -> None:
+    run_dir.write_json(SCRIPT_FILE, {"script": script.to_dict(), "model": model, "notes": notes, "fatal": fatal,
+                                     "global_batch": settled.to_dict() if settled else None})
 
 
 def load(run_dir: RunDir) -> dict[str, Any]:
     return read_script_info(run_dir.path)
 
 
-def resumed(run_dir: RunDir, settings: RunSettings, script: Script) -> RunSettings:
-    """A resumed script sweep: the same script and arguments, and the workload learned the first time."""
+def resumed(run_dir: RunDir, settings: RunSettings, script: Script, global_batch: int | None = None) -> RunSettings:
+    """A resumed script sweep: the same script and arguments, and the workload learned the first time (its
+    global batch included, unless --global-batch names another: the differences check refuses that)."""
     stored = Script.from_dict(load(run_dir)["script"])
     if (stored.absolute, stored.args) != (script.absolute, script.args):
         raise ConfigError(f"--resume: {run_dir.path} tuned {stored.absolute} {shlex.join(stored.args)!r}, not "
                           f"{script.absolute} {shlex.join(script.args)!r}")
     known = run_dir.read_settings()
-    if (known.workload.global_batch, known.workload.gpus) != (settings.workload.global_batch, settings.workload.gpus):
+    wanted = known.workload.global_batch if global_batch is None else global_batch
+    if (known.workload.global_batch, known.workload.gpus) != (wanted, settings.workload.gpus):
         return settings  # the differences check names them
     return replace(settings, workload=known.workload, choices=known.choices)
 

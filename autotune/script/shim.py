@@ -5,6 +5,9 @@ Before the script runs, the shim imports DeepSpeed, refuses what this accelerato
 C++ ops the trial needs (as the built-in worker does), then replaces `deepspeed.initialize` with a wrapper:
 - the script's config (the `config` / `config_params` argument as a path or a dict, or
   `args.deepspeed_config`) gets the trial's memory-relevant keys (autotune.script.merge);
+- the script's global batch is read from what it hands over (autotune.script.batch) and recorded; where the
+  spec says to keep it (`keep_script_batch`: the tuner does not know it yet), the trial runs that global batch
+  at its micro-batch (accumulation = global / (micro-batch x ranks)) instead of the spec's;
 - the model's own activation-checkpointing switch is set from `ckpt_interval` (autotune.script.inspect_model);
 - the model is inspected (parameter count, layers, hidden, ...) and the result written to `model.json`;
 - the engine that comes back is measured: every optimizer step (all micro-steps, data loading included) is
@@ -17,7 +20,8 @@ the merged config: the Trainer then calls `deepspeed.initialize` through Acceler
 
 Failures the script causes whatever the config are reported with a `verdict` so that the tuner stops after
 the first trial: `crashed_before_initialize`, `never_initialized`, `never_stepped`, `too_few_steps`,
-`ignores_micro_batch` (the script feeds batches of another size than the engine's micro-batch).
+`ignores_micro_batch` (the script feeds batches of another size than the engine's micro-batch),
+`global_batch_indivisible` (the trial's micro-batch cannot keep the script's global batch).
 """
 
 from __future__ import annotations
@@ -41,14 +45,16 @@ from autotune.worker.main import (Unsupported, agree, check_supported, classify,
                                   host_store_on_loopback, load_ops, prepared_ds_config)
 from autotune.worker.measure import iqr, median_rel_se, stop_reason
 from autotune.worker.protocol import WorkerSpec, record_phase, report_path, write_json_atomic
-from autotune.script import merge
+from autotune.config import ConfigError
+from autotune.script import batch as script_batch, merge
 from autotune.script.inspect_model import checkpoint_switch, model_info, set_checkpointing
 
 MODEL_FILE = "model.json"  # what rank 0 learned about the model (and the first batch)
 USER_CONFIG_FILE = "user_ds_config.json"  # the config as the script passed it, before the trial's keys
 USED_CONFIG_FILE = "ds_config.json"  # the merged config DeepSpeed got
 VERDICTS = ("crashed_before_initialize", "never_initialized", "never_stepped", "too_few_steps",
-            "ignores_micro_batch")
+            "ignores_micro_batch", "global_batch_indivisible")
+KEEP_SCRIPT_BATCH = "keep_script_batch"  # spec extra: run the script's own global batch, not the spec's
 SCRIPT_ENDED = "script_ended"  # stop reason: the script finished its own loop before the measurement did
 
 
@@ -93,6 +99,8 @@ class Shim:
         self.model: dict[str, Any] = {}
         self.user_config_recorded = False
         self.steps = 0  # optimizer steps so far
+        self.micro_steps = 0  # engine.step() calls so far
+        self.script_batch: script_batch.ScriptBatch | None = None  # the batch the script asked for
         self.times: list[float] = []
         self.peaks: list[int] = []
         self.losses: list[float] = []
@@ -157,11 +165,27 @@ class Shim:
         runpy.run_path(script, run_name="__main__")
 
     # -- the trial's config where the script passes its own ----------------------------------------------
-    def trial_config(self, user: dict[str, Any]) -> dict[str, Any]:
+    @property
+    def ranks(self) -> int:
+        return int(os.environ.get("WORLD_SIZE") or self.spec.workload.gpus)
+
+    def trial_config(self, user: dict[str, Any], found: script_batch.ScriptBatch | None) -> dict[str, Any]:
+        """The script's config `user` with the trial's keys; `found`: the global batch the script asks for."""
         if not self.user_config_recorded:
             self.write(USER_CONFIG_FILE, user)
             self.user_config_recorded = True
-        return prepared_ds_config(merge.merge(user, self.spec.ds_config))
+        if self.script_batch is None:  # the first place the script states it (TrainingArguments, then initialize)
+            self.script_batch = found
+        trial = dict(self.spec.ds_config)
+        if self.spec.extra.get(KEEP_SCRIPT_BATCH) and self.script_batch is not None:
+            try:
+                trial.update(script_batch.trial_keys(self.script_batch.global_batch, self.spec.config.micro_batch,
+                                                     self.ranks))
+            except ConfigError as err:
+                raise ScriptVerdict("global_batch_indivisible", (
+                    f"the script's global batch {self.script_batch.describe()}: {err}; give the space one of them, "
+                    "or pass --global-batch to change the recipe")) from None
+        return prepared_ds_config(merge.merge(user, trial))
 
     def patch_training_arguments(self, module: Any) -> None:
         cls = module.TrainingArguments
@@ -170,7 +194,8 @@ class Shim:
 
         def post_init(args: Any) -> None:
             if args.deepspeed:  # a Trainer without DeepSpeed is left alone (and never initializes)
-                ds = shim.trial_config(merge.load_config(args.deepspeed))
+                found = script_batch.from_training_arguments(args, shim.ranks)  # before the trial's values
+                ds = shim.trial_config(merge.load_config(args.deepspeed), found)
                 args.deepspeed = ds
                 shim.via_trainer = True
                 args.per_device_train_batch_size = ds["train_micro_batch_size_per_gpu"]
@@ -200,7 +225,8 @@ class Shim:
                 cli_args = copy.copy(cli_args)  # the script's namespace stays as it was
                 setattr(cli_args, attr, None)
                 given["args"] = cli_args
-        ds = self.trial_config(merge.load_config(source))
+        user = merge.load_config(source)
+        ds = self.trial_config(user, script_batch.from_ds_config(user, self.ranks))
         self.write(USED_CONFIG_FILE, ds)
         model = given.get("model")
         if model is None:
@@ -209,6 +235,8 @@ class Shim:
         self.model = model_info(model)
         self.model["via"] = "transformers.TrainingArguments" if self.via_trainer else "deepspeed.initialize"
         self.model["checkpointing_on"] = bool(self.spec.config.ckpt_interval) and self.model_switch is not None
+        self.model["batch"] = self.script_batch.to_dict() if self.script_batch else None  # the script's recipe
+        self.model["global_batch"] = ds["train_batch_size"]  # what this trial ran
         self.write(MODEL_FILE, self.model)
         result = self.original_initialize(**given, config=ds)
         self.initialized = True
@@ -239,6 +267,7 @@ class Shim:
 
         def measured_step(*args: Any, **kwargs: Any) -> Any:
             before = engine.global_steps
+            self.micro_steps += 1
             out = step(*args, **kwargs)
             if engine.global_steps != before:  # a gradient-accumulation boundary: the optimizer stepped
                 self.optimizer_stepped()
@@ -327,14 +356,14 @@ class Shim:
         """The script returned on its own: measured enough, or one of the script's verdicts."""
         if not self.initialized:
             raise ScriptVerdict("never_initialized", "the script ended without calling deepspeed.initialize")
-        if self.steps == 0:
+        needed = self.spec.measure.warmup_steps + 1
+        if self.steps == 0 and self.micro_steps == 0:
             raise ScriptVerdict("never_stepped", "the script called deepspeed.initialize but ended before any "
                                 "optimizer step (engine.step() at a gradient-accumulation boundary)")
-        if not self.times:
-            raise ScriptVerdict("too_few_steps", (
-                f"the script ended after {self.steps} optimizer step(s), all of them warm-up "
-                f"({self.spec.measure.warmup_steps}): let it run at least {self.spec.measure.warmup_steps + 1} "
-                "(more give a steadier median)"))
+        if not self.times:  # counted in optimizer steps at this trial's accumulation, worded in the script's units
+            raise ScriptVerdict("too_few_steps", script_batch.steps_needed(
+                self.micro_steps, self.steps, self.engine.gradient_accumulation_steps(), needed,
+                self.spec.extra.get("script_args", ())))
         return self.measured(SCRIPT_ENDED)
 
     def failure(self, err: BaseException) -> dict[str, Any]:

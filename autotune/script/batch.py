@@ -1,0 +1,216 @@
+"""A script's global batch: what the user's training recipe is, which a memory tuner must keep.
+
+The global batch (samples per optimizer step, over every data-parallel rank) is part of what the model learns:
+its learning rate and schedule are tuned for it. Script mode reads it from what the script hands DeepSpeed and
+keeps it fixed; the trial only chooses how it is split (micro-batch x gradient accumulation x ranks). Sources:
+- a DeepSpeed config (`from_ds_config`): `train_batch_size`, else `train_micro_batch_size_per_gpu` x
+  `gradient_accumulation_steps` (default 1) x ranks, DeepSpeed's own arithmetic. Accelerate's
+  `DeepSpeedPlugin` fills these keys before its `deepspeed.initialize` call, so its config arrives complete;
+- Hugging Face `TrainingArguments` (`from_training_arguments`): per_device_train_batch_size x
+  gradient_accumulation_steps x ranks (the Trainer's config holds "auto" there);
+- any other loop that knows its micro-batch and accumulation (`ScriptBatch.of`).
+`trial_keys` splits a kept global batch for one trial's micro-batch, `micro_batches` narrows the space to the
+micro-batches that keep it, and `steps_needed` words the verdict of a script whose loop is too short for the
+trial's accumulation. Nothing here imports DeepSpeed or torch.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from autotune.config import ConfigError
+
+DS_CONFIG = "DeepSpeed config"
+TRAINING_ARGUMENTS = "TrainingArguments"
+
+
+@dataclass(frozen=True)
+class ScriptBatch:
+    """The batch arithmetic a script runs with: global = micro_batch x accumulation x ranks."""
+
+    global_batch: int
+    micro_batch: int
+    accumulation: int
+    ranks: int
+    source: str  # where it was read: DS_CONFIG, TRAINING_ARGUMENTS, ...
+
+    def __post_init__(self) -> None:
+        for key in ("global_batch", "micro_batch", "accumulation", "ranks"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"the script's {key} {value!r}: must be a positive integer")
+        if self.global_batch != self.micro_batch * self.accumulation * self.ranks:
+            raise ConfigError(f"the script's global batch {self.global_batch} is not its micro-batch "
+                              f"{self.micro_batch} x accumulation {self.accumulation} x {self.ranks} rank(s)")
+
+    @classmethod
+    def of(cls, micro_batch: int, accumulation: int, ranks: int, source: str) -> "ScriptBatch":
+        return cls(micro_batch * accumulation * ranks, micro_batch, accumulation, ranks, source)
+
+    def describe(self) -> str:
+        """e.g. `1 (micro-batch 1 x gradient accumulation 1 x 1 rank, from the DeepSpeed config)`."""
+        return (f"{self.global_batch} (micro-batch {self.micro_batch} x gradient accumulation {self.accumulation} "
+                f"x {self.ranks} rank{'s' if self.ranks > 1 else ''}, from the {self.source})")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"global_batch": self.global_batch, "micro_batch": self.micro_batch,
+                "accumulation": self.accumulation, "ranks": self.ranks, "source": self.source}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ScriptBatch":
+        return cls(data["global_batch"], data["micro_batch"], data["accumulation"], data["ranks"], data["source"])
+
+
+def _positive(value: Any) -> int | None:
+    """A batch key's value if it is a positive integer ("auto", None, junk: unknown)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        return None
+    return value
+
+
+def from_ds_config(config: Mapping[str, Any], ranks: int, source: str = DS_CONFIG) -> ScriptBatch | None:
+    """The batch a DeepSpeed config asks for on `ranks` data-parallel ranks, by DeepSpeed's rules
+    (deepspeed.runtime.config: any two of the three keys fix the third; one key alone means no accumulation);
+    None when it sets no batch size (or only "auto") or its keys do not agree."""
+    total = _positive(config.get("train_batch_size"))
+    micro = _positive(config.get("train_micro_batch_size_per_gpu"))
+    accumulation = _positive(config.get("gradient_accumulation_steps"))
+    try:
+        if total is not None:
+            if micro is None:
+                accumulation = accumulation or 1
+                micro, rest = divmod(total, accumulation * ranks)
+                if rest or micro == 0:
+                    return None
+            elif accumulation is None:
+                accumulation, rest = divmod(total, micro * ranks)
+                if rest or accumulation == 0:
+                    return None
+            return ScriptBatch(total, micro, accumulation, ranks, source)
+        if micro is not None:
+            return ScriptBatch.of(micro, accumulation or 1, ranks, source)
+    except ConfigError:  # the three keys disagree: DeepSpeed refuses such a config itself, with its own words
+        return None
+    return None
+
+
+def from_training_arguments(args: Any, ranks: int) -> ScriptBatch | None:
+    """The Hugging Face Trainer's batch: per_device_train_batch_size x gradient_accumulation_steps x ranks."""
+    micro = _positive(getattr(args, "per_device_train_batch_size", None))
+    accumulation = _positive(getattr(args, "gradient_accumulation_steps", None))
+    if micro is None or accumulation is None:
+        return None
+    return ScriptBatch.of(micro, accumulation, ranks, TRAINING_ARGUMENTS)
+
+
+def trial_keys(global_batch: int, micro_batch: int, ranks: int) -> dict[str, int]:
+    """The DeepSpeed batch keys that run `global_batch` at `micro_batch` on `ranks` ranks; ConfigError naming
+    the micro-batches that would keep it when this one does not divide it."""
+    accumulation, rest = divmod(global_batch, micro_batch * ranks)
+    if rest or accumulation == 0:
+        raise ConfigError(f"the global batch {global_batch} is not a multiple of micro_batch {micro_batch} x "
+                          f"{ranks} rank(s): micro-batches that keep it: {divisors(global_batch, ranks)}")
+    return {"train_batch_size": global_batch, "train_micro_batch_size_per_gpu": micro_batch,
+            "gradient_accumulation_steps": accumulation}
+
+
+def divisors(global_batch: int, ranks: int) -> list[int]:
+    """Every micro-batch that keeps `global_batch` on `ranks` ranks (a positive whole accumulation)."""
+    per_rank, rest = divmod(global_batch, ranks)
+    if rest:
+        return []
+    return [m for m in range(1, per_rank + 1) if per_rank % m == 0]
+
+
+def micro_batches(wanted: Sequence[int], global_batch: int, ranks: int,
+                  script_micro: int | None = None) -> tuple[tuple[int, ...], list[int]]:
+    """The space's micro-batches that keep `global_batch` (plus the script's own micro-batch, what it runs
+    today, when that keeps it too), and those removed. ConfigError when none is left."""
+    keep = set(divisors(global_batch, ranks))
+    kept = [m for m in wanted if m in keep]
+    if script_micro is not None and script_micro in keep and script_micro not in kept:
+        kept.append(script_micro)
+    removed = [m for m in wanted if m not in keep]
+    if not kept:
+        raise ConfigError(f"micro_batch {list(wanted)}: none keeps the global batch {global_batch} on {ranks} "
+                          f"rank(s); allowed: {divisors(global_batch, ranks) or 'none (not a multiple of the ranks)'}")
+    return tuple(sorted(kept)), removed
+
+
+@dataclass(frozen=True)
+class Settled:
+    """The workload's global batch and why: the script's own (kept), --global-batch (the recipe changed when it
+    differs from the script's), or the tuner's default where the script states none."""
+
+    global_batch: int
+    script: ScriptBatch | None  # what the script asks for; None: it states no batch size DeepSpeed sees
+    given: int | None  # --global-batch
+
+    @property
+    def changed(self) -> bool:
+        return self.given is not None and self.script is not None and self.given != self.script.global_batch
+
+    def line(self) -> str:
+        """One line for the console and the report."""
+        if self.given is None and self.script is not None:
+            return (f"global batch {self.script.describe()}: the script's own, kept; every trial and the "
+                    "recommendation split it as micro-batch x gradient accumulation x ranks")
+        if self.changed:
+            assert self.script is not None and self.given is not None
+            return (f"the training recipe changed: global batch from the script's {self.script.describe()} to "
+                    f"{self.given} (--global-batch); the recommendation trains with {self.given} samples per "
+                    "optimizer step, so the script's learning rate and schedule may need retuning")
+        if self.given is not None:
+            known = "the same as the script's" if self.script else "the script's own could not be read"
+            return f"global batch {self.given} (--global-batch; {known})"
+        return (f"global batch {self.global_batch}: the tuner's default, as the script states no batch size where "
+                "DeepSpeed gets it; pass --global-batch to set it")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"global_batch": self.global_batch, "script": self.script.to_dict() if self.script else None,
+                "given": self.given, "changed": self.changed}
+
+
+def settle(script: ScriptBatch | None, given: int | None, default: int) -> Settled:
+    """The global batch a sweep keeps: --global-batch if given, else the script's, else `default`."""
+    chosen = given if given is not None else script.global_batch if script is not None else default
+    return Settled(chosen, script, given)
+
+
+# Flags that set how long a script trains: a name with one of these words (e.g. --steps, --max_steps, --iters).
+_LOOP_FLAG = re.compile(r"^--?[\w.-]*(step|iter|batches)[\w.-]*$", re.IGNORECASE)
+
+
+def loop_flag(script_args: Sequence[str], *counts: int) -> tuple[str, int] | None:
+    """The script's own flag that (probably) set its loop length: a step-like flag whose value is one of
+    `counts` (the micro-steps or optimizer steps the script ran), as (flag, value)."""
+    args = list(script_args)
+    for i, arg in enumerate(args):
+        name, _, value = arg.partition("=")
+        if not value and i + 1 < len(args):
+            value = args[i + 1]
+        if _LOOP_FLAG.match(name) and value.isdigit() and int(value) in counts:
+            return name, int(value)
+    return None
+
+
+def steps_needed(micro_steps: int, optimizer_steps: int, accumulation: int, needed: int,
+                 script_args: Sequence[str] = ()) -> str:
+    """Why a script's loop is too short for the trial, in its own units: `needed` optimizer steps at this
+    accumulation are `needed x accumulation` micro-steps (engine.step() calls), and which flag to raise."""
+    micro_needed = needed * accumulation
+    text = (f"the script ended after {micro_steps} micro-step(s) (engine.step() calls), {optimizer_steps} optimizer "
+            f"step(s) at the trial's gradient accumulation {accumulation}; measuring needs {needed} optimizer steps "
+            f"(1 or more after warm-up), i.e. {micro_needed} micro-steps")
+    flag = loop_flag(script_args, micro_steps, optimizer_steps)
+    if flag is not None:
+        name, value = flag
+        # A flag equal to the micro-steps counts engine.step() calls; one equal to the optimizer steps counts
+        # those (the Trainer's --max_steps). Where both are equal (no accumulation), either reading agrees.
+        wanted = micro_needed if value == micro_steps else needed
+        text += f": pass {name} {wanted} or more (more give a steadier median)"
+    else:
+        text += ": let the script run that long (more give a steadier median)"
+    return text
