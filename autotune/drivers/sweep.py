@@ -39,15 +39,6 @@ class Budget:
     confirm: int | None = None
 
 
-def best_of(results: Sequence[TrialResult], budget_bytes: int) -> TrialResult | None:
-    """The fastest result within budget; the earliest one among equals."""
-    best = None
-    for result in results:
-        if result.fits(budget_bytes) and (best is None or result.throughput > best.throughput):
-            best = result
-    return best
-
-
 def measurable(result: TrialResult) -> bool:
     return result.ok and bool(result.peak_memory_bytes) and bool(result.step_time_s)
 
