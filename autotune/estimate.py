@@ -122,6 +122,16 @@ class Estimate:
                 "throughput_samples_per_s": self.throughput_samples_per_s, "tokens_per_s": self.tokens_per_s}
 
 
+def host_need_bytes(est: Estimate, workload: Workload, hardware: Hardware) -> int:
+    """Host memory the offloaded state of all ranks of one node needs."""
+    return est.host_bytes * min(workload.gpus, hardware.gpus_per_node)
+
+
+def nvme_need_bytes(est: Estimate, workload: Workload, hardware: Hardware) -> int:
+    """NVMe space the offloaded state of all ranks of one node needs (they share the node's path)."""
+    return est.nvme_bytes * min(workload.gpus, hardware.gpus_per_node)
+
+
 def model_states(config: Config, workload: Workload) -> tuple[int, int, int]:
     """(weights, gradients, optimizer_states) bytes per device before any offload."""
     n, dp = workload.model.params, workload.gpus

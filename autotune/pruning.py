@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Iterable
 
 from autotune.config import Config, ConfigError
-from autotune.estimate import Calibration, Estimate, estimate
+from autotune.estimate import Calibration, Estimate, estimate, host_need_bytes, nvme_need_bytes
 from autotune.hardware import Hardware
 from autotune.results import TrialResult
 from autotune.units import format_size
@@ -48,16 +48,6 @@ DEVICE_MEMORY, HOST_MEMORY, NVME_SPACE = "device_memory", "host_memory", "nvme_s
 # What a person reads for each cause (the console's pruned summary, the report, the verdict).
 CAUSES = {DEVICE_MEMORY: "device memory", HOST_MEMORY: "host memory (offloaded state)", NVME_SPACE: "NVMe space"}
 NO_SPACE_MARKERS = ("no space left on device", "enospc", "nvme space")
-
-
-def host_need_bytes(est: Estimate, workload: Workload, hardware: Hardware) -> int:
-    """Host memory the offloaded state of all ranks of one node needs."""
-    return est.host_bytes * min(workload.gpus, hardware.gpus_per_node)
-
-
-def nvme_need_bytes(est: Estimate, workload: Workload, hardware: Hardware) -> int:
-    """NVMe space the offloaded state of all ranks of one node needs (they share the node's path)."""
-    return est.nvme_bytes * min(workload.gpus, hardware.gpus_per_node)
 
 
 def free_bytes(path: str | None) -> int | None:

@@ -28,9 +28,8 @@ from typing import NamedTuple
 import numpy as np
 
 from autotune.config import Config, ConfigError
-from autotune.estimate import Calibration, Estimate, estimate
+from autotune.estimate import Calibration, Estimate, estimate, host_need_bytes
 from autotune.hardware import Hardware
-from autotune.pruning import DEVICE_MEMORY, HOST_MEMORY, host_need_bytes
 from autotune.results import TrialResult
 from autotune.space import invalid_reason
 from autotune.units import format_size
@@ -118,16 +117,16 @@ class SimulatedBackend:
         budget = self.memory_budget_bytes
         if reason is not None:
             result = TrialResult(config, "unsupported", memory_budget_bytes=budget, backend=self.name, error=reason)
-        elif peak > budget:
+        elif peak > budget:  # "cause": a key of autotune.pruning.CAUSES
             result = TrialResult(config, "oom", peak_memory_bytes=peak, memory_budget_bytes=budget,
                                  wall_time_s=self.trial_overhead_s, backend=self.name,
-                                 extra={"predicted_peak_bytes": peak, "cause": DEVICE_MEMORY},
+                                 extra={"predicted_peak_bytes": peak, "cause": "device_memory"},
                                  error=f"predicted peak {format_size(peak)} exceeds the budget {format_size(budget)}"
                                        f" (largest term: {dominant})")
         elif host_need > self.hardware.host_memory_bytes:
             result = TrialResult(config, "oom", peak_memory_bytes=peak, memory_budget_bytes=budget,
                                  wall_time_s=self.trial_overhead_s, backend=self.name,
-                                 extra={"predicted_peak_bytes": peak, "cause": HOST_MEMORY},
+                                 extra={"predicted_peak_bytes": peak, "cause": "host_memory"},
                                  error=f"offloaded state needs {format_size(host_need)} of host memory per node,"
                                        f" more than the {format_size(self.hardware.host_memory_bytes)} there")
         else:
