@@ -22,6 +22,8 @@ from autotune.hardware import PROFILES, GiB
 from autotune.pruning import (DEVICE_MEMORY, HOST_MEMORY, NVME_SPACE, Pruner, cause_of, describe_causes,
                               cause_counts, host_need_bytes)
 from autotune.results import TrialResult, read_results
+from autotune.runner import RunOutcome
+from autotune.worker.main import oom_cause
 from autotune.worker.measure import MeasureSettings
 from autotune.worker.protocol import PHASE_LABELS, describe_phase, read_events
 from autotune.workload import make_workload
@@ -158,6 +160,19 @@ def test_a_host_memory_oom_teaches_the_pruner_by_host_need():
     assert result.extra["cause"] == HOST_MEMORY and f"{failed.label()} ran out of host memory" in result.error
     assert taught.check(smaller, "simulated") is None  # its offloaded state is smaller: still worth a try
     assert pruner.with_out_of_memory(failed, None) == pruner  # a crash of no known cause teaches nothing
+
+
+def test_a_failed_host_allocation_on_a_gpu_rank_is_host_memory(tmp_path):
+    host = RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1234 bytes")
+    assert oom_cause(host, "cuda") == HOST_MEMORY and oom_cause(MemoryError(), "cuda") == HOST_MEMORY
+    assert oom_cause(host, "cpu") == DEVICE_MEMORY  # on the CPU accelerator the host's memory is the device's
+    assert oom_cause(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"), "cuda") == DEVICE_MEMORY
+    # The backend records the rank's cause with the oom result.
+    backend = DeepSpeedBackend(make_workload("tiny"), None, PROFILES["cpu"], logs_dir=tmp_path)
+    report = {"status": "oom", "error": str(host), "cause": HOST_MEMORY}
+    outcome = RunOutcome("oom", f"rank 0 in initialize: {host}", (report,), 3.0, 0.0, str(tmp_path), (), (1,))
+    result = backend._result(CONFIG, outcome, {})
+    assert result.status == "oom" and result.extra["cause"] == HOST_MEMORY and cause_of(result) == HOST_MEMORY
 
 
 # -- through `autotune tune` ----------------------------------------------------------------------------

@@ -156,6 +156,9 @@ class DeepSpeedBackend:
         if outcome.status != "ok":
             fatal = next((r["error"] for r in outcome.reports if r and r.get("fatal")), None)
             self.fatal = self.fatal or fatal
+            cause = next((r["cause"] for r in outcome.reports if r and r.get("cause")), None)
+            if outcome.status == "oom" and cause:  # device or host memory, as the rank that ran out saw it
+                extra["cause"] = cause
             # The highest resident set the runner saw (CPU): for an oom, how far past the budget it went.
             return TrialResult(config, outcome.status, error=outcome.error, extra=extra, memory_budget_bytes=budget,
                                wall_time_s=wall_time_s, backend=self.name,

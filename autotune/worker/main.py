@@ -71,6 +71,8 @@ def main(argv: list[str]) -> int:
         report = {"status": status, "error": message, "exception": type(err).__name__,
                   "phase": _last_phase, "rank": rank, "pid": os.getpid(),
                   "fatal": isinstance(err, (AcceleratorMismatch, UnsupportedModel))}  # nor would any other config
+        if status == "oom":
+            report["cause"] = oom_cause(err, spec.accelerator)
         code = 1
     write_json_atomic(report_path(spec.log_dir, rank), report)
     sys.stdout.flush()
@@ -102,6 +104,13 @@ def classify(err: BaseException) -> tuple[str, str]:
     if isinstance(err, RuntimeError) and (CPU_OOM in str(err) or any(m in str(err).lower() for m in DEVICE_OOM_MARKERS)):
         return "oom", message
     return "crash", message
+
+
+def oom_cause(err: BaseException, accelerator: str) -> str:
+    """What an out-of-memory failure ran out of (autotune.pruning.CAUSES): a failed host allocation on a GPU
+    rank is host memory (offloaded state, pinned buffers); on the CPU accelerator the host is the device."""
+    host = isinstance(err, MemoryError) or CPU_OOM in str(err)
+    return "host_memory" if host and accelerator != "cpu" else "device_memory"
 
 
 def run(spec: WorkerSpec, rank: int, started: float) -> dict[str, Any]:
