@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from autotune.worker.device import AcceleratorMismatch, open_device
-from autotune.worker.main import (Unsupported, agree, check_supported, classify, die_with_parent,
+from autotune.worker.main import (Unsupported, agree, check_supported, classify, die_with_parent, oom_cause,
                                   host_store_on_loopback, load_ops, prepared_ds_config)
 from autotune.worker.measure import iqr, median_rel_se, stop_reason
 from autotune.worker.protocol import WorkerSpec, record_phase, report_path, write_json_atomic
@@ -382,7 +382,8 @@ class Shim:
             message = str(err)
         return {"status": status, "error": message, "exception": type(err).__name__, "phase": self.last_phase,
                 "rank": self.rank, "pid": os.getpid(), "verdict": verdict, "model": self.model or None,
-                "fatal": isinstance(err, AcceleratorMismatch)}
+                "fatal": isinstance(err, AcceleratorMismatch),
+                **({"cause": oom_cause(err, self.spec.accelerator)} if status == "oom" else {})}
 
     def finish(self, report: dict[str, Any], code: int) -> None:
         write_json_atomic(report_path(self.spec.log_dir, self.rank), merge.json_safe(report))
