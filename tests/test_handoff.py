@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,7 @@ from autotune.handoff import (ACCELERATE_CONFIG, DS_CONFIG, HF_DS_CONFIG, TRAINE
                               narrow_choices)
 from autotune.hardware import PROFILES
 from autotune.rundir import RunSettings
-from autotune.runner import extensions_dir, free_port, remove_shm_buffers
+from autotune.runner import LOOPBACK_IFNAME, MASTER_ADDR, extensions_dir, free_port, remove_shm_buffers
 from autotune.search_spaces import load_choices
 from autotune.space import Choices
 from autotune.workload import make_workload
@@ -200,18 +201,21 @@ def train(mode: str, run: Path, monkeypatch, *extra: str, launched: bool = False
     port = free_port()
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", extensions_dir(sys.executable))  # ops built once per environment
+    # The venv's ninja, as the runner's trials use: the system's reads its build log as stale and rebuilds the ops.
+    monkeypatch.setenv("PATH", os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", LOOPBACK_IFNAME)
     if launched:
         command = [str(Path(sys.executable).parent / "accelerate"), "launch", "--config_file", str(run / ACCELERATE_CONFIG),
                    "--main_process_port", str(port), str(SCRIPT), mode, str(run), *extra]
     else:
-        for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+        for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": MASTER_ADDR,
                            "MASTER_PORT": str(port)}.items():
             monkeypatch.setenv(key, value)
         command = [sys.executable, str(SCRIPT), mode, str(run), *extra]
     try:
         done = subprocess.run(command, cwd=run.parent, capture_output=True, text=True, timeout=600)
     finally:
-        remove_shm_buffers("127.0.0.1", port)
+        remove_shm_buffers(MASTER_ADDR, port)
     lines = [line for line in done.stdout.splitlines() if line.startswith("HANDOFF ")]
     assert done.returncode == 0 and lines, (done.stdout[-2000:], done.stderr[-4000:])
     return json.loads(lines[-1].removeprefix("HANDOFF "))
