@@ -97,11 +97,13 @@ def test_eta_divides_the_trials_left_among_parallel_slots():
     assert [format_duration(s) for s in (4, 42, 420, 7500)] == ["4 s", "40 s", "7 min", "2 h 05 min"]
 
 
-def test_ray_results_without_a_start_use_their_wall_time_and_the_slots():
-    progress, _, out = console_progress(total=10)
+def test_ray_results_count_the_time_between_results_times_the_slots():
+    progress, clock, out = console_progress(total=10)
     progress.set_slots(4)
     for number in range(1, 3):
-        progress.finished(ok(Config(0, number, 0, "fp32"), number, wall=120.0), number, None)
+        clock.now += 30  # a result every 30 s from 4 slots: 2 min a trial (not the 15 s a simulated one claims)
+        progress.finished(ok(Config(0, number, 0, "fp32"), number, wall=15.0), number, None)
+    assert progress.durations == [120, 120]
     assert progress.eta() == pytest.approx(120 * 2)  # 8 left, 4 at a time, 2 min each
     assert "ETA 4 min" in out.getvalue().splitlines()[-1]
 

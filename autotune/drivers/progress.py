@@ -6,7 +6,9 @@ initializing, warming up, measuring: read from the backend, `PhaseReporter`), it
 
 The ETA is the median wall time of the trials seen so far times the trials left, divided by the trials
 that run at once (`set_slots`: 1 locally, the Ray executor's slots); it says nothing until one trial
-has finished.
+has finished. Times are this process's clock, not the results' `wall_time_s` (a simulated trial's is the
+time a real one would take): a trial started here runs from `started` to `finished`; a trial the Ray
+executor ran (no `started`) counts the time since the previous result, times the slots.
 """
 
 from __future__ import annotations
@@ -118,6 +120,7 @@ class ConsoleProgress:
         self._phase_read: tuple[float, str | None] = (-math.inf, None)
         self._pruned: list[TrialResult] = []  # the batch not yet summarised
         self._status: Status | None = None
+        self._last_result = clock()  # for results of trials not started here (Ray)
 
     # -- what drivers tell it (LiveProgress) ------------------------------------------------------------
     def follow(self, phase: PhaseSource) -> None:
@@ -126,6 +129,7 @@ class ConsoleProgress:
 
     def set_slots(self, slots: int) -> None:
         self.slots = max(1, slots)
+        self._last_result = self.clock()  # the trials start now
 
     # -- Progress -------------------------------------------------------------------------------------
     def started(self, number: int, launched: int, config: Config) -> None:
@@ -137,7 +141,9 @@ class ConsoleProgress:
 
     def finished(self, result: TrialResult, launched: int, best: TrialResult | None) -> None:
         run = self.running.pop(result.config, None)
-        self.durations.append(self.clock() - run.since if run is not None else result.wall_time_s)
+        now = self.clock()
+        self.durations.append(now - run.since if run is not None else (now - self._last_result) * self.slots)
+        self._last_result = now
         self.done = max(self.done, launched)
         self._flush_pruned()
         if not self.running:
