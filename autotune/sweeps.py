@@ -293,6 +293,9 @@ def run_sweep(sweep_file: SweepFile, out: Path, address: str, resume: bool, conc
                 reasons.update(ray_driver.run_ray(jobs, concurrency))
             finally:
                 ray_driver.disconnect()
+                for job in jobs:
+                    if isinstance(job.progress, ray_driver.LabelledProgress):
+                        job.progress.close()  # the last batch of pruned configs
         rows = {}
         for spec in sweep_file.workloads:
             outputs = close_sweep(runs[spec.name], spec.settings, sweeps[spec.name])

@@ -18,6 +18,7 @@ from autotune.cli import main
 from autotune.config import Config
 from autotune.dsconfig import DsOptions
 from autotune.drivers.progress import ConsoleProgress, eta_s, format_clock, format_duration
+from autotune.drivers.ray import LabelledProgress
 from autotune.hardware import PROFILES, GiB
 from autotune.pruning import (DEVICE_MEMORY, HOST_MEMORY, NVME_SPACE, Pruner, cause_of, describe_causes,
                               cause_counts, host_need_bytes)
@@ -123,6 +124,22 @@ def test_pruned_configs_are_one_line_per_batch_with_their_causes():
     assert lines[0] == "pruned    5 configs (#2-#6): 3 predicted over device memory, 2 over host memory (offloaded state)"
     assert lines[1].startswith("pruned    #8") and "over nvme_space" in lines[1]  # a batch of one keeps its reason
     assert lines[2] == "done"
+
+
+def test_a_sweep_of_several_workloads_batches_pruned_configs_per_workload():
+    out = io.StringIO()
+    progress = LabelledProgress("llama", 5, Console(file=out, width=200))
+    for number in range(1, 4):
+        progress.pruned(pruned(number, HOST_MEMORY))
+    progress.finished(ok(CONFIG, 4), 1, None)
+    progress.pruned(pruned(5, DEVICE_MEMORY))
+    progress.pruned(pruned(6, DEVICE_MEMORY))
+    progress.close()  # the sweep's end prints the last batch
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 3
+    assert lines[0] == "llama pruned    3 configs (#1-#3): 3 predicted over host memory (offloaded state)"
+    assert lines[1].startswith("llama trial   1/5 #4")
+    assert lines[2] == "llama pruned    2 configs (#5-#6): 2 predicted over device memory"
 
 
 def test_causes_come_from_the_pruner_or_the_failure_message():

@@ -226,18 +226,20 @@ class ConsoleProgress:
 
     def _flush_pruned(self) -> None:
         batch, self._pruned = self._pruned, []
-        if not batch:
-            return
-        if len(batch) == 1:
-            result = batch[0]
-            self.console.print(f"pruned    #{result.extra.get('trial', '?'):<4} {result.config.label():<28} "
-                               f"[dim]{_headline(result.error)}[/dim]", highlight=False)
-            return
-        numbers = [r.extra.get("trial") for r in batch]
-        span = f" (#{numbers[0]}-#{numbers[-1]})" if None not in (numbers[0], numbers[-1]) else ""
-        causes = describe_causes(cause_counts(batch), "predicted over")
-        self.console.print(f"pruned    {len(batch)} configs{span}: {causes or 'predicted not to fit'}",
-                           highlight=False)
+        if batch:
+            self.console.print(pruned_line(batch), highlight=False)
+
+
+def pruned_line(batch: Sequence[TrialResult], width: int = 110) -> str:
+    """One line for a batch of pruned configs: a single one with its reason, several counted by cause."""
+    if len(batch) == 1:
+        result = batch[0]
+        return (f"pruned    #{result.extra.get('trial', '?'):<4} {result.config.label():<28} "
+                f"[dim]{_headline(result.error, width)}[/dim]")
+    numbers = [r.extra.get("trial") for r in batch]
+    span = f" (#{numbers[0]}-#{numbers[-1]})" if None not in (numbers[0], numbers[-1]) else ""
+    causes = describe_causes(cause_counts(batch), "predicted over")
+    return f"pruned    {len(batch)} configs{span}: {causes or 'predicted not to fit'}"
 
 
 def _headline(error: str | None, width: int = 110) -> str:

@@ -46,7 +46,7 @@ from autotune.backends.factory import TrialOptions, as_backend, backend_kind, ma
 from autotune.config import Config, ConfigError
 from autotune.drivers.loop import Flight, Job, TrialReply, TrialResources, run_jobs
 from autotune.drivers.stop import StopReason
-from autotune.drivers.progress import STATUS_STYLE, LiveProgress, Progress, _headline
+from autotune.drivers.progress import STATUS_STYLE, LiveProgress, Progress, _headline, pruned_line
 from autotune.drivers.sweep import Budget, Sweep
 from autotune.results import TrialResult
 from autotune.units import format_size
@@ -374,17 +374,19 @@ def _first(err: BaseException) -> str:
 
 class LabelledProgress:
     """Progress lines of one sweep among several, each prefixed with its workload's name; no live status
-    line (several trials are in flight at once)."""
+    line (several trials are in flight at once); pruned configs one line per batch (`close` prints the last)."""
 
     def __init__(self, label: str, total_trials: int, console: Console) -> None:
         self.label = label
         self.total = total_trials
         self.console = console
+        self._pruned: list[TrialResult] = []
 
     def started(self, number: int, launched: int, config: Config) -> None:
         self.message(f"start     {config.label()}")
 
     def finished(self, result: TrialResult, launched: int, best: TrialResult | None) -> None:
+        self.close()
         style = STATUS_STYLE.get(result.status, "")
         throughput = f"{result.throughput_samples_per_s:9.2f} samples/s" if result.throughput_samples_per_s else " " * 19
         best_text = f"best {best.throughput_samples_per_s:.2f} (#{best.extra.get('trial', '?')})" if best else "best -"
@@ -397,11 +399,17 @@ class LabelledProgress:
             highlight=False)
 
     def pruned(self, result: TrialResult) -> None:
-        self.message(f"pruned    #{result.extra.get('trial', '?'):<4} {result.config.label():<28} "
-                     f"[dim]{_headline(result.error, 80)}[/dim]")
+        self._pruned.append(result)
 
     def message(self, text: str) -> None:
+        self.close()
         self.console.print(f"[bold]{self.label}[/bold] {text}", highlight=False)
+
+    def close(self) -> None:
+        """Print the batch of pruned configs gathered since the last line."""
+        batch, self._pruned = self._pruned, []
+        if batch:
+            self.console.print(f"[bold]{self.label}[/bold] {pruned_line(batch, 80)}", highlight=False)
 
 
 @dataclass(frozen=True)
