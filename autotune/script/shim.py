@@ -46,14 +46,14 @@ from autotune.worker.main import (Unsupported, agree, check_supported, classify,
 from autotune.worker.measure import iqr, median_rel_se, stop_reason
 from autotune.worker.protocol import WorkerSpec, record_phase, report_path, write_json_atomic
 from autotune.config import ConfigError
-from autotune.script import batch as script_batch, merge
+from autotune.script import accelerate_loop, batch as script_batch, merge
 from autotune.script.inspect_model import checkpoint_switch, model_info, set_checkpointing
 
 MODEL_FILE = "model.json"  # what rank 0 learned about the model (and the first batch)
 USER_CONFIG_FILE = "user_ds_config.json"  # the config as the script passed it, before the trial's keys
 USED_CONFIG_FILE = "ds_config.json"  # the merged config DeepSpeed got
 VERDICTS = ("crashed_before_initialize", "never_initialized", "never_stepped", "too_few_steps",
-            "ignores_micro_batch", "global_batch_indivisible")
+            "ignores_micro_batch", "global_batch_indivisible", "ignores_accumulation")
 KEEP_SCRIPT_BATCH = "keep_script_batch"  # spec extra: run the script's own global batch, not the spec's
 SCRIPT_ENDED = "script_ended"  # stop reason: the script finished its own loop before the measurement did
 
@@ -156,6 +156,8 @@ class Shim:
         self.original_initialize = deepspeed.initialize
         deepspeed.initialize = self.initialize
         sys.meta_path.insert(0, _AfterImport("transformers.training_args", self.patch_training_arguments))
+        # A hand-written Accelerate loop: its DataLoader and accumulation follow the trial (accelerate_loop).
+        sys.meta_path.insert(0, _AfterImport("accelerate.accelerator", lambda m: accelerate_loop.patch(m, self)))
 
     def run_script(self) -> None:
         script = self.spec.extra["script"]

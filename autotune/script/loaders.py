@@ -1,0 +1,61 @@
+"""The trial's micro-batch brought to a training loop that builds its own DataLoader (a hand-written Accelerate
+loop, a Lightning Trainer): the loader is rebuilt with the trial's batch size, everything else kept (dataset,
+sampler and its shuffling, collate function, workers, drop_last), so that the engine's micro-batch is what the
+model is fed. The global batch stays the script's: the trial's gradient accumulation makes up the difference.
+
+`batch_flag` finds the script's own flag that set that batch size, to word the recommendation in the script's
+units. Nothing here imports torch at module level (the CLI imports script mode's light modules)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Sequence
+
+# Flags that set a DataLoader's batch size: --batch-size, --batch_size, --per_device_train_batch_size, --bs ...
+_BATCH_FLAG = re.compile(r"^--?([\w.-]*batch[\w.-]*size[\w.-]*|bs|micro[\w.-]*batch[\w.-]*)$", re.IGNORECASE)
+
+
+def rebatched(loader: Any, micro_batch: int) -> Any | None:
+    """A DataLoader like `loader` that yields batches of `micro_batch`; None where its batches are not made by
+    a plain batch size (a batch sampler of its own, batch_size=None): those cannot be resized from outside."""
+    from torch.utils.data import BatchSampler, DataLoader, IterableDataset
+
+    if getattr(loader, "batch_size", None) is None or type(loader.batch_sampler) is not BatchSampler:
+        return None
+    iterable = isinstance(loader.dataset, IterableDataset)
+    workers = loader.num_workers
+    return DataLoader(
+        loader.dataset, batch_size=micro_batch, sampler=None if iterable else loader.sampler,
+        num_workers=workers, collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, drop_last=loader.drop_last,
+        timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
+        multiprocessing_context=loader.multiprocessing_context if workers else None, generator=loader.generator,
+        prefetch_factor=loader.prefetch_factor if workers else None,
+        persistent_workers=loader.persistent_workers if workers else False, pin_memory_device=loader.pin_memory_device)
+
+
+def batch_flag(script_args: Sequence[str], batch_size: int) -> str | None:
+    """The script's flag that (probably) set its DataLoader's batch size: a batch-size-like flag whose value is
+    `batch_size` (None: the script was run with its default, or sets it elsewhere)."""
+    args = list(script_args)
+    for i, arg in enumerate(args):
+        name, _, value = arg.partition("=")
+        if not value and i + 1 < len(args):
+            value = args[i + 1]
+        if _BATCH_FLAG.match(name) and value.isdigit() and int(value) == batch_size:
+            return name
+    return None
+
+
+def with_batch_size(script_args: Sequence[str], flag: str, batch_size: int) -> list[str]:
+    """`script_args` with `flag`'s value replaced by `batch_size`."""
+    out = list(script_args)
+    for i, arg in enumerate(out):
+        name, eq, _ = arg.partition("=")
+        if name != flag:
+            continue
+        if eq:
+            out[i] = f"{flag}={batch_size}"
+        elif i + 1 < len(out):
+            out[i + 1] = str(batch_size)
+        break
+    return out
