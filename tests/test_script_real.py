@@ -18,6 +18,7 @@ from autotune.runner import extensions_dir, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
+SCRIPTS = ROOT / "tests" / "scripts"  # scripts written as users write them, outside any example
 # No offload (an offloaded optimizer would compile DeepSpeed's CPU Adam, minutes); checkpointing 0-2 so that
 # the space has to lose what a model cannot apply.
 SPACE = """\
@@ -47,10 +48,10 @@ def run_unchanged(script: Path, args: list[str], cwd: Path) -> subprocess.Comple
 
 
 def tune(out: Path, space: Path, script: Path, script_args: str, capsys, trials: int = 3,
-         resume: bool = False) -> tuple[int, str]:
+         resume: bool = False, more: tuple[str, ...] = ()) -> tuple[int, str]:
     code = main(["tune", "--script", str(script), "--script-args", script_args, "--space", str(space),
-                 "--strategy", "optuna", "--trials", str(trials), "--memory-budget", "6GiB", "--out", str(out)]
-                + (["--resume"] if resume else []))
+                 "--strategy", "optuna", "--trials", str(trials), "--memory-budget", "6GiB", "--out", str(out),
+                 *more] + (["--resume"] if resume else []))
     return code, capsys.readouterr().out
 
 
@@ -80,6 +81,7 @@ def test_plain_script_with_a_config_path_is_tuned_and_its_recommendation_trains(
     settings = json.loads((out / "run.json").read_text())
     model = settings["workload"]["model"]
     assert (model["layers"], model["hidden"], model["vocab"], model["seq_len"]) == (2, 128, 1024, 64)
+    assert settings["workload"]["global_batch"] == 16  # ds_config.json's train_batch_size, kept
     assert settings["space"]["ckpt_interval"] == [0]  # TinyLM has no checkpointing switch
     assert json.loads((out / "calibration.json").read_text())["samples"] >= 2
     report = (out / "report.md").read_text()
@@ -112,8 +114,11 @@ def test_hugging_face_trainer_script_is_tuned_with_checkpointing_and_its_recomme
     assert (first["layers"], first["hidden"], first["seq_len"]) == (2, 128, 64)
     settings = json.loads((out / "run.json").read_text())
     assert settings["space"]["ckpt_interval"] == [0, 1]  # the model's switch: every layer or none
+    # TrainingArguments' per_device_train_batch_size (default 8) x accumulation 1 x 1 rank: kept by every trial.
+    assert settings["workload"]["global_batch"] == 8 and first["batch"]["source"] == "TrainingArguments"
     for r in results:
         used = json.loads((Path(r.extra["log_dir"]) / "ds_config.json").read_text())
+        assert used["train_batch_size"] == 8 == used["train_micro_batch_size_per_gpu"] * used["gradient_accumulation_steps"]
         assert used["train_micro_batch_size_per_gpu"] == r.config.micro_batch == r.extra["script_model"]["micro_batch_seen"]
         assert used["zero_optimization"]["stage"] == r.config.zero_stage
         assert used["scheduler"]["type"] == "WarmupDecayLR"  # the script's scheduler, its "auto" values filled
@@ -144,7 +149,9 @@ def test_script_passing_a_dict_keeps_its_own_optimizer(tmp_path, capsys):
     # (on a quiet machine it is).
     assert (result["stop_reason"], result["steps_measured"]) in {("script_ended", 4), ("stable", 3), ("stable", 4)}
     used = json.loads((Path(result["log_dir"]) / "ds_config.json").read_text())
-    assert used["zero_optimization"]["stage"] == 2 and used["gradient_accumulation_steps"] == 2
+    # The script's own global batch of 32 (its dict), at micro-batch 8: accumulation 4.
+    assert used["zero_optimization"]["stage"] == 2 and used["gradient_accumulation_steps"] == 4
+    assert used["train_batch_size"] == 32 == result["global_batch"] == printed["global_batch"]["global_batch"]
     assert used["gradient_clipping"] == 0.5 and used["zero_allow_untested_optimizer"] is True
     assert printed["model"]["layers"] == 4 and printed["prediction"]["memory"]["total"] > 0
 
@@ -180,3 +187,56 @@ def test_a_script_that_cannot_be_tuned_stops_the_sweep_after_the_first_trial(ver
     if verdict == "crashed_before_initialize":
         assert "no data found" in results[0].error
     assert "cannot be tuned as it is" in (tmp_path / "run" / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_a_plain_deepspeed_script_keeps_its_global_batch_of_one(tmp_path, capsys):
+    """Issue 18: micro-batch 1, no accumulation, 30 engine.step() calls. The tuner used to impose a global
+    batch of 16 (one optimizer step in 30 micro-steps: too_few_steps) and to recommend 16."""
+    space = tmp_path / "space.yaml"
+    space.write_text(SPACE.replace("micro_batch: [4, 8]", "micro_batch: [1, 2, 4]").replace("[0, 1, 2]\nprecision",
+                                                                                             "[0]\nprecision"))
+    out = tmp_path / "run"
+    config = SCRIPTS / "plain_ds_config.json"
+    code, printed = tune(out, space, SCRIPTS / "plain_ds_train.py",
+                         f"--deepspeed --deepspeed_config {config} --steps 30", capsys, trials=3,
+                         more=("--backend", "deepspeed"))
+    assert code == 0, printed
+    assert "global batch 1 (micro-batch 1 x gradient accumulation 1 x 1 rank, from the DeepSpeed config): the " \
+           "script's own, kept" in printed
+    results = read_results(out / "trials.jsonl")
+    assert [r.status for r in results] == ["ok"] * 3, [r.error for r in results]
+    assert {r.config.zero_stage for r in results} == {0, 1, 2}  # still tuned: all at micro-batch 1
+    for r in results:
+        assert r.config.micro_batch == 1 and r.extra["global_batch"] == 1 and "script_verdict" not in r.extra
+        used = json.loads((Path(r.extra["log_dir"]) / "ds_config.json").read_text())
+        assert (used["train_batch_size"], used["gradient_accumulation_steps"]) == (1, 1)
+    settings = json.loads((out / "run.json").read_text())
+    assert settings["workload"]["global_batch"] == 1 and settings["space"]["micro_batch"] == [1]
+    best = json.loads((out / "best_ds_config.json").read_text())
+    assert (best["train_batch_size"], best["train_micro_batch_size_per_gpu"], best["gradient_accumulation_steps"]) \
+        == (1, 1, 1)
+    assert best["optimizer"] == json.loads(config.read_text())["optimizer"]
+    assert "the script's own, kept" in (out / "report.md").read_text()
+    ran = run_unchanged(SCRIPTS / "plain_ds_train.py", ["--deepspeed", "--deepspeed_config", str(out / "best_ds_config.json"),
+                                                         "--steps", "3"], tmp_path)
+    assert ran.returncode == 0 and "training done: 3 steps, global batch 1" in ran.stdout, ran.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_a_loop_too_short_for_the_trials_accumulation_names_the_micro_steps_and_the_flag(tmp_path, capsys):
+    """A global batch of 4 (train_batch_size 4) at micro-batch 1 is accumulation 4: 6 engine.step() calls are
+    one optimizer step, all warm-up; the verdict asks for 8 through the script's own --steps."""
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({**json.loads((SCRIPTS / "plain_ds_config.json").read_text()),
+                                  "train_batch_size": 4, "train_micro_batch_size_per_gpu": 4}))
+    code = main(["trial", "--script", str(SCRIPTS / "plain_ds_train.py"), "--script-args",
+                 f"--deepspeed --deepspeed_config {config} --steps 6", "--zero-stage", "0", "--micro-batch", "1",
+                 "--precision", "bf16", "--run-dir", str(tmp_path / "t"), "--json"])
+    printed = json.loads(capsys.readouterr().out)
+    result = printed["result"]
+    assert code == 1 and result["script_verdict"] == "too_few_steps"
+    assert "6 micro-step(s) (engine.step() calls), 1 optimizer step(s) at the trial's gradient accumulation 4" \
+        in result["error"]
+    assert "pass --steps 8 or more" in result["error"]
+    assert printed["global_batch"]["script"]["global_batch"] == 4  # the script's, not the tuner's default of 16

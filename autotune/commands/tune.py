@@ -129,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
     with run_dir.locked(), sigterm_as_interrupt(), undone_unless_started(run_dir, before):
         if args.script and args.resume:
             settings = script_mode().resumed(run_dir, settings, script_from(args), args.global_batch)
+            space = settings.space()  # the model, global batch and space the first trial settled
         elif args.script:  # the first trial shows the script's model (autotune.script.session)
             settings, space, fatal = script_mode().first_trial(run_dir, settings, space, script_from(args),
                                                                global_batch=args.global_batch)
