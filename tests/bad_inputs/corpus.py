@@ -64,9 +64,9 @@ class Entry:
     @property
     def command(self) -> str:
         """The command as a user names it: `tune`, `surface show`, `rl train`, ..."""
-        if not self.argv:
-            return "(none)"
-        head = self.argv[0]
+        head = self.argv[0] if self.argv else ""
+        if head not in ("estimate", "tune", "report", "trial", "surface", "rl", "sweep"):
+            return "(top level)"  # no command, an unknown one, a flag before any
         if head in ("surface", "rl") and len(self.argv) > 1 and not self.argv[1].startswith("-"):
             return f"{head} {self.argv[1]}"
         return head
