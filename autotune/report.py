@@ -11,8 +11,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from autotune.config import Config
-from autotune.handoff import Handoff, stack_line
+from autotune.config import Config, ConfigError
+from autotune.handoff import ACCELERATE_CONFIG, DS_CONFIG, HF_DS_CONFIG, TRAINER_ARGS, Handoff, stack_line
 from autotune.confirm import DEFAULT_REPEATS, Confirmation, confidence_words, confirmation, is_repeat, prior_sigma, recommend
 from autotune.estimate import estimate
 from autotune.pruning import (CAUSES, DEVICE_MEMORY, HOST_MEMORY, NVME_SPACE, Pruner, cause_counts, cause_of,
@@ -142,6 +142,7 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
     from autotune import plots  # matplotlib takes a second or two to import: only when writing outputs
 
     results = run.results() if results is None else list(results)
+    check_output_paths(run)
     summary = summarize(results, settings)
     best = recommend(results, settings.memory_budget_bytes)
     files = [run.write_json("summary.json", summary)]
@@ -169,6 +170,16 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
                                        usage=usage))
     files.append(report)
     return Outputs(best, summary, tuple(files), verdict)
+
+
+def check_output_paths(run: RunDir) -> None:
+    """Refuse, before writing any output, a run directory where an output file is a directory or plots/ is not
+    one: the outputs are replaced as a set, never half of them."""
+    if run.plots_dir.exists() and not run.plots_dir.is_dir():
+        raise ConfigError(f"{run.plots_dir} is not a directory: the report's plots go there (remove or rename it)")
+    for name in ("summary.json", "report.md", DS_CONFIG, HF_DS_CONFIG, TRAINER_ARGS, ACCELERATE_CONFIG):
+        if (run.path / name).is_dir():
+            raise ConfigError(f"{run.path / name} is a directory: the report writes a file there (remove or rename it)")
 
 
 def study_line(run: RunDir, settings: RunSettings) -> str | None:

@@ -38,6 +38,7 @@ from autotune.hardware import Hardware, hardware_from_dict
 from autotune.results import TrialResult, append_result, read_results, repair_tail
 from autotune.search_spaces import parse_choices
 from autotune.space import Choices, Space
+from autotune.strategies import STRATEGIES
 from autotune.study_storage import masked, open_storage, study_name
 from autotune.workload import Workload
 
@@ -99,6 +100,8 @@ class RunSettings:
         for key in ("strategy", "backend"):
             if not isinstance(data[key], str) or not data[key]:
                 raise ConfigError(f"{source}: {key}: {short(data[key])}: allowed a name")
+        if data["strategy"] not in STRATEGIES:  # the backend may be a user's own object's name: not checked
+            raise ConfigError(f"{source}: strategy: {short(data['strategy'])}: allowed {', '.join(STRATEGIES)}")
         surface = data.get("surface")
         if surface is not None and not isinstance(surface, str):
             raise ConfigError(f"{source}: surface: {short(surface)}: allowed a path or null")

@@ -57,7 +57,7 @@ BACKENDS = ("deepspeed", "simulated", "replay")  # (a user's --script is tuned w
 DEFAULT_STRATEGY = "optuna"  # many workloads at once: Optuna keeps several trials of each in flight
 SUMMARY_MD = "sweep_summary.md"
 SUMMARY_CSV = "sweep_summary.csv"
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")  # a directory name, short enough for any file system
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,7 @@ def _workload(entry: dict[str, Any], where: str, base: Path) -> WorkloadSpec:
 
     name = entry.get("name")
     if not isinstance(name, str) or not _NAME.match(name):
-        raise ConfigError(f"{where}.name: {short(name)}: allowed letters, digits, '.', '_' and '-' (a directory name)")
+        raise ConfigError(f"{where}.name: {short(name)}: allowed letters, digits, '.', '_' and '-', at most 100 (a directory name)")
     model = entry.get("model", "tiny")
     strategy = entry.get("strategy", DEFAULT_STRATEGY)
     if not isinstance(strategy, str) or strategy not in STRATEGIES:
