@@ -143,7 +143,7 @@ def _check_accumulation(accelerator: Any, wrapped: Any, loop: Loop) -> None:
                     f"accelerator.accumulate(model):`), so the trial's gradient accumulation {loop.accumulation} "
                     f"cannot keep the script's global batch at micro-batch {loop.micro}: wrap the step in "
                     f"accelerator.accumulate(model), or tune at the script's own micro-batch "
-                    f"(a space with micro_batch: [{loop.script_micro}])"))
+                    f"(a space with micro_batch: [{loop.micro * loop.accumulation}], accumulation 1)"))
         return backward(loss, sync_gradients=sync_gradients, **kwargs)
 
     wrapped.backward = checked
@@ -165,7 +165,7 @@ def recommendation(ds: Mapping[str, Any], model: Mapping[str, Any],
     flag = batch_flag(script_args, int(info["loader_batch"])) if info.get("loader_batch") else None
     flags = [flag, str(loader)] if flag else []
     how = f"pass {flag} {loader}" if flag else f"build it with batch_size={loader}"
-    text = (f"the script's DataLoader must yield batches of {loader} ({how}); Accelerate then accumulates "
-            f"{accumulation} of them per optimizer step (the config's gradient_accumulation_steps, applied by "
-            "`accelerator.accumulate`)")
+    text = (f"give the config to DeepSpeedPlugin(hf_ds_config=...); the script's DataLoader must yield batches of "
+            f"{loader} ({how}); Accelerate then accumulates {accumulation} of them per optimizer step (the config's "
+            "gradient_accumulation_steps, applied by `accelerator.accumulate`)")
     return out, flags, text

@@ -59,3 +59,18 @@ def with_batch_size(script_args: Sequence[str], flag: str, batch_size: int) -> l
             out[i + 1] = str(batch_size)
         break
     return out
+
+
+def first_tensor(values: Any, tensor_type: type, depth: int = 3) -> Any | None:
+    """The first tensor of at least one dimension in `values`, looking into lists, tuples and dicts (a
+    Lightning batch reaches the engine as the list its DataLoader yields), or None."""
+    if isinstance(values, tensor_type):
+        return values if values.dim() >= 1 else None  # type: ignore[attr-defined]  # a torch.Tensor
+    if depth == 0:
+        return None
+    items = values.values() if isinstance(values, dict) else values if isinstance(values, (list, tuple)) else ()
+    for item in items:
+        found = first_tensor(item, tensor_type, depth - 1)
+        if found is not None:
+            return found
+    return None

@@ -29,7 +29,7 @@ from autotune.dsconfig import DsOptions, ds_config, validate
 from autotune.estimate import estimate
 from autotune.results import TrialResult
 from autotune.rundir import RunDir, RunSettings
-from autotune.script import batch, merge
+from autotune.script import accelerate_loop, batch, lightning_loop, merge
 from autotune.script.inspect_model import shape_from_info
 from autotune.space import Space
 from autotune.units import format_size
@@ -198,6 +198,10 @@ def finish(run_dir: RunDir, settings: RunSettings, best: TrialResult | None) -> 
         lines.insert(0, f"the script cannot be tuned as it is: {info['fatal']}")
     if best is not None:
         ds, flags = recommendation(best, settings)
+        via = (info.get("model") or {}).get("via")
+        loops = {accelerate_loop.VIA: accelerate_loop.recommendation, lightning_loop.VIA: lightning_loop.recommendation}
+        if via in loops:  # the script's own DataLoader: its batch size is the script's to set
+            ds, info["recommended_script_flags"], advice = loops[via](ds, info["model"], info["script"]["args"])
         if not _has_auto(ds):
             validate(ds, settings.workload.gpus)
         run_dir.write_json("best_ds_config.json", ds)
@@ -207,6 +211,8 @@ def finish(run_dir: RunDir, settings: RunSettings, best: TrialResult | None) -> 
                 "script takes its config")
         if (info.get("model") or {}).get("via") == "transformers.TrainingArguments":
             text += f", with these TrainingArguments (the Trainer checks them against the config): {' '.join(flags)}"
+        elif via in loops:
+            text += f"; {advice}"
         lines.append(text)
     model = info.get("model") or {}
     section = ["", "## Script mode", "", f"- Script: `{info['script']['path']}` `{shlex.join(info['script']['args'])}`"]

@@ -46,8 +46,9 @@ from autotune.worker.main import (Unsupported, agree, check_supported, classify,
 from autotune.worker.measure import iqr, median_rel_se, stop_reason
 from autotune.worker.protocol import WorkerSpec, record_phase, report_path, write_json_atomic
 from autotune.config import ConfigError
-from autotune.script import accelerate_loop, batch as script_batch, merge
+from autotune.script import accelerate_loop, batch as script_batch, lightning_loop, merge
 from autotune.script.inspect_model import checkpoint_switch, model_info, set_checkpointing
+from autotune.script.loaders import first_tensor
 
 MODEL_FILE = "model.json"  # what rank 0 learned about the model (and the first batch)
 USER_CONFIG_FILE = "user_ds_config.json"  # the config as the script passed it, before the trial's keys
@@ -158,6 +159,8 @@ class Shim:
         sys.meta_path.insert(0, _AfterImport("transformers.training_args", self.patch_training_arguments))
         # A hand-written Accelerate loop: its DataLoader and accumulation follow the trial (accelerate_loop).
         sys.meta_path.insert(0, _AfterImport("accelerate.accelerator", lambda m: accelerate_loop.patch(m, self)))
+        for name in lightning_loop.MODULES:  # a Lightning Trainer's DeepSpeedStrategy: the same (lightning_loop)
+            sys.meta_path.insert(0, _AfterImport(name, lambda m: lightning_loop.patch(m, self)))
 
     def run_script(self) -> None:
         script = self.spec.extra["script"]
@@ -288,7 +291,7 @@ class Shim:
 
     def first_batch(self, module: Any, args: tuple, kwargs: dict) -> None:
         self.hook.remove()
-        tensor = next((t for t in (*args, *kwargs.values()) if isinstance(t, self.torch.Tensor) and t.dim() >= 1), None)
+        tensor = first_tensor((*args, *kwargs.values()), self.torch.Tensor)  # also inside a list (Lightning's batch)
         if tensor is None:
             return
         batch = int(tensor.shape[0])
