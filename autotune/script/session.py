@@ -200,10 +200,11 @@ def finish(run_dir: RunDir, settings: RunSettings, best: TrialResult | None) -> 
         ds, flags = recommendation(best, settings)
         via = (info.get("model") or {}).get("via")
         loops = {accelerate_loop.VIA: accelerate_loop.recommendation, lightning_loop.VIA: lightning_loop.recommendation}
-        if via in loops:  # the script's own DataLoader: its batch size is the script's to set
-            ds, info["recommended_script_flags"], advice = loops[via](ds, info["model"], info["script"]["args"])
         if not _has_auto(ds):
             validate(ds, settings.workload.gpus)
+        if via in loops:  # the script's own DataLoader: its batch size is the script's to set (after validate:
+            # the loop's framework fills some batch keys itself)
+            ds, info["recommended_script_flags"], advice = loops[via](ds, info["model"], info["script"]["args"])
         run_dir.write_json("best_ds_config.json", ds)
         info["recommended_trainer_flags"] = flags
         run_dir.write_json(SCRIPT_FILE, info)
