@@ -4,6 +4,8 @@
   trial's config applied at `deepspeed.initialize`, measures the engine it gets back, ends the run;
 - `merge`: the trial's memory-relevant keys over the script's own config;
 - `inspect_model`: the model's shape and checkpointing switch, for the estimator;
+- `accelerate_loop`, `lightning_loop` (with `loaders`): a hand-written Accelerate loop and a Lightning
+  script, whose own DataLoader and gradient accumulation are brought to the trial's;
 - `session`: what `autotune tune --script` and `autotune trial --script` add (the first trial learns the
   model, the space loses knobs the script cannot apply, the outputs carry the script's own config).
 The backend is autotune.backends.script.
