@@ -16,21 +16,12 @@ import pytest
 
 import autotune.commands.estimate as estimate_command
 import autotune.commands.tune as tune_command
-from autotune.cli import main
 from autotune.commands.common import make_dir
 from autotune.config import ConfigError
+from cli_run import cli
 
 NINES = "9" * 400
 FAST_TUNE = ["tune", "--backend", "simulated", "--model", "tiny", "--trials", "2"]
-
-
-def cli(argv: list[str], capsys) -> tuple[int, str, str]:
-    try:
-        code = main(argv)
-    except SystemExit as exit_:
-        code = exit_.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture

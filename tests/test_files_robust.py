@@ -21,6 +21,7 @@ from autotune.results import TrialResult, append_result, read_results
 from autotune.rundir import RunDir
 from autotune.search_spaces import load_choices
 from autotune.sweeps import load_sweep
+from cli_run import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 TUNE = ["tune", "--backend", "simulated", "--strategy", "random", "--seed", "1"]
@@ -28,15 +29,6 @@ GOOD = {"config": {"zero_stage": 1, "micro_batch": 2, "ckpt_interval": 0, "preci
                    "offload_optimizer": "none", "offload_param": "none"},
         "status": "ok", "throughput_samples_per_s": 2.0, "peak_memory_bytes": 10**9, "wall_time_s": 1.0,
         "backend": "simulated", "workload": {"model": "tiny", "global_batch": 16, "gpus": 1}, "hardware": "cpu"}
-
-
-def cli(argv: list[str], capsys) -> tuple[int, str, str]:
-    try:
-        code = main(argv)
-    except SystemExit as exit_:
-        code = exit_.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def one_line_error(code: int, err: str, *words: str) -> None:

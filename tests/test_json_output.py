@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from autotune.cli import build_parser, main
+from autotune.cli import build_parser
 from autotune.results import STATUSES, read_results
+from cli_run import cli
 
 SPACE = """zero_stage: [0, 1, 2]
 micro_batch: [4, 8]
@@ -25,16 +26,6 @@ offload_param: [none]
 """
 REPORTING = (["estimate"], ["tune"], ["report"], ["trial"], ["surface", "show"], ["surface", "record"], ["sweep"],
              ["rl", "train"], ["rl", "export"])
-
-
-def cli(argv: list[str], capfd) -> tuple[int, str, str]:
-    """The command in this process; capfd captures file descriptors 1 and 2, where --json moves stdout."""
-    try:
-        code = main(argv)
-    except SystemExit as exit_:
-        code = exit_.code
-    out, err = capfd.readouterr()
-    return code, out, err
 
 
 @pytest.fixture(scope="module")

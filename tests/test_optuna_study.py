@@ -24,19 +24,11 @@ from autotune.config import KNOBS
 from autotune.results import read_results
 from autotune.rundir import RunDir
 from autotune.study_storage import study_name
+from cli_run import cli
 
 GiB = 2**30
 BUDGET = "0.7GiB"  # the tiny model on the simulated CPU: some configs fit, some run out of memory, some are pruned
 TRIALS = 10
-
-
-def cli(argv: list[str], capsys) -> tuple[int, str, str]:
-    try:
-        code = main(argv)
-    except SystemExit as exit_:
-        code = exit_.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def tune(out: Path, strategy: str = "optuna", *extra: str, trials: int = TRIALS) -> None:

@@ -16,9 +16,9 @@ from mlflow.tracking import MlflowClient
 
 import autotune
 from autotune import tracking
-from autotune.cli import main
 from autotune.config import ConfigError
 from autotune.results import read_results
+from cli_run import cli
 
 GiB = 2**30
 SPACE = """zero_stage: [0, 1, 2]
@@ -30,15 +30,6 @@ offload_param: [none]
 """
 TUNE = ["tune", "--model", "tiny", "--backend", "simulated", "--strategy", "optuna", "--memory-budget", "0.85GiB",
         "--seed", "2"]
-
-
-def cli(argv: list[str], capfd) -> tuple[int, str, str]:
-    try:
-        code = main(argv)
-    except SystemExit as exit_:
-        code = exit_.code
-    out, err = capfd.readouterr()
-    return code, out, err
 
 
 def runs_in(uri: str) -> tuple[list, dict[int, object]]:

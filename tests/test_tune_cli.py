@@ -15,19 +15,11 @@ from autotune.hardware import PROFILES
 from autotune.results import STATUSES, read_results
 from autotune.rundir import RunDir
 from autotune.workload import make_workload
+from cli_run import cli
 
 GiB = 2**30
 SUMMARY_KEYS = {"best", "trials", "best_trial_index", "strategy", "memory_budget_bytes", "status_counts"}
 PLOTS = ("throughput_vs_memory.png", "best_so_far.png", "memory_breakdown.png")
-
-
-def cli(argv: list[str], capsys) -> tuple[int, str, str]:
-    try:
-        code = main(argv)
-    except SystemExit as exit_:
-        code = exit_.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture(scope="module")
