@@ -2,6 +2,7 @@
 a small GPT (nn.MultiheadAttention with a causal mask), `deepspeed.initialize(args=...)`, its config from
 `--deepspeed_config` (plain_ds_config.json: micro-batch 1, no accumulation, so a global batch of 1) and
 `--steps` calls of `engine.step()` (micro-steps: the engine decides where the optimizer steps).
+The config's AdamW runs torch's implementation (`torch_adam`), so no trial waits for DeepSpeed's C++ Adam build.
 
     python tests/scripts/plain_ds_train.py --deepspeed --deepspeed_config tests/scripts/plain_ds_config.json --steps 30
 
