@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Protocol, Sequence
 
 from autotune.script.loaders import batch_flag, rebatched
+from autotune.script.verdict import ScriptVerdict
 
 VIA = "accelerate.Accelerator"  # model.json "via" of a hand-written Accelerate loop
 INFO = "accelerate"  # model.json key: what the patch did to the loop
@@ -41,7 +42,7 @@ class Shim(Protocol):
     via_trainer: bool
     model: dict[str, Any]
 
-    def write(self, name: str, data: dict[str, Any]) -> None: ...
+    def write_model(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -101,9 +102,7 @@ def _adopt(accelerator: Any, wrapped: Any, before: Mapping[str, Any], shim: Shim
     _check_accumulation(accelerator, wrapped, loop)
     shim.model["via"] = VIA
     shim.model[INFO] = loop.to_dict()
-    from autotune.script.shim import MODEL_FILE  # here: the shim imports this module
-
-    shim.write(MODEL_FILE, shim.model)
+    shim.write_model()
     return loop
 
 
@@ -136,8 +135,6 @@ def _check_accumulation(accelerator: Any, wrapped: Any, loop: Loop) -> None:
             early = since[0] < loop.accumulation and not accelerator.gradient_state.end_of_dataloader
             since[0] = 0
             if early:
-                from autotune.script.shim import ScriptVerdict
-
                 raise ScriptVerdict("ignores_accumulation", (
                     f"the loop steps the optimizer at every batch (accelerator.backward outside `with "
                     f"accelerator.accumulate(model):`), so the trial's gradient accumulation {loop.accumulation} "

@@ -68,9 +68,7 @@ def patch(module: Any, shim: Shim) -> None:
             self.config.update(copy.deepcopy(engine.config))
         shim.model["via"] = VIA
         shim.model[INFO] = loop.to_dict()
-        from autotune.script.shim import MODEL_FILE  # here: the shim imports this module
-
-        shim.write(MODEL_FILE, shim.model)
+        shim.write_model()
 
     def patched_process_dataloader(self: Any, dataloader: Any) -> Any:
         dataloader = process_dataloader(self, dataloader)

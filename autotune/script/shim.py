@@ -47,6 +47,7 @@ from autotune.worker.measure import iqr, median_rel_se, stop_reason
 from autotune.worker.protocol import WorkerSpec, record_phase, report_path, write_json_atomic
 from autotune.config import ConfigError
 from autotune.script import accelerate_loop, batch as script_batch, lightning_loop, merge
+from autotune.script.verdict import ScriptVerdict
 from autotune.script.inspect_model import checkpoint_switch, model_info, set_checkpointing
 from autotune.script.loaders import first_tensor
 
@@ -57,14 +58,6 @@ VERDICTS = ("crashed_before_initialize", "never_initialized", "never_stepped", "
             "ignores_micro_batch", "global_batch_indivisible", "ignores_accumulation")
 KEEP_SCRIPT_BATCH = "keep_script_batch"  # spec extra: run the script's own global batch, not the spec's
 SCRIPT_ENDED = "script_ended"  # stop reason: the script finished its own loop before the measurement did
-
-
-class ScriptVerdict(Exception):
-    """The script, not the config, keeps the trial from being measured."""
-
-    def __init__(self, verdict: str, message: str) -> None:
-        super().__init__(message)
-        self.verdict = verdict
 
 
 def main(argv: list[str]) -> int:
@@ -126,6 +119,10 @@ class Shim:
     def write(self, name: str, data: dict[str, Any]) -> None:
         if self.rank == 0:
             write_json_atomic(Path(self.spec.log_dir) / name, merge.json_safe(data))
+
+    def write_model(self) -> None:
+        """What rank 0 learned about the model so far (MODEL_FILE, read by autotune/backends/script.py)."""
+        self.write(MODEL_FILE, self.model)
 
     # -- before the script ----------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -242,7 +239,7 @@ class Shim:
         self.model["checkpointing_on"] = bool(self.spec.config.ckpt_interval) and self.model_switch is not None
         self.model["batch"] = self.script_batch.to_dict() if self.script_batch else None  # the script's recipe
         self.model["global_batch"] = ds["train_batch_size"]  # what this trial ran
-        self.write(MODEL_FILE, self.model)
+        self.write_model()
         result = self.original_initialize(**given, config=ds)
         self.initialized = True
         self.attach(result[0])
@@ -298,7 +295,7 @@ class Shim:
         self.model["micro_batch_seen"] = batch
         if tensor.dim() >= 2 and not tensor.is_floating_point():
             self.model["seq_len"] = int(tensor.shape[1])  # token ids: (batch, sequence)
-        self.write(MODEL_FILE, self.model)
+        self.write_model()
         wanted = self.engine.train_micro_batch_size_per_gpu()
         if batch != wanted:
             raise ScriptVerdict("ignores_micro_batch", (
