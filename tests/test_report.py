@@ -95,9 +95,9 @@ def test_outputs_from_a_run_directory(results, settings, tmp_path):
            or line.startswith("| 3 |") or line.startswith("| 4 |")]
     assert [line.split("|")[2].strip() for line in top] == ["3", "5", "8", "1"]  # fastest first, by trial number
     # Failures grouped by cause: both OOMs share one cause once their numbers are blanked.
-    assert "| oom | peak N bytes exceeds the budget of N bytes | 2 |" in report
-    assert "| crash | exit code N: RuntimeError: boom | 1 |" in report
-    assert "| pruned |" in report
+    assert "| oom | device memory | peak N bytes exceeds the budget of N bytes | 2 |" in report
+    assert "| crash | - | exit code N: RuntimeError: boom | 1 |" in report
+    assert "| pruned | device memory |" in report
     # Two configs within this machine's noise of each other: the report says so.
     assert "Close call" in report
 
