@@ -264,7 +264,9 @@ def test_real_ray_against_a_server_that_is_no_ray_cluster_gives_up_in_one_line(h
     assert run.returncode == 2, run.stdout + run.stderr
     assert run.stdout.strip() == (f"cannot reach Ray cluster at 127.0.0.2:{http2_server}: no Ray cluster answered "
                                   "within 3 s; is it a Ray cluster's address (the head's GCS port, or ray://HOST:PORT "
-                                  "of its Ray Client server)?")
+                                  "of its Ray Client server)? And if it uses token authentication, are "
+                                  "RAY_AUTH_MODE=token and its token (RAY_AUTH_TOKEN_PATH=FILE, RAY_AUTH_TOKEN, or "
+                                  "~/.ray/auth_token) set in this environment?")
 
 
 LOCAL_RAY_SWEEP_SLEEP_S = "2"

@@ -102,14 +102,16 @@ def connect(address: str, num_cpus: int | None = None) -> None:
         return
     check_reachable(address)
     err = _init_within(ray, address, CONNECT_TIMEOUT_S)
+    # A cluster that wants a token Ray was not given also just never answers: the hint names both causes.
+    token = ("if it uses token authentication, are RAY_AUTH_MODE=token and its token (RAY_AUTH_TOKEN_PATH=FILE, "
+             "RAY_AUTH_TOKEN, or ~/.ray/auth_token) set in this environment?")
     if isinstance(err, TimeoutError):
         raise ConfigError(f"cannot reach Ray cluster at {address}: {err}; is it a Ray cluster's address "
-                          "(the head's GCS port, or ray://HOST:PORT of its Ray Client server)?")
+                          f"(the head's GCS port, or ray://HOST:PORT of its Ray Client server)? And {token}")
     if err is not None:
         message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        hint = ("; is it running, and if it uses token authentication, are RAY_AUTH_MODE=token and its token "
-                "(RAY_AUTH_TOKEN_PATH=FILE, RAY_AUTH_TOKEN, or ~/.ray/auth_token) set in this environment?")
-        raise ConfigError(f"--ray-address {address}: cannot connect to Ray: {message}{hint}") from None
+        raise ConfigError(f"--ray-address {address}: cannot connect to Ray: {message}; is it running, and "
+                          f"{token}") from None
 
 
 def _init_within(ray: Any, address: str, timeout_s: float) -> BaseException | None:
