@@ -16,6 +16,12 @@ class ConfigError(ValueError):
     """A config, space or workload value that is not allowed; the message names it."""
 
 
+def first_line(err: BaseException) -> str:
+    """An exception's message cut to its first line (its type's name if it has none), for a one-line error."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
 @dataclass(frozen=True, order=True)
 class Config:
     zero_stage: int

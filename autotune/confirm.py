@@ -149,8 +149,8 @@ def spread(cands: Sequence[Candidate], prior: float | None) -> Spread:
     if dof >= MIN_DOF or (dof and prior is None):
         return Spread(math.sqrt(squares / dof), dof,
                       f"this run's repeats ({groups} configs, {dof} degrees of freedom)")
-    if prior is None:
-        return Spread(0.0, 0, "unknown (no repeats)")
+    if prior is None or prior == 0:
+        return Spread(0.0, 0, "none assumed (no repeats yet)")
     return Spread(prior, 0, "the launch spread measured on this machine" if prior == MACHINE_SIGMA
                   else "the backend's noise")
 

@@ -23,7 +23,7 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autotune.config import ConfigError
+from autotune.config import ConfigError, first_line
 
 if TYPE_CHECKING:
     import optuna
@@ -85,8 +85,11 @@ def canonical(storage: str) -> str:
     if not path.parent.is_dir():
         raise _refuse(storage, f"folder {path.parent} does not exist")
     if path.is_file():
-        with open(path, "rb") as f:
-            head = f.readline()
+        try:
+            with open(path, "rb") as f:
+                head = f.readline()
+        except OSError as err:
+            raise _refuse(storage, f"cannot be read ({err.strerror or type(err).__name__})") from None
         if head.startswith(SQLITE_HEADER):
             raise _refuse(storage, f"an SQLite database: pass sqlite:///{path}")
         if head.strip() and not _is_journal_line(head):
@@ -112,7 +115,7 @@ def open_storage(storage: str) -> "optuna.storages.BaseStorage":
         try:
             return optuna.storages.JournalStorage(JournalFileBackend(storage))
         except (OSError, ValueError) as err:
-            raise _refuse(storage, f"cannot be opened ({_first_line(err)})") from None
+            raise _refuse(storage, f"cannot be opened ({first_line(err)})") from None
     from sqlalchemy.exc import SQLAlchemyError
 
     try:
@@ -121,12 +124,7 @@ def open_storage(storage: str) -> "optuna.storages.BaseStorage":
         raise _refuse(storage, "its database driver is not installed (pip install psycopg2-binary for "
                                "postgresql://, pymysql for mysql+pymysql://)") from None
     except (SQLAlchemyError, ValueError, RuntimeError) as err:
-        raise _refuse(storage, f"cannot be opened ({_first_line(err)})") from None
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
+        raise _refuse(storage, f"cannot be opened ({first_line(err)})") from None
 
 
 def study_name(run_path: str | Path, storage: str | None) -> str:
@@ -146,12 +144,17 @@ def check_storage(storage: str | None, study: str, resume: bool) -> None:
     import optuna
 
     opened = open_storage(storage)
-    if resume or study not in {s.study_name for s in opened.get_all_studies()}:
-        return
-    trials = opened.get_all_trials(opened.get_study_id_from_name(study), deepcopy=False)
-    if not any("report_trial" in t.user_attrs for t in trials):
-        optuna.delete_study(study_name=study, storage=opened)
-    else:
+    try:
+        if resume or study not in {s.study_name for s in opened.get_all_studies()}:
+            return
+        trials = opened.get_all_trials(opened.get_study_id_from_name(study), deepcopy=False)
+        recorded = any("report_trial" in t.user_attrs for t in trials)
+        if not recorded:
+            optuna.delete_study(study_name=study, storage=opened)
+    finally:
+        if isinstance(opened, optuna.storages.RDBStorage):
+            opened.engine.dispose()  # the check's connections: the sweep opens its own
+    if recorded:
         raise ConfigError(f"storage {masked(storage)!r} already holds study {study!r} of an earlier sweep in "
                           f"this run directory: resume that sweep with --resume, delete the study (optuna "
                           f"delete-study --study-name {study!r} --storage URL), or choose another --out")

@@ -20,7 +20,7 @@ from autotune.cli import main
 from autotune.results import read_results
 from autotune.runner import extensions_dir, free_port
 from autotune.script import accelerate_loop, lightning_loop
-from autotune.script.loaders import batch_flag, first_tensor, rebatched, with_batch_size
+from autotune.script.loaders import batch_flag, first_tensor, rebatched
 from autotune.script.shim import ScriptVerdict
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -59,8 +59,6 @@ def test_batch_flags_are_found_by_name_and_value():
     assert batch_flag(args, 8) is None  # the flag's value is not the loader's batch: not the flag that set it
     assert batch_flag(["--per_device_train_batch_size=16"], 16) == "--per_device_train_batch_size"
     assert batch_flag(["--steps", "4"], 4) is None
-    assert with_batch_size(args, "--batch-size", 2) == ["--ds-config", "c.json", "--batch-size", "2", "--steps", "4"]
-    assert with_batch_size(["--bs=4"], "--bs", 1) == ["--bs=1"]
 
 
 def test_the_first_batch_is_found_inside_lists_and_dicts():

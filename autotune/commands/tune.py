@@ -87,10 +87,7 @@ def add_tracking_arguments(parser: argparse.ArgumentParser) -> None:
 
 def tracking_uri(args: argparse.Namespace, folder: Path) -> str | None:
     """The MLflow URI of --mlflow / --mlflow-uri (None: no tracking); ConfigError when mlflow is missing."""
-    if args.mlflow_uri is not None:
-        tracking.check_uri(args.mlflow_uri)
-        return args.mlflow_uri.strip()
-    return tracking.resolve_uri(True, folder) if args.mlflow else None
+    return tracking.resolve_uri(args.mlflow_uri if args.mlflow_uri is not None else args.mlflow, folder)
 
 
 def add_ray_arguments(parser: argparse.ArgumentParser) -> None:
@@ -188,8 +185,10 @@ def tune(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budget, r
         f"{settings.hardware.name}) under {format_size(settings.memory_budget_bytes)}: {settings.strategy} over "
         f"{len(space)} configs, {settings.backend} backend, up to {budget.trials} trials"
         + (f"; {len(history)} recorded already" if history else "") + f" -> {run_dir.path}")
-    result = run_sweep(run_dir, settings, space, budget, ray, progress, tracking=mlflow)
-    progress.close()  # the last batch of pruned configs, before the summary
+    try:
+        result = run_sweep(run_dir, settings, space, budget, ray, progress, tracking=mlflow)
+    finally:
+        progress.close()  # the last batch of pruned configs, before the summary; the live line ends on any error
     pruned = [r for r in result.results if r.status == "pruned"]
     if len(pruned) > 1:
         progress.message(f"pruned {len(pruned)} configs in all: {describe_causes(cause_counts(pruned), 'predicted over')}"

@@ -43,7 +43,7 @@ from rich.console import Console
 
 from autotune.backends import Backend
 from autotune.backends.factory import TrialOptions, as_backend, backend_kind, make_backend, simulated_sleep_s
-from autotune.config import Config, ConfigError
+from autotune.config import Config, ConfigError, first_line
 from autotune.drivers.loop import Flight, Job, TrialReply, TrialResources, run_jobs
 from autotune.drivers.stop import StopReason
 from autotune.drivers.progress import STATUS_STYLE, LiveProgress, Progress, _headline, pruned_line
@@ -109,8 +109,7 @@ def connect(address: str, num_cpus: int | None = None) -> None:
         raise ConfigError(f"cannot reach Ray cluster at {address}: {err}; is it a Ray cluster's address "
                           f"(the head's GCS port, or ray://HOST:PORT of its Ray Client server)? And {token}")
     if err is not None:
-        message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(f"--ray-address {address}: cannot connect to Ray: {message}; is it running, and "
+        raise ConfigError(f"--ray-address {address}: cannot connect to Ray: {first_line(err)}; is it running, and "
                           f"{token}") from None
 
 

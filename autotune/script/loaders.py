@@ -46,19 +46,6 @@ def batch_flag(script_args: Sequence[str], batch_size: int) -> str | None:
     return None
 
 
-def with_batch_size(script_args: Sequence[str], flag: str, batch_size: int) -> list[str]:
-    """`script_args` with `flag`'s value replaced by `batch_size`."""
-    out = list(script_args)
-    for i, arg in enumerate(out):
-        name, eq, _ = arg.partition("=")
-        if name != flag:
-            continue
-        if eq:
-            out[i] = f"{flag}={batch_size}"
-        elif i + 1 < len(out):
-            out[i + 1] = str(batch_size)
-        break
-    return out
 
 
 def first_tensor(values: Any, tensor_type: type, depth: int = 3) -> Any | None:
