@@ -14,10 +14,11 @@ one) or any object with `run(config) -> TrialResult` (a user's own objective, ru
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from autotune.backends import Backend
 from autotune.backends.factory import TrialOptions, as_backend, make_backend, simulated_sleep_s
@@ -32,7 +33,7 @@ from autotune.handoff import DEFAULT_STACK, check_stack, narrow_choices
 from autotune.hardware import Hardware
 from autotune.report import Outputs, write_outputs
 from autotune.results import TrialResult
-from autotune.rundir import RunDir, RunSettings
+from autotune.rundir import SETTINGS, STUDY, RunDir, RunSettings
 from autotune.search_spaces import load_choices
 from autotune.space import Choices, Space
 from autotune.strategies import STRATEGIES
@@ -163,7 +164,8 @@ def tune(spec: TuneSpec, out: str | Path | None = None, *, resume: bool = False,
     objective = None if isinstance(spec.backend, str) else as_backend(spec.backend)
     if objective is not None and executor is not None:
         raise ConfigError("a backend object runs on this machine only: register a backend kind to run on Ray")
-    with run_dir.locked():
+    before = startup_files(run_dir, resume)
+    with run_dir.locked(), undone_unless_started(run_dir, before):
         begin(run_dir, settings, resume)
         return run_sweep(run_dir, settings, settings.space(), spec.budget(), executor, callbacks or QuietProgress(),
                          objective, tracking=tracking_uri(spec.mlflow_uri, run_dir.path))
@@ -180,6 +182,30 @@ def check_out(run_dir: RunDir, resume: bool) -> None:
         raise ConfigError(f"--resume: {run_dir.path} holds no sweep to resume")
     if not resume and run_dir.exists():
         raise ConfigError(f"{run_dir.path} already holds a sweep: pass --resume to continue it, or choose another --out")
+
+
+# What a new sweep writes before its first trial (the lock stays: it records nothing). Removed again when the
+# sweep fails before one (an unreachable Ray cluster, a fault), so that the corrected command is not refused
+# with "already holds a sweep".
+STARTUP_FILES = (SETTINGS, STUDY, f"{STUDY}-wal", f"{STUDY}-shm", f"{STUDY}-journal")
+
+
+@contextmanager
+def undone_unless_started(run_dir: RunDir, before: set[str]) -> Iterator[None]:
+    """Under the run directory's lock: if the sweep fails (not Ctrl-C) before recording any trial, remove the
+    startup files it wrote, i.e. those not in `before` (a resumed sweep passes them all: nothing is removed)."""
+    try:
+        yield
+    except Exception:
+        if not run_dir.trials_path.exists():
+            for name in set(STARTUP_FILES) - before:
+                (run_dir.path / name).unlink(missing_ok=True)
+        raise
+
+
+def startup_files(run_dir: RunDir, resume: bool) -> set[str]:
+    """The startup files `undone_unless_started` keeps: all for a resumed sweep, else those already there."""
+    return set(STARTUP_FILES) if resume else {n for n in STARTUP_FILES if (run_dir.path / n).exists()}
 
 
 def begin(run_dir: RunDir, settings: RunSettings, resume: bool) -> None:

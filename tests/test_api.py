@@ -93,6 +93,16 @@ def test_bad_specs_are_one_line_errors(tmp_path):
         autotune.tune(spec("grid", "simulated", trials=1), out=tmp_path / "done")
 
 
+def test_a_sweep_that_fails_before_its_first_trial_leaves_nothing_that_refuses_the_corrected_call(tmp_path):
+    from autotune.drivers.ray import RayOptions
+
+    out = tmp_path / "run"
+    with pytest.raises(ConfigError, match="cannot reach Ray cluster at 127.0.0.1:1"):
+        autotune.tune(spec("grid", "simulated", trials=1), out=out, executor=RayOptions("127.0.0.1:1"))
+    assert not (out / "run.json").exists() and not (out / "trials.jsonl").exists()
+    assert len(autotune.tune(spec("grid", "simulated", trials=1), out=out).results) == 1
+
+
 def test_a_registered_backend_kind_is_built_by_the_factory(tmp_path, monkeypatch):
     from autotune.backends import factory
 

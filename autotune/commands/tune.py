@@ -5,12 +5,11 @@ report into the run directory."""
 from __future__ import annotations
 
 import argparse
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Callable
 
-from autotune.api import DEFAULT_STRATEGY, begin, check_out, default_run_dir, run_sweep
+from autotune.api import DEFAULT_STRATEGY, begin, check_out, default_run_dir, run_sweep, startup_files, undone_unless_started
 from autotune.argtypes import duration, gpu_count, non_negative_int, output_dir, ray_address, seed
 from autotune.backends.replay import replay_settings
 from autotune.backends.factory import backend_names
@@ -24,7 +23,7 @@ from autotune.drivers.stop import StopReason
 from autotune.drivers.sweep import Budget
 from autotune.handoff import DEFAULT_STACK, STACKS, Handoff, for_stack
 from autotune.pruning import cause_counts, describe_causes
-from autotune.rundir import SETTINGS, STUDY, RunDir, RunSettings
+from autotune.rundir import RunDir, RunSettings
 from autotune.script.cli import add_arguments as script_arguments, script_from
 from autotune.space import Space
 from autotune.strategies import STRATEGIES
@@ -120,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     check_out(run_dir, args.resume)
     check_storage(settings.storage, run_dir.study_name(settings.storage), args.resume)
     mlflow = tracking_uri(args, out)
-    before = set(_STARTUP_FILES) if args.resume else {n for n in _STARTUP_FILES if (out / n).exists()}
+    before = startup_files(run_dir, args.resume)
     make_dir(out, "--out" if args.out else "the default run directory")
     args._run_dir = out  # an internal error's traceback goes to its logs/ (autotune.cli)
     with run_dir.locked(), sigterm_as_interrupt(), undone_unless_started(run_dir, before):
@@ -139,25 +138,6 @@ def run(args: argparse.Namespace) -> int:
         begin(run_dir, settings, args.resume)
         return tune(run_dir, settings, space, Budget(args.trials, args.time_budget, args.confirm), args.resume, ray,
                     mlflow=mlflow, emit=(lambda data: emit_json(args, data)) if args.json else None)
-
-
-# What a new sweep writes before its first trial (the lock stays: it records nothing). Removed again when the
-# sweep fails before one (an unreachable Ray cluster, a fault), so that the corrected command is not refused
-# with "already holds a sweep".
-_STARTUP_FILES = (SETTINGS, STUDY, f"{STUDY}-wal", f"{STUDY}-shm", f"{STUDY}-journal")
-
-
-@contextmanager
-def undone_unless_started(run_dir: RunDir, before: set[str]) -> Iterator[None]:
-    """Under the run directory's lock: if the sweep fails (not Ctrl-C) before recording any trial, remove the
-    startup files it wrote, i.e. those not in `before` (a resumed sweep passes them all: nothing is removed)."""
-    try:
-        yield
-    except Exception:
-        if not run_dir.trials_path.exists():
-            for name in set(_STARTUP_FILES) - before:
-                (run_dir.path / name).unlink(missing_ok=True)
-        raise
 
 
 def ray_options(args: argparse.Namespace) -> "RayOptions | None":
