@@ -24,9 +24,18 @@ TFLOPS = 10**12
 MAX_BYTES = 2**63 - 1
 
 
+def _finite_number(value: Any) -> bool:
+    """An int or float a float can hold (math.isfinite raises OverflowError for an int past 1.8e308)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def _positive_number(value: Any) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-            and value > 0)
+    return _finite_number(value) and value > 0
 
 
 _SIZE_KEYS = {"memory_bytes", "host_memory_bytes", "runtime_overhead_bytes"}
@@ -74,7 +83,7 @@ class Hardware:
             if key in _INT_KEYS:
                 good = isinstance(value, int) and not isinstance(value, bool)
             else:
-                good = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                good = _finite_number(value)
             if not good or not low(value) or not high(value):
                 raise ConfigError(f"{key}: {short(value)}: allowed {allowed}")
         if not isinstance(self.peak_flops, dict) or not self.peak_flops:

@@ -135,6 +135,8 @@ def test_the_readme_hardware_example_loads(tmp_path):
     ("mem_bandwidth: fast", ["mem_bandwidth: 'fast'", "positive number"]),
     ("mem_bandwidth: -1", ["mem_bandwidth: -1:"]),
     ("mem_bandwidth: [1, 2]", ["mem_bandwidth: [1, 2]"]),
+    (f"mem_bandwidth: {10**400}", ["mem_bandwidth: 1000", "positive number"]),  # past what a float holds
+    (f"peak_flops: {{bf16: {10**400}}}", ["peak_flops.bf16: 1000"]),
     ("peak_flops: 5", ["peak_flops: 5"]),
     ("peak_flops: {fp8: 1e15}", ["precision 'fp8'"]),
     ("peak_flops: {bf16: 0}", ["peak_flops.bf16: 0"]),

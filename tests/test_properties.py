@@ -32,8 +32,10 @@ sys.path.insert(0, str(Path(__file__).parent / "bad_inputs"))
 import corpus  # noqa: E402  (tests/bad_inputs/corpus.py: the corpus and its runner)
 
 # Modest and unhurried: these run in CI with the rest of the suite. No example database (no .hypothesis/
-# folder in the working tree); a failure prints the falsifying example to reproduce it.
-FAST = settings(max_examples=30, deadline=None, database=None,
+# folder in the working tree); a failure prints the falsifying example to reproduce it. Derandomized, so CI
+# tries the same examples every run (a red CI is a change's, not a draw's); HYPOTHESIS_EXPLORE=1 draws new
+# ones, to look for inputs not tried yet.
+FAST = settings(max_examples=30, deadline=None, database=None, derandomize="HYPOTHESIS_EXPLORE" not in os.environ,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 RUNS = settings(FAST, max_examples=12)  # each example runs a sweep or regenerates a report (~0.5 s)
 
