@@ -183,10 +183,9 @@ def test_an_unreachable_ray_address_is_one_line_and_records_nothing(tmp_path):
     assert not (tmp_path / "run" / "run.json").exists() and not (tmp_path / "run" / "trials.jsonl").exists()
 
 
-@pytest.fixture
-def silent_server():
-    """A port that accepts connections and never says a word (not a Ray server). On 127.0.0.2: Ray (and so the
-    probe) replaces 127.0.0.1 by this machine's routable address."""
+def serving(reply: bytes | None):
+    """A port on 127.0.0.2 (Ray, and so the probe, replaces 127.0.0.1 by this machine's routable address)
+    that accepts connections and answers each first message with `reply` (None: never says a word)."""
     server = socket.create_server(("127.0.0.2", 0))
     accepted = []
 
@@ -197,12 +196,24 @@ def silent_server():
             except OSError:
                 return
             accepted.append(conn)
+            if reply is not None:
+                try:
+                    conn.recv(65536)
+                    conn.sendall(reply)
+                except OSError:
+                    pass
 
     threading.Thread(target=serve, daemon=True).start()
     yield server.getsockname()[1]
     server.close()
     for conn in accepted:
         conn.close()
+
+
+@pytest.fixture
+def silent_server():
+    """A port that accepts connections and never says a word (not a Ray server)."""
+    yield from serving(None)
 
 
 def test_a_port_that_is_no_ray_server_is_refused(silent_server):
@@ -231,27 +242,7 @@ def test_ray_init_that_never_returns_is_bounded():
 def http2_server():
     """A port that answers as an HTTP/2 server (its SETTINGS frame), then never again: a gRPC endpoint that
     is no Ray cluster (or a proxy that accepts every connection)."""
-    server = socket.create_server(("127.0.0.2", 0))
-    accepted = []
-
-    def serve():
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            accepted.append(conn)
-            try:
-                conn.recv(65536)
-                conn.sendall(bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]) + bytes([0, 0, 0, 4, 1, 0, 0, 0, 0]))  # SETTINGS, ACK
-            except OSError:
-                pass
-
-    threading.Thread(target=serve, daemon=True).start()
-    yield server.getsockname()[1]
-    server.close()
-    for conn in accepted:
-        conn.close()
+    yield from serving(bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]) + bytes([0, 0, 0, 4, 1, 0, 0, 0, 0]))  # SETTINGS, ACK
 
 
 @pytest.mark.slow
