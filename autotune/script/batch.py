@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 from autotune.config import ConfigError
 
@@ -183,17 +183,24 @@ def settle(script: ScriptBatch | None, given: int | None, default: int) -> Settl
 _LOOP_FLAG = re.compile(r"^--?[\w.-]*(step|iter|batches)[\w.-]*$", re.IGNORECASE)
 
 
-def loop_flag(script_args: Sequence[str], *counts: int) -> tuple[str, int] | None:
-    """The script's own flag that (probably) set its loop length: a step-like flag whose value is one of
-    `counts` (the micro-steps or optimizer steps the script ran), as (flag, value)."""
+def flag_with_value(script_args: Sequence[str], name_matches: re.Pattern[str], values: Collection[int]
+                    ) -> tuple[str, int] | None:
+    """The first `--flag N` / `--flag=N` of the script's arguments whose name matches and whose value is one of
+    `values`, as (flag, N): the flag that (probably) set a figure the trial measured."""
     args = list(script_args)
     for i, arg in enumerate(args):
         name, _, value = arg.partition("=")
         if not value and i + 1 < len(args):
             value = args[i + 1]
-        if _LOOP_FLAG.match(name) and value.isdigit() and int(value) in counts:
+        if name_matches.match(name) and value.isdigit() and int(value) in values:
             return name, int(value)
     return None
+
+
+def loop_flag(script_args: Sequence[str], *counts: int) -> tuple[str, int] | None:
+    """The script's own flag that (probably) set its loop length: a step-like flag whose value is one of
+    `counts` (the micro-steps or optimizer steps the script ran), as (flag, value)."""
+    return flag_with_value(script_args, _LOOP_FLAG, counts)
 
 
 def steps_needed(micro_steps: int, optimizer_steps: int, accumulation: int, needed: int,

@@ -19,10 +19,12 @@ is imported, `lightning.pytorch` or `pytorch_lightning`) aligns the loop around 
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from autotune.script.accelerate_loop import Shim
+from autotune.script.batch import flag_with_value
 from autotune.script.loaders import batch_flag, rebatched
 
 VIA = "lightning.Trainer"  # model.json "via" of a Lightning script
@@ -32,6 +34,7 @@ MODULES = ("lightning.pytorch.strategies.deepspeed", "pytorch_lightning.strategi
 # (accumulate_grad_batches sets it), takes the micro-batch from the DataLoader when the config has none (so the
 # engine counts what the loader really yields) and DeepSpeed derives train_batch_size from the two.
 TRAINER_KEYS = ("gradient_accumulation_steps", "train_micro_batch_size_per_gpu", "train_batch_size")
+_ACCUMULATE_FLAG = re.compile(r"^--?[\w.-]*accum[\w.-]*$", re.IGNORECASE)  # --accumulate-grad-batches, --grad_accum
 
 
 @dataclass(frozen=True)
@@ -90,7 +93,8 @@ def recommendation(ds: Mapping[str, Any], model: Mapping[str, Any],
     micro, accumulation = ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]
     flags: list[str] = []
     loader_flag = batch_flag(script_args, int(info["loader_batch"])) if info.get("loader_batch") else None
-    accumulate_flag = _flag(script_args, ("accum",), int(info.get("accumulate_grad_batches", 0)))
+    accumulate = flag_with_value(script_args, _ACCUMULATE_FLAG, (int(info.get("accumulate_grad_batches", 0)),))
+    accumulate_flag = accumulate[0] if accumulate else None
     if loader_flag:
         flags += [loader_flag, str(micro)]
     if accumulate_flag:
@@ -101,15 +105,3 @@ def recommendation(ds: Mapping[str, Any], model: Mapping[str, Any],
             f"({f'pass {accumulate_flag} {accumulation}' if accumulate_flag else f'accumulate_grad_batches={accumulation}'})"
             "; give the config to DeepSpeedStrategy(config=...)")
     return out, flags, text
-
-
-def _flag(script_args: Sequence[str], words: Sequence[str], value: int) -> str | None:
-    """The script's flag whose name holds one of `words` and whose value is `value`."""
-    args = list(script_args)
-    for i, arg in enumerate(args):
-        name, _, given = arg.partition("=")
-        if not given and i + 1 < len(args):
-            given = args[i + 1]
-        if name.startswith("-") and any(w in name.lower() for w in words) and given.isdigit() and int(given) == value:
-            return name
-    return None

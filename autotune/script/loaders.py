@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from typing import Any, Sequence
 
+from autotune.script.batch import flag_with_value
+
 # Flags that set a DataLoader's batch size: --batch-size, --batch_size, --per_device_train_batch_size, --bs ...
 _BATCH_FLAG = re.compile(r"^--?([\w.-]*batch[\w.-]*size[\w.-]*|bs|micro[\w.-]*batch[\w.-]*)$", re.IGNORECASE)
 
@@ -36,16 +38,8 @@ def rebatched(loader: Any, micro_batch: int) -> Any | None:
 def batch_flag(script_args: Sequence[str], batch_size: int) -> str | None:
     """The script's flag that (probably) set its DataLoader's batch size: a batch-size-like flag whose value is
     `batch_size` (None: the script was run with its default, or sets it elsewhere)."""
-    args = list(script_args)
-    for i, arg in enumerate(args):
-        name, _, value = arg.partition("=")
-        if not value and i + 1 < len(args):
-            value = args[i + 1]
-        if _BATCH_FLAG.match(name) and value.isdigit() and int(value) == batch_size:
-            return name
-    return None
-
-
+    found = flag_with_value(script_args, _BATCH_FLAG, (batch_size,))
+    return found[0] if found else None
 
 
 def first_tensor(values: Any, tensor_type: type, depth: int = 3) -> Any | None:
