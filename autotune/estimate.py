@@ -32,7 +32,7 @@ from typing import Any
 from autotune.config import Config
 from autotune.dsconfig import Buckets
 from autotune.hardware import Hardware
-from autotune.workload import Workload
+from autotune.workload import ModelShape, Workload
 
 MEMORY_TERMS = ("weights", "gradients", "optimizer_states", "activations", "buffers", "overhead")
 STAGE0_ALLREDUCE_BUCKET = 500_000_000  # DeepSpeed's default when zero_optimization sets none
@@ -149,6 +149,19 @@ def model_states(config: Config, workload: Workload) -> tuple[int, int, int]:
     return weights, grads, optim
 
 
+def _attention_bytes(config: Config, m: ModelShape, p: int) -> int:
+    """What one layer's attention keeps beyond q, k, v and its output. Fused (SDPA, flash): the fp32
+    logsumexp per query and head. Eager: the s x s softmax output of every head, which backward reads (the
+    scores before it are freed: their matmul saves q and k), and with attention dropout its 1-byte mask and
+    its output too: Korthikanti et al.'s 5as/h per token in 16-bit (measured with torch's saved-tensor
+    hooks on nn.MultiheadAttention(need_weights=True): 2.0 bytes per score in bf16, 4.0 in fp32).
+    """
+    scores = config.micro_batch * m.heads * m.seq_len ** 2
+    if m.attention != "eager":
+        return config.micro_batch * m.heads * m.seq_len * 4
+    return scores * (p + (1 + p if m.attention_dropout else 0))
+
+
 def _activation_bytes(config: Config, workload: Workload) -> int:
     m = workload.model
     p = 2 if config.precision in ("fp16", "bf16") else 4
@@ -163,7 +176,7 @@ def _activation_bytes(config: Config, workload: Workload) -> int:
     if m.moe:  # each token through its routed experts: their MLPs, its gathered input and weighted output
         mlp = m.experts_per_token * (mlp + 2 * h)
     per_token += mlp
-    layer = tokens * per_token * p + config.micro_batch * m.heads * m.seq_len * 4  # + SDPA logsumexp
+    layer = tokens * per_token * p + _attention_bytes(config, m, p)
     # The LM head at the start of backward: the fp32 log-softmax kept for backward, its gradient and the
     # gradient of its input, 12 bytes per logit in fp32 and in bf16 (measured on the built-in model: 12.0
     # and 12.3; the 16-bit logits and the fp32 upcast are freed in forward, nothing saves them).

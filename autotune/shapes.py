@@ -13,10 +13,14 @@ from autotune.config import ConfigError
 
 ARCHITECTURES = ("gpt", "llama")
 POSITIONS = ("learned", "rotary")
+# How attention runs: "sdpa" and "flash" keep no s x s scores (fused kernels: the estimator's default);
+# "eager" materialises them and keeps the softmax output for backward (and, with attention dropout, its mask
+# and output): Korthikanti et al.'s 5as/h term per token and layer.
+ATTENTIONS = ("sdpa", "eager", "flash")
 # Fields added after the first nine; to_dict() writes each only where it differs from its default, so the
 # dicts of every shape that could be written before (presets, surfaces, run.json files) stay the same.
 _EXTENDED = ("head_dim", "tied_embeddings", "positions", "max_positions", "qkv_bias", "lm_head_bias",
-             "norms_per_layer", "experts", "experts_per_token")
+             "norms_per_layer", "experts", "experts_per_token", "attention", "attention_dropout")
 
 
 @dataclass(frozen=True)
@@ -31,7 +35,9 @@ class ModelShape:
     position table; 0: seq_len), `qkv_bias` (Qwen2), `lm_head_bias` (Phi-2), `norms_per_layer` (1: one norm
     shared by parallel attention and MLP, Phi-2; 4: Gemma 2's pre and post norms), and `experts` /
     `experts_per_token` (a Mixtral-style MoE MLP: a router and `experts` MLPs of `ffn_hidden`, each token
-    through `experts_per_token` of them). None / 0 / "" mean the family's default.
+    through `experts_per_token` of them), `attention` (how it runs: `sdpa` / `flash`, fused, the default, or
+    `eager`, its s x s scores materialised) and `attention_dropout` (dropout on the attention probabilities in
+    training: an eager attention then keeps its mask and output too). None / 0 / "" mean the family's default.
     """
 
     name: str
@@ -52,6 +58,8 @@ class ModelShape:
     norms_per_layer: int = 2
     experts: int = 1
     experts_per_token: int = 1
+    attention: str = "sdpa"
+    attention_dropout: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -77,6 +85,10 @@ class ModelShape:
                 object.__setattr__(self, key, gpt)
             elif not isinstance(value, bool):
                 raise ConfigError(f"model {key}={value!r}: must be true or false")
+        if self.attention not in ATTENTIONS:
+            raise ConfigError(f"model attention={self.attention!r}: allowed {list(ATTENTIONS)}")
+        if not isinstance(self.attention_dropout, bool):
+            raise ConfigError(f"model attention_dropout={self.attention_dropout!r}: must be true or false")
         if not self.positions:
             object.__setattr__(self, "positions", "learned" if gpt else "rotary")
         if self.positions not in POSITIONS:
