@@ -18,8 +18,8 @@ Sources, per term (see also ARCHITECTURE.md section 5):
 - Buffers: the ZeRO bucket sizes written by autotune.dsconfig (Buckets), ZeRO-3's gathered largest
   module and prefetch bucket, the fp32 gradient of one optimizer sub-group during a ZeRO-3 step.
 - Step time: 6*N*tokens FLOPs (+2*N*tokens when layers are recomputed, + attention's 12*L*s^2*h per
-  sample) at an efficiency that grows with tokens per micro-batch; ZeRO communication volume per stage
-  (2x, 2x, 2x, 3x the gradient bytes; ZeRO paper section 7); offload transfers over the host link and
+  sample) at an efficiency that grows with tokens per micro-batch; ZeRO's collectives per stage and micro-step
+  (autotune.comm: ring/tree all-reduce, reduce-scatter, all-gather with bandwidth and latency); offload transfers over the host link and
   CPU Adam time; NVMe reads and writes for ZeRO-Infinity.
 """
 
@@ -29,14 +29,13 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from autotune.comm import STAGE0_ALLREDUCE_BUCKET, comm_time
 from autotune.config import Config
 from autotune.dsconfig import Buckets
 from autotune.hardware import Hardware
 from autotune.workload import ModelShape, Workload
 
 MEMORY_TERMS = ("weights", "gradients", "optimizer_states", "activations", "buffers", "overhead")
-STAGE0_ALLREDUCE_BUCKET = 500_000_000  # DeepSpeed's default when zero_optimization sets none
-COMM_OVERLAP = 0.5  # share of ZeRO-2/3 communication hidden behind backward compute (overlap_comm)
 
 
 @dataclass(frozen=True)
@@ -51,6 +50,8 @@ class Calibration:
     # a device (the stock cpu profile rates bf16 as fp32; a CPU with AMX-BF16 runs it ~10x faster).
     precision_scales: tuple[tuple[str, float], ...] = ()
     step_overhead_s: float | None = None  # replaces hardware.step_overhead_s
+    # Collective time relative to the profile's interconnect (autotune.comm); 1 where only one rank was measured.
+    comm_scale: float = 1.0
     samples: int = 0  # how many measured results the fit used
 
     def __post_init__(self) -> None:
@@ -254,8 +255,7 @@ def estimate(config: Config, workload: Workload, hardware: Hardware,
 
 def _step_time(config: Config, workload: Workload, hardware: Hardware, calibration: Calibration,
                p: int, n_local: int) -> dict[str, float]:
-    m, dp, stage = workload.model, workload.gpus, config.zero_stage
-    n = m.params
+    m, dp = workload.model, workload.gpus
     gas = workload.grad_accumulation(config.micro_batch) or 1
     tokens = config.micro_batch * m.seq_len
     # Per token, the parameters it goes through (a MoE layer's routed experts only) and attention's scores.
@@ -270,15 +270,9 @@ def _step_time(config: Config, workload: Workload, hardware: Hardware, calibrati
     compute = gas * 3 * forward / rate
     recompute = gas * layer_flops / rate if config.ckpt_interval else 0.0
 
-    bus = hardware.intra_node_bw if dp <= hardware.gpus_per_node else hardware.inter_node_bw
-    ring = (dp - 1) / dp
-    grad_bytes = p * n * ring / bus
-    if stage <= 1:
-        comm = 2 * grad_bytes  # one all-reduce (or reduce-scatter + all-gather) per optimizer step
-    elif stage == 2:
-        comm = (gas + 1) * grad_bytes * (1 - COMM_OVERLAP)  # reduce-scatter per micro-step, one all-gather
-    else:
-        comm = 3 * gas * grad_bytes * (1 - COMM_OVERLAP)  # all-gather forward and backward, reduce-scatter
+    # The collectives of each ZeRO stage per micro-step and per step, ring/tree over the intra- or inter-node
+    # link (autotune.comm).
+    comm = comm_time(config, workload, hardware, p) * calibration.comm_scale
 
     offload = 0.0
     if config.offload_param != "none":

@@ -50,6 +50,8 @@ _RANGES: dict[str, tuple[Any, Any, str]] = {
        for key in ("mem_bandwidth", "host_link_bw", "intra_node_bw", "inter_node_bw", "cpu_adam_params_per_s",
                    "nvme_bw")},
     "step_overhead_s": (lambda v: v >= 0, lambda v: True, "a number of seconds >= 0"),
+    **{key: (lambda v: v >= 0, lambda v: v <= 1, "a number of seconds in [0, 1] (e.g. 1e-5)")
+       for key in ("intra_node_latency_s", "inter_node_latency_s")},
     "max_efficiency": (lambda v: v > 0, lambda v: v <= 1, "a fraction in (0, 1]"),
     "half_efficiency_tokens": (lambda v: v >= 0, lambda v: True, "a number of tokens >= 0"),
 }
@@ -74,6 +76,11 @@ class Hardware:
     max_efficiency: float = 0.5  # best fraction of peak FLOP/s a transformer step reaches
     half_efficiency_tokens: float = 1024.0  # tokens per micro-batch at which efficiency is half the best
     is_cpu: bool = False
+    # Latency of one step of a collective's algorithm (autotune.comm), inside a node and across nodes: what a
+    # small message costs (NCCL over NVLink ~10 us, over InfiniBand/RoCE a few tens of us). Defaults keep the
+    # profiles and run.json files written before these keys loading.
+    intra_node_latency_s: float = 1e-5
+    inter_node_latency_s: float = 3e-5
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
