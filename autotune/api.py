@@ -34,6 +34,7 @@ from autotune.hardware import Hardware
 from autotune.report import Outputs, write_outputs
 from autotune.results import TrialResult
 from autotune.rundir import SETTINGS, STUDY, RunDir, RunSettings
+from autotune.scale import check_target, narrow_choices as narrow_for_target
 from autotune.search_spaces import load_choices
 from autotune.space import Choices, Space
 from autotune.strategies import STRATEGIES
@@ -76,9 +77,13 @@ class TuneSpec:
     # What will train with the recommendation (autotune/handoff.py): deepspeed (every knob), trainer or
     # accelerate (activation checkpointing on/off only: the space keeps ckpt_interval 0 and 1).
     stack: str = DEFAULT_STACK
+    # Scale-down trials (autotune/scale.py): trials run at workload.gpus and the calibrated estimator predicts
+    # each measured config at this many devices (same global batch); the recommendation is chosen for it.
+    target_gpus: int | None = None
 
     def __post_init__(self) -> None:
         check_stack(self.stack)
+        check_target(self.target_gpus, self.workload)
         if self.strategy not in STRATEGIES:
             raise ConfigError(f"strategy {self.strategy!r}: allowed {', '.join(STRATEGIES)}")
         if self.trials <= 0:
@@ -110,10 +115,11 @@ class TuneSpec:
     def settings(self) -> RunSettings:
         """The run directory's settings (`run.json`): what a resumed sweep must match."""
         return RunSettings(self.workload, self.hardware, self.memory_budget_bytes or self.hardware.memory_bytes,
-                           self.strategy, self.backend_name, self.seed, self.choices(),
+                           self.strategy, self.backend_name, self.seed,
+                           narrow_for_target(self.choices(), self.workload, self.target_gpus)[0],
                            surface=None if self.surface is None else str(Path(self.surface).resolve()),
                            storage=None if self.storage is None else canonical_storage(self.storage),
-                           stack=self.stack)
+                           stack=self.stack, target_gpus=self.target_gpus)
 
     def budget(self) -> Budget:
         return Budget(self.trials, self.time_budget_s, self.confirm)

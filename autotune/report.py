@@ -19,6 +19,7 @@ from autotune.pruning import (CAUSES, DEVICE_MEMORY, HOST_MEMORY, NVME_SPACE, Pr
                               describe_causes, host_need_bytes)
 from autotune.results import STATUSES, TrialResult
 from autotune.rundir import STUDY, RunDir, RunSettings
+from autotune.scale import ScaleReport, project
 from autotune.study_storage import masked
 from autotune.units import format_size
 
@@ -145,6 +146,17 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
     check_output_paths(run)
     summary = summarize(results, settings)
     best = recommend(results, settings.memory_budget_bytes)
+    scaled = scale_report(results, settings)
+    handoff_settings = settings
+    if scaled is not None:  # the recommendation is the config chosen for the target (autotune/scale.py)
+        best = _pick_result(results, scaled, settings.memory_budget_bytes)
+        summary["target"] = scaled.to_dict()
+        summary["best"] = None if best is None else {"config": best.config.to_dict(),
+                                                     "throughput_samples_per_s": best.throughput_samples_per_s,
+                                                     "peak_memory_bytes": best.peak_memory_bytes}
+        summary["best_trial_index"] = None if best is None else next(
+            i for i, r in enumerate(results, 1) if r.config == best.config and r.status != "pruned")
+        handoff_settings = replace(settings, workload=settings.workload.with_(gpus=scaled.target_gpus))
     files = [run.write_json("summary.json", summary)]
     usage: list[str] = []  # the report's section on using the recommendation (autotune/handoff.py)
     run.plots_dir.mkdir(parents=True, exist_ok=True)
@@ -152,7 +164,7 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
                                             run.plots_dir / "throughput_vs_memory.png"))
     files.append(plots.best_so_far(results, settings.memory_budget_bytes, run.plots_dir / "best_so_far.png"))
     if best is not None:
-        handoff = Handoff.of(best.config, settings, run.path)
+        handoff = Handoff.of(best.config, handoff_settings, run.path)
         files += handoff.write(run)  # best_ds_config.json, best_hf_ds_config.json, trainer args, accelerate config
         usage = handoff.markdown()
         est = estimate(best.config, settings.workload, settings.hardware)
@@ -165,11 +177,70 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
                    f"(trial {summary['best_trial_index']})")
     else:
         verdict = no_fit_verdict(settings, results)
+    if scaled is not None:
+        if scaled.rows:  # else no trial fits even here: the verdict above says why
+            verdict = target_verdict(scaled, settings)
     report = run.path / "report.md"
     run.write_text("report.md", markdown(results, settings, summary, best, verdict, study=study_line(run, settings),
-                                       usage=usage))
+                                       usage=usage, scaled=scaled))
     files.append(report)
     return Outputs(best, summary, tuple(files), verdict)
+
+
+def scale_report(results: Sequence[TrialResult], settings: RunSettings) -> ScaleReport | None:
+    """The measured configs carried to --target-gpus (autotune/scale.py); None without a target."""
+    if settings.target_gpus is None:
+        return None
+    return project(results, settings.workload, settings.hardware, settings.memory_budget_bytes, settings.target_gpus)
+
+
+def _pick_result(results: Sequence[TrialResult], scaled: ScaleReport, budget: int) -> TrialResult | None:
+    """The measured result (at the trials' GPUs) of the config chosen for the target."""
+    if scaled.pick is None:
+        return None
+    return next((r for r in results if r.config == scaled.pick.config and r.fits(budget)), None)
+
+
+def target_verdict(scaled: ScaleReport, settings: RunSettings) -> str:
+    """One line: the config chosen for the target, its prediction there and its measurement here."""
+    pick, budget = scaled.pick, settings.memory_budget_bytes
+    n, m = scaled.measured_gpus, scaled.target_gpus
+    if pick is None:
+        return (f"no config measured on {n} device(s) is predicted to fit {format_size(budget)} on {m}: raise the "
+                "budget or measure more configs")
+    close = (f"; a close call: within the calibration's {scaled.memory_error:.0%} memory error of the budget"
+             if pick.close else "")
+    return (f"recommended for {m} devices {pick.config.label()}: predicted {pick.throughput:.3g} samples/s, peak "
+            f"{format_size(pick.peak_bytes)} of {format_size(budget)} on {m} (measured on {n}: "
+            f"{pick.measured_throughput:.3g} samples/s, peak {format_size(pick.measured_peak_bytes)}, trial "
+            f"{pick.trial}){close}")
+
+
+def target_table(scaled: ScaleReport | None) -> list[str]:
+    """Measured at N next to predicted at M for the top configs, close calls flagged."""
+    if scaled is None:
+        return []
+    n, m = scaled.measured_gpus, scaled.target_gpus
+    lines = [f"## Predicted at {m} devices (measured at {n})", "",
+             f"Each config measured within the budget on {n} device(s), carried to {m} with the same global batch by "
+             f"the estimator calibrated on this run's {scaled.samples} measured trials (the change in ZeRO's "
+             f"partitioning, micro-steps and communication, anchored on the measurement). Memory error of the "
+             f"calibrated estimator on those trials: {scaled.typical_memory_error:.1%} typical, "
+             f"{scaled.memory_error:.1%} worst; a config whose predicted peak at {m} is within the worst error of "
+             "the budget is flagged **close call**. The recommendation is the best predicted throughput at "
+             f"{m} among configs predicted to fit there, close calls last.", ""]
+    if not scaled.rows:
+        return lines + [f"No config measured within the budget on {n} device(s) can run at {m}.", ""]
+    lines += [f"| rank | trial | config | samples/s at {n} | peak at {n} | predicted samples/s at {m} | "
+              f"predicted peak at {m} | of budget | fits at {m} |",
+              "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for rank, row in enumerate(scaled.rows[:TOP], 1):
+        fits = ("close call" if row.close else "yes") if row.fits else ("no, close call" if row.close else "no")
+        pick = " (pick)" if scaled.pick is not None and row.config == scaled.pick.config else ""
+        lines.append(f"| {rank} | {row.trial if row.trial is not None else ''} | {row.config.label()}{pick} | "
+                     f"{row.measured_throughput:.3g} | {format_size(row.measured_peak_bytes)} | {row.throughput:.3g} | "
+                     f"{format_size(row.peak_bytes)} | {_pct(row.peak_bytes, scaled.budget_bytes)} | {fits} |")
+    return lines + [""]
 
 
 def check_output_paths(run: RunDir) -> None:
@@ -195,7 +266,8 @@ def study_line(run: RunDir, settings: RunSettings) -> str | None:
 
 
 def markdown(results: Sequence[TrialResult], settings: RunSettings, summary: dict, best: TrialResult | None,
-             verdict: str, study: str | None = None, usage: Sequence[str] = ()) -> str:
+             verdict: str, study: str | None = None, usage: Sequence[str] = (),
+             scaled: ScaleReport | None = None) -> str:
     w, budget = settings.workload, settings.memory_budget_bytes
     launched = [r for r in results if r.status != "pruned"]
     counts = ", ".join(f"{n} {s}" for s, n in summary["status_counts"].items() if n)
@@ -205,6 +277,8 @@ def markdown(results: Sequence[TrialResult], settings: RunSettings, summary: dic
         f"- Workload: {w.model.name} ({w.model.params / 1e6:,.1f}M parameters, seq {w.model.seq_len}), "
         f"global batch {w.global_batch}, {w.gpus} x {settings.hardware.name}",
         f"- Memory budget: {format_size(budget)} per device",
+        *([f"- Target: {settings.target_gpus} devices, predicted from the trials on {w.gpus} (--target-gpus)"]
+          if settings.target_gpus is not None else []),
         f"- Strategy: {settings.strategy}, backend: {settings.backend}, seed {settings.seed}",
         f"- Trials: {len(results)} recorded, {len(launched)} launched ({counts or 'none'}); "
         f"trial time {sum(r.wall_time_s for r in results) / 60:.1f} min",
@@ -220,6 +294,7 @@ def markdown(results: Sequence[TrialResult], settings: RunSettings, summary: dic
                   "with `best_hf_ds_config.json`) or Accelerate (`best_accelerate_config.yaml`): see "
                   "[Using the recommendation](#using-the-recommendation).", ""]
     lines += _top_table(results, budget)
+    lines += target_table(scaled)
     lines += _confirmation(results, budget, settings.backend)
     lines += _failures(results)
     lines += usage

@@ -69,6 +69,8 @@ class RunSettings:
     surface: str | None = None
     storage: str | None = None  # the Optuna study's storage (autotune.study_storage); None: study.db here
     stack: str = DEFAULT_STACK  # the user's training stack, which the space was narrowed to (autotune.handoff)
+    # The job's device count the trials at workload.gpus predict (autotune.scale); None: the trials' own.
+    target_gpus: int | None = None
 
     def space(self) -> Space:
         return Space(self.choices, self.workload, self.hardware)
@@ -77,7 +79,8 @@ class RunSettings:
         return {"workload": self.workload.to_dict(), "hardware": self.hardware.to_dict(),
                 "memory_budget_bytes": self.memory_budget_bytes, "strategy": self.strategy,
                 "backend": self.backend, "seed": self.seed, "space": self.choices.to_dict(),
-                "surface": self.surface, "storage": masked(self.storage), "stack": self.stack}
+                "surface": self.surface, "storage": masked(self.storage), "stack": self.stack,
+                "target_gpus": self.target_gpus}
 
     @classmethod
     def from_dict(cls, data: Any, source: str = SETTINGS) -> "RunSettings":
@@ -111,10 +114,14 @@ class RunSettings:
         stack = data.get("stack", DEFAULT_STACK)  # absent from the run.json of sweeps before --stack
         if stack not in STACKS:
             raise ConfigError(f"{source}: stack: {short(stack)}: allowed {', '.join(STACKS)}")
+        target = data.get("target_gpus")  # absent from the run.json of sweeps before --target-gpus
+        if target is not None and (isinstance(target, bool) or not isinstance(target, int) or target < workload.gpus):
+            raise ConfigError(f"{source}: target_gpus: {short(target)}: allowed null or a whole number >= the "
+                              f"workload's gpus ({workload.gpus})")
         return cls(workload=workload, hardware=hardware, memory_budget_bytes=data["memory_budget_bytes"],
                    strategy=data["strategy"], backend=data["backend"], seed=data["seed"],
                    choices=parse_choices(data["space"], f"{source}: space"), surface=surface,
-                   storage=storage, stack=stack)
+                   storage=storage, stack=stack, target_gpus=target)
 
     def differences(self, other: "RunSettings") -> list[str]:
         """`key: this != other` for every setting that differs."""

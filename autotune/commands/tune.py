@@ -24,6 +24,7 @@ from autotune.drivers.sweep import Budget
 from autotune.handoff import DEFAULT_STACK, STACKS, Handoff, for_stack
 from autotune.pruning import cause_counts, describe_causes
 from autotune.rundir import RunDir, RunSettings
+from autotune.scale import for_target
 from autotune.script.cli import add_arguments as script_arguments, script_from
 from autotune.space import Space
 from autotune.strategies import STRATEGIES
@@ -68,6 +69,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "deepspeed.initialize: every knob), trainer (Hugging Face Trainer) or accelerate: these "
                              "switch activation checkpointing on or off only, so the space keeps ckpt_interval 0 and 1 "
                              "(default: %(default)s)")
+    parser.add_argument("--target-gpus", type=positive_int, default=None, metavar="M",
+                        help="tune for a job of M devices while the trials run on --gpus (fewer): the estimator, "
+                             "calibrated on the trials, predicts each measured config's memory and throughput at M "
+                             "(same global batch); the report shows both and the recommendation is chosen for M")
     add_tracking_arguments(parser)
     add_json_argument(parser)
     add_ray_arguments(parser)
@@ -110,6 +115,11 @@ def run(args: argparse.Namespace) -> int:
     settings, space, stack_note = for_stack(settings, space, args.stack)
     if stack_note:
         print(stack_note, flush=True)
+    if args.target_gpus is not None:
+        settings, target_note = for_target(settings, args.target_gpus, script=bool(args.script))
+        space = settings.space()
+        if target_note:
+            print(target_note, flush=True)
     if args.storage is not None:
         settings = replace(settings, storage=canonical_storage(args.storage))
     ray = ray_options(args)
