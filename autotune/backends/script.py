@@ -28,7 +28,7 @@ from autotune.estimate import Calibration
 from autotune.hardware import Hardware
 from autotune.results import TrialResult
 from autotune.runner import RunOutcome
-from autotune.script.shim import KEEP_SCRIPT_BATCH, MODEL_FILE, USER_CONFIG_FILE
+from autotune.script.shim import KEEP_SCRIPT_BATCH, MODEL_FILE, SCRIPT_CWD, USER_CONFIG_FILE
 from autotune.worker.measure import MeasureSettings
 from autotune.workload import Workload
 
@@ -70,12 +70,13 @@ class ScriptBackend(DeepSpeedBackend):
                  logs_dir: str | Path = "runs/logs", timeout_s: float = 600.0,
                  measure: MeasureSettings = MeasureSettings(), *, calibration: Calibration = Calibration(),
                  shape_known: bool = True, keep_script_batch: bool = False,
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None, cwd: str | None = None) -> None:
         super().__init__(workload, memory_budget_bytes, hardware, ds_options, logs_dir, timeout_s, measure,
                          calibration=calibration, env=env)
         self.script = script
         self.shape_known = shape_known  # False: `workload.model` is a placeholder until a trial inspects it
         self.keep_script_batch = keep_script_batch  # True: `workload.global_batch` too, the script's is run
+        self.cwd = cwd  # the ranks' working directory (a Ray trial: the shipped copy's); None: this process's
         self.launch = replace(self.launch, module=SHIM)
 
     def predict(self, config: Config):
@@ -86,7 +87,7 @@ class ScriptBackend(DeepSpeedBackend):
 
     def _spec_extra(self) -> dict[str, Any]:
         return {"script": self.script.absolute, "script_args": list(self.script.args),
-                KEEP_SCRIPT_BATCH: self.keep_script_batch}
+                KEEP_SCRIPT_BATCH: self.keep_script_batch, **({SCRIPT_CWD: self.cwd} if self.cwd else {})}
 
     def _read_outcome(self, log_dir: Path, outcome: RunOutcome, extra: dict[str, Any]) -> None:
         model = read_json(log_dir / MODEL_FILE)

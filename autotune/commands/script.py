@@ -19,10 +19,11 @@ from autotune.workload import Workload
 
 def script_target(args: argparse.Namespace) -> tuple[Workload, Hardware]:
     """The placeholder workload and the hardware (--hardware, default auto: this machine's devices), refused
-    before any trial if this machine cannot run it: a script's trials always run here."""
+    before any trial if this machine cannot run it (unless a remote Ray cluster runs the trials)."""
     hardware, machine = hardware_of(args, real=True)
     workload = placeholder(args.global_batch, args.gpus or gpus_found(machine))
-    require_here(hardware, workload.gpus, args.memory_budget, machine)
+    if getattr(args, "ray_address", None) in (None, "local"):  # a remote cluster's devices are Ray's to place
+        require_here(hardware, workload.gpus, args.memory_budget, machine)
     return workload, hardware
 
 
@@ -32,9 +33,11 @@ def resolve(args: argparse.Namespace) -> tuple[RunSettings, Space]:
         raise ConfigError(f"--model {args.model} with --script {args.script}: choose one (the script brings its model)")
     if args.backend != "deepspeed":
         raise ConfigError(f"--backend {args.backend} with --script: a script's trials are real runs (--backend deepspeed)")
-    if getattr(args, "ray_address", None):
-        raise ConfigError("--ray-address with --script: script mode runs its trials on this machine only (not yet on Ray)")
-    script_from(args)  # the script exists and its arguments parse
+    script = script_from(args)  # the script exists and its arguments parse
+    if getattr(args, "ray_address", None):  # its files travel with each trial: refused here when too large
+        from autotune.script.ship import plan
+
+        plan(script.path, script.args, exclude=(args.out,) if args.out else ())
     workload, hardware = script_target(args)
     space = space_from(args, workload, hardware)
     budget = args.memory_budget or hardware.memory_bytes

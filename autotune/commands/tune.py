@@ -33,6 +33,7 @@ from autotune import tracking
 from autotune.units import format_size
 
 if TYPE_CHECKING:
+    from autotune.backends.script import Script
     from autotune.drivers.ray import RayOptions
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -137,8 +138,9 @@ def run(args: argparse.Namespace) -> int:
             settings = script_mode().resumed(run_dir, settings, script_from(args), args.global_batch)
             space = settings.space()  # the model, global batch and space the first trial settled
         elif args.script:  # the first trial shows the script's model (autotune.script.session)
+            remote = script_on_ray(ray, run_dir, settings, script_from(args)) if ray is not None else None
             settings, space, fatal = script_mode().first_trial(run_dir, settings, space, script_from(args),
-                                                               global_batch=args.global_batch)
+                                                               global_batch=args.global_batch, remote=remote)
             if fatal:
                 run_dir.write_settings(settings)
                 code = script_mode().stopped(run_dir, settings, fatal)
@@ -241,6 +243,13 @@ def _resolve_replay(args: argparse.Namespace) -> tuple[RunSettings, Space]:
     return replay_settings(args.surface, model=args.model, global_batch=args.global_batch, gpus=args.gpus,
                            hardware=args.hardware, space=args.space, memory_budget=args.memory_budget,
                            strategy=args.strategy, seed=args.seed)
+
+
+def script_on_ray(ray: "RayOptions", run_dir: RunDir, settings: RunSettings, script: "Script"):
+    """The first trial of a script sweep as a Ray task (autotune.drivers.ray_script)."""
+    from autotune.drivers.ray_script import first_trial_runner
+
+    return first_trial_runner(ray, run_dir, settings, script)
 
 
 def script_mode():

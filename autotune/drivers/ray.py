@@ -441,8 +441,13 @@ def run_one(sweep: Sweep, settings: "RunSettings", run_dir: "RunDir", budget: Bu
                          + (f", at most {options.concurrency} in flight" if options.concurrency else ""))
         if isinstance(progress, LiveProgress):  # its ETA divides the trials left among the slots
             progress.set_slots(trial_slots(resources, options.concurrency))
-        job = Job(settings.workload.model.name, sweep, budget, resources,
-                  BackendSpec(settings, str(run_dir.path.resolve()), sleep_s), progress)
+        if settings.backend == "script":  # the script's files travel with each trial (drivers/ray_script.py)
+            from autotune.drivers.ray_script import script_job
+
+            job = script_job(sweep, settings, run_dir, budget, resources, progress)
+        else:
+            job = Job(settings.workload.model.name, sweep, budget, resources,
+                      BackendSpec(settings, str(run_dir.path.resolve()), sleep_s), progress)
         return run_ray([job], options.concurrency, options.max_failures)[job.name]
     finally:
         disconnect()

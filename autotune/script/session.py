@@ -21,7 +21,7 @@ import json
 import shlex
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from autotune.backends.script import SCRIPT_FILE, Script, ScriptBackend, read_script_info, user_config
 from autotune.config import Config, ConfigError
@@ -115,23 +115,29 @@ def narrowed(settings: RunSettings, model: dict[str, Any]) -> tuple[RunSettings,
 
 
 def first_trial(run_dir: RunDir, settings: RunSettings, space: Space, script: Script,
-                timeout_s: float = 600.0, global_batch: int | None = None) -> tuple[RunSettings, Space, str | None]:
+                timeout_s: float = 600.0, global_batch: int | None = None,
+                remote: Callable[[Config, bool], tuple[TrialResult, str | None]] | None = None,
+                ) -> tuple[RunSettings, Space, str | None]:
     """Run the first trial, record it, and return the sweep's settings and space for the model and global
     batch it showed (`global_batch`: --global-batch, which overrides the script's), and the script's verdict
-    if the script (not the config) failed."""
+    if the script (not the config) failed. `remote(config, keep_script_batch)` runs the trial elsewhere
+    (a Ray task: autotune.drivers.ray_script) and returns its result and verdict."""
     config = first_config(space)
     print(f"first trial of {script.path}: {config.label()} (shows the tuner the script's model and global batch)",
           flush=True)
-    backend = ScriptBackend(script, settings.workload, settings.memory_budget_bytes, settings.hardware,
-                            DsOptions(nvme_path=settings.choices.nvme_path), run_dir.logs_dir, timeout_s,
-                            shape_known=False, keep_script_batch=global_batch is None)
-    result = backend.run(config)
+    if remote is not None:
+        result, fatal = remote(config, global_batch is None)
+    else:
+        backend = ScriptBackend(script, settings.workload, settings.memory_budget_bytes, settings.hardware,
+                                DsOptions(nvme_path=settings.choices.nvme_path), run_dir.logs_dir, timeout_s,
+                                shape_known=False, keep_script_batch=global_batch is None)
+        result, fatal = backend.run(config), backend.fatal
     model = result.extra.get("script_model")
     notes: list[str] = []
     settled: batch.Settled | None = None
     if model:
         settings, settled, notes = with_global_batch(settings, model, global_batch)
-    elif backend.fatal is None:  # the sweep goes on, but nothing was learned
+    elif fatal is None:  # the sweep goes on, but nothing was learned
         settings, settled, notes = with_global_batch(settings, None, global_batch)
         notes[0] = (f"the first trial ended ({result.status}) before deepspeed.initialize, so the script's global "
                     f"batch is unknown: global batch {settled.global_batch} "
@@ -150,8 +156,8 @@ def first_trial(run_dir: RunDir, settings: RunSettings, space: Space, script: Sc
     print(f"first trial {result.status}: " + (f"{result.throughput_samples_per_s:.4g} samples/s, peak "
           f"{format_size(result.peak_memory_bytes)}" if result.ok else str(result.error).splitlines()[0]), flush=True)
     run_dir.append(result)
-    save(run_dir, script, model, notes, backend.fatal, settled)
-    return settings, settings.space(), backend.fatal
+    save(run_dir, script, model, notes, fatal, settled)
+    return settings, settings.space(), fatal
 
 
 def save(run_dir: RunDir, script: Script, model: dict[str, Any] | None, notes: list[str], fatal: str | None,

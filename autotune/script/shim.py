@@ -57,6 +57,7 @@ USED_CONFIG_FILE = "ds_config.json"  # the merged config DeepSpeed got
 VERDICTS = ("crashed_before_initialize", "never_initialized", "never_stepped", "too_few_steps",
             "ignores_micro_batch", "global_batch_indivisible", "ignores_accumulation")
 KEEP_SCRIPT_BATCH = "keep_script_batch"  # spec extra: run the script's own global batch, not the spec's
+SCRIPT_CWD = "script_cwd"  # spec extra: the working directory the script runs in (a Ray trial's shipped copy)
 SCRIPT_ENDED = "script_ended"  # stop reason: the script finished its own loop before the measurement did
 
 
@@ -163,6 +164,8 @@ class Shim:
         script = self.spec.extra["script"]
         sys.argv = [script, *self.spec.extra.get("script_args", ())]
         sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # as `python script.py` would have it
+        if self.spec.extra.get(SCRIPT_CWD):
+            os.chdir(self.spec.extra[SCRIPT_CWD])  # relative paths as on the driver, in the shipped copy
         self.phase("script")
         runpy.run_path(script, run_name="__main__")
 
