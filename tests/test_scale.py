@@ -103,8 +103,11 @@ def test_estimate_uses_the_comm_terms_scaled_by_the_calibration():
 
 
 def test_profiles_and_calibrations_written_before_the_new_keys_still_load(tmp_path):
-    old = {k: v for k, v in H100.to_dict().items() if not k.endswith("_latency_s")}
-    assert hardware_from_dict(old, "old.json") == H100.with_(intra_node_latency_s=1e-5, inter_node_latency_s=3e-5)
+    old = {k: v for k, v in CPU.to_dict().items() if not k.endswith("_latency_s")}
+    assert hardware_from_dict(old, "run.json") == CPU  # a built-in profile's run.json: resumes with the same
+    mine = hardware_from_dict({**old, "name": "my-box"}, "my-box.yaml")
+    assert (mine.intra_node_latency_s, mine.inter_node_latency_s) == (1e-5, 3e-5)
+    assert CPU.intra_node_latency_s > mine.intra_node_latency_s  # gloo over loopback is slower than NCCL
     with pytest.raises(ConfigError, match="inter_node_latency_s"):
         H100.with_(inter_node_latency_s=-1.0)
     path = tmp_path / "calibration.json"
