@@ -8,17 +8,27 @@
   hidden, `num_heads`-like attributes give heads;
 - sequence length: from the first batch the engine sees (measured by the shim, not here);
 - checkpointing switch: `activation_checkpointing_enable` / `gradient_checkpointing_enable` (Hugging
-  Face models that support it).
+  Face models that support it);
+- how attention runs (`attention`: eager / sdpa / flash): what the first forward does (`watch_attention`: a
+  softmax over an s x s tensor is an eager attention, materialised scores; a call of
+  `F.scaled_dot_product_attention` is sdpa, as `nn.MultiheadAttention(need_weights=False)` takes in torch 2.x,
+  while its default `need_weights=True` is eager), else a Hugging Face config's `_attn_implementation`, else
+  `nn.MultiheadAttention` modules (eager: their default); attention dropout (`attn_pdrop`, `attention_dropout`,
+  an MHA's `dropout`), which an eager attention pays for;
+- mixture of experts (`num_local_experts` / `num_experts`, `num_experts_per_tok`), tied embeddings (the input
+  embedding's weight *is* the output layer's) and the parameters' dtype (recorded: DeepSpeed casts the model to
+  the trial's precision, so it does not change the estimate).
 
-`shape_from_info` turns that into the estimator's ModelShape. Its MLP width is solved from the parameter
-count, so that the estimator's model states (16 bytes per parameter and so on) use the true count even
+`shape_from_info` turns that into the estimator's ModelShape (attention, experts, tied embeddings included).
+Its MLP width is solved from the parameter count, so that the estimator's model states (16 bytes per parameter and so on) use the true count even
 for a model that is not the textbook transformer; calibration on the first trials absorbs the rest.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections import Counter
-from typing import Any
+from typing import Any, Callable
 
 from autotune.workload import ModelShape
 
@@ -31,6 +41,12 @@ HF_KEYS = {
     "kv_heads": ("num_key_value_heads",),
 }
 HEAD_ATTRS = ("num_heads", "n_head", "num_attention_heads", "n_heads", "nhead")
+EXPERT_KEYS = {"experts": ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"),
+               "experts_per_token": ("num_experts_per_tok", "moe_top_k")}
+DROPOUT_KEYS = ("attn_pdrop", "attention_dropout", "attention_probs_dropout_prob", "attn_dropout")
+# Hugging Face attn_implementation values -> the estimator's attention (flex attention is a fused kernel).
+HF_ATTENTION = {"eager": "eager", "sdpa": "sdpa", "flash_attention_2": "flash", "flash_attention_3": "flash",
+                "flex_attention": "sdpa"}
 
 
 def checkpoint_switch(model: Any) -> str | None:
@@ -66,16 +82,35 @@ def model_info(model: Any) -> dict[str, Any]:
                                                     for p in model.parameters() if p.requires_grad),
                             "checkpoint_switch": checkpoint_switch(model)}
     config = getattr(model, "config", None)
+    impl = getattr(config, "_attn_implementation", None) if config is not None else None
     if config is not None and not isinstance(config, dict):
         config = getattr(config, "to_dict", lambda: vars(config))()
     if isinstance(config, dict):
-        for key, names in HF_KEYS.items():
+        impl = impl or config.get("_attn_implementation") or config.get("attn_implementation")
+        for key, names in {**HF_KEYS, **EXPERT_KEYS}.items():
             for name in names:
                 if isinstance(config.get(name), int) and config[name] > 0:
                     info[key] = config[name]
                     break
         if info.keys() & HF_KEYS.keys():
             info["source"] = "config"
+        dropout = next((config[k] for k in DROPOUT_KEYS if isinstance(config.get(k), (int, float))), None)
+        if dropout is not None:
+            info["attention_dropout"] = float(dropout) > 0
+    if isinstance(impl, str) and impl:
+        info["attention_impl"] = impl
+        info["attention"] = HF_ATTENTION.get(impl.split("|")[0].rsplit("/", 1)[-1], "sdpa")
+        info["attention_source"] = "config"
+    mha = [m for m in model.modules() if isinstance(m, torch.nn.MultiheadAttention)]
+    if mha and "attention" not in info:
+        info["attention"], info["attention_source"] = "eager", "nn.MultiheadAttention"  # need_weights=True
+        info["attention_dropout"] = any(float(m.dropout) > 0 for m in mha)
+    tied = _tied_embeddings(model, torch)
+    if tied is not None:
+        info["tied_embeddings"] = tied
+    dtypes = Counter(str(p.dtype).removeprefix("torch.") for p in model.parameters())
+    if dtypes:
+        info["dtype"] = dtypes.most_common(1)[0][0]
     if "layers" not in info:
         stack = _layer_stack(model, torch)
         if stack:
@@ -96,6 +131,81 @@ def model_info(model: Any) -> dict[str, Any]:
     return info
 
 
+def _tied_embeddings(model: Any, torch: Any) -> bool | None:
+    """Whether the input embedding's weight is the output layer's (None: no embedding, or no output layer)."""
+    inputs = getattr(model, "get_input_embeddings", None)
+    outputs = getattr(model, "get_output_embeddings", None)
+    if callable(inputs) and callable(outputs):
+        try:
+            into, out = inputs(), outputs()
+        except (NotImplementedError, AttributeError):
+            into = out = None
+        if into is not None and out is not None:
+            return getattr(into, "weight", None) is getattr(out, "weight", None)
+    embeddings = [m for m in model.modules() if isinstance(m, torch.nn.Embedding)]
+    if not embeddings:
+        return None
+    biggest = max(embeddings, key=lambda m: m.num_embeddings)
+    heads = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m.out_features == biggest.num_embeddings
+             and m.in_features == biggest.embedding_dim]
+    if not heads:
+        return None
+    return any(m.weight is biggest.weight for m in heads)
+
+
+def watch_attention(model: Any, info: dict[str, Any], seen: Callable[[], None]) -> None:
+    """Watch the model's first forward and record in `info` how its attention really ran, then call `seen`:
+    a softmax over the last dimension of a (..., s, s) tensor is an eager attention (materialised scores), a
+    call of `F.scaled_dot_product_attention` a fused one (sdpa), and `nn.MultiheadAttention`'s
+    `F.multi_head_attention_forward` is eager with `need_weights=True` (its default: the weights are
+    returned, so torch computes them) and sdpa without. Found neither (a flash kernel outside torch, no
+    attention): `info` stays as `model_info` left it. Only the first forward is watched, and only the calls the
+    model's own Python makes (a torch function mode sees no call made inside another torch function)."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    calls = Counter[str]()
+    functional = torch.nn.functional
+    sdpa, mha = functional.scaled_dot_product_attention, functional.multi_head_attention_forward
+    mha_args = inspect.signature(mha)
+    softmaxes = {torch.softmax, torch.nn.functional.softmax, torch.Tensor.softmax}
+
+    class Watch(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+            kwargs = kwargs or {}
+            if func is sdpa:
+                calls["sdpa"] += 1
+            elif func is mha:
+                bound = mha_args.bind(*args, **kwargs).arguments
+                eager = bound.get("need_weights", True)
+                calls["eager" if eager else "sdpa"] += 1
+                if eager and bound.get("training", True) and float(bound.get("dropout_p") or 0) > 0:
+                    info["attention_dropout"] = True
+            elif func in softmaxes and args and isinstance(args[0], torch.Tensor):
+                x, dim = args[0], kwargs.get("dim", args[1] if len(args) > 1 else None)
+                if x.dim() >= 3 and x.shape[-1] == x.shape[-2] > 1 and dim in (-1, x.dim() - 1):
+                    calls["eager"] += 1
+            return func(*args, **kwargs)
+
+    mode = Watch()
+
+    def enter(*_: Any) -> None:
+        before.remove()
+        mode.__enter__()
+
+    def leave(*_: Any) -> None:
+        after.remove()
+        mode.__exit__(None, None, None)
+        if calls:
+            info["attention"] = "eager" if calls["eager"] >= calls["sdpa"] else "sdpa"
+            info["attention_source"] = "first forward"
+            info["attention_calls"] = dict(calls)
+        seen()
+
+    before = model.register_forward_pre_hook(enter)
+    after = model.register_forward_hook(leave, always_call=True)
+
+
 def _layer_stack(model: Any, torch: Any) -> list[Any]:
     """The longest ModuleList (or Sequential) whose children are all of one type: the repeated blocks."""
     best: list[Any] = []
@@ -110,6 +220,14 @@ def _layer_stack(model: Any, torch: Any) -> list[Any]:
 
 def shape_from_info(info: dict[str, Any], seq_len: int | None, name: str) -> ModelShape:
     """The estimator's view of the model: a transformer with this parameter count and the shape found."""
+    extras = {key: info[key] for key, kind in (("attention", str), ("attention_dropout", bool),
+                                               ("tied_embeddings", bool), ("experts", int),
+                                               ("experts_per_token", int)) if isinstance(info.get(key), kind)}
+    if extras.get("attention") not in ("sdpa", "eager", "flash"):
+        extras.pop("attention", None)
+    experts = max(int(extras.get("experts", 1)), 1)
+    extras["experts"] = experts
+    extras["experts_per_token"] = min(max(int(extras.get("experts_per_token", 1)), 1), experts)
     layers = max(int(info.get("layers") or 1), 1)
     hidden = int(info.get("hidden") or 0)
     n = int(info["params"])
@@ -123,8 +241,10 @@ def shape_from_info(info: dict[str, Any], seq_len: int | None, name: str) -> Mod
         kv_heads = heads
     vocab = max(int(info.get("vocab") or 1), 1)
     seq = max(int(seq_len or 1), 1)
-    probe = ModelShape(name, layers, hidden, heads, vocab, seq, ffn_hidden=4 * hidden, kv_heads=kv_heads)
-    # gpt layer: 4h^2 + 9h + 2hf + f (+ norms); solve f so that the shape's count is the model's.
-    fixed = probe.params - layers * (2 * hidden * probe.ffn_hidden + probe.ffn_hidden)
-    ffn = (n - fixed) // (layers * (2 * hidden + 1))
-    return ModelShape(name, layers, hidden, heads, vocab, seq, ffn_hidden=max(int(ffn), 1), kv_heads=kv_heads)
+    def shape(ffn: int) -> ModelShape:
+        return ModelShape(name, layers, hidden, heads, vocab, seq, ffn_hidden=ffn, kv_heads=kv_heads, **extras)
+
+    # The count is linear in the MLP width (every expert's MLP included): solve it for the model's count.
+    one, two = shape(1).params, shape(2).params
+    ffn = (n - one) // (two - one) + 1
+    return shape(max(int(ffn), 1))

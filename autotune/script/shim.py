@@ -48,7 +48,7 @@ from autotune.worker.protocol import WorkerSpec, record_phase, report_path, writ
 from autotune.config import ConfigError
 from autotune.script import accelerate_loop, batch as script_batch, lightning_loop, merge
 from autotune.script.verdict import ScriptVerdict
-from autotune.script.inspect_model import checkpoint_switch, model_info, set_checkpointing
+from autotune.script.inspect_model import checkpoint_switch, model_info, set_checkpointing, watch_attention
 from autotune.script.loaders import first_tensor
 
 MODEL_FILE = "model.json"  # what rank 0 learned about the model (and the first batch)
@@ -243,6 +243,7 @@ class Shim:
         self.model["batch"] = self.script_batch.to_dict() if self.script_batch else None  # the script's recipe
         self.model["global_batch"] = ds["train_batch_size"]  # what this trial ran
         self.write_model()
+        watch_attention(model, self.model, self.write_model)  # how attention really runs: seen in the first forward
         result = self.original_initialize(**given, config=ds)
         self.initialized = True
         self.attach(result[0])
