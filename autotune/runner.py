@@ -1,6 +1,7 @@
 """Launch one trial's ranks on this machine, watch them, end them all, and say what happened.
 
-Launchers (all single-node, no pdsh/ssh):
+Launchers (all single-node, no pdsh/ssh; a trial whose ranks span nodes gives each node's runner its share,
+`Placement`, from autotune.drivers.ray_ranks, which judges the shares together with `judge`):
 - `direct` (default): the runner starts the N rank processes itself with the environment torchrun would
   give them (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT, ...). No launcher interpreter in between:
   that saves an import of torch per trial, the runner knows every rank's pid and exit status, and each
@@ -9,7 +10,8 @@ Launchers (all single-node, no pdsh/ssh):
   launcher, for comparison (benchmarks/trial_overhead.py).
 Every process is started in a new session (its own process group). A fresh MASTER_PORT is chosen per trial.
 Nothing of a trial listens beyond loopback: rank 0 serves the rendezvous store on MASTER_ADDR (127.0.0.1;
-autotune.worker.main.host_store_on_loopback) and gloo's and NCCL's sockets are bound to `lo`.
+autotune.worker.main.host_store) and gloo's and NCCL's sockets are bound to `lo`. A multi-node share
+binds them to its node's cluster address and the interface that carries it instead.
 A trial's port is claimed with an owner marker beside DeepSpeed's shared-memory segments, so that the
 segments of a trial whose tuner was killed (SIGKILL: no cleanup ran) are removed when the next trial starts.
 
@@ -37,7 +39,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from subprocess import DEVNULL, Popen
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import psutil
 
@@ -56,6 +58,22 @@ STALE_MARKER_AGE_S = 60.0  # an unreadable marker this old was left by a runner 
 
 
 @dataclass(frozen=True)
+class Placement:
+    """This runner's share of a trial whose ranks span nodes (autotune.drivers.ray_ranks): which ranks it starts
+    and where all of them meet. LaunchOptions.placement None: every rank here, meeting on loopback."""
+
+    ranks: tuple[int, ...]  # the global ranks started here
+    local_ranks: tuple[int, ...]  # their index among the trial's ranks on this node (LOCAL_RANK)
+    local_world_size: int  # the trial's ranks on this node
+    world_size: int
+    node_rank: int
+    master_addr: str  # rank 0's node's address on the cluster's network: its store listens there only
+    master_port: int
+    ifname: str | None = None  # the interface carrying this node's address; None: unknown, left to gloo/NCCL
+    env: Mapping[str, str] = field(default_factory=dict)  # e.g. CUDA_VISIBLE_DEVICES: this node's devices of the trial
+
+
+@dataclass(frozen=True)
 class LaunchOptions:
     ranks: int = 1
     timeout_s: float = 600.0
@@ -66,12 +84,16 @@ class LaunchOptions:
     grace_s: float = 3.0  # after one rank fails, how long the others get to write their own report
     python: str = sys.executable
     module: str = "autotune.worker"  # what each rank runs: `python -m <module> <spec.json>` (script mode: autotune.script)
+    placement: Placement | None = None  # a share of a multi-node trial; None: all `ranks` here
 
     def __post_init__(self) -> None:
         if self.launcher not in LAUNCHERS:
             raise ValueError(f"launcher={self.launcher!r}: allowed {list(LAUNCHERS)}")
         if self.ranks < 1 or self.timeout_s <= 0:
             raise ValueError(f"ranks={self.ranks}, timeout_s={self.timeout_s}: must be positive")
+        if self.placement is not None and (len(self.placement.ranks) != self.ranks or self.launcher != "direct"):
+            raise ValueError(f"placement of ranks {self.placement.ranks}: needs ranks={len(self.placement.ranks)} "
+                             f"and the direct launcher (got ranks={self.ranks}, launcher={self.launcher!r})")
 
 
 @dataclass(frozen=True)
@@ -86,6 +108,23 @@ class RunOutcome:
     exit_codes: tuple[int | None, ...]  # per launched process; negative: killed by that signal
     observed_peaks: tuple[int, ...] = ()  # CPU ranks: the highest VmHWM the runner read, per rank seen
     master_port: int = 0  # of the trial's rendezvous (and of its shared-memory segments)
+
+
+@dataclass(frozen=True)
+class RankShare:
+    """What one runner saw of its ranks of a multi-node trial, all of them ended: the evidence the driver-side
+    trial (autotune.drivers.ray_ranks) judges with `judge`, as a runner judges its own ranks."""
+
+    ranks: tuple[int, ...]
+    verdict: tuple[str, str] | None  # the runner's own: timeout or the budget watchdog
+    reports: tuple[dict[str, Any] | None, ...]
+    exits_seen: tuple[int | None, ...]  # before anything was killed
+    codes: tuple[int | None, ...]
+    peaks: tuple[int, ...]
+    pids: tuple[int, ...]
+    tails: Mapping[int, str]  # rank -> the last lines of its stderr, as a crash message quotes them
+    launch_time: float
+    ended_at: float
 
 
 def extensions_dir(python: str) -> str:
@@ -265,7 +304,7 @@ def run_worker(spec: WorkerSpec, options: LaunchOptions) -> RunOutcome:
     log_dir = Path(spec.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     remove_stale_shm()  # what earlier trials of killed tuners left behind
-    trial = _Trial(spec, options, log_dir)
+    trial = Trial(spec, options, log_dir)
     try:
         trial.launch()
         trial.watch()
@@ -274,9 +313,13 @@ def run_worker(spec: WorkerSpec, options: LaunchOptions) -> RunOutcome:
     return trial.outcome()
 
 
-class _Trial:
+class Trial:
+    """The ranks this runner starts (all of a trial's, or one node's share: `LaunchOptions.placement`)."""
+
     def __init__(self, spec: WorkerSpec, options: LaunchOptions, log_dir: Path) -> None:
         self.options, self.log_dir = options, log_dir
+        self.placement = options.placement
+        self.rank_ids: tuple[int, ...] = self.placement.ranks if self.placement else tuple(range(options.ranks))
         self.launch_time = time.time()
         self.spec = WorkerSpec(**{**spec.__dict__, "launch_time": self.launch_time})
         self.procs: list[Popen] = []
@@ -288,18 +331,28 @@ class _Trial:
         self.exits_seen: tuple[int | None, ...] = ()  # exit codes before the runner killed anything
         self.devices: dict[int, str] = {}  # rank -> the accelerator it reported
         self.peaks: dict[int, int] = {}  # rank -> highest VmHWM read (CPU ranks)
-        self.master_port = claim_port()
+        # A multi-node trial's port was found on rank 0's node; its ranks share no memory segments (LOCAL_SIZE).
+        self.master_port = self.placement.master_port if self.placement else claim_port()
+        self._deadline = self.launch_time + options.timeout_s
+        self._build_pause = 0.0
+        self._last = self.launch_time
 
     # -- launch -------------------------------------------------------------------------------------
     def launch(self) -> None:
         spec_path = self.spec.write()
-        o = self.options
+        o, place = self.options, self.placement
         # The spec's accelerator wins over the caller's environment: the trial runs where it was planned to.
-        base = {**os.environ, **o.env, "MASTER_ADDR": MASTER_ADDR, "MASTER_PORT": str(self.master_port),
-                "PYTHONUNBUFFERED": "1", "LOCAL_SIZE": str(o.ranks), "DS_ACCELERATOR": self.spec.accelerator,
-                # One machine: the ranks' own sockets (gloo's and NCCL's pairs and bootstrap) listen on
-                # loopback, not on the interface an inherited setting or the host name would pick.
-                "GLOO_SOCKET_IFNAME": LOOPBACK_IFNAME, "NCCL_SOCKET_IFNAME": LOOPBACK_IFNAME}
+        base = {**os.environ, **o.env, "MASTER_ADDR": place.master_addr if place else MASTER_ADDR,
+                "MASTER_PORT": str(self.master_port), "PYTHONUNBUFFERED": "1",
+                "LOCAL_SIZE": str(place.local_world_size if place else o.ranks), "DS_ACCELERATOR": self.spec.accelerator}
+        if place is None:
+            # One machine: the ranks' own sockets (gloo's and NCCL's pairs and bootstrap) listen on
+            # loopback, not on the interface an inherited setting or the host name would pick.
+            base.update(GLOO_SOCKET_IFNAME=LOOPBACK_IFNAME, NCCL_SOCKET_IFNAME=LOOPBACK_IFNAME)
+        else:
+            base.update(place.env)
+            if place.ifname:  # the interface of this node's cluster address ('=': NCCL's exact match, not a prefix)
+                base.update(GLOO_SOCKET_IFNAME=place.ifname, NCCL_SOCKET_IFNAME=f"={place.ifname}")
         # The interpreter's own bin directory first, as an activated venv has it: DeepSpeed's op builds call
         # `ninja` from PATH, and two ninja versions (the venv's, the system's) do not read each other's
         # build logs, so they rebuild the C++ ops (minutes) every time the other one ran last.
@@ -310,12 +363,14 @@ class _Trial:
         # build files with their own include paths into the same folders and rebuild each other's ops.
         base.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir(o.python))
         # Ranks share the machine's cores; oversubscribed OpenMP threads spin against each other.
-        base.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // o.ranks)))
+        base.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(base["LOCAL_SIZE"]))))
         worker = ["-m", o.module, str(spec_path)]
         if o.launcher == "direct":
-            for rank in range(o.ranks):
-                env = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(o.ranks),
-                       "LOCAL_WORLD_SIZE": str(o.ranks), "GROUP_RANK": "0", PARENT_ENV: str(os.getpid())}
+            local = place.local_ranks if place else self.rank_ids
+            world, node = (place.world_size, place.node_rank) if place else (o.ranks, 0)
+            for rank, local_rank in zip(self.rank_ids, local):
+                env = {**base, "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world),
+                       "LOCAL_WORLD_SIZE": base["LOCAL_SIZE"], "GROUP_RANK": str(node), PARENT_ENV: str(os.getpid())}
                 self._start([o.python, *worker], env, f"rank{rank}")
         elif o.launcher == "torchrun":
             self._start([o.python, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={o.ranks}",
@@ -335,43 +390,53 @@ class _Trial:
     # -- watch --------------------------------------------------------------------------------------
     def watch(self) -> None:
         try:
-            self._watch()
+            while not self.check():
+                time.sleep(self.options.poll_s)
         finally:
-            self.exits_seen = tuple(p.poll() for p in self.procs)
+            self.stop_watching()
 
-    def _watch(self) -> None:
+    def stop_watching(self) -> None:
+        """The ranks' exits as they are before anything is killed (a rank that died on its own)."""
+        self.exits_seen = tuple(p.poll() for p in self.procs)
+
+    def check(self) -> bool:
+        """One look at the ranks: True once the trial is over here (every report in, a failure past its
+        grace, every process exited, the budget breached, or the timeout passed)."""
         o = self.options
-        deadline = self.launch_time + o.timeout_s
-        build_pause = 0.0
-        last = time.time()
-        while True:
-            now = time.time()
-            phases = self._phases()
-            if any(p.get("phase") == "build_ops" for p in phases.values()) and build_pause < MAX_BUILD_PAUSE_S:
-                build_pause += now - last  # a first-use op build is not the config's fault
-            last = now
-            reports = [read_report(self.log_dir, r) for r in range(o.ranks)]
-            if all(r is not None for r in reports):
-                return
-            if any(r is not None and r.get("status") != "ok" for r in reports) or self._exited_badly():
-                self.failed_at = self.failed_at or now
-                if now - self.failed_at >= o.grace_s or all(p.poll() is not None for p in self.procs):
-                    return
-            elif all(p.poll() is not None for p in self.procs):
-                return  # everything exited without all reports: judged in outcome()
-            breach = self._watch_memory(phases)
-            if breach:
-                self.verdict = ("oom", breach)
-                return
-            if now > deadline + build_pause:
-                where = ", ".join(f"rank {r} in {p.get('phase')}" for r, p in sorted(phases.items())) or "no rank started"
-                self.verdict = ("timeout", f"no result within the timeout of {o.timeout_s:g} s ({where})")
-                return
-            time.sleep(o.poll_s)
+        now = time.time()
+        phases = self._phases()
+        if any(p.get("phase") == "build_ops" for p in phases.values()) and self._build_pause < MAX_BUILD_PAUSE_S:
+            self._build_pause += now - self._last  # a first-use op build is not the config's fault
+        self._last = now
+        reports = [read_report(self.log_dir, r) for r in self.rank_ids]
+        if all(r is not None for r in reports):
+            return True
+        if self.failing(reports):
+            self.failed_at = self.failed_at or now
+            if now - self.failed_at >= o.grace_s or all(p.poll() is not None for p in self.procs):
+                return True
+        elif all(p.poll() is not None for p in self.procs):
+            return True  # everything exited without all reports: judged in outcome()
+        breach = self._watch_memory(phases)
+        if breach:
+            self.verdict = ("oom", breach)
+            return True
+        if now > self._deadline + self._build_pause:
+            where = ", ".join(f"rank {r} in {p.get('phase')}" for r, p in sorted(phases.items())) or "no rank started"
+            self.verdict = ("timeout", f"no result within the timeout of {o.timeout_s:g} s ({where})")
+            return True
+        return False
+
+    def failing(self, reports: Sequence[dict[str, Any] | None] | None = None) -> bool:
+        """A rank here reported a failure or exited badly, or the runner has its own verdict."""
+        if reports is None:
+            reports = [read_report(self.log_dir, r) for r in self.rank_ids]
+        return (self.verdict is not None or any(r is not None and r.get("status") != "ok" for r in reports)
+                or self._exited_badly())
 
     def _phases(self) -> dict[int, dict[str, Any]]:
         latest = {}
-        for rank in range(self.options.ranks):
+        for rank in self.rank_ids:
             events = read_events(self.log_dir, rank)
             if events:
                 latest[rank] = events[-1]
@@ -418,8 +483,9 @@ class _Trial:
             time.sleep(0.01)
         for log in self.logs:
             log.close()
-        remove_shm_buffers(MASTER_ADDR, self.master_port)
-        release_port(self.master_port)
+        if self.placement is None:
+            remove_shm_buffers(MASTER_ADDR, self.master_port)
+            release_port(self.master_port)
         self.ended_at = time.time()
 
     def _members(self) -> list[psutil.Process]:
@@ -437,39 +503,21 @@ class _Trial:
 
     # -- verdict ------------------------------------------------------------------------------------
     def outcome(self) -> RunOutcome:
-        n = self.options.ranks
-        reports = tuple(read_report(self.log_dir, r) for r in range(n))
+        reports = tuple(read_report(self.log_dir, r) for r in self.rank_ids)
         codes = tuple(p.returncode for p in self.procs)
-        status, error = self._judge(reports, codes)
+        status, error = judge(self.verdict, self.rank_ids, reports, self.exits_seen, codes, self.options.launcher,
+                              self._tail)
         end = self.ended_at or time.time()
         return RunOutcome(status, error, reports, end - self.launch_time, self.launch_time, str(self.log_dir),
                           tuple(sorted(self.seen)), codes, tuple(self.peaks[r] for r in sorted(self.peaks)), self.master_port)
 
-    def _judge(self, reports: tuple[dict[str, Any] | None, ...], codes: tuple[int | None, ...]) -> tuple[str, str | None]:
-        if self.verdict is not None:
-            return self.verdict
-        failures = [(r, rep) for r, rep in enumerate(reports) if rep is not None and rep.get("status") != "ok"]
-        for wanted in ("oom", "unsupported"):  # definitive, whichever rank saw it
-            for rank, rep in failures:
-                if rep["status"] == wanted:
-                    return wanted, f"rank {rank} in {rep.get('phase')}: {rep.get('error')}"
-        if self.options.launcher == "direct":
-            # A rank that died without a report (a signal, os._exit) is the cause; its peers then
-            # fail on a broken connection or are killed by us, so they come second.
-            died = [(r, c) for r, c in enumerate(self.exits_seen) if reports[r] is None and c not in (None, 0)]
-            if died:
-                rank, code = died[0]
-                return "crash", f"rank {rank} {describe_exit(code)} without a report{self._tail(f'rank{rank}')}"
-        if failures:
-            rank, rep = failures[0]
-            name = f"rank{rank}" if self.options.launcher == "direct" else "launcher"
-            return "crash", f"rank {rank} in {rep.get('phase')}: {rep.get('error')}{self._tail(name)}"
-        if all(rep is not None for rep in reports):
-            return "ok", None
-        missing = [r for r, rep in enumerate(reports) if rep is None]
-        name = "rank%d" % missing[0] if self.options.launcher == "direct" else "launcher"
-        exits = ", ".join(describe_exit(c) for c in codes)
-        return "crash", f"rank(s) {missing} ended without a report ({exits}){self._tail(name)}"
+    def share(self) -> RankShare:
+        """This runner's evidence, once its ranks are ended, for a judge that sees every node's (ray_ranks)."""
+        return RankShare(self.rank_ids, self.verdict, tuple(read_report(self.log_dir, r) for r in self.rank_ids),
+                         self.exits_seen, tuple(p.returncode for p in self.procs),
+                         tuple(self.peaks[r] for r in sorted(self.peaks)), tuple(sorted(self.seen)),
+                         {r: self._tail(f"rank{r}") for r in self.rank_ids}, self.launch_time,
+                         self.ended_at or time.time())
 
     def _tail(self, name: str) -> str:
         path = self.log_dir / f"{name}.stderr"
@@ -478,6 +526,38 @@ class _Trial:
         except FileNotFoundError:
             return ""
         return ("; last lines of stderr:\n" + "\n".join(lines)) if lines else ""
+
+
+def judge(verdict: tuple[str, str] | None, ranks: Sequence[int], reports: Sequence[dict[str, Any] | None],
+          exits_seen: Sequence[int | None], codes: Sequence[int | None], launcher: str,
+          tail: Callable[[str], str]) -> tuple[str, str | None]:
+    """A trial's status and message from its evidence: the runner's own verdict, then the ranks' reports
+    (in the order of `ranks`), exits and signals; `tail(name)` quotes the end of a rank's (or the launcher's)
+    stderr."""
+    if verdict is not None:
+        return verdict
+    failures = [(r, rep) for r, rep in zip(ranks, reports) if rep is not None and rep.get("status") != "ok"]
+    for wanted in ("oom", "unsupported"):  # definitive, whichever rank saw it
+        for rank, rep in failures:
+            if rep["status"] == wanted:
+                return wanted, f"rank {rank} in {rep.get('phase')}: {rep.get('error')}"
+    if launcher == "direct":
+        # A rank that died without a report (a signal, os._exit) is the cause; its peers then
+        # fail on a broken connection or are killed by us, so they come second.
+        died = [(r, c) for r, rep, c in zip(ranks, reports, exits_seen) if rep is None and c not in (None, 0)]
+        if died:
+            rank, code = died[0]
+            return "crash", f"rank {rank} {describe_exit(code)} without a report{tail(f'rank{rank}')}"
+    if failures:
+        rank, rep = failures[0]
+        name = f"rank{rank}" if launcher == "direct" else "launcher"
+        return "crash", f"rank {rank} in {rep.get('phase')}: {rep.get('error')}{tail(name)}"
+    if all(rep is not None for rep in reports):
+        return "ok", None
+    missing = [r for r, rep in zip(ranks, reports) if rep is None]
+    name = "rank%d" % missing[0] if launcher == "direct" else "launcher"
+    exits = ", ".join(describe_exit(c) for c in codes)
+    return "crash", f"rank(s) {missing} ended without a report ({exits}){tail(name)}"
 
 
 def _gone(proc: psutil.Process) -> bool:

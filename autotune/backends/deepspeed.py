@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from autotune.config import Config, ConfigError
 from autotune.dsconfig import DsOptions, ds_config
@@ -65,6 +65,9 @@ class DeepSpeedBackend:
         self._running: Path | None = None  # the log directory of the trial in flight
         self.launch = LaunchOptions(ranks=workload.gpus, timeout_s=timeout_s, memory_budget_bytes=memory_budget_bytes,
                                     launcher=launcher, env=dict(env or {}))
+        # What starts, watches and judges a trial's ranks: all on this machine; a trial spanning a Ray cluster's
+        # nodes swaps in autotune.drivers.ray_ranks.SpanningLaunch, which raises NodeLost when a node dies.
+        self.start_ranks: Callable[[WorkerSpec, LaunchOptions], RunOutcome] = run_worker
 
     def predict(self, config: Config) -> Estimate | None:
         if self.hardware is None or not self.hardware.supports(config.precision):
@@ -97,7 +100,7 @@ class DeepSpeedBackend:
                               accelerator=self.accelerator)
             self._running = log_dir
             try:
-                outcome = run_worker(spec, self.launch)
+                outcome = self.start_ranks(spec, self.launch)
             finally:
                 self._running = None
             self._read_outcome(log_dir, outcome, extra)

@@ -34,6 +34,10 @@ class TrialResources:
     cpus: float = 1.0
     gpus: float = 0.0
     custom: tuple[tuple[str, float], ...] = ()
+    # Real trials: their ranks, and what one rank asks for, so that a trial no node holds can be spread over
+    # several (drivers/ray_ranks.py); 0 / (): a trial that runs whole on one node or not at all.
+    ranks: int = 0
+    per_rank: tuple[tuple[str, float], ...] = ()
 
     def demand(self) -> dict[str, float]:
         out = {"CPU": self.cpus, "GPU": self.gpus, **dict(self.custom)}

@@ -45,6 +45,7 @@ from autotune.backends import Backend
 from autotune.backends.factory import TrialOptions, as_backend, backend_kind, make_backend, simulated_sleep_s
 from autotune.config import Config, ConfigError, first_line
 from autotune.drivers.loop import Flight, Job, TrialReply, TrialResources, run_jobs
+from autotune.drivers.ray_ranks import NodeLost
 from autotune.drivers.stop import StopReason
 from autotune.drivers.progress import STATUS_STYLE, LiveProgress, Progress, _headline, pruned_line
 from autotune.drivers.sweep import Budget, Sweep
@@ -52,6 +53,7 @@ from autotune.results import TrialResult
 from autotune.units import format_size
 
 if TYPE_CHECKING:
+    from autotune.drivers.ray_ranks import RankBundles
     from autotune.rundir import RunDir, RunSettings
 
 LOCAL = "local"  # --ray-address local: start a private single-node Ray instance for this run
@@ -86,8 +88,8 @@ def trial_resources(settings: "RunSettings", gpus_per_trial: int | None = None) 
     if not backend_kind(settings.backend).real:
         return TrialResources(cpus=1.0)
     if settings.hardware.is_cpu:
-        return TrialResources(cpus=float(ranks))
-    return TrialResources(cpus=1.0, gpus=float(gpus_per_trial or ranks))
+        return TrialResources(cpus=float(ranks), ranks=ranks, per_rank=(("CPU", 1.0),))
+    return TrialResources(cpus=1.0, gpus=float(gpus_per_trial or ranks), ranks=ranks, per_rank=(("GPU", 1.0),))
 
 
 def connect(address: str, num_cpus: int | None = None) -> None:
@@ -294,11 +296,15 @@ def run_trial(make_backend: Callable[[], Backend], config: Config) -> TrialReply
 class RayExecutor:
     """Submits each trial as a Ray task (the resources of its job) and waits for the first to finish."""
 
-    def __init__(self, max_failures: int = MAX_FAILURES) -> None:
+    def __init__(self, max_failures: int = MAX_FAILURES, spans: dict[str, "RankBundles"] | None = None) -> None:
         import ray
+
+        from autotune.drivers.ray_ranks import run_spanning_trial
 
         self.ray = ray
         self.task = ray.remote(run_trial)
+        self.spanning_task = ray.remote(run_spanning_trial)
+        self.spans = spans or {}  # job name -> its trials' rank bundles, for jobs whose trials span nodes
         self.refs: dict[Any, Flight] = {}
         self.max_failures = max_failures
 
@@ -314,7 +320,15 @@ class RayExecutor:
     def submit(self, flight: Flight) -> None:
         job = flight.job
         assert job.make_backend is not None, f"job {job.name}: a Ray worker builds the backend, from make_backend"
-        ref = self.task.options(max_retries=0, **job.resources.options()).remote(job.make_backend, flight.config)
+        bundles = self.spans.get(job.name)
+        if bundles is not None:  # its placement group holds the devices; the task only coordinates, beside the driver
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            here = NodeAffinitySchedulingStrategy(self.ray.get_runtime_context().get_node_id(), soft=True)
+            ref = self.spanning_task.options(max_retries=0, num_cpus=0, scheduling_strategy=here).remote(
+                job.make_backend, flight.config, bundles)
+        else:
+            ref = self.task.options(max_retries=0, **job.resources.options()).remote(job.make_backend, flight.config)
         self.refs[ref] = flight
         job.progress.message(f"start     {flight.config.label():<28} {len(self.refs)} in flight"
                              + (f" (attempt {flight.attempt})" if flight.attempt > 1 else ""))
@@ -335,16 +349,25 @@ class RayExecutor:
             result = TrialResult(flight.config, "oom", wall_time_s=elapsed, backend=job.sweep.backend_name,
                                  error=f"Ray killed the trial's worker for lack of host memory: {_first(err)}")
         except rex.RayTaskError as err:  # the trial code raised: a crash of this trial, recorded
+            cause = err.cause if err.cause else err
+            if isinstance(cause, NodeLost):  # a node of a multi-node trial died: as below
+                return self._lost(flight, cause, elapsed)
             result = TrialResult(flight.config, "crash", wall_time_s=elapsed, backend=job.sweep.backend_name,
-                                 error=f"trial raised {_first(err.cause if err.cause else err)}")
+                                 error=f"trial raised {_first(cause)}")
         except rex.RayError as err:  # worker or node died: the trial did not finish, run it again
-            if flight.attempt <= self.max_failures:
-                job.progress.message(f"lost      {flight.config.label():<28} its worker or node died "
-                                     f"({type(err).__name__}): submitting it again")
-                return flight, None
-            result = TrialResult(flight.config, "crash", wall_time_s=elapsed, backend=job.sweep.backend_name,
-                                 error=f"its worker or node died {flight.attempt} times: {_first(err)}")
+            return self._lost(flight, err, elapsed)
         return flight, TrialReply(replace(result, extra={**result.extra, "attempts": flight.attempt}), fatal)
+
+    def _lost(self, flight: Flight, err: BaseException, elapsed: float) -> tuple[Flight, TrialReply | None]:
+        """The trial's worker or node died: run it again, or after `max_failures` resubmissions record it."""
+        job = flight.job
+        if flight.attempt <= self.max_failures:
+            job.progress.message(f"lost      {flight.config.label():<28} its worker or node died "
+                                 f"({type(err).__name__}): submitting it again")
+            return flight, None
+        result = TrialResult(flight.config, "crash", wall_time_s=elapsed, backend=job.sweep.backend_name,
+                             error=f"its worker or node died {flight.attempt} times: {_first(err)}")
+        return flight, TrialReply(replace(result, extra={**result.extra, "attempts": flight.attempt}), None)
 
     def in_flight(self) -> int:
         return len(self.refs)
@@ -359,13 +382,38 @@ class RayExecutor:
 
 def run_ray(jobs: Sequence[Job], concurrency: int | None = None,
             max_failures: int = MAX_FAILURES) -> dict[str, StopReason]:
-    """Run every job to its end on the connected cluster; returns each job's stop reason by name."""
+    """Run every job to its end on the connected cluster; returns each job's stop reason by name. A job whose
+    trial no node holds spreads each trial's ranks over several nodes (drivers/ray_ranks.py) if the cluster
+    holds them all together."""
+    from autotune.drivers.ray_ranks import bundles_of, placeable
+
+    spans = {}
     for job in jobs:
         if job.reason is None and not fits_some_node(job.resources):
+            bundles = bundles_of(job.resources)
+            if bundles is not None and placeable(bundles) >= bundles.ranks:
+                spans[job.name] = bundles
+                job.progress.message(f"{job.name}: no node of the cluster has {job.resources.describe()} for one "
+                                     f"trial: each trial spreads its {bundles.describe()} over several nodes")
+                continue
             job.reason = StopReason.NO_NODE
             job.progress.message(f"{job.name}: no node of the cluster has {job.resources.describe()} for one "
-                                 "trial: nothing runs for this workload")
-    return run_jobs(jobs, RayExecutor(max_failures), concurrency)
+                                 + (f"trial, nor can all its nodes together place {bundles.describe()}"
+                                    if bundles is not None else "trial") + ": nothing runs for this workload")
+    return run_jobs(jobs, RayExecutor(max_failures, spans), concurrency)
+
+
+def check_placeable(resources: TrialResources) -> None:
+    """ConfigError (one line) when no node holds one trial and the cluster cannot spread its ranks either."""
+    from autotune.drivers.ray_ranks import bundles_of, placeable
+
+    bundles = bundles_of(resources)
+    if bundles is None or fits_some_node(resources):
+        return  # fits, or cannot be spread: run_ray says so (StopReason.NO_NODE)
+    can = placeable(bundles)
+    if can < bundles.ranks:
+        raise ConfigError(f"--gpus {bundles.ranks}: the Ray cluster cannot place {bundles.describe()}, not even "
+                          f"across its nodes: it holds {can} ({describe_cluster()}); allowed at most {can}")
 
 
 def _first(err: BaseException) -> str:
@@ -436,6 +484,7 @@ def run_one(sweep: Sweep, settings: "RunSettings", run_dir: "RunDir", budget: Bu
     sleep_s = simulated_sleep_s(settings.backend)
     connect(options.address)
     try:
+        check_placeable(resources)
         progress.message(f"Ray cluster {options.address}: {describe_cluster()}; one trial asks for "
                          f"{resources.describe()}"
                          + (f", at most {options.concurrency} in flight" if options.concurrency else ""))

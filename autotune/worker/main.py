@@ -143,7 +143,7 @@ def run(spec: WorkerSpec, rank: int, started: float) -> dict[str, Any]:
     _phase(spec, rank, "dist_init")
     from deepspeed.constants import default_pg_timeout
 
-    store = host_store_on_loopback(torch, default_pg_timeout)  # noqa: F841  (rank 0: served while held)
+    store = host_store(torch, default_pg_timeout)  # noqa: F841  (rank 0: served while held)
     deepspeed.init_distributed(dist_backend=accel.communication_backend_name())
     world = torch.distributed.get_world_size()
     clock.lap("dist_init_s")
@@ -346,16 +346,17 @@ class _PhaseClock:
         self.last = now
 
 
-def host_store_on_loopback(torch: Any, timeout: Any) -> Any:
-    """Serve torch.distributed's rendezvous store of a single-node trial on loopback only.
+def host_store(torch: Any, timeout: Any) -> Any:
+    """Serve torch.distributed's rendezvous store on MASTER_ADDR only: loopback for a single-node trial, rank
+    0's node's cluster address for a multi-node one (autotune.drivers.ray_ranks).
 
-    With `env://`, rank 0's TCPStore listens on every interface (`*:<MASTER_PORT>`), reachable from the
-    network. Instead rank 0 hosts the store itself on a socket bound to MASTER_ADDR (a loopback address) and
+    With `env://`, rank 0's TCPStore listens on every interface (`*:<MASTER_PORT>`), reachable from any
+    network. Instead rank 0 hosts the store itself on a socket bound to MASTER_ADDR (an IP address) and
     every rank, rank 0 included, joins it as a client, as under torchrun's agent
     (TORCHELASTIC_USE_AGENT_STORE): any later `env://` initialization (DeepSpeed's, a script's own) then
     finds the store instead of opening one. Returns the server on rank 0 (keep it referenced while the
     process group lives), else None. Does nothing under torchrun, whose agent hosts the store, or when
-    MASTER_ADDR is not a loopback address (a multi-node run)."""
+    MASTER_ADDR is a host name (not ours to resolve)."""
     import ipaddress
     import socket
 
@@ -363,10 +364,9 @@ def host_store_on_loopback(torch: Any, timeout: Any) -> Any:
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") or not port.isdigit():
         return None
     try:
-        if not ipaddress.ip_address(addr).is_loopback:
-            return None
+        ipaddress.ip_address(addr)
     except ValueError:
-        return None  # a host name: a multi-node setup, not ours to change
+        return None  # a host name: not ours to change
     os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # this rank's own rendezvous: join, do not host
     if int(os.environ.get("RANK", "0")) != 0:
         return None
@@ -380,6 +380,9 @@ def host_store_on_loopback(torch: Any, timeout: Any) -> Any:
         raise
     listener.detach()  # the store owns the descriptor now (and closes it)
     return server
+
+
+host_store_on_loopback = host_store  # its earlier name (autotune.script.shim imports it)
 
 
 def die_with_parent() -> None:
