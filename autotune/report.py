@@ -165,8 +165,13 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
     files.append(plots.best_so_far(results, settings.memory_budget_bytes, run.plots_dir / "best_so_far.png"))
     if best is not None:
         handoff = Handoff.of(best.config, handoff_settings, run.path)
-        files += handoff.write(run)  # best_ds_config.json, best_hf_ds_config.json, trainer args, accelerate config
-        usage = handoff.markdown()
+        if settings.backend == "script":
+            # The script's own config with the tuned keys replaces this one (autotune.script.session.finish);
+            # files for the other stacks, built from ours, would not be the script's.
+            files.append(run.write_json(DS_CONFIG, handoff.ds_config()))
+        else:
+            files += handoff.write(run)  # best_ds_config.json, best_hf_ds_config.json, trainer args, accelerate config
+            usage = handoff.markdown()
         est = estimate(best.config, settings.workload, settings.hardware)
         files.append(plots.memory_breakdown(est, settings.memory_budget_bytes, best.peak_memory_bytes,
                                             run.plots_dir / "memory_breakdown.png"))

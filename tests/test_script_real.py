@@ -93,6 +93,9 @@ def test_plain_script_with_a_config_path_is_tuned_and_its_recommendation_trains(
     assert best["train_micro_batch_size_per_gpu"] == summary["best"]["config"]["micro_batch"]
     assert best["zero_optimization"]["stage"] == summary["best"]["config"]["zero_stage"]
     assert best["scheduler"]["type"] == "WarmupLR"  # the script's own settings survive
+    # No files for other stacks built from the built-in config beside the script's own recommendation.
+    assert not (out / "best_hf_ds_config.json").exists() and not (out / "best_accelerate_config.yaml").exists()
+    assert "Hugging Face Trainer:" not in printed
     validate(best)
     ran = run_unchanged(EXAMPLES / "train_plain.py", ["--deepspeed_config", str(out / "best_ds_config.json"),
                                                        "--steps", "2"], tmp_path)

@@ -191,7 +191,7 @@ def tune(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budget, r
     progress.message(f"stopped: {result.stop_reason.text}; {result.launched} trials launched, "
                      f"{len(result.results)} recorded in {run_dir.trials_path}")
     progress.message(result.verdict)
-    if result.best is not None:
+    if result.best is not None and settings.backend != "script":  # the script's own lines came from finish()
         for line in Handoff.of(result.best.config, settings, run_dir.path).console_lines():
             progress.message(line)
     progress.message(f"report: {run_dir.path / 'report.md'}")
