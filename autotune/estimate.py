@@ -155,12 +155,16 @@ def _attention_bytes(config: Config, m: ModelShape, p: int) -> int:
     logsumexp per query and head. Eager: the s x s softmax output of every head, which backward reads (the
     scores before it are freed: their matmul saves q and k), and with attention dropout its 1-byte mask and
     its output too: Korthikanti et al.'s 5as/h per token in 16-bit (measured with torch's saved-tensor
-    hooks on nn.MultiheadAttention(need_weights=True): 2.0 bytes per score in bf16, 4.0 in fp32).
+    hooks on nn.MultiheadAttention(need_weights=True): 2.0 bytes per score in bf16, 4.0 in fp32). Math (SDPA
+    on torch's math kernel, as on the CPU with dropout): fp32 softmax output, and with dropout its fp32 mask
+    and output: 4 or 12 bytes per score in any dtype (measured: 4.0 and 12.0, torch 2.13).
     """
     scores = config.micro_batch * m.heads * m.seq_len ** 2
-    if m.attention != "eager":
-        return config.micro_batch * m.heads * m.seq_len * 4
-    return scores * (p + (1 + p if m.attention_dropout else 0))
+    if m.attention == "eager":
+        return scores * (p + (1 + p if m.attention_dropout else 0))
+    if m.attention == "math":
+        return scores * (12 if m.attention_dropout else 4)
+    return config.micro_batch * m.heads * m.seq_len * 4
 
 
 def _activation_bytes(config: Config, workload: Workload) -> int:

@@ -15,8 +15,9 @@ ARCHITECTURES = ("gpt", "llama")
 POSITIONS = ("learned", "rotary")
 # How attention runs: "sdpa" and "flash" keep no s x s scores (fused kernels: the estimator's default);
 # "eager" materialises them and keeps the softmax output for backward (and, with attention dropout, its mask
-# and output): Korthikanti et al.'s 5as/h term per token and layer.
-ATTENTIONS = ("sdpa", "eager", "flash")
+# and output): Korthikanti et al.'s 5as/h term per token and layer; "math" is SDPA on torch's math kernel (on
+# the CPU whenever dropout_p > 0): the scores in fp32 whatever the model's dtype, and dropout's mask in fp32.
+ATTENTIONS = ("sdpa", "eager", "flash", "math")
 # Fields added after the first nine; to_dict() writes each only where it differs from its default, so the
 # dicts of every shape that could be written before (presets, surfaces, run.json files) stay the same.
 _EXTENDED = ("head_dim", "tied_embeddings", "positions", "max_positions", "qkv_bias", "lm_head_bias",
@@ -36,7 +37,7 @@ class ModelShape:
     shared by parallel attention and MLP, Phi-2; 4: Gemma 2's pre and post norms), and `experts` /
     `experts_per_token` (a Mixtral-style MoE MLP: a router and `experts` MLPs of `ffn_hidden`, each token
     through `experts_per_token` of them), `attention` (how it runs: `sdpa` / `flash`, fused, the default, or
-    `eager`, its s x s scores materialised) and `attention_dropout` (dropout on the attention probabilities in
+    `eager`, its s x s scores materialised; `math`: SDPA on torch's math kernel, materialised in fp32) and `attention_dropout` (dropout on the attention probabilities in
     training: an eager attention then keeps its mask and output too). None / 0 / "" mean the family's default.
     """
 

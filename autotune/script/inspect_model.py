@@ -30,6 +30,7 @@ import inspect
 from collections import Counter
 from typing import Any, Callable
 
+from autotune.shapes import ATTENTIONS
 from autotune.workload import ModelShape
 
 HF_KEYS = {
@@ -158,7 +159,8 @@ def watch_attention(model: Any, info: dict[str, Any], seen: Callable[[], None]) 
     a softmax over the last dimension of a (..., s, s) tensor is an eager attention (materialised scores), a
     call of `F.scaled_dot_product_attention` a fused one (sdpa), and `nn.MultiheadAttention`'s
     `F.multi_head_attention_forward` is eager with `need_weights=True` (its default: the weights are
-    returned, so torch computes them) and sdpa without. Found neither (a flash kernel outside torch, no
+    returned, so torch computes them) and sdpa without; an SDPA call with dropout on the CPU is `math` (no
+    fused CPU kernel takes dropout). Found neither (a flash kernel outside torch, no
     attention): `info` stays as `model_info` left it. Only the first forward is watched, and only the calls the
     model's own Python makes (a torch function mode sees no call made inside another torch function)."""
     import torch
@@ -168,18 +170,30 @@ def watch_attention(model: Any, info: dict[str, Any], seen: Callable[[], None]) 
     functional = torch.nn.functional
     sdpa, mha = functional.scaled_dot_product_attention, functional.multi_head_attention_forward
     mha_args = inspect.signature(mha)
+
+    def sdpa_args(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        named = dict(zip(("query", "key", "value", "attn_mask", "dropout_p"), args))
+        return {**named, **kwargs}
     softmaxes = {torch.softmax, torch.nn.functional.softmax, torch.Tensor.softmax}
 
     class Watch(TorchFunctionMode):
         def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
             kwargs = kwargs or {}
             if func is sdpa:
-                calls["sdpa"] += 1
+                bound = sdpa_args(*args, **kwargs)
+                # No fused CPU kernel takes dropout: torch runs its math kernel, scores materialised in fp32.
+                math = float(bound.get("dropout_p") or 0) > 0 and getattr(bound.get("query"), "is_cpu", False)
+                calls["math" if math else "sdpa"] += 1
+                if math:
+                    info["attention_dropout"] = True
             elif func is mha:
                 bound = mha_args.bind(*args, **kwargs).arguments
-                eager = bound.get("need_weights", True)
-                calls["eager" if eager else "sdpa"] += 1
-                if eager and bound.get("training", True) and float(bound.get("dropout_p") or 0) > 0:
+                dropout = bound.get("training", True) and float(bound.get("dropout_p") or 0) > 0
+                # need_weights=False runs SDPA, on the math kernel where it has dropout on the CPU
+                kind = ("eager" if bound.get("need_weights", True) else
+                        "math" if dropout and getattr(bound.get("query"), "is_cpu", False) else "sdpa")
+                calls[kind] += 1
+                if dropout and kind != "sdpa":
                     info["attention_dropout"] = True
             elif func in softmaxes and args and isinstance(args[0], torch.Tensor):
                 x, dim = args[0], kwargs.get("dim", args[1] if len(args) > 1 else None)
@@ -197,7 +211,7 @@ def watch_attention(model: Any, info: dict[str, Any], seen: Callable[[], None]) 
         after.remove()
         mode.__exit__(None, None, None)
         if calls:
-            info["attention"] = "eager" if calls["eager"] >= calls["sdpa"] else "sdpa"
+            info["attention"] = calls.most_common(1)[0][0]
             info["attention_source"] = "first forward"
             info["attention_calls"] = dict(calls)
         seen()
@@ -223,7 +237,7 @@ def shape_from_info(info: dict[str, Any], seq_len: int | None, name: str) -> Mod
     extras = {key: info[key] for key, kind in (("attention", str), ("attention_dropout", bool),
                                                ("tied_embeddings", bool), ("experts", int),
                                                ("experts_per_token", int)) if isinstance(info.get(key), kind)}
-    if extras.get("attention") not in ("sdpa", "eager", "flash"):
+    if extras.get("attention") not in ATTENTIONS:
         extras.pop("attention", None)
     experts = max(int(extras.get("experts", 1)), 1)
     extras["experts"] = experts
