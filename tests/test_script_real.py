@@ -210,6 +210,7 @@ def test_a_plain_deepspeed_script_keeps_its_global_batch_of_one(tmp_path, capsys
     results = read_results(out / "trials.jsonl")
     assert [r.status for r in results] == ["ok"] * 3, [r.error for r in results]
     assert {r.config.zero_stage for r in results} == {0, 1, 2}  # still tuned: all at micro-batch 1
+    assert results[0].extra["script_model"]["attention"] == "sdpa"  # MHA with need_weights=False: torch's SDPA
     for r in results:
         assert r.config.micro_batch == 1 and r.extra["global_batch"] == 1 and "script_verdict" not in r.extra
         used = json.loads((Path(r.extra["log_dir"]) / "ds_config.json").read_text())
@@ -243,3 +244,25 @@ def test_a_loop_too_short_for_the_trials_accumulation_names_the_micro_steps_and_
         in result["error"]
     assert "pass --steps 8 or more" in result["error"]
     assert printed["global_batch"]["script"]["global_batch"] == 4  # the script's, not the tuner's default of 16
+
+
+@pytest.mark.slow
+def test_the_first_trial_shows_the_tuner_an_eager_multihead_attention(tmp_path, capsys):
+    """Issue 18's script as most write it (nn.MultiheadAttention with need_weights left True): the first trial
+    sees the eager attention in the model's first forward, and the sweep's shape (run.json) counts it."""
+    space = tmp_path / "space.yaml"
+    space.write_text(SPACE.replace("micro_batch: [4, 8]", "micro_batch: [1]").replace("[0, 1, 2]\nprecision",
+                                                                                      "[0]\nprecision"))
+    out = tmp_path / "run"
+    code, printed = tune(out, space, SCRIPTS / "mha_gpt_train.py",
+                         f"--deepspeed --deepspeed_config {SCRIPTS / 'plain_ds_config.json'} --steps 8 --dropout 0.1",
+                         capsys, trials=1)
+    assert code == 0, printed
+    [first] = read_results(out / "trials.jsonl")
+    seen = first.extra["script_model"]
+    assert (seen["attention"], seen["attention_source"], seen["attention_dropout"]) == ("eager", "first forward", True)
+    assert seen["tied_embeddings"] is False and seen["dtype"] == "float32"
+    model = json.loads((out / "run.json").read_text())["workload"]["model"]
+    assert (model["attention"], model["attention_dropout"], model["tied_embeddings"]) == ("eager", True, False)
+    assert "attention eager (s x s scores kept) (seen in the first forward), with dropout" in printed
+    assert "attention eager" in (out / "report.md").read_text()

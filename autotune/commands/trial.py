@@ -26,6 +26,7 @@ from autotune.hardware import PROFILES, Hardware
 from autotune.results import TrialResult, append_result, read_results
 from autotune.script.cli import add_arguments as script_arguments, script_from
 from autotune.script.batch import settle
+from autotune.script.inspect_model import describe
 from autotune.script.session import learned_workload, script_batch_of
 from autotune.space import invalid_reason
 from autotune.units import format_size
@@ -239,7 +240,7 @@ def run_script_trial(args: argparse.Namespace) -> int:
         if model:
             print(f"model seen at deepspeed.initialize: {model.get('class')}, {model['params']:,} parameters, "
                   f"{model.get('layers', '?')} layers, hidden {model.get('hidden', '?')}, "
-                  f"checkpointing switch: {model.get('checkpoint_switch') or 'none'}")
+                  f"checkpointing switch: {model.get('checkpoint_switch') or 'none'}; {describe(model)}")
         if result.extra.get("script_verdict"):
             print(f"the script cannot be tuned as it is ({result.extra['script_verdict']})")
     return 0 if result.ok else 1

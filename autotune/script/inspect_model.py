@@ -262,3 +262,21 @@ def shape_from_info(info: dict[str, Any], seq_len: int | None, name: str) -> Mod
     one, two = shape(1).params, shape(2).params
     ffn = (n - one) // (two - one) + 1
     return shape(max(int(ffn), 1))
+
+
+def describe(info: dict[str, Any]) -> str:
+    """How the model runs, in words, for the console and the report: attention, experts, embeddings, dtype."""
+    attention = info.get("attention") or "sdpa"
+    source = {"first forward": "seen in the first forward", "config": "the model's config"}.get(
+        info.get("attention_source") or "", info.get("attention_source") or "assumed: nothing showed it")
+    words = {"eager": "eager (s x s scores kept)", "math": "SDPA on torch's math kernel (s x s scores kept in fp32)",
+             "sdpa": "fused SDPA", "flash": "flash"}
+    parts = [f"attention {words.get(attention, attention)} ({source})"
+             + (", with dropout" if info.get("attention_dropout") and attention in ("eager", "math") else "")]
+    if int(info.get("experts") or 1) > 1:
+        parts.append(f"{info['experts']} experts ({info.get('experts_per_token', 1)} per token)")
+    if info.get("tied_embeddings") is not None:
+        parts.append("tied embeddings" if info["tied_embeddings"] else "untied embeddings")
+    if info.get("dtype"):
+        parts.append(f"parameters in {info['dtype']}")
+    return ", ".join(parts)

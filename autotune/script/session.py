@@ -30,7 +30,7 @@ from autotune.estimate import estimate
 from autotune.results import TrialResult
 from autotune.rundir import RunDir, RunSettings
 from autotune.script import accelerate_loop, batch, lightning_loop, merge
-from autotune.script.inspect_model import shape_from_info
+from autotune.script.inspect_model import describe, shape_from_info
 from autotune.space import Space
 from autotune.units import format_size
 from autotune.workload import PRESETS, Workload
@@ -145,6 +145,7 @@ def first_trial(run_dir: RunDir, settings: RunSettings, space: Space, script: Sc
     if notes:
         print(notes[0], flush=True)
     if model:
+        print(f"model: {model.get('class')}, {model['params']:,} parameters; {describe(model)}", flush=True)
         settings = replace(settings, workload=learned_workload(model, settings.workload, script))
         settings, more = narrowed(settings, model)
         notes += more
@@ -228,7 +229,7 @@ def finish(run_dir: RunDir, settings: RunSettings, best: TrialResult | None) -> 
         section.append(f"- Model seen at deepspeed.initialize: {model.get('class')}, {model['params'] / 1e6:,.2f}M "
                        f"parameters, {model.get('layers', '?')} layers, hidden {model.get('hidden', '?')}, sequence "
                        f"{model.get('seq_len', '?')} (shape the estimator uses: {shape.layers} layers, hidden "
-                       f"{shape.hidden}, MLP {shape.ffn_hidden}, vocab {shape.vocab})")
+                       f"{shape.hidden}, MLP {shape.ffn_hidden}, vocab {shape.vocab}); {describe(model)}")
     section += [f"- {line}" for line in lines] + [""]
     report = run_dir.path / "report.md"
     if report.exists():
