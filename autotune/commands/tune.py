@@ -246,8 +246,8 @@ def _resolve_replay(args: argparse.Namespace) -> tuple[RunSettings, Space]:
 
 
 def script_on_ray(ray: "RayOptions", run_dir: RunDir, settings: RunSettings, script: "Script"):
-    """The first trial of a script sweep as a Ray task (autotune.drivers.ray_script)."""
-    from autotune.drivers.ray_script import first_trial_runner
+    """The first trial of a script sweep as a Ray task (autotune.drivers.ray_script_first)."""
+    from autotune.drivers.ray_script_first import first_trial_runner
 
     return first_trial_runner(ray, run_dir, settings, script)
 

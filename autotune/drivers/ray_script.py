@@ -3,7 +3,7 @@ each trial (autotune.script.ship) and it runs from their copy on the node Ray pi
 same script backend as on this machine, so its verdicts, results and trial log are the same.
 
 - The first trial (the one that shows the tuner the script's model and global batch, autotune.script.session)
-  runs on the cluster too (`first_trial_runner`): the driver's machine need not have the trials' devices.
+  runs on the cluster too (drivers/ray_script_first.py): the driver's machine need not have the trials' devices.
 - Every later trial is a task of the Ray driver (drivers/ray.py) whose backend builder is `ShippedScript`:
   the factory's `script` kind reads the script from the run directory, which a node without the driver's
   filesystem does not have; this builder carries the packed files instead (put once per sweep in Ray's
@@ -21,10 +21,10 @@ import shutil
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from autotune.backends import Backend
-from autotune.config import Config, ConfigError
+from autotune.config import Config
 from autotune.drivers.loop import Flight, Job, TrialReply, TrialResources
 from autotune.drivers.progress import Progress
 from autotune.drivers.sweep import Budget, Sweep
@@ -33,7 +33,6 @@ from autotune.script.ship import Landed, Shipment, pack, plan, unpack
 
 if TYPE_CHECKING:
     from autotune.backends.script import Script, ScriptBackend
-    from autotune.drivers.ray import RayOptions
     from autotune.rundir import RunDir, RunSettings
 
 LOG_FILES = "_log_files"  # result extra on its way back from the node; removed before it is recorded
@@ -49,7 +48,7 @@ class ShippedScript:
     run_dir: str  # absolute; the trial's log goes to its logs/ on the node
     shipment: Shipment
     bundle: Any  # the packed files (bytes), or a Ray ObjectRef to them
-    timeout_s: float | None = None  # None: the backend's default, as the factory's script kind
+    timeout_s: float = 600.0  # a trial's limit (the script backend's default, as the factory's script kind)
     shape_known: bool = True  # False: the first trial, which learns the model
     keep_script_batch: bool = False  # True: the first trial runs the script's own global batch
 
@@ -66,11 +65,10 @@ class ShippedScript:
         try:
             landed = unpack(self.shipment, bundle, top)
             s = self.settings
-            timeout = {} if self.timeout_s is None else {"timeout_s": self.timeout_s}
             inner = ScriptBackend(Script(landed.script, landed.args), s.workload, s.memory_budget_bytes, s.hardware,
-                                  DsOptions(nvme_path=s.choices.nvme_path), Path(self.run_dir) / "logs", **timeout,
-                                  shape_known=self.shape_known, keep_script_batch=self.keep_script_batch,
-                                  cwd=landed.cwd)
+                                  DsOptions(nvme_path=s.choices.nvme_path), Path(self.run_dir) / "logs",
+                                  self.timeout_s, shape_known=self.shape_known,
+                                  keep_script_batch=self.keep_script_batch, cwd=landed.cwd)
         except BaseException:
             shutil.rmtree(top, ignore_errors=True)
             raise
@@ -163,60 +161,3 @@ def script_job(sweep: Sweep, settings: "RunSettings", run_dir: "RunDir", budget:
         progress.message(note)
     spec = ShippedScript(settings, str(run_dir.path.resolve()), shipment, ray.put(pack(shipment)))
     return ScriptJob(settings.workload.model.name, sweep, budget, resources, spec, progress)
-
-
-FirstTrial = Callable[[Config, bool], "tuple[TrialResult, str | None]"]
-
-
-def first_trial_runner(options: "RayOptions", run_dir: "RunDir", settings: "RunSettings", script: "Script",
-                       timeout_s: float = 600.0) -> FirstTrial:
-    """Runs a script sweep's first trial as a Ray task (autotune.script.session.first_trial's `remote`): the
-    cluster stays connected for the sweep's trials (drivers/ray.run_one disconnects at its end) unless the
-    trial ended the sweep or failed to run."""
-
-    def run(config: Config, keep_script_batch: bool) -> tuple[TrialResult, str | None]:
-        from autotune.drivers.ray import connect, describe_cluster, disconnect, fits_some_node, trial_resources
-
-        shipment = shipment_of(script, run_dir)  # refused before connecting when too large
-        resources = trial_resources(settings, options.gpus_per_trial)
-        connect(options.address)
-        try:
-            print(f"Ray cluster {options.address}: {describe_cluster()}; one trial asks for {resources.describe()}; "
-                  f"{shipment.describe()}", flush=True)
-            for note in shipment.notes:
-                print(note, flush=True)
-            if not fits_some_node(resources):
-                raise ConfigError(f"no node of the Ray cluster at {options.address} has {resources.describe()} for "
-                                  "one trial of the script")
-            reply = _run_remote(ShippedScript(settings, str(run_dir.path.resolve()), shipment, pack(shipment),
-                                              timeout_s, shape_known=False, keep_script_batch=keep_script_batch),
-                                config, resources)
-        except BaseException:
-            disconnect()
-            raise
-        if reply.fatal:
-            disconnect()
-        return land_log_files(reply.result), reply.fatal
-
-    return run
-
-
-def _run_remote(spec: ShippedScript, config: Config, resources: TrialResources) -> TrialReply:
-    """One trial as a Ray task, waited for; a task that raised or whose worker died is a crash."""
-    import ray
-    from ray import exceptions as rex
-
-    from autotune.drivers.ray import run_trial
-
-    ref = ray.remote(run_trial).options(max_retries=0, **resources.options()).remote(spec, config)
-    try:
-        return ray.get(ref)
-    except KeyboardInterrupt:
-        ray.cancel(ref)  # a KeyboardInterrupt in the task: the backend ends its processes
-        ray.wait([ref], timeout=15)
-        raise
-    except rex.RayError as err:
-        cause = err.cause if isinstance(err, rex.RayTaskError) and err.cause else err
-        text = str(cause).strip().splitlines()
-        return TrialResult(config, "crash", backend="script",
-                           error=f"the trial's Ray task failed: {type(cause).__name__}: {text[0] if text else ''}")

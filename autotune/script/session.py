@@ -121,7 +121,7 @@ def first_trial(run_dir: RunDir, settings: RunSettings, space: Space, script: Sc
     """Run the first trial, record it, and return the sweep's settings and space for the model and global
     batch it showed (`global_batch`: --global-batch, which overrides the script's), and the script's verdict
     if the script (not the config) failed. `remote(config, keep_script_batch)` runs the trial elsewhere
-    (a Ray task: autotune.drivers.ray_script) and returns its result and verdict."""
+    (a Ray task: autotune.drivers.ray_script_first) and returns its result and verdict."""
     config = first_config(space)
     print(f"first trial of {script.path}: {config.label()} (shows the tuner the script's model and global batch)",
           flush=True)

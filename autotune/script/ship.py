@@ -107,9 +107,9 @@ def plan(script: str, args: tuple[str, ...], exclude: tuple[str | Path, ...] = (
             files[named] = target
             size += named.stat().st_size
         else:
-            notes.append(f"{value}: not shipped ({'a folder' if named.is_dir() else 'a file'} outside "
-                         f"{root}{'' if named.is_dir() else ' larger than ' + format_size(OUTSIDE_FILE_MAX)}): "
-                         "every node must read it at that path")
+            what = "a folder" if named.is_dir() else f"a file larger than {format_size(OUTSIDE_FILE_MAX)}"
+            where = "left out of" if named.is_relative_to(root) else "outside"
+            notes.append(f"{value}: not shipped ({what} {where} {root}): every node must read it at that path")
             continue
         paths.append(PathArg(index, prefix, target))
     if size > limit:
