@@ -161,5 +161,5 @@ def project(results: Sequence[TrialResult], workload: Workload, hardware: Hardwa
     rows.sort(key=lambda row: -row.throughput)
     fitting = [row for row in rows if row.fits]
     safe = [row for row in fitting if not row.close]
-    pick = (safe or fitting or [None])[0]
+    pick = (safe or fitting)[0] if fitting else None
     return ScaleReport(target_gpus, workload.gpus, budget_bytes, worst, typical, len(measured), tuple(rows), pick)

@@ -248,7 +248,7 @@ def test_a_simulated_sweep_for_a_target_recommends_for_it(tmp_path):
 
 
 @pytest.mark.slow
-def test_real_trials_on_one_rank_predict_two(tmp_path, capsys):
+def test_real_trials_on_one_rank_predict_two(tmp_path, capfd):
     space = tmp_path / "space.yaml"
     space.write_text("zero_stage: [0, 3]\nmicro_batch: [2]\nckpt_interval: [0]\nprecision: [bf16, fp32]\n"
                      "offload_optimizer: [none]\noffload_param: [none]\n")
@@ -256,9 +256,9 @@ def test_real_trials_on_one_rank_predict_two(tmp_path, capsys):
     code, stdout, _ = cli(["tune", "--model", "tiny", "--seq-len", "64", "--global-batch", "4", "--gpus", "1",
                            "--target-gpus", "2", "--hardware", "cpu", "--backend", "deepspeed", "--strategy", "grid",
                            "--trials", "3", "--confirm", "0", "--space", str(space), "--out", str(out), "--json"],
-                          capsys)
+                          capfd)  # --json moves stdout aside while it runs: capfd sees the object
     assert code == 0, stdout
-    data = json.loads(stdout.strip().splitlines()[-1])
+    data = json.loads(stdout)
     target = data["summary"]["target"]
     assert target["target_gpus"] == 2 and len(target["configs"]) >= 2
     for row in target["configs"]:
