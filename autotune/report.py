@@ -19,7 +19,7 @@ from autotune.pruning import (CAUSES, DEVICE_MEMORY, HOST_MEMORY, NVME_SPACE, Pr
                               describe_causes, host_need_bytes)
 from autotune.results import STATUSES, TrialResult
 from autotune.rundir import STUDY, RunDir, RunSettings
-from autotune.scale import ScaleReport, project
+from autotune.scale import ScaleReport, at_target, project
 from autotune.study_storage import masked
 from autotune.units import format_size
 
@@ -147,7 +147,6 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
     summary = summarize(results, settings)
     best = recommend(results, settings.memory_budget_bytes)
     scaled = scale_report(results, settings)
-    handoff_settings = settings
     if scaled is not None:  # the recommendation is the config chosen for the target (autotune/scale.py)
         best = _pick_result(results, scaled, settings.memory_budget_bytes)
         summary["target"] = scaled.to_dict()
@@ -156,7 +155,6 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
                                                      "peak_memory_bytes": best.peak_memory_bytes}
         summary["best_trial_index"] = None if best is None else next(
             i for i, r in enumerate(results, 1) if r.config == best.config and r.status != "pruned")
-        handoff_settings = replace(settings, workload=settings.workload.with_(gpus=scaled.target_gpus))
     files = [run.write_json("summary.json", summary)]
     usage: list[str] = []  # the report's section on using the recommendation (autotune/handoff.py)
     run.plots_dir.mkdir(parents=True, exist_ok=True)
@@ -164,7 +162,7 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
                                             run.plots_dir / "throughput_vs_memory.png"))
     files.append(plots.best_so_far(results, settings.memory_budget_bytes, run.plots_dir / "best_so_far.png"))
     if best is not None:
-        handoff = Handoff.of(best.config, handoff_settings, run.path)
+        handoff = Handoff.of(best.config, at_target(settings), run.path)  # for the target's devices
         if settings.backend == "script":
             # The script's own config with the tuned keys replaces this one (autotune.script.session.finish);
             # files for the other stacks, built from ours, would not be the script's.

@@ -85,6 +85,13 @@ def for_target(settings: "RunSettings", target_gpus: int, *, script: bool = Fals
     return replace(settings, choices=choices, target_gpus=target_gpus), note
 
 
+def at_target(settings: "RunSettings") -> "RunSettings":
+    """The settings the recommendation is handed off with: the workload at the target's device count."""
+    if settings.target_gpus is None:
+        return settings
+    return replace(settings, workload=settings.workload.with_(gpus=settings.target_gpus))
+
+
 @dataclass(frozen=True)
 class Projection:
     """One measured config at N devices and its prediction at M."""

@@ -24,7 +24,7 @@ from autotune.drivers.sweep import Budget
 from autotune.handoff import DEFAULT_STACK, STACKS, Handoff, for_stack
 from autotune.pruning import cause_counts, describe_causes
 from autotune.rundir import RunDir, RunSettings
-from autotune.scale import for_target
+from autotune.scale import at_target, for_target
 from autotune.script.cli import add_arguments as script_arguments, script_from
 from autotune.space import Space
 from autotune.strategies import STRATEGIES
@@ -192,7 +192,7 @@ def tune(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budget, r
                      f"{len(result.results)} recorded in {run_dir.trials_path}")
     progress.message(result.verdict)
     if result.best is not None and settings.backend != "script":  # the script's own lines came from finish()
-        for line in Handoff.of(result.best.config, settings, run_dir.path).console_lines():
+        for line in Handoff.of(result.best.config, at_target(settings), run_dir.path).console_lines():
             progress.message(line)
     progress.message(f"report: {run_dir.path / 'report.md'}")
     if mlflow is not None:
