@@ -174,7 +174,8 @@ def tune(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budget, r
     w = settings.workload
     progress.message(
         f"{'resuming' if resume else 'tuning'} {w.model.name} (global batch {w.global_batch}, {w.gpus} x "
-        f"{settings.hardware.name}) under {format_size(settings.memory_budget_bytes)}: {settings.strategy} over "
+        f"{settings.hardware.name}"
+        + (f", predicting {settings.target_gpus}" if settings.target_gpus is not None else "") + f") under {format_size(settings.memory_budget_bytes)}: {settings.strategy} over "
         f"{len(space)} configs, {settings.backend} backend, up to {budget.trials} trials"
         + (f"; {len(history)} recorded already" if history else "") + f" -> {run_dir.path}")
     try:
