@@ -11,12 +11,15 @@ terms (autotune/comm.py). Here, on this machine (DeepSpeed's CPU accelerator, gl
    predicted / measured throughput, with medians per rank count.
 
 The profile is `cpu` with gpus_per_node = 4: the 4 ranks run on this one machine (intra-node loopback), sharing
-its cores as the estimator's CPU rule says. Each rank gets the runner's thread split (cores // ranks, at least
-one OpenMP thread), the split `autotune tune`'s own trials use and the estimator models; `--omp-threads 1` pins
-every rank to one thread instead (a 1-rank trial then leaves a core idle, which no profile describes).
+its cores as the estimator's CPU rule says. By default each rank gets the runner's thread split (cores // ranks);
+the committed run pins every rank to one OpenMP thread (`--omp-threads 1`): on this 2-core machine loaded by
+other jobs, a 1-rank trial with two threads ran 10x slower than with one (ZeRO-0 fp32: 0.53 against 5.34
+samples/s, OpenMP threads spinning while descheduled), which would have made the 1-rank calibration meaningless.
+The price: a 1-rank trial leaves a core to others, which no profile describes (see the reading in the results).
 
-    python benchmarks/extrapolation.py             # run the trials (~10-15 min on 2 cores), then analyse
-    python benchmarks/extrapolation.py --reuse     # analyse results/extrapolation_trials.jsonl again
+    python benchmarks/extrapolation.py --omp-threads 1           # the trials (~10 min here), then the analysis
+    python benchmarks/extrapolation.py --omp-threads 1 --reuse   # analyse results/extrapolation_trials.jsonl again
+                                                                 # (the gloo collectives are measured afresh)
 
 Writes benchmarks/results/extrapolation_trials.jsonl (the TrialResults, each with its rank count),
 extrapolation.md and extrapolation.json. Recorded GPU surfaces at several data-parallel sizes would be compared
