@@ -12,6 +12,10 @@ so one big config does not outweigh the small ones. A weak pull of the scales to
 defined with one or two results; with more, the data decide. The terms come from the estimator itself
 (autotune.estimate), so what calibration cannot fix is the shape of its formulas.
 
+What the scales cannot fix (the formulas' shape, per knob value) is the error model of
+autotune.uncertainty, fitted by `fit_uncertainty` on the same trials plus the out-of-memory ones: it turns
+each prediction into an interval that is wide for knob values no trial used.
+
 `<run_dir>/calibration.json` holds `Calibration.to_dict()` (plus, when written here, the workload and
 hardware it was fitted for and its errors before and after).
 """
@@ -19,6 +23,7 @@ hardware it was fitted for and its errors before and after).
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -27,11 +32,12 @@ from typing import Any, Sequence
 import numpy as np
 from scipy.optimize import lsq_linear
 
-from autotune.config import ConfigError
+from autotune.config import Config, ConfigError
 from autotune.files import load_json, write_atomic
 from autotune.estimate import Calibration, estimate
 from autotune.hardware import Hardware
 from autotune.results import TrialResult
+from autotune.uncertainty import NOISE_MEMORY, NOISE_TIME, PRIOR_MEMORY, PRIOR_TIME, Uncertainty, fit_error_model
 from autotune.workload import Workload
 
 CALIBRATION_FILE = "calibration.json"
@@ -85,6 +91,40 @@ def calibrator(workload: Workload, hardware: Hardware):
     def fit(results: Sequence[TrialResult]) -> Calibration:
         return fit_calibration(results, workload, hardware)
     return fit
+
+
+def fit_uncertainty(results: Sequence[TrialResult], out_of_memory: Sequence[tuple[Config, int | None]],
+                    workload: Workload, hardware: Hardware, calibration: Calibration,
+                    budget_bytes: int) -> Uncertainty:
+    """The error models of the calibrated estimator: log(measured / predicted) of the peak of every result
+    with a measured peak (out-of-memory ones with a known peak too) and of the throughput of every result
+    with a measured step time; an out-of-memory with no peak is the bound "peak > `budget_bytes`"."""
+    memory: list[tuple[Config, float]] = []
+    time: list[tuple[Config, float]] = []
+    censored: list[tuple[Config, float]] = []
+    seen: set[Config] = set()
+    for r in results:
+        if r.config in seen or not hardware.supports(r.config.precision) or r.status not in ("ok", "oom"):
+            continue
+        seen.add(r.config)
+        est = estimate(r.config, workload, hardware, calibration)
+        if r.peak_memory_bytes and est.peak_bytes > 0:
+            memory.append((r.config, math.log(r.peak_memory_bytes / est.peak_bytes)))
+        if r.step_time_s and est.step_time_s > 0:
+            time.append((r.config, math.log(est.step_time_s / r.step_time_s)))
+    for config, peak in out_of_memory:
+        if config in seen or not hardware.supports(config.precision):
+            continue
+        seen.add(config)
+        predicted = estimate(config, workload, hardware, calibration).peak_bytes
+        if predicted <= 0:
+            continue
+        if peak:
+            memory.append((config, math.log(peak / predicted)))
+        else:
+            censored.append((config, math.log(budget_bytes / predicted)))
+    return Uncertainty(fit_error_model(memory, PRIOR_MEMORY, NOISE_MEMORY, censored),
+                       fit_error_model(time, PRIOR_TIME, NOISE_TIME))
 
 
 def _memory_terms(result: TrialResult, workload: Workload, hardware: Hardware) -> tuple[float, float]:

@@ -1,52 +1,58 @@
-"""Estimator consultation before a trial: a config predicted to exceed the memory budget by more than a
-safety margin is not run. It is recorded as a `pruned` TrialResult carrying the prediction and the
-reason, and the strategy learns it as it would an out-of-memory failure.
+"""Estimator consultation before a trial: a config is not run when it is unlikely to fit the memory
+budget, or when it cannot beat the best result found even if the estimator is as wrong in its favour as it
+plausibly is. It is recorded as a `pruned` TrialResult carrying the prediction, the probability and the
+gain it was judged by, and the strategy learns it as it would an out-of-memory failure.
 
-The margin only has to cover the estimator's over-prediction (a config predicted at 1.2x the budget
-that really fits is lost if the margin is below 0.2). Before calibration it is UNCALIBRATED_MARGIN;
-once the estimator is calibrated on measured results, the margin becomes the worst over-prediction
-seen on this run's measured configs, kept between MIN_MARGIN and UNCALIBRATED_MARGIN.
+Predictions are distributions (autotune.uncertainty): the calibrated estimate times a log-normal error
+whose width depends on which knob values the measured trials covered. A config is pruned for memory
+only when its probability of fitting is below MIN_FIT_PROBABILITY (a config predicted 9% over the budget
+with a wide interval stays a candidate; one predicted 5x over does not), and for value only when the
+optimistic end of its throughput (VALUE_Z standard deviations up) is still below the best measured
+throughput. Pruning is conservative on purpose: a wrongly pruned config is never run again, while a
+wrongly kept one costs one trial, and its result narrows the intervals.
 
-Out-of-memory results teach the pruner too (calibration only learns from trials that ran): a config
-with the same memory layout (ZeRO stage, checkpointing, offloads) as one that ran out of memory, and
-predicted to need at least as much, is pruned whatever the margin. Within one layout the estimator's
-order of configs by memory (micro-batch, precision) is reliable even where its absolute figures are not.
-A config of another layout is pruned from OTHER_LAYOUT_SLACK more: the estimator's error differs a little
-between layouts. (On the distorted simulation of benchmarks/search_efficiency.py this took Optuna's
-out-of-memory trials from 5.6% to 4.4% of those launched, at no measurable cost in trials to 98%.)
+Out-of-memory results narrow the intervals too: a known peak is an observation like any other, and an
+out-of-memory failure without a peak is the censored observation "peak > budget", which lifts the memory
+offsets of its knob values (what it says about configs of the same layout, predicted no smaller, follows
+from the probability instead of a fixed rule).
 
 Device memory is not the only limit: offloaded state lives in the node's host memory (all its ranks'
-together) and ZeRO-Infinity's in the NVMe path's free space. A config predicted over either (with the same
-margin) is pruned too, and every pruned result names its cause (`extra["cause"]`: CAUSES), so that the
-console, the report and the verdict say what to change: the budget is the answer to device memory only.
-A trial that ran out of host memory teaches the pruner as a device out-of-memory does, by host need.
+together) and ZeRO-Infinity's in the NVMe path's free space. A config unlikely to fit either (the same
+memory error applied) is pruned too, and every pruned result names its cause (`extra["cause"]`: CAUSES),
+so that the console, the report and the verdict say what to change: the budget is the answer to device
+memory only. A trial that ran out of host memory prunes configs of no smaller predicted host need.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Iterable
 
 from autotune.config import Config, ConfigError
 from autotune.estimate import Calibration, Estimate, estimate, host_need_bytes, nvme_need_bytes
 from autotune.hardware import Hardware
 from autotune.results import TrialResult
+from autotune.uncertainty import PRIOR_MEMORY, PRIOR_UNCERTAINTY, Forecast, Uncertainty, normal_cdf
 from autotune.units import format_size
 from autotune.workload import Workload
 
 if TYPE_CHECKING:
     from autotune.rundir import RunSettings
 
-UNCALIBRATED_MARGIN = 0.25
-MIN_MARGIN = 0.05
-OTHER_LAYOUT_SLACK = 0.05
+MIN_FIT_PROBABILITY = 0.05  # below this probability of fitting, a config is not run
+# Standard deviations of the throughput error above the median that value pruning grants a config (3:
+# 0.13% one-sided). The time model is rough (its residuals reach 2.5 sd on the committed CPU surface), so
+# only a config far behind the best is dropped for value.
+VALUE_Z = 3.0
 
-DEVICE_MEMORY, HOST_MEMORY, NVME_SPACE = "device_memory", "host_memory", "nvme_space"
+DEVICE_MEMORY, HOST_MEMORY, NVME_SPACE, VALUE = "device_memory", "host_memory", "nvme_space", "value"
 # What a person reads for each cause (the console's pruned summary, the report, the verdict).
-CAUSES = {DEVICE_MEMORY: "device memory", HOST_MEMORY: "host memory (offloaded state)", NVME_SPACE: "NVMe space"}
+CAUSES = {DEVICE_MEMORY: "device memory", HOST_MEMORY: "host memory (offloaded state)", NVME_SPACE: "NVMe space",
+          VALUE: "the best throughput found (no gain expected)"}
 NO_SPACE_MARKERS = ("no space left on device", "enospc", "nvme space")
 
 
@@ -81,7 +87,8 @@ def cause_counts(results: Iterable[TrialResult]) -> Counter[str]:
 def describe_causes(counts: Counter[str], verb: str = "over", then: str = "over") -> str:
     """'790 predicted over device memory, 22 over host memory (offloaded state)' (verb 'predicted over'),
     largest first; `then` replaces `verb` after the first."""
-    return ", ".join(f"{n} {verb if i == 0 else then} {CAUSES[c]}" for i, (c, n) in enumerate(counts.most_common()))
+    return ", ".join(f"{n} {verb if i == 0 else then} {CAUSES[c]}" if c != VALUE else f"{n} predicted slower than "
+                     "the best found" for i, (c, n) in enumerate(counts.most_common()))
 
 
 @dataclass(frozen=True)
@@ -90,10 +97,15 @@ class Pruner:
     hardware: Hardware
     budget_bytes: int
     calibration: Calibration = Calibration()
-    margin: float = UNCALIBRATED_MARGIN
+    uncertainty: Uncertainty = PRIOR_UNCERTAINTY
     out_of_memory: frozenset[Config] = frozenset()  # configs that ran out of device memory in this sweep
     out_of_host_memory: frozenset[Config] = frozenset()  # configs whose offloaded state ran out of host memory
     nvme_free_bytes: int | None = None  # free space at the NVMe path where trials run (None: not checked)
+    min_fit_probability: float = MIN_FIT_PROBABILITY
+    value_z: float = VALUE_Z
+    # What the uncertainty was fitted on: the measured results, and each device out-of-memory's peak if known.
+    measured: tuple[TrialResult, ...] = field(default=(), compare=False, repr=False)
+    oom_peaks: tuple[tuple[Config, int | None], ...] = field(default=(), compare=False, repr=False)
 
     @classmethod
     def for_settings(cls, settings: "RunSettings") -> "Pruner":
@@ -111,55 +123,83 @@ class Pruner:
     def predict(self, config: Config) -> Estimate:
         return estimate(config, self.workload, self.hardware, self.calibration)
 
-    def check(self, config: Config, backend: str) -> TrialResult | None:
-        """A `pruned` result if `config` is predicted not to fit even with the margin, else None."""
+    def forecast(self, config: Config) -> Forecast:
+        """The calibrated prediction of `config` with its uncertainty."""
         est = self.predict(config)
-        found = self._over_limit(est) or self._smaller_out_of_memory(config, est)
+        return self.uncertainty.forecast(config, est.peak_bytes, est.throughput_samples_per_s)
+
+    def fit_probability(self, config: Config) -> float:
+        return self.forecast(config).fit_probability(self.budget_bytes)
+
+    def check(self, config: Config, backend: str, best_throughput: float | None = None) -> TrialResult | None:
+        """A `pruned` result if `config` is unlikely to fit, or cannot beat `best_throughput` (the best
+        measured so far) even at the optimistic end of its throughput; else None."""
+        est = self.predict(config)
+        forecast = self.uncertainty.forecast(config, est.peak_bytes, est.throughput_samples_per_s)
+        found = (self._over_limit(est, forecast) or self._smaller_out_of_host_memory(config, est)
+                 or self._no_gain(forecast, best_throughput))
         if found is None:
             return None
         cause, reason = found
+        low, high = forecast.peak_interval()
+        slow, fast = forecast.throughput_interval(self.value_z)
         return TrialResult(config, "pruned", memory_budget_bytes=self.budget_bytes, backend=backend, error=reason,
                            extra={"predicted_peak_bytes": est.peak_bytes,
                                   "predicted_throughput_samples_per_s": est.throughput_samples_per_s,
-                                  "predicted_memory": est.memory.to_dict(), "pruning_margin": self.margin,
+                                  "predicted_memory": est.memory.to_dict(),
+                                  "predicted_peak_interval_bytes": [int(low), int(high)],
+                                  "fit_probability": round(forecast.fit_probability(self.budget_bytes), 6),
+                                  "optimistic_throughput_samples_per_s": fast,
+                                  "best_throughput_samples_per_s": best_throughput,
+                                  "expected_gain_samples_per_s": forecast.value(self.budget_bytes,
+                                                                                best_throughput or 0.0),
                                   "cause": cause})
 
-    def _over_limit(self, est: Estimate) -> tuple[str, str] | None:
-        """(cause, reason) for the first limit the prediction exceeds by more than the margin: device memory,
-        then the node's host memory, then the NVMe path's free space."""
-        margin = f"by more than the {self.margin:.0%} safety margin"
-        if not est.fits(self.budget_bytes, self.margin):
+    def _over_limit(self, est: Estimate, forecast: Forecast) -> tuple[str, str] | None:
+        """(cause, reason) for the first limit the config is unlikely to fit: device memory, then the node's
+        host memory, then the NVMe path's free space."""
+        floor = f"below the {self.min_fit_probability:.0%} a config needs to run"
+        p = forecast.fit_probability(self.budget_bytes)
+        if p < self.min_fit_probability:
             term = est.memory.dominant
-            return DEVICE_MEMORY, (f"predicted peak {format_size(est.peak_bytes)} exceeds the budget of "
-                                   f"{format_size(self.budget_bytes)} {margin} (largest term: {term} "
+            low, high = forecast.peak_interval()
+            return DEVICE_MEMORY, (f"predicted peak {format_size(est.peak_bytes)} ({format_size(low)}-"
+                                   f"{format_size(high)}, 90%) fits the budget of {format_size(self.budget_bytes)} "
+                                   f"with probability {p:.1%}, {floor} (largest term: {term} "
                                    f"{format_size(getattr(est.memory, term))})")
         host = host_need_bytes(est, self.workload, self.hardware)
-        if host > self.hardware.host_memory_bytes * (1 + self.margin):
+        p = self._probability_within(host, self.hardware.host_memory_bytes)
+        if p < self.min_fit_probability:
             return HOST_MEMORY, (f"offloaded state needs {format_size(host)} of host memory per node, more than "
-                                 f"the {format_size(self.hardware.host_memory_bytes)} of {self.hardware.name} {margin}")
+                                 f"the {format_size(self.hardware.host_memory_bytes)} of {self.hardware.name} "
+                                 f"(probability {p:.1%} of fitting, {floor})")
         nvme = nvme_need_bytes(est, self.workload, self.hardware)
-        if self.nvme_free_bytes is not None and nvme > self.nvme_free_bytes * (1 + self.margin):
+        p = 1.0 if self.nvme_free_bytes is None else self._probability_within(nvme, self.nvme_free_bytes)
+        if p < self.min_fit_probability:
             return NVME_SPACE, (f"offloaded state needs {format_size(nvme)} of NVMe space per node, more than "
-                                f"the {format_size(self.nvme_free_bytes)} free at the NVMe path {margin}")
+                                f"the {format_size(self.nvme_free_bytes or 0)} free at the NVMe path "
+                                f"(probability {p:.1%} of fitting, {floor})")
         return None
 
-    def with_out_of_memory(self, config: Config, cause: str | None = DEVICE_MEMORY) -> "Pruner":
-        """This pruner taught that `config` ran out of `cause` (a device or host memory; others teach nothing)."""
-        if cause == HOST_MEMORY:
-            return replace(self, out_of_host_memory=self.out_of_host_memory | {config})
-        if cause == DEVICE_MEMORY:
-            return replace(self, out_of_memory=self.out_of_memory | {config})
-        return self
+    def _probability_within(self, need: int, limit: int) -> float:
+        """P(need <= limit), with the memory model's spread (its knob offsets are about device memory)."""
+        if need <= 0:
+            return 1.0
+        if limit <= 0:
+            return 0.0
+        sigma = self.uncertainty.memory.noise + PRIOR_MEMORY[0]  # the common offset's prior: host need is not fitted
+        return normal_cdf(math.log(limit / need) / sigma)
 
-    def _smaller_out_of_memory(self, config: Config, est: Estimate) -> tuple[str, str] | None:
-        for other in sorted(self.out_of_memory):
-            slack = 1.0 if layout(other) == layout(config) else 1.0 + OTHER_LAYOUT_SLACK
-            if self.predict(other).peak_bytes * slack <= est.peak_bytes:
-                reason = (f"{other.label()} ran out of memory with a predicted peak no larger than this config's "
-                          f"{format_size(est.peak_bytes)}")
-                if layout(other) != layout(config):
-                    reason += f" less {OTHER_LAYOUT_SLACK:.0%} (another memory layout)"
-                return DEVICE_MEMORY, reason
+    def _no_gain(self, forecast: Forecast, best: float | None) -> tuple[str, str] | None:
+        if not best:
+            return None
+        fast = forecast.throughput_interval(self.value_z)[1]
+        if fast >= best:
+            return None
+        return VALUE, (f"predicted {forecast.throughput:.3g} samples/s, at most {fast:.3g} at the optimistic end "
+                       f"({self.value_z:g} sd), below the best found ({best:.3g})")
+
+    def _smaller_out_of_host_memory(self, config: Config, est: Estimate) -> tuple[str, str] | None:
         host = host_need_bytes(est, self.workload, self.hardware)
         for other in sorted(self.out_of_host_memory):
             if host and host_need_bytes(self.predict(other), self.workload, self.hardware) <= host:
@@ -167,17 +207,41 @@ class Pruner:
                                      f"larger than this config's {format_size(host)}")
         return None
 
-    def recalibrated(self, calibration: Calibration, measured: Iterable[TrialResult]) -> "Pruner":
-        """This pruner with a new calibration and the margin that calibration earns on `measured`."""
-        if calibration.samples <= 0:
-            return replace(self, calibration=calibration)
-        over = [self._over_prediction(calibration, r) for r in measured if r.ok and r.peak_memory_bytes]
-        margin = UNCALIBRATED_MARGIN if not over else min(max(max(over), MIN_MARGIN), UNCALIBRATED_MARGIN)
-        return replace(self, calibration=calibration, margin=margin)
+    def with_out_of_memory(self, config: Config, cause: str | None = DEVICE_MEMORY,
+                           peak_bytes: int | None = None) -> "Pruner":
+        """This pruner taught that `config` ran out of `cause` (a device or host memory; others teach nothing):
+        a device out-of-memory is an observation of its peak (`peak_bytes`, or "over the budget" if unknown)."""
+        if cause == HOST_MEMORY:
+            return replace(self, out_of_host_memory=self.out_of_host_memory | {config})
+        if cause == DEVICE_MEMORY:
+            taught = replace(self, out_of_memory=self.out_of_memory | {config},
+                             oom_peaks=self.oom_peaks + ((config, peak_bytes),))
+            return taught._refit()
+        return self
 
-    def _over_prediction(self, calibration: Calibration, result: TrialResult) -> float:
-        predicted = estimate(result.config, self.workload, self.hardware, calibration).peak_bytes
-        return predicted / result.peak_bytes - 1.0
+    def recalibrated(self, calibration: Calibration, measured: Iterable[TrialResult]) -> "Pruner":
+        """This pruner with a new calibration and the uncertainty it leaves on `measured`."""
+        return replace(self, calibration=calibration, measured=tuple(measured))._refit()
+
+    def _refit(self) -> "Pruner":
+        from autotune.calibrate import fit_uncertainty
+
+        return replace(self, uncertainty=fit_uncertainty(self.measured, self.oom_peaks, self.workload, self.hardware,
+                                                         self.calibration, self.budget_bytes))
+
+
+class LivePruner:
+    """The pruner of a sweep as it learns (the sweep replaces it after each result): what a strategy reads
+    through `SearchContext.forecast`."""
+
+    def __init__(self, pruner: Pruner) -> None:
+        self.pruner = pruner
+
+    def forecast(self, config: Config) -> Forecast:
+        return self.pruner.forecast(config)
+
+    def uncertainty(self) -> Uncertainty:
+        return self.pruner.uncertainty
 
 
 def layout(config: Config) -> tuple:

@@ -112,8 +112,9 @@ def assert_reads_like_the_run(detail: dict[str, Any], rows: list[dict[str, str]]
             continue
         if trial["state"] == "Waiting":  # queued and never asked (a warm start the budget left no room for)
             assert a["status"] == "queued" and {knob: a[knob] for knob in KNOBS}
-        else:  # never ran: an invalid combination or a repeat
-            assert (trial["state"], a["status"]) in {("Pruned", "invalid"), ("Fail", "repeat")}
+        else:  # never ran: an invalid combination, a repeat, or a sampled config the forecast found unlikely to fit
+            assert (trial["state"], a["status"]) in {("Pruned", "invalid"), ("Fail", "repeat"),
+                                                     ("Pruned", "unlikely to fit")}
     # The best trial is the recommendation.
     best = json.loads((run / "summary.json").read_text())["best"]["config"]
     assert {k: attrs(detail["best_trials"][0])[k] for k in KNOBS} == {k: str(v) for k, v in best.items()}
@@ -135,10 +136,12 @@ def test_the_dashboard_reads_a_tuned_study_with_knob_values_results_and_feasibil
     detail, rows = read_study(f"sqlite:///{optuna_run / 'study.db'}", "autotune")
     assert_reads_like_the_run(detail, rows, optuna_run)
     results = read_results(optuna_run / "trials.jsonl")
-    assert {r.status for r in results} >= {"ok", "oom", "pruned"}  # the budget makes every kind of trial
+    assert {r.status for r in results} >= {"ok", "oom"}  # the budget makes both kinds of trial
     launched = [r for r in results if r.status != "pruned"]
-    assert sum(t["state"] == "Complete" for t in detail["trials"]) == len(launched) == TRIALS
-    assert any(attrs(t)["status"] == "invalid" for t in detail["trials"])  # this seed proposes some
+    # (the search may end before TRIALS once no untried config is worth a trial nor likely to fit)
+    assert sum(t["state"] == "Complete" for t in detail["trials"]) == len(launched) <= TRIALS
+    # (Invalid combinations: guided by the sweep's forecast this run proposes none; tests/test_strategies.py
+    # covers how they are told.)
     user = {a["key"]: a["value"] for a in detail["user_attrs"]}
     assert json.loads(user["space"])["micro_batch"] == [1, 2, 4, 8]
     assert int(user["memory_budget_bytes"]) == RunDir(optuna_run).read_settings().memory_budget_bytes
@@ -165,8 +168,11 @@ def test_the_hybrid_strategys_study_reads_the_same(tmp_path):
     numbered = sorted((int(attrs(t)["report_trial"]), attrs(t)["proposed_by"]) for t in detail["trials"]
                       if "report_trial" in attrs(t))
     proposers = [by for _, by in numbered]
-    assert proposers[0] == "policy"  # the policy's proposals first, then Optuna's
-    assert {"policy"} < set(proposers) <= {"policy", "warm start", "optuna", "nearest untried"}
+    # The warm start that identifies the estimator's error first (issue 17), then the policy taking turns
+    # with Optuna's most valuable configs and TPE.
+    assert proposers[0] == "warm start"
+    assert {"warm start"} <= set(proposers) <= {"policy", "warm start", "optuna", "nearest untried",
+                                                          "expected gain", "likeliest to fit"}
 
 
 def test_storage_url_puts_the_study_in_a_shared_database_and_resume_continues_it(tmp_path):
@@ -182,7 +188,10 @@ def test_storage_url_puts_the_study_in_a_shared_database_and_resume_continues_it
     assert names == {study_name(first, url), study_name(second, url)}
     detail, rows = read_study(url, study_name(first, url))  # resumed: one study, numbered on from the record
     assert_reads_like_the_run(detail, rows, first)
-    assert sum(t["state"] == "Complete" for t in detail["trials"]) == TRIALS
+    # (at most TRIALS: the search ends early once no untried config is worth a trial nor likely to fit)
+    launched = [r for r in read_results(first / "trials.jsonl") if r.status != "pruned"]
+    assert sum(t["state"] == "Complete" for t in detail["trials"]) == len(launched) <= TRIALS
+    assert len(launched) > 6  # the resumed run went on
     assert json.loads((first / "run.json").read_text())["storage"] == url
 
 

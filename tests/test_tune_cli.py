@@ -88,22 +88,23 @@ def test_a_sweep_with_no_fitting_config_says_why_and_exits_non_zero(tmp_path, ca
 
 
 def test_configs_predicted_not_to_fit_are_recorded_as_pruned_and_never_run(tmp_path, capsys):
-    budget = 16 * GiB
+    # 10 GiB (16 before issue 17): pruning by probability keeps configs predicted a little over the budget
+    # until trials narrow their intervals, so a tighter budget makes the far-over configs this test needs.
+    budget = 10 * GiB
     code, out, _ = cli(["tune", "--backend", "simulated", "--model", "gpt2-large", "--gpus", "4", "--global-batch", "64",
-                        "--hardware", "v100-32gb", "--strategy", "random", "--memory-budget", "16GiB",
+                        "--hardware", "v100-32gb", "--strategy", "random", "--memory-budget", "10GiB",
                         "--trials", "15", "--seed", "3", "--out", str(tmp_path / "r")], capsys)
     assert code == 0
     results = read_results(tmp_path / "r" / "trials.jsonl")
     pruned = [r for r in results if r.status == "pruned"]
     ran = [r for r in results if r.status != "pruned"]
     assert pruned and len(ran) == 15
-    for r in pruned:  # beyond the margin, or ruled out by an earlier out-of-memory trial
-        by_margin = r.extra["predicted_peak_bytes"] > budget * (1 + r.extra["pruning_margin"])
-        assert "ran out of memory" in r.error or (by_margin and "safety margin" in r.error)
+    for r in pruned:  # unlikely to fit (by probability, issue 17), or unable to beat the best found
+        assert (r.extra["cause"] == "device_memory" and r.extra["fit_probability"] < 0.05
+                and "probability" in r.error) or (r.extra["cause"] == "value" and "best found" in r.error)
         assert r.wall_time_s == 0 and r.throughput_samples_per_s is None
-    assert any("safety margin" in r.error for r in pruned)
-    for r in ran:
-        assert r.extra["predicted_peak_bytes"] <= budget * 1.25
+        assert r.extra["cause"] != "device_memory" or r.extra["predicted_peak_interval_bytes"][0] > budget
+    assert any(r.extra["cause"] == "device_memory" for r in pruned)
     assert "pruned" in out
     assert "| pruned |" in (tmp_path / "r" / "report.md").read_text()
 

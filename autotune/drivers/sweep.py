@@ -18,7 +18,7 @@ from autotune.calibrate import calibrator
 from autotune.config import Config
 from autotune.drivers.stop import StopReason
 from autotune.estimate import Calibration
-from autotune.pruning import Pruner, cause_of
+from autotune.pruning import LivePruner, Pruner, cause_of
 from autotune.results import TrialResult
 from autotune.space import Space
 from autotune.strategies import SearchContext, Strategy, make_strategy
@@ -47,8 +47,10 @@ class Sweep:
     def __init__(self, strategy: Strategy, pruner: Pruner, record: Callable[[TrialResult], None],
                  backend_name: str, history: Sequence[TrialResult] = (),
                  calibrate: Callable[[Sequence[TrialResult]], Calibration] | None = None,
-                 space_size: int = 0) -> None:
+                 space_size: int = 0, live: LivePruner | None = None) -> None:
         self.strategy = strategy
+        # The strategy's view of the pruner as it learns (SearchContext.forecast), when it was given one.
+        self._live = live or LivePruner(pruner)
         self.pruner = pruner
         self._record = record
         self.backend_name = backend_name
@@ -76,18 +78,20 @@ class Sweep:
                 continue
             strategy.observe(result.config, result)
             if result.status == "oom":
-                self.pruner = self.pruner.with_out_of_memory(result.config, cause_of(result))
-        if calibrate is not None and self.measured():
-            self.pruner = self.pruner.recalibrated(calibrate(self.measured()), self.measured())
+                self.pruner = self.pruner.with_out_of_memory(result.config, cause_of(result), result.peak_memory_bytes)
+        if self.measured():
+            self._learn()
 
     @classmethod
     def open(cls, run_dir: "RunDir", settings: "RunSettings", space: Space) -> "Sweep":
         """The sweep of a run directory: its recorded history, strategy (its study in the run's storage), pruner."""
         pruner = Pruner.for_settings(settings)
+        live = LivePruner(pruner)
         context = SearchContext(space, settings.memory_budget_bytes, settings.seed, pruner.predict,
-                                run_dir.storage(settings.storage), run_dir.study_name(settings.storage))
+                                run_dir.storage(settings.storage), run_dir.study_name(settings.storage),
+                                forecast=live.forecast, uncertainty=live.uncertainty)
         return cls(make_strategy(settings.strategy, context), pruner, run_dir.append, settings.backend,
-                   run_dir.results(), calibrator(settings.workload, settings.hardware), len(space))
+                   run_dir.results(), calibrator(settings.workload, settings.hardware), len(space), live)
 
     @classmethod
     def in_memory(cls, space: Space, budget_bytes: int, strategy: str | Callable[[SearchContext], Strategy],
@@ -96,10 +100,20 @@ class Sweep:
         """A sweep with no run directory (benchmarks, tests): `strategy` is a name or builds one from its context;
         `record` hears every result in order; `calibrate` refits the estimator on measured trials, as tune does."""
         pruner = Pruner(space.workload, space.hardware, budget_bytes)
-        context = SearchContext(space, budget_bytes, seed, pruner.predict, storage)
+        live = LivePruner(pruner)
+        context = SearchContext(space, budget_bytes, seed, pruner.predict, storage, forecast=live.forecast,
+                                uncertainty=live.uncertainty)
         built = make_strategy(strategy, context) if isinstance(strategy, str) else strategy(context)
         return cls(built, pruner, record, backend_name, (),
-                   calibrator(space.workload, space.hardware) if calibrate else None, len(space))
+                   calibrator(space.workload, space.hardware) if calibrate else None, len(space), live)
+
+    @property
+    def pruner(self) -> Pruner:
+        return self._live.pruner
+
+    @pruner.setter
+    def pruner(self, pruner: Pruner) -> None:
+        self._live.pruner = pruner
 
     def nothing_fits(self, space: Space) -> bool:
         """Every config would be pruned: say so rather than record the whole space."""
@@ -190,7 +204,8 @@ class Sweep:
             if config in self.known:
                 self.strategy.observe(config, self.known[config])
             else:
-                pruned = self.pruner.check(config, self.backend_name)
+                best = self.best.throughput if self.best is not None else None
+                pruned = self.pruner.check(config, self.backend_name, best)
                 if pruned is None:
                     return config
                 pruned = self._add(pruned)
@@ -219,10 +234,17 @@ class Sweep:
                 self.best is None or result.throughput > self.best.throughput):
             self.best = result
         if first is None and result.status == "oom":
-            self.pruner = self.pruner.with_out_of_memory(config, cause_of(result))
-        if self.calibrate is not None and measurable(result):
-            self.pruner = self.pruner.recalibrated(self.calibrate(self.measured()), self.measured())
+            self.pruner = self.pruner.with_out_of_memory(config, cause_of(result), result.peak_memory_bytes)
+        if measurable(result):
+            self._learn()
         return result
+
+    def _learn(self) -> None:
+        """The pruner refitted on the measured results: the estimator's scales (unless this sweep does not
+        calibrate) and, either way, the uncertainty of its predictions."""
+        measured = self.measured()
+        calibration = self.calibrate(measured) if self.calibrate is not None else self.pruner.calibration
+        self.pruner = self.pruner.recalibrated(calibration, measured)
 
     def _add(self, result: TrialResult) -> TrialResult:
         result = replace(result, extra={**result.extra, "trial": self.next_number})

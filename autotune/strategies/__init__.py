@@ -17,6 +17,7 @@ from autotune.config import Config, ConfigError
 from autotune.estimate import Estimate
 from autotune.results import TrialResult
 from autotune.space import Space
+from autotune.uncertainty import Forecast, Uncertainty
 
 
 @runtime_checkable
@@ -42,6 +43,10 @@ class SearchContext:
     predict: Callable[[Config], Estimate] | None = None  # the estimator as calibrated when the search starts
     storage: Any = None  # Optuna storage (URL or storage object) of the run directory; None: in memory
     study_name: str = "autotune"  # the sweep's study in that storage (autotune.study_storage.study_name)
+    # The prediction with its uncertainty as the sweep's pruner knows it now (recalibrated after each result):
+    # probability of fitting, throughput interval, expected gain. None: no sweep (the estimator alone).
+    forecast: Callable[[Config], Forecast] | None = None
+    uncertainty: Callable[[], Uncertainty] | None = None  # the error models behind `forecast`, as they are now
 
 
 # strategy name -> "module:factory", factory(context) -> Strategy. Later strategies (rl, hybrid) add entries.

@@ -31,7 +31,7 @@ from typing import Any
 from autotune.config import Config
 from autotune.results import TrialResult
 from autotune.strategies import SearchContext
-from autotune.strategies.optuna_search import tpe
+from autotune.strategies.optuna_search import FIT_TO_RUN, IDENTIFY, tpe
 from autotune.strategies.rl import RLStrategy
 
 POLICY_TRIALS = 12
@@ -41,20 +41,25 @@ class HybridStrategy:
     name = "hybrid"
 
     def __init__(self, context: SearchContext, policy: Any = None, policy_trials: int = POLICY_TRIALS,
-                 interleave: bool = False) -> None:
+                 interleave: bool | None = None) -> None:
         self.policy = RLStrategy(context, policy, max_trials=policy_trials)
         self.search = tpe(context)
-        self.interleave = interleave
+        # With the sweep's forecast, the policy takes turns with Optuna's most valuable configs and TPE.
+        self.interleave = self.search.guided if interleave is None else interleave
         self.in_policy = True
         self.policy_turn = True
         self.proposed: set[Config] = set()  # configs the policy proposed, so the study can say whose they were
 
     def propose(self) -> Config | None:
+        if self.search.exhausted:
+            return None  # nothing left is worth a trial, by the sweep's forecast
+        if self.search.guided and len(self.search.outcomes) + len(self.search.pending) < IDENTIFY:
+            return self.search.propose()  # the warm start that identifies the estimator's error model
         # While the policy's proposal is still running (a Ray sweep has several trials in flight), Optuna
         # fills the slot: the policy proposes one config at a time.
         waiting = self.policy.pending is not None
         if self.in_policy and not waiting and (self.policy_turn or not self.interleave):
-            config = self.policy.propose()
+            config = self._policy_proposal()
             if config is not None:
                 self.policy_turn = False
                 self.proposed.add(config)
@@ -62,6 +67,19 @@ class HybridStrategy:
             self.in_policy = False
         self.policy_turn = True
         return self.search.propose()
+
+    def _policy_proposal(self) -> Config | None:
+        """The policy's next config; one the sweep's forecast finds unlikely to fit (FIT_TO_RUN) is refused
+        as the tuner refuses a pruned one (the policy proposes again without it), and never runs."""
+        forecast = self.search.context.forecast if self.search.guided else None
+        while True:
+            config = self.policy.propose()
+            if config is None or forecast is None:
+                return config
+            p = forecast(config).fit_probability(self.search.context.budget_bytes)
+            if p >= FIT_TO_RUN:
+                return config
+            self.policy.observe(config, TrialResult(config, "pruned", error=f"unlikely to fit (probability {p:.0%})"))
 
     def observe(self, config: Config, result: TrialResult) -> None:
         if self.in_policy:

@@ -48,7 +48,7 @@ from optuna.trial import TrialState
 from autotune.config import KNOBS, Config, ConfigError
 from autotune.estimate import estimate
 from autotune.results import TrialResult
-from autotune.strategies import SearchContext
+from autotune.strategies import SearchContext, guide
 
 ORDERED = ("zero_stage", "micro_batch", "ckpt_interval")
 PENALTY = 0.0  # samples/s told for a config that ran and failed, or did not fit the budget
@@ -60,6 +60,15 @@ METRIC = "throughput_samples_per_s"
 CONSTRAINTS_KEY = "constraints"  # the trial system attribute optuna-dashboard reads feasibility from
 MEASURES = ("throughput_samples_per_s", "tokens_per_s", "step_time_s", "peak_memory_bytes")
 REASON_CHARS = 500  # a failure's error, as a user attribute, is cut to this
+# With the sweep's forecast (SearchContext.forecast): the first IDENTIFY proposals identify the estimator's
+# error model (guide.identifying), then every other proposal is the most valuable config (probability of
+# fitting x expected gain, guide.most_valuable) and the others TPE's; a TPE proposal less likely than
+# FIT_TO_RUN to fit is told as infeasible (its constraint: median predicted peak / budget - 1) and the
+# nearest untried config likely to fit runs instead.
+IDENTIFY = 4
+FIT_TO_RUN = 0.8
+STOP_GAIN = 0.002  # below this x best, no untried config's probability x expected gain is worth a trial
+GUIDED_TURNS = 4  # after the warm start, the first proposals are all the most valuable configs
 
 
 def tpe(context: SearchContext) -> "OptunaStrategy":
@@ -104,8 +113,12 @@ class OptunaStrategy:
                 else:
                     self.pending[config] = optuna.trial.Trial(self.study, trial._trial_id)
                     self.resumed.append(config)
+        self.guided = context.forecast is not None and context.uncertainty is not None
+        self.turn = 0  # proposals since the warm start: even ones are the most valuable config's
+        # Nothing untried is worth a trial (probability x expected gain) nor likely to fit: proposals end.
+        self.exhausted = False
         self._describe()
-        if not trials:
+        if not trials and not self.guided:
             for config in self.warm_start():
                 self._enqueue(config, "warm start")
 
@@ -139,12 +152,20 @@ class OptunaStrategy:
             resumed = self.resumed.pop(0)
             if resumed in self.pending:  # not already told from the recorded history
                 return resumed
+        if self.guided and not self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            picked = self._guided()
+            if picked is not None:
+                return picked
+            if self.exhausted:
+                return None
         while True:
             trial = self.study.ask(self.distributions)
             config = self.config_of(trial.params)
             if config is not None and config not in self.outcomes and config not in self.pending:
-                self._asked(trial, config)
-                return config
+                if self._likely_to_fit(trial, config):
+                    self._asked(trial, config)
+                    return config
+                break
             # An invalid combination, or a config already tried or in flight: the sampler learns that at once
             # (an infeasible pruned trial; a repeat carries nothing new and fails).
             self._refuse(trial, config)
@@ -155,14 +176,62 @@ class OptunaStrategy:
         # The nearest config not tried yet runs in place of a sampled proposal that cannot run. So a proposal
         # costs at most two asks once the queue is empty, however sparse the valid configs are in the knob
         # grid (a replay surface that measured a fraction of the space).
-        nearest = self.nearest_untried(trial.params)
+        nearest = self.nearest_untried(trial.params, likely=True) or self.nearest_untried(trial.params)
         if nearest is None:
             return None
-        self._enqueue(nearest, "nearest untried")
+        return self._run_queued(nearest, "nearest untried")
+
+    def _run_queued(self, config: Config, proposed_by: str) -> Config:
+        self._enqueue(config, proposed_by)
         trial = self.study.ask(self.distributions)
-        assert self.config_of(trial.params) == nearest, "the queue was empty: the enqueued config is asked next"
-        self._asked(trial, nearest)
-        return nearest
+        assert self.config_of(trial.params) == config, "the queue was empty: the enqueued config is asked next"
+        self._asked(trial, config)
+        return config
+
+    def _guided(self) -> Config | None:
+        """The warm start's next config while the error model is being identified, then on every other
+        turn the most valuable config; None: TPE's turn."""
+        tried = set(self.outcomes) | set(self.pending)
+        if len(tried) < IDENTIFY:
+            picked = guide.identifying(self.context, tried)
+            return None if picked is None else self._run_queued(picked, "warm start")
+        self.turn += 1
+        best = self.best_value()
+        picked = guide.most_valuable(self.context, tried, best)
+        if picked is None:
+            return None
+        if best and guide.worth(self.context, picked, best) < STOP_GAIN * best:
+            # Nothing left is worth a trial: the trials left go to the configs likeliest to fit (the
+            # pruner drops those that cannot gain), not to out-of-memory failures.
+            likeliest = guide.likeliest(self.context, tried)
+            if likeliest is None or guide.fit_probability(self.context, likeliest) < guide.LIKELY:
+                self.exhausted = True  # and none likely to fit: the search is over
+                return None
+            return self._run_queued(likeliest, "likeliest to fit")
+        if self.turn % 2 or self.turn <= GUIDED_TURNS:
+            return self._run_queued(picked, "expected gain")
+        return None
+
+    def best_value(self) -> float:
+        """The best throughput told of a config that fit."""
+        return max((value for value, constraint in self.outcomes.values() if constraint <= 0), default=0.0)
+
+    def _likely_to_fit(self, trial: optuna.trial.Trial, config: Config) -> bool:
+        """Whether a sampled proposal is likely enough to fit to run; if not, it is told as infeasible, with
+        the median predicted peak as its constraint."""
+        if not self.guided or self._queued(trial):
+            return True
+        assert self.context.forecast is not None
+        forecast = self.context.forecast(config)
+        p = forecast.fit_probability(self.context.budget_bytes)
+        if p >= FIT_TO_RUN:
+            return True
+        attrs = {**config.to_dict(), "config": config.label(), "proposed_by": self._proposer(trial),
+                 "status": "unlikely to fit", "fit_probability": p, "feasible": False,
+                 "predicted_peak_bytes": int(forecast.peak_bytes)}
+        self._finish(trial, TrialState.PRUNED, None, max(forecast.peak_bytes / self.context.budget_bytes - 1.0, 0.01),
+                     attrs)
+        return False
 
     def _refuse(self, trial: optuna.trial.Trial, config: Config | None) -> None:
         """Tell a proposal that will not run: PRUNED (infeasible) if invalid, FAIL if a repeat."""
@@ -181,9 +250,11 @@ class OptunaStrategy:
         """Whether an asked trial came from the study's queue (enqueue_trial) rather than the sampler."""
         return "fixed_params" in trial.storage.get_trial_system_attrs(trial._trial_id)
 
-    def nearest_untried(self, params: dict[str, Any]) -> Config | None:
+    def nearest_untried(self, params: dict[str, Any], likely: bool = False) -> Config | None:
         """The untried valid config closest to a proposal: index distance on ordered knobs, 1 per other
-        knob that differs; ties broken by the seeded generator."""
+        knob that differs; ties broken by the seeded generator. `likely`: among those at least FIT_TO_RUN
+        likely to fit (the sweep's forecast)."""
+        forecast = self.context.forecast if likely and self.guided else None
         wanted = []
         for knob in KNOBS:
             values = self.space.choices.knob_values(knob)
@@ -191,6 +262,8 @@ class OptunaStrategy:
         best, best_distance = [], None
         for config in self.space:
             if config in self.outcomes or config in self.pending:
+                continue
+            if forecast is not None and forecast(config).fit_probability(self.context.budget_bytes) < FIT_TO_RUN:
                 continue
             codes = self.space.encode(config)
             distance = sum(abs(a - b) if knob in ORDERED else int(a != b) for knob, a, b in zip(KNOBS, codes, wanted))

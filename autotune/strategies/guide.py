@@ -1,0 +1,80 @@
+"""Model-guided picks shared by the strategies that read the sweep's forecast (SearchContext.forecast):
+what to measure to identify the estimator's error model, and what is worth running now.
+
+- `identifying`: the warm start. The untried config whose measurement shrinks most the variance of the
+  predictions of the configs predicted best (Bayesian linear regression's exact variance reduction on the
+  knob-value offsets of autotune.uncertainty, memory and throughput), weighed by its probability of
+  fitting (an out-of-memory teaches only a bound). Its first picks therefore cover the knob values the best
+  candidates share but no trial used (checkpointing on and off, each precision, offload on and off),
+  rather than the best predicted config of each memory layout.
+- `most_valuable`: the untried config of the highest expected gain over the best found, weighed by its
+  probability of fitting (probability x E[max(throughput - best, 0)], the throughput log-normal).
+"""
+
+from __future__ import annotations
+
+from typing import Collection
+
+import numpy as np
+
+from autotune.config import Config
+from autotune.strategies import SearchContext
+from autotune.uncertainty import Forecast
+
+TARGETS = 8  # configs "predicted best" whose uncertainty the warm start shrinks
+# A guided pick is one at least this likely to fit, while there is one: an out-of-memory trial costs a
+# trial for a bound, and the warm start's purpose is to make the likely configs' intervals narrow.
+LIKELY = 0.8
+NEARLY = 0.9
+
+
+def forecasts(context: SearchContext, tried: Collection[Config]) -> dict[Config, Forecast]:
+    """The forecast of every untried config of the space (in the space's order) at least LIKELY to fit, or
+    if none is, nearly as likely as the likeliest (before any trial an uncalibrated estimator may predict
+    every config over the budget)."""
+    assert context.forecast is not None, "a guided pick needs the sweep's forecast"
+    found = {c: context.forecast(c) for c in context.space if c not in tried}
+    fit = {c: f.fit_probability(context.budget_bytes) for c, f in found.items()}
+    floor = min(LIKELY, NEARLY * max(fit.values(), default=0.0))
+    return {c: f for c, f in found.items() if fit[c] >= floor}
+
+
+def identifying(context: SearchContext, tried: Collection[Config]) -> Config | None:
+    assert context.uncertainty is not None, "a guided pick needs the sweep's error models"
+    found = forecasts(context, tried)
+    if not found:
+        return None
+    budget = context.budget_bytes
+    configs = list(found)
+    fit = np.array([found[c].fit_probability(budget) for c in configs])
+    worth = fit * np.array([found[c].throughput_interval()[1] for c in configs])
+    order = np.argsort(-worth, kind="stable")[:TARGETS]
+    targets = [configs[i] for i in order]
+    weights = worth[order] / max(float(worth[order].max()), 1e-300)
+    errors = context.uncertainty()
+    info = errors.time.information(configs, targets, weights) + errors.memory.information(configs, targets, weights)
+    return configs[int(np.argmax(fit * info))]
+
+
+def most_valuable(context: SearchContext, tried: Collection[Config], best: float) -> Config | None:
+    found = forecasts(context, tried)
+    if not found:
+        return None
+    return max(found, key=lambda c: found[c].value(context.budget_bytes, best))
+
+
+def worth(context: SearchContext, config: Config, best: float) -> float:
+    """Probability of fitting x expected gain over `best`, in samples/s."""
+    assert context.forecast is not None, "a guided pick needs the sweep's forecast"
+    return context.forecast(config).value(context.budget_bytes, best)
+
+
+def likeliest(context: SearchContext, tried: Collection[Config]) -> Config | None:
+    """The untried config most likely to fit."""
+    found = forecasts(context, tried)
+    return max(found, key=lambda c: found[c].fit_probability(context.budget_bytes)) if found else None
+
+
+def fit_probability(context: SearchContext, config: Config) -> float:
+    assert context.forecast is not None, "a guided pick needs the sweep's forecast"
+    return context.forecast(config).fit_probability(context.budget_bytes)

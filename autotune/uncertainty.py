@@ -1,0 +1,235 @@
+"""How far to trust a calibrated prediction: the estimator's error as a distribution, per config.
+
+Calibration (autotune.calibrate) fits a few free scales; what it cannot fix is the shape of the formulas,
+and that error depends on the knob values: a calibration fitted on checkpointing-on trials says little
+about checkpointing off. So the error of the log of each prediction (peak memory; throughput) is modelled
+as a sum of one unknown offset per knob value plus a common one plus noise,
+
+    log(measured / predicted) = b0 + sum over knobs of b[knob, value] + noise
+
+with a Gaussian prior on every offset (wide for the common one before any trial, PRIOR_MEMORY /
+PRIOR_TIME per knob value) and Bayesian linear regression on the measured trials. A knob value no trial
+used keeps its prior width; one that trials cover narrows to what their spread allows. A prediction thus
+becomes a log-normal: `Forecast` (mean and sigma of the log-ratio), from which come intervals, the
+probability of fitting a budget and the expected gain over the best throughput found.
+
+An out-of-memory trial with no measured peak says only "peak > budget": a censored observation, folded
+in by moment matching (assumed density filtering, the one-step expectation propagation update for a step
+likelihood), so it moves the offsets of its knob values up by as much as it surprises the model.
+Trials whose peak is known (a replay surface, a simulation, a real run that exceeded the budget without
+crashing) count as exact observations whatever their status.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from autotune.config import KNOBS, Config
+
+# Prior standard deviations of the log-ratio's terms. Common offset: before any trial the estimator's
+# level is uncertain (uncalibrated, ~50% high on this repo's CPU surfaces); each knob value's own
+# offset: how far the formulas' shape can be off for one value (checkpointing off was over-predicted by
+# ~23% on an outside surface calibrated on checkpointing-on trials only).
+# Per knob: the memory formulas' weakest part is the activations (micro-batch, checkpointing); the model
+# states of a stage or an offload are exact byte counts.
+PRIOR_MEMORY = (0.15, (("zero_stage", 0.07), ("micro_batch", 0.15), ("ckpt_interval", 0.15), ("precision", 0.10),
+                       ("offload_optimizer", 0.07), ("offload_param", 0.07)))
+PRIOR_TIME = (0.60, tuple((knob, 0.20) for knob in KNOBS))
+# Noise: spread of repeated measurements plus what no knob value explains (prior value, its weight in
+# trials, and a floor: a model fitted on a few trials explains them too well).
+NOISE_MEMORY = (0.04, 3.0, 0.01)
+NOISE_TIME = (0.15, 3.0, 0.10)
+Z90 = 1.6448536269514722  # two-sided 90% interval
+
+
+def normal_cdf(z: float) -> float:
+    return 0.5 * math.erfc(-z / math.sqrt(2.0))
+
+
+def normal_pdf(z: float) -> float:
+    return math.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
+
+
+@dataclass(frozen=True)
+class ErrorModel:
+    """Posterior of the log-ratio's offsets: `columns` name the knob values (after the common offset)."""
+
+    columns: tuple[tuple[str, Any], ...]
+    mean: tuple[float, ...]
+    cov: tuple[tuple[float, ...], ...] = field(repr=False)
+    noise: float
+    samples: int = 0  # exact observations
+    censored: int = 0  # out-of-memory bounds
+
+    # Prior sd per knob of the offset of a knob value no observation used (not a column).
+    value_prior: tuple[tuple[str, float], ...] = ()
+
+    def predict(self, config: Config) -> tuple[float, float]:
+        """(mean, sigma) of log(measured / predicted) for `config`, the noise included. A knob value that is
+        not a column was in no observation: its offset is still the prior's, independent of the rest."""
+        x = np.array(_features(self.columns, config))
+        mean = float(x @ np.array(self.mean))
+        prior = dict(self.value_prior)
+        var = float(x @ np.array(self.cov) @ x) + self.noise ** 2 + sum(
+            prior.get(k, 0.0) ** 2 for k in KNOBS if (k, getattr(config, k)) not in set(self.columns))
+        return mean, math.sqrt(max(var, 0.0))
+
+    def uncovered(self, config: Config) -> tuple[str, ...]:
+        """`config`'s knob values that no observation used, as 'knob=value'."""
+        known = set(self.columns)
+        return tuple(f"{k}={getattr(config, k)}" for k in KNOBS if (k, getattr(config, k)) not in known)
+
+
+    def information(self, candidates: Sequence[Config], targets: Sequence[Config],
+                    weights: Sequence[float]) -> np.ndarray:
+        """Per candidate, how much measuring it would shrink the variance of the targets' predictions
+        (weighted sum; Bayesian linear regression: (x_t' S x_c)^2 / (x_c' S x_c + noise^2))."""
+        columns = columns_of(list(candidates) + list(targets), self.columns)
+        n = len(columns) + 1
+        prior = dict(self.value_prior)
+        cov = np.diag([0.0] + [prior.get(k, 0.0) ** 2 for k, _ in columns])
+        index = {col: i for i, col in enumerate(columns, 1)}
+        keep = [0] + [index[col] for col in self.columns]
+        cov[np.ix_(keep, keep)] = np.array(self.cov)
+        xc = np.array([_features(columns, c) for c in candidates]).reshape(len(candidates), n)
+        xt = np.array([_features(columns, c) for c in targets]).reshape(len(targets), n)
+        cross = xt @ cov @ xc.T  # targets x candidates
+        own = np.einsum("ij,jk,ik->i", xc, cov, xc) + self.noise ** 2
+        return (np.array(weights)[:, None] * cross ** 2).sum(axis=0) / own
+
+
+def columns_of(configs: Iterable[Config], first: tuple[tuple[str, Any], ...] = ()) -> tuple[tuple[str, Any], ...]:
+    """`first`, then one column per other knob value the configs take (sorted, so that a model is the same
+    for the same data)."""
+    seen = {(k, getattr(c, k)) for c in configs for k in KNOBS} - set(first)
+    return first + tuple(sorted(seen, key=lambda kv: (KNOBS.index(kv[0]), str(kv[1]))))
+
+
+def fit_error_model(observed: Sequence[tuple[Config, float]], prior: tuple[float, tuple[tuple[str, float], ...]],
+                    noise: tuple[float, float, float], censored: Sequence[tuple[Config, float]] = ()) -> ErrorModel:
+    """The posterior given exact log-ratios `observed` and lower bounds `censored` (log-ratio > bound)."""
+    columns = columns_of([c for c, _ in observed] + [c for c, _ in censored])
+    n = len(columns) + 1
+    knob_prior = dict(prior[1])
+    prior_cov = np.diag([prior[0] ** 2] + [knob_prior.get(k, 0.0) ** 2 for k, _ in columns])
+    xs = np.array([_features(columns, c) for c, _ in observed]).reshape(len(observed), n)
+    ys = np.array([y for _, y in observed])
+    sigma = noise[0]
+    for _ in range(2):  # the noise from the residuals of a fit with the previous noise (prior-weighted)
+        mean, cov = _posterior(prior_cov, xs, ys, sigma)
+        residual = float(((ys - xs @ mean) ** 2).sum()) if len(ys) else 0.0
+        sigma = max(math.sqrt((noise[1] * noise[0] ** 2 + residual) / (noise[1] + len(ys))), noise[2])
+    for config, bound in censored:
+        mean, cov = _censor(mean, cov, _features(columns, config), bound, sigma)
+    return ErrorModel(columns, tuple(float(v) for v in mean), tuple(tuple(float(v) for v in row) for row in cov),
+                      sigma, len(observed), len(censored), tuple(prior[1]))
+
+
+def _features(columns: tuple[tuple[str, Any], ...], config: Config) -> list[float]:
+    return [1.0] + [1.0 if getattr(config, k) == v else 0.0 for k, v in columns]
+
+
+def _posterior(prior_cov: np.ndarray, xs: np.ndarray, ys: np.ndarray, sigma: float) -> tuple[np.ndarray, np.ndarray]:
+    if not len(ys):
+        return np.zeros(len(prior_cov)), prior_cov
+    precision = np.linalg.inv(prior_cov) + xs.T @ xs / sigma ** 2
+    cov = np.linalg.inv(precision)
+    return cov @ xs.T @ ys / sigma ** 2, cov
+
+
+def _censor(mean: np.ndarray, cov: np.ndarray, x: list[float], bound: float,
+            sigma: float) -> tuple[np.ndarray, np.ndarray]:
+    """Moment-matched update for "y > bound" (y = x.b + noise)."""
+    xv = np.array(x)
+    s = cov @ xv
+    var = float(xv @ s) + sigma ** 2
+    sd = math.sqrt(var)
+    alpha = (bound - float(xv @ mean)) / sd
+    tail = normal_cdf(-alpha)
+    if tail < 1e-12:  # so surprising that the Gaussian tail is numerically empty: the bound itself
+        ratio = alpha + 1.0 / max(alpha, 1.0)
+    else:
+        ratio = normal_pdf(alpha) / tail
+    mean = mean + s * (ratio / sd)
+    cov = cov - np.outer(s, s) * (ratio * (ratio - alpha) / var)
+    return mean, cov
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """A calibrated prediction with its uncertainty: peak and throughput are log-normal around the
+    estimator's figures times exp(mean)."""
+
+    predicted_peak_bytes: int
+    predicted_throughput: float
+    peak_log: tuple[float, float]  # (mean, sigma) of log(measured peak / predicted)
+    time_log: tuple[float, float]  # (mean, sigma) of log(measured throughput / predicted)
+
+    @property
+    def peak_bytes(self) -> float:
+        """The median peak."""
+        return self.predicted_peak_bytes * math.exp(self.peak_log[0])
+
+    @property
+    def throughput(self) -> float:
+        """The median throughput."""
+        return self.predicted_throughput * math.exp(self.time_log[0])
+
+    def peak_interval(self, z: float = Z90) -> tuple[float, float]:
+        mean, sigma = self.peak_log
+        return (self.predicted_peak_bytes * math.exp(mean - z * sigma),
+                self.predicted_peak_bytes * math.exp(mean + z * sigma))
+
+    def throughput_interval(self, z: float = Z90) -> tuple[float, float]:
+        mean, sigma = self.time_log
+        return (self.predicted_throughput * math.exp(mean - z * sigma),
+                self.predicted_throughput * math.exp(mean + z * sigma))
+
+    def fit_probability(self, budget_bytes: int) -> float:
+        """P(peak <= budget)."""
+        if self.predicted_peak_bytes <= 0:
+            return 1.0
+        mean, sigma = self.peak_log
+        gap = math.log(budget_bytes / self.predicted_peak_bytes) - mean
+        if sigma <= 0:
+            return 1.0 if gap >= 0 else 0.0
+        return normal_cdf(gap / sigma)
+
+    def expected_gain(self, best: float) -> float:
+        """E[max(throughput - best, 0)] in samples/s (log-normal throughput), ignoring whether it fits."""
+        mean, sigma = self.time_log
+        mu = math.log(max(self.predicted_throughput, 1e-300)) + mean
+        if best <= 0:
+            return math.exp(mu + sigma ** 2 / 2)
+        if sigma <= 0:
+            return max(math.exp(mu) - best, 0.0)
+        d1 = (mu + sigma ** 2 - math.log(best)) / sigma
+        return math.exp(mu + sigma ** 2 / 2) * normal_cdf(d1) - best * normal_cdf(d1 - sigma)
+
+    def value(self, budget_bytes: int, best: float) -> float:
+        """Expected gain weighed by the probability of fitting: what running it is worth."""
+        return self.fit_probability(budget_bytes) * self.expected_gain(best)
+
+
+@dataclass(frozen=True)
+class Uncertainty:
+    """The error models of memory and throughput for one sweep (a workload, a machine, a calibration)."""
+
+    memory: ErrorModel
+    time: ErrorModel
+
+    def forecast(self, config: Config, predicted_peak_bytes: int, predicted_throughput: float) -> Forecast:
+        return Forecast(predicted_peak_bytes, predicted_throughput, self.memory.predict(config),
+                        self.time.predict(config))
+
+
+PRIOR_UNCERTAINTY = Uncertainty(fit_error_model([], PRIOR_MEMORY, NOISE_MEMORY), fit_error_model([], PRIOR_TIME, NOISE_TIME))
+
+
+def format_interval(low: float, high: float, fmt) -> str:
+    """'(0.91 GiB-1.22 GiB, 90%)' with the given value formatter."""
+    return f"({fmt(low)}-{fmt(high)}, 90%)"

@@ -1,0 +1,94 @@
+"""Predictions with an uncertainty (autotune.uncertainty), the warm start that identifies the error model
+(strategies/guide.py), and a replayed sweep on the committed CPU surface that never prunes its optimum."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from autotune.backends.replay import ReplayBackend, load_surface, surface_space
+from autotune.config import Config
+from autotune.drivers.local import run_local
+from autotune.drivers.progress import QuietProgress
+from autotune.drivers.sweep import Budget, Sweep
+from autotune.uncertainty import NOISE_MEMORY, PRIOR_MEMORY, Forecast, fit_error_model
+
+SURFACE = Path(__file__).resolve().parent.parent / "benchmarks" / "surfaces" / "tiny-cpu.jsonl"
+CK2 = [Config(0, 2, 2, "bf16"), Config(1, 4, 2, "bf16"), Config(2, 2, 2, "fp32"), Config(0, 4, 2, "fp32")]
+CK0 = Config(0, 2, 0, "bf16")
+
+
+def test_a_knob_value_no_trial_used_keeps_a_wide_interval_until_one_does():
+    over = [(c, 0.0) for c in CK2]  # the calibrated estimator exact on four checkpointing-on configs
+    model = fit_error_model(over, PRIOR_MEMORY, NOISE_MEMORY)
+    covered, uncovered = model.predict(Config(0, 4, 2, "bf16")), model.predict(CK0)
+    assert model.uncovered(CK0) == ("ckpt_interval=0",) and model.uncovered(Config(0, 4, 2, "bf16")) == ()
+    assert uncovered[1] > 2 * covered[1]  # checkpointing off: still the prior's width
+    assert uncovered[1] >= dict(PRIOR_MEMORY[1])["ckpt_interval"]
+    # One checkpointing-off trial, 20% below the prediction: the interval narrows and moves.
+    taught = fit_error_model(over + [(Config(1, 2, 0, "bf16"), math.log(0.8))], PRIOR_MEMORY, NOISE_MEMORY)
+    mean, sigma = taught.predict(CK0)
+    assert sigma < uncovered[1] / 2 and mean < math.log(0.9)
+
+
+def test_a_censored_observation_raises_the_offsets_of_its_knob_values():
+    base = fit_error_model([(c, 0.0) for c in CK2], PRIOR_MEMORY, NOISE_MEMORY)
+    bound = 0.1  # ran out of memory: the peak is more than 10% above the prediction
+    censored = fit_error_model([(c, 0.0) for c in CK2], PRIOR_MEMORY, NOISE_MEMORY, [(CK0, bound)])
+    assert censored.predict(CK0)[0] > base.predict(CK0)[0] + 0.05
+    assert censored.predict(CK0)[1] < base.predict(CK0)[1]
+    # Other configs sharing none of its uncovered values hardly move.
+    assert abs(censored.predict(CK2[1])[0] - base.predict(CK2[1])[0]) < 0.02
+
+
+def test_forecast_probability_interval_and_expected_gain():
+    f = Forecast(1000, 10.0, (0.0, 0.1), (0.0, 0.2))
+    assert f.fit_probability(1000) == pytest.approx(0.5)
+    assert f.fit_probability(int(1000 * math.exp(0.1645))) == pytest.approx(0.95, abs=1e-3)
+    low, high = f.peak_interval()
+    assert low == pytest.approx(1000 * math.exp(-0.1645), rel=1e-3) and high == pytest.approx(1000 * math.exp(0.1645),
+                                                                                               rel=1e-3)
+    assert f.expected_gain(0.0) == pytest.approx(10 * math.exp(0.02))
+    assert 0 < f.expected_gain(12.0) < f.expected_gain(10.0) < f.expected_gain(8.0)
+    assert f.value(1000, 10.0) == pytest.approx(0.5 * f.expected_gain(10.0))
+
+
+@pytest.fixture(scope="module")
+def surface():
+    return load_surface(SURFACE)
+
+
+def test_warm_start_covers_checkpointing_on_and_off_and_both_precisions(surface):
+    space = surface_space(surface)
+    budget = space.hardware.memory_bytes
+    sweep = Sweep.in_memory(space, budget, "optuna", "replay", seed=0)
+    backend = ReplayBackend(surface, budget)
+    first = []
+    for _ in range(4):  # the warm start (optuna_search.IDENTIFY)
+        config = sweep.next_config()
+        first.append(config)
+        sweep.finish(config, backend.run(config))
+    assert {c.ckpt_interval > 0 for c in first} == {True, False}
+    assert {c.precision for c in first} == {"bf16", "fp32"}
+    assert {c.offload_optimizer for c in first} == {"none", "cpu"}
+    assert len(set(first)) == 4
+
+
+@pytest.mark.parametrize("name", ["optuna", "hybrid"])
+def test_replay_reaches_the_optimum_of_the_committed_surface_and_never_prunes_it(surface, name):
+    space = surface_space(surface)
+    peaks = sorted(r.peak_memory_bytes for r in surface.results.values() if r.ok and r.peak_memory_bytes)
+    budget = peaks[len(peaks) // 2]  # half the configs run out of memory
+    best = surface.best(budget)
+    sweep = Sweep.in_memory(space, budget, name, "replay", seed=0)
+    run_local(sweep, ReplayBackend(surface, budget), Budget(25), QuietProgress())
+    assert sweep.best is not None and sweep.best.config == best.config
+    assert not any(r.config == best.config and r.status == "pruned" for r in sweep.results)
+    launched = [r for r in sweep.results if r.status != "pruned"]
+    assert sum(r.status == "oom" for r in launched) <= len(launched) // 10
+    for r in sweep.results:  # every pruned record says what it was judged by
+        if r.status == "pruned":
+            assert 0 <= r.extra["fit_probability"] <= 1 and r.extra["cause"] in ("device_memory", "value")
+            assert r.extra["cause"] != "device_memory" or r.extra["fit_probability"] < 0.05
