@@ -3,9 +3,11 @@ sweep (`autotune tune --ray-address`) or several at once (`autotune sweep`).
 
 Each trial is one Ray task that builds the sweep's backend on whichever node Ray picks and runs one config
 there; the task asks for the trial's devices as Ray resources (`TrialResources`), so Ray never places two
-trials on one GPU. Everything else stays in this driver process, exactly as in the local driver: the
-strategy (Optuna's one study in the run directory's storage, grid, random, rl, hybrid), pruning, the
-append-only trial log, the best result, resume. A failed trial (oom, timeout, crash) is a TrialResult the
+trials on one GPU. A trial that no node holds (more ranks than any node's devices) spreads its ranks over
+several nodes instead: a placement group and one actor per rank (drivers/ray_ranks.py), coordinated by a
+task beside the driver; a node it loses is retried as below. Everything else stays in this driver
+process, exactly as in the local driver: the strategy (Optuna's one study in the run directory's storage,
+grid, random, rl, hybrid), pruning, the append-only trial log, the best result, resume. A failed trial (oom, timeout, crash) is a TrialResult the
 backend returns, never a Ray error.
 
 Why Ray Core tasks with `ray.wait` rather than Ray Tune's Tuner: our Sweep already is the searcher, the
