@@ -153,3 +153,27 @@ def test_committed_surface_is_real_measurements_of_the_tiny_cpu_space():
     backend = ReplayBackend(surface, budget)
     for r in ok:
         assert backend.run(r.config).status == ("ok" if r.peak_memory_bytes <= budget else "oom")
+
+
+SURFACES = COMMITTED.parent
+
+
+def test_second_committed_surface_is_its_model_file_over_its_whole_space():
+    """benchmarks/surfaces/README.md: small-llama-cpu.jsonl measured every config of its space file once,
+    for the shape in models/small-llama.yaml at global batch 8 (a llama unlike tiny: another landscape)."""
+    path = SURFACES / "small-llama-cpu.jsonl"
+    lines = path.read_text().splitlines()
+    assert all(json.loads(line)["workload"]["model"]["name"] == "small-llama" for line in lines)
+    surface = load_surface(path)
+    workload = make_workload(str(SURFACES / "models" / "small-llama.yaml"), 8)
+    assert surface.workload == workload and surface.hardware == "cpu"
+    assert (workload.model.arch, workload.model.layers, workload.model.kv_heads) == ("llama", 8, 2)
+    space = Space(load_choices(SURFACES / "small-llama-cpu-space.yaml"), workload, PROFILES["cpu"])
+    assert len(space) == 36 and set(surface.results) == set(space.configs) and len(lines) >= 36
+    ok = [r for r in surface.results.values() if r.ok]
+    assert len(ok) == 36 and all(r.backend == "deepspeed" and r.extra["step_times_s"] for r in ok)
+    # Checkpointing off costs memory here: at the median peak some configs of each side fit and some do not.
+    budget = sorted(r.peak_memory_bytes for r in ok)[len(ok) // 2]
+    for ckpt in (0, 1):
+        fits = {r.peak_memory_bytes <= budget for r in ok if r.config.ckpt_interval == ckpt}
+        assert fits == {True, False}
