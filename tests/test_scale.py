@@ -248,7 +248,10 @@ def test_a_simulated_sweep_for_a_target_recommends_for_it(tmp_path):
 
 
 @pytest.mark.slow
-def test_real_trials_on_one_rank_predict_two(tmp_path, capfd):
+def test_real_trials_on_one_rank_predict_two(tmp_path, capfd, monkeypatch):
+    # One OpenMP thread per rank (the runner keeps a caller's setting): on a loaded 2-core machine two threads
+    # per rank spin while descheduled, ~10x slower (benchmarks/extrapolation.py).
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     space = tmp_path / "space.yaml"
     space.write_text("zero_stage: [0, 3]\nmicro_batch: [2]\nckpt_interval: [0]\nprecision: [bf16, fp32]\n"
                      "offload_optimizer: [none]\noffload_param: [none]\n")
