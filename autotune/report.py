@@ -211,8 +211,8 @@ def target_verdict(scaled: ScaleReport, settings: RunSettings) -> str:
     if pick is None:
         return (f"no config measured on {n} device(s) is predicted to fit {format_size(budget)} on {m}: raise the "
                 "budget or measure more configs")
-    close = (f"; a close call: within the calibration's {scaled.memory_error:.0%} memory error of the budget"
-             if pick.close else "")
+    close = (f"; a close call: {pick.fit_probability:.0%} likely to fit (the budget within its peak's 90% interval "
+             f"or the calibration's {scaled.memory_error:.0%} memory error)" if pick.close else "")
     return (f"recommended for {m} devices {pick.config.label()}: predicted {pick.throughput:.3g} samples/s, peak "
             f"{format_size(pick.peak_bytes)} of {format_size(budget)} on {m} (measured on {n}: "
             f"{pick.measured_throughput:.3g} samples/s, peak {format_size(pick.measured_peak_bytes)}, trial "
@@ -229,9 +229,11 @@ def target_table(scaled: ScaleReport | None) -> list[str]:
              f"the estimator calibrated on this run's {scaled.samples} measured trials (the change in ZeRO's "
              f"partitioning, micro-steps and communication, anchored on the measurement). Memory error of the "
              f"calibrated estimator on those trials: {scaled.typical_memory_error:.1%} typical, "
-             f"{scaled.memory_error:.1%} worst; a config whose predicted peak at {m} is within the worst error of "
-             "the budget is flagged **close call**. The recommendation is the best predicted throughput at "
-             f"{m} among configs predicted to fit there, close calls last.", ""]
+             f"{scaled.memory_error:.1%} worst. The peak at {m} comes with its 90% interval (the error model of "
+             "autotune.uncertainty for that config) and the probability that it fits; a config is flagged **close "
+             "call** when the budget lies inside that interval or within the worst error of its peak. The "
+             f"recommendation is the best predicted throughput at {m} among configs predicted to fit there, close "
+             "calls last.", ""]
     if not scaled.rows:
         return lines + [f"No config measured within the budget on {n} device(s) can run at {m}.", ""]
     lines += [f"| rank | trial | config | samples/s at {n} | peak at {n} | predicted samples/s at {m} | "
@@ -239,10 +241,13 @@ def target_table(scaled: ScaleReport | None) -> list[str]:
               "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
     for rank, row in enumerate(scaled.rows[:TOP], 1):
         fits = ("close call" if row.close else "yes") if row.fits else ("no, close call" if row.close else "no")
+        fits += f" ({row.fit_probability:.0%})"
+        low, high = row.peak_interval
         pick = " (pick)" if scaled.pick is not None and row.config == scaled.pick.config else ""
         lines.append(f"| {rank} | {row.trial if row.trial is not None else ''} | {row.config.label()}{pick} | "
                      f"{row.measured_throughput:.3g} | {format_size(row.measured_peak_bytes)} | {row.throughput:.3g} | "
-                     f"{format_size(row.peak_bytes)} | {_pct(row.peak_bytes, scaled.budget_bytes)} | {fits} |")
+                     f"{format_size(row.peak_bytes)} ({format_size(low)}-{format_size(high)}) | "
+                     f"{_pct(row.peak_bytes, scaled.budget_bytes)} | {fits} |")
     return lines + [""]
 
 

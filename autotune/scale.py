@@ -7,9 +7,12 @@ and the collectives of autotune.comm):
     peak at M       = measured peak at N + (predicted peak at M - predicted peak at N)
     throughput at M = measured throughput at N x (predicted throughput at M / predicted throughput at N)
 (both predictions with the calibration fitted to this run's measured trials: autotune.calibrate).
-The memory error used to flag close calls is the calibration's own on this run's measured trials: the worst
-relative error of its peak predictions (`memory_error`; the typical one is reported beside it). A config whose
-peak at M is within that error of the budget is flagged: the prediction cannot tell whether it fits.
+Each peak at M gets the 90% interval of autotune.uncertainty's error model for that config (fitted on this
+run's trials by calibrate.fit_uncertainty: the spread of log(measured / predicted) per knob value, noise
+included) and the probability that it fits. A config is flagged as a close call when the budget lies inside
+that interval, or within the calibration's worst relative peak error on this run's measured trials
+(`memory_error`; the typical one is reported beside it) of the peak: either way the prediction cannot tell
+whether it fits.
 
 The recommendation for M: among the configs measured to fit the budget at N and predicted to fit at M, the
 best predicted throughput at M; configs that fit with the error to spare come first, a flagged one is chosen
@@ -18,16 +21,18 @@ only when no other fits.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Sequence
 
-from autotune.calibrate import fit_calibration, usable
+from autotune.calibrate import fit_calibration, fit_uncertainty, usable
 from autotune.config import Config, ConfigError
 from autotune.estimate import Calibration, estimate
 from autotune.hardware import Hardware
 from autotune.results import TrialResult
 from autotune.space import Choices
+from autotune.uncertainty import Z90, normal_cdf
 from autotune.workload import Workload
 
 if TYPE_CHECKING:
@@ -103,12 +108,15 @@ class Projection:
     peak_bytes: int  # predicted at M
     throughput: float  # predicted at M, samples/s of the global batch
     fits: bool  # predicted peak at M within the budget
-    close: bool  # predicted peak at M within the calibration's memory error of the budget
+    close: bool  # the budget inside the peak's interval, or within the calibration's memory error of the peak
+    peak_interval: tuple[int, int] = (0, 0)  # 90% interval of the peak at M
+    fit_probability: float = 1.0  # P(peak at M <= budget) under the error model
 
     def to_dict(self) -> dict[str, Any]:
         return {"config": self.config.to_dict(), "label": self.config.label(), "trial": self.trial,
                 "measured_peak_bytes": self.measured_peak_bytes, "measured_throughput": self.measured_throughput,
-                "predicted_peak_bytes": self.peak_bytes, "predicted_throughput": self.throughput,
+                "predicted_peak_bytes": self.peak_bytes, "predicted_peak_interval_bytes": list(self.peak_interval),
+                "fit_probability": self.fit_probability, "predicted_throughput": self.throughput,
                 "fits": self.fits, "close_call": self.close}
 
 
@@ -150,6 +158,8 @@ def project(results: Sequence[TrialResult], workload: Workload, hardware: Hardwa
     if calibration is None:
         calibration = fit_calibration(measured, workload, hardware)
     errors = memory_errors(measured, workload, hardware, calibration)
+    out_of_memory = [(r.config, r.peak_memory_bytes) for r in results if r.status == "oom"]
+    uncertainty = fit_uncertainty(results, out_of_memory, workload, hardware, calibration, budget_bytes)
     worst = max(errors, default=0.0)
     typical = statistics.median(errors) if errors else 0.0
     target = workload.with_(gpus=target_gpus)
@@ -163,8 +173,13 @@ def project(results: Sequence[TrialResult], workload: Workload, hardware: Hardwa
         there = estimate(r.config, target, hardware, calibration)
         peak = max(1, r.peak_bytes + there.peak_bytes - here.peak_bytes)
         throughput = r.throughput * there.throughput_samples_per_s / here.throughput_samples_per_s
+        sigma = uncertainty.memory.predict(r.config)[1]  # the spread only: the anchor already holds the offset
+        low, high = int(peak * math.exp(-Z90 * sigma)), int(peak * math.exp(Z90 * sigma))
+        probability = (normal_cdf(math.log(budget_bytes / peak) / sigma) if sigma > 0
+                       else float(peak <= budget_bytes))
+        close = low <= budget_bytes <= high or close_call(peak, budget_bytes, worst)
         rows.append(Projection(r.config, r.extra.get("trial"), r.peak_bytes, r.throughput, peak, throughput,
-                               peak <= budget_bytes, close_call(peak, budget_bytes, worst)))
+                               peak <= budget_bytes, close, (low, high), probability))
     rows.sort(key=lambda row: -row.throughput)
     fitting = [row for row in rows if row.fits]
     safe = [row for row in fitting if not row.close]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import pytest
@@ -191,7 +192,12 @@ def test_projection_carries_zero_partitioning_to_the_target_and_flags_close_call
         assert rows[c].peak_bytes == pytest.approx(at4[c].peak_bytes, rel=1e-6)
         assert rows[c].throughput == pytest.approx(at4[c].throughput_samples_per_s, rel=1e-6)
     assert rows[configs[0]].peak_bytes < results[0].peak_bytes  # ZeRO-3 shards its model states over 4
-    assert not rows[configs[1]].close
+    # The error model's 90% interval (autotune.uncertainty, a few % for a measured config) holds the budget for
+    # the ZeRO-0 config at 4, 6% above its peak: a close call, likely but not surely fitting; not for ZeRO-3.
+    z0 = rows[configs[1]]
+    assert z0.peak_interval[0] < z0.peak_bytes < budget <= z0.peak_interval[1] and z0.close and z0.fits
+    assert 0.5 < z0.fit_probability < 0.99
+    assert not rows[configs[0]].close and rows[configs[0]].fit_probability > 0.99
     flagged = project(results, w1, CPU, budget, 4, cal)
     flagged = replace(flagged, rows=tuple(replace(r, close=close_call(r.peak_bytes, budget, 0.07))
                                           for r in flagged.rows))
@@ -228,7 +234,8 @@ def test_target_table_shows_measured_next_to_predicted_and_the_flag():
     assert "## Predicted at 2 devices (measured at 1)" in text
     assert ("| rank | trial | config | samples/s at 1 | peak at 1 | predicted samples/s at 2 | predicted peak at 2 | "
             "of budget | fits at 2 |") in text
-    assert "| 1 | 7 | z3 mb2 ck0 fp32 (pick) |" in text and text.rstrip().endswith("| close call |")
+    assert "| 1 | 7 | z3 mb2 ck0 fp32 (pick) |" in text
+    assert re.search(r"\| [\d.]+ MiB \([\d.]+ MiB-[\d.]+ MiB\) \| \d+% \| close call \(100%\) \|$", text.rstrip())
     assert target_table(None) == []
 
 
