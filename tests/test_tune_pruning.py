@@ -3,13 +3,15 @@ out-of-memory results teach it."""
 
 from __future__ import annotations
 
+import math
+
 from autotune.config import Config
 from autotune.drivers.local import run_local
 from autotune.drivers.progress import QuietProgress
 from autotune.drivers.sweep import Budget, Sweep
 from autotune.estimate import Calibration, estimate
 from autotune.hardware import PROFILES
-from autotune.pruning import MIN_FIT_PROBABILITY, VALUE_Z, Pruner, cause_counts, describe_causes
+from autotune.pruning import MIN_FIT_PROBABILITY, VALUE_SLACK, VALUE_Z, Pruner, cause_counts, describe_causes
 from autotune.results import TrialResult
 from autotune.search_spaces import load_choices
 from autotune.space import Space
@@ -63,7 +65,7 @@ def test_measured_trials_narrow_the_interval_and_may_then_prune():
 def test_a_config_that_cannot_beat_the_best_even_optimistically_is_pruned_for_value():
     pruner = Pruner(WORKLOAD, HARDWARE, 100 * 2**30)
     forecast = pruner.forecast(SMALL)
-    slow, fast = forecast.throughput_interval(VALUE_Z)
+    fast = forecast.throughput * math.exp(VALUE_Z * math.hypot(forecast.time_log[1], VALUE_SLACK))
     assert pruner.check(SMALL, "simulated", best_throughput=fast * 0.99) is None
     pruned = pruner.check(SMALL, "simulated", best_throughput=fast * 1.01)
     assert pruned.extra["cause"] == "value" and pruned.extra["best_throughput_samples_per_s"] == fast * 1.01

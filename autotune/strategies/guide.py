@@ -26,22 +26,25 @@ TARGETS = 8  # configs "predicted best" whose uncertainty the warm start shrinks
 # trial for a bound, and the warm start's purpose is to make the likely configs' intervals narrow.
 LIKELY = 0.8
 NEARLY = 0.9
+# The warm start accepts even odds: a config whose knob values no trial covered is never much likelier (its
+# interval is wide), and an out-of-memory there still teaches a bound.
+IDENTIFY_LIKELY = 0.65
 
 
-def forecasts(context: SearchContext, tried: Collection[Config]) -> dict[Config, Forecast]:
+def forecasts(context: SearchContext, tried: Collection[Config], likely: float = 0.0) -> dict[Config, Forecast]:
     """The forecast of every untried config of the space (in the space's order) at least LIKELY to fit, or
     if none is, nearly as likely as the likeliest (before any trial an uncalibrated estimator may predict
     every config over the budget)."""
     assert context.forecast is not None, "a guided pick needs the sweep's forecast"
     found = {c: context.forecast(c) for c in context.space if c not in tried}
     fit = {c: f.fit_probability(context.budget_bytes) for c, f in found.items()}
-    floor = min(LIKELY, NEARLY * max(fit.values(), default=0.0))
+    floor = min(likely or LIKELY, NEARLY * max(fit.values(), default=0.0))
     return {c: f for c, f in found.items() if fit[c] >= floor}
 
 
 def identifying(context: SearchContext, tried: Collection[Config]) -> Config | None:
     assert context.uncertainty is not None, "a guided pick needs the sweep's error models"
-    found = forecasts(context, tried)
+    found = forecasts(context, tried, IDENTIFY_LIKELY)
     if not found:
         return None
     budget = context.budget_bytes
