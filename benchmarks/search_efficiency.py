@@ -43,6 +43,7 @@ import os
 import platform
 import shlex
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -368,7 +369,8 @@ def goal_line(goals: dict) -> str:
 
 def markdown(result: dict, args) -> str:
     lines = ["# Search efficiency", "",
-             f"`{result['command']}` ({result['seconds'] / 60:.1f} min, {result['machine']}).", "",
+             f"`{result['command']}` ({result['seconds'] / 60:.1f} min, {result['machine']}; {result['source']}).",
+             "",
              "Medians over runs (workload x budget x seed); trials are launched trials (pruned configs cost "
              "nothing); best/opt is the true throughput of the config the tuner would recommend after that "
              "many trials over the best feasible throughput of the space; `final` after the run's last trial; "
@@ -411,10 +413,11 @@ def main() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     console = Console(width=180)
     start = time.perf_counter()
+    source = source_state()  # as the run begins: other sessions may commit while it runs
     runs = replay_runs(args, console) if "replay" in args.worlds else []
     runs += simulated_runs(args, console)
     result = {"command": shlex.join(["python", "benchmarks/search_efficiency.py", *sys.argv[1:]]),
-              "machine": machine(), "seconds": time.perf_counter() - start,
+              "machine": machine(), "source": source, "seconds": time.perf_counter() - start,
               "worlds": summary(runs, args.strategies), "runs": [asdict(r) for r in runs]}
     for world, data in result["worlds"].items():
         console.print(table(f"{world}: {len(data['tasks'])} workload/budget pairs", data["strategies"]))
@@ -434,6 +437,19 @@ def machine() -> str:
     sweeps' seconds, never their trial counts)."""
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
     return f"{platform.machine()}, {os.cpu_count()} cores, load average {load:.1f}"
+
+
+def source_state() -> str:
+    """The commit measured, and whether the library differed from it (uncommitted edits) when the run began."""
+    root = ROOT.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                              timeout=30).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "autotune", "envs", "search_spaces"],
+                               cwd=root, capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "commit unknown"
+    return f"commit {head or 'unknown'}" + (" with uncommitted library edits" if dirty else "")
 
 
 def finite(value):
