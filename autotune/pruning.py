@@ -30,6 +30,7 @@ import os
 import shutil
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
 from autotune.config import Config, ConfigError
@@ -124,6 +125,27 @@ class Pruner:
         nvme = free_bytes(settings.choices.nvme_path) if real else None
         return cls(settings.workload, settings.hardware, settings.memory_budget_bytes, nvme_free_bytes=nvme)
 
+    @classmethod
+    def from_run(cls, path: str | Path, workload: Workload, hardware: Hardware, budget_bytes: int) -> "Pruner":
+        """The pruner a run directory's record implies (its calibration, and the uncertainty its trials leave),
+        or one from a calibration file alone; ConfigError if it has no calibration or was fitted for another
+        workload or hardware (autotune.calibrate.load_calibration)."""
+        from autotune.calibrate import load_calibration, usable
+        from autotune.results import read_results
+
+        path = Path(path)
+        calibration = load_calibration(path, workload, hardware)
+        if calibration is None:
+            raise ConfigError(f"{path}: no calibration there (a run directory with calibration.json, or the file)")
+        trials = path / "trials.jsonl"
+        results = read_results(trials) if path.is_dir() and trials.is_file() else []
+        pruner = cls(workload, hardware, budget_bytes, calibration)
+        for r in results:
+            if r.status == "oom" and cause_of(r) == DEVICE_MEMORY:
+                pruner = replace(pruner, out_of_memory=pruner.out_of_memory | {r.config},
+                                 oom_peaks=pruner.oom_peaks + ((r.config, r.peak_memory_bytes),))
+        return pruner.recalibrated(calibration, usable(results))
+
     def predict(self, config: Config) -> Estimate:
         return estimate(config, self.workload, self.hardware, self.calibration)
 
@@ -167,7 +189,7 @@ class Pruner:
         if p < self.min_fit_probability:
             term = est.memory.dominant
             low, high = forecast.peak_interval()
-            return DEVICE_MEMORY, (f"predicted peak {format_size(est.peak_bytes)} ({format_size(low)}-"
+            return DEVICE_MEMORY, (f"predicted peak {format_size(forecast.peak_bytes)} ({format_size(low)}-"
                                    f"{format_size(high)}, 90%) fits the budget of {format_size(self.budget_bytes)} "
                                    f"with probability {p:.1%}, {floor} (largest term: {term} "
                                    f"{format_size(getattr(est.memory, term))})")
@@ -243,10 +265,23 @@ class LivePruner:
     through `SearchContext.forecast`."""
 
     def __init__(self, pruner: Pruner) -> None:
-        self.pruner = pruner
+        self._pruner = pruner
+        self._forecasts: dict[Config, Forecast] = {}  # of the current pruner: strategies ask for every config
+
+    @property
+    def pruner(self) -> Pruner:
+        return self._pruner
+
+    @pruner.setter
+    def pruner(self, pruner: Pruner) -> None:
+        if pruner is not self._pruner:
+            self._pruner, self._forecasts = pruner, {}
 
     def forecast(self, config: Config) -> Forecast:
-        return self.pruner.forecast(config)
+        found = self._forecasts.get(config)
+        if found is None:
+            found = self._forecasts[config] = self._pruner.forecast(config)
+        return found
 
     def uncertainty(self) -> Uncertainty:
         return self.pruner.uncertainty

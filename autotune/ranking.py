@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autotune.estimate import Estimate, estimate
+from autotune.estimate import Calibration, Estimate, estimate
 from autotune.space import Space
 
 
@@ -26,9 +26,9 @@ class Ranking:
         return sorted(by_term.items(), key=lambda item: -len(item[1]))
 
 
-def rank_configs(space: Space, budget_bytes: int) -> Ranking:
+def rank_configs(space: Space, budget_bytes: int, calibration: Calibration = Calibration()) -> Ranking:
     """Every config of `space` predicted: those that fit `budget_bytes` fastest first, the others by peak."""
-    estimates = [estimate(config, space.workload, space.hardware) for config in space]
+    estimates = [estimate(config, space.workload, space.hardware, calibration) for config in space]
     fits = sorted((e for e in estimates if e.fits(budget_bytes)), key=lambda e: -e.throughput_samples_per_s)
     too_big = sorted((e for e in estimates if not e.fits(budget_bytes)), key=lambda e: e.peak_bytes)
     return Ranking(space, budget_bytes, tuple(fits), tuple(too_big))

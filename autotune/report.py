@@ -411,9 +411,17 @@ def _failures(results: Sequence[TrialResult]) -> list[str]:
     lines = ["## Failures and pruned configs, by cause", "",
              "| status | ran out of | cause | count | configs (first 3) |", "| --- | --- | --- | ---: | --- |"]
     for (status, limit, cause), group in sorted(groups.items(), key=lambda item: (item[0][0], -len(item[1]))):
-        configs = "; ".join(f"#{r.extra.get('trial', '')} {r.config.label()}" for r in group[:3])
+        configs = "; ".join(f"#{r.extra.get('trial', '')} {r.config.label()}{_judged(r)}" for r in group[:3])
         lines.append(f"| {status} | {limit} | {cause.replace('|', '/')} | {len(group)} | {configs} |")
     return lines + [""]
+
+
+def _judged(result: TrialResult) -> str:
+    """What a pruned config was judged by (autotune.pruning): ' (fits 2%, peak 1.1 GiB-1.3 GiB, 90%)'."""
+    p, interval = result.extra.get("fit_probability"), result.extra.get("predicted_peak_interval_bytes")
+    if result.status != "pruned" or p is None or not interval:
+        return ""
+    return f" (fits {p:.0%}, peak {format_size(interval[0])}-{format_size(interval[1])}, 90%)"
 
 
 def _cause(error: str | None) -> str:

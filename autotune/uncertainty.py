@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -68,14 +69,18 @@ class ErrorModel:
     # Prior sd per knob of the offset of a knob value no observation used (not a column).
     value_prior: tuple[tuple[str, float], ...] = ()
 
+    @cached_property
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray, dict[str, float], frozenset[tuple[str, Any]]]:
+        return np.array(self.mean), np.array(self.cov), dict(self.value_prior), frozenset(self.columns)
+
     def predict(self, config: Config) -> tuple[float, float]:
         """(mean, sigma) of log(measured / predicted) for `config`, the noise included. A knob value that is
         not a column was in no observation: its offset is still the prior's, independent of the rest."""
+        mean_b, cov, prior, known = self._arrays
         x = np.array(_features(self.columns, config))
-        mean = float(x @ np.array(self.mean))
-        prior = dict(self.value_prior)
-        var = float(x @ np.array(self.cov) @ x) + self.noise ** 2 + sum(
-            prior.get(k, 0.0) ** 2 for k in KNOBS if (k, getattr(config, k)) not in set(self.columns))
+        mean = float(x @ mean_b)
+        var = float(x @ cov @ x) + self.noise ** 2 + sum(
+            prior.get(k, 0.0) ** 2 for k in KNOBS if (k, getattr(config, k)) not in known)
         return mean, math.sqrt(max(var, 0.0))
 
     def uncovered(self, config: Config) -> tuple[str, ...]:

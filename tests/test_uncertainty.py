@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
 import pytest
+from cli_run import cli
 
 from autotune.backends.replay import ReplayBackend, load_surface, surface_space
 from autotune.config import Config
@@ -92,3 +94,20 @@ def test_replay_reaches_the_optimum_of_the_committed_surface_and_never_prunes_it
         if r.status == "pruned":
             assert 0 <= r.extra["fit_probability"] <= 1 and r.extra["cause"] in ("device_memory", "value")
             assert r.extra["cause"] != "device_memory" or r.extra["fit_probability"] < 0.05
+
+
+def test_estimate_with_a_runs_calibration_shows_each_peaks_interval_and_probability(tmp_path, capfd):
+    run = tmp_path / "r"
+    args = ["--model", "tiny", "--hardware", "cpu"]
+    assert cli(["tune", *args, "--backend", "simulated", "--memory-budget", "0.7GiB", "--strategy", "optuna",
+                "--trials", "6", "--seed", "1", "--out", str(run)], capfd)[0] == 0
+    code, out, _ = cli(["estimate", *args, "--gpu-memory", "0.7GiB", "--calibration", str(run), "--json"], capfd)
+    assert code == 0
+    rows = json.loads(out)["fit"]
+    assert rows and all(0.0 <= r["fit_probability"] <= 1.0 for r in rows)
+    assert all(lo < r["memory"]["total"] * 1.5 and lo < hi for r in rows for lo, hi in [r["peak_interval_bytes"]])
+    code, out, _ = cli(["estimate", *args, "--gpu-memory", "0.7GiB", "--calibration", str(run)], capfd)
+    assert code == 0 and "90%" in out and "fits" in out  # the interval and probability columns
+    # A calibration fitted for another workload is refused: one line, exit 2.
+    code, _, err = cli(["estimate", "--model", "gpt2-small", "--hardware", "cpu", "--calibration", str(run)], capfd)
+    assert code == 2 and "another workload" in err

@@ -1,17 +1,21 @@
 """`autotune estimate`: every config of the space, predicted; those that fit ranked by throughput,
-those that do not grouped by the memory term that breaks the budget."""
+those that do not grouped by the memory term that breaks the budget. With --calibration (a run directory
+or its calibration.json), predicted with that calibration, each peak with its 90% interval and probability of
+fitting (autotune.uncertainty: wide for knob values that run's trials did not cover)."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from autotune.commands.common import (add_json_argument, add_workload_arguments, emit_json, json_command, positive_int,
                                       size, space_from, target_from)
-from autotune.estimate import MEMORY_TERMS
+from autotune.estimate import MEMORY_TERMS, Calibration, Estimate
 from autotune.hardware import Hardware
+from autotune.pruning import Pruner
 from autotune.ranking import Ranking, rank_configs
 from autotune.units import format_size
 
@@ -22,6 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="memory budget per device, e.g. 32GiB (2**30), 32GB or 32000MB (10**9, 10**6)"
                              " (default: the hardware's memory)")
     parser.add_argument("--top", type=positive_int, default=10, help="rows of the ranking to show (default: 10)")
+    parser.add_argument("--calibration", type=Path, default=None, metavar="PATH",
+                        help="a run directory (its calibration.json and trials) or a calibration file: predict with "
+                             "that calibration and show each peak's 90%% interval and probability of fitting")
     add_json_argument(parser)
 
 
@@ -30,35 +37,54 @@ def run(args: argparse.Namespace) -> int:
     target = target_from(args, real=False)
     workload, hardware = target.workload, target.hardware
     budget = args.gpu_memory or hardware.memory_bytes
-    ranking = rank_configs(space_from(args, workload, hardware), budget)
+    pruner = Pruner.from_run(args.calibration, workload, hardware, budget) if args.calibration else None
+    ranking = rank_configs(space_from(args, workload, hardware), budget,
+                           pruner.calibration if pruner else Calibration())
     if args.json:
-        out = as_json(ranking, hardware, args.top)
+        out = as_json(ranking, hardware, args.top, pruner)
         if target.machine is not None:
             out["detected"] = {"machine": target.machine.describe(), "hardware": hardware.to_dict()}
         emit_json(args, out)
     else:
         if target.detected():
             Console(width=max(Console().width, 180)).print(target.detected())
-        show(ranking, hardware, args.top)
+        show(ranking, hardware, args.top, pruner)
     return 0
 
 
-def as_json(ranking: Ranking, hardware: Hardware, top: int) -> dict:
+def _uncertain(pruner: Pruner | None, est: Estimate) -> dict:
+    """A calibrated prediction's 90% peak interval and probability of fitting (none without a calibration)."""
+    if pruner is None:
+        return {}
+    forecast = pruner.forecast(est.config)
+    low, high = forecast.peak_interval()
+    return {"peak_interval_bytes": [int(low), int(high)], "fit_probability": forecast.fit_probability(pruner.budget_bytes)}
+
+
+def as_json(ranking: Ranking, hardware: Hardware, top: int, pruner: Pruner | None = None) -> dict:
     workload = ranking.space.workload
     return {
         "workload": workload.to_dict(),
         "hardware": hardware.name,
         "memory_budget_bytes": ranking.budget_bytes,
         "configs": len(ranking.space),
-        "fit": [dict(e.to_dict(), gradient_accumulation_steps=workload.grad_accumulation(e.config.micro_batch))
-                for e in ranking.fits[:top]],
+        "fit": [dict(e.to_dict(), gradient_accumulation_steps=workload.grad_accumulation(e.config.micro_batch),
+                     **_uncertain(pruner, e)) for e in ranking.fits[:top]],
         "fit_count": len(ranking.fits),
         "do_not_fit": [{"term": term, "count": len(group), "smallest_peak_bytes": group[0].peak_bytes,
                         "config": group[0].config.to_dict()} for term, group in ranking.groups()],
     }
 
 
-def show(ranking: Ranking, hardware: Hardware, top: int) -> None:
+def _interval_cells(pruner: Pruner | None, est: Estimate) -> tuple[str, ...]:
+    if pruner is None:
+        return ()
+    found = _uncertain(pruner, est)
+    low, high = found["peak_interval_bytes"]
+    return f"{format_size(low)}-{format_size(high)}", f"{found['fit_probability']:.0%}"
+
+
+def show(ranking: Ranking, hardware: Hardware, top: int, pruner: Pruner | None = None) -> None:
     console = Console(width=max(Console().width, 180))
     workload = ranking.space.workload
     model = workload.model
@@ -68,14 +94,15 @@ def show(ranking: Ranking, hardware: Hardware, top: int) -> None:
     table = Table(title=f"Top {min(top, len(ranking.fits))} configs predicted to fit, fastest first")
     for column in ("#", "stage", "micro", "accum", "ckpt", "prec", "off opt", "off par", "peak",
                    *(t.replace("optimizer_states", "optim").replace("activations", "activ") for t in MEMORY_TERMS),
-                   "host", "step s", "samples/s"):
+                   "host", "step s", "samples/s", *(("peak 90%", "fits") if pruner else ())):
         table.add_column(column, justify="right")
     for i, est in enumerate(ranking.fits[:top], 1):
         c, mem = est.config, est.memory
         table.add_row(str(i), str(c.zero_stage), str(c.micro_batch), str(workload.grad_accumulation(c.micro_batch)),
                       str(c.ckpt_interval), c.precision, c.offload_optimizer, c.offload_param,
                       format_size(est.peak_bytes), *(format_size(getattr(mem, t)) for t in MEMORY_TERMS),
-                      format_size(est.host_bytes), f"{est.step_time_s:.3g}", f"{est.throughput_samples_per_s:.3g}")
+                      format_size(est.host_bytes), f"{est.step_time_s:.3g}", f"{est.throughput_samples_per_s:.3g}",
+                      *_interval_cells(pruner, est))
     console.print(table)
     if not ranking.too_big:
         return

@@ -192,6 +192,9 @@ class OptunaStrategy:
         """The warm start's next config while the error model is being identified, then on every other
         turn the most valuable config; None: TPE's turn."""
         tried = set(self.outcomes) | set(self.pending)
+        if not tried:  # the config predicted most valuable first: where the estimator is right, the answer
+            picked = guide.most_valuable(self.context, tried, 0.0)
+            return None if picked is None else self._run_queued(picked, "warm start")
         if len(tried) < IDENTIFY:
             picked = guide.identifying(self.context, tried)
             return None if picked is None else self._run_queued(picked, "warm start")
