@@ -31,7 +31,7 @@ from typing import Any
 from autotune.config import Config
 from autotune.results import TrialResult
 from autotune.strategies import SearchContext
-from autotune.strategies.optuna_search import FIT_TO_RUN, IDENTIFY, tpe
+from autotune.strategies.optuna_search import FIT_TO_RUN, GUIDED_TURNS, IDENTIFY, tpe
 from autotune.strategies.rl import RLStrategy
 
 POLICY_TRIALS = 12
@@ -53,8 +53,10 @@ class HybridStrategy:
     def propose(self) -> Config | None:
         if self.search.exhausted:
             return None  # nothing left is worth a trial, by the sweep's forecast
-        if self.search.guided and len(self.search.outcomes) + len(self.search.pending) < IDENTIFY:
-            return self.search.propose()  # the warm start that identifies the estimator's error model
+        if self.search.guided and (len(self.search.outcomes) + len(self.search.pending) < IDENTIFY
+                                   or self.search.turn < GUIDED_TURNS):
+            # The warm start that identifies the estimator's error model, then its most valuable configs.
+            return self.search.propose()
         # While the policy's proposal is still running (a Ray sweep has several trials in flight), Optuna
         # fills the slot: the policy proposes one config at a time.
         waiting = self.policy.pending is not None
