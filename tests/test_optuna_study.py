@@ -136,7 +136,9 @@ def test_the_dashboard_reads_a_tuned_study_with_knob_values_results_and_feasibil
     detail, rows = read_study(f"sqlite:///{optuna_run / 'study.db'}", "autotune")
     assert_reads_like_the_run(detail, rows, optuna_run)
     results = read_results(optuna_run / "trials.jsonl")
-    assert {r.status for r in results} >= {"ok", "oom"}  # the budget makes both kinds of trial
+    # (guided by the forecast, the search may avoid every out-of-memory here; feasibility is checked per trial
+    # in assert_reads_like_the_run)
+    assert "ok" in {r.status for r in results}
     launched = [r for r in results if r.status != "pruned"]
     # (the search may end before TRIALS once no untried config is worth a trial nor likely to fit)
     assert sum(t["state"] == "Complete" for t in detail["trials"]) == len(launched) <= TRIALS
