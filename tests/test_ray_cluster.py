@@ -10,6 +10,7 @@ so token authentication is what guards them, see README "Running on a Ray cluste
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -22,6 +23,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import psutil
 import pytest
@@ -140,19 +142,21 @@ def _group_alive(group: int) -> bool:
     return False
 
 
-@pytest.fixture(scope="session")
-def cluster():
-    base = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))
+@contextlib.contextmanager
+def two_node_cluster(prefix: str, env: dict[str, str], head_ip: str, worker_ip: str,
+                     cpus: int = 1) -> Iterator[Cluster]:
+    """A head and a worker node with token authentication; on exit every node is stopped and no process of
+    theirs may be left."""
+    base = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     token = base / "token"
     token.write_text(secrets.token_hex(32))
     token.chmod(0o600)
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), "DS_ACCELERATOR": "cpu"}
-    env.pop(SLEEP_ENV, None)
-    c = Cluster(base, f"{HEAD_IP}:{free_port()}", env)
+    c = Cluster(base, f"{head_ip}:{free_port()}",
+                {**env, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), "DS_ACCELERATOR": "cpu"})
     try:
-        c.start_node("head", HEAD_IP, head=True)
+        c.start_node("head", head_ip, head=True, cpus=cpus)
         time.sleep(3)
-        c.start_node("worker", WORKER_IP)
+        c.start_node("worker", worker_ip, cpus=cpus)
         c.wait_nodes(2)
         yield c
     finally:
@@ -164,6 +168,14 @@ def cluster():
             proc.kill()
         shutil.rmtree(base, ignore_errors=True)
         assert not left, f"processes of the test cluster left behind: {[p.pid for p in left]}"
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    env = dict(os.environ)
+    env.pop(SLEEP_ENV, None)
+    with two_node_cluster("rt", env, HEAD_IP, WORKER_IP) as c:
+        yield c
 
 
 def autotune(cluster: Cluster, *args: str, sleep_s: float = 0.0, timeout: float = 300) -> subprocess.CompletedProcess:

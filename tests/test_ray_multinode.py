@@ -12,11 +12,8 @@ from __future__ import annotations
 import functools
 import json
 import os
-import secrets
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -117,29 +114,10 @@ def test_a_node_lost_for_good_is_recorded_as_a_crash_naming_it():
 
 @pytest.fixture(scope="module")
 def cluster():
-    from test_ray_cluster import Cluster, _alive, free_port
+    from test_ray_cluster import two_node_cluster
 
-    base = Path(tempfile.mkdtemp(prefix="rm", dir="/tmp"))
-    token = base / "token"
-    token.write_text(secrets.token_hex(32))
-    token.chmod(0o600)
-    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
-    c = Cluster(base, f"{HEAD_IP}:{free_port()}", {**os.environ, **auth, "DS_ACCELERATOR": "cpu", **ONE_THREAD})
-    try:
-        c.start_node("head", HEAD_IP, head=True, cpus=2)
-        time.sleep(3)
-        c.start_node("worker", WORKER_IP, cpus=2)
-        c.wait_nodes(2)
+    with two_node_cluster("rm", {**os.environ, **ONE_THREAD}, HEAD_IP, WORKER_IP, cpus=2) as c:
         yield c
-    finally:
-        for name in list(c.nodes):
-            c.stop_node(name)
-        psutil.wait_procs(c.killed, timeout=10)
-        left = c.processes() + [p for p in c.killed if _alive(p)]
-        for proc in left:
-            proc.kill()
-        shutil.rmtree(base, ignore_errors=True)
-        assert not left, f"processes of the test cluster left behind: {[p.pid for p in left]}"
 
 
 # The driver of the spanning trials: a process of its own (Ray reads the cluster's token settings once).
