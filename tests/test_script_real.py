@@ -97,6 +97,12 @@ def test_plain_script_with_a_config_path_is_tuned_and_its_recommendation_trains(
     assert not (out / "best_hf_ds_config.json").exists() and not (out / "best_accelerate_config.yaml").exists()
     assert "Hugging Face Trainer:" not in printed
     validate(best)
+    # `autotune report` rewrites the script's recommendation and section, not the built-in config's.
+    before = (out / "best_ds_config.json").read_text()
+    assert main(["report", str(out)]) == 0
+    assert "best_ds_config.json is the script's own DeepSpeed config" in capsys.readouterr().out
+    assert (out / "best_ds_config.json").read_text() == before
+    assert (out / "report.md").read_text().count("## Script mode") == 1
     ran = run_unchanged(EXAMPLES / "train_plain.py", ["--deepspeed_config", str(out / "best_ds_config.json"),
                                                        "--steps", "2"], tmp_path)
     assert ran.returncode == 0 and "training done" in ran.stdout, ran.stderr[-3000:]
