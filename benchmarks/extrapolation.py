@@ -29,11 +29,11 @@ the same way; there are none yet (benchmarks/surfaces holds single-size surfaces
 from __future__ import annotations
 
 import argparse
+from importlib.metadata import version
 import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import replace
@@ -189,7 +189,7 @@ def markdown(rows: list[dict], meta: dict, command: str) -> str:
         "# Extrapolation: calibrate on 1 rank, predict 2 and 4 ranks (tiny, DeepSpeed CPU accelerator, gloo)", "",
         f"`{command}` on {platform.node() or 'this machine'} ({os.cpu_count()} cores, shared with other jobs: "
         f"1-minute load average {min(loads, default=0):.1f}-{max(loads, default=0):.1f} during the trials); "
-        f"DeepSpeed {_version('deepspeed')}, torch {_version('torch')}.",
+        f"DeepSpeed {version('deepspeed')}, torch {version('torch')}.",
         f"tiny at sequence length {SEQ_LEN}, global batch {meta['global_batch']}, the same at every rank count; profile `cpu` with gpus_per_node=4 (all "
         "ranks on this machine, sharing its cores). Calibration fitted on the 1-rank trials only (memory MAPE "
         f"{_pct(meta['fit_on_1_rank']['memory_after'])}, step time MAPE {_pct(meta['fit_on_1_rank']['time_after'])} "
@@ -259,15 +259,6 @@ def markdown(rows: list[dict], meta: dict, command: str) -> str:
 
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.1%}"
-
-
-def _version(name: str) -> str:
-    module = sys.modules.get(name)
-    if module is None:
-        import importlib.metadata
-
-        return importlib.metadata.version(name)
-    return getattr(module, "__version__", "?")
 
 
 def main() -> None:
