@@ -11,7 +11,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Collection
 
 from autotune.backends import Backend
 from autotune.config import Config, ConfigError
@@ -30,12 +30,16 @@ class Recorded:
 
 
 def record_surface(space: Space, backend: Backend, out: Path, *, order_seed: int = 0, limit: int | None = None,
-           retries: int = 1, progress: Callable[[str], None] = print) -> Recorded:
-    """Run every config of `space` not yet in `out` through `backend`, appending each result.
+                   retries: int = 1, repeats: int = 1, only: Collection[Config] | None = None,
+                   progress: Callable[[str], None] = print) -> Recorded:
+    """Run every config of `space` (or of `only`, configs of the space) through `backend` until `out`
+    holds `repeats` measurements of it, appending each result.
 
-    A `crash` is re-run up to `retries` times (now, or on a later resume): on a shared machine a trial
-    can fail for reasons that are not its config's (e.g. a port taken between choosing and binding it).
-    Every attempt stays in the file; the replay backend uses a config's last line.
+    Repeats run in passes (every config's second measurement after all first ones, each pass in its own
+    shuffled order), so that a config's measurements see the machine at different times. A `crash` is
+    re-run up to `retries` times (now, or on a later resume): on a shared machine a trial can fail for
+    reasons that are not its config's (e.g. a port taken between choosing and binding it). Every attempt
+    stays in the file; the replay backend uses the median of a config's measurements.
     """
     workload, hardware = space.workload, space.hardware
     repaired = repair_tail(out)  # before the first append: a torn last line is moved aside, not merged into
@@ -47,18 +51,32 @@ def record_surface(space: Space, backend: Backend, out: Path, *, order_seed: int
         if recorded_for is not None and recorded_for != workload.to_dict():
             raise ConfigError(f"{out} was recorded for another workload ({describe_workload(recorded_for)}): "
                               f"choose another --out or the same --model/--gpus/--global-batch")
+    if only is not None:
+        for config in only:
+            if config not in space:
+                raise ConfigError(f"{config.label()} is not a config of the space recorded "
+                                  f"({space.invalid_reason(config) or 'not one of its combinations'})")
+    configs = [c for c in space if only is None or c in only]
     last = {r.config: r for r in existing}
     crashes = Counter(r.config for r in existing if r.status == "crash")
+    measured = Counter(r.config for r in existing if r.status != "crash")
 
-    def wanted(config: Config) -> bool:
-        return config not in last or (last[config].status == "crash" and crashes[config] <= retries)
+    def missing(config: Config) -> int:
+        """Measurements still to take; a config whose crashes used up its retries has none."""
+        if measured[config] == 0 and config in last and crashes[config] > retries:
+            return 0
+        return max(repeats - measured[config], 0)
 
-    todo = [c for c in space if wanted(c)]
-    random.Random(order_seed).shuffle(todo)
+    todo = []
+    for n in range(1, repeats + 1):  # pass n: the configs that still lack an n-th measurement
+        due = [c for c in configs if missing(c) and measured[c] < n]
+        random.Random(order_seed + n - 1).shuffle(due)
+        todo += due
     if limit is not None:
         todo = todo[:limit]
-    total = sum(1 for c in space if c in last and not wanted(c))
-    progress(f"{out}: {len(space)} configs in the space, {total} already measured, {len(todo)} to run "
+    total = sum(1 for c in configs if missing(c) == 0)
+    progress(f"{out}: {len(space)} configs in the space{f', {len(configs)} to record' if only is not None else ''}"
+             f", {total} already measured{f' {repeats} times' if repeats > 1 else ''}, {len(todo)} to run "
              f"on the {backend.name} backend")
     extra = {"workload": workload.to_dict(), "hardware": hardware.name}
     started = time.monotonic()
@@ -72,12 +90,12 @@ def record_surface(space: Space, backend: Backend, out: Path, *, order_seed: int
             progress(f"[{n}/{len(todo)}] {config.label():<28} {_outcome(result)}  "
                      f"{result.wall_time_s:5.1f}s  elapsed {_clock(elapsed)}  left ~{_clock(eta)}")
             crashes[config] += result.status == "crash"
+            measured[config] += result.status != "crash"
             if result.status != "crash" or crashes[config] > retries:
                 break
             progress(f"[{n}/{len(todo)}] {config.label():<28} crashed: running it again "
                      f"(attempt {crashes[config] + 1} of {retries + 1})")
-        total += 1
-    return Recorded(len(todo), total)
+    return Recorded(len(todo), sum(1 for c in configs if missing(c) == 0))
 
 
 def _outcome(result: TrialResult) -> str:

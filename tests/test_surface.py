@@ -127,3 +127,45 @@ def test_crashed_trials_are_run_again_and_every_attempt_kept(space_file, tmp_pat
     assert record_space(space, CrashingFirst(), out2, retries=0, progress=lambda _: None).recorded == 0
     # A crash recorded earlier gets its retry when the recording resumes.
     assert record_space(space, CrashingFirst(), out2, retries=1, progress=lambda _: None).recorded == 4
+
+
+def test_repeats_measure_again_in_passes_and_replay_takes_the_median(space_file, tmp_path, capsys):
+    out = tmp_path / "surface.jsonl"
+    assert record(space_file, out) == 0
+    wanted = tmp_path / "fastest.jsonl"
+    wanted.write_text('{"zero_stage": 0, "micro_batch": 4, "ckpt_interval": 0, "precision": "bf16"}\n'
+                      '{"config": {"zero_stage": 2, "micro_batch": 2, "ckpt_interval": 0, "precision": "bf16"}}\n')
+    capsys.readouterr()
+    assert record(space_file, out, "--configs", str(wanted), "--repeats", "3") == 0
+    text = capsys.readouterr().out
+    assert "4 configs in the space, 2 to record, 0 already measured 3 times, 4 to run" in text
+    lines = read_results(out)
+    assert len(lines) == 8
+    # Passes: both configs' second measurements before either's third.
+    assert {r.config for r in lines[4:6]} == {r.config for r in lines[6:8]} == {Config(0, 4, 0, "bf16"),
+                                                                                Config(2, 2, 0, "bf16")}
+    assert record(space_file, out, "--configs", str(wanted), "--repeats", "3") == 0
+    assert "2 already measured 3 times, 0 to run" in capsys.readouterr().out
+    # Three measurements of a config: replay reads the one of median throughput, whatever the order.
+    config = Config(0, 2, 0, "bf16")
+    base = next(r for r in lines if r.config == config)
+    from dataclasses import replace
+
+    from autotune.results import append_result
+    for speed in (30.0, 10.0):
+        append_result(out, replace(base, throughput_samples_per_s=speed))
+    middle = sorted([30.0, 10.0, base.throughput_samples_per_s])[1]
+    assert load_surface(out).results[config].throughput_samples_per_s == middle
+
+
+def test_configs_outside_the_space_or_unreadable_exit_2_with_one_line(space_file, tmp_path, capsys):
+    out = tmp_path / "surface.jsonl"
+    outside = tmp_path / "outside.jsonl"
+    outside.write_text('{"zero_stage": 3, "micro_batch": 2, "ckpt_interval": 0, "precision": "bf16"}\n')
+    garbled = tmp_path / "garbled.jsonl"
+    garbled.write_text('{"zero_stage": "three"}\n')
+    for path, word in ((outside, "z3 mb2 ck0 bf16"), (garbled, "garbled.jsonl:1"), (tmp_path / "none.jsonl", "none")):
+        assert record(space_file, out, "--configs", str(path)) == 2
+        err = capsys.readouterr().err
+        assert word in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()

@@ -32,7 +32,9 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Surface:
     path: str
-    results: Mapping[Config, TrialResult]  # last recorded result per config
+    # Per config: its measurement of median throughput when it was measured more than once
+    # (`autotune surface record --repeats`), else its last line (a crash then rerun: the rerun).
+    results: Mapping[Config, TrialResult]
     workload: Workload | None  # None when the lines do not say, or disagree
     hardware: str | None
 
@@ -60,6 +62,13 @@ def load_surface(path: str | Path) -> Surface:
     if not lines:
         raise ConfigError(f"surface {str(path)!r} holds no results")
     results = {r.config: r for r in lines}
+    measured: dict[Config, list[TrialResult]] = {}
+    for r in lines:
+        if r.status != "crash":
+            measured.setdefault(r.config, []).append(r)
+    for config, runs in measured.items():
+        if len(runs) > 1:
+            results[config] = median_run(runs)
     workloads = {_json_key(r.extra.get("workload")) for r in lines}
     workload = None
     if len(workloads) == 1 and lines[0].extra.get("workload"):
@@ -67,6 +76,13 @@ def load_surface(path: str | Path) -> Surface:
     hardware_names = {r.extra.get("hardware") for r in lines}
     hardware = hardware_names.pop() if len(hardware_names) == 1 else None
     return Surface(str(path), results, workload, hardware)
+
+
+def median_run(runs: list[TrialResult]) -> TrialResult:
+    """The measurement of median throughput (the lower of the two middle ones for an even count; a run that
+    did not fit or failed counts as 0 samples/s): a surface's single noisy spike does not become its optimum."""
+    ordered = sorted(runs, key=lambda r: (r.throughput_samples_per_s or 0.0) if r.ok else 0.0)
+    return ordered[(len(ordered) - 1) // 2]
 
 
 def _json_key(value: object) -> str:

@@ -15,6 +15,7 @@ applies any search's budget to the recorded peaks afterwards.
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from rich.console import Console
@@ -23,8 +24,10 @@ from rich.table import Table
 from autotune.argtypes import duration, output_dir, output_file, seed
 from autotune.backends.factory import TrialOptions, make_backend
 from autotune.backends.replay import load_surface
+from autotune.config import Config, ConfigError, first_line
 from autotune.commands.common import (add_json_argument, add_workload_arguments, emit_json, json_command, make_dir,
                                       positive_int, size, space_from, target_from)
+from autotune.files import is_file
 from autotune.results import STATUSES
 from autotune.rundir import RunSettings
 from autotune.recording import describe_workload, record_surface
@@ -58,6 +61,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="order in which configs run, 0 to 2**32-1 (default: %(default)s)")
     record.add_argument("--retries", type=int, default=1, choices=range(0, 4), metavar="{0..3}",
                         help="times a crashed trial is run again (default: %(default)s)")
+    record.add_argument("--repeats", type=int, default=1, choices=range(1, 10), metavar="{1..9}",
+                        help="measurements of each config, taken in passes over the configs; replay uses "
+                             "each config's median (default: %(default)s)")
+    record.add_argument("--configs", type=Path, default=None,
+                        help="record only the configs of this JSONL file (a surface, trials.jsonl, or one "
+                             "config object per line), e.g. to measure the fastest ones again")
     add_json_argument(record)
     record.set_defaults(_surface=run_record, _prog=record.prog)  # errors name "autotune surface record"
     show = sub.add_parser("show", help="summarise a surface: statuses, and the fastest configs within a budget")
@@ -86,19 +95,44 @@ def run_record(args: argparse.Namespace) -> int:
     defaults = MeasureSettings()
     measure = MeasureSettings(defaults.warmup_steps, min(defaults.min_steps, args.max_steps), args.max_steps,
                               defaults.rel_tol, args.max_measure_s)
+    only = None if args.configs is None else configs_in(args.configs, space)
     make_dir(args.out.parent, "--out")  # every input checked: now the surface's folder may be created
     backend = make_backend(settings, options=TrialOptions(str(logs), args.timeout, measure))
     console = Console(highlight=False, soft_wrap=True)
     if target.detected():
         console.print(target.detected())
     done = record_surface(space, backend, args.out, order_seed=args.seed, limit=args.limit, retries=args.retries,
-                  progress=console.print)
+                          repeats=args.repeats, only=only, progress=console.print)
     console.print(f"{args.out}: {done.recorded} configs recorded now, {done.total_measured} of {len(space)} measured")
     if args.json:
         emit_json(args, {"surface": str(args.out), "workload": workload.to_dict(), "hardware": hardware.name,
                          "backend": args.backend, **done.to_dict(), "configs": len(space),
                          "logs": str(logs) if args.backend == "deepspeed" else None})
     return 0
+
+
+def configs_in(path: Path, space) -> list[Config]:
+    """The configs named in a JSONL file (lines with a "config" object, or config objects), each of `space`."""
+    if not is_file(path):
+        raise ConfigError(f"--configs {str(path)!r}: no such file")
+    configs: list[Config] = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+            config = Config.from_dict(data["config"] if isinstance(data, dict) and "config" in data else data)
+        except (ValueError, TypeError, KeyError, ConfigError) as err:
+            raise ConfigError(f"--configs {path}:{n}: not a config ({first_line(err)}); expected a JSON object "
+                              f"of knob values, or a result line with one under \"config\"") from None
+        if config not in space:
+            raise ConfigError(f"--configs {path}:{n}: {config.label()} is not a config of the space recorded "
+                              f"({space.invalid_reason(config) or 'not one of its combinations'})")
+        if config not in configs:
+            configs.append(config)
+    if not configs:
+        raise ConfigError(f"--configs {path}: no configs in it")
+    return configs
 
 
 # -- show -------------------------------------------------------------------------------------------
