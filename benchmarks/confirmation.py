@@ -21,7 +21,7 @@ Launch noise, injected on every trial (the true throughput times a factor per la
 - `cpu-13%` lognormal with the 13% median difference between two launches measured here (ARCHITECTURE.md
   section 4);
 - `cpu-loaded`: factors resampled from this machine's 216 pairs of launches under load
-  (benchmarks/surfaces/tiny-cpu.jsonl against repeats/tiny-cpu-shared-machine.jsonl: each pair's log ratio,
+  (surfaces/repeats/tiny-cpu-2026-11-22.jsonl against tiny-cpu-shared-machine.jsonl: each pair's log ratio,
   random sign, over sqrt 2), heavy-tailed (2.3x at worst).
 The sweep's prior spread is this machine's 13% in every case, as for real trials; its repeats replace it.
 
@@ -97,8 +97,9 @@ class Noise:
 
 
 def measured_pairs() -> tuple[float, ...]:
-    """ln(a/b) of the configs measured in both recordings of the tiny-cpu space."""
-    quiet = {r.config: r for r in read_results(ROOT / "surfaces" / "tiny-cpu.jsonl") if r.ok}
+    """ln(a/b) of the configs measured in both recordings of the tiny-cpu space on 2026-11-22 (the loaded
+    machine's launch-to-launch spread; the quiet 2026-11-23 recording runs 1.8x faster throughout)."""
+    quiet = {r.config: r for r in read_results(ROOT / "surfaces" / "repeats" / "tiny-cpu-2026-11-22.jsonl") if r.ok}
     loaded = {r.config: r for r in read_results(ROOT / "surfaces" / "repeats" / "tiny-cpu-shared-machine.jsonl") if r.ok}
     return tuple(math.log(quiet[c].throughput / loaded[c].throughput) for c in quiet if c in loaded)
 

@@ -62,12 +62,17 @@ def test_unmeasured_config_is_refused_with_its_name(surface_path):
     assert str(surface_path) in str(err.value)
 
 
-def test_surface_metadata_best_and_last_line_wins(surface_path):
+def test_surface_metadata_best_and_a_config_measured_again_replays_its_median(surface_path):
     append_result(surface_path, TrialResult(SMALL, "ok", 12.0, 12.0 * 256, 1.3, 310 * MiB, None, 19.0, "deepspeed",
+                                            extra=EXTRA))
+    # Two measurements: the lower of the two middle ones (one lucky run does not win).
+    assert load_surface(surface_path).results[SMALL].throughput_samples_per_s == 10.0
+    append_result(surface_path, TrialResult(SMALL, "ok", 11.0, 11.0 * 256, 1.45, 305 * MiB, None, 19.0, "deepspeed",
                                             extra=EXTRA))
     surface = load_surface(surface_path)
     assert len(surface) == 3 and surface.workload == TINY and surface.hardware == "cpu"
-    assert surface.results[SMALL].throughput_samples_per_s == 12.0  # the re-measurement
+    median = surface.results[SMALL]  # the whole line of the median run: its peak and step time too
+    assert (median.throughput_samples_per_s, median.peak_memory_bytes, median.step_time_s) == (11.0, 305 * MiB, 1.45)
     assert surface.best(500 * MiB).config == SMALL
     assert surface.best(2000 * MiB).config == FAST
     assert surface.best(100 * MiB) is None

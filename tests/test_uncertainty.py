@@ -11,10 +11,11 @@ import pytest
 from cli_run import cli
 
 from autotune.backends.replay import ReplayBackend, load_surface, surface_space
-from autotune.config import Config
+from autotune.config import KNOBS, Config
 from autotune.drivers.local import run_local
 from autotune.drivers.progress import QuietProgress
 from autotune.drivers.sweep import Budget, Sweep
+from autotune.strategies import SearchContext, guide
 from autotune.uncertainty import NOISE_MEMORY, PRIOR_MEMORY, Forecast, fit_error_model
 
 SURFACE = Path(__file__).resolve().parent.parent / "benchmarks" / "surfaces" / "tiny-cpu.jsonl"
@@ -79,14 +80,21 @@ def test_warm_start_covers_checkpointing_on_and_off_and_both_precisions(surface)
 
 
 @pytest.mark.parametrize("name", ["optuna", "hybrid"])
-def test_replay_reaches_the_optimum_of_the_committed_surface_and_never_prunes_it(surface, name):
+@pytest.mark.parametrize("where", ["machine", "median peak"])
+def test_replay_reaches_the_optimum_of_the_committed_surface_and_never_prunes_it(surface, name, where):
     space = surface_space(surface)
     peaks = sorted(r.peak_memory_bytes for r in surface.results.values() if r.ok and r.peak_memory_bytes)
-    budget = peaks[len(peaks) // 2]  # half the configs run out of memory
+    # The machine's memory, or the median peak: half the configs run out of memory, and the optimum's peak
+    # lies within 1% of the budget (less than a peak's spread between two runs: README of the surfaces).
+    budget = space.hardware.memory_bytes if where == "machine" else peaks[len(peaks) // 2]
     best = surface.best(budget)
     sweep = Sweep.in_memory(space, budget, name, "replay", seed=0)
     run_local(sweep, ReplayBackend(surface, budget), Budget(25), QuietProgress())
-    assert sweep.best is not None and sweep.best.config == best.config
+    assert sweep.best is not None
+    if where == "machine":
+        assert sweep.best.config == best.config
+    else:
+        assert sweep.best.throughput_samples_per_s >= 0.95 * best.throughput_samples_per_s
     assert not any(r.config == best.config and r.status == "pruned" for r in sweep.results)
     launched = [r for r in sweep.results if r.status != "pruned"]
     assert sum(r.status == "oom" for r in launched) <= len(launched) // 10
@@ -94,6 +102,41 @@ def test_replay_reaches_the_optimum_of_the_committed_surface_and_never_prunes_it
         if r.status == "pruned":
             assert 0 <= r.extra["fit_probability"] <= 1 and r.extra["cause"] in ("device_memory", "value")
             assert r.extra["cause"] != "device_memory" or r.extra["fit_probability"] < 0.05
+
+
+def test_guided_turns_step_around_the_best_config_found(surface):
+    """After the warm start, every other guided proposal is an untried neighbour of the best config found
+    (one knob one step away; ZeRO-0 takes the offloads off), likely to fit."""
+    space = surface_space(surface)
+    budget = space.hardware.memory_bytes
+    sweep = Sweep.in_memory(space, budget, "optuna", "replay", seed=0)
+    backend = ReplayBackend(surface, budget)
+    steps = []
+    for _ in range(8):
+        best_before = sweep.best.config if sweep.best is not None else None
+        config = sweep.next_config()
+        sweep.finish(config, backend.run(config))
+        trial = sweep.strategy.study.trials[-1]
+        if trial.user_attrs.get("proposed_by") == "near the best":
+            steps.append((best_before, config))
+    assert len(steps) == 2  # guided turns 2 and 4
+    for incumbent, config in steps:
+        assert incumbent is not None and config in guide.neighbours(sweep.strategy.context, incumbent)
+        differ = [k for k in KNOBS if getattr(config, k) != getattr(incumbent, k)]
+        assert len(differ) == 1 or (set(differ) - {"offload_optimizer", "offload_param"} == {"zero_stage"}
+                                    and config.zero_stage == 0)
+
+
+def test_neighbours_are_one_step_on_one_knob_and_repair_zero_0_offload(surface):
+    space = surface_space(surface)
+    context = SearchContext(space, space.hardware.memory_bytes, 0)
+    here = Config(1, 4, 0, "bf16", "cpu")
+    near = guide.neighbours(context, here)
+    assert Config(0, 4, 0, "bf16") in near  # ZeRO-0 cannot offload: the step takes it off
+    assert {Config(1, 2, 0, "bf16", "cpu"), Config(1, 8, 0, "bf16", "cpu"), Config(2, 4, 0, "bf16", "cpu"),
+            Config(1, 4, 1, "bf16", "cpu"), Config(1, 4, 0, "fp32", "cpu"), Config(1, 4, 0, "bf16")} <= set(near)
+    assert Config(1, 1, 0, "bf16", "cpu") not in near and Config(1, 4, 2, "bf16", "cpu") not in near
+    assert here not in near and all(c in space for c in near)
 
 
 def test_estimate_with_a_runs_calibration_shows_each_peaks_interval_and_probability(tmp_path, capfd):

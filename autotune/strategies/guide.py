@@ -9,15 +9,18 @@ what to measure to identify the estimator's error model, and what is worth runni
   rather than the best predicted config of each memory layout.
 - `most_valuable`: the untried config of the highest expected gain over the best found, weighed by its
   probability of fitting (probability x E[max(throughput - best, 0)], the throughput log-normal).
+- `nearby`: the same, among the neighbours of the best config found (one knob one step away): a local
+  search beside the model, for the optimum the additive error model does not predict.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Collection
 
 import numpy as np
 
-from autotune.config import Config
+from autotune.config import KNOBS, Config
 from autotune.strategies import SearchContext
 from autotune.uncertainty import Forecast
 
@@ -30,6 +33,8 @@ TARGETS = 8  # configs "predicted best" whose uncertainty the warm start shrinks
 LIKELY = 0.5
 NEARLY = 0.9
 IDENTIFY_LIKELY = 0.65
+NEAR_LIKELY = 0.8  # a step around the best is taken only this likely to fit (optuna_search.FIT_TO_RUN)
+ORDERED = ("zero_stage", "micro_batch", "ckpt_interval")  # knobs whose values lie on a line
 
 
 def forecasts(context: SearchContext, tried: Collection[Config], likely: float = 0.0) -> dict[Config, Forecast]:
@@ -82,3 +87,34 @@ def likeliest(context: SearchContext, tried: Collection[Config]) -> Config | Non
 def fit_probability(context: SearchContext, config: Config) -> float:
     assert context.forecast is not None, "a guided pick needs the sweep's forecast"
     return context.forecast(config).fit_probability(context.budget_bytes)
+
+
+def neighbours(context: SearchContext, config: Config) -> list[Config]:
+    """The configs of the space one step from `config`: the next value up or down of one ordered knob
+    (ZeRO stage, micro-batch, checkpoint interval) or another value of one unordered knob; a step that
+    makes no valid config (ZeRO-0 with an offload) takes the offloads off with it."""
+    space = context.space
+    out: list[Config] = []
+    for knob in KNOBS:
+        values = space.choices.knob_values(knob)
+        here = values.index(getattr(config, knob))
+        steps = [i for i in (here - 1, here + 1) if 0 <= i < len(values)] if knob in ORDERED else \
+            [i for i in range(len(values)) if i != here]
+        for i in steps:
+            for other in (replace(config, **{knob: values[i]}),
+                          replace(config, **{knob: values[i], "offload_optimizer": "none", "offload_param": "none"})):
+                if other in space and other != config:
+                    if other not in out:
+                        out.append(other)
+                    break
+    return out
+
+
+def nearby(context: SearchContext, tried: Collection[Config], incumbent: Config, best: float) -> Config | None:
+    """The untried neighbour of `incumbent` (the best config found) at least NEAR_LIKELY to fit that is worth
+    most (probability x expected gain; among equals the fastest forecast), or None."""
+    found = forecasts(context, tried, NEAR_LIKELY)
+    near = [c for c in neighbours(context, incumbent) if c in found]
+    if not near:
+        return None
+    return max(near, key=lambda c: (found[c].value(context.budget_bytes, best), found[c].throughput))

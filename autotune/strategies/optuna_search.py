@@ -50,7 +50,7 @@ from autotune.estimate import estimate
 from autotune.results import TrialResult
 from autotune.strategies import SearchContext, guide
 
-ORDERED = ("zero_stage", "micro_batch", "ckpt_interval")
+ORDERED = guide.ORDERED
 PENALTY = 0.0  # samples/s told for a config that ran and failed, or did not fit the budget
 INVALID_CONSTRAINT = 1.0  # constraint told for invalid combinations and for failures with no memory figure
 WARM_START = 5  # the estimator's best predicted configs (one per memory layout and precision), tried first
@@ -61,8 +61,9 @@ CONSTRAINTS_KEY = "constraints"  # the trial system attribute optuna-dashboard r
 MEASURES = ("throughput_samples_per_s", "tokens_per_s", "step_time_s", "peak_memory_bytes")
 REASON_CHARS = 500  # a failure's error, as a user attribute, is cut to this
 # With the sweep's forecast (SearchContext.forecast): the first IDENTIFY proposals identify the estimator's
-# error model (guide.identifying), then every other proposal is the most valuable config (probability of
-# fitting x expected gain, guide.most_valuable) and the others TPE's; a TPE proposal less likely than
+# error model (guide.identifying), then proposals take turns (TURNS): the most valuable config (probability
+# of fitting x expected gain, guide.most_valuable), the best neighbour of the best config found
+# (guide.nearby) and, after GUIDED_TURNS, TPE's; a TPE proposal less likely than
 # FIT_TO_RUN to fit is told as infeasible (its constraint: median predicted peak / budget - 1) and the
 # nearest untried config likely to fit runs instead.
 IDENTIFY = 4
@@ -73,7 +74,13 @@ STOP_GAIN = 0.002  # below this x best, no untried config's probability x expect
 # small-llama surface at 1.19 GiB spent one trial in 14 out of memory after its optimum); TPE, whose
 # proposals are all likely to fit, takes that turn instead.
 GAMBLE_GAIN = 0.02
-GUIDED_TURNS = 4  # after the warm start, the first proposals are all the most valuable configs
+GUIDED_TURNS = 4  # after the warm start, the first proposals are all guided ones
+# Guided turns take turns between the most valuable config and the best untried neighbour of the best config
+# found (guide.nearby): the error model is additive over knob values, so a combination that beats it (the
+# tiny CPU surface's fastest configs are 3% apart, one knob from each other) is found by stepping around the
+# best, not by its forecast. After GUIDED_TURNS, TPE has the third turn.
+VALUABLE, LOCAL, SAMPLED = "valuable", "local", "sampled"
+TURNS = (VALUABLE, LOCAL, SAMPLED)
 
 
 def tpe(context: SearchContext) -> "OptunaStrategy":
@@ -216,12 +223,26 @@ class OptunaStrategy:
                 self.exhausted = True  # and none likely to fit: the search is over
                 return None
             return self._run_queued(likeliest, "likeliest to fit")
+        # Turns after the warm start: the most valuable config, then the best neighbour of the best config
+        # found (LOCAL), while the guided turns last; then TPE takes every third turn.
+        kind = TURNS[(self.turn - 1) % 2] if self.turn <= GUIDED_TURNS else TURNS[(self.turn - GUIDED_TURNS - 1) % 3]
+        if kind == LOCAL:
+            incumbent = self.best_config()
+            near = None if incumbent is None else guide.nearby(self.context, tried, incumbent, best)
+            if near is not None:
+                return self._run_queued(near, "near the best")
+            kind = VALUABLE
         if best and guide.fit_probability(self.context, picked) < FIT_TO_RUN \
                 and guide.worth(self.context, picked, best) < GAMBLE_GAIN * best:
             return None
-        if self.turn % 2 or self.turn <= GUIDED_TURNS:
+        if kind == VALUABLE:
             return self._run_queued(picked, "expected gain")
         return None
+
+    def best_config(self) -> Config | None:
+        """The config of the best throughput told among those that fit."""
+        fitting = [(value, c) for c, (value, constraint) in self.outcomes.items() if constraint <= 0 and value > 0]
+        return max(fitting, key=lambda vc: vc[0])[1] if fitting else None
 
     def best_value(self) -> float:
         """The best throughput told of a config that fit."""
