@@ -106,7 +106,7 @@ def test_replay_reaches_the_optimum_of_the_committed_surface_and_never_prunes_it
 
 def test_guided_turns_step_around_the_best_config_found(surface):
     """After the warm start, every other guided proposal is an untried neighbour of the best config found
-    (one knob one step away; ZeRO-0 takes the offloads off), likely to fit."""
+    (one knob one step away; ZeRO-0 takes the offloads off)."""
     space = surface_space(surface)
     budget = space.hardware.memory_bytes
     sweep = Sweep.in_memory(space, budget, "optuna", "replay", seed=0)
