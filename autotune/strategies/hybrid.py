@@ -9,10 +9,11 @@ it, is told to the Optuna study as it arrives (`add_trial` of a completed trial:
 optimum.
 
 Why this order and 12 policy trials: the issue's reading ("the policy's first proposals warm-start the
-Optuna study, which then continues"), and on the held-out tasks of benchmarks/rl_evaluation.py (5 seeds,
-25 trials) it reaches 98% of the optimum in a median of 10 trials at 3% step-time noise, against 16.5 for
-Optuna alone and 11 for taking turns with Optuna from the first trial (`interleave`, 8 policy trials). At
-10% noise the order flips (24 against 18.5 and 19): see the README's RL section for why.
+Optuna study, which then continues"), and on the held-out tasks of benchmarks/rl_evaluation.py before
+issue 17 it reached 98% of the optimum in a median of 10 trials at 3% step-time noise, against 16.5 for
+Optuna alone. With the sweep's forecast both now open with the same guided trials (the warm start that
+identifies the estimator's error, then its most valuable configs and steps around the best), and they mostly
+tie (README's RL section has the current figures).
 
 On a Ray cluster, with several trials in flight, Optuna proposes whenever the policy waits for its result.
 
