@@ -223,8 +223,6 @@ class OptunaStrategy:
                 self.exhausted = True  # and none likely to fit: the search is over
                 return None
             return self._run_queued(likeliest, "likeliest to fit")
-        # Turns after the warm start: the most valuable config, then the best neighbour of the best config
-        # found (LOCAL), while the guided turns last; then TPE takes every third turn.
         kind = TURNS[(self.turn - 1) % 2] if self.turn <= GUIDED_TURNS else TURNS[(self.turn - GUIDED_TURNS - 1) % 3]
         if kind == LOCAL:
             incumbent = self.best_config()
