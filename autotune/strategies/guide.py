@@ -119,8 +119,8 @@ def neighbours(context: SearchContext, config: Config) -> list[Config]:
 def nearby(context: SearchContext, tried: Collection[Config], incumbent: Config, best: float) -> Config | None:
     """The untried neighbour of `incumbent` (the best config found) at least NEAR_LIKELY to fit that is worth
     most (probability x expected gain; among equals the fastest forecast), or None."""
-    found = forecasts(context, tried, NEAR_LIKELY)
-    near = [c for c in neighbours(context, incumbent) if c in found]
-    if not near:
-        return None
-    return max(near, key=lambda c: (found[c].value(context.budget_bytes, best), found[c].throughput))
+    assert context.forecast is not None, "a guided pick needs the sweep's forecast"
+    budget = context.budget_bytes
+    found = {c: context.forecast(c) for c in neighbours(context, incumbent) if c not in tried}
+    near = [c for c, f in found.items() if f.fit_probability(budget) >= NEAR_LIKELY]
+    return max(near, key=lambda c: (found[c].value(budget, best), found[c].throughput), default=None)
