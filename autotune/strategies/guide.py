@@ -35,7 +35,8 @@ NEARLY = 0.9
 IDENTIFY_LIKELY = 0.65
 # A step around the best runs if at least this likely to fit: where the optimum sits at the budget's edge,
 # its neighbour is the gamble worth taking, and an out-of-memory there bounds the memory model where the best
-# configs are. Measured on the replay surfaces (benchmarks/search_efficiency.py --surfaces-only, 10 seeds):
+# configs are. Measured on the replay surfaces (benchmarks/search_efficiency.py --surfaces-only, 10 seeds,
+# offload prior of the memory model then 0.07):
 # at 0.8 optuna never ran tiny-cpu's optimum 0.9% under the 0.71 GiB budget in 50 trials (hybrid: 70% of
 # runs), at 0.5 optuna always (10 trials) and hybrid never, at 0.3 optuna always and hybrid in 30%; no OOM
 # share above 0.4% and the other surfaces unchanged at 0.3, while 0.2 ran small-llama 7% out of memory.
