@@ -423,7 +423,8 @@ class Trial:
             return True
         if now > self._deadline + self._build_pause:
             where = ", ".join(f"rank {r} in {p.get('phase')}" for r, p in sorted(phases.items())) or "no rank started"
-            self.verdict = ("timeout", f"no result within the timeout of {o.timeout_s:g} s ({where})")
+            paused = f" and {self._build_pause:.0f} s of C++ op builds" if self._build_pause >= 1 else ""
+            self.verdict = ("timeout", f"no result within the timeout of {o.timeout_s:g} s{paused} ({where})")
             return True
         return False
 

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -222,3 +223,28 @@ def test_a_build_lock_left_by_a_killed_builder_is_removed(tmp_path, monkeypatch)
         compiler.kill()
         compiler.wait()
     assert clear_stale_build_lock("some_op") and not lock.exists()  # old, nobody building: stale
+
+
+def test_a_load_waiting_on_a_lock_whose_holder_died_goes_on_once_the_lock_turns_stale(tmp_path, monkeypatch):
+    """torch waits on a build lock forever: a lock left a moment before the load began (a rank of the trial
+    before, killed while it held it) was too fresh to clear then, and must be cleared while the load waits."""
+    from torch.utils.file_baton import FileBaton
+
+    from autotune.worker.main import STALE_LOCK_AGE_S, _sweeping_stale_locks, clear_stale_build_lock
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    lock = tmp_path / "some_op" / "lock"
+    lock.parent.mkdir()
+    lock.touch()
+    left_at = time.time() - STALE_LOCK_AGE_S + 1.0  # stale in a second
+    os.utime(lock, (left_at, left_at))
+    assert not clear_stale_build_lock("some_op")  # too fresh when the load begins
+
+    def load() -> None:  # what torch's load does when another process holds the lock
+        with _sweeping_stale_locks("some_op", every_s=0.1):
+            FileBaton(str(lock), wait_seconds=0.05).wait()
+
+    loading = threading.Thread(target=load, daemon=True)
+    loading.start()
+    loading.join(timeout=60)
+    assert not loading.is_alive() and not lock.exists()

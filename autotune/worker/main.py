@@ -14,6 +14,7 @@ Rank environment (RANK, WORLD_SIZE, MASTER_ADDR, ...) comes from the launcher.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import ctypes
 import os
@@ -24,7 +25,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from autotune.worker.device import AcceleratorMismatch, open_device
 from autotune.worker.measure import iqr, median_rel_se, stop_reason
@@ -39,6 +40,7 @@ CPU_OOM = "DefaultCPUAllocator: can't allocate memory"  # c10's own report of a 
 DEVICE_OOM_MARKERS = ("cublas_status_alloc_failed", "cudaerrormemoryallocation", "cuda error: out of memory",
                       "cuda out of memory", "failure 'out of memory'", "hip out of memory")
 STALE_LOCK_AGE_S = 60.0  # a live build writes its ninja file and starts compiling well within this
+LOCK_SWEEP_S = 5.0  # how often a load waiting on a build lock checks whether its holder died
 SLOW_LOAD_S = 5.0  # loading a built op takes about a second here: one still loading after this is being built
 
 
@@ -267,7 +269,8 @@ def load_ops(ds: dict[str, Any], accel: Any, report: Callable[[str, bool], None]
                 slow.daemon = True
                 slow.start()
         try:
-            builder.load(verbose=False)
+            with _sweeping_stale_locks(builder.name):
+                builder.load(verbose=False)
         except ImportError:
             # Another process's build of the same op was killed after we waited for it: no library. Make
             # torch forget this process's attempt so that the retry builds it (under the same file lock).
@@ -278,6 +281,26 @@ def load_ops(ds: dict[str, Any], accel: Any, report: Callable[[str, bool], None]
         finally:
             if slow is not None:
                 slow.cancel()
+
+
+@contextlib.contextmanager
+def _sweeping_stale_locks(name: str, every_s: float = LOCK_SWEEP_S) -> Iterator[None]:
+    """While op `name` loads, look for a stale build lock every `every_s`: torch waits on the lock file
+    forever, and a lock can turn stale after this load began waiting (a rank of the trial before, killed
+    by the memory watchdog while it held the lock for the no-op build every load runs)."""
+    done = threading.Event()
+
+    def sweep() -> None:
+        while not done.wait(every_s):
+            clear_stale_build_lock(name)
+
+    sweeper = threading.Thread(target=sweep, name=f"stale-lock-{name}", daemon=True)
+    sweeper.start()
+    try:
+        yield
+    finally:
+        done.set()
+        sweeper.join()
 
 
 def needs_build(name: str) -> bool:
