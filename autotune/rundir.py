@@ -218,7 +218,14 @@ class RunDir(RunFolder):
         return optuna.storages.RDBStorage(f"sqlite:///{path}", engine_kwargs={"creator": connect})
 
     def study_name(self, url: str | None = None) -> str:
-        """The name of the sweep's study in its storage (autotune.study_storage)."""
+        """The name of the sweep's study in its storage (autotune.study_storage): the one run.json recorded
+        when the sweep began, so that a sweep resumed on another host (a container's new hostname) or from a
+        moved directory goes on in its own study; else the name a new sweep takes here."""
+        data = self.read_json(SETTINGS) if url is not None else None
+        if isinstance(data, dict) and "study" in data:  # absent from run.json before the name was recorded
+            if not isinstance(data["study"], str) or not data["study"]:
+                raise ConfigError(f"{self.settings_path}: study: {short(data['study'])}: allowed a study name")
+            return data["study"]
         return study_name(self.path, url)
 
     def exists(self) -> bool:
@@ -243,7 +250,9 @@ class RunDir(RunFolder):
         return RunSettings.from_dict(data, str(self.settings_path))
 
     def write_settings(self, settings: RunSettings) -> None:
-        self.write_json(SETTINGS, settings.to_dict())
+        """A new sweep's run.json: its settings and, in a storage the user named, its study's name."""
+        study = {} if settings.storage is None else {"study": self.study_name(settings.storage)}
+        self.write_json(SETTINGS, {**settings.to_dict(), **study})
 
     def trial_log_dir(self, number: int) -> Path:
         return self.logs_dir / f"{number:04d}"

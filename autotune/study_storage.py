@@ -11,9 +11,10 @@ made absolute, so that a resumed sweep started elsewhere opens the same file. A 
 written to the run directory: run.json and the report show it masked.
 
 Study name: `autotune` in the run directory's own study.db (one study per file). In a storage the user
-names, one study per sweep, named after the host and the run directory (`autotune <host>:<path>`): sweeps
-sharing a database never share a study, and a resumed sweep finds its own. A new sweep whose study already
-exists there is refused rather than mixed into it.
+names, one study per sweep, named after the host and the run directory (`autotune <host>:<path>`) when it
+begins and recorded in its run.json (`study`): sweeps sharing a database never share a study, and a resumed
+sweep finds its own even on another host or from a moved directory. A new sweep whose study already exists
+there is refused rather than mixed into it.
 """
 
 from __future__ import annotations

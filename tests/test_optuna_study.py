@@ -209,6 +209,27 @@ def test_the_library_takes_a_journal_file_as_storage(tmp_path):
     assert_reads_like_the_run(detail, rows, run)
 
 
+def test_a_sweep_resumed_from_a_moved_directory_goes_on_in_the_study_run_json_names(tmp_path):
+    journal = tmp_path / "studies.log"
+    spec = autotune.TuneSpec(autotune.make_workload("tiny"), autotune.load_hardware("cpu"),
+                             memory_budget_bytes=int(0.7 * GiB), strategy="optuna", trials=4,
+                             backend="simulated", seed=1, storage=str(journal))
+    began, moved = tmp_path / "began", tmp_path / "moved"
+    autotune.tune(spec, out=began)
+    began.rename(moved)  # or resumed on another host: a name made from host and path would change
+    autotune.tune(replace(spec, trials=TRIALS), out=moved, resume=True)
+    name = json.loads((moved / "run.json").read_text())["study"]
+    assert name == study_name(began, str(journal)) != study_name(moved, str(journal))
+    assert [s.study_name for s in optuna.get_all_study_summaries(RunDir(moved).storage(str(journal)))] == [name]
+    detail, rows = read_study(str(journal), name)
+    assert_reads_like_the_run(detail, rows, moved)
+    assert sum(r.status != "pruned" for r in read_results(moved / "trials.jsonl")) > 4  # it went on
+    settings = json.loads((moved / "run.json").read_text())
+    (moved / "run.json").write_text(json.dumps({**settings, "study": 7}))
+    with pytest.raises(autotune.ConfigError, match=r"run.json: study: 7: allowed a study name"):
+        autotune.tune(replace(spec, trials=TRIALS + 2), out=moved, resume=True)
+
+
 @pytest.mark.parametrize("storage, says, syntax", [
     ("foo://nowhere", "cannot be opened", False),
     # No driver here, or nothing listening: refused either way, when it is opened.
