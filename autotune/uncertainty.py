@@ -133,7 +133,7 @@ def fit_error_model(observed: Sequence[tuple[Config, float]], prior: tuple[float
         residual = float(((ys - xs @ mean) ** 2).sum()) if len(ys) else 0.0
         sigma = max(math.sqrt((noise[1] * noise[0] ** 2 + residual) / (noise[1] + len(ys))), noise[2])
     for config, bound in censored:
-        mean, cov = _censor(mean, cov, _features(columns, config), bound, sigma)
+        mean, cov = censor(mean, cov, _features(columns, config), bound, sigma)
     return ErrorModel(columns, tuple(float(v) for v in mean), tuple(tuple(float(v) for v in row) for row in cov),
                       sigma, len(observed), len(censored), tuple(prior[1]))
 
@@ -150,10 +150,19 @@ def _posterior(prior_cov: np.ndarray, xs: np.ndarray, ys: np.ndarray, sigma: flo
     return cov @ xs.T @ ys / sigma ** 2, cov
 
 
-def _censor(mean: np.ndarray, cov: np.ndarray, x: list[float], bound: float,
-            sigma: float) -> tuple[np.ndarray, np.ndarray]:
+def condition(mean: np.ndarray, cov: np.ndarray, x: np.ndarray, y: float,
+              sigma: float) -> tuple[np.ndarray, np.ndarray]:
+    """One exact observation y = x.b + noise, folded in (the posterior `_posterior` gives for the batch, one
+    row at a time: what the environment updates after every trial)."""
+    s = cov @ x
+    gain = s / (float(x @ s) + sigma ** 2)
+    return mean + gain * (y - float(x @ mean)), cov - np.outer(gain, s)
+
+
+def censor(mean: np.ndarray, cov: np.ndarray, x: Sequence[float] | np.ndarray, bound: float,
+           sigma: float) -> tuple[np.ndarray, np.ndarray]:
     """Moment-matched update for "y > bound" (y = x.b + noise)."""
-    xv = np.array(x)
+    xv = np.asarray(x, dtype=float)
     s = cov @ xv
     var = float(xv @ s) + sigma ** 2
     sd = math.sqrt(var)

@@ -199,6 +199,7 @@ class DeepSpeedMemoryEnv(gym.Env):
         vector[e + 4] = min(1.0, self._best_throughput / ep.predicted_best / 2)
         vector[e + 5] = float(self._measured[cur])
         self._jump_features(vector)
+        self._fit_features(vector)
         self._mask_now = self._mask()
         return {"observations": vector, "action_mask": self._mask_now.copy()}
 
@@ -219,6 +220,15 @@ class DeepSpeedMemoryEnv(gym.Env):
         vector[block + 1] = min(1.0, throughput / ep.predicted_best / 2)
         if self._best_throughput > 0:
             vector[obs.EPISODE_AT + 6] = obs.ratio_feature(throughput, self._best_throughput)
+
+    def _fit_features(self, vector: np.ndarray) -> None:
+        """Per action, the probability that the config it leads to fits the budget (0 where it leads nowhere)."""
+        ep = self._episode
+        assert ep is not None
+        targets = ep.landscape.moves[self._current].copy()
+        targets[RUN], targets[JUMP] = self._current, self._jump
+        leads = np.flatnonzero(targets >= 0)
+        vector[obs.FIT_AT + leads] = self._residuals.fit_probability(targets[leads], ep.task.memory_budget_bytes)
 
     # -- info -------------------------------------------------------------------------------------------
 

@@ -39,11 +39,20 @@ class Layout:
     codes: np.ndarray  # (configs, knobs) int64: the index of each config's value in its knob's choices
 
     @cached_property
+    def value_counts(self) -> np.ndarray:
+        """(knobs,): how many values of each knob the numbering below holds."""
+        n, knobs = self.codes.shape
+        return self.codes.max(axis=0) + 1 if n else np.ones(knobs, dtype=np.int64)
+
+    @cached_property
     def value_ids(self) -> np.ndarray:
         """(configs, knobs): each config's knob values numbered across all knobs (knob values side by side)."""
-        n, knobs = self.codes.shape
-        sizes = self.codes.max(axis=0) + 1 if n else np.ones(knobs, dtype=np.int64)
-        return self.codes + np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        return self.codes + np.concatenate([[0], np.cumsum(self.value_counts)[:-1]])
+
+    @cached_property
+    def value_knobs(self) -> np.ndarray:
+        """(knob values,): the knob (its index in KNOBS) of each column of `value_onehot`."""
+        return np.repeat(np.arange(len(self.value_counts)), self.value_counts)
 
     @cached_property
     def value_onehot(self) -> np.ndarray:

@@ -3,7 +3,8 @@ tasks (documented in FEATURES, one name per entry).
 
 Only what a tuner knows on real hardware goes in: the task, the current config, the estimator's
 predictions (for the current config and for where each action leads; for `jump`, corrected by this
-episode's measurements, envs/residuals.py) and the results measured in this episode. Never the true optimum: the replay surface's best is used to scale rewards, not to observe.
+episode's measurements, envs/residuals.py), the results measured in this episode, and for where each
+action leads the probability of fitting the budget that those results give. Never the true optimum: the replay surface's best is used to scale rewards, not to observe.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ RESULT_NAMES = (*(f"last status {s}" for s in ("none", *STATUSES)), "last throug
 EPISODE_NAMES = ("steps left / horizon", "trials / horizon", "a feasible config found", "current config is the best",
                  "best so far / predicted best / 2", "current config measured",
                  "log2 jump target's corrected throughput / best so far / 2")
+FIT_NAME = "probability its config fits (memory error model, envs/residuals.py; 0: leads nowhere)"
 FEATURES = (
     *(f"task: {n}" for n in TASK_FEATURES),
     *(f"config: {n}" for n in CONFIG_NAMES),
@@ -44,6 +46,7 @@ FEATURES = (
     *(f"action {a}: {n}" for a in ACTIONS for n in PREDICTION_NAMES),
     *(f"result: {n}" for n in RESULT_NAMES),
     *(f"episode: {n}" for n in EPISODE_NAMES),
+    *(f"action {a}: {FIT_NAME}" for a in ACTIONS),
 )
 assert len(CONFIG_NAMES) == CONFIG_FEATURES
 
@@ -54,7 +57,8 @@ PREDICTION_AT = CONFIG_AT + CONFIG_FEATURES
 ACTIONS_AT = PREDICTION_AT + len(PREDICTION_NAMES)
 RESULT_AT = ACTIONS_AT + len(ACTIONS) * len(PREDICTION_NAMES)
 EPISODE_AT = RESULT_AT + len(RESULT_NAMES)
-SIZE = EPISODE_AT + len(EPISODE_NAMES)
+FIT_AT = EPISODE_AT + len(EPISODE_NAMES)
+SIZE = FIT_AT + len(ACTIONS)
 STATUS_SLOT = {status: i for i, status in enumerate(("none", *STATUSES))}
 
 

@@ -8,6 +8,10 @@ zero when few did (`SHRINK` pseudo-trials of no offset). Memory is corrected pes
 largest measured-over-predicted peak ratio seen; an out-of-memory trial without a measured peak counts
 as at least the budget. The `jump` action (envs/actions.py) moves to the best config these corrected
 predictions leave unmeasured.
+
+Beside it, the probability that a config fits comes from the memory error model of autotune/uncertainty.py
+(the sweep's own: one offset per knob value plus a common one, Gaussian priors, an out-of-memory trial
+without a peak as the bound "peak > budget"), updated one trial at a time over the layout's knob values.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ import math
 
 import numpy as np
 
+from autotune.config import KNOBS
 from autotune.results import TrialResult
+from autotune.uncertainty import NOISE_MEMORY, PRIOR_MEMORY, censor, condition, normal_cdf
 
 from autotune.envs.landscape import Landscape
 
@@ -38,6 +44,8 @@ class Residuals:
         self.total, self.trials = 0.0, 0
         self.memory = 0.0  # largest log(measured / predicted peak); 0 until a peak is known
         self.memory_known = False
+        # The memory error model: mean and covariance of (common offset, offset per knob value).
+        self.belief_mean, self.belief_cov = np.zeros(1 + self.onehot.shape[1]), _memory_prior(layout.value_knobs)
 
     def observe(self, index: int, result: TrialResult, budget_bytes: int) -> None:
         if result.status == "ok" and result.fits(budget_bytes) and result.throughput_samples_per_s:
@@ -54,6 +62,25 @@ class Residuals:
             ratio = math.log(peak) - self.log_peak[index]
             self.memory = ratio if not self.memory_known else max(self.memory, ratio)
             self.memory_known = True
+        if result.status in ("ok", "oom"):
+            row = self._row(index)
+            if result.peak_memory_bytes:  # known, whatever the status: exact
+                y = math.log(result.peak_memory_bytes) - self.log_peak[index]
+                self.belief_mean, self.belief_cov = condition(self.belief_mean, self.belief_cov, row, y, NOISE_MEMORY[0])
+            elif result.status == "oom":
+                bound = math.log(budget_bytes) - self.log_peak[index]
+                self.belief_mean, self.belief_cov = censor(self.belief_mean, self.belief_cov, row, bound, NOISE_MEMORY[0])
+
+    def _row(self, index: int) -> np.ndarray:
+        return np.concatenate(([1.0], self.onehot[index]))
+
+    def fit_probability(self, indices: np.ndarray, budget_bytes: int) -> np.ndarray:
+        """P(peak <= budget) of the configs `indices` under the memory error model."""
+        rows = np.concatenate((np.ones((len(indices), 1)), self.onehot[indices]), axis=1)
+        mean = self.log_peak[indices] + rows @ self.belief_mean
+        var = np.einsum("ij,jk,ik->i", rows, self.belief_cov, rows) + NOISE_MEMORY[0] ** 2
+        gaps = (math.log(budget_bytes) - mean) / np.sqrt(var)
+        return np.array([normal_cdf(z) for z in gaps.tolist()])
 
     def log_throughput(self) -> np.ndarray:
         """Log of the corrected predicted throughput of every config."""
@@ -77,3 +104,9 @@ class Residuals:
     def peak(self) -> np.ndarray:
         """Corrected predicted peak of every config (the predictions until a peak was measured)."""
         return np.exp(self.log_peak + self.memory)
+
+
+def _memory_prior(value_knobs: np.ndarray) -> np.ndarray:
+    """The prior covariance of (common offset, one offset per knob value): PRIOR_MEMORY's widths."""
+    per_knob = dict(PRIOR_MEMORY[1])
+    return np.diag([PRIOR_MEMORY[0] ** 2] + [per_knob.get(KNOBS[k], 0.0) ** 2 for k in value_knobs])

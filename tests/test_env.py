@@ -393,3 +393,38 @@ def test_jump_finds_a_config_the_estimator_ranks_low_once_trials_show_it():
     for _ in range(3):
         env.step(JUMP)
         assert land.configs[env._current].precision == "fp32"
+
+
+def test_each_actions_fit_probability_is_the_sweeps_memory_error_model_of_the_trials_so_far():
+    """The observation's per-action probability of fitting is autotune/uncertainty.py's posterior given the
+    episode's measured peaks (one trial at a time here, in one batch there), at the config the action leads to."""
+    from autotune.uncertainty import NOISE_MEMORY, PRIOR_MEMORY, Forecast, fit_error_model
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "surfaces" / "tiny-cpu.jsonl"
+    budget = int(0.71 * GiB)
+    env = DeepSpeedMemoryEnv({"backend": "replay", "surface": str(path), "memory_budget": [budget]})
+    observation, _ = env.reset(seed=0)
+    land = env._episode.landscape
+    fixed_noise = (NOISE_MEMORY[0], 1e12, NOISE_MEMORY[0])  # the environment does not re-estimate the noise
+    observed = []
+    statuses = []
+    for action in [RUN, action_index("micro_batch-"), action_index("ckpt_interval+"), JUMP, action_index("zero_stage+")]:
+        model = fit_error_model(observed, PRIOR_MEMORY, fixed_noise)
+        targets = land.moves[env._current].copy()
+        targets[RUN], targets[JUMP] = env._current, env._jump
+        for a, target in enumerate(targets):
+            got = observation["observations"][obs.FIT_AT + a]
+            if target < 0:
+                assert got == 0.0
+                continue
+            config = land.configs[target]
+            want = Forecast(int(land.peak[target]), 1.0, model.predict(config), (0.0, 0.0)).fit_probability(budget)
+            assert got == pytest.approx(want, abs=1e-4), (ACTIONS[a], config.label())
+        if not observation["action_mask"][action]:
+            continue
+        observation, _, _, _, info = env.step(action)
+        result = info["result"]
+        statuses.append(result["status"])
+        config = land.configs[env._current]
+        observed.append((config, float(np.log(result["peak_memory_bytes"] / land.peak[env._current]))))
+    assert "oom" in statuses and "ok" in statuses  # both sides of the budget were measured
