@@ -19,10 +19,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from scipy.special import ndtr
 
 from autotune.config import KNOBS
 from autotune.results import TrialResult
-from autotune.uncertainty import NOISE_MEMORY, PRIOR_MEMORY, censor, condition, normal_cdf
+from autotune.uncertainty import NOISE_MEMORY, PRIOR_MEMORY, censor, condition
 
 from autotune.envs.landscape import Landscape
 
@@ -63,7 +64,7 @@ class Residuals:
             self.memory = ratio if not self.memory_known else max(self.memory, ratio)
             self.memory_known = True
         if result.status in ("ok", "oom"):
-            row = self._row(index)
+            row = self._rows(np.array([index]))[0]
             if result.peak_memory_bytes:  # known, whatever the status: exact
                 y = math.log(result.peak_memory_bytes) - self.log_peak[index]
                 self.belief_mean, self.belief_cov = condition(self.belief_mean, self.belief_cov, row, y, NOISE_MEMORY[0])
@@ -71,16 +72,16 @@ class Residuals:
                 bound = math.log(budget_bytes) - self.log_peak[index]
                 self.belief_mean, self.belief_cov = censor(self.belief_mean, self.belief_cov, row, bound, NOISE_MEMORY[0])
 
-    def _row(self, index: int) -> np.ndarray:
-        return np.concatenate(([1.0], self.onehot[index]))
+    def _rows(self, indices: np.ndarray) -> np.ndarray:
+        """The error model's features of configs `indices`: the common offset, then their knob values."""
+        return np.concatenate((np.ones((len(indices), 1)), self.onehot[indices]), axis=1)
 
     def fit_probability(self, indices: np.ndarray, budget_bytes: int) -> np.ndarray:
         """P(peak <= budget) of the configs `indices` under the memory error model."""
-        rows = np.concatenate((np.ones((len(indices), 1)), self.onehot[indices]), axis=1)
+        rows = self._rows(indices)
         mean = self.log_peak[indices] + rows @ self.belief_mean
-        var = np.einsum("ij,jk,ik->i", rows, self.belief_cov, rows) + NOISE_MEMORY[0] ** 2
-        gaps = (math.log(budget_bytes) - mean) / np.sqrt(var)
-        return np.array([normal_cdf(z) for z in gaps.tolist()])
+        var = ((rows @ self.belief_cov) * rows).sum(axis=1) + NOISE_MEMORY[0] ** 2
+        return ndtr((math.log(budget_bytes) - mean) / np.sqrt(var))
 
     def log_throughput(self) -> np.ndarray:
         """Log of the corrected predicted throughput of every config."""
