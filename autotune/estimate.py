@@ -16,7 +16,11 @@ Sources, per term (see also ARCHITECTURE.md section 5):
   built-in model's measured peaks (autotune.worker.model; benchmarks/memory_accuracy.py): with
   checkpointing the head's peak and a segment's recomputation come one after the other, not together.
 - Buffers: the ZeRO bucket sizes written by autotune.dsconfig (Buckets), ZeRO-3's gathered largest
-  module and prefetch bucket, the fp32 gradient of one optimizer sub-group during a ZeRO-3 step.
+  module and prefetch bucket, the fp32 gradient of one optimizer sub-group during a ZeRO-3 step; on CUDA also
+  ZeRO-3's live window of gathered parameters (autotune.cuda_memory).
+- On CUDA, the peak the product measures is the caching allocator's reserved peak plus the memory outside it:
+  `allocator_reserve` and `outside_allocator` (autotune.cuda_memory, from the H200 run) replace the profile's
+  flat `runtime_overhead_bytes`, which only the CPU profile uses (`overhead` is 0 on CUDA unless calibrated).
 - Step time: 6*N*tokens FLOPs (+2*N*tokens when layers are recomputed, + attention's 12*L*s^2*h per
   sample) at an efficiency that grows with tokens per micro-batch; ZeRO's collectives per stage and micro-step
   (autotune.comm: ring/tree all-reduce, reduce-scatter, all-gather with bandwidth and latency); offload transfers over the host link and
@@ -31,18 +35,20 @@ from typing import Any
 
 from autotune.comm import STAGE0_ALLREDUCE_BUCKET, comm_time
 from autotune.config import Config
+from autotune.cuda_memory import allocator_reserve_bytes, outside_allocator_bytes, zero3_live_params_bytes
 from autotune.dsconfig import Buckets
 from autotune.hardware import Hardware
 from autotune.workload import ModelShape, Workload
 
-MEMORY_TERMS = ("weights", "gradients", "optimizer_states", "activations", "buffers", "overhead")
+MEMORY_TERMS = ("weights", "gradients", "optimizer_states", "activations", "buffers", "allocator_reserve",
+                "outside_allocator", "overhead")
 
 
 @dataclass(frozen=True)
 class Calibration:
     """Free terms fitted to measurements of one workload on one machine (autotune.calibrate)."""
 
-    overhead_bytes: int | None = None  # replaces hardware.runtime_overhead_bytes
+    overhead_bytes: int | None = None  # replaces hardware.runtime_overhead_bytes (0 on CUDA: see estimate())
     memory_scale: float = 1.0  # allocator slack on model states and buffers
     activation_scale: float = 1.0  # saved activations as the framework really keeps them
     flops_scale: float = 1.0  # effective FLOP/s relative to the profile's
@@ -52,6 +58,7 @@ class Calibration:
     step_overhead_s: float | None = None  # replaces hardware.step_overhead_s
     # Collective time relative to the profile's interconnect (autotune.comm); 1 where only one rank was measured.
     comm_scale: float = 1.0
+    reserve_scale: float = 1.0  # the caching allocator's reserve (CUDA) as measured on this machine
     samples: int = 0  # how many measured results the fit used
 
     def __post_init__(self) -> None:
@@ -76,6 +83,10 @@ class MemoryBreakdown:
     activations: int
     buffers: int
     overhead: int
+    # CUDA only (autotune.cuda_memory): cached but unused blocks of the caching allocator at the peak, and the
+    # device memory outside it (context, libraries, NCCL). 0 on the CPU profile.
+    allocator_reserve: int = 0
+    outside_allocator: int = 0
 
     @property
     def total(self) -> int:
@@ -244,13 +255,20 @@ def estimate(config: Config, workload: Workload, hardware: Hardware,
         buffers += (buckets.reduce + buckets.prefetch + m.largest_module_params) * p
         if config.offload_optimizer == "none":
             buffers += 4 * min(buckets.sub_group, n_local)  # fp32 gradient of the sub-group being stepped
+        buffers += zero3_live_params_bytes(config, workload, hardware)  # 0 on the CPU profile
     activations = int(_activation_bytes(config, workload) * calibration.activation_scale)
 
     scale = calibration.memory_scale
-    overhead = hardware.runtime_overhead_bytes if calibration.overhead_bytes is None else calibration.overhead_bytes
+    # On CUDA the reserve and the memory outside the allocator are modeled (autotune.cuda_memory) and replace
+    # the profile's flat runtime overhead; a calibration's fitted overhead still adds to them.
+    default_overhead = hardware.runtime_overhead_bytes if hardware.is_cpu else 0
+    overhead = default_overhead if calibration.overhead_bytes is None else calibration.overhead_bytes
     memory = MemoryBreakdown(weights=int(weights * scale), gradients=int(grads * scale),
                              optimizer_states=int(optim * scale), activations=activations,
-                             buffers=int(buffers * scale), overhead=int(overhead))
+                             buffers=int(buffers * scale), overhead=int(overhead),
+                             allocator_reserve=int(allocator_reserve_bytes(config, workload, hardware)
+                                                   * calibration.reserve_scale),
+                             outside_allocator=outside_allocator_bytes(config, workload, hardware))
 
     time = _step_time(config, workload, hardware, calibration, p, n_local)
     return Estimate(config, memory, int(host_weights + host_optim), int(nvme), sum(time.values()), time,

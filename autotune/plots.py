@@ -96,7 +96,7 @@ def memory_breakdown(est: Estimate, budget_bytes: int, measured_bytes: int | Non
     fig = Figure(figsize=(8, 3.6), layout="constrained")
     ax = fig.subplots()
     left = 0.0
-    colors = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:gray")
+    colors = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:olive", "tab:cyan", "tab:gray")
     for term, color in zip(MEMORY_TERMS, colors):
         width = getattr(est.memory, term) / GiB
         ax.barh([0], [width], left=left, color=color, label=f"{term} {width:.3g} GiB")

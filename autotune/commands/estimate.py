@@ -84,6 +84,12 @@ def _interval_cells(pruner: Pruner | None, est: Estimate) -> tuple[str, ...]:
     return f"{format_size(low)}-{format_size(high)}", f"{found['fit_probability']:.0%}"
 
 
+def _short(term: str) -> str:
+    names = {"optimizer_states": "optim", "activations": "activ", "allocator_reserve": "reserve",
+             "outside_allocator": "outside"}
+    return names.get(term, term)
+
+
 def show(ranking: Ranking, hardware: Hardware, top: int, pruner: Pruner | None = None) -> None:
     console = Console(width=max(Console().width, 180))
     workload = ranking.space.workload
@@ -93,7 +99,7 @@ def show(ranking: Ranking, hardware: Hardware, top: int, pruner: Pruner | None =
                   f"{len(ranking.space)} valid configs, {len(ranking.fits)} predicted to fit")
     table = Table(title=f"Top {min(top, len(ranking.fits))} configs predicted to fit, fastest first")
     for column in ("#", "stage", "micro", "accum", "ckpt", "prec", "off opt", "off par", "peak",
-                   *(t.replace("optimizer_states", "optim").replace("activations", "activ") for t in MEMORY_TERMS),
+                   *(_short(t) for t in MEMORY_TERMS),
                    "host", "step s", "samples/s", *(("peak 90%", "fits") if pruner else ())):
         table.add_column(column, justify="right")
     for i, est in enumerate(ranking.fits[:top], 1):
