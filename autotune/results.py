@@ -205,6 +205,8 @@ _FIELDS: dict[str, tuple[Any, str]] = {
 # Extra keys the tool reads back (report, plots, progress, replay, recording); others pass through unchecked.
 _EXTRAS: dict[str, tuple[Any, str]] = {
     "trial": (_count, "a trial number or null"),
+    "chance_of_better": (_number, _NUMBER),  # autotune.convergence: after this search trial
+    "better_margin": (_number, _NUMBER),
     "predicted_peak_bytes": (_number, _NUMBER),
     "peak_memory_growth_bytes": (lambda v: (v is None or _number(abs(v))[0], v), "a number or null"),
     "baseline_memory_bytes": (_number, _NUMBER),

@@ -93,19 +93,28 @@ class ErrorModel:
         return tuple(f"{k}={getattr(config, k)}" for k in KNOBS if (k, getattr(config, k)) not in known)
 
 
-    def information(self, candidates: Sequence[Config], targets: Sequence[Config],
-                    weights: Sequence[float]) -> np.ndarray:
-        """Per candidate, how much measuring it would shrink the variance of the targets' predictions
-        (weighted sum; Bayesian linear regression: (x_t' S x_c)^2 / (x_c' S x_c + noise^2))."""
-        columns = columns_of(list(candidates) + list(targets), self.columns)
+    def joint(self, configs: Sequence[Config]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The joint distribution of `configs`' log-ratios, the noise left out: (rows, mean, cov) with
+        log-ratio_i = rows[i] @ b, b ~ N(mean, cov). A knob value no observation used gets a column of its
+        own at its prior width, shared by the configs that take it (so their errors move together)."""
+        columns = columns_of(configs, self.columns)
         n = len(columns) + 1
         prior = dict(self.value_prior)
         cov = np.diag([0.0] + [prior.get(k, 0.0) ** 2 for k, _ in columns])
         index = {col: i for i, col in enumerate(columns, 1)}
         keep = [0] + [index[col] for col in self.columns]
         cov[np.ix_(keep, keep)] = np.array(self.cov)
-        xc = np.array([_features(columns, c) for c in candidates]).reshape(len(candidates), n)
-        xt = np.array([_features(columns, c) for c in targets]).reshape(len(targets), n)
+        mean = np.zeros(n)
+        mean[keep] = np.array(self.mean)
+        rows = np.array([_features(columns, c) for c in configs]).reshape(len(configs), n)
+        return rows, mean, cov
+
+    def information(self, candidates: Sequence[Config], targets: Sequence[Config],
+                    weights: Sequence[float]) -> np.ndarray:
+        """Per candidate, how much measuring it would shrink the variance of the targets' predictions
+        (weighted sum; Bayesian linear regression: (x_t' S x_c)^2 / (x_c' S x_c + noise^2))."""
+        rows, _, cov = self.joint(list(candidates) + list(targets))
+        xc, xt = rows[:len(candidates)], rows[len(candidates):]
         cross = xt @ cov @ xc.T  # targets x candidates
         own = np.einsum("ij,jk,ik->i", xc, cov, xc) + self.noise ** 2
         return (np.array(weights)[:, None] * cross ** 2).sum(axis=0) / own

@@ -109,7 +109,7 @@ class Job:
             sweep.stalled = False
             config = sweep.next_config(budget, flying)
             if config is None:
-                self._stop(StopReason.STALLED if sweep.stalled else StopReason.DONE)
+                self._stop(sweep.ended())  # converged, stalled or done
                 return None
             if config not in flying:
                 return config

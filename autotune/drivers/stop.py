@@ -11,6 +11,7 @@ class StopReason(str, Enum):
     TRIALS = "trials"
     TIME = "time"
     DONE = "done"
+    CONVERGED = "converged"  # little chance that an untried config beats the best (autotune/convergence.py)
     STALLED = "stalled"
     INTERRUPTED = "interrupted"
     FATAL = "fatal"  # the backend says no config can succeed (e.g. a user's script that never steps)
@@ -29,6 +30,7 @@ _TEXT = {
     StopReason.TRIALS: "trial budget spent",
     StopReason.TIME: "time budget spent",
     StopReason.DONE: "the strategy has nothing left to try",
+    StopReason.CONVERGED: "search converged: little chance that an untried config is faster",
     StopReason.STALLED: "the strategy kept proposing known or pruned configs",
     StopReason.INTERRUPTED: "interrupted",
     StopReason.FATAL: "a failure no other config can avoid (above)",

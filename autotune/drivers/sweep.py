@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Collection, Sequence
 from autotune import confirm
 
 from autotune.calibrate import calibrator
+from autotune.convergence import DEFAULT_STOP_WHEN, Convergence, StopRule, assess, recorded
 from autotune.config import Config
 from autotune.drivers.stop import StopReason
 from autotune.estimate import Calibration
@@ -37,6 +38,9 @@ class Budget:
     # Repeats per finalist of the confirmation of close calls (autotune/confirm.py), counted in `trials`;
     # None: the backend's default (confirm.default_repeats: on for real trials, off for simulated and replay).
     confirm: int | None = None
+    # The convergence stop (autotune/convergence.py): the search ends once the chance that an untried config
+    # beats the best by more than the launch noise is below this; 0: off (the trials or time end it).
+    stop_when: float = DEFAULT_STOP_WHEN
 
 
 def measurable(result: TrialResult) -> bool:
@@ -47,8 +51,9 @@ class Sweep:
     def __init__(self, strategy: Strategy, pruner: Pruner, record: Callable[[TrialResult], None],
                  backend_name: str, history: Sequence[TrialResult] = (),
                  calibrate: Callable[[Sequence[TrialResult]], Calibration] | None = None,
-                 space_size: int = 0, live: LivePruner | None = None) -> None:
+                 space_size: int = 0, live: LivePruner | None = None, space: Space | None = None) -> None:
         self.strategy = strategy
+        self._space = space  # the configs the convergence stop weighs (None: no such stop)
         # The strategy's view of the pruner as it learns (SearchContext.forecast), when it was given one.
         self._live = live or LivePruner(pruner)
         self.pruner = pruner
@@ -73,6 +78,9 @@ class Sweep:
         self.stalled = False
         self.on_pruned: Callable[[TrialResult], None] = lambda result: None
         self.tracker: Tracker = NO_TRACKING  # experiment tracking hears every recorded result (autotune.tracking)
+        # The chance of a better config after the latest search trial (autotune.convergence); None until
+        # computed (a resumed sweep computes it again from its record, once its launch spread is set).
+        self.convergence: Convergence | None = None
         for result in history:
             if confirm.is_repeat(result):
                 continue
@@ -91,7 +99,7 @@ class Sweep:
                                 run_dir.storage(settings.storage), run_dir.study_name(settings.storage),
                                 forecast=live.forecast, uncertainty=live.uncertainty)
         return cls(make_strategy(settings.strategy, context), pruner, run_dir.append, settings.backend,
-                   run_dir.results(), calibrator(settings.workload, settings.hardware), len(space), live)
+                   run_dir.results(), calibrator(settings.workload, settings.hardware), len(space), live, space)
 
     @classmethod
     def in_memory(cls, space: Space, budget_bytes: int, strategy: str | Callable[[SearchContext], Strategy],
@@ -105,7 +113,7 @@ class Sweep:
                                 uncertainty=live.uncertainty)
         built = make_strategy(strategy, context) if isinstance(strategy, str) else strategy(context)
         return cls(built, pruner, record, backend_name, (),
-                   calibrator(space.workload, space.hardware) if calibrate else None, len(space), live)
+                   calibrator(space.workload, space.hardware) if calibrate else None, len(space), live, space)
 
     @property
     def pruner(self) -> Pruner:
@@ -154,8 +162,10 @@ class Sweep:
         to fit are recorded as pruned here; configs already known are answered from the record. With a
         budget that confirms, the search stops once the trials left are the confirmation's reserve."""
         repeats = self.repeats(budget)
+        if self.search_ended is None and self._converged(budget):
+            self.search_ended = StopReason.CONVERGED
         if not repeats:
-            return self._search()
+            return None if self.search_ended == StopReason.CONVERGED else self._search()
         assert budget is not None
         if self.search_ended is None and not self._search_over(budget, repeats, in_flight):
             config = self._search()
@@ -169,6 +179,32 @@ class Sweep:
         if plan.next is not None:
             self._announce(plan, repeats)
         return plan.next
+
+    def ended(self) -> StopReason:
+        """Why the search proposes nothing more: converged, stalled or done."""
+        if self.search_ended == StopReason.CONVERGED:
+            return StopReason.CONVERGED
+        return StopReason.STALLED if self.stalled else StopReason.DONE
+
+    def _converged(self, budget: Budget | None) -> bool:
+        """The convergence stop is met (autotune/convergence.py)."""
+        if budget is None or not budget.stop_when or self._space is None:
+            return False
+        if self.convergence is None and self.results:  # a resumed sweep: the state its record kept
+            self.convergence = recorded(self.results) or self._assess(self.results, set(self.known))
+        return StopRule(budget.stop_when).met(self.convergence)
+
+    def _assess(self, results: Sequence[TrialResult], tried: Collection[Config]) -> Convergence:
+        """The chance that an untried config beats the best of `results` (the recommendation's throughput)."""
+        assert self._space is not None, "a sweep without its space has no convergence figure"
+        budget = self.pruner.budget_bytes
+        best = confirm.recommend(results, budget)
+        sigma = confirm.spread(confirm.candidates(results, budget), self.launch_sigma).sigma
+        search = sum(r.status != "pruned" and not confirm.is_repeat(r) for r in results)
+        # Every untried config's forecast (~0.2 ms each; the strategy's picks reuse them, LivePruner's cache).
+        return assess((c for c in self._space if c not in tried), self._live.forecast, self.pruner.uncertainty,
+                      budget, best.throughput if best is not None else None, sigma, search,
+                      self.pruner.min_fit_probability)
 
     def _search_over(self, budget: Budget, repeats: int, in_flight: Collection[Config]) -> bool:
         """The trials (or time) left are what confirmation needs."""
@@ -225,6 +261,8 @@ class Sweep:
         if first is not None:
             extra.update(phase=confirm.PHASE, repeat_of=first.extra.get("trial"))
         result = replace(result, config=config, extra=extra).under_budget(self.pruner.budget_bytes)
+        if first is None:  # learnt before the record, so that the record carries the convergence figure
+            result = self._taught(result)
         result = self._add(result)
         self.spent_s += result.wall_time_s
         if first is not None or self.repeats_run:
@@ -233,16 +271,26 @@ class Sweep:
         elif result.fits(self.pruner.budget_bytes) and (
                 self.best is None or result.throughput > self.best.throughput):
             self.best = result
-        if first is None and result.status == "oom":
-            self.pruner = self.pruner.with_out_of_memory(config, cause_of(result), result.peak_memory_bytes)
-        if measurable(result):
+        if first is not None and measurable(result):
             self._learn()
         return result
 
-    def _learn(self) -> None:
-        """The pruner refitted on the measured results: the estimator's scales (unless this sweep does not
-        calibrate) and, either way, the uncertainty of its predictions."""
-        measured = self.measured()
+    def _taught(self, result: TrialResult) -> TrialResult:
+        """The pruner taught a search trial's result (not yet recorded), and the result with the chance of a
+        better config that is left (autotune.convergence) in its extra."""
+        if result.status == "oom":
+            self.pruner = self.pruner.with_out_of_memory(result.config, cause_of(result), result.peak_memory_bytes)
+        if measurable(result):
+            self._learn(result)
+        if self._space is None:
+            return result
+        self.convergence = self._assess([*self.results, result], {*self.known, result.config})
+        return replace(result, extra={**result.extra, **self.convergence.to_extra()})
+
+    def _learn(self, pending: TrialResult | None = None) -> None:
+        """The pruner refitted on the measured results (and `pending`, not yet recorded): the estimator's
+        scales (unless this sweep does not calibrate) and, either way, the uncertainty of its predictions."""
+        measured = self.measured() + ([pending] if pending is not None else [])
         calibration = self.calibrate(measured) if self.calibrate is not None else self.pruner.calibration
         self.pruner = self.pruner.recalibrated(calibration, measured)
 
