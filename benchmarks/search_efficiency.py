@@ -27,8 +27,19 @@ out of memory in fewer than 5% of its launched trials; and, per replay surface a
 done-when), the optimum is pruned in no run, hybrid and optuna reach 98% in a median of at most 8
 launched trials, and under 5% of their launched trials run out of memory.
 
+The convergence stop (issue 28, autotune/convergence.py): every sweep runs with the stop off and records the
+chance of a better config after each trial; since that chance is a function of the trials so far and
+simulated and replay sweeps confirm nothing, the sweep the stop would have ended is the prefix up to the
+first trial (at least --min-trials) whose chance is below --stop-when, or the whole run (--trials, the
+default budget 30 for the stop's goals) if none is. Per strategy: median launched trials until the stop,
+best/opt at the stop (median and 5th percentile), and the share of runs stopped below 98% of the optimum;
+goals, with the default budget: median trials until the stop at most 12, best/opt at the stop at least
+0.98 in the median and 0.95 in 95% of runs. A table of other thresholds and minimum trials (hybrid, every
+world pooled) shows what the defaults were chosen from.
+
     python benchmarks/search_efficiency.py [--seeds 5] [--trials 50] [--strategies grid,random,optuna,optuna-gp]
         [--noise 0.1]   (10% step-time noise, as on a shared machine; this machine measured 3% when quiet)
+        [--stop-when 0.05] [--min-trials 6]   (the convergence stop judged; default: the tuner's defaults)
         [--surfaces-only]   (the replay surfaces alone, a few minutes; writes search_efficiency_surfaces.*)
 
 Writes benchmarks/results/search_efficiency.md and .json (the exact command line in both).
@@ -56,6 +67,8 @@ from rich.table import Table
 
 from autotune.backends.replay import ReplayBackend, load_surface, surface_space
 from autotune.backends.simulated import SimulatedBackend
+from autotune.confirm import prior_sigma
+from autotune.convergence import DEFAULT_STOP_WHEN, MIN_TRIALS
 from autotune.config import KNOBS, Config
 from autotune.drivers.local import run_local
 from autotune.drivers.progress import QuietProgress
@@ -74,6 +87,11 @@ FAR = 0.95  # the looser level reported beside NEAR
 GOAL_STRATEGIES = ("hybrid", "optuna")  # issue 17's done-when is about these two
 GOAL_TRIALS = 8  # ... reaching NEAR in a median of at most this many launched trials
 STRATEGIES = ("grid", "random", "optuna", "optuna-gp", "rl", "hybrid")
+STOP_TRIALS = 12  # issue 28: median launched trials until the convergence stop, at most
+STOP_MEDIAN = 0.98  # ... best/opt at the stop, in the median
+STOP_TAIL = 0.95  # ... and in 95% of runs
+THRESHOLDS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3)
+MIN_TRIALS_TRIED = (3, 4, 6, 8, 10)
 SPREAD = 0.3
 # (model, gpus, global batch, hardware, budget GiB per device)
 WORKLOADS = [
@@ -105,6 +123,22 @@ class Run:
     grid_reach: float  # the best feasible true throughput of grid's sub-space / the optimum
     seconds: float
     optimum_pruned: bool = False  # the optimum's config was recorded `pruned` in this run
+    # The chance of a better config after each launched trial (autotune.convergence; nan: not recorded).
+    chances: list[float] | None = None
+
+    def stop_at(self, threshold: float = DEFAULT_STOP_WHEN, min_trials: int = MIN_TRIALS) -> int:
+        """Launched trials until the convergence stop would have ended this run (all of them if never)."""
+        for i, p in enumerate(self.chances or []):
+            if i + 1 >= min_trials and p < threshold:
+                return i + 1
+        return len(self.curve)
+
+    def stopped(self, threshold: float = DEFAULT_STOP_WHEN, min_trials: int = MIN_TRIALS) -> bool:
+        """The rule, not the trial budget, ended the run."""
+        return any(i + 1 >= min_trials and p < threshold for i, p in enumerate(self.chances or []))
+
+    def best_at_stop(self, threshold: float = DEFAULT_STOP_WHEN, min_trials: int = MIN_TRIALS) -> float:
+        return self.after(self.stop_at(threshold, min_trials))
 
     @property
     def outside_grid(self) -> bool:
@@ -142,6 +176,7 @@ class Outcome:
     pruned: int
     seconds: float
     optimum_pruned: bool  # a config of the optimum was recorded `pruned` (never run) at some point
+    chances: list[float]  # the chance of a better config after each launched trial
 
 
 def run_sweep(name: str, space: Space, backend, budget: int, trials: int, seed: int,
@@ -149,18 +184,21 @@ def run_sweep(name: str, space: Space, backend, budget: int, trials: int, seed: 
               optimum_configs: frozenset[Config] = frozenset()) -> Outcome:
     start = time.perf_counter()
     s = Sweep.in_memory(space, budget, name, backend.name, seed)
-    run_local(s, backend, Budget(trials), QuietProgress())
-    curve, best_measured, best_true = [], 0.0, 0.0
+    s.launch_sigma = prior_sigma(backend.name, backend)  # as tune sets it: a simulation's own noise
+    # The stop off: the stopped sweep is a prefix of this one (Run.stop_at).
+    run_local(s, backend, Budget(trials, stop_when=0), QuietProgress())
+    curve, chances, best_measured, best_true = [], [], 0.0, 0.0
     for r in s.results:
         if r.status == "pruned":
             continue
         if r.fits(budget) and r.throughput_samples_per_s > best_measured:
             best_measured, best_true = r.throughput_samples_per_s, truth(r.config)
         curve.append(best_true / optimum)
+        chances.append(float(r.extra.get("chance_of_better", math.nan)))
     oom = sum(r.status == "oom" for r in s.results)
     pruned = sum(r.status == "pruned" for r in s.results)
     optimum_pruned = any(r.status == "pruned" and r.config in optimum_configs for r in s.results)
-    return Outcome(curve, oom, pruned, time.perf_counter() - start, optimum_pruned)
+    return Outcome(curve, oom, pruned, time.perf_counter() - start, optimum_pruned, chances)
 
 
 def sweep(name: str, space: Space, backend, budget: int, trials: int, seed: int,
@@ -209,7 +247,7 @@ def simulated_runs(args, console: Console) -> list[Run]:
                     o = run_sweep(strategy, space, make_backend(), budget, args.trials, seed, truth, optimum,
                                   best_configs)
                     runs.append(Run(world, name, strategy, seed, o.curve, o.oom, o.pruned, len(o.curve), reach,
-                                    o.seconds, o.optimum_pruned))
+                                    o.seconds, o.optimum_pruned, o.chances))
                 line = "  ".join(f"{r.strategy} {r.trials_to()}/{r.final:.2f}" for r in runs[-len(args.strategies):])
                 console.print(f"{world:9} {name:32} seed {seed}: {line}", highlight=False)
     return runs
@@ -247,7 +285,7 @@ def replay_runs(args, console: Console) -> list[Run]:
                     o = run_sweep(strategy, space, ReplayBackend(surface, budget), budget, args.trials, seed, truth,
                                   best.throughput_samples_per_s, best_configs)
                     runs.append(Run("replay", name, strategy, seed, o.curve, o.oom, o.pruned, len(o.curve), reach,
-                                    o.seconds, o.optimum_pruned))
+                                    o.seconds, o.optimum_pruned, o.chances))
                 line = "  ".join(f"{r.strategy} {r.trials_to()}/{r.final:.2f}" for r in runs[-len(args.strategies):])
                 console.print(f"replay    {name:32} seed {seed}: {line}", highlight=False)
     return runs
@@ -262,9 +300,31 @@ def fmt(value: float) -> str:
     return "never" if math.isinf(value) else ("-" if math.isnan(value) else f"{value:.3g}")
 
 
-def strategy_row(rs: list[Run]) -> dict:
+def quantile(values, q: float) -> float:
+    """The q-quantile (nearest rank, the lower side: 'at least this in 1 - q of runs')."""
+    values = sorted(values)
+    return values[max(0, math.ceil(q * len(values)) - 1)] if values else math.nan
+
+
+def stop_row(rs: list[Run], threshold: float, min_trials: int) -> dict:
+    """The convergence stop's figures over runs `rs`."""
+    at = [r.best_at_stop(threshold, min_trials) for r in rs]
+    return {"median_trials_to_stop": median(r.stop_at(threshold, min_trials) for r in rs),
+            "median_best_at_stop": median(at),
+            "p5_best_at_stop": quantile(at, 0.05),
+            "stopped_below_98_share": sum(v < NEAR - 1e-9 for v in at) / len(rs) if rs else math.nan,
+            "stopped_by_rule_share": sum(r.stopped(threshold, min_trials) for r in rs) / len(rs) if rs else math.nan}
+
+
+def stop_goals(row: dict) -> dict:
+    return {"stop_trials_at_most_12": row["median_trials_to_stop"] <= STOP_TRIALS,
+            "stop_median_at_least_0.98": row["median_best_at_stop"] >= STOP_MEDIAN - 1e-9,
+            "stop_p5_at_least_0.95": row["p5_best_at_stop"] >= STOP_TAIL - 1e-9}
+
+
+def strategy_row(rs: list[Run], threshold: float = DEFAULT_STOP_WHEN, min_trials: int = MIN_TRIALS) -> dict:
     launched = sum(r.launched for r in rs)
-    return {
+    return {**stop_row(rs, threshold, min_trials),
         "runs": len(rs),
         "median_trials_to_95": median(r.trials_to(FAR) for r in rs),
         "median_trials_to_98": median(r.trials_to() for r in rs),
@@ -301,13 +361,14 @@ def issue17_goals(rows: dict) -> dict:
     return goals
 
 
-def summary(runs: list[Run], strategies: tuple[str, ...]) -> dict:
+def summary(runs: list[Run], strategies: tuple[str, ...], threshold: float = DEFAULT_STOP_WHEN,
+            min_trials: int = MIN_TRIALS) -> dict:
     out = {}
     for world in ("replay", "distorted", "estimator"):
         mine = [r for r in runs if r.world == world]
         if not mine:
             continue
-        rows = {s: strategy_row([r for r in mine if r.strategy == s]) for s in strategies}
+        rows = {s: strategy_row([r for r in mine if r.strategy == s], threshold, min_trials) for s in strategies}
         goals = {}
         if "grid" in rows and "optuna" in rows:
             grid_finish = rows["grid"]["median_trials_launched"]
@@ -324,7 +385,8 @@ def summary(runs: list[Run], strategies: tuple[str, ...]) -> dict:
             goals["optuna_better_than_grid_where_it_cannot_reach"] = sum(o.final > g.final + 1e-9 for o, g in far)
             goals["optuna_oom_share_below_5pct"] = rows["optuna"]["oom_share"] < 0.05
         tasks = sorted({r.task for r in mine})
-        data: dict = {"strategies": rows, "goals": goals, "tasks": tasks}
+        data: dict = {"strategies": rows, "goals": goals, "tasks": tasks,
+                      "stop_goals": {s: stop_goals(row) for s, row in rows.items()}}
         if world == "replay":
             # Issue 17 asks for every surface and budget on its own: a pooled median hides one that fails.
             data["per_task"] = {}
@@ -334,7 +396,13 @@ def summary(runs: list[Run], strategies: tuple[str, ...]) -> dict:
                 data["per_task"][task] = {"strategies": task_rows, "goals": issue17_goals(task_rows)}
             data["issue17_all_met"] = all(t["goals"]["all_met"] for t in data["per_task"].values())
         out[world] = data
-    return out
+    # What the defaults were chosen from: the default strategy's stop at other thresholds, every world pooled.
+    tuned = [r for r in runs if r.strategy == "hybrid"] or runs
+    out_sweep = {f"{t:g} / {m}": stop_row(tuned, t, m) for t in THRESHOLDS for m in MIN_TRIALS_TRIED}
+    per_world = {w: {f"{t:g} / {m}": stop_row([r for r in tuned if r.world == w], t, m)
+                     for t in THRESHOLDS for m in MIN_TRIALS_TRIED} for w in sorted({r.world for r in tuned})}
+    return {"worlds": out, "stop_sweep": {"strategy": tuned[0].strategy if tuned else None, "pooled": out_sweep,
+                                          "per_world": per_world}}
 
 
 COLUMNS = ("strategy", "runs", "trials to 95%", "trials to 98%", "reached 98%", "best/opt @10", "best/opt @25",
@@ -347,6 +415,31 @@ def cells(s: str, row: dict) -> list[str]:
             f"{row['median_best_after_25']:.3f}", f"{row['median_final']:.3f}", fmt(row["median_trials_launched"]),
             str(row["oom_trials"]), f"{row['oom_share']:.1%}", str(row["pruned_configs"]),
             f"{row['optimum_pruned_runs']}/{row['runs']}", f"{row['median_seconds_per_run']:.2f}"]
+
+
+STOP_COLUMNS = ("strategy", "runs", "trials to stop", "best/opt at stop", "5th pct", "stopped < 98%",
+                "stopped by rule", "goals met")
+
+
+def stop_cells(s: str, row: dict, goals: dict | None = None) -> list[str]:
+    met = "" if goals is None else f"{sum(goals.values())}/{len(goals)}"
+    return [s, str(row.get("runs", "")), fmt(row["median_trials_to_stop"]), f"{row['median_best_at_stop']:.3f}",
+            f"{row['p5_best_at_stop']:.3f}", f"{row['stopped_below_98_share']:.0%}",
+            f"{row['stopped_by_rule_share']:.0%}", met]
+
+
+def md_stop_table(rows: dict, goals: dict | None = None) -> list[str]:
+    return ["| " + " | ".join(STOP_COLUMNS) + " |", "| --- |" + " ---: |" * (len(STOP_COLUMNS) - 1),
+            *("| " + " | ".join(stop_cells(s, row, (goals or {}).get(s))) + " |" for s, row in rows.items())]
+
+
+def stop_table(title: str, rows: dict, goals: dict | None = None) -> Table:
+    t = Table(title=title)
+    for col in STOP_COLUMNS:
+        t.add_column(col, justify="right")
+    for s, row in rows.items():
+        t.add_row(*stop_cells(s, row, (goals or {}).get(s)))
+    return t
 
 
 def table(title: str, rows: dict) -> Table:
@@ -378,8 +471,12 @@ def markdown(result: dict, args) -> str:
              "when the median run does not get there); opt. pruned: runs in which a config of the optimum was "
              "recorded `pruned` (never run). Grid stops on its own (early stop after 5 trials without "
              "improvement).", ""]
+    stop = f"--stop-when {args.stop_when:g}, at least {args.min_trials} trials, at most {args.trials}"
     for world, data in result["worlds"].items():
-        lines += [f"## {world}", "", *md_table(data["strategies"]), ""]
+        lines += [f"## {world}", "", *md_table(data["strategies"]), "",
+                  f"Convergence stop ({stop}; goals: median trials until the stop <= {STOP_TRIALS}, best/opt at "
+                  f"the stop >= {STOP_MEDIAN} in the median and >= {STOP_TAIL} in 95% of runs):", "",
+                  *md_stop_table(data["strategies"], data["stop_goals"]), ""]
         if data["goals"]:
             lines += ["Goals: " + goal_line(data["goals"]), ""]
         lines += ["Workloads: " + "; ".join(data["tasks"]), ""]
@@ -389,6 +486,12 @@ def markdown(result: dict, args) -> str:
                       f"All met: {data['issue17_all_met']}", ""]
             for task, t in data["per_task"].items():
                 lines += [f"#### {task}", "", *md_table(t["strategies"]), "", "Goals: " + goal_line(t["goals"]), ""]
+    sweep = result["stop_sweep"]
+    if sweep["strategy"]:
+        lines += [f"## The stop at other thresholds ({sweep['strategy']}; `threshold / min trials`)", "",
+                  "Every world pooled:", "", *md_stop_table(sweep["pooled"]), ""]
+        for world, rows in sweep["per_world"].items():
+            lines += [f"{world}:", "", *md_stop_table(rows), ""]
     return "\n".join(lines)
 
 
@@ -403,6 +506,10 @@ def main() -> None:
                              "results/search_efficiency_surfaces unless --out")
     parser.add_argument("--noise", type=float, default=0.1,
                         help="simulated step-time noise sigma (default: 0.1; 0.03 is this machine's quiet spread)")
+    parser.add_argument("--stop-when", type=float, default=DEFAULT_STOP_WHEN,
+                        help="the convergence stop's threshold judged (default: the tuner's, %(default)s)")
+    parser.add_argument("--min-trials", type=int, default=MIN_TRIALS,
+                        help="launched trials before the stop may end a run (default: the tuner's, %(default)s)")
     parser.add_argument("--out", type=Path, default=None,
                         help="results path without suffix (default: results/search_efficiency)")
     args = parser.parse_args()
@@ -418,11 +525,12 @@ def main() -> None:
     runs += simulated_runs(args, console)
     result = {"command": shlex.join(["python", "benchmarks/search_efficiency.py", *sys.argv[1:]]),
               "machine": machine(), "source": source, "seconds": time.perf_counter() - start,
-              "worlds": summary(runs, args.strategies), "runs": [asdict(r) for r in runs]}
+              **summary(runs, args.strategies, args.stop_when, args.min_trials), "runs": [asdict(r) for r in runs]}
     for world, data in result["worlds"].items():
         console.print(table(f"{world}: {len(data['tasks'])} workload/budget pairs", data["strategies"]))
         if data["goals"]:
             console.print("goals: " + goal_line(data["goals"]), highlight=False)
+        console.print(stop_table(f"{world}: convergence stop", data["strategies"], data["stop_goals"]))
         for task, t in data.get("per_task", {}).items():
             console.print(table(f"{world}: {task}", t["strategies"]))
             console.print("issue 17 goals: " + goal_line(t["goals"]), highlight=False)
