@@ -18,13 +18,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from autotune.backends import Backend
 from autotune.backends.factory import TrialOptions, as_backend, make_backend, simulated_sleep_s
 from autotune.calibrate import quality, save_calibration
 from autotune.config import ConfigError
 from autotune.confirm import prior_sigma
+from autotune.convergence import DEFAULT_STOP_WHEN, Convergence, check_stop_when
 from autotune.drivers.local import run_local
 from autotune.drivers.progress import Progress, QuietProgress
 from autotune.drivers.stop import StopReason
@@ -35,7 +36,7 @@ from autotune.report import Outputs, write_outputs
 from autotune.results import TrialResult
 from autotune.rundir import SETTINGS, STUDY, RunDir, RunSettings
 from autotune.scale import check_target, narrow_choices as narrow_for_target
-from autotune.search_spaces import load_choices
+from autotune.search_spaces import choices_for
 from autotune.space import Choices, Space
 from autotune.strategies import STRATEGIES
 from autotune.study_storage import canonical as canonical_storage, check_storage
@@ -80,6 +81,9 @@ class TuneSpec:
     # Scale-down trials (autotune/scale.py): trials run at workload.gpus and the calibrated estimator predicts
     # each measured config at this many devices (same global batch); the recommendation is chosen for it.
     target_gpus: int | None = None
+    # The convergence stop (autotune/convergence.py): the search ends once the chance that an untried config
+    # beats the best by more than the launch noise falls below this (after a few trials); 0: off.
+    stop_when: float = DEFAULT_STOP_WHEN
 
     def __post_init__(self) -> None:
         check_stack(self.stack)
@@ -99,6 +103,7 @@ class TuneSpec:
             raise ConfigError(f"confirm {self.confirm!r}: must be a whole number of repeats >= 0 (0: no "
                               "confirmation; None: the backend's default)")
         check_tracking_uri(self.mlflow_uri)
+        check_stop_when(self.stop_when)
 
     @property
     def backend_name(self) -> str:
@@ -109,7 +114,7 @@ class TuneSpec:
         if isinstance(self.space, Choices):
             choices = self.space
         else:
-            choices = load_choices(self.space or ("cpu" if self.hardware.is_cpu else "default"))
+            choices = choices_for(self.space, self.hardware)
         return narrow_choices(choices, self.stack)[0]
 
     def settings(self) -> RunSettings:
@@ -122,7 +127,7 @@ class TuneSpec:
                            stack=self.stack, target_gpus=self.target_gpus)
 
     def budget(self) -> Budget:
-        return Budget(self.trials, self.time_budget_s, self.confirm)
+        return Budget(self.trials, self.time_budget_s, self.confirm, self.stop_when)
 
 
 @dataclass(frozen=True)
@@ -137,6 +142,12 @@ class TuneResult:
     summary: dict[str, Any] = field(default_factory=dict)
     verdict: str = ""
     files: tuple[Path, ...] = ()  # the outputs written (summary, recommended configs, report, plots)
+    convergence: Convergence | None = None  # the chance of a better config after the last search trial
+
+    @property
+    def stopped(self) -> str:
+        """Why it stopped, for people (with the convergence stop's figure)."""
+        return self.stop_reason.describe(self.convergence)
 
     @property
     def best_ds_config(self) -> Path | None:
@@ -155,7 +166,8 @@ class TuneResult:
         files (JSON types only)."""
         outputs = Outputs(self.best, self.summary, self.files, self.verdict).to_dict(self.run_dir)
         return {"run_dir": outputs.pop("run_dir"), "stop_reason": self.stop_reason.value,
-                "stopped": self.stop_reason.text, "launched": self.launched, "recorded": len(self.results), **outputs}
+                "stopped": self.stopped, "launched": self.launched, "recorded": len(self.results),
+                "chance_of_better": None if self.convergence is None else self.convergence.chance, **outputs}
 
 
 def tune(spec: TuneSpec, out: str | Path | None = None, *, resume: bool = False, executor: "RayOptions | None" = None,
@@ -243,11 +255,20 @@ def run_sweep(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budg
             backend = backend or make_backend(settings, run_dir,
                                               TrialOptions(sleep_s=simulated_sleep_s(settings.backend)))
             sweep.launch_sigma = prior_sigma(settings.backend, backend)  # a simulation's own noise, if it says
+            preflight_ops(sweep, space, backend, progress.message)
             reason = run_local(sweep, backend, budget, progress)
         outputs = close_sweep(run_dir, settings, sweep)
         tracker.finish(outputs.best, outputs.summary, outputs.files, outputs.verdict, reason.value)
     return TuneResult(outputs.best, tuple(sweep.results), reason, run_dir.path, outputs.summary, outputs.verdict,
-                      outputs.files)
+                      outputs.files, sweep.convergence)
+
+
+def preflight_ops(sweep: Sweep, space: Space, backend: Backend, say: Callable[[str], None]) -> None:
+    """Before the first trial, a backend with a preflight (deepspeed) builds the C++ ops of the configs the sweep
+    may launch; one that cannot be built is autotune.ops.OpBuildFailed (one line), with nothing recorded."""
+    check = getattr(backend, "preflight", None)
+    if check is not None:
+        check([c for c in space if sweep.pruner.check(c, sweep.backend_name) is None], say)
 
 
 def close_sweep(run_dir: RunDir, settings: RunSettings, sweep: Sweep) -> Outputs:

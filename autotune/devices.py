@@ -7,7 +7,8 @@ its own, so none of the device's memory is held by it while trials measure their
 A CUDA device is mapped to a built-in profile by its name (`PROFILE_BY_NAME`), with the memory, the number of
 devices and the precisions of the device itself (bf16 from compute capability 8.0); a GPU no rule knows gets
 the figures of its generation's profile, named after the device. Without CUDA, the `cpu` profile with this
-machine's memory and cores.
+machine's memory and cores, and its bf16 as this CPU runs it (`cpu_bf16`): native with AVX-512 BF16 or AMX,
+else emulated, which the profile prices `EMULATED_BF16_SLOWDOWN` times slower than fp32.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from autotune.config import ConfigError
-from autotune.hardware import PROFILES, Hardware
+from autotune.hardware import CPU_BF16, PROFILES, Hardware, with_cpu_bf16
 from autotune.units import format_size
 
 AUTO = "auto"
@@ -41,6 +42,11 @@ PROFILE_BY_NAME: tuple[tuple[str, str], ...] = (
 )
 BF16_CAPABILITY = (8, 0)  # Ampere and later
 NVIDIA_DRIVER_FILES = ("/proc/driver/nvidia/version", "/dev/nvidiactl")
+CPUINFO = "/proc/cpuinfo"
+# CPU flags (x86 `flags`, Arm `Features`) of bf16 instructions oneDNN uses natively: AVX-512 BF16 (Cooper Lake,
+# Zen 4 and later), AMX (Sapphire Rapids and later), Arm's BF16 extension. Without them torch falls back to
+# converting each element (measured: benchmarks/results/cpu_bf16.md).
+BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,8 @@ class LocalMachine:
     gpus: tuple[Gpu, ...]
     host_memory_bytes: int
     cpu_count: int
+    cpu_bf16: str | None = None  # "native" or "emulated" (cpu_bf16()); None: not read
+
 
     @property
     def accelerator(self) -> str:
@@ -65,7 +73,8 @@ class LocalMachine:
     def describe(self) -> str:
         host = f"{self.cpu_count} cores, {format_size(self.host_memory_bytes)} RAM"
         if not self.gpus:
-            return f"no CUDA GPU, CPU only ({host})"
+            bf16 = f", bf16 {self.cpu_bf16}" if self.cpu_bf16 else ""
+            return f"no CUDA GPU, CPU only ({host}{bf16})"
         names = sorted({g.name for g in self.gpus})
         gpu = self.gpus[0]
         return (f"{len(self.gpus)} x {' / '.join(names)} ({format_size(gpu.memory_bytes)}, "
@@ -75,13 +84,14 @@ class LocalMachine:
     def from_dict(cls, data: Mapping[str, Any]) -> "LocalMachine":
         gpus = tuple(Gpu(str(g["name"]), int(g["memory_bytes"]), (int(g["capability"][0]), int(g["capability"][1])))
                      for g in data.get("gpus", ()))
-        return cls(gpus, int(data["host_memory_bytes"]), int(data["cpu_count"]))
+        bf16 = data.get("cpu_bf16")
+        return cls(gpus, int(data["host_memory_bytes"]), int(data["cpu_count"]), None if bf16 is None else str(bf16))
 
 
 def probe(python: str = sys.executable) -> LocalMachine:
     """This machine's devices as the interpreter `python` (the one trials run with) sees them."""
     if not nvidia_driver_present():  # torch could not see a CUDA device either: spare the import (seconds)
-        return LocalMachine((), host_memory_bytes(), os.cpu_count() or 1)
+        return LocalMachine((), host_memory_bytes(), os.cpu_count() or 1, cpu_bf16(python=python))
     try:
         done = subprocess.run([python, "-m", "autotune.devices"], capture_output=True, text=True,
                               timeout=PROBE_TIMEOUT_S, check=False)
@@ -110,6 +120,37 @@ def host_memory_bytes() -> int:
     return total
 
 
+def cpu_bf16(cpuinfo: str = CPUINFO, python: str = sys.executable) -> str:
+    """How this CPU runs bf16: "native" or "emulated". The flags of /proc/cpuinfo when it can be read (no
+    import, no timing: DeepSpeed's CPU accelerator says bf16 is supported on every CPU); elsewhere torch's own
+    answer (`torch.ops.mkldnn._is_mkldnn_bf16_supported()`), asked in a child process as the GPU probe is."""
+    flags = cpu_flags(cpuinfo)
+    if flags is not None:
+        return "native" if flags & BF16_FLAGS else "emulated"
+    return "native" if mkldnn_bf16(python) else "emulated"
+
+
+def cpu_flags(cpuinfo: str = CPUINFO) -> frozenset[str] | None:
+    """The first processor's flags (x86) or features (Arm) in /proc/cpuinfo; None where there is none."""
+    try:
+        text = open(cpuinfo).read()
+    except OSError:
+        return None
+    match = re.search(r"^(?:flags|Features)\s*:(.*)$", text, re.MULTILINE)
+    return frozenset(match.group(1).split()) if match else None
+
+
+def mkldnn_bf16(python: str = sys.executable) -> bool:
+    """torch's answer: does oneDNN run bf16 on this CPU (False where it cannot be asked)."""
+    code = "import torch; print(bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()))"
+    try:
+        done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
+                              check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0 and done.stdout.strip().endswith("True")
+
+
 def _probe_here() -> dict[str, Any]:
     import torch
 
@@ -132,8 +173,9 @@ def profile_name(gpu_name: str) -> str | None:
 def auto_hardware(machine: LocalMachine) -> Hardware:
     """The profile of this machine: a built-in one matched by name, with the device's own figures."""
     if not machine.gpus:
-        return PROFILES["cpu"].with_(memory_bytes=machine.host_memory_bytes,
-                                     host_memory_bytes=machine.host_memory_bytes, gpus_per_node=machine.cpu_count)
+        profile = PROFILES["cpu"].with_(memory_bytes=machine.host_memory_bytes,
+                                        host_memory_bytes=machine.host_memory_bytes, gpus_per_node=machine.cpu_count)
+        return with_cpu_bf16(profile, machine.cpu_bf16) if machine.cpu_bf16 in CPU_BF16 else profile
     gpu = min(machine.gpus, key=lambda g: g.memory_bytes)  # a mixed node: the smallest device bounds a config
     name = profile_name(gpu.name)
     if name is None:  # an unknown GPU: its generation's figures until calibration replaces them
@@ -175,6 +217,8 @@ def resolve_hardware(choice: Hardware | str | None, *, real: bool,
         machine = probe()
         return auto_hardware(machine), machine
     if isinstance(choice, Hardware):
+        if real and choice.is_cpu and choice.cpu_bf16 is None:  # a CPU profile run here: this CPU's bf16
+            return with_cpu_bf16(choice, cpu_bf16()), None
         return choice, None
     if choice is not None:
         raise ConfigError(f"hardware {choice!r}: expected a profile or {AUTO!r}")

@@ -22,6 +22,12 @@ TFLOPS = 10**12
 
 
 MAX_BYTES = 2**63 - 1
+CPU_BF16 = ("native", "emulated")
+# bf16 where the CPU has no bf16 instructions (no AVX-512 BF16, AMX or Arm BF16): torch's fallback GEMM converts
+# element by element. A training step of the built-in tiny model ran 30.3x slower than fp32 on a Xeon with
+# oneDNN's bf16 turned off (benchmarks/cpu_bf16.py), 32x on an AMD EPYC with AVX2 only (issue 24: 0.42 against
+# 13.3 samples/s).
+EMULATED_BF16_SLOWDOWN = 30.0
 
 
 def _finite_number(value: Any) -> bool:
@@ -82,6 +88,9 @@ class Hardware:
     # profiles and run.json files written before these keys loading.
     intra_node_latency_s: float = 1e-5
     inter_node_latency_s: float = 3e-5
+    # A CPU profile read off the machine it runs on (autotune.devices): "native" or "emulated" bf16 (then
+    # peak_flops prices bf16 EMULATED_BF16_SLOWDOWN times below fp32); None: not read (GPUs, the stock profile).
+    cpu_bf16: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -104,6 +113,9 @@ class Hardware:
                 raise ConfigError(f"peak_flops.{precision}: {short(flops)}: allowed a positive number of FLOP/s")
         if not isinstance(self.is_cpu, bool):
             raise ConfigError(f"is_cpu: {short(self.is_cpu)}: allowed true or false")
+        if self.cpu_bf16 is not None and (self.cpu_bf16 not in CPU_BF16 or not self.is_cpu):
+            raise ConfigError(f"cpu_bf16: {short(self.cpu_bf16)}: allowed {', '.join(CPU_BF16)} on a CPU profile "
+                              "(is_cpu: true), or null")
 
     def supports(self, precision: str) -> bool:
         return precision in self.peak_flops
@@ -118,6 +130,27 @@ class Hardware:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def with_cpu_bf16(profile: Hardware, how: str) -> Hardware:
+    """A CPU profile as a CPU that runs bf16 `how` ("native" or "emulated") runs it: emulated, bf16 is priced
+    EMULATED_BF16_SLOWDOWN times slower than fp32 (native keeps the profile's figure; calibration fits it)."""
+    if how not in CPU_BF16:
+        raise ConfigError(f"cpu bf16 {short(how)}: allowed {', '.join(CPU_BF16)}")
+    flops = dict(profile.peak_flops)
+    if how == "emulated" and "bf16" in flops:
+        flops["bf16"] = flops.get("fp32", flops["bf16"]) / EMULATED_BF16_SLOWDOWN
+    return profile.with_(peak_flops=flops, cpu_bf16=how)
+
+
+def bf16_note(hardware: Hardware) -> str | None:
+    """One line on how this CPU runs bf16, for the console and the report; None where there is nothing to say."""
+    if hardware.cpu_bf16 == "emulated":
+        return (f"bf16: emulated on this CPU (no AVX-512 BF16 or AMX): priced {EMULATED_BF16_SLOWDOWN:.0f}x slower "
+                "than fp32")
+    if hardware.cpu_bf16 == "native":
+        return "bf16: native on this CPU"
+    return None
 
 
 def _gpu(name: str, memory_gib: int, fp32: float, half: float, bf16: bool, bw: float, pcie: float,

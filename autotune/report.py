@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
+from autotune import convergence
 from autotune.config import Config, ConfigError
 from autotune.handoff import ACCELERATE_CONFIG, DS_CONFIG, HF_DS_CONFIG, TRAINER_ARGS, Handoff, stack_line
 from autotune.confirm import DEFAULT_REPEATS, Confirmation, confidence_words, confirmation, is_repeat, prior_sigma, recommend
@@ -20,6 +21,7 @@ from autotune.pruning import (CAUSES, DEVICE_MEMORY, HOST_MEMORY, NVME_SPACE, Pr
 from autotune.results import STATUSES, TrialResult
 from autotune.rundir import STUDY, RunDir, RunSettings
 from autotune.scale import ScaleReport, at_target, project
+from autotune.search_spaces import space_note
 from autotune.study_storage import masked
 from autotune.units import format_size
 
@@ -73,6 +75,11 @@ def summarize(results: Sequence[TrialResult], settings: RunSettings) -> dict:
     confirmed = confirmation(results, budget, prior_sigma(settings.backend))
     if confirmed is not None and confirmed.repeats:
         summary["confirmation"] = confirmed.to_dict()
+    points = convergence.trace(results)
+    if points:  # the chance of a better config after each search trial (autotune.convergence)
+        last = convergence.recorded(results)
+        summary["convergence"] = {"chance_of_better": points[-1][1], "margin": last.margin if last else None,
+                                  "trace": [list(p) for p in points]}
     return summary
 
 
@@ -285,6 +292,7 @@ def markdown(results: Sequence[TrialResult], settings: RunSettings, summary: dic
         f"- Workload: {w.model.name} ({w.model.params / 1e6:,.1f}M parameters, seq {w.model.seq_len}), "
         f"global batch {w.global_batch}, {w.gpus} x {settings.hardware.name}",
         f"- Memory budget: {format_size(budget)} per device",
+        *([f"- {note[0].upper()}{note[1:]}"] if (note := space_note(settings.hardware, settings.choices)) else []),
         *([f"- Target: {settings.target_gpus} devices, predicted from the trials on {w.gpus} (--target-gpus)"]
           if settings.target_gpus is not None else []),
         f"- Strategy: {settings.strategy}, backend: {settings.backend}, seed {settings.seed}",
@@ -293,6 +301,7 @@ def markdown(results: Sequence[TrialResult], settings: RunSettings, summary: dic
         *([study] if study else []),
         *([f"- Stack: {line}"] if (line := stack_line(settings.stack)) else []),
         *_limits(results),
+        *_convergence(results),
         "",
         f"**{verdict[0].upper() + verdict[1:]}.**",
         "",
@@ -311,6 +320,16 @@ def markdown(results: Sequence[TrialResult], settings: RunSettings, summary: dic
     if best is not None:
         lines += ["![memory breakdown of the recommended config](plots/memory_breakdown.png)", ""]
     return "\n".join(lines)
+
+
+def _convergence(results: Sequence[TrialResult]) -> list[str]:
+    """The chance of a better config as the sweep went (the convergence stop's figure, --stop-when)."""
+    points = convergence.trace(results)
+    last = convergence.recorded(results)
+    if not points or last is None:
+        return []
+    return [f"- Chance of a better config (an untried one >{last.margin:.0%} faster, by the estimator's error "
+            f"model) after each trial: {convergence.describe_trace(points)}"]
 
 
 def _top_table(results: Sequence[TrialResult], budget: int) -> list[str]:

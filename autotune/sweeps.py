@@ -17,7 +17,7 @@ workloads:
     memory_budget: 40GiB
 ```
 Workload keys: name, model, gpus, global_batch, hardware, memory_budget, space, strategy, trials, time_budget,
-backend, surface (replay), seed, gpus_per_trial. Every error names the file, the key, the value and what
+stop_when (the convergence stop, as --stop-when), backend, surface (replay), seed, gpus_per_trial. Every error names the file, the key, the value and what
 is allowed.
 """
 
@@ -34,7 +34,8 @@ from typing import Any
 
 from autotune.config import ConfigError
 from autotune.files import exists, is_file, load_yaml, read_bytes, short, write_atomic
-from autotune.argtypes import duration, positive_int, seed, size
+from autotune.argtypes import duration, positive_int, seed, size, stop_probability
+from autotune.convergence import DEFAULT_STOP_WHEN, recorded
 from autotune.backends.factory import backend_kind
 from autotune.backends.replay import replay_settings
 from autotune.devices import AUTO, require_here, resolve_hardware
@@ -50,7 +51,7 @@ from autotune.models import SHAPE_KEYS, UnknownModel
 from autotune.workload import PRESETS, ModelShape, Workload, make_workload
 
 WORKLOAD_KEYS = ("name", "model", "gpus", "global_batch", "hardware", "memory_budget", "space", "strategy", "trials",
-                 "time_budget", "backend", "surface", "seed", "gpus_per_trial")
+                 "time_budget", "stop_when", "backend", "surface", "seed", "gpus_per_trial")
 TOP_KEYS = ("defaults", "workloads", "concurrency")
 DEFAULT_TRIALS = 20
 BACKENDS = ("deepspeed", "simulated", "replay")  # (a user's --script is tuned with `autotune tune`)
@@ -174,7 +175,9 @@ def _workload(entry: dict[str, Any], where: str, base: Path) -> WorkloadSpec:
     trials = parse("trials", positive_int, "a positive integer") or DEFAULT_TRIALS
     time_budget = parse("time_budget", duration, "a duration such as 8h, 90m, 45s")
     gpus_per_trial = parse("gpus_per_trial", positive_int, "a positive integer")
-    return WorkloadSpec(name, settings, space, Budget(trials, time_budget), gpus_per_trial)
+    stop_when = parse("stop_when", stop_probability, "a probability from 0 to 1; 0: off")
+    budget = Budget(trials, time_budget, stop_when=DEFAULT_STOP_WHEN if stop_when is None else stop_when)
+    return WorkloadSpec(name, settings, space, budget, gpus_per_trial)
 
 
 def _model_workload(model: Any, global_batch: int | None, gpus: int, where: str,
@@ -319,7 +322,7 @@ def summary_row(spec: WorkloadSpec, run: RunDir, out: Path, outputs, reason: "St
         "throughput_samples_per_s": round(best.throughput_samples_per_s, 3) if best else "",
         "peak_memory": format_size(best.peak_memory_bytes) if best and best.peak_memory_bytes else "",
         "peak_memory_bytes": best.peak_memory_bytes if best else "",
-        "stopped": reason.text,
+        "stopped": reason.describe(recorded(run.results())),
         "verdict": outputs.verdict,
         "report": str((run.path / "report.md").relative_to(out)),
     }

@@ -45,7 +45,7 @@ DEFAULT_EXPERIMENT = "ds-autotune"  # MLFLOW_EXPERIMENT_NAME, MLflow's own varia
 TRIAL_TAG = "autotune.trial"  # a child run's trial number (1-based, the report's)
 PARENT_TAG = "mlflow.parentRunId"  # what makes a run nested, in MLflow's UI and search
 METRICS = ("throughput_samples_per_s", "tokens_per_s", "peak_memory_bytes", "step_time_s", "wall_time_s",
-           "predicted_peak_bytes", "predicted_throughput_samples_per_s")
+           "predicted_peak_bytes", "predicted_throughput_samples_per_s", "chance_of_better")
 TAG_LIMIT = 5000  # MLflow caps tag values (8000 characters in MLflow 3); an error text is cut to this
 
 
@@ -237,6 +237,8 @@ class MlflowTracker:
         step = int(summary.get("trials") or 0)
         values: dict[str, Any] = {f"trials_{status}": n for status, n in summary.get("status_counts", {}).items()}
         values["trials_recorded"] = step
+        if summary.get("convergence"):  # the chance of a better config after the last search trial
+            values["chance_of_better"] = summary["convergence"]["chance_of_better"]
         tags = {"verdict": verdict[:TAG_LIMIT], "stop_reason": str(stop_reason)}
         if best is not None:
             values.update({f"best_{key}": getattr(best, key) for key in

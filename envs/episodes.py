@@ -31,7 +31,7 @@ from autotune.devices import resolve_hardware
 from autotune.estimate import Estimate, estimate
 from autotune.hardware import Hardware, load_hardware
 from autotune.results import TrialResult
-from autotune.search_spaces import load_choices
+from autotune.search_spaces import default_choices
 from autotune.space import Choices, Space
 from autotune.workload import Workload
 
@@ -184,7 +184,7 @@ class TaskSource:
         assert workload is not None
         hardware, _ = resolve_hardware(self.config.hardware, real=False, model=workload.model.name)
         if self._choices is None:
-            self._choices = load_choices("cpu" if hardware.is_cpu else "default")
+            self._choices = default_choices(hardware)
         return Task(workload, hardware, self._pick_budget(rng, hardware.memory_bytes), self._choices)
 
     # -- episodes per backend

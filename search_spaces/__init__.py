@@ -6,12 +6,13 @@ A preset maps each knob to the list of values to try; the first value of a list 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from autotune.config import KNOBS, OFFLOADS, PRECISIONS, ZERO_STAGES, ConfigError
 from autotune.files import is_file, load_yaml, short
-from autotune.hardware import Hardware
+from autotune.hardware import Hardware, bf16_note
 from autotune.space import Choices, Space
 from autotune.workload import Workload
 
@@ -43,10 +44,34 @@ def load_choices(name_or_path: str | Path) -> Choices:
     return parse_choices(data, str(path))
 
 
+def default_choices(hardware: Hardware) -> Choices:
+    """The space when none is named: `cpu` on CPU hardware, else `default`; on a CPU that emulates bf16
+    (Hardware.cpu_bf16) without bf16, whose every trial would run ~30x slower than fp32 (a named space with
+    bf16 still runs it)."""
+    choices = load_choices("cpu" if hardware.is_cpu else "default")
+    if hardware.cpu_bf16 == "emulated" and len(choices.precision) > 1 and "bf16" in choices.precision:
+        choices = replace(choices, precision=tuple(p for p in choices.precision if p != "bf16"))
+    return choices
+
+
+def choices_for(name_or_path: str | Path | None, hardware: Hardware) -> Choices:
+    """A preset's or YAML file's choices; None: default_choices."""
+    return load_choices(name_or_path) if name_or_path else default_choices(hardware)
+
+
 def space_for(name_or_path: str | Path | None, workload: Workload, hardware: Hardware) -> Space:
-    """The space of a preset or YAML file for this workload and hardware (default: `cpu` on CPU hardware,
-    else `default`)."""
-    return Space(load_choices(name_or_path or ("cpu" if hardware.is_cpu else "default")), workload, hardware)
+    """The space of a preset or YAML file for this workload and hardware (None: default_choices)."""
+    return Space(choices_for(name_or_path, hardware), workload, hardware)
+
+
+def space_note(hardware: Hardware, choices: Choices) -> str | None:
+    """One line on what the hardware changed in the space (bf16 on a CPU that emulates it), or None."""
+    note = bf16_note(hardware)
+    if hardware.cpu_bf16 != "emulated" or note is None:
+        return note
+    if "bf16" in choices.precision:
+        return f"{note}: its trials will run that much slower"
+    return f"{note}: left out of the space (name a --space with bf16 to try it)"
 
 
 def parse_choices(data: Any, source: str = "<space>") -> Choices:

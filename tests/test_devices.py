@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,8 +14,11 @@ import pytest
 
 from autotune.cli import main
 from autotune.config import Config, ConfigError
-from autotune.devices import Gpu, LocalMachine, auto_hardware, check_machine, probe, profile_name
-from autotune.hardware import GiB, PROFILES
+from autotune import devices
+from autotune.devices import Gpu, LocalMachine, auto_hardware, check_machine, probe, profile_name, resolve_hardware
+from autotune.estimate import estimate
+from autotune.hardware import EMULATED_BF16_SLOWDOWN, GiB, PROFILES, hardware_from_dict, with_cpu_bf16
+from autotune.search_spaces import default_choices, load_choices, space_note
 from autotune.worker.device import (AcceleratorMismatch, BudgetBelowContext, CudaMemory, allocator_fraction,
                                     check_accelerator, open_device)
 from autotune.worker.main import Unsupported, check_supported, classify
@@ -363,3 +367,96 @@ def test_a_profile_whose_nominal_memory_exceeds_the_device_is_not_refused():
     require_here(PROFILES["h100-80gb"], 1, None, node)
     with pytest.raises(ConfigError, match="memory budget 79.5 GiB is more than"):
         require_here(PROFILES["h100-80gb"], 1, int(79.5 * GiB), node)
+
+
+# -- bf16 on the CPU (issue 24): native with AVX-512 BF16 / AMX, else emulated ~30x slower ----------------------
+SAPPHIRE_RAPIDS = "fpu sse4_2 avx2 avx512f avx512bw avx512_bf16 amx_bf16 amx_tile"
+COOPER_LAKE = "fpu sse4_2 avx2 avx512f avx512bw avx512_bf16"
+EPYC_AVX2 = "fpu sse4_2 avx2 fma bmi2"  # Zen 2/3: no AVX-512, no BF16
+SKYLAKE = "fpu sse4_2 avx2 avx512f avx512bw"  # AVX-512 without its BF16 extension
+
+
+def _cpuinfo(tmp_path, line):
+    path = tmp_path / "cpuinfo"
+    path.write_text("".join(f"processor\t: {n}\nmodel name\t: some CPU\n{line}\n\n" for n in range(2)))
+    return str(path)
+
+
+@pytest.mark.parametrize("line, how", [
+    (f"flags\t\t: {SAPPHIRE_RAPIDS}", "native"), (f"flags\t\t: {COOPER_LAKE}", "native"),
+    (f"flags\t\t: {EPYC_AVX2}", "emulated"), (f"flags\t\t: {SKYLAKE}", "emulated"),
+    ("Features\t: fp asimd sve bf16 i8mm", "native"), ("Features\t: fp asimd crc32", "emulated"),  # Arm
+])
+def test_the_cpu_bf16_follows_the_flags_of_proc_cpuinfo(tmp_path, monkeypatch, line, how):
+    monkeypatch.setattr(devices, "mkldnn_bf16", lambda *a: pytest.fail("the flags answer: torch is not asked"))
+    assert devices.cpu_bf16(_cpuinfo(tmp_path, line)) == how
+
+
+@pytest.mark.parametrize("torch_says, how", [(True, "native"), (False, "emulated")])
+def test_without_proc_cpuinfo_the_cpu_bf16_is_torchs_answer(tmp_path, monkeypatch, torch_says, how):
+    monkeypatch.setattr(devices, "mkldnn_bf16", lambda *a: torch_says)
+    assert devices.cpu_bf16(str(tmp_path / "no-cpuinfo")) == how
+
+
+def test_torchs_bf16_answer_is_asked_in_a_child_process():
+    import torch
+
+    assert devices.mkldnn_bf16() is bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    assert devices.mkldnn_bf16("/nonexistent/python") is False  # no answer: not native
+
+
+def test_the_cpu_profile_prices_emulated_bf16_by_the_measured_factor():
+    native = auto_hardware(replace(CPU_BOX, cpu_bf16="native"))
+    emulated = auto_hardware(replace(CPU_BOX, cpu_bf16="emulated"))
+    assert native.cpu_bf16 == "native" and native.peak_flops == PROFILES["cpu"].peak_flops
+    assert emulated.cpu_bf16 == "emulated" and emulated.supports("bf16")  # a --space with bf16 still runs it
+    assert emulated.peak_flops["bf16"] == emulated.peak_flops["fp32"] / EMULATED_BF16_SLOWDOWN
+    assert auto_hardware(CPU_BOX).cpu_bf16 is None  # not read: the stock profile
+    workload = make_workload("tiny")
+    for hardware, slower in ((native, 1.0), (emulated, EMULATED_BF16_SLOWDOWN)):
+        bf16, fp32 = (estimate(Config(0, 4, 0, p), workload, hardware).time["compute"] for p in ("bf16", "fp32"))
+        assert bf16 / fp32 == pytest.approx(slower)
+    assert "emulated" in LocalMachine((), GiB, 2, "emulated").describe()
+    assert LocalMachine.from_dict({"gpus": [], "host_memory_bytes": GiB, "cpu_count": 2, "cpu_bf16": "native"}
+                                  ).cpu_bf16 == "native"
+
+
+def test_real_trials_on_a_cpu_profile_read_this_cpu_and_a_resume_keeps_what_was_read(monkeypatch):
+    monkeypatch.setattr(devices, "cpu_bf16", lambda *a, **k: "emulated")
+    real, _ = resolve_hardware(PROFILES["cpu"], real=True)
+    assert real.cpu_bf16 == "emulated" and real.peak_flops["bf16"] < real.peak_flops["fp32"]
+    assert resolve_hardware(PROFILES["cpu"], real=False)[0] == PROFILES["cpu"]  # simulated: the stock profile
+    assert resolve_hardware("auto", real=False)[0].cpu_bf16 == "emulated"  # auto is always this machine
+    recorded = hardware_from_dict(real.to_dict(), "run.json")  # a resumed sweep's profile, read from run.json
+    monkeypatch.setattr(devices, "cpu_bf16", lambda *a, **k: "native")
+    assert resolve_hardware(recorded, real=True)[0] == real
+    assert resolve_hardware(PROFILES["a100-80gb"], real=False)[0].cpu_bf16 is None
+    with pytest.raises(ConfigError, match="cpu_bf16: 'fast': allowed native, emulated"):
+        hardware_from_dict({**real.to_dict(), "cpu_bf16": "fast"}, "my.yaml")
+    with pytest.raises(ConfigError, match="on a CPU profile"):
+        PROFILES["a100-80gb"].with_(cpu_bf16="native")
+
+
+def test_the_default_space_leaves_emulated_bf16_out_and_says_why():
+    emulated = with_cpu_bf16(PROFILES["cpu"], "emulated")
+    assert default_choices(emulated).precision == ("fp32",)
+    assert "left out of the space" in space_note(emulated, default_choices(emulated))
+    named = load_choices("cpu")  # named: kept, and the line says what it costs
+    assert named.precision == ("bf16", "fp32") and "slower" in space_note(emulated, named)
+    native = with_cpu_bf16(PROFILES["cpu"], "native")
+    assert default_choices(native).precision == ("bf16", "fp32") and space_note(native, named) == "bf16: native on this CPU"
+    assert default_choices(PROFILES["cpu"]) == named and space_note(PROFILES["cpu"], named) is None
+
+
+def test_estimate_and_tune_on_a_cpu_that_emulates_bf16(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(devices, "cpu_bf16", lambda *a, **k: "emulated")
+    assert main(["estimate", "--model", "tiny", "--hardware", "auto"]) == 0
+    out = capsys.readouterr().out
+    assert "bf16 emulated" in out and "left out of the space" in out
+    assert "│ fp32 │" in out and "│ bf16 │" not in out  # the table's precision column
+    assert main(["tune", "--model", "tiny", "--hardware", "auto", "--backend", "simulated", "--trials", "3",
+                 "--strategy", "random", "--out", str(tmp_path / "run")]) == 0
+    assert "bf16: emulated on this CPU" in capsys.readouterr().out
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert run["space"]["precision"] == ["fp32"] and run["hardware"]["cpu_bf16"] == "emulated"
+    assert "Bf16: emulated on this CPU" in (tmp_path / "run" / "report.md").read_text()

@@ -23,7 +23,7 @@ from autotune.config import Config
 from autotune.dsconfig import DsOptions
 from autotune.estimate import Calibration
 from autotune.hardware import PROFILES
-from autotune.worker.measure import MeasureSettings
+from autotune.worker.measure import SLOW_FACTOR, MeasureSettings
 from autotune.worker.protocol import read_events
 from autotune.workload import make_workload
 
@@ -50,8 +50,8 @@ def _gone(pid):
         return True
 
 
-def _backend(tmp, ranks=1, options=RELAXED, **kwargs):
-    return DeepSpeedBackend(make_workload("tiny", global_batch=4, gpus=ranks), kwargs.pop("budget", None), CPU,
+def _backend(tmp, ranks=1, options=RELAXED, global_batch=4, **kwargs):
+    return DeepSpeedBackend(make_workload("tiny", global_batch=global_batch, gpus=ranks), kwargs.pop("budget", None), CPU,
                             options, tmp / "logs", timeout_s=900, measure=kwargs.pop("measure", MEASURE), **kwargs)
 
 
@@ -181,3 +181,21 @@ def test_trial_table_shows_measured_and_predicted_side_by_side(real, capsys, tmp
     out = capsys.readouterr().out
     assert "measured" in out and "predicted" in out and "throughput" in out and "activations" in out
     assert f"{r.throughput_samples_per_s:,.3g}" in out
+
+
+def test_a_config_far_behind_stops_after_its_first_measured_step(tmp_path):
+    # oneDNN capped at AVX2 runs bf16 as a CPU without bf16 instructions does (an AMD EPYC of our machines):
+    # ~30x slower than fp32, so the bf16 trial's first measured step is ~10x its (native) prediction and many
+    # times the fp32 trial's step. One thread per rank: under load, spinning OpenMP threads slow every step
+    # alike (ARCHITECTURE.md section 4) and would hide the difference.
+    backend = _backend(tmp_path, env={"ONEDNN_MAX_CPU_ISA": "AVX2", "OMP_NUM_THREADS": "1"}, global_batch=2)
+    fast = backend.run(Config(0, 2, 0, "fp32"))
+    slow = backend.run(Config(0, 2, 0, "bf16"))
+    assert fast.status == "ok" and fast.extra["stop_reason"] != "slow" and fast.extra["steps_measured"] >= 2
+    assert "expected_step_time_s" not in fast.extra  # nothing was measured before it: measured in full
+    assert slow.status == "ok", slow.error
+    assert slow.extra["stop_reason"] == "slow" and slow.extra["steps_measured"] == 1
+    expected = slow.extra["expected_step_time_s"]
+    assert expected == max(fast.step_time_s, slow.extra["predicted_step_time_s"])
+    assert slow.step_time_s > SLOW_FACTOR * expected >= SLOW_FACTOR * slow.extra["predicted_step_time_s"]
+    assert slow.throughput_samples_per_s == pytest.approx(2 / slow.step_time_s)  # recorded as measured

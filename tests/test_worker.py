@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -16,7 +17,8 @@ from autotune.config import Config
 from autotune.dsconfig import DsOptions, ds_config
 from autotune.worker import procmem
 from autotune.worker.main import CPU_OOM, Unsupported, classify, prepared_ds_config
-from autotune.worker.measure import MAX_STEPS, STABLE, TIME_LIMIT, MeasureSettings, iqr, median_rel_se, stop_reason
+from autotune.worker.measure import (MAX_STEPS, REASONS, SLOW, STABLE, TIME_LIMIT, MeasureSettings, iqr, median_rel_se,
+                                     stop_reason)
 from autotune.worker.model import GPT, count_parameters, synthetic_batch
 from autotune.worker.protocol import WorkerSpec, events_path, read_events, record_phase
 from autotune.workload import PRESETS, ModelShape, make_workload
@@ -112,6 +114,17 @@ def test_time_limit_stops_after_at_least_one_step():
 def test_fixed_settings_never_stop_early():
     settings = MeasureSettings.fixed(2, 5)
     assert [stop_reason([1.0] * n, n, settings) for n in range(1, 6)] == [None] * 4 + [MAX_STEPS]
+    assert stop_reason([100.0], 100.0, replace(settings, expected_step_s=1.0)) is None  # even far behind
+
+
+def test_a_config_far_behind_stops_after_its_first_measured_step():
+    expected = MeasureSettings(min_steps=3, max_steps=20, expected_step_s=2.0)  # slow_factor 5: 10 s
+    assert stop_reason([20.0], 20.0, expected) == SLOW  # 10x what was expected
+    assert stop_reason([9.0], 9.0, expected) is None  # 4.5x: measured in full
+    assert stop_reason([9.0, 9.5, 9.2], 28.0, expected) == STABLE
+    assert stop_reason([20.0], 20.0, MeasureSettings(min_steps=3)) is None  # nothing expected yet
+    assert stop_reason([20.0], 20.0, replace(expected, slow_factor=None)) is None  # the rule off
+    assert SLOW in REASONS  # every rank learns it from rank 0 (worker.main.agree)
 
 
 def test_spread_statistics():
@@ -123,7 +136,7 @@ def test_spread_statistics():
 
 
 @pytest.mark.parametrize("kwargs", [{"warmup_steps": -1}, {"min_steps": 0}, {"min_steps": 5, "max_steps": 4},
-                                    {"max_measure_s": 0}])
+                                    {"max_measure_s": 0}, {"slow_factor": 0}, {"expected_step_s": -1.0}])
 def test_measure_settings_reject_bad_values(kwargs):
     with pytest.raises(ValueError):
         MeasureSettings(**kwargs)

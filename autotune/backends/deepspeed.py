@@ -10,11 +10,14 @@ Result (ARCHITECTURE.md section 3, plus extra keys written flat):
   baseline_memory_bytes, startup_peak_bytes (peak during build, initialize and warm-up),
   predicted_peak_bytes and predicted_step_time_s (the estimator's, when the backend has a hardware
   profile), step_time_iqr_s, step_times_s, steps_measured, stop_reason, ranks, log_dir, master_port,
-  launch_to_first_step_s, phases_s (where the launch-to-first-step time went); on CUDA also
+  launch_to_first_step_s, phases_s (where the launch-to-first-step time went), expected_step_time_s (a step
+  `slow_factor` times longer ends the measurement: stop_reason `slow`, autotune.worker.measure); on CUDA also
   peak_allocated_bytes, peak_reserved_bytes, cuda_context_bytes and outside_allocator_bytes.
 Trials run on the hardware profile's accelerator (`Hardware.accelerator`; CPU without a profile). A rank that
 finds another one (e.g. a GPU profile on a machine without CUDA) ends its trial `unsupported` and sets
-`fatal`, which stops the sweep: no other config would run either.
+`fatal`, which stops the sweep: no other config would run either. A crash while loading DeepSpeed's C++ ops
+records its op, cause and fix (`extra["op_failure"]`, autotune.ops.BuildFailure): the sweep stops when one op
+fails twice (autotune.drivers.loop). `preflight` loads the ops a set of configs needs before the first trial.
 A config that cannot even be written as a DeepSpeed config (e.g. NVMe offload without a path) is
 `unsupported` without a launch. Failures are results; only the tuner's interruption (KeyboardInterrupt)
 propagates, after the trial's processes are gone.
@@ -22,16 +25,21 @@ propagates, after the trial's processes are gone.
 
 from __future__ import annotations
 
+import json
+import math
+import os
 import re
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from autotune.config import Config, ConfigError
 from autotune.dsconfig import DsOptions, ds_config
 from autotune.estimate import Calibration, Estimate, estimate
 from autotune.hardware import Hardware
+from autotune.ops import ARCH_ENV, BuildFailure, arch_note, preflight
 from autotune.results import TrialResult
-from autotune.runner import LaunchOptions, RunOutcome, run_worker
+from autotune.runner import LaunchOptions, RunOutcome, run_worker, trial_environment
 from autotune.worker.measure import MeasureSettings
 from autotune.worker.protocol import WorkerSpec, current_phase, write_json_atomic
 from autotune.workload import Workload
@@ -63,6 +71,7 @@ class DeepSpeedBackend:
         self.fatal: str | None = None  # set when a rank found the wrong accelerator: no config can run here
         self._cpu_info: dict[str, Any] | None = None
         self._running: Path | None = None  # the log directory of the trial in flight
+        self._fastest_step_s: float | None = None  # of this backend's ok trials: a config far behind it stops early
         self.launch = LaunchOptions(ranks=workload.gpus, timeout_s=timeout_s, memory_budget_bytes=memory_budget_bytes,
                                     launcher=launcher, env=dict(env or {}))
         # What starts, watches and judges a trial's ranks: all on this machine; a trial spanning a Ray cluster's
@@ -77,6 +86,26 @@ class DeepSpeedBackend:
     def close(self) -> None:
         """Nothing to release: each trial ends its own processes."""
 
+    def preflight(self, configs: Iterable[Config], say: Callable[[str], None]) -> tuple[str, ...]:
+        """Before the first trial: load, in a child process with the trials' environment, the C++ ops that trials
+        of `configs` load, building those not built yet (autotune.ops.preflight; `say` hears what it does).
+        Raises autotune.ops.OpBuildFailed (one line) when one cannot be; returns the ops loaded."""
+        configs_ds: dict[str, dict[str, Any]] = {}
+        for config in configs:
+            try:
+                ds = ds_config(config, self.workload, self.ds_options)
+            except ConfigError:
+                continue  # never launched either (`unsupported` without a launch)
+            configs_ds.setdefault(json.dumps(ds, sort_keys=True), ds)
+        if not configs_ds:
+            return ()
+        env = trial_environment(self.launch, self.accelerator)
+        note = arch_note(os.environ, env)
+        if note:
+            say(note)
+        return preflight(self.accelerator, list(configs_ds.values()), env, self.launch.python,
+                         self.logs_dir / "preflight.stderr", say, cpu_info=self.cpu_info())
+
     def phase(self) -> str | None:
         """Where the trial in flight is (rank 0's latest phase, e.g. 'building ops (cpu_adam)'); None between
         trials. Read from another thread by the progress display."""
@@ -89,13 +118,16 @@ class DeepSpeedBackend:
         extra: dict[str, Any] = {"ranks": self.workload.gpus, "log_dir": str(log_dir), **self._trial_extra()}
         if predicted is not None:
             extra.update(predicted_peak_bytes=predicted.peak_bytes, predicted_step_time_s=predicted.step_time_s)
+        measure = self._measure_for(predicted)
+        if measure.expected_step_s is not None:
+            extra["expected_step_time_s"] = measure.expected_step_s
         try:
             ds = ds_config(config, self.workload, self.ds_options)
         except ConfigError as err:
             result = TrialResult(config, "unsupported", memory_budget_bytes=self.memory_budget_bytes,
                                  backend=self.name, error=str(err), extra=extra)
         else:
-            spec = WorkerSpec(config, self.workload, ds, str(log_dir), self.measure, self.memory_budget_bytes,
+            spec = WorkerSpec(config, self.workload, ds, str(log_dir), measure, self.memory_budget_bytes,
                               self.seed, fault=self.fault, cpu_info=self.cpu_info(), extra=self._spec_extra(),
                               accelerator=self.accelerator)
             self._running = log_dir
@@ -105,8 +137,19 @@ class DeepSpeedBackend:
                 self._running = None
             self._read_outcome(log_dir, outcome, extra)
             result = self._result(config, outcome, extra)
+        if result.status == "ok" and result.step_time_s is not None:
+            self._fastest_step_s = min(result.step_time_s, self._fastest_step_s or math.inf)
         write_json_atomic(log_dir / "result.json", result.to_dict())
         return result
+
+    def _measure_for(self, predicted: Estimate | None) -> MeasureSettings:
+        """This trial's measurement: once a config has been measured, a step is expected to take the larger of
+        the fastest step so far and this config's prediction; one many times longer than both is far behind
+        (MeasureSettings.slow_factor). Before any measurement nothing is known to be behind: full measurement."""
+        if self._fastest_step_s is None:
+            return self.measure
+        expected = max(self._fastest_step_s, predicted.step_time_s if predicted is not None else 0.0)
+        return replace(self.measure, expected_step_s=expected)
 
     # Hooks for backends that run another worker through the same launch (backends/script.py).
 
@@ -162,6 +205,11 @@ class DeepSpeedBackend:
             cause = next((r["cause"] for r in outcome.reports if r and r.get("cause")), None)
             if outcome.status == "oom" and cause:  # device or host memory, as the rank that ran out saw it
                 extra["cause"] = cause
+            ops = next((r for r in outcome.reports if r and r.get("status") == "crash" and r.get("phase") == "build_ops"),
+                       None)
+            if outcome.status == "crash" and ops is not None:  # the environment's failure, not the config's
+                arch_list = trial_environment(self.launch, self.accelerator).get(ARCH_ENV)
+                extra["op_failure"] = BuildFailure.of(ops, arch_list, extra.get("log_dir")).to_dict()
             # The highest resident set the runner saw (CPU): for an oom, how far past the budget it went.
             return TrialResult(config, outcome.status, error=outcome.error, extra=extra, memory_budget_bytes=budget,
                                wall_time_s=wall_time_s, backend=self.name,

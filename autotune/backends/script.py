@@ -19,12 +19,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from autotune.backends.deepspeed import DeepSpeedBackend
 from autotune.config import Config, ConfigError
 from autotune.dsconfig import DsOptions
-from autotune.estimate import Calibration
+from autotune.estimate import Calibration, Estimate
 from autotune.hardware import Hardware
 from autotune.results import TrialResult
 from autotune.runner import RunOutcome
@@ -81,6 +81,16 @@ class ScriptBackend(DeepSpeedBackend):
 
     def predict(self, config: Config):
         return super().predict(config) if self.shape_known else None
+
+    def preflight(self, configs: Iterable[Config], say: Callable[[str], None]) -> tuple[str, ...]:
+        """None: the ops a trial loads depend on the script's own DeepSpeed config, which its first trial shows
+        (a crash loading them stops the sweep at its second, autotune.drivers.loop)."""
+        return ()
+
+    def _measure_for(self, predicted: Estimate | None) -> MeasureSettings:
+        # The estimator does not see the script's own loop (data, logging): only the fastest step measured so
+        # far says that a config is far behind.
+        return super()._measure_for(None)
 
     def _trial_extra(self) -> dict[str, Any]:
         return {"script": self.script.absolute}

@@ -17,6 +17,7 @@ from autotune.estimate import MEMORY_TERMS, Calibration, Estimate
 from autotune.hardware import Hardware
 from autotune.pruning import Pruner
 from autotune.ranking import Ranking, rank_configs
+from autotune.search_spaces import space_note
 from autotune.units import format_size
 
 
@@ -38,16 +39,21 @@ def run(args: argparse.Namespace) -> int:
     workload, hardware = target.workload, target.hardware
     budget = args.gpu_memory or hardware.memory_bytes
     pruner = Pruner.from_run(args.calibration, workload, hardware, budget) if args.calibration else None
-    ranking = rank_configs(space_from(args, workload, hardware), budget,
-                           pruner.calibration if pruner else Calibration())
+    space = space_from(args, workload, hardware)
+    ranking = rank_configs(space, budget, pruner.calibration if pruner else Calibration())
+    note = space_note(hardware, space.choices)
     if args.json:
         out = as_json(ranking, hardware, args.top, pruner)
         if target.machine is not None:
             out["detected"] = {"machine": target.machine.describe(), "hardware": hardware.to_dict()}
+        if note is not None:
+            out["note"] = note
         emit_json(args, out)
     else:
-        if target.detected():
-            Console(width=max(Console().width, 180)).print(target.detected())
+        console = Console(width=max(Console().width, 180))
+        for line in (target.detected(), note):
+            if line:
+                console.print(line)
         show(ranking, hardware, args.top, pruner)
     return 0
 

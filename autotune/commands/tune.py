@@ -10,13 +10,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from autotune.api import DEFAULT_STRATEGY, begin, check_out, default_run_dir, run_sweep, startup_files, undone_unless_started
-from autotune.argtypes import duration, gpu_count, non_negative_int, output_dir, ray_address, seed
+from autotune.argtypes import duration, gpu_count, non_negative_int, output_dir, ray_address, seed, stop_probability
 from autotune.backends.replay import replay_settings
 from autotune.backends.factory import backend_names
 from autotune.commands import script as script_command
 from autotune.commands.common import (add_json_argument, add_workload_arguments, emit_json, json_command, make_dir,
                                       positive_int, size, space_from, target_from)
 from autotune.config import ConfigError
+from autotune.convergence import DEFAULT_STOP_WHEN
 from autotune.interrupts import sigterm_as_interrupt
 from autotune.drivers.progress import ConsoleProgress
 from autotune.drivers.stop import StopReason
@@ -25,6 +26,7 @@ from autotune.handoff import DEFAULT_STACK, STACKS, Handoff, for_stack
 from autotune.pruning import cause_counts, describe_causes
 from autotune.rundir import RunDir, RunSettings
 from autotune.scale import at_target, for_target
+from autotune.search_spaces import space_note
 from autotune.script.cli import add_arguments as script_arguments, script_from
 from autotune.space import Space
 from autotune.strategies import STRATEGIES
@@ -52,6 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "processes, and the recommendation is the best median; the repeats count in --trials, "
                              "at most a quarter of them while the search could still use them; 0: off (default: 2 "
                              "for real trials, deepspeed and --script; 0 for simulated and replay)")
+    parser.add_argument("--stop-when", type=stop_probability, default=DEFAULT_STOP_WHEN, metavar="P",
+                        help="end the search once the chance that an untried config is faster than the best by "
+                             "more than the launch noise falls below P (after a few trials; the estimator's error "
+                             "model gives the chance, shown after each trial); then confirmation runs; --trials "
+                             "stays the upper bound; 0: off (default: %(default)s)")
     parser.add_argument("--backend", choices=backend_names(), default="deepspeed",
                         help="deepspeed: real trials; simulated: the estimator; replay: a measured surface "
                              "(default: %(default)s)")
@@ -148,7 +155,8 @@ def run(args: argparse.Namespace) -> int:
                     emit_json(args, stopped_json(run_dir, settings, fatal))
                 return code
         begin(run_dir, settings, args.resume)
-        return tune(run_dir, settings, space, Budget(args.trials, args.time_budget, args.confirm), args.resume, ray,
+        budget = Budget(args.trials, args.time_budget, args.confirm, args.stop_when)
+        return tune(run_dir, settings, space, budget, args.resume, ray,
                     mlflow=mlflow, emit=(lambda data: emit_json(args, data)) if args.json else None)
 
 
@@ -178,6 +186,8 @@ def tune(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budget, r
         + (f", predicting {settings.target_gpus}" if settings.target_gpus is not None else "") + f") under {format_size(settings.memory_budget_bytes)}: {settings.strategy} over "
         f"{len(space)} configs, {settings.backend} backend, up to {budget.trials} trials"
         + (f"; {len(history)} recorded already" if history else "") + f" -> {run_dir.path}")
+    if (hardware_note := space_note(settings.hardware, settings.choices)) is not None:
+        progress.message(hardware_note)
     try:
         result = run_sweep(run_dir, settings, space, budget, ray, progress, tracking=mlflow)
     finally:
@@ -189,7 +199,7 @@ def tune(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budget, r
     if settings.backend == "script":
         for line in script_mode().finish(run_dir, settings, result.best):
             progress.message(line)
-    progress.message(f"stopped: {result.stop_reason.text}; {result.launched} trials launched, "
+    progress.message(f"stopped: {result.stopped}; {result.launched} trials launched, "
                      f"{len(result.results)} recorded in {run_dir.trials_path}")
     progress.message(result.verdict)
     if result.best is not None and settings.backend != "script":  # the script's own lines came from finish()
@@ -199,7 +209,8 @@ def tune(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budget, r
     if mlflow is not None:
         progress.message(f"MLflow: {masked(mlflow)} (experiment and parent run in {run_dir.path / tracking.STATE})")
     if emit is not None:
-        emit({**result.to_dict(), "budget": {"trials": budget.trials, "time_s": budget.time_s, "confirm": budget.confirm},
+        emit({**result.to_dict(), "budget": {"trials": budget.trials, "time_s": budget.time_s, "confirm": budget.confirm,
+                                             "stop_when": budget.stop_when},
               "strategy": settings.strategy, "backend": settings.backend,
               "mlflow": None if mlflow is None else {"uri": masked(mlflow),
                                                      **tracking.parent_of(run_dir, mlflow)}})

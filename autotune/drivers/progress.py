@@ -1,5 +1,6 @@
 """Progress of a sweep for people: one line per trial (number, config, status, throughput, memory,
-best so far, the sweep's ETA), one line per batch of pruned configs (how many, and what each was predicted
+best so far, the chance that an untried config is faster (the convergence stop's figure, autotune.convergence),
+the sweep's ETA), one line per batch of pruned configs (how many, and what each was predicted
 to exceed: autotune.pruning.CAUSES; every config and its reason stay in trials.jsonl and report.md), and,
 while a trial runs, a live line with its config, its phase (loading or building DeepSpeed's C++ ops,
 initializing, warming up, measuring: read from the backend, `PhaseReporter`), its elapsed time and the ETA.
@@ -23,6 +24,7 @@ from rich.console import Console
 from rich.status import Status
 
 from autotune.config import Config
+from autotune.convergence import percent
 from autotune.pruning import cause_counts, describe_causes
 from autotune.results import TrialResult
 from autotune.units import format_size
@@ -121,6 +123,7 @@ class ConsoleProgress:
         self._pruned: list[TrialResult] = []  # the batch not yet summarised
         self._status: Status | None = None
         self._last_result = clock()  # for results of trials not started here (Ray)
+        self.chance: float | None = None  # of a better config, after the latest search trial
 
     # -- what drivers tell it (LiveProgress) ------------------------------------------------------------
     def follow(self, phase: PhaseSource) -> None:
@@ -152,9 +155,13 @@ class ConsoleProgress:
         throughput = f"{result.throughput_samples_per_s:8.2f} samples/s" if result.throughput_samples_per_s else " " * 18
         best_text = (f"best {best.throughput_samples_per_s:.2f} (#{best.extra.get('trial', '?')})" if best
                      else "best -")
+        chance = result.extra.get("chance_of_better")
+        if isinstance(chance, (int, float)) and not isinstance(chance, bool):
+            self.chance = float(chance)
+            best_text += f"  chance of a better config {percent(self.chance)}"
         eta = self.eta()
         eta_text = f"  ETA {format_duration(eta)}" if eta else ""
-        error = f"  {_headline(result.error)}" if result.error and not result.ok else ""
+        error = f"  {_headline(result.error)}" if result.error and not result.ok else _far_behind(result)
         self.console.print(
             f"trial {launched:>3}/{self.total} #{result.extra.get('trial', '?'):<4} {result.config.label():<28} "
             f"[{style}]{result.status:<11}[/{style}] {throughput}  peak {format_size(result.peak_memory_bytes):>9}  "
@@ -190,6 +197,8 @@ class ConsoleProgress:
             return f"pruning: {len(self._pruned)} configs predicted not to fit so far"
         eta = self.eta()
         eta_text = f" · sweep ETA {format_duration(eta)}" if eta is not None else ""
+        if self.chance is not None:
+            eta_text = f" · chance of a better config {percent(self.chance)}{eta_text}"
         if len(self.running) == 1:
             run = next(iter(self.running.values()))
             phase = self._current_phase(now) or "running"
@@ -240,6 +249,17 @@ def pruned_line(batch: Sequence[TrialResult], width: int = 110) -> str:
     span = f" (#{numbers[0]}-#{numbers[-1]})" if None not in (numbers[0], numbers[-1]) else ""
     causes = describe_causes(cause_counts(batch), "predicted over")
     return f"pruned    {len(batch)} configs{span}: {causes or 'predicted not to fit'}"
+
+
+def _far_behind(result: TrialResult) -> str:
+    """How early a config far behind stopped measuring (autotune.worker.measure's `slow`), or ''."""
+    extra = result.extra
+    if extra.get("stop_reason") != "slow" or not result.step_time_s or not extra.get("expected_step_time_s"):
+        return ""
+    steps = extra.get("steps_measured", 1)
+    return (f"  far behind: measured {steps} step{'s' if steps != 1 else ''} ({result.step_time_s:.1f} s, "
+            f"{result.step_time_s / extra['expected_step_time_s']:.0f}x the expected "
+            f"{extra['expected_step_time_s']:.2g} s), not the full measurement")
 
 
 def _headline(error: str | None, width: int = 110) -> str:

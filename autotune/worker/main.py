@@ -351,9 +351,9 @@ def agree(torch: Any, world: int, device: Any, decide: Callable[[], str | None])
     reason = decide()
     if world == 1:
         return reason
-    from autotune.worker.measure import MAX_STEPS, STABLE, TIME_LIMIT
+    from autotune.worker.measure import REASONS
 
-    codes = [None, STABLE, MAX_STEPS, TIME_LIMIT]
+    codes = [None, *REASONS]
     flag = torch.tensor([codes.index(reason)], dtype=torch.int64, device=device)
     torch.distributed.broadcast(flag, src=0)
     return codes[int(flag.item())]

@@ -6,7 +6,10 @@ deviation) is within `rel_tol` of the median, and the memory peak has stopped gr
 raised it by at most `mem_rel_tol` of the peak growth: on the CPU the resident set creeps up over the
 first steps, by up to ~20% for ZeRO-3, as freed blocks are reused imperfectly); never more than
 `max_steps` steps or `max_measure_s` seconds. A noisy config is thus measured longer and a steady one
-stops early; `stop_reason` records which.
+stops early; `stop_reason` records which. A config far behind stops after its first measured step (`slow`):
+its step took `slow_factor` times what the tuner expected (`expected_step_s`: the larger of the estimator's
+prediction and the fastest step measured so far; unset before any config was measured), so more steps would
+only refine a throughput already known to lose (on a CPU that emulates bf16 a step takes ~30x its fp32 time: minutes per trial).
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
-STABLE, MAX_STEPS, TIME_LIMIT = "stable", "max_steps", "time_limit"
+STABLE, MAX_STEPS, TIME_LIMIT, SLOW = "stable", "max_steps", "time_limit", "slow"
+REASONS = (STABLE, MAX_STEPS, TIME_LIMIT, SLOW)
+SLOW_FACTOR = 5.0
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,8 @@ class MeasureSettings:
     rel_tol: float = 0.04
     max_measure_s: float = 60.0
     mem_rel_tol: float | None = 0.01  # None: the memory peak does not hold measurement back
+    slow_factor: float | None = SLOW_FACTOR  # None: never stop a slow config early
+    expected_step_s: float | None = None  # set per trial by the backend (None: nothing expected)
 
     def __post_init__(self) -> None:
         if self.warmup_steps < 0:
@@ -35,11 +42,21 @@ class MeasureSettings:
             raise ValueError(f"min_steps={self.min_steps}, max_steps={self.max_steps}: need 1 <= min <= max")
         if self.rel_tol < 0 or self.max_measure_s <= 0:
             raise ValueError(f"rel_tol={self.rel_tol}, max_measure_s={self.max_measure_s}: must be positive")
+        for name in ("slow_factor", "expected_step_s"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name}={value}: must be positive, or None")
 
     @classmethod
     def fixed(cls, warmup_steps: int, steps: int) -> "MeasureSettings":
         """Exactly `steps` measured steps (no early stop), e.g. to compare with a fixed-step run."""
-        return cls(warmup_steps, steps, steps, 0.0, 1e9, None)
+        return cls(warmup_steps, steps, steps, 0.0, 1e9, None, None)
+
+    def slow_step_s(self) -> float | None:
+        """A step time past which the config is far behind (None: no such limit for this trial)."""
+        if self.slow_factor is None or self.expected_step_s is None:
+            return None
+        return self.slow_factor * self.expected_step_s
 
 
 def median_rel_se(times: Sequence[float]) -> float:
@@ -55,6 +72,9 @@ def stop_reason(times: Sequence[float], elapsed_s: float, settings: MeasureSetti
     """Why to stop after these measured step times, or None to measure another step. `peaks`: the memory
     peak's growth over the baseline after each measured step (empty: not known)."""
     n = len(times)
+    slow = settings.slow_step_s()
+    if n >= 1 and slow is not None and statistics.median(times) > slow:
+        return SLOW
     if n >= settings.max_steps:
         return MAX_STEPS
     if n >= 1 and elapsed_s >= settings.max_measure_s:
