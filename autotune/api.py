@@ -26,7 +26,6 @@ from autotune.calibrate import quality, save_calibration
 from autotune.config import ConfigError
 from autotune.confirm import prior_sigma
 from autotune.convergence import DEFAULT_STOP_WHEN, Convergence, check_stop_when
-from autotune.convergence import DEFAULT_STOP_WHEN, Convergence, check_stop_when
 from autotune.drivers.local import run_local
 from autotune.drivers.progress import Progress, QuietProgress
 from autotune.drivers.stop import StopReason
@@ -105,7 +104,6 @@ class TuneSpec:
                               "confirmation; None: the backend's default)")
         check_tracking_uri(self.mlflow_uri)
         check_stop_when(self.stop_when)
-        check_stop_when(self.stop_when)
 
     @property
     def backend_name(self) -> str:
@@ -144,12 +142,6 @@ class TuneResult:
     summary: dict[str, Any] = field(default_factory=dict)
     verdict: str = ""
     files: tuple[Path, ...] = ()  # the outputs written (summary, recommended configs, report, plots)
-    convergence: Convergence | None = None  # the chance of a better config after the last search trial
-
-    @property
-    def stopped(self) -> str:
-        """Why it stopped, for people (with the convergence stop's figure)."""
-        return self.stop_reason.describe(self.convergence)
     convergence: Convergence | None = None  # the chance of a better config after the last search trial
 
     @property

@@ -107,17 +107,6 @@ def stop_probability(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{err}: allowed {allowed}") from None
 
 
-def stop_probability(text: str) -> float:
-    """--stop-when: a probability from 0 to 1 (0: the convergence stop off)."""
-    allowed = "a probability from 0 to 1, e.g. 0.05 (0 turns the convergence stop off)"
-    try:
-        return _number(text, allowed, lambda v: 0 <= v <= 1)
-    except argparse.ArgumentTypeError as err:
-        if str(err).endswith("must be " + allowed):
-            raise
-        raise argparse.ArgumentTypeError(f"{err}: allowed {allowed}") from None
-
-
 _ADDRESS = re.compile(r"(?:ray://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})")
 
 

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from autotune import convergence
-from autotune import convergence
 from autotune.config import Config, ConfigError
 from autotune.handoff import ACCELERATE_CONFIG, DS_CONFIG, HF_DS_CONFIG, TRAINER_ARGS, Handoff, stack_line
 from autotune.confirm import DEFAULT_REPEATS, Confirmation, confidence_words, confirmation, is_repeat, prior_sigma, recommend
@@ -321,16 +320,6 @@ def markdown(results: Sequence[TrialResult], settings: RunSettings, summary: dic
     if best is not None:
         lines += ["![memory breakdown of the recommended config](plots/memory_breakdown.png)", ""]
     return "\n".join(lines)
-
-
-def _convergence(results: Sequence[TrialResult]) -> list[str]:
-    """The chance of a better config as the sweep went (the convergence stop's figure, --stop-when)."""
-    points = convergence.trace(results)
-    last = convergence.recorded(results)
-    if not points or last is None:
-        return []
-    return [f"- Chance of a better config (an untried one >{last.margin:.0%} faster, by the estimator's error "
-            f"model) after each trial: {convergence.describe_trace(points)}"]
 
 
 def _convergence(results: Sequence[TrialResult]) -> list[str]:

@@ -239,8 +239,6 @@ class MlflowTracker:
         values["trials_recorded"] = step
         if summary.get("convergence"):  # the chance of a better config after the last search trial
             values["chance_of_better"] = summary["convergence"]["chance_of_better"]
-        if summary.get("convergence"):  # the chance of a better config after the last search trial
-            values["chance_of_better"] = summary["convergence"]["chance_of_better"]
         tags = {"verdict": verdict[:TAG_LIMIT], "stop_reason": str(stop_reason)}
         if best is not None:
             values.update({f"best_{key}": getattr(best, key) for key in

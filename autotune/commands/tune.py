@@ -18,7 +18,6 @@ from autotune.commands.common import (add_json_argument, add_workload_arguments,
                                       positive_int, size, space_from, target_from)
 from autotune.config import ConfigError
 from autotune.convergence import DEFAULT_STOP_WHEN
-from autotune.convergence import DEFAULT_STOP_WHEN
 from autotune.interrupts import sigterm_as_interrupt
 from autotune.drivers.progress import ConsoleProgress
 from autotune.drivers.stop import StopReason
@@ -55,11 +54,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "processes, and the recommendation is the best median; the repeats count in --trials, "
                              "at most a quarter of them while the search could still use them; 0: off (default: 2 "
                              "for real trials, deepspeed and --script; 0 for simulated and replay)")
-    parser.add_argument("--stop-when", type=stop_probability, default=DEFAULT_STOP_WHEN, metavar="P",
-                        help="end the search once the chance that an untried config is faster than the best by "
-                             "more than the launch noise falls below P (after a few trials; the estimator's error "
-                             "model gives the chance, shown after each trial); then confirmation runs; --trials "
-                             "stays the upper bound; 0: off (default: %(default)s)")
     parser.add_argument("--stop-when", type=stop_probability, default=DEFAULT_STOP_WHEN, metavar="P",
                         help="end the search once the chance that an untried config is faster than the best by "
                              "more than the launch noise falls below P (after a few trials; the estimator's error "

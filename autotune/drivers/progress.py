@@ -25,7 +25,6 @@ from rich.status import Status
 
 from autotune.config import Config
 from autotune.convergence import percent
-from autotune.convergence import percent
 from autotune.pruning import cause_counts, describe_causes
 from autotune.results import TrialResult
 from autotune.units import format_size
@@ -125,7 +124,6 @@ class ConsoleProgress:
         self._status: Status | None = None
         self._last_result = clock()  # for results of trials not started here (Ray)
         self.chance: float | None = None  # of a better config, after the latest search trial
-        self.chance: float | None = None  # of a better config, after the latest search trial
 
     # -- what drivers tell it (LiveProgress) ------------------------------------------------------------
     def follow(self, phase: PhaseSource) -> None:
@@ -157,10 +155,6 @@ class ConsoleProgress:
         throughput = f"{result.throughput_samples_per_s:8.2f} samples/s" if result.throughput_samples_per_s else " " * 18
         best_text = (f"best {best.throughput_samples_per_s:.2f} (#{best.extra.get('trial', '?')})" if best
                      else "best -")
-        chance = result.extra.get("chance_of_better")
-        if isinstance(chance, (int, float)) and not isinstance(chance, bool):
-            self.chance = float(chance)
-            best_text += f"  chance of a better config {percent(self.chance)}"
         chance = result.extra.get("chance_of_better")
         if isinstance(chance, (int, float)) and not isinstance(chance, bool):
             self.chance = float(chance)
@@ -203,8 +197,6 @@ class ConsoleProgress:
             return f"pruning: {len(self._pruned)} configs predicted not to fit so far"
         eta = self.eta()
         eta_text = f" · sweep ETA {format_duration(eta)}" if eta is not None else ""
-        if self.chance is not None:
-            eta_text = f" · chance of a better config {percent(self.chance)}{eta_text}"
         if self.chance is not None:
             eta_text = f" · chance of a better config {percent(self.chance)}{eta_text}"
         if len(self.running) == 1:

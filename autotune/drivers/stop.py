@@ -6,8 +6,6 @@ from enum import Enum
 
 from autotune.convergence import Convergence
 
-from autotune.convergence import Convergence
-
 
 class StopReason(str, Enum):
     """A str, so that it compares equal to its value and prints in JSON and tables as before."""
@@ -28,12 +26,6 @@ class StopReason(str, Enum):
     @property
     def text(self) -> str:
         return _TEXT[self]
-
-    def describe(self, convergence: Convergence | None = None) -> str:
-        """The text, with the convergence stop's figure where it ended the search."""
-        if self is StopReason.CONVERGED and convergence is not None:
-            return f"search converged: {convergence.describe()}"
-        return self.text
 
     def describe(self, convergence: Convergence | None = None) -> str:
         """The text, with the convergence stop's figure where it ended the search."""
