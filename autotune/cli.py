@@ -1,7 +1,8 @@
 """`autotune` command line: one module per command under autotune/commands.
 
 One error path for every command: bad input is one line `autotune <cmd>: error: ...` and exit 2 (argparse's
-type functions in autotune.argtypes, and ConfigError from the library); Ctrl-C is exit 130; anything else is a
+type functions in autotune.argtypes, and ConfigError from the library); a DeepSpeed op the trials need that
+cannot be built (autotune.ops.OpBuildFailed) is one line naming the fix, exit 1; Ctrl-C is exit 130; anything else is a
 bug or a fault of the machine, reported as one line naming the exception and the file its traceback was
 written to, exit 1 (`--debug` prints the traceback too). Never a bare traceback."""
 
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import NoReturn, Sequence
 
 from autotune.config import ConfigError
+from autotune.ops import OpBuildFailed
 
 # command name -> module under autotune.commands exposing add_arguments(parser) and run(args) -> int
 COMMANDS = {
@@ -64,6 +66,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as err:
         print(f"{args._prog}: error: {one_line(str(err))}", file=sys.stderr)
         return 2
+    except OpBuildFailed as err:  # the machine cannot build an op every trial needs: what to fix, not a bug
+        print(f"{args._prog}: error: {one_line(str(err))}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"{args._prog}: interrupted", file=sys.stderr)
         return 130

@@ -43,6 +43,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import psutil
 
+from autotune.ops import with_deepspeed_arch_list
 from autotune.worker import procmem
 from autotune.worker.main import PARENT_ENV
 from autotune.worker.protocol import WorkerSpec, read_events, read_report
@@ -299,6 +300,24 @@ def _held_files(shm_dir: Path) -> set[str]:
     return held
 
 
+def trial_environment(options: LaunchOptions, accelerator: str) -> dict[str, str]:
+    """The environment every process of a trial starts from (the runner adds the rendezvous and rank variables),
+    and the op preflight's (autotune.ops): this process's, the options' extra variables, then what trials need."""
+    # The trial's accelerator wins over the caller's environment: the trial runs where it was planned to.
+    env = {**os.environ, **options.env, "PYTHONUNBUFFERED": "1", "DS_ACCELERATOR": accelerator}
+    # The interpreter's own bin directory first, as an activated venv has it: DeepSpeed's op builds call
+    # `ninja` from PATH, and two ninja versions (the venv's, the system's) do not read each other's
+    # build logs, so they rebuild the C++ ops (minutes) every time the other one ran last.
+    bin_dir = os.path.dirname(options.python)
+    if env.get("PATH", "").split(os.pathsep)[0] != bin_dir:
+        env["PATH"] = os.pathsep.join(part for part in (bin_dir, env.get("PATH")) if part)
+    # One C++ op cache per Python environment: two venvs sharing torch's default cache directory write
+    # build files with their own include paths into the same folders and rebuild each other's ops.
+    env.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir(options.python))
+    # An arch list DeepSpeed's op builder parses (a CUDA image's `9.0a` crashes every FusedAdam build).
+    return with_deepspeed_arch_list(env)
+
+
 def run_worker(spec: WorkerSpec, options: LaunchOptions) -> RunOutcome:
     """Run the trial described by `spec` (whose `log_dir` receives every file) and return its outcome."""
     log_dir = Path(spec.log_dir)
@@ -341,10 +360,8 @@ class Trial:
     def launch(self) -> None:
         spec_path = self.spec.write()
         o, place = self.options, self.placement
-        # The spec's accelerator wins over the caller's environment: the trial runs where it was planned to.
-        base = {**os.environ, **o.env, "MASTER_ADDR": place.master_addr if place else MASTER_ADDR,
-                "MASTER_PORT": str(self.master_port), "PYTHONUNBUFFERED": "1",
-                "LOCAL_SIZE": str(place.local_world_size if place else o.ranks), "DS_ACCELERATOR": self.spec.accelerator}
+        base = {**trial_environment(o, self.spec.accelerator), "MASTER_ADDR": place.master_addr if place else MASTER_ADDR,
+                "MASTER_PORT": str(self.master_port), "LOCAL_SIZE": str(place.local_world_size if place else o.ranks)}
         if place is None:
             # One machine: the ranks' own sockets (gloo's and NCCL's pairs and bootstrap) listen on
             # loopback, not on the interface an inherited setting or the host name would pick.
@@ -353,15 +370,6 @@ class Trial:
             base.update(place.env)
             if place.ifname:  # the interface of this node's cluster address ('=': NCCL's exact match, not a prefix)
                 base.update(GLOO_SOCKET_IFNAME=place.ifname, NCCL_SOCKET_IFNAME=f"={place.ifname}")
-        # The interpreter's own bin directory first, as an activated venv has it: DeepSpeed's op builds call
-        # `ninja` from PATH, and two ninja versions (the venv's, the system's) do not read each other's
-        # build logs, so they rebuild the C++ ops (minutes) every time the other one ran last.
-        bin_dir = os.path.dirname(o.python)
-        if base.get("PATH", "").split(os.pathsep)[0] != bin_dir:
-            base["PATH"] = os.pathsep.join(part for part in (bin_dir, base.get("PATH")) if part)
-        # One C++ op cache per Python environment: two venvs sharing torch's default cache directory write
-        # build files with their own include paths into the same folders and rebuild each other's ops.
-        base.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir(o.python))
         # Ranks share the machine's cores; oversubscribed OpenMP threads spin against each other.
         base.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(base["LOCAL_SIZE"]))))
         worker = ["-m", o.module, str(spec_path)]

@@ -1,10 +1,13 @@
 """`autotune trial`: one real DeepSpeed trial of one config, its measured result next to the estimator's
 prediction. The result is appended to `<run-dir>/trials.jsonl` and its logs kept in `<run-dir>/logs/`.
-Exit status: 0 if the trial ran (`ok`), 1 if it failed (oom, unsupported, timeout, crash), 2 for bad input."""
+Before the trial, a child process builds (first use) or loads the DeepSpeed ops it needs (autotune.ops).
+Exit status: 0 if the trial ran (`ok`), 1 if it failed (oom, unsupported, timeout, crash) or an op it needs cannot
+be built (one line naming the fix, nothing recorded), 2 for bad input."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -101,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
     backend = DeepSpeedBackend(workload, args.memory_budget, hardware, DsOptions(nvme_path=args.nvme_path),
                                run_dir / "logs", args.timeout, measure, calibration=calibration)
     prediction = backend.predict(config)
+    backend.preflight([config], lambda line: print(line, file=sys.stderr, flush=True))  # OpBuildFailed: exit 1
     if args.json:
         result = backend.run(config)
     else:

@@ -1,7 +1,8 @@
 """The one tuning loop: jobs (sweeps) propose configs, an executor runs them, results go back to their sweep.
 
     fill the free slots: the job with the fewest devices in use proposes (Job.next_config: budget, fatal
-    verdict, strategy done or stalled, a sequential strategy waiting for its result); the executor submits;
+    verdict (the backend's, or a DeepSpeed op failing in a second trial), strategy done or stalled, a
+    sequential strategy waiting for its result); the executor submits;
     wait for one result; record it in its sweep; repeat until no job proposes and nothing is in flight.
 
 Executors only submit and wait: `LocalExecutor` runs one trial at a time in this process (drivers/local.py),
@@ -14,6 +15,7 @@ recorded, every job stops as INTERRUPTED, and `--resume` runs the lost trials ag
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
@@ -22,6 +24,7 @@ from autotune.config import Config
 from autotune.drivers.progress import Progress, QuietProgress
 from autotune.drivers.stop import StopReason
 from autotune.drivers.sweep import Budget, Sweep
+from autotune.ops import REPEATED_BUILD_FAILURES, build_failure
 from autotune.results import TrialResult
 
 ASKS_PER_SLOT = 3  # proposals asked for one free slot before a sweep waits for a result in flight
@@ -87,6 +90,7 @@ class Job:
         self.waiting = False  # the strategy wants a result before it proposes again
         self.reason: StopReason | None = None  # why it stopped, once it has
         self.fatal: str | None = None  # the backend said no config can succeed: propose nothing more
+        self.build_failures: Counter[str | None] = Counter()  # op -> trials that crashed loading it (autotune.ops)
         sweep.on_pruned = progress.pruned
         sweep.on_message = progress.message
 
@@ -119,9 +123,20 @@ class Job:
     def record(self, flight: Flight, reply: TrialReply) -> None:
         result = self.sweep.finish(flight.config, reply.result)
         self.progress.finished(result, self.sweep.launched, self.sweep.best)
-        if reply.fatal and not self.fatal:
-            self.fatal = reply.fatal
+        fatal = reply.fatal or self._repeated_build_failure(reply.result)
+        if fatal and not self.fatal:
+            self.fatal = fatal
             self.progress.message(f"stopping: {self.fatal}")
+
+    def _repeated_build_failure(self, result: TrialResult) -> str | None:
+        """A DeepSpeed op that failed to build or load in a second trial is the environment's failure, not the
+        configs': its one line (autotune.ops), which stops the sweep. Counted here, where every trial's result
+        comes back (a Ray worker's backend sees one trial)."""
+        failure = build_failure(result)
+        if failure is None:
+            return None
+        self.build_failures[failure.op] += 1
+        return failure.line() if self.build_failures[failure.op] >= REPEATED_BUILD_FAILURES else None
 
     def _stop(self, reason: StopReason) -> None:
         if self.in_flight:

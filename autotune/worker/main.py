@@ -42,6 +42,8 @@ DEVICE_OOM_MARKERS = ("cublas_status_alloc_failed", "cudaerrormemoryallocation",
 STALE_LOCK_AGE_S = 60.0  # a live build writes its ninja file and starts compiling well within this
 LOCK_SWEEP_S = 5.0  # how often a load waiting on a build lock checks whether its holder died
 SLOW_LOAD_S = 5.0  # loading a built op takes about a second here: one still loading after this is being built
+# Where DeepSpeed's op builder and torch parse TORCH_CUDA_ARCH_LIST: a failure raised there is the variable's.
+ARCH_LIST_PARSERS = ("compute_capability_args", "_get_cuda_arch_flags")
 
 
 class Unsupported(Exception):
@@ -75,6 +77,8 @@ def main(argv: list[str]) -> int:
                   "fatal": isinstance(err, (AcceleratorMismatch, UnsupportedModel))}  # nor would any other config
         if status == "oom":
             report["cause"] = oom_cause(err, spec.accelerator)
+        if _last_phase == "build_ops":  # the op, and whether TORCH_CUDA_ARCH_LIST is to blame (autotune.ops)
+            report.update(build_failure(err, _last_op))
         code = 1
     write_json_atomic(report_path(spec.log_dir, rank), report)
     sys.stdout.flush()
@@ -85,11 +89,13 @@ def main(argv: list[str]) -> int:
 
 
 _last_phase = "start"
+_last_op: str | None = None
 
 
 def _phase(spec: WorkerSpec, rank: int, phase: str, **info: Any) -> None:
-    global _last_phase  # the phase reached is reported on failure; one process, one trial
+    global _last_phase, _last_op  # the phase (and op) reached is reported on failure; one process, one trial
     _last_phase = phase
+    _last_op = info.get("op", _last_op)
     record_phase(spec.log_dir, rank, phase, **info)
 
 
@@ -247,40 +253,67 @@ def load_ops(ds: dict[str, Any], accel: Any, report: Callable[[str, bool], None]
     """Build (first use on a machine: minutes) or load the C++ ops the trial will need, before the
     runner's timeout clock runs again (it pauses during this phase). `report(op, building)` hears of each
     op before it loads, and whether it has to be built first (what the progress line shows)."""
-    import deepspeed.ops
+    for name in op_builders(ds, accel):
+        load_op(name, accel, report)
 
+
+def op_builders(ds: dict[str, Any], accel: Any) -> list[str]:
+    """The op builders (class names) a trial of DeepSpeed config `ds` loads on `accel` (autotune.ops' preflight
+    asks the same of every config of a space)."""
     names = []
     if accel.device_name() == "cpu":
         names.append("ShareMemCommBuilder")  # DeepSpeed's CPU communication backend always loads it
     if not ds.get("optimizer", {}).get("params", {}).get("torch_adam", False):
         offload = ds.get("zero_optimization", {}).get("offload_optimizer", {}).get("device", "none") != "none"
         names.append("CPUAdamBuilder" if offload else "FusedAdamBuilder")
-    for name in names:
-        builder = accel.create_op_builder(name)
-        if builder is None or not deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
-            continue
-        clear_stale_build_lock(builder.name)
-        building = needs_build(builder.name)
-        slow = None
-        if report is not None:
-            report(builder.NAME, building)
-            if not building:  # torch rebuilds on changed sources or flags, or waits on another's build: say so
-                slow = threading.Timer(SLOW_LOAD_S, report, (builder.NAME, True))
-                slow.daemon = True
-                slow.start()
-        try:
-            with _sweeping_stale_locks(builder.name):
-                builder.load(verbose=False)
-        except ImportError:
-            # Another process's build of the same op was killed after we waited for it: no library. Make
-            # torch forget this process's attempt so that the retry builds it (under the same file lock).
-            from torch.utils.cpp_extension import JIT_EXTENSION_VERSIONER
+    return names
 
-            JIT_EXTENSION_VERSIONER.entries.pop(builder.name, None)
-            builder.jit_load(verbose=False)
-        finally:
-            if slow is not None:
-                slow.cancel()
+
+def load_op(name: str, accel: Any, report: Callable[[str, bool], None] | None = None) -> None:
+    """Build or load the op of builder class `name` (load_ops), clearing a stale build lock on the way."""
+    import deepspeed.ops
+
+    builder = accel.create_op_builder(name)
+    if builder is None or not deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
+        return
+    clear_stale_build_lock(builder.name)
+    building = needs_build(builder.name)
+    slow = None
+    if report is not None:
+        report(builder.NAME, building)
+        if not building:  # torch rebuilds on changed sources or flags, or waits on another's build: say so
+            slow = threading.Timer(SLOW_LOAD_S, report, (builder.NAME, True))
+            slow.daemon = True
+            slow.start()
+    try:
+        with _sweeping_stale_locks(builder.name):
+            builder.load(verbose=False)
+    except ImportError:
+        # Another process's build of the same op was killed after we waited for it: no library. Make
+        # torch forget this process's attempt so that the retry builds it (under the same file lock).
+        from torch.utils.cpp_extension import JIT_EXTENSION_VERSIONER
+
+        JIT_EXTENSION_VERSIONER.entries.pop(builder.name, None)
+        builder.jit_load(verbose=False)
+    finally:
+        if slow is not None:
+            slow.cancel()
+
+
+def build_failure(err: BaseException, op: str | None) -> dict[str, Any]:
+    """What a failed op load tells the tuner beyond its message (autotune.ops.BuildFailure): the op, whether
+    DeepSpeed's or torch's parsing of TORCH_CUDA_ARCH_LIST raised it, and the GPU's compute capability (the
+    arch list that would do)."""
+    frames = traceback.extract_tb(err.__traceback__)
+    capability = None
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability(int(os.environ.get("LOCAL_RANK", "0")))
+            capability = f"{major}.{minor}"
+    except Exception:  # noqa: BLE001  (a broken device: the message says enough)
+        pass
+    return {"op": op, "arch_list_fault": any(f.name in ARCH_LIST_PARSERS for f in frames), "capability": capability}
 
 
 @contextlib.contextmanager
