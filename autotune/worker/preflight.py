@@ -12,7 +12,8 @@ stdout, one JSON object a line:
     {"event": "done", "ops": ["fused_adam"]}
 
 A failure's traceback goes to stderr and the exit status is 1. DeepSpeed finding another accelerator than the
-request's is `{"event": "mismatch", ...}` and exit 0: the first trial reports it, as it does without a preflight.
+request's, or no GPU, is `{"event": "mismatch", ...}` and exit 0: the first trial reports it (unsupported, which
+stops the sweep), as it did before there was a preflight.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import sys
 import traceback
 from typing import Any
 
+from autotune.worker.device import AcceleratorMismatch, check_accelerator
 from autotune.worker.main import build_failure, classify, die_with_parent, load_op, op_builders, prepared_ds_config
 
 
@@ -36,8 +38,10 @@ def main() -> int:
 
     accel = get_accelerator()
     name = accel.device_name()
-    if name != request["accelerator"]:
-        emit("mismatch", accelerator=name, wanted=request["accelerator"])
+    try:
+        check_accelerator(request["accelerator"], name, accel.device_count() if name != "cpu" else 0, 0)
+    except AcceleratorMismatch as err:  # no GPU here (or not the planned one): the first trial says so, fatal
+        emit("mismatch", error=str(err))
         return 0
     emit("device", accelerator=name, capability=_capability(name))
     if request.get("cpu_info"):
