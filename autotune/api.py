@@ -255,7 +255,7 @@ def run_sweep(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budg
             backend = backend or make_backend(settings, run_dir,
                                               TrialOptions(sleep_s=simulated_sleep_s(settings.backend)))
             sweep.launch_sigma = prior_sigma(settings.backend, backend)  # a simulation's own noise, if it says
-            preflight_ops(sweep, space, backend, progress.message)
+            preflight_ops(sweep, space, backend, budget, progress.message)
             reason = run_local(sweep, backend, budget, progress)
         outputs = close_sweep(run_dir, settings, sweep)
         tracker.finish(outputs.best, outputs.summary, outputs.files, outputs.verdict, reason.value)
@@ -263,11 +263,12 @@ def run_sweep(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budg
                       outputs.files, sweep.convergence)
 
 
-def preflight_ops(sweep: Sweep, space: Space, backend: Backend, say: Callable[[str], None]) -> None:
+def preflight_ops(sweep: Sweep, space: Space, backend: Backend, budget: Budget, say: Callable[[str], None]) -> None:
     """Before the first trial, a backend with a preflight (deepspeed) builds the C++ ops of the configs the sweep
-    may launch; one that cannot be built is autotune.ops.OpBuildFailed (one line), with nothing recorded."""
+    may launch; one that cannot be built is autotune.ops.OpBuildFailed (one line), with nothing recorded. A
+    resumed sweep whose budget is spent launches nothing: no preflight."""
     check = getattr(backend, "preflight", None)
-    if check is not None:
+    if check is not None and sweep.budget_spent(budget) is None:
         check([c for c in space if sweep.pruner.check(c, sweep.backend_name) is None], say)
 
 
