@@ -69,6 +69,8 @@ class Run:
     launched: int
     held_out: tuple[str, ...] = ()
     proposal_ms: list[float] = field(default_factory=list)
+    # The convergence stop's figure (autotune.convergence) after the run's last trial: for rl, at its own stop.
+    chance_at_end: float = math.nan
 
     def trials_to(self, level: float) -> float:
         return next((i + 1 for i, v in enumerate(self.curve) if v >= level), math.inf)
@@ -106,12 +108,13 @@ def strategy_for(name: str, context: SearchContext, policy: Policy):
 
 
 def run_one(name: str, space: Space, backend, budget: int, optimum: float, trials: int, seed: int, policy: Policy,
-            true_value) -> tuple[list[float], int, int, int, list[float]]:
+            true_value) -> tuple[list[float], int, int, int, list[float], float]:
     # Calibrated from the measured trials as `autotune tune` does: the pruner's margin adapts.
     sweep = Sweep.in_memory(space, budget, lambda context: Timed(strategy_for(name, context, policy)),
                             backend.name, seed)
     strategy = sweep.strategy
-    run_local(sweep, backend, Budget(trials), QuietProgress())
+    # The convergence stop off: each strategy ends by its own rule (rl's stop action) or the trial budget.
+    run_local(sweep, backend, Budget(trials, stop_when=0), QuietProgress())
     curve, best_measured, best_true = [], 0.0, 0.0
     for result in sweep.results:
         if result.status == "pruned":
@@ -123,7 +126,8 @@ def run_one(name: str, space: Space, backend, budget: int, optimum: float, trial
         curve.append(best_true / optimum)
     oom = sum(r.status == "oom" for r in sweep.results)
     pruned = sum(r.status == "pruned" for r in sweep.results)
-    return curve, oom, pruned, len(curve), strategy.ms
+    chance = sweep.convergence.chance if sweep.convergence is not None else math.nan
+    return curve, oom, pruned, len(curve), strategy.ms, chance
 
 
 def simulated_tasks(count: int, seed: int) -> list[tuple[str, Task, tuple[str, ...]]]:
@@ -165,10 +169,10 @@ def evaluate(args: argparse.Namespace, console: Console) -> list[Run]:
             space = truth.landscape.space
             for name in names:
                 backend = truth.with_noise_seed(seed)  # the same truth and noise draws for every strategy
-                curve, oom, pruned, launched, ms = run_one(
+                curve, oom, pruned, launched, ms, chance = run_one(
                     name, space, backend, task.memory_budget_bytes, truth.optimum, args.trials, seed, policy,
                     lambda r, t=truth: t.true_throughput(r.config))
-                runs.append(Run(kind, task_name(task), name, seed, curve, oom, pruned, launched, held, ms))
+                runs.append(Run(kind, task_name(task), name, seed, curve, oom, pruned, launched, held, ms, chance))
                 done += 1
             console.print(f"[{done}/{jobs}] {kind} {task_name(task)} seed {seed} "
                           + "  ".join(f"{r.strategy} {r.after(5):.2f}/{r.trials_to(NEAR)}" for r in runs[-len(names):]),
@@ -185,11 +189,11 @@ def evaluate(args: argparse.Namespace, console: Console) -> list[Run]:
             optimum = best.throughput_samples_per_s
             for seed in range(args.seeds):
                 for name in names:
-                    curve, oom, pruned, launched, ms = run_one(
+                    curve, oom, pruned, launched, ms, chance = run_one(
                         name, space, ReplayBackend(surface, budget), budget, optimum, args.trials, seed, policy,
                         lambda r: r.throughput_samples_per_s)
                     runs.append(Run("replay", f"{path.name} ({len(surface)} configs) {budget / 2**30:.2f}GiB", name, seed, curve, oom, pruned,
-                                    launched, ("surface",), ms))
+                                    launched, ("surface",), ms, chance))
             console.print(f"replay {path.name} at {budget / 2**30:.2f}GiB: {args.seeds} seeds done", highlight=False)
     return runs
 
@@ -250,6 +254,9 @@ def summary(runs: list[Run], kind: str | None) -> list[dict]:
             "oom_trials_per_run": statistics.mean(r.oom for r in mine),
             "pruned_per_run": statistics.mean(r.pruned for r in mine),
             "launched_per_run": statistics.mean(r.launched for r in mine),
+            # Checked against the convergence stop: the chance of a better config where the run ended.
+            "median_chance_at_end": median([r.chance_at_end for r in mine]),
+            "chance_below_5pct_at_end": sum(r.chance_at_end < 0.05 for r in mine) / len(mine),
         })
     return rows
 
@@ -266,7 +273,8 @@ COLUMNS = (("strategy", "strategy", "s"), ("runs", "runs", "d"), ("median trials
            ("runs reaching 98%", "reached_98pct", ".0%"), ("best/opt after 5", "best_over_optimum_after_5", ".3f"),
            ("best/opt after 10", "best_over_optimum_after_10", ".3f"), ("within 5% after 5", "within_5pct_after_5", ".0%"),
            ("OOM trials/run", "oom_trials_per_run", ".2f"), ("pruned/run", "pruned_per_run", ".1f"),
-           ("launched/run", "launched_per_run", ".1f"))
+           ("launched/run", "launched_per_run", ".1f"), ("chance of better at end", "median_chance_at_end", ".0%"),
+           ("ended under 5%", "chance_below_5pct_at_end", ".0%"))
 CLASSES = (("gpu", "held-out simulated GPU tasks"), ("cpu", "held-out simulated CPU tasks"),
            ("replay", "real replay surfaces"), (None, "all"))
 

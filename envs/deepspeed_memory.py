@@ -19,8 +19,10 @@ configs invalid for the task (Space.invalid_reason) or, on replay, not measured 
 
 Reward: envs/reward.py. `info`: `result` (the TrialResult as a dict, None when nothing ran), `config`
 (current), `best` (the episode's best feasible config, throughput, peak and step, or None), `trials`,
-`action`, `invalid_action`, `task`, `reference_throughput` (the reward's normaliser) and
-`optimum_throughput` (the task's true best where known: simulated without noise, replay; else None);
+`action`, `invalid_action`, `task`, `reference_throughput` (the reward's normaliser),
+`optimum_throughput` (the task's true best where known: simulated without noise, replay; else None) and
+`chance_of_better` (the sweep's convergence stop's figure, autotune.convergence: the chance that an unmeasured
+config fits and is more than 2% faster than the best, from the episode's corrected predictions);
 with `flat_info`, numbers and strings with the same keys at every step (`_flat_info`). A source may
 rewrite the info (the training simulator's flat info judges the best config by its hidden truth).
 """
@@ -245,8 +247,14 @@ class DeepSpeedMemoryEnv(gym.Env):
                     "best": None if self._best is None else dict(self._best),
                     "trials": self._trials, "action": action, "invalid_action": invalid,
                     "task": ep.task_info, "reference_throughput": ep.reference,
-                    "optimum_throughput": ep.optimum}
+                    "optimum_throughput": ep.optimum, "chance_of_better": self._chance_of_better()}
         return self.source.info(ep, info, result)
+
+    def _chance_of_better(self) -> float:
+        ep = self._episode
+        assert ep is not None
+        untried = np.flatnonzero(~self._measured)
+        return self._residuals.chance_of_better(untried, ep.task.memory_budget_bytes, self._best_throughput)
 
     def _flat_info(self, result: TrialResult | None, action: str, invalid: bool, current: Config) -> dict[str, Any]:
         """Same keys and value types at every step (vector environments merge infos key by key)."""
@@ -263,7 +271,8 @@ class DeepSpeedMemoryEnv(gym.Env):
                 "best_throughput": self._best_throughput,
                 "best_config": "" if best is None else json.dumps(best["config"]),
                 "reference_throughput": float(ep.reference),
-                "optimum_throughput": nan if ep.optimum is None else float(ep.optimum)}
+                "optimum_throughput": nan if ep.optimum is None else float(ep.optimum),
+                "chance_of_better": self._chance_of_better()}
 
 
 RESULT_FIELDS = tuple(f.name for f in fields(TrialResult) if f.name not in ("config", "extra"))

@@ -22,8 +22,9 @@ import numpy as np
 from scipy.special import ndtr
 
 from autotune.config import KNOBS
+from autotune.convergence import MIN_MARGIN, Joint, chance_of_better
 from autotune.results import TrialResult
-from autotune.uncertainty import NOISE_MEMORY, PRIOR_MEMORY, censor, condition
+from autotune.uncertainty import NOISE_MEMORY, NOISE_TIME, PRIOR_MEMORY, PRIOR_TIME, censor, condition
 
 from autotune.envs.landscape import Landscape
 
@@ -47,6 +48,7 @@ class Residuals:
         self.memory_known = False
         # The memory error model: mean and covariance of (common offset, offset per knob value).
         self.belief_mean, self.belief_cov = np.zeros(1 + self.onehot.shape[1]), _memory_prior(layout.value_knobs)
+        self._value_knobs = layout.value_knobs
 
     def observe(self, index: int, result: TrialResult, budget_bytes: int) -> None:
         if result.status == "ok" and result.fits(budget_bytes) and result.throughput_samples_per_s:
@@ -82,6 +84,28 @@ class Residuals:
         mean = self.log_peak[indices] + rows @ self.belief_mean
         var = ((rows @ self.belief_cov) * rows).sum(axis=1) + NOISE_MEMORY[0] ** 2
         return ndtr((math.log(budget_bytes) - mean) / np.sqrt(var))
+
+    def chance_of_better(self, untried: np.ndarray, budget_bytes: int, best: float, margin: float = MIN_MARGIN) -> float:
+        """The convergence stop's figure (autotune.convergence) for configs `untried`: the chance that one fits
+        and is more than `margin` faster than `best`. Memory: the error model above; throughput: the corrected
+        predictions, each knob value's offset as wide as its trials leave it (independent Gaussians)."""
+        if not best:
+            return 1.0
+        if not len(untried):
+            return 0.0
+        rows = self._rows(untried)
+        memory = Joint(rows, self.belief_mean, self.belief_cov, NOISE_MEMORY[0])
+        room = math.log(budget_bytes) - self.log_peak[untried]
+        base = self.total / self.trials if self.trials else 0.0
+        offsets = (self.sums - self.counts * base) / (self.counts + SHRINK)
+        per_knob = dict(PRIOR_TIME[1])
+        prior = np.array([per_knob.get(KNOBS[k], 0.0) for k in self._value_knobs]) ** 2
+        noise = NOISE_TIME[0] ** 2
+        common = noise / self.trials if self.trials else PRIOR_TIME[0] ** 2
+        cov = np.diag(np.concatenate(([common], 1.0 / (1.0 / prior + self.counts / noise))))
+        time = Joint(rows, np.concatenate(([base], offsets)), cov, 0.0)
+        needed = math.log(best * (1 + margin)) - self.log_predicted[untried]
+        return chance_of_better(memory, room, time, needed)
 
     def log_throughput(self) -> np.ndarray:
         """Log of the corrected predicted throughput of every config."""

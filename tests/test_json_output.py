@@ -64,7 +64,7 @@ def test_tune_json_holds_the_recommendation_budget_counts_and_files(tuned):
     assert set(doc["status_counts"]) == set(STATUSES)
     assert doc["recorded"] == len(results) and doc["launched"] == sum(r.status != "pruned" for r in results) == 5
     assert doc["memory_budget_bytes"] == int(0.85 * 2**30)
-    assert doc["budget"] == {"trials": 5, "time_s": None, "confirm": None}
+    assert doc["budget"] == {"trials": 5, "time_s": None, "confirm": None, "stop_when": 0.05}
     assert doc["strategy"] == "optuna" and doc["backend"] == "simulated" and doc["mlflow"] is None
     best = doc["best"]
     assert best["config"] == summary["best"]["config"]
@@ -119,7 +119,7 @@ def test_surface_record_show_and_replay_tune_in_json(space_file, tmp_path, capfd
                              "--trials", "12", "--memory-budget", "0.85GiB", "--out", str(run), "--json"], capfd)
     assert code == 0, err
     tuned = json.loads(stdout)
-    assert tuned["backend"] == "replay" and tuned["stop_reason"] in ("trials", "done")
+    assert tuned["backend"] == "replay" and tuned["stop_reason"] in ("trials", "done", "converged")
     # every config ran: the recommendation is the surface's optimum (configs tied with it may come first)
     assert tuned["best"]["throughput_samples_per_s"] == fastest[0]["throughput_samples_per_s"]
     assert tuned["best"]["config"] in [row["config"] for row in fastest if row["throughput_samples_per_s"] ==

@@ -1,0 +1,147 @@
+"""The convergence stop (issue 28, autotune/convergence.py): a sweep ends once the chance that an untried config
+beats the best by more than the launch noise is small, not before its optimum where that hides behind pruned
+configs, resumes with the same figures, and `--stop-when 0` turns it off; bad values are one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import autotune
+from autotune.backends.replay import load_surface, replay_settings
+from autotune.config import ConfigError
+from autotune.convergence import Convergence, Joint, StopRule, chance_of_better, describe_trace, margin_of
+from autotune.drivers.stop import StopReason
+from cli_run import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ROOT / "benchmarks" / "surfaces" / "small-llama-cpu.jsonl"
+TINY = ROOT / "benchmarks" / "surfaces" / "tiny-cpu.jsonl"
+GiB = 2**30
+
+
+def spec(surface: Path, budget: float, **kw) -> autotune.TuneSpec:
+    settings, _ = replay_settings(surface, memory_budget=int(budget * GiB), strategy="hybrid")
+    return autotune.TuneSpec(settings.workload, settings.hardware, settings.memory_budget_bytes, backend="replay",
+                             surface=str(surface), space=settings.choices, **kw)
+
+
+def optimum(surface: Path, budget: float) -> float:
+    best = load_surface(surface).best(int(budget * GiB))
+    assert best is not None
+    return best.throughput
+
+
+def chances(result: autotune.TuneResult) -> list[float]:
+    return [r.extra["chance_of_better"] for r in result.results if r.status != "pruned"]
+
+
+def test_stops_early_where_little_is_left(tmp_path):
+    result = autotune.tune(spec(SMALL, 1.19), tmp_path / "run")
+    assert result.stop_reason == StopReason.CONVERGED
+    assert 6 <= result.launched < 15  # the default budget is 30
+    assert result.best is not None and result.best.throughput == optimum(SMALL, 1.19)
+    assert chances(result)[-1] < 0.05 <= max(chances(result))
+    assert re.fullmatch(r"search converged: (\d+|<1)% chance an untried config is >2% faster", result.stopped)
+    data = result.to_dict()
+    assert data["stop_reason"] == "converged" and data["chance_of_better"] == chances(result)[-1]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert [c for _, c in summary["convergence"]["trace"]] == chances(result)
+    assert "Chance of a better config" in (tmp_path / "run" / "report.md").read_text()
+
+
+def test_does_not_stop_before_an_optimum_behind_pruned_configs(tmp_path):
+    # tiny-cpu at 0.71 GiB: the optimum sits 0.9% under the budget, its neighbours are pruned or run out of
+    # memory, and the search reaches it only after several trials: the chance stays high until then.
+    result = autotune.tune(spec(TINY, 0.71), tmp_path / "run")
+    assert result.best is not None and result.best.throughput == optimum(TINY, 0.71)
+    found = next(i for i, r in enumerate((r for r in result.results if r.status != "pruned"), 1)
+                 if r.throughput_samples_per_s == optimum(TINY, 0.71))
+    assert found > 6  # later than the rule's minimum trials
+    assert min(chances(result)[:found - 1]) >= 0.05
+    assert sum(r.status == "pruned" for r in result.results) > 0
+
+
+def test_resume_in_the_middle_gives_the_same_figures_and_stop(tmp_path):
+    whole = autotune.tune(spec(SMALL, 1.19), tmp_path / "whole")
+    assert whole.stop_reason == StopReason.CONVERGED
+    cut = whole.launched - 2
+    first = autotune.tune(spec(SMALL, 1.19, trials=cut), tmp_path / "resumed")
+    assert first.stop_reason == StopReason.TRIALS and first.launched == cut
+    resumed = autotune.tune(spec(SMALL, 1.19), tmp_path / "resumed", resume=True)
+    assert resumed.stop_reason == StopReason.CONVERGED
+    assert resumed.launched == whole.launched
+    assert chances(resumed) == chances(whole)
+    assert resumed.stopped == whole.stopped
+
+
+def test_stop_when_zero_turns_it_off(tmp_path):
+    result = autotune.tune(spec(SMALL, 1.19, stop_when=0), tmp_path / "run")
+    assert result.stop_reason != StopReason.CONVERGED
+    stopped = autotune.tune(spec(SMALL, 1.19), tmp_path / "stopped")
+    assert result.launched > stopped.launched
+    assert chances(result)[:stopped.launched] == chances(stopped)  # the figure is still computed and recorded
+
+
+@pytest.mark.parametrize("value, fragment", [
+    ("-0.1", "'-0.1' must be a probability from 0 to 1"),
+    ("1.5", "'1.5' must be a probability from 0 to 1"),
+    ("abc", "'abc' is not a number: allowed a probability from 0 to 1"),
+])
+def test_bad_stop_when_is_one_line_exit_2(tmp_path, monkeypatch, capsys, value, fragment):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli(["tune", "--backend", "simulated", "--model", "tiny", "--trials", "2",
+                        f"--stop-when={value}"], capsys)
+    assert code == 2, err
+    assert err.count("\n") == 1 and err.startswith("autotune tune: error: argument --stop-when: "), err
+    assert fragment in err and "0 turns the convergence stop off" in err
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+@pytest.mark.parametrize("value", [-1, 1.01, "0.05", True, float("nan")])
+def test_bad_stop_when_in_the_library(value):
+    with pytest.raises(ConfigError, match="stop_when .*: must be a probability from 0 to 1"):
+        spec(SMALL, 1.19, stop_when=value)
+
+
+def test_rule_needs_a_few_trials_and_a_threshold():
+    low = Convergence(0.01, 0.02, 5)
+    assert not StopRule(0.05, 6).met(low)
+    assert StopRule(0.05, 6).met(Convergence(0.01, 0.02, 6))
+    assert not StopRule(0.0, 6).met(Convergence(0.0, 0.02, 30))
+    assert not StopRule(0.05, 6).met(None)
+    assert margin_of(0.0) == 0.02 and round(margin_of(0.1), 3) == 0.1
+    assert describe_trace([(1, 0.41), (5, 0.08), (9, 0.03)]) == "41% (#1) ... 8% (#5) ... 3% (#9)"
+
+
+def test_correlated_configs_are_not_independent_chances():
+    # 50 configs sharing one unknown offset (sd 0.2), each needing +0.3 to beat the best: one chance of
+    # P(z > 1.5) = 6.7%, not 1 - (1 - 0.067)^50 = 97%.
+    n = 50
+    rows = np.ones((n, 1))
+    time = Joint(rows, np.zeros(1), np.array([[0.04]]), 0.0)
+    memory = Joint(rows, np.zeros(1), np.array([[1e-6]]), 0.0)
+    p = chance_of_better(memory, np.full(n, 1.0), time, np.full(n, 0.3))
+    assert 0.04 < p < 0.10
+
+
+def test_the_environment_exposes_the_chance_in_info():
+    from autotune.envs import DeepSpeedMemoryEnv
+
+    for flat in (False, True):
+        env = DeepSpeedMemoryEnv({"backend": "replay", "surface": str(SMALL), "memory_budget": int(1.19 * GiB),
+                                  "horizon": 6, "flat_info": flat})
+        obs, info = env.reset(seed=0)
+        assert info["chance_of_better"] == 1.0  # nothing measured yet
+        seen = []
+        for _ in range(5):
+            action = int(np.flatnonzero(obs["action_mask"][:-1])[0])
+            obs, _, terminated, truncated, info = env.step(action)
+            seen.append(info["chance_of_better"])
+            if terminated or truncated:
+                break
+        assert all(0.0 <= p <= 1.0 for p in seen)
