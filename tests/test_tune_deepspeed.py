@@ -92,7 +92,8 @@ def test_ctrl_c_ends_the_running_trials_processes(space_file, tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ.copy())
     trial_processes: set[int] = set()
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not (out / "logs").is_dir():
+    # A trial's log directory (the op preflight before it writes logs/preflight.stderr only).
+    while time.monotonic() < deadline and not any(p.is_dir() for p in out.glob("logs/*")):
         time.sleep(0.2)
     time.sleep(3)  # the worker is starting (importing torch and DeepSpeed)
     trial_processes = descendants(proc.pid)
