@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -140,6 +141,16 @@ def cpu_flags(cpuinfo: str = CPUINFO) -> frozenset[str] | None:
     return frozenset(match.group(1).split()) if match else None
 
 
+def cpu_model(cpuinfo: str = CPUINFO) -> str:
+    """The CPU's model name as /proc/cpuinfo gives it (else the platform's word for it)."""
+    try:
+        text = open(cpuinfo).read()
+    except OSError:
+        text = ""
+    match = re.search(r"^model name\s*:(.*)$", text, re.MULTILINE)
+    return match.group(1).strip() if match else (platform.processor() or platform.machine())
+
+
 def mkldnn_bf16(python: str = sys.executable) -> bool:
     """torch's answer: does oneDNN run bf16 on this CPU (False where it cannot be asked)."""
     code = "import torch; print(bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()))"
@@ -240,4 +251,7 @@ def require_here(hardware: Hardware, ranks: int, memory_budget_bytes: int | None
 
 
 if __name__ == "__main__":
-    print(json.dumps(_probe_here()))
+    if sys.argv[1:] == ["--cpu"]:  # one line for a person (scripts/test prints it first: CI's timings depend on it)
+        print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; bf16 {cpu_bf16()}")
+    else:
+        print(json.dumps(_probe_here()))

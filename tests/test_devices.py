@@ -390,6 +390,7 @@ def _cpuinfo(tmp_path, line):
 def test_the_cpu_bf16_follows_the_flags_of_proc_cpuinfo(tmp_path, monkeypatch, line, how):
     monkeypatch.setattr(devices, "mkldnn_bf16", lambda *a: pytest.fail("the flags answer: torch is not asked"))
     assert devices.cpu_bf16(_cpuinfo(tmp_path, line)) == how
+    assert devices.cpu_model(_cpuinfo(tmp_path, line)) == "some CPU"  # what scripts/test prints first
 
 
 @pytest.mark.parametrize("torch_says, how", [(True, "native"), (False, "emulated")])
