@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from autotune.backends import Backend
-from autotune.backends.factory import TrialOptions, as_backend, make_backend, simulated_sleep_s
+from autotune.backends.factory import TrialOptions, as_backend, backend_kind, make_backend, simulated_sleep_s
 from autotune.calibrate import quality, save_calibration
 from autotune.config import ConfigError
 from autotune.confirm import prior_sigma
+from autotune.devices import resolve_hardware
 from autotune.convergence import DEFAULT_STOP_WHEN, Convergence, check_stop_when
 from autotune.drivers.local import run_local
 from autotune.drivers.progress import Progress, QuietProgress
@@ -109,17 +110,24 @@ class TuneSpec:
     def backend_name(self) -> str:
         return self.backend if isinstance(self.backend, str) else as_backend(self.backend).name
 
+    @property
+    def trial_hardware(self) -> Hardware:
+        """The profile the sweep predicts with: a CPU profile whose real trials run on this CPU takes this CPU's
+        bf16 (autotune.devices.resolve_hardware: emulated bf16 is priced ~30x slower and left out by default)."""
+        real = isinstance(self.backend, str) and backend_kind(self.backend).real
+        return resolve_hardware(self.hardware, real=real)[0]
+
     def choices(self) -> Choices:
         """The space's choices, narrowed to what the stack can apply."""
         if isinstance(self.space, Choices):
             choices = self.space
         else:
-            choices = choices_for(self.space, self.hardware)
+            choices = choices_for(self.space, self.trial_hardware)
         return narrow_choices(choices, self.stack)[0]
 
     def settings(self) -> RunSettings:
         """The run directory's settings (`run.json`): what a resumed sweep must match."""
-        return RunSettings(self.workload, self.hardware, self.memory_budget_bytes or self.hardware.memory_bytes,
+        return RunSettings(self.workload, self.trial_hardware, self.memory_budget_bytes or self.hardware.memory_bytes,
                            self.strategy, self.backend_name, self.seed,
                            narrow_for_target(self.choices(), self.workload, self.target_gpus)[0],
                            surface=None if self.surface is None else str(Path(self.surface).resolve()),

@@ -461,3 +461,14 @@ def test_estimate_and_tune_on_a_cpu_that_emulates_bf16(tmp_path, monkeypatch, ca
     run = json.loads((tmp_path / "run" / "run.json").read_text())
     assert run["space"]["precision"] == ["fp32"] and run["hardware"]["cpu_bf16"] == "emulated"
     assert "Bf16: emulated on this CPU" in (tmp_path / "run" / "report.md").read_text()
+
+
+def test_a_library_sweep_of_real_trials_on_the_cpu_profile_reads_this_cpu(monkeypatch):
+    import autotune
+
+    monkeypatch.setattr(devices, "cpu_bf16", lambda *a, **k: "emulated")
+    workload, cpu = make_workload("tiny"), autotune.load_hardware("cpu")
+    real = autotune.TuneSpec(workload, cpu, backend="deepspeed").settings()
+    assert real.hardware.cpu_bf16 == "emulated" and real.choices.precision == ("fp32",)
+    simulated = autotune.TuneSpec(workload, cpu, backend="simulated").settings()
+    assert simulated.hardware == cpu and simulated.choices.precision == ("bf16", "fp32")
