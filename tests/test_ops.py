@@ -219,6 +219,34 @@ def test_a_child_that_dies_without_a_word_is_one_line_too(tmp_path):
                                  f"(Segmentation fault); fix: read {log}")
 
 
+def test_a_preflight_past_its_time_is_ended_with_the_compilers_it_started(tmp_path):
+    pid_file = tmp_path / "compiler.pid"
+    command = [sys.executable, "-c", textwrap.dedent(f"""
+        import json, subprocess, sys, time
+        compiler = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], stdout=subprocess.DEVNULL)
+        open({str(pid_file)!r}, "w").write(str(compiler.pid))
+        print(json.dumps({{"event": "op", "op": "fused_adam", "building": True}}), flush=True)
+        time.sleep(120)
+    """)]
+    with pytest.raises(OpBuildFailed) as failed:
+        preflight("cpu", [FUSED_ADAM_DS], dict(os.environ), sys.executable, tmp_path / "preflight.stderr",
+                  lambda line: None, command=command, timeout_s=2.0)
+    assert str(failed.value).startswith("loading DeepSpeed's ops before the first trial did not finish within 2 s")
+    compiler = int(pid_file.read_text())
+
+    def ended() -> bool:
+        try:
+            return psutil.Process(compiler).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    for _ in range(200):  # SIGKILL sent to its process group: the kernel ends it at once
+        if ended():
+            break
+        time.sleep(0.05)
+    assert ended()
+
+
 @pytest.mark.slow
 def test_a_real_preflight_without_ninja_fails_in_one_line_before_compiling(tmp_path):
     """The real child on the CPU accelerator, an op not built yet, no ninja on PATH: DeepSpeed's own error
