@@ -331,6 +331,16 @@ def test_autotune_tune_stops_before_the_first_trial(tmp_path, failing_preflight,
     assert not (out / "trials.jsonl").exists() and not (out / "run.json").exists()  # the command can be run again
 
 
+def test_autotune_surface_record_stops_before_the_first_trial(tmp_path, failing_preflight, capsys):
+    out = tmp_path / "surface.jsonl"
+    code = cli.main(["surface", "record", "--model", "tiny", "--hardware", "cpu", "--backend", "deepspeed",
+                     "--out", str(out), "--limit", "2"])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err
+    assert err.strip().splitlines()[-1].endswith("fix: set TORCH_CUDA_ARCH_LIST=9.0")
+    assert not out.exists()  # nothing recorded
+
+
 # -- a sweep whose trials crash loading an op ----------------------------------------------------------------
 
 class ReplayedCrash:

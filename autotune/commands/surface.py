@@ -101,6 +101,9 @@ def run_record(args: argparse.Namespace) -> int:
     console = Console(highlight=False, soft_wrap=True)
     if target.detected():
         console.print(target.detected())
+    preflight = getattr(backend, "preflight", None)
+    if preflight is not None:  # the C++ ops the configs need, built before the first trial (autotune.ops)
+        preflight(list(space) if only is None else only, console.print)
     done = record_surface(space, backend, args.out, order_seed=args.seed, limit=args.limit, retries=args.retries,
                           repeats=args.repeats, only=only, progress=console.print)
     console.print(f"{args.out}: {done.recorded} configs recorded now, {done.total_measured} of {len(space)} measured")
