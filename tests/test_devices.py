@@ -338,7 +338,7 @@ def test_a_real_rank_on_the_wrong_accelerator_is_unsupported_and_stops_the_sweep
     backend = DeepSpeedBackend(make_workload("tiny", global_batch=4), hardware=PROFILES["a100-80gb"],
                                logs_dir=tmp_path, timeout_s=300)
     assert backend.accelerator == "cuda"
-    result = backend.run(Config(0, 4, 0, "bf16", "none", "none"))
+    result = backend.run(Config(0, 4, 0, "fp32", "none", "none"))
     assert result.status == "unsupported" and "has no GPU of its own: 0 visible" in result.error
     assert backend.fatal and "0 visible" in backend.fatal  # the drivers stop: no other config runs here
 
@@ -351,7 +351,7 @@ def test_a_real_cpu_trial_needs_no_accelerator_in_the_environment(tmp_path, monk
     monkeypatch.delenv("DS_ACCELERATOR", raising=False)
     backend = DeepSpeedBackend(make_workload("tiny", global_batch=4), hardware=auto_hardware(probe()),
                                logs_dir=tmp_path, timeout_s=300, measure=MeasureSettings.fixed(1, 2))
-    result = backend.run(Config(1, 4, 0, "bf16", "none", "none"))
+    result = backend.run(Config(1, 4, 0, "fp32", "none", "none"))
     assert result.ok, result.error
     report = json.loads((Path(result.extra["log_dir"]) / "rank0.json").read_text())
     spec = json.loads((Path(result.extra["log_dir"]) / "spec.json").read_text())

@@ -16,13 +16,13 @@ def test_real_episode_runs_trials_and_rewards_them(tmp_path):
         "backend": "deepspeed", "workload": "tiny", "hardware": "cpu", "memory_budget": "3GiB", "horizon": 4,
         "start": "default",
         # Big micro-batches: few micro-steps per optimizer step, so short trials.
-        "space": Choices(zero_stage=(0, 2), micro_batch=(4, 8), ckpt_interval=(0, 1), precision=("bf16",)),
+        "space": Choices(zero_stage=(0, 2), micro_batch=(4, 8), ckpt_interval=(0, 1), precision=("fp32",)),
         # Short trials: one warm-up step and two measured steps each.
         "backend_options": {"logs_dir": str(tmp_path / "logs"), "measure": MeasureSettings.fixed(1, 2)},
     })
     observation, info = env.reset(seed=0)
     start = Config.from_dict(info["config"])
-    assert start == Config(0, 4, 0, "bf16") and observation["action_mask"][RUN] == 1
+    assert start == Config(0, 4, 0, "fp32") and observation["action_mask"][RUN] == 1
     up = action_index("micro_batch+")
     assert observation["action_mask"][up] == 1 and observation["action_mask"][action_index("micro_batch-")] == 0
 

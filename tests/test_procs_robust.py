@@ -157,7 +157,7 @@ def test_a_trial_start_removes_what_a_killed_tuners_trial_left(tmp_path):
     kept = fake_segments(live, SHM_DIR)
     try:
         workload = make_workload("tiny")
-        config = Config(1, 4, 0, "bf16")
+        config = Config(1, 4, 0, "fp32")
         spec = WorkerSpec(config, workload, ds_config(config, workload), str(tmp_path / "trial"), fault="hang")
         outcome = run_worker(spec, LaunchOptions(timeout_s=1.0))
         assert outcome.status == "timeout"
@@ -326,7 +326,7 @@ SPACE = """\
 zero_stage: [0, 1]
 micro_batch: [8]
 ckpt_interval: [0]
-precision: [bf16]
+precision: [fp32]
 offload_optimizer: [none]
 offload_param: [none]
 """

@@ -37,7 +37,7 @@ HEAD_IP, WORKER_IP, VICTIM_IP = "127.0.0.2", "127.0.0.3", "127.0.0.4"
 NO_OFFLOAD_SPACE = """zero_stage: [0, 1]
 micro_batch: [4, 8]
 ckpt_interval: [0]
-precision: [fp32, bf16]
+precision: [fp32]
 offload_optimizer: [none]
 offload_param: [none]
 """

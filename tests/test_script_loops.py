@@ -1,7 +1,7 @@
 """Script mode for loops that build their own DataLoader: a hand-written Accelerate loop
 (`Accelerator(deepspeed_plugin=...)`, autotune.script.accelerate_loop) and a Lightning Trainer with a DeepSpeed
 strategy (autotune.script.lightning_loop). The slow tests tune the unchanged fixture scripts in tests/scripts/
-with real DeepSpeed trials on the CPU (gloo, bf16) and train them again with the recommendation."""
+with real DeepSpeed trials on the CPU (gloo, fp32) and train them again with the recommendation."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ SPACE = """\
 zero_stage: [1, 2]
 micro_batch: [2, 4]
 ckpt_interval: [0]
-precision: [bf16]
+precision: [fp32]
 offload_optimizer: [none]
 offload_param: [none]
 """

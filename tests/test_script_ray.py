@@ -154,7 +154,7 @@ SPACE = """\
 zero_stage: [0, 1, 2]
 micro_batch: [1, 2]
 ckpt_interval: [0]
-precision: [bf16, fp32]
+precision: [fp32]
 offload_optimizer: [none]
 offload_param: [none]
 """

@@ -1,5 +1,5 @@
 """Script mode against the real thing: the examples, unchanged, tuned with real DeepSpeed trials on the CPU
-(gloo, bf16, no offload), and the recommended config passed back to the same unchanged script."""
+(gloo, fp32, no offload), and the recommended config passed back to the same unchanged script."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ SPACE = """\
 zero_stage: [0, 1, 2]
 micro_batch: [4, 8]
 ckpt_interval: [0, 1, 2]
-precision: [bf16]
+precision: [fp32]
 offload_optimizer: [none]
 offload_param: [none]
 """
@@ -148,7 +148,7 @@ def test_hugging_face_trainer_script_is_tuned_with_checkpointing_and_its_recomme
 @pytest.mark.slow
 def test_script_passing_a_dict_keeps_its_own_optimizer(tmp_path, capsys):
     code = main(["trial", "--script", str(EXAMPLES / "train_dict.py"), "--script-args", "--steps 5",
-                 "--zero-stage", "2", "--micro-batch", "8", "--precision", "bf16", "--run-dir", str(tmp_path / "t"),
+                 "--zero-stage", "2", "--micro-batch", "8", "--precision", "fp32", "--run-dir", str(tmp_path / "t"),
                  "--json"])
     printed = json.loads(capsys.readouterr().out)
     result = printed["result"]
@@ -242,7 +242,7 @@ def test_a_loop_too_short_for_the_trials_accumulation_names_the_micro_steps_and_
                                   "train_batch_size": 4, "train_micro_batch_size_per_gpu": 4}))
     code = main(["trial", "--script", str(SCRIPTS / "plain_ds_train.py"), "--script-args",
                  f"--deepspeed --deepspeed_config {config} --steps 6", "--zero-stage", "0", "--micro-batch", "1",
-                 "--precision", "bf16", "--run-dir", str(tmp_path / "t"), "--json"])
+                 "--precision", "fp32", "--run-dir", str(tmp_path / "t"), "--json"])
     printed = json.loads(capsys.readouterr().out)
     result = printed["result"]
     assert code == 1 and result["script_verdict"] == "too_few_steps"

@@ -9,7 +9,7 @@ import pytest
 from autotune.cli import main
 from autotune.results import read_results
 
-BASE = ["trial", "--model", "tiny", "--zero-stage", "2", "--micro-batch", "4", "--precision", "bf16"]
+BASE = ["trial", "--model", "tiny", "--zero-stage", "2", "--micro-batch", "4", "--precision", "fp32"]
 
 
 @pytest.mark.parametrize("args, named", [
@@ -59,7 +59,7 @@ def test_real_trial_through_the_cli(tmp_path):
     result, prediction = out["result"], out["prediction"]
     assert result["status"] == "ok" and result["backend"] == "deepspeed"
     assert result["memory_budget_bytes"] == 2 * 2**30 and result["peak_memory_bytes"] < 2 * 2**30
-    assert result["config"] == {"zero_stage": 2, "micro_batch": 4, "ckpt_interval": 1, "precision": "bf16",
+    assert result["config"] == {"zero_stage": 2, "micro_batch": 4, "ckpt_interval": 1, "precision": "fp32",
                                 "offload_optimizer": "none", "offload_param": "none"}
     assert prediction["memory"]["total"] > 0 and prediction["throughput_samples_per_s"] > 0
     # Recorded, with its logs, and the run is now calibrated on it.

@@ -38,7 +38,7 @@ OK_TRIALS = {
     "z1-bf16-ckpt-offload": (Config(1, 4, 1, "bf16", "cpu"), 1, RELAXED),
     "z2-fp32-ckpt2-offload-2ranks": (Config(2, 1, 2, "fp32", "cpu"), 2, RELAXED),
     # The one trial through the compiled DeepSpeedCPUAdam (its first build on a machine takes minutes).
-    "z3-bf16-ckpt-offload-both-cpuadam": (Config(3, 2, 1, "bf16", "cpu", "cpu"), 1, DsOptions()),
+    "z3-fp32-ckpt-offload-both-cpuadam": (Config(3, 2, 1, "fp32", "cpu", "cpu"), 1, DsOptions()),
 }
 NO_FP16_CPU = {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}  # oneDNN's documented cap: a CPU without fp16
 
@@ -111,8 +111,8 @@ def test_real_trial_measures_throughput_and_true_peak(real, name):
 
 
 def test_real_trials_used_the_configured_optimizers(real):
-    assert real["z3-bf16-ckpt-offload-both-cpuadam"].extra["basic_optimizer"] == "DeepSpeedCPUAdam"
-    assert real["z3-bf16-ckpt-offload-both-cpuadam"].extra["optimizer"] == "DeepSpeedZeroOptimizer_Stage3"
+    assert real["z3-fp32-ckpt-offload-both-cpuadam"].extra["basic_optimizer"] == "DeepSpeedCPUAdam"
+    assert real["z3-fp32-ckpt-offload-both-cpuadam"].extra["optimizer"] == "DeepSpeedZeroOptimizer_Stage3"
     assert real["z1-bf16-ckpt-offload"].extra["basic_optimizer"] == "AdamW"  # torch's, as asked
     assert real["z0-fp32"].extra["basic_optimizer"] == "FusedAdam"
 

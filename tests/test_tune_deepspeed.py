@@ -21,7 +21,7 @@ SPACE = """\
 zero_stage: [0, 1]
 micro_batch: [8]
 ckpt_interval: [0]
-precision: [bf16]
+precision: [fp32]
 offload_optimizer: [none]
 offload_param: [none]
 """
