@@ -37,7 +37,7 @@ from autotune.config import Config, ConfigError
 from autotune.dsconfig import DsOptions, ds_config
 from autotune.estimate import Calibration, Estimate, estimate
 from autotune.hardware import Hardware
-from autotune.ops import ARCH_ENV, BuildFailure, arch_note, preflight
+from autotune.ops import ARCH_ENV, PREFLIGHT_TIMEOUT_S, BuildFailure, arch_note, preflight
 from autotune.results import TrialResult
 from autotune.runner import LaunchOptions, RunOutcome, run_worker, trial_environment
 from autotune.worker.measure import MeasureSettings
@@ -86,10 +86,12 @@ class DeepSpeedBackend:
     def close(self) -> None:
         """Nothing to release: each trial ends its own processes."""
 
-    def preflight(self, configs: Iterable[Config], say: Callable[[str], None]) -> tuple[str, ...]:
+    def preflight(self, configs: Iterable[Config], say: Callable[[str], None], *,
+                  timeout_s: float = PREFLIGHT_TIMEOUT_S) -> tuple[str, ...]:
         """Before the first trial: load, in a child process with the trials' environment, the C++ ops that trials
         of `configs` load, building those not built yet (autotune.ops.preflight; `say` hears what it does).
-        Raises autotune.ops.OpBuildFailed (one line) when one cannot be; returns the ops loaded."""
+        Raises autotune.ops.OpBuildFailed (one line) when one cannot be, or when it takes over `timeout_s` (a
+        time-boxed caller: benchmarks/gpu_kit.py); returns the ops loaded."""
         configs_ds: dict[str, dict[str, Any]] = {}
         for config in configs:
             try:
@@ -104,7 +106,7 @@ class DeepSpeedBackend:
         if note:
             say(note)
         return preflight(self.accelerator, list(configs_ds.values()), env, self.launch.python,
-                         self.logs_dir / "preflight.stderr", say, cpu_info=self.cpu_info())
+                         self.logs_dir / "preflight.stderr", say, cpu_info=self.cpu_info(), timeout_s=timeout_s)
 
     def phase(self) -> str | None:
         """Where the trial in flight is (rank 0's latest phase, e.g. 'building ops (cpu_adam)'); None between
