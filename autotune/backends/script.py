@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from autotune.backends.deepspeed import DeepSpeedBackend
+from autotune.ops import PREFLIGHT_TIMEOUT_S
 from autotune.config import Config, ConfigError
 from autotune.dsconfig import DsOptions
 from autotune.estimate import Calibration, Estimate
@@ -82,7 +83,8 @@ class ScriptBackend(DeepSpeedBackend):
     def predict(self, config: Config):
         return super().predict(config) if self.shape_known else None
 
-    def preflight(self, configs: Iterable[Config], say: Callable[[str], None]) -> tuple[str, ...]:
+    def preflight(self, configs: Iterable[Config], say: Callable[[str], None], *,
+                  timeout_s: float = PREFLIGHT_TIMEOUT_S) -> tuple[str, ...]:
         """None: the ops a trial loads depend on the script's own DeepSpeed config, which its first trial shows
         (a crash loading them stops the sweep at its second, autotune.drivers.loop)."""
         return ()
