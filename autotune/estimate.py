@@ -178,34 +178,71 @@ def _attention_bytes(config: Config, m: ModelShape, p: int) -> int:
     return config.micro_batch * m.heads * m.seq_len * 4
 
 
+def _attention_elements(m: ModelShape) -> int:
+    """What one layer's attention keeps per token for backward, in elements, beyond its input norm: its
+    output (the o-projection's input), q, k, v for SDPA, the rotary outputs of q and k, and with q/k norms
+    (Qwen3, Gemma 3) those norms' inputs and outputs."""
+    q, o = m.q_dim, m.o_dim
+    if m.mla:
+        # Multi-head latent attention as transformers trains it, tensor by tensor (saved-tensor hooks on
+        # DeepseekV2/V3Attention, transformers 5.23, SDPA; 7008 against 7025 measured per token and layer of
+        # a 4-head test model): the norm outputs feeding the projections (2h; MHA's rotary term stands for
+        # them), the query latent's norm (input, normalised, output: 3 x q_lora_rank), the KV latent with the
+        # shared rotary key (kv_lora_rank + rope_head_dim) and its norm (2 x kv_lora_rank), then every head's
+        # key (q wide) rebuilt from the latent for SDPA, kv_b_proj's whole output (each head's non-rotary key
+        # and value: SDPA keeps the value as a view of it), SDPA's query and output, and the o-projection's
+        # input (a copy). The latent shrinks the inference KV cache, not what training keeps: per-head K and V
+        # are materialised (DeepSeek-V3's own trainer recomputes them, arXiv 2412.19437 section 3.3.2).
+        latent = 3 * m.q_lora_rank + (m.kv_lora_rank + m.rope_head_dim) + 2 * m.kv_lora_rank
+        kv_up = m.heads * (m.head_dim - m.rope_head_dim) + o
+        return 2 * m.hidden + latent + (q + q) + kv_up + 2 * o + (4 * q if m.qk_norm else 0)
+    kept = o + (q + 2 * m.kv_dim)
+    if m.positions == "rotary":
+        kept += q + m.kv_dim  # rotary outputs of q and k
+    if m.qk_norm:
+        kept += 2 * (q + m.kv_dim)
+    return kept
+
+
+def _mlp_elements(m: ModelShape, width: int) -> int:
+    return 2 * width if m.arch == "gpt" else 4 * width  # GELU in and out; gate, up, act, product
+
+
 def _activation_bytes(config: Config, workload: Workload) -> int:
     m = workload.model
     p = 2 if config.precision in ("fp16", "bf16") else 4
     tokens = config.micro_batch * m.seq_len
-    h, q = m.hidden, m.q_dim
+    h = m.hidden
     # Norms' inputs and outputs (two norms: 4h; one shared by parallel attention and MLP: 2h; Gemma 2's
-    # four: 6h), the attention output (q wide), and q, k, v for SDPA.
-    per_token = 2 * h * min(m.norms_per_layer, 2) + h * max(m.norms_per_layer - 2, 0) + q + (q + 2 * m.kv_dim)
-    if m.positions == "rotary":
-        per_token += q + m.kv_dim  # rotary outputs of q and k
-    mlp = 2 * m.ffn_hidden if m.arch == "gpt" else 4 * m.ffn_hidden  # GELU in and out; gate, up, act, product
-    if m.moe:  # each token through its routed experts: their MLPs, its gathered input and weighted output
-        mlp = m.experts_per_token * (mlp + 2 * h)
-    per_token += mlp
-    layer = tokens * per_token * p + _attention_bytes(config, m, p)
+    # four: 6h) and the attention's own.
+    per_token = 2 * h * min(m.norms_per_layer, 2) + h * max(m.norms_per_layer - 2, 0) + _attention_elements(m)
+    dense_width = m.dense_ffn_hidden or m.ffn_hidden
+    dense = tokens * (per_token + _mlp_elements(m, dense_width)) * p + _attention_bytes(config, m, p)
+    layer, active_width = dense, dense_width
+    if m.moe:
+        # Each token through its routed experts only (a router picks experts_per_token of them): their MLPs,
+        # its gathered input and weighted output; the shared experts' MLP (and its gate's scaled output) for
+        # every token. The experts no token was routed to keep nothing.
+        mlp = m.experts_per_token * (_mlp_elements(m, m.ffn_hidden) + 2 * h)
+        if m.shared_ffn_hidden:
+            mlp += _mlp_elements(m, m.shared_ffn_hidden) + (h if m.shared_gate else 0)
+        layer = tokens * (per_token + mlp) * p + _attention_bytes(config, m, p)
+        active_width = m.ffn_hidden * m.experts_per_token + m.shared_ffn_hidden
+        if m.dense_layers:
+            active_width = max(active_width, dense_width)
     # The LM head at the start of backward: the fp32 log-softmax kept for backward, its gradient and the
     # gradient of its input, 12 bytes per logit in fp32 and in bf16 (measured on the built-in model: 12.0
     # and 12.3; the 16-bit logits and the fp32 upcast are freed in forward, nothing saves them).
     head = tokens * m.vocab * 12
     if not config.ckpt_interval:
-        return m.layers * layer + head
+        return (m.layers - m.dense_layers) * layer + m.dense_layers * dense + head
     # Checkpointed: the segment inputs stay; the head's peak is over before backward recomputes the first
     # segment, so the two peaks do not add up (measured: segments of 1, 2 and 4 layers of tiny all peak at
     # the head). Recomputing one segment holds its layers' activations and the gradients in flight.
     segments = math.ceil(m.layers / config.ckpt_interval)
     inputs = segments * tokens * m.hidden * p
-    recompute = (config.ckpt_interval * layer
-                 + tokens * ((m.ffn_hidden * m.experts_per_token + m.hidden) * p + 4 * m.hidden))
+    widest = max(layer, dense) if m.dense_layers else layer
+    recompute = config.ckpt_interval * widest + tokens * ((active_width + m.hidden) * p + 4 * m.hidden)
     return inputs + max(head, recompute)
 
 
@@ -281,8 +318,8 @@ def _step_time(config: Config, workload: Workload, hardware: Hardware, calibrati
     gas = workload.grad_accumulation(config.micro_batch) or 1
     tokens = config.micro_batch * m.seq_len
     # Per token, the parameters it goes through (a MoE layer's routed experts only) and attention's scores.
-    layer_flops = (2 * tokens * m.layers * m.active_layer_params
-                   + 4 * config.micro_batch * m.layers * m.seq_len ** 2 * m.q_dim)
+    layer_flops = (2 * tokens * m.active_layers_params
+                   + 2 * config.micro_batch * m.layers * m.seq_len ** 2 * (m.q_dim + m.o_dim))
     forward = layer_flops + 2 * tokens * m.vocab * m.hidden
     ranks_per_node = min(dp, hardware.gpus_per_node)
     # CPU ranks share the machine's cores.

@@ -200,6 +200,15 @@ class _Config:
     def __init__(self, data: dict[str, Any], where: str) -> None:
         self.data, self.where, self.model_type = data, where, data.get("model_type")
 
+    def count(self, key: str, default: int = 0) -> int:
+        """A non-negative integer (a number of layers or experts, where 0 is meaningful)."""
+        value = self.data.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ConfigError(f"{self.where}: {key}={value!r}: must be a non-negative integer")
+        return value
+
     def int(self, *keys: str, default: Any = _MISSING) -> Any:
         for key in keys:
             value = self.data.get(key)
@@ -252,6 +261,79 @@ def _mixtral(c: _Config) -> dict[str, Any]:
                          experts_per_token=c.int("num_experts_per_tok", default=2))
 
 
+def _qwen3(c: _Config) -> dict[str, Any]:
+    # Qwen3: an RMSNorm on each query and key head (q_norm, k_norm) and its own head_dim (128).
+    return _llama_family(c, qkv_bias=c.bool("attention_bias", False), qk_norm=True)
+
+
+def _qwen_moe_layers(c: _Config, layers: int) -> int:
+    """Qwen2/3-MoE's MoE layers (Qwen2MoeDecoderLayer): not in mlp_only_layers and every
+    decoder_sparse_step-th; the others have a dense MLP of intermediate_size."""
+    only = c.data.get("mlp_only_layers") or []
+    if not isinstance(only, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in only):
+        raise ConfigError(f"{c.where}: mlp_only_layers={only!r}: must be a list of layer indices")
+    step = c.int("decoder_sparse_step", default=1)
+    return sum(1 for i in range(layers) if i not in only and (i + 1) % step == 0)
+
+
+def _moe(values: dict[str, Any], moe_layers: int, experts: int, per_token: int, width: int,
+         **shared: Any) -> dict[str, Any]:
+    """A dense reading turned MoE: experts of `width`, the other layers keep the dense MLP; no MoE layer (or
+    a single expert) leaves it dense."""
+    if not moe_layers or experts <= 1:
+        return values
+    dense = values["layers"] - moe_layers
+    return {**values, **shared, "experts": experts, "experts_per_token": per_token, "ffn_hidden": width,
+            "dense_layers": dense, "dense_ffn_hidden": values["ffn_hidden"] if dense else 0}
+
+
+def _qwen2_moe(c: _Config) -> dict[str, Any]:
+    # A shared expert of shared_expert_intermediate_size behind a sigmoid gate (Qwen2MoeSparseMoeBlock).
+    values = _llama_family(c, qkv_bias=True)
+    shared = c.count("shared_expert_intermediate_size")
+    return _moe(values, _qwen_moe_layers(c, values["layers"]), c.count("num_experts"), c.int("num_experts_per_tok"),
+                c.int("moe_intermediate_size"), shared_ffn_hidden=shared, shared_gate=shared > 0)
+
+
+def _qwen3_moe(c: _Config) -> dict[str, Any]:
+    values = _qwen3(c)
+    return _moe(values, _qwen_moe_layers(c, values["layers"]), c.count("num_experts"), c.int("num_experts_per_tok"),
+                c.int("moe_intermediate_size"))
+
+
+# transformers' Gemma3TextConfig defaults: gemma-3-4b/12b/27b's config.json (model_type gemma3) hold a
+# text_config of a few keys and leave the rest to them.
+_GEMMA3_TEXT = {"vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+                "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 131072}
+
+
+def _gemma3_text(c: _Config) -> dict[str, Any]:
+    # Gemma 2's four norms per layer and tied embeddings, plus q/k norms; sliding-window layers are not modelled.
+    c = _Config({**_GEMMA3_TEXT, **c.data}, c.where)
+    return _llama_family(c, tied=True, head_dim=256, norms_per_layer=4, qk_norm=True)
+
+
+def _deepseek(c: _Config) -> dict[str, Any]:
+    # DeepSeek-V2/V3 (modeling_deepseek.py): multi-head latent attention, and DeepSeekMoE from layer
+    # first_k_dense_replace on, every moe_layer_freq-th: n_routed_experts of moe_intermediate_size, and
+    # n_shared_experts of them fused into one shared MLP. attention_bias (false in every release) is not counted.
+    # A query/key head is qk_nope_head_dim + qk_rope_head_dim wide whatever head_dim says (transformers writes
+    # the rotary part there), and every head has its own key and value (num_key_value_heads = heads).
+    rope = c.int("qk_rope_head_dim")
+    values = {**_llama_family(c), "head_dim": c.int("qk_nope_head_dim") + rope, "kv_heads": c.int("num_attention_heads"),
+              "q_lora_rank": c.int("q_lora_rank", default=0), "kv_lora_rank": c.int("kv_lora_rank"),
+              "rope_head_dim": rope, "v_head_dim": c.int("v_head_dim")}
+    layers, first = values["layers"], c.count("first_k_dense_replace")
+    freq = c.int("moe_layer_freq", default=1)
+    moe_layers = sum(1 for i in range(layers) if i >= first and i % freq == 0)
+    routed = c.count("n_routed_experts")
+    if not routed:
+        return values
+    width = c.int("moe_intermediate_size")
+    return _moe(values, moe_layers, routed, c.int("num_experts_per_tok"), width,
+                shared_ffn_hidden=c.count("n_shared_experts") * width)
+
+
 def _gpt2(c: _Config) -> dict[str, Any]:
     hidden = c.int("n_embd", "hidden_size")
     table = c.int("n_positions", "n_ctx", "max_position_embeddings", default=1024)
@@ -280,8 +362,10 @@ def _phi(c: _Config) -> dict[str, Any]:
 
 
 HF_TYPES: dict[str, Callable[[_Config], dict[str, Any]]] = {
-    "gemma": _gemma, "gemma2": _gemma2, "gpt2": _gpt2, "gpt_neox": _gpt_neox, "llama": _llama,
-    "mistral": _llama, "mixtral": _mixtral, "phi": _phi, "phi3": _llama, "qwen2": _qwen2,
+    "deepseek_v2": _deepseek, "deepseek_v3": _deepseek, "gemma": _gemma, "gemma2": _gemma2,
+    "gemma3_text": _gemma3_text, "gpt2": _gpt2, "gpt_neox": _gpt_neox, "llama": _llama, "mistral": _llama,
+    "mixtral": _mixtral, "phi": _phi, "phi3": _llama, "qwen2": _qwen2, "qwen2_moe": _qwen2_moe, "qwen3": _qwen3,
+    "qwen3_moe": _qwen3_moe,
 }
 
 

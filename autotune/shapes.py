@@ -21,7 +21,9 @@ ATTENTIONS = ("sdpa", "eager", "flash", "math")
 # Fields added after the first nine; to_dict() writes each only where it differs from its default, so the
 # dicts of every shape that could be written before (presets, surfaces, run.json files) stay the same.
 _EXTENDED = ("head_dim", "tied_embeddings", "positions", "max_positions", "qkv_bias", "lm_head_bias",
-             "norms_per_layer", "experts", "experts_per_token", "attention", "attention_dropout")
+             "norms_per_layer", "experts", "experts_per_token", "attention", "attention_dropout", "qk_norm",
+             "q_lora_rank", "kv_lora_rank", "rope_head_dim", "v_head_dim", "dense_layers", "dense_ffn_hidden",
+             "shared_ffn_hidden", "shared_gate")
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,15 @@ class ModelShape:
     through `experts_per_token` of them), `attention` (how it runs: `sdpa` / `flash`, fused, the default, or
     `eager`, its s x s scores materialised; `math`: SDPA on torch's math kernel, materialised in fp32) and `attention_dropout` (dropout on the attention probabilities in
     training: an eager attention then keeps its mask and output too). None / 0 / "" mean the family's default.
+
+    Today's families (2025-26 configs), all default off: `qk_norm` (an RMSNorm of head_dim on each query and
+    key head: Qwen3, Gemma 3); multi-head latent attention when `kv_lora_rank` > 0 (DeepSeek-V2/V3, arXiv
+    2405.04434 section 2.1): keys and values come up from a latent of `kv_lora_rank` per token, queries from
+    one of `q_lora_rank` (0: projected directly), `head_dim` is a query/key head (qk_nope_head_dim +
+    `rope_head_dim`, the decoupled rotary part, one key head shared by all heads) and `v_head_dim` a value head;
+    and for a MoE, `dense_layers` of its layers with a dense MLP of `dense_ffn_hidden` (0: ffn_hidden;
+    DeepSeek's first_k_dense_replace, Qwen's mlp_only_layers) and an always-on shared expert MLP of
+    `shared_ffn_hidden` (0: none), behind a sigmoid gate when `shared_gate` (Qwen2-MoE).
     """
 
     name: str
@@ -61,6 +72,15 @@ class ModelShape:
     experts_per_token: int = 1
     attention: str = "sdpa"
     attention_dropout: bool = False
+    qk_norm: bool = False
+    q_lora_rank: int = 0  # MLA's query latent; 0: queries projected from hidden directly
+    kv_lora_rank: int = 0  # > 0: multi-head latent attention
+    rope_head_dim: int = 0  # MLA: the rotary part of head_dim
+    v_head_dim: int = 0  # MLA: a value head's width; 0: head_dim
+    dense_layers: int = 0  # MoE: layers whose MLP is dense
+    dense_ffn_hidden: int = 0  # their MLP width; 0: ffn_hidden
+    shared_ffn_hidden: int = 0  # MoE: the shared experts' MLP width, every token through it; 0: none
+    shared_gate: bool = False  # MoE: the shared MLP's output scaled by a sigmoid gate (hidden -> 1)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -69,7 +89,8 @@ class ModelShape:
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"model {key}={value!r}: must be a positive integer")
-        for key in ("ffn_hidden", "kv_heads", "head_dim", "max_positions"):
+        for key in ("ffn_hidden", "kv_heads", "head_dim", "max_positions", "q_lora_rank", "kv_lora_rank",
+                    "rope_head_dim", "v_head_dim", "dense_layers", "dense_ffn_hidden", "shared_ffn_hidden"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"model {key}={value!r}: must be a positive integer (0: the default)")
@@ -88,8 +109,9 @@ class ModelShape:
                 raise ConfigError(f"model {key}={value!r}: must be true or false")
         if self.attention not in ATTENTIONS:
             raise ConfigError(f"model attention={self.attention!r}: allowed {list(ATTENTIONS)}")
-        if not isinstance(self.attention_dropout, bool):
-            raise ConfigError(f"model attention_dropout={self.attention_dropout!r}: must be true or false")
+        for key in ("attention_dropout", "qk_norm", "shared_gate"):
+            if not isinstance(getattr(self, key), bool):
+                raise ConfigError(f"model {key}={getattr(self, key)!r}: must be true or false")
         if not self.positions:
             object.__setattr__(self, "positions", "learned" if gpt else "rotary")
         if self.positions not in POSITIONS:
@@ -114,10 +136,39 @@ class ModelShape:
             object.__setattr__(self, "max_positions", 0)
         if self.experts_per_token > self.experts:
             raise ConfigError(f"model experts_per_token={self.experts_per_token} is more than experts={self.experts}")
+        self._check_latent_attention()
+        self._check_moe_layers()
+
+    def _check_latent_attention(self) -> None:
+        if not self.mla:
+            for key in ("q_lora_rank", "rope_head_dim", "v_head_dim"):
+                if getattr(self, key):
+                    raise ConfigError(f"model {key}={getattr(self, key)}: needs kv_lora_rank > 0 (multi-head "
+                                      "latent attention)")
+            return
+        if self.arch != "llama":
+            raise ConfigError(f"model kv_lora_rank={self.kv_lora_rank}: multi-head latent attention needs arch "
+                              f"llama, not {self.arch!r}")
+        if not 0 < self.rope_head_dim < self.head_dim:
+            raise ConfigError(f"model rope_head_dim={self.rope_head_dim}: must be positive and less than "
+                              f"head_dim={self.head_dim} (multi-head latent attention)")
+        if self.kv_heads != self.heads:
+            raise ConfigError(f"model kv_heads={self.kv_heads}: multi-head latent attention has one key and "
+                              f"value per head (kv_heads = heads = {self.heads})")
+
+    def _check_moe_layers(self) -> None:
+        if self.moe:
+            if self.dense_layers >= self.layers:
+                raise ConfigError(f"model dense_layers={self.dense_layers}: must be less than layers={self.layers} "
+                                  "(a MoE needs a MoE layer)")
+            return
+        for key in ("dense_layers", "dense_ffn_hidden", "shared_ffn_hidden", "shared_gate"):
+            if getattr(self, key):
+                raise ConfigError(f"model {key}={getattr(self, key)!r}: needs experts > 1 (a mixture of experts)")
 
     @property
     def q_dim(self) -> int:
-        """Width of the attention's queries and output: heads x head_dim (hidden unless head_dim is set)."""
+        """Width of the attention's queries: heads x head_dim (hidden unless head_dim is set)."""
         return self.heads * self.head_dim
 
     @property
@@ -125,8 +176,21 @@ class ModelShape:
         return self.kv_heads * self.head_dim
 
     @property
+    def o_dim(self) -> int:
+        """Width of the attention's output (the o-projection's input): heads x the value head."""
+        return self.heads * (self.v_head_dim or self.head_dim)
+
+    @property
+    def mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
     def moe(self) -> bool:
         return self.experts > 1
+
+    @property
+    def moe_layers(self) -> int:
+        return self.layers - self.dense_layers if self.moe else 0
 
     @property
     def norm_params(self) -> int:
@@ -135,30 +199,59 @@ class ModelShape:
 
     @property
     def attention_params(self) -> int:
-        h, q, qkv = self.hidden, self.q_dim, self.q_dim + 2 * self.kv_dim
-        return h * qkv + (qkv if self.qkv_bias else 0) + q * h + (h if self.arch == "gpt" else 0)
+        h, q = self.hidden, self.q_dim
+        if self.mla:
+            # DeepSeek-V2 section 2.1.2-2.1.3 (modeling_deepseek's DeepseekV2Attention): hidden -> query latent
+            # (normed) -> queries, or hidden -> queries; hidden -> KV latent + the shared rotary key; KV latent
+            # (normed) -> each head's non-rotary key and its value; values -> hidden.
+            ql, kvl, rope = self.q_lora_rank, self.kv_lora_rank, self.rope_head_dim
+            queries = (h * ql + ql + ql * q) if ql else h * q
+            keys_values = h * (kvl + rope) + kvl + kvl * (q - self.heads * rope + self.o_dim)
+            return queries + keys_values + self.o_dim * h + self._qk_norm_params
+        qkv = q + 2 * self.kv_dim
+        return (h * qkv + (qkv if self.qkv_bias else 0) + q * h + (h if self.arch == "gpt" else 0)
+                + self._qk_norm_params)
+
+    @property
+    def _qk_norm_params(self) -> int:
+        return 2 * self.head_dim * (2 if self.arch == "gpt" else 1) if self.qk_norm else 0
+
+    def _mlp(self, width: int) -> int:
+        h = self.hidden
+        return (h * width + width) + (width * h + h) if self.arch == "gpt" else 3 * h * width
 
     @property
     def expert_params(self) -> int:
         """One MLP (one expert of a MoE layer)."""
-        h, f = self.hidden, self.ffn_hidden
-        if self.arch == "gpt":
-            return (h * f + f) + (f * h + h)
-        return 3 * h * f
+        return self._mlp(self.ffn_hidden)
 
     def _layer(self, mlps: int) -> int:
         router = self.hidden * self.experts if self.moe else 0
-        return self.attention_params + mlps * self.expert_params + router + self.norms_per_layer * self.norm_params
+        # The shared experts: one MLP every token goes through (DeepSeekMoE, arXiv 2401.06066 section 3.2).
+        shared = (self._mlp(self.shared_ffn_hidden) if self.shared_ffn_hidden else 0) + self.hidden * self.shared_gate
+        return (self.attention_params + mlps * self.expert_params + router + shared
+                + self.norms_per_layer * self.norm_params)
 
     @property
     def layer_params(self) -> int:
-        """Every parameter of one layer, all experts included (what the model states hold)."""
+        """Every parameter of one (MoE) layer, all experts included (what the model states hold)."""
         return self._layer(self.experts)
 
     @property
     def active_layer_params(self) -> int:
-        """The parameters of one layer that one token goes through (FLOPs): the routed experts only."""
+        """The parameters of one (MoE) layer that one token goes through (FLOPs): the routed experts only."""
         return self._layer(self.experts_per_token)
+
+    @property
+    def dense_layer_params(self) -> int:
+        """One of a MoE's dense layers (its MLP of dense_ffn_hidden)."""
+        return (self.attention_params + self._mlp(self.dense_ffn_hidden or self.ffn_hidden)
+                + self.norms_per_layer * self.norm_params)
+
+    @property
+    def active_layers_params(self) -> int:
+        """What one token goes through in all the layers together."""
+        return (self.layers - self.dense_layers) * self.active_layer_params + self.dense_layers * self.dense_layer_params
 
     @property
     def embedding_params(self) -> int:
@@ -170,13 +263,22 @@ class ModelShape:
 
     @property
     def params(self) -> int:
-        return self.layers * self.layer_params + self.embedding_params + self.norm_params
+        layers = (self.layers - self.dense_layers) * self.layer_params + self.dense_layers * self.dense_layer_params
+        return layers + self.embedding_params + self.norm_params
+
+    @property
+    def active_params(self) -> int:
+        """Parameters less the routed experts a token skips: a MoE's "activated parameters" as Mixtral and
+        Qwen publish them (embeddings included; DeepSeek's figures leave out the input embedding)."""
+        return self.active_layers_params + self.embedding_params + self.norm_params
 
     @property
     def largest_module_params(self) -> int:
         """The biggest single weight tensor's module: what ZeRO-3 must gather whole at once."""
         h, f, q = self.hidden, self.ffn_hidden, self.q_dim
-        return max(self.vocab * h, 3 * h * q + 3 * q, h * f + f)
+        dense = self.dense_ffn_hidden if self.dense_layers else 0
+        return max(self.vocab * h, 3 * h * q + 3 * q, h * f + f, h * dense, h * self.shared_ffn_hidden,
+                   self.o_dim * h)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

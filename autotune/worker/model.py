@@ -8,8 +8,9 @@ segments of k layers (only segment inputs are kept; backward recomputes one segm
 It builds the dense shapes `autotune.models` reads from Hugging Face configs, up to what changes neither the
 parameter count nor the memory (GPT-NeoX's and Phi-2's partial rotary is applied to whole heads, Gemma's
 GeGLU is SwiGLU): head_dim, tied or untied embeddings, learned or rotary positions, q/k/v biases, a biased LM
-head, one norm per layer (parallel attention and MLP) or Gemma 2's four. A mixture-of-experts shape is
-refused (`unsupported_reason`): its router and experts are not built here.
+head, one norm per layer (parallel attention and MLP) or Gemma 2's four, q/k norms (Qwen3, Gemma 3). A
+mixture-of-experts shape and multi-head latent attention (DeepSeek) are refused (`unsupported_reason`): their
+router and experts, and the latent projections, are not built here.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ def unsupported_reason(shape: ModelShape) -> str | None:
     if shape.moe:
         return (f"model {shape.name}: a mixture of experts ({shape.experts} experts, {shape.experts_per_token} per "
                 "token) is not built by the built-in trial model; estimate it, or tune your own script (--script)")
+    if shape.mla:
+        return (f"model {shape.name}: multi-head latent attention (kv_lora_rank={shape.kv_lora_rank}) is not built "
+                "by the built-in trial model; estimate it, or tune your own script (--script)")
     if shape.norms_per_layer not in (1, 2, 4):
         return f"model {shape.name}: norms_per_layer={shape.norms_per_layer}: the built-in model builds 1, 2 or 4"
     return None
@@ -56,6 +60,11 @@ class Attention(nn.Module):
         # ModelShape's __post_init__ resolved a None qkv_bias to the architecture's default: a bool here.
         self.qkv = nn.Linear(shape.hidden, shape.q_dim + 2 * shape.kv_dim, bias=bool(shape.qkv_bias))
         self.out = nn.Linear(shape.q_dim, shape.hidden, bias=shape.arch == "gpt")
+        self.q_norm: nn.Module | None = None
+        self.k_norm: nn.Module | None = None
+        if shape.qk_norm:  # Qwen3, Gemma 3: each query and key head normed before rotary
+            norm = nn.LayerNorm if shape.arch == "gpt" else RMSNorm
+            self.q_norm, self.k_norm = norm(shape.head_dim), norm(shape.head_dim)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         b, s, _ = x.shape
@@ -64,6 +73,8 @@ class Attention(nn.Module):
         q = q.view(b, s, self.heads, self.head_dim).transpose(1, 2)
         k = k.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         v = v.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = _rotary(q, *rope), _rotary(k, *rope)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.heads)
