@@ -321,6 +321,17 @@ def test_gpu_bundle_refuses_a_bad_python_version_before_downloading(tmp_path):
     assert not (tmp_path / "b").exists()
 
 
+def test_gpu_bundle_carries_what_tune_needs_for_its_study_db(tmp_path):
+    """SQLAlchemy, alembic, Mako and greenlet (Optuna's RDB storage: `tune` keeps its study in study.db), from
+    the requirement list the script resolves, without building or downloading anything."""
+    done = run_script("scripts/gpu-bundle", str(tmp_path / "b"), "--list")
+    assert done.returncode == 0, done.stderr
+    names = {line.split("==")[0].lower(): line.split("==")[1] for line in done.stdout.split()}
+    assert {"sqlalchemy", "alembic", "mako", "greenlet", "optuna", "deepspeed"} <= set(names)
+    assert "torch" not in names and all(names.values())
+    assert not (tmp_path / "b").exists()
+
+
 def test_gpu_validate_refuses_a_missing_bundle_and_one_for_another_python(tmp_path):
     done = run_script("scripts/gpu-validate", str(tmp_path / "nothing"))
     assert done.returncode == 2 and "nothing" in done.stderr and len(done.stderr.strip().splitlines()) == 1

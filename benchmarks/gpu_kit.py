@@ -1,0 +1,635 @@
+"""The GPU kit for a 15-minute window: one device call of at most 9 minutes that does everything (issue 25).
+
+Phases, in order, each ending by its deadline (benchmarks/kit_plan.py; a phase that ends early leaves its time
+to the next):
+
+1. install: scripts/gpu-validate installs the bundle offline before this starts and says how long it took;
+2. preflight: DeepSpeed's JIT ops that the recording's and tune's configs load, built once in a child
+   (DeepSpeedBackend.preflight, autotune/ops.py), so that no trial waits for a build;
+3. recording: real surfaces of two models (llama-1b and llama-3b at sequence length 1024 on a GPU), pairs of
+   configs on either side of each layout's predicted out-of-memory cliff, round-robin over the models, cliffs
+   inside the range first, cheap layouts first among equals; a pair starts only if its expected time fits;
+4. tune: `autotune tune` on the first model, as a user runs it (study.db, hybrid, `--confirm 1`), under a memory
+   budget that half of its space is predicted to fit, so that the cliff lies inside; stopped at its deadline as
+   Ctrl-C would stop it;
+5. analysis: per surface, gpu_validation's figures (peak error raw and calibrated, cliffs, replayed searches);
+   tune's trials against the raw estimator;
+6. pack: at most 8 files in --out (kit.md, kit.json, console.log, the two surfaces, tune's summary and report,
+   logs.tar.gz with everything else).
+
+    scripts/gpu-validate gpu-bundle -- --out DIR               # on the GPU machine: the whole call
+    python benchmarks/gpu_kit.py --cpu --out DIR                # CI: the same phases at tiny scale, on the CPU
+
+Exit 0 with results written, 1 when this machine cannot run the trials (the ops do not build, no GPU seen by the
+ranks; results written all the same), 2 on bad input, 130 when interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # the kit's modules beside this file
+
+import gpu_validation as gv  # noqa: E402
+import kit_plan as kp  # noqa: E402
+from kit_pack import MAX_FILES, pack  # noqa: E402
+from kit_tune import GRACE_S, TuneArgs, run_until, tune_outcome  # noqa: E402
+
+from autotune.argtypes import positive_float, positive_int  # noqa: E402
+from autotune.cli import ArgumentParser  # noqa: E402
+from autotune.config import Config, ConfigError  # noqa: E402
+from autotune.estimate import estimate  # noqa: E402
+from autotune.hardware import PROFILES, Hardware  # noqa: E402
+from autotune.results import TrialResult, read_results  # noqa: E402
+from autotune.space import Choices, Space  # noqa: E402
+from autotune.units import format_size  # noqa: E402
+from autotune.workload import PRESETS, ModelShape, Workload  # noqa: E402
+
+GiB = 2**30
+# tune's space: no optimizer offload on the GPU, so that its ops are the recording's (fused_adam) and no trial
+# waits for DeepSpeedCPUAdam's first build (37 s on the H200); offload is measured in the recording.
+TUNE_GPU_CHOICES = Choices(zero_stage=(0, 1, 2, 3), micro_batch=(1, 2, 4, 8, 16, 32), ckpt_interval=(0, 1),
+                           precision=("bf16",))
+TUNE_CPU_CHOICES = Choices(zero_stage=(0, 2), micro_batch=(1, 4, 16), ckpt_interval=(0, 1), precision=("fp32",))
+# The CPU check records fp32 only: bf16 is emulated on most CPUs (~30x slower, issue 24).
+RECORD_CPU_CHOICES = Choices(zero_stage=(0, 2), micro_batch=(1, 4, 16), ckpt_interval=(0, 1), precision=("fp32",),
+                             offload_optimizer=("none", "cpu"))
+
+
+@dataclass(frozen=True)
+class KitMode:
+    """What differs between the GPU call and the CPU check."""
+
+    name: str  # cuda | cpu
+    models: tuple[ModelShape, ...]
+    seq_len: int | None  # None: each model's own
+    global_batch: int
+    record_choices: Choices
+    tune_choices: Choices
+    times: kp.TrialTimes
+    overheads: kp.Overheads
+    limit_s: float
+    trial_timeout_s: float
+    max_measure_s: float
+    record_fit_share: float  # recording budget: this share of the first model's space is predicted to fit
+    tune_fit_share: float  # tune's budget: likewise, of tune's space
+    max_configs: int | None  # recorded configs at most (the CPU check keeps CI short)
+    max_tune_trials: int | None  # tune's trials at most (None: as many as its time holds)
+    seeds: int  # replayed searches per strategy in the analysis
+    budget_unit: int  # budgets are whole multiples of this
+
+
+GPU_KIT = KitMode("cuda", (PRESETS["llama-1b"], gv.LLAMA_3B), 1024, 32, gv.GPU_CHOICES, TUNE_GPU_CHOICES,
+                  kp.GPU_TIMES, kp.GPU_OVERHEADS, 540.0, 240.0, 8.0, 0.85, 0.5, None, None, 3, GiB)
+CPU_KIT = KitMode("cpu", gv.CPU_MODELS, None, 16, RECORD_CPU_CHOICES, TUNE_CPU_CHOICES, kp.CPU_TIMES,
+                  kp.CPU_OVERHEADS, 1200.0, 180.0, 5.0, 0.5, 0.75, 4, kp.MIN_TUNE_TRIALS, 1, 32 * 2**20)
+
+
+class Log:
+    """Every line the kit prints, kept for console.log."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def __call__(self, text: str) -> None:
+        print(text, flush=True)
+        self.lines.append(text)
+
+
+class Clock:
+    """Seconds since the call started (the wrapper's start, install included)."""
+
+    def __init__(self, started_at: float | None = None) -> None:
+        ago = max(0.0, time.time() - started_at) if started_at is not None else 0.0
+        self.origin = time.monotonic() - ago
+
+    def now(self) -> float:
+        return time.monotonic() - self.origin
+
+    def at(self, offset_s: float) -> float:
+        """The monotonic time of an offset from the start."""
+        return self.origin + offset_s
+
+    def left(self, offset_s: float) -> float:
+        return offset_s - self.now()
+
+
+@dataclass(frozen=True)
+class PhaseRecord:
+    name: str
+    deadline_s: float
+    start_s: float
+    end_s: float
+    outcome: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "deadline_s": round(self.deadline_s, 1), "start_s": round(self.start_s, 1),
+                "end_s": round(self.end_s, 1), "seconds": round(self.end_s - self.start_s, 1),
+                "outcome": self.outcome}
+
+
+# -- what to record -----------------------------------------------------------------------------------------
+
+def kit_workload(shape: ModelShape, mode: KitMode) -> Workload:
+    return Workload(replace(shape, seq_len=mode.seq_len) if mode.seq_len else shape, mode.global_batch)
+
+
+def cliff_budget(peaks: Iterable[int], share: float, cap: int, unit: int = GiB) -> int:
+    """A budget that `share` of the predicted `peaks` fit, a whole number of `unit`s (at least one), at most
+    `cap`: the cliff then lies inside the space."""
+    ranked = sorted(peaks)
+    if not ranked:
+        raise ConfigError("no configs to place a budget in")
+    at = ranked[min(len(ranked) - 1, max(0, math.ceil(share * len(ranked)) - 1))]
+    return min(cap, max(unit, math.ceil(at / unit) * unit))
+
+
+def cliff_first_layouts(keys: Sequence[tuple], inside: Callable[[tuple], bool], cost: Callable[[tuple], float],
+                        ) -> list[tuple]:
+    """Layouts in the order the window takes them: each next one of the ZeRO stage taken least so far, then one
+    whose cliff lies inside the micro-batch range (its pair straddles it), then the one whose other values were
+    taken least, then the cheapest (gpu_validation.balanced_layouts' spread, the cliff and the clock first)."""
+    remaining = sorted(keys)
+    counts: Counter = Counter()
+    order = []
+    while remaining:
+        best = min(remaining, key=lambda key: (counts[(0, key[0])], 0 if inside(key) else 1,
+                                               sum(counts[(i, v)] for i, v in enumerate(key) if i), cost(key), key))
+        remaining.remove(best)
+        order.append(best)
+        counts.update(enumerate(best))
+    return order
+
+
+def recording_groups(plan: gv.Plan, times: kp.TrialTimes) -> list[kp.Group]:
+    """The plan's layouts as pairs straddling their predicted cliffs, in cliff_first_layouts' order, each with its
+    configs' expected trial times."""
+    space = plan.space
+    predicted = {c: plan.predict(c) for c in space}
+    fits = {c: predicted[c].peak_bytes <= plan.planning_budget for c in space}
+    by_layout: dict[tuple, list[Config]] = defaultdict(list)
+    for config in space:
+        by_layout[gv.layout(config)].append(config)
+    pairs = {key: gv.bracket(configs, fits.__getitem__) for key, configs in by_layout.items()}
+
+    def seconds(config: Config) -> float:
+        return times.seconds(config, plan.workload.model.params, predicted[config].step_time_s, fits[config])
+
+    order = cliff_first_layouts(list(by_layout), lambda key: 0 < sum(fits[c] for c in by_layout[key]) < len(by_layout[key]),
+                                lambda key: sum(seconds(c) for c in pairs[key]))
+    return [kp.Group(plan.name, tuple(pairs[key]), tuple(seconds(c) for c in pairs[key])) for key in order]
+
+
+def make_plans(mode: KitMode, hardware: Hardware, work: Path) -> list[gv.Plan]:
+    """One gpu_validation.Plan per model. On a GPU the trials run under a budget at which `record_fit_share` of
+    the first model's space is predicted to fit (at most the device): cliffs inside, on an 80 GB card as on a
+    141 GB one. On the CPU they run under the host's memory and the pairs are placed at the median predicted
+    peak (gpu_validation's CPU check: the device is the host's RAM)."""
+    gv_mode = gv.Mode(mode.name, mode.record_choices, mode.global_batch, mode.times.launch_s, 0.0,
+                      mode.trial_timeout_s, mode.times.measure_steps, mode.max_measure_s)
+    workloads = [kit_workload(shape, mode) for shape in mode.models]
+    first = Space(mode.record_choices, workloads[0], hardware)
+    budget = cliff_budget((estimate(c, workloads[0], hardware).peak_bytes for c in first), mode.record_fit_share,
+                          hardware.memory_bytes, mode.budget_unit)
+    plans = []
+    for workload in workloads:
+        planning = budget
+        if mode.name == "cpu":
+            space = Space(mode.record_choices, workload, hardware)
+            peaks = sorted(estimate(c, workload, hardware).peak_bytes for c in space)
+            planning = peaks[(len(peaks) - 1) // 2]
+        trial_budget = hardware.memory_bytes if mode.name == "cpu" else budget
+        name = f"{hardware.name}-{workload.model.name}"
+        plans.append(gv.Plan(workload, hardware, gv_mode, trial_budget, planning, work / "surfaces" / f"{name}.jsonl",
+                             work / "logs" / name))
+    return plans
+
+
+def cap_groups(groups: Sequence[kp.Group], max_configs: int | None) -> list[kp.Group]:
+    """The first groups holding at most `max_configs` configs (all without a cap)."""
+    if max_configs is None:
+        return list(groups)
+    out, n = [], 0
+    for group in groups:
+        if n + len(group.configs) > max_configs:
+            break
+        out.append(group)
+        n += len(group.configs)
+    return out
+
+
+# -- tune's workload and budget ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TunePlan:
+    workload: Workload
+    space: Space
+    budget_bytes: int
+    fit_share: float  # of tune's space predicted to fit the budget: inside (0, 1) puts the cliff in the space
+    trial_s: float  # expected trial time of a config predicted to fit (median)
+
+
+def make_tune_plan(mode: KitMode, hardware: Hardware) -> TunePlan:
+    workload = kit_workload(mode.models[0], mode)
+    space = Space(mode.tune_choices, workload, hardware)
+    predicted = {c: estimate(c, workload, hardware) for c in space}
+    budget = cliff_budget((p.peak_bytes for p in predicted.values()), mode.tune_fit_share, hardware.memory_bytes,
+                          mode.budget_unit)
+    fitting = [c for c in space if predicted[c].peak_bytes <= budget]
+    seconds = [mode.times.seconds(c, workload.model.params, predicted[c].step_time_s, True) for c in fitting]
+    # tune measures until its step times settle (3-20 steps): a few more steps than the recording's.
+    trial_s = (statistics.median(seconds) if seconds else mode.times.launch_s) + 3 * statistics.median(
+        predicted[c].step_time_s for c in fitting or space)
+    return TunePlan(workload, space, budget, len(fitting) / len(space), trial_s)
+
+
+def space_yaml(choices: Choices) -> str:
+    lines = []
+    for knob in ("zero_stage", "micro_batch", "ckpt_interval", "precision", "offload_optimizer", "offload_param"):
+        lines.append(f"{knob}: [{', '.join(str(v) for v in getattr(choices, knob))}]")
+    return "\n".join(lines) + "\n"
+
+
+# -- the phases ---------------------------------------------------------------------------------------------
+
+class Deadline(Exception):
+    """The next trial would end past the phase's deadline."""
+
+
+class Watched:
+    """The backend a recording pair runs on: refuses a trial expected to end past the deadline, keeps what
+    ran."""
+
+    def __init__(self, inner: Any, model: str, deadline: float, expected: Callable[[Config], float],
+                 ran: list[tuple[str, TrialResult]]) -> None:
+        self.inner, self.model, self.deadline, self.expected, self.ran = inner, model, deadline, expected, ran
+        self.name = inner.name
+
+    def run(self, config: Config) -> TrialResult:
+        if getattr(self.inner, "fatal", None):
+            raise gv.KitError(self.inner.fatal)
+        if time.monotonic() + self.expected(config) > self.deadline:
+            raise Deadline()
+        result = self.inner.run(config)
+        self.ran.append((self.model, result))
+        return result
+
+
+def measured_scale(ran: Sequence[tuple[str, TrialResult]], expected: dict[tuple[str, Config], float]) -> float:
+    """Measured over expected trial time so far (1 below two trials), within [0.5, 3]: what the next pairs are
+    expected to take. A first-use op build is left out (the preflight should have done it)."""
+    if len(ran) < 2:
+        return 1.0
+    planned = sum(expected[(m, r.config)] for m, r in ran)
+    took = sum(r.wall_time_s - ((r.extra.get("phases_s") or {}).get("build_ops_s") or 0.0) for _, r in ran)
+    return min(3.0, max(0.5, took / planned)) if planned > 0 else 1.0
+
+
+def preflight(plans: Sequence[gv.Plan], groups: Sequence[kp.Group], tune: TunePlan, timeout_s: float,
+              log: Log) -> tuple[str, ...]:
+    """Build the ops the recording's and tune's configs load, once, before any trial (autotune.ops; the ops
+    depend on a config's optimizer and offload, not on its workload, so one backend asks for all)."""
+    from autotune.backends.deepspeed import DeepSpeedBackend
+    from autotune.dsconfig import DsOptions
+
+    plan = plans[0]
+    backend = DeepSpeedBackend(plan.workload, memory_budget_bytes=plan.trial_budget, hardware=plan.hardware,
+                               ds_options=DsOptions(force_ds_cpu_optimizer=False), logs_dir=plan.logs.parent)
+    configs = [c for g in groups for c in g.configs] + list(tune.space)
+    return backend.preflight(configs, lambda line: log(f"preflight: {line}"), timeout_s=timeout_s)
+
+
+def record(plans: Sequence[gv.Plan], groups: Sequence[kp.Group], mode: KitMode, clock: Clock, deadline_s: float,
+           seed: int, log: Log) -> dict[str, Any]:
+    """Run the groups in order while each one's expected time (scaled by the trials measured so far) fits before
+    `deadline_s`; a group that does not is skipped for a later, cheaper one. Every trial ends by the deadline
+    plus a grace (its timeout)."""
+    from autotune.backends.deepspeed import DeepSpeedBackend
+    from autotune.dsconfig import DsOptions
+    from autotune.recording import record_surface
+    from autotune.worker.measure import MeasureSettings
+
+    by_name = {p.name: p for p in plans}
+    base = {(g.model, c): s for g in groups for c, s in zip(g.configs, g.seconds)}  # a config of either model
+    settings = MeasureSettings(warmup_steps=mode.times.warmup_steps, min_steps=mode.times.measure_steps,
+                               max_steps=mode.times.measure_steps, max_measure_s=mode.max_measure_s)
+    ran: list[tuple[str, TrialResult]] = []
+    scale, skipped, started = 1.0, 0, clock.now()
+    for group in groups:
+        left = clock.left(deadline_s)
+        if group.total_s * scale > left:
+            skipped += 1
+            continue
+        plan = by_name[group.model]
+        backend = DeepSpeedBackend(plan.workload, memory_budget_bytes=plan.trial_budget, hardware=plan.hardware,
+                                   ds_options=DsOptions(force_ds_cpu_optimizer=False), logs_dir=plan.logs,
+                                   timeout_s=min(mode.trial_timeout_s, max(30.0, left + GRACE_S)),
+                                   measure=settings, seed=seed)
+        seconds = dict(zip(group.configs, group.seconds))
+        watched = Watched(backend, group.model, clock.at(deadline_s), lambda c: seconds[c] * scale, ran)
+        try:
+            record_surface(plan.space, watched, plan.path, only=group.configs, retries=0, order_seed=seed,
+                           progress=lambda line, m=group.model: log(f"{m}: {line}"))
+        except Deadline:
+            skipped += 1
+        if backend.fatal:
+            raise gv.KitError(backend.fatal)
+        scale = measured_scale(ran, base)
+        log(f"recording: {len(ran)} trials, {sum(r.wall_time_s for _, r in ran):.0f} s in trials of "
+            f"{clock.now() - started:.0f} s, {clock.left(deadline_s):.0f} s left; trial time scale {scale:.2f}")
+    elapsed = clock.now() - started
+    trials_s = sum(r.wall_time_s for _, r in ran)
+    per_model = Counter(model for model, _ in ran)
+    return {"configs": len(ran), "per_model": dict(per_model),
+            "status_counts": dict(Counter(r.status for _, r in ran)),
+            "trials_s": trials_s, "phase_s": elapsed, "trial_share": trials_s / elapsed if elapsed > 0 else None,
+            "groups_skipped": skipped, "time_scale": scale}
+
+
+def tune_phase(tune: TunePlan, mode: KitMode, hardware_arg: str, clock: Clock, deadline_s: float, scale: float,
+               work: Path, seed: int, log: Log) -> dict[str, Any]:
+    """`autotune tune` on the first model, given what is left until `deadline_s`."""
+    available = clock.left(deadline_s)
+    trial_s = tune.trial_s * scale
+    fixed = mode.overheads.tune_fixed_s
+    if available < fixed + trial_s:
+        log(f"tune: {available:.0f} s left, less than one trial ({fixed + trial_s:.0f} s): not run")
+        return {"ran": False, "note": f"{available:.0f} s left"}
+    space_file = work / "tune-space.yaml"
+    space_file.write_text(space_yaml(mode.tune_choices))
+    trials = kp.tune_trials_for(available, fixed, trial_s)
+    args = TuneArgs(tune.workload.model.name, mode.seq_len, mode.global_batch, hardware_arg, space_file,
+                    tune.budget_bytes, min(trials, mode.max_tune_trials or trials),
+                    kp.tune_time_budget(available, fixed, trial_s), 1, work / "tune", seed)
+    argv = args.argv()
+    log(f"tune: {' '.join(argv[1:])}  (budget {format_size(tune.budget_bytes)}: {tune.fit_share:.0%} of its "
+        f"{len(tune.space)} configs predicted to fit; ~{trial_s:.0f} s a trial, {available:.0f} s left)")
+    ran = run_until(argv, clock.at(deadline_s), lambda line: log(f"tune: {line}"),
+                    env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"})  # no wrapped lines in the log
+    outcome = tune_outcome(args.out)
+    log(f"tune: exit {ran.returncode} after {ran.seconds:.0f} s{' (interrupted at the deadline)' if ran.interrupted else ''}"
+        f"; {outcome['trials']} trials, {outcome['confirm_repeats']} confirmation repeats")
+    return {"ran": True, "argv": argv[1:], "returncode": ran.returncode, "interrupted": ran.interrupted,
+            "killed": ran.killed, "seconds": ran.seconds, "budget_bytes": tune.budget_bytes,
+            "fit_share": tune.fit_share, "space_configs": len(tune.space), "trials_given": args.trials,
+            "time_budget_s": args.time_budget_s, **outcome, "memory": tune_memory(args.out, tune)}
+
+
+def tune_memory(out: Path, tune: TunePlan) -> dict[str, Any]:
+    """tune's ok trials against the raw estimator: predicted over measured peak."""
+    path = out / "trials.jsonl"
+    rows = []
+    for r in read_results(path) if path.exists() else []:
+        if r.ok and r.peak_memory_bytes:
+            predicted = estimate(r.config, tune.workload, tune.space.hardware).peak_bytes
+            rows.append({"config": r.config.label(), "peak_bytes": r.peak_memory_bytes, "predicted_bytes": predicted,
+                         "ratio": predicted / r.peak_memory_bytes})
+    errors = [abs(row["ratio"] - 1) for row in rows]
+    return {"trials": rows, "median_error": statistics.median(errors) if errors else None,
+            "worst_error": max(errors) if errors else None}
+
+
+def analysis(plans: Sequence[gv.Plan], mode: KitMode, clock: Clock, deadline_s: float, log: Log) -> list[dict]:
+    surfaces = []
+    for plan in plans:
+        if not plan.path.exists():
+            log(f"analysis: {plan.name}: nothing recorded")
+            continue
+        short = clock.left(deadline_s) < 5.0  # out of time: the figures without the replayed searches
+        strategies = () if short else gv.STRATEGIES
+        log(f"analysis: {plan.name}{' (no replayed searches: out of time)' if short else ''}")
+        surfaces.append(gv.analyse(plan, mode.seeds, strategies, trials=20))
+    return surfaces
+
+
+# -- the results --------------------------------------------------------------------------------------------
+
+def checks(mode: KitMode, plan: kp.CallPlan, recording: dict, tune: dict, seconds: float, files: int) -> dict:
+    configs = recording.get("configs", 0)
+    target = kp.MIN_CONFIGS if mode.name == "cuda" else min(kp.MIN_CONFIGS, mode.max_configs or kp.MIN_CONFIGS)
+    share = recording.get("trial_share")
+    return {
+        "recorded_configs": {"value": configs, "target": f">= {target}", "met": configs >= target},
+        "models_recorded": {"value": len(recording.get("per_model", {})), "target": "2",
+                            "met": len(recording.get("per_model", {})) >= 2},
+        "recording_trial_share": {"value": share, "target": ">= 0.70", "met": share is not None and share >= 0.7},
+        "tune_confirmed": {"value": tune.get("confirm_repeats", 0), "target": ">= 1 repeat",
+                           "met": tune.get("confirm_repeats", 0) >= 1},
+        "tune_cliff_inside": {"value": tune.get("fit_share"), "target": "0 < share fitting < 1",
+                              "met": tune.get("fit_share") is not None and 0 < tune["fit_share"] < 1},
+        "call_seconds": {"value": round(seconds, 1), "target": f"<= {plan.limit_s:.0f}", "met": seconds <= plan.limit_s},
+        "result_files": {"value": files, "target": f"<= {MAX_FILES}", "met": files <= MAX_FILES},
+    }
+
+
+def fmt_s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f} s"
+
+
+def kit_markdown(report: dict[str, Any]) -> str:
+    lines = ["# GPU kit: one call", "",
+             f"`{report['command']}` on {report['machine']} (profile `{report['hardware']}`), "
+             f"{report['seconds']:.0f} s of a {report['limit_s']:.0f} s limit.", "",
+             "| phase | deadline | start | end | took | outcome |", "| --- | ---: | ---: | ---: | ---: | --- |"]
+    for p in report["phases"]:
+        lines.append(f"| {p['name']} | {p['deadline_s']:.0f} | {p['start_s']:.0f} | {p['end_s']:.0f} | "
+                     f"{p['seconds']:.0f} s | {p['outcome']} |")
+    lines += ["", "| check | value | target | met |", "| --- | ---: | --- | --- |"]
+    for name, c in report["checks"].items():
+        value = c["value"]
+        text = f"{value:.0%}" if name == "recording_trial_share" and value is not None else str(value)
+        lines.append(f"| {name} | {text} | {c['target']} | {'yes' if c['met'] else 'no'} |")
+    plan, rec = report["plan"], report["recording"]
+    lines += ["", f"Planned: {plan['recording_configs']} configs {plan['recording_models']} in "
+              f"{plan['recording_trials_s']:.0f} s of trials, tune {plan['tune_trials']} trials of "
+              f"~{plan['tune_trial_s']:.0f} s. Recorded: {rec.get('configs', 0)} configs {rec.get('per_model', {})}, "
+              f"{rec.get('status_counts', {})}, {fmt_s(rec.get('trials_s'))} in trials of a "
+              f"{fmt_s(rec.get('phase_s'))} phase; trial time scale {rec.get('time_scale', 1.0):.2f}."]
+    tune = report["tune"]
+    if tune.get("ran"):
+        lines += ["", f"tune: {tune['trials']} trials ({tune['status_counts']}), {tune['confirm_repeats']} confirmation "
+                  f"repeats, budget {format_size(tune['budget_bytes'])} ({tune['fit_share']:.0%} of "
+                  f"{tune['space_configs']} configs predicted to fit), exit {tune['returncode']}"
+                  f"{', interrupted at its deadline' if tune['interrupted'] else ''}; best {tune['best']}.", "",
+                  "| tune trial | peak | predicted (raw) | predicted / peak |", "| --- | ---: | ---: | ---: |"]
+        for row in tune["memory"]["trials"]:
+            lines.append(f"| {row['config']} | {format_size(row['peak_bytes'])} | {format_size(row['predicted_bytes'])} "
+                         f"| {row['ratio']:.2f} |")
+    elif tune:
+        lines += ["", f"tune: not run ({tune.get('note', '')})."]
+    if report.get("analysis"):
+        lines += ["", gv.markdown(report["analysis"]).replace("# GPU validation", "## Surfaces", 1)]
+    return "\n".join(lines) + "\n"
+
+
+# -- command line -------------------------------------------------------------------------------------------
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = ArgumentParser(prog="gpu_kit", description=__doc__.splitlines()[0])
+    parser.add_argument("--cpu", action="store_true", help="the CPU check (CI): tiny models, DeepSpeed's CPU accelerator")
+    parser.add_argument("--out", type=Path, default=HERE.parent / "runs" / f"gpu-kit-{time.strftime('%Y%m%d-%H%M%S')}",
+                        help=f"results folder: at most {MAX_FILES} files (default: runs/gpu-kit-<time>)")
+    parser.add_argument("--work", type=Path, default=None,
+                        help="surfaces, logs and tune's run directory (default: <out>-work beside --out), tarred "
+                             "into the results")
+    parser.add_argument("--limit", type=positive_float, default=None,
+                        help=f"seconds for the whole call, install included (default {GPU_KIT.limit_s:g}; "
+                             f"--cpu {CPU_KIT.limit_s:g})")
+    parser.add_argument("--models", type=gv.model_list, default=None,
+                        help="two models to record, the first also tuned (default: llama-1b,llama-3b; --cpu "
+                             "tiny,tiny-llama)")
+    parser.add_argument("--seq-len", type=positive_int, default=None,
+                        help=f"tokens per sample (default {GPU_KIT.seq_len} on a GPU, the models' own with --cpu)")
+    parser.add_argument("--seed", type=int, default=0, help="tune's seed and the trials' (default: %(default)s)")
+    parser.add_argument("--started-at", type=float, default=None,
+                        help="epoch seconds the call started (scripts/gpu-validate: before its install)")
+    parser.add_argument("--install-s", type=float, default=None, help="seconds the install took (scripts/gpu-validate)")
+    args = parser.parse_args(argv)
+    mode = CPU_KIT if args.cpu else GPU_KIT
+    if args.models is not None:
+        if len(args.models) != 2:
+            parser.error(f"--models: {len(args.models)} models given: the kit records two")
+        if args.models[0].name not in PRESETS:
+            parser.error(f"--models: {args.models[0].name} is tuned too, so it must be one of tune's presets: "
+                         f"{', '.join(PRESETS)}")
+        mode = replace(mode, models=args.models)
+    if args.seq_len is not None:
+        mode = replace(mode, seq_len=args.seq_len)
+    if args.limit is not None:
+        mode = replace(mode, limit_s=args.limit)
+    args.mode = mode
+    if args.work is None:  # beside the results, never inside them: the results' tarball holds it
+        args.work = args.out.parent / f"{args.out.name}-work"
+    return args
+
+
+def detect(mode: KitMode) -> tuple[Hardware, str, str]:
+    """The profile, a description of the machine, and tune's --hardware."""
+    if mode.name == "cpu":
+        return PROFILES["cpu"], "this machine's CPU, the CPU check", "cpu"
+    from autotune.devices import auto_hardware, probe
+
+    machine = probe()
+    if machine.accelerator != "cuda":
+        raise ConfigError(f"no CUDA GPU found here ({machine.describe()}): run on a CUDA machine, or with --cpu")
+    return auto_hardware(machine), machine.describe(), "auto"
+
+
+def start_smi(path: Path) -> subprocess.Popen | None:
+    """nvidia-smi's device memory every 250 ms, for the tarball (the H200 run's check on the measured peaks)."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as out:
+        return subprocess.Popen([smi, "--query-gpu=timestamp,memory.used", "--format=csv", "-lms", "250"],
+                                stdout=out, stderr=subprocess.DEVNULL)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    mode: KitMode = args.mode
+    clock = Clock(args.started_at)
+    log = Log()
+    phases: list[PhaseRecord] = []
+    report: dict[str, Any] = {"command": "benchmarks/gpu_kit.py " + " ".join(sys.argv[1:] if argv is None else argv),
+                              "mode": mode.name, "limit_s": mode.limit_s}
+    code = 0
+    try:
+        hardware, machine, hardware_arg = detect(mode)
+        plans = make_plans(mode, hardware, args.work)
+        tune = make_tune_plan(mode, hardware)
+        queue = kp.interleave([cap_groups(recording_groups(p, mode.times), None) for p in plans])
+        queue = cap_groups(queue, mode.max_configs)
+        call = kp.plan_call(mode.limit_s, mode.overheads, queue, tune.trial_s)
+    except (ConfigError, kp.PlanError) as err:
+        print(f"gpu_kit: error: {err}", file=sys.stderr)
+        return 2
+    args.work.mkdir(parents=True, exist_ok=True)
+    report.update(machine=machine, hardware=hardware.name, plan=call.to_dict(), recording={}, tune={})
+    models = ", ".join(f"{p.name} ({p.workload.model.params / 1e9:.2f}B, seq {p.workload.model.seq_len})" for p in plans)
+    log(f"{machine}: profile {hardware.name}; models {models}; recording budget {format_size(plans[0].trial_budget)}")
+    log(f"plan ({mode.limit_s:.0f} s): " + ", ".join(f"{n} by {t:.0f} s" for n, t in call.deadlines)
+        + f"; recording {call.recording_configs} configs {call.models()} in {call.recording_trials_s:.0f} s of "
+          f"{call.planned_s('recording'):.0f} s; tune {call.tune_trials} trials of ~{call.tune_trial_s:.0f} s")
+    if call.recording_configs < kp.MIN_CONFIGS and mode.name == "cuda":
+        log(f"warning: the window holds {call.recording_configs} configs at the expected trial times, fewer than "
+            f"{kp.MIN_CONFIGS}")
+    smi = start_smi(args.work / "nvidia-smi-memory.csv") if mode.name == "cuda" else None
+    install = args.install_s
+    phases.append(PhaseRecord("install", call.deadline("install"), 0.0, install or 0.0,
+                              f"{install:.1f} s (scripts/gpu-validate)" if install is not None
+                              else "not run here (no bundle: run through scripts/gpu-validate)"))
+    scale = 1.0
+    try:
+        start = clock.now()
+        try:
+            timeout = max(30.0, clock.left(call.deadline("recording")) * 0.5)
+            ops = preflight(plans, queue, tune, timeout, log)
+            log(f"preflight: ops ready in {clock.now() - start:.0f} s: {', '.join(ops) or 'none needed'}")
+            phases.append(PhaseRecord("preflight", call.deadline("preflight"), start, clock.now(),
+                                      f"ops ready: {', '.join(ops) or 'none needed'}"))
+        except Exception as err:  # OpBuildFailed: one line; nothing else can run
+            phases.append(PhaseRecord("preflight", call.deadline("preflight"), start, clock.now(), f"failed: {err}"))
+            log(f"preflight: failed: {err}")
+            raise gv.KitError(str(err)) from None
+        start = clock.now()
+        report["recording"] = record(plans, queue, mode, clock, call.deadline("recording"), args.seed, log)
+        scale = report["recording"]["time_scale"]
+        phases.append(PhaseRecord("recording", call.deadline("recording"), start, clock.now(),
+                                  f"{report['recording']['configs']} configs, "
+                                  f"{report['recording']['trial_share'] or 0:.0%} of the phase in trials"))
+        start = clock.now()
+        report["tune"] = tune_phase(tune, mode, hardware_arg, clock, call.deadline("tune"), scale, args.work,
+                                    args.seed, log)
+        phases.append(PhaseRecord("tune", call.deadline("tune"), start, clock.now(),
+                                  f"{report['tune'].get('trials', 0)} trials, "
+                                  f"{report['tune'].get('confirm_repeats', 0)} repeats"
+                                  if report["tune"].get("ran") else "not run"))
+    except gv.KitError as err:
+        log(f"gpu_kit: this machine cannot run the trials: {err}")
+        code = 1
+    except KeyboardInterrupt:
+        log("gpu_kit: interrupted; writing what there is")
+        code = 130
+    start = clock.now()
+    surfaces = analysis(plans, mode, clock, call.deadline("analysis"), log) if code != 130 else []
+    report["analysis"] = {"command": report["command"], "machine": machine, "hardware": hardware.name,
+                          "accelerator": hardware.accelerator, "memory_bytes": hardware.memory_bytes,
+                          "minutes": 0.0, "seconds": clock.now(), "surfaces": surfaces}
+    phases.append(PhaseRecord("analysis", call.deadline("analysis"), start, clock.now(), f"{len(surfaces)} surfaces"))
+    if smi is not None:
+        smi.terminate()
+        smi.wait()
+    start = clock.now()
+    copies = {p.path.name: p.path for p in plans}
+    copies.update({"tune-summary.json": args.work / "tune" / "summary.json",
+                   "tune-report.md": args.work / "tune" / "report.md"})
+    files = sum(path.is_file() for path in copies.values()) + 4  # kit.md, kit.json, logs.tar.gz, console.log
+    report["seconds"] = clock.now()
+    phases.append(PhaseRecord("pack", call.deadline("pack"), start, clock.now(), f"{files} files"))
+    report["phases"] = [p.to_dict() for p in phases]
+    report["checks"] = checks(mode, call, report["recording"], report["tune"], report["seconds"], files)
+    texts = {"kit.json": json.dumps(gv.finite(report), indent=1) + "\n", "kit.md": kit_markdown(report)}
+    written = pack(args.out, copies, texts, args.work, reserved=1)
+    log(kit_markdown(report))
+    log(f"gpu_kit: {len(written) + 1} files in {args.out} ({clock.now():.0f} s since the call started)")
+    (args.out / "console.log").write_text("\n".join(log.lines) + "\n")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

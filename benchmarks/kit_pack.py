@@ -1,0 +1,47 @@
+"""The one-call GPU kit's results folder (benchmarks/gpu_kit.py): at most 8 files, the device call's limit on what
+comes back. The summary, the surfaces and tune's report as files of their own; everything else the call wrote
+(trial logs, tune's whole run directory, the preflight's build log, nvidia-smi samples) in one tarball."""
+
+from __future__ import annotations
+
+import shutil
+import tarfile
+from pathlib import Path
+from typing import Mapping
+
+MAX_FILES = 8
+TARBALL = "logs.tar.gz"
+
+
+class PackError(ValueError):
+    """More files than the folder may hold (a bug of the caller: one line)."""
+
+
+def pack(out: Path, copies: Mapping[str, Path], texts: Mapping[str, str], work: Path,
+         reserved: int = 0) -> list[Path]:
+    """Into `out`: each of `copies` (name -> file; a missing file is left out), each of `texts` (name -> content)
+    and the tarball of `work`, leaving room for `reserved` files written later (the console log). Returns the
+    files written. Raises PackError before writing anything when they would exceed MAX_FILES."""
+    if out.resolve().is_relative_to(work.resolve()):
+        raise PackError(f"results folder {out} is inside the work folder {work}: the tarball would hold itself")
+    present = {name: path for name, path in copies.items() if path.is_file()}
+    count = len(present) + len(texts) + 1 + reserved
+    if count > MAX_FILES:
+        raise PackError(f"{count} result files: at most {MAX_FILES} come back from a device call")
+    for name in (*present, *texts, TARBALL):
+        if "/" in name or not name:
+            raise PackError(f"result file name {name!r}: a plain file name")
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, path in present.items():
+        shutil.copyfile(path, out / name)
+        written.append(out / name)
+    for name, text in texts.items():
+        (out / name).write_text(text)
+        written.append(out / name)
+    tarball = out / TARBALL
+    with tarfile.open(tarball, "w:gz") as tar:
+        if work.is_dir():
+            tar.add(work, arcname=work.name)
+    written.append(tarball)
+    return written

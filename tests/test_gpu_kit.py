@@ -1,0 +1,275 @@
+"""The one-call GPU kit (benchmarks/gpu_kit.py, kit_plan, kit_tune, kit_pack): the time plan's arithmetic, the
+order and pairs it records, tune's command and its deadline, the results folder's limit, and (slow) the whole
+call on the CPU through scripts/gpu-validate with an offline bundle."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from autotune.config import Config
+from autotune.hardware import PROFILES
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import gpu_kit as k  # noqa: E402
+import kit_pack  # noqa: E402
+import kit_plan as kp  # noqa: E402
+import kit_tune  # noqa: E402
+
+H200_RUN = ROOT / "benchmarks" / "gpu-runs" / "h200-2026-11-26"
+MiB, GiB = 2**20, 2**30
+H100 = PROFILES["h100-80gb"].with_(memory_bytes=81559 * MiB)  # as an H100 80GB HBM3 reports itself
+
+
+# -- the time plan ------------------------------------------------------------------------------------------
+
+def groups(model: str, *seconds: float) -> list[kp.Group]:
+    """One pair per figure, each config of the pair `seconds / 2`."""
+    return [kp.Group(model, (Config(0, 2 * i + 1, 0, "bf16"), Config(0, 2 * i + 2, 0, "bf16")), (s / 2, s / 2))
+            for i, s in enumerate(seconds)]
+
+
+def test_trial_times_reproduce_the_h200_trials_without_their_op_builds():
+    # (config, parameters, predicted step s, fits, measured wall less build_ops): benchmarks/gpu-runs/h200-2026-11-26
+    rows = [(Config(0, 16, 0, "bf16"), 1.10e9, 1.05, True, 56.3 - 30.5),
+            (Config(0, 8, 0, "bf16"), 3.02e9, 2.96, True, 49.2 - 0.8),
+            (Config(0, 32, 0, "bf16"), 1.10e9, 1.02, False, 20.7)]
+    for config, params, step, fits, wall in rows:
+        assert kp.GPU_TIMES.seconds(config, params, step, fits) == pytest.approx(wall, rel=0.15)
+
+
+def test_offload_and_zero3_change_the_expected_trial_time_as_measured():
+    times = kp.GPU_TIMES
+    plain = times.seconds(Config(1, 2, 1, "bf16"), 1.1e9, 0.5, True)
+    offload = times.seconds(Config(1, 2, 1, "bf16", "cpu"), 1.1e9, 0.5, True)
+    assert offload - plain == pytest.approx(times.offload_optimizer_s)
+    z3 = times.seconds(Config(3, 2, 1, "bf16"), 3.0e9, 0.5, True)
+    z0 = times.seconds(Config(0, 2, 1, "bf16"), 3.0e9, 0.5, True)
+    assert z0 - z3 == pytest.approx((times.build_s_per_b - times.build_z3_s_per_b) * 3.0)
+
+
+def test_the_plan_ends_every_phase_in_order_within_the_limit_less_its_margin():
+    plan = kp.plan_call(540, kp.GPU_OVERHEADS, groups("a", *[40] * 20), tune_trial_s=25)
+    ends = [t for _, t in plan.deadlines]
+    assert [n for n, _ in plan.deadlines] == list(kp.PHASES)
+    assert ends == sorted(ends) and ends[-1] == pytest.approx(540 - kp.GPU_OVERHEADS.margin_s)
+    o = kp.GPU_OVERHEADS
+    assert plan.planned_s("tune") == pytest.approx(o.tune_fixed_s + kp.TUNE_TRIALS * 25)
+    window = 540 - o.margin_s - o.install_s - o.preflight_s - plan.planned_s("tune") - o.analysis_s - o.pack_s
+    assert plan.planned_s("recording") == pytest.approx(window)
+    assert plan.recording_trials_s <= window and len(plan.recording) == int(window // 40)
+
+
+def test_the_window_skips_a_pair_that_does_not_fit_for_a_cheaper_one_later():
+    queue = groups("a", 100, 300, 50, 40)
+    chosen = kp.fill(queue, 200)
+    assert [g.total_s for g in chosen] == [100, 50, 40]
+
+
+def test_interleave_takes_the_models_in_turn_so_a_short_window_still_holds_both():
+    queue = kp.interleave([groups("small", 20, 20, 20), groups("large", 40)])
+    assert [g.model for g in queue] == ["small", "large", "small", "small"]
+    assert kp.fill(queue, 60) == queue[:2]
+
+
+def test_given_h200_trial_estimates_the_plan_holds_ten_configs_over_two_models_and_time_for_tune():
+    """The GPU default (llama-1b and llama-3b at sequence length 1024) on an 80 GB H100 and a 141 GB H200: at
+    least 10 recorded configs over the two models in the recording window, and tune's trials after it."""
+    for hardware in (H100, PROFILES["h200"]):
+        plans = k.make_plans(k.GPU_KIT, hardware, Path("/nonexistent"))
+        tune = k.make_tune_plan(k.GPU_KIT, hardware)
+        queue = kp.interleave([k.recording_groups(p, k.GPU_KIT.times) for p in plans])
+        call = kp.plan_call(k.GPU_KIT.limit_s, k.GPU_KIT.overheads, queue, tune.trial_s)
+        assert call.recording_configs >= kp.MIN_CONFIGS, hardware.name
+        assert set(call.models()) == {"llama-1b", "llama-3b"}
+        assert call.recording_trials_s <= call.planned_s("recording")
+        assert call.planned_s("tune") >= k.GPU_KIT.overheads.tune_fixed_s + kp.MIN_TUNE_TRIALS * tune.trial_s
+        assert call.deadline("pack") <= 540 - k.GPU_KIT.overheads.margin_s
+        assert 0 < tune.fit_share < 1 and tune.budget_bytes < hardware.memory_bytes  # the cliff inside tune's space
+
+
+def test_a_limit_without_room_for_recording_is_one_line():
+    with pytest.raises(kp.PlanError, match="no time for recording"):
+        kp.plan_call(100, kp.GPU_OVERHEADS, groups("a", 10), tune_trial_s=25)
+    with pytest.raises(kp.PlanError, match="at least 4"):
+        kp.plan_call(540, kp.GPU_OVERHEADS, groups("a", 10), tune_trial_s=25, tune_trials=3)
+
+
+def test_tune_gets_the_trials_its_time_holds_and_a_time_budget_that_leaves_the_last_trial_room():
+    assert kp.tune_trials_for(170, 20, 25) == 6
+    assert kp.tune_trials_for(50, 20, 25) == kp.MIN_TUNE_TRIALS  # never below: the confirmation needs a quarter
+    assert kp.tune_time_budget(145, 20, 25) == pytest.approx(112.5)
+    assert kp.tune_time_budget(10, 20, 25) == 1.0
+
+
+# -- what to record ------------------------------------------------------------------------------------------
+
+def test_cliff_budget_is_a_whole_unit_that_the_share_fits():
+    peaks = [int(x * GiB) for x in (1.2, 2.5, 3.1, 7.9, 12.0)]
+    assert k.cliff_budget(peaks, 0.6, 100 * GiB) == 4 * GiB  # 3 of 5 fit
+    assert k.cliff_budget(peaks, 1.0, 10 * GiB) == 10 * GiB  # at most the device
+    assert k.cliff_budget([100], 0.5, GiB) == GiB  # at least one unit
+    assert k.cliff_budget(peaks, 0.2, 100 * GiB, unit=512 * MiB) == int(1.5 * GiB)
+
+
+def test_layouts_spread_the_stages_first_then_take_cliffs_inside_then_cheap_ones():
+    keys = [(z, ck, "bf16", "none", "none") for z in (0, 1, 2, 3) for ck in (0, 1)]
+    inside = {(1, 1, "bf16", "none", "none"), (2, 0, "bf16", "none", "none")}
+    order = k.cliff_first_layouts(keys, inside.__contains__, lambda key: key[0] * 10 + key[1])
+    assert {key[0] for key in order[:4]} == {0, 1, 2, 3}
+    assert order[0] == (1, 1, "bf16", "none", "none")  # a cliff inside comes before a cheaper layout without one
+    assert order[1] == (2, 0, "bf16", "none", "none")
+    assert order.index((0, 0, "bf16", "none", "none")) < order.index((0, 1, "bf16", "none", "none"))  # cheaper
+
+
+def test_recording_pairs_straddle_the_predicted_cliff_where_it_lies_inside():
+    plan = k.make_plans(k.GPU_KIT, H100, Path("/nonexistent"))[0]
+    queue = k.recording_groups(plan, kp.GPU_TIMES)
+    straddling = [g for g in queue if [plan.predict(c).peak_bytes <= plan.planning_budget for c in g.configs]
+                  == [True, False]]
+    assert len(straddling) >= 3 and queue[0] in straddling
+    assert all(len(g.configs) == 2 and g.configs[0].micro_batch < g.configs[1].micro_batch for g in queue)
+
+
+def test_cap_groups_keeps_whole_pairs():
+    assert [len(g.configs) for g in k.cap_groups(groups("a", 1, 1, 1), 5)] == [2, 2]
+    assert len(k.cap_groups(groups("a", 1, 1, 1), None)) == 3
+
+
+def test_space_yaml_is_what_tune_reads():
+    from autotune.search_spaces import parse_choices
+    import yaml
+
+    assert parse_choices(yaml.safe_load(k.space_yaml(k.TUNE_GPU_CHOICES))) == k.TUNE_GPU_CHOICES
+
+
+# -- tune ----------------------------------------------------------------------------------------------------
+
+def test_tune_runs_as_a_user_runs_it_with_confirmation_and_the_budget():
+    args = kit_tune.TuneArgs("llama-1b", 1024, 32, "auto", Path("s.yaml"), 29 * GiB, 5, 112.4, 1, Path("out"))
+    argv = args.argv("python3")
+    assert argv[:4] == ["python3", "-m", "autotune.cli", "tune"]
+    pairs = dict(zip(argv[4::2], argv[5::2]))
+    assert pairs["--confirm"] == "1" and pairs["--memory-budget"] == str(29 * GiB)
+    assert pairs["--time-budget"] == "112s" and pairs["--trials"] == "5" and pairs["--seq-len"] == "1024"
+    assert "--storage" not in argv  # its study in study.db: SQLAlchemy from the bundle
+
+
+def test_run_until_interrupts_at_the_deadline_and_kills_what_ignores_it():
+    lines: list[str] = []
+    code = "import time; print('started', flush=True); time.sleep(60)"
+    ran = kit_tune.run_until([sys.executable, "-c", code], time.monotonic() + 2, lines.append, grace_s=5)
+    assert ran.interrupted and not ran.killed and ran.seconds < 10 and "started" in lines
+    stubborn = ("import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); print('up', flush=True); "
+                "time.sleep(60)")
+    ran = kit_tune.run_until([sys.executable, "-c", stubborn], time.monotonic() + 2, lines.append, grace_s=1)
+    assert ran.interrupted and ran.killed and ran.seconds < 10
+    quick = kit_tune.run_until([sys.executable, "-c", "print('done')"], time.monotonic() + 30, lines.append)
+    assert quick.returncode == 0 and not quick.interrupted and lines[-1] == "done"
+
+
+def test_tune_outcome_reads_the_h200_run_directory():
+    outcome = kit_tune.tune_outcome(H200_RUN / "tune")
+    assert outcome["summary"] and outcome["trials"] == 3 and outcome["status_counts"] == {"ok": 3}
+    assert outcome["confirm_repeats"] == 0 and outcome["best"]["zero_stage"] == 2
+    assert kit_tune.tune_outcome(Path("/nonexistent"))["trials"] == 0
+
+
+# -- the results folder --------------------------------------------------------------------------------------
+
+def test_pack_writes_at_most_eight_files_and_tars_the_work_folder(tmp_path):
+    work = tmp_path / "work"
+    (work / "logs" / "t1").mkdir(parents=True)
+    (work / "logs" / "t1" / "rank0.stderr").write_text("log")
+    surface = work / "s.jsonl"
+    surface.write_text("{}\n")
+    out = tmp_path / "out"
+    written = kit_pack.pack(out, {"s.jsonl": surface, "absent.json": work / "absent.json"}, {"kit.md": "# kit"},
+                            work, reserved=1)
+    assert sorted(p.name for p in written) == ["kit.md", "logs.tar.gz", "s.jsonl"]
+    with tarfile.open(out / "logs.tar.gz") as tar:
+        assert "work/logs/t1/rank0.stderr" in tar.getnames()
+    texts = {f"f{i}.md": "" for i in range(7)}
+    with pytest.raises(kit_pack.PackError, match="at most 8"):
+        kit_pack.pack(tmp_path / "out2", {}, texts, work, reserved=1)
+    assert not (tmp_path / "out2").exists()
+    with pytest.raises(kit_pack.PackError, match="inside the work folder"):
+        kit_pack.pack(work / "results", {}, {}, work)
+
+
+def test_checks_hold_the_issue_targets():
+    plan = kp.plan_call(540, kp.GPU_OVERHEADS, groups("a", 40), tune_trial_s=25)
+    recording = {"configs": 10, "per_model": {"a": 6, "b": 4}, "trial_share": 0.8}
+    tune = {"confirm_repeats": 1, "fit_share": 0.5}
+    checks = k.checks(k.GPU_KIT, plan, recording, tune, 500.0, 8)
+    assert all(c["met"] for c in checks.values())
+    short = k.checks(k.GPU_KIT, plan, {**recording, "configs": 9, "trial_share": 0.6}, {}, 560.0, 9)
+    assert not any(short[name]["met"] for name in ("recorded_configs", "recording_trial_share", "tune_confirmed",
+                                                   "call_seconds", "result_files", "tune_cliff_inside"))
+
+
+@pytest.mark.parametrize("flags, word", [(["--models", "llama-1b"], "two"), (["--models", "tiny-llama,tiny"], "preset"),
+                                         (["--limit", "0"], "0"), (["--seq-len", "x"], "x")])
+def test_bad_flags_exit_2_with_one_line(flags, word, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        k.parse_args(["--cpu", *flags])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and word in err and len(err.strip().splitlines()) == 1
+
+
+# -- the whole call on the CPU -------------------------------------------------------------------------------
+
+def fake_bundle(folder: Path) -> Path:
+    """A bundle scripts/gpu-validate accepts: BUNDLE.txt for this interpreter and one small wheel (the real
+    packages come from the test's virtualenv; the install itself is what this exercises)."""
+    folder.mkdir()
+    (folder / "BUNDLE.txt").write_text(f"python_version={sys.version_info[0]}.{sys.version_info[1]}\n")
+    with zipfile.ZipFile(folder / "kitprobe-1.0-py3-none-any.whl", "w") as wheel:
+        wheel.writestr("kitprobe/__init__.py", "")
+        wheel.writestr("kitprobe-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: kitprobe\nVersion: 1.0\n")
+        wheel.writestr("kitprobe-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                                       "Tag: py3-none-any\n")
+        wheel.writestr("kitprobe-1.0.dist-info/RECORD", "")
+    return folder
+
+
+@pytest.mark.slow
+def test_the_cpu_form_runs_every_phase_in_one_call_and_writes_at_most_eight_files(tmp_path):
+    bundle = fake_bundle(tmp_path / "bundle")
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHON": sys.executable, "GPU_VALIDATE_TARGET": str(tmp_path / "site")}
+    done = subprocess.run(["bash", "scripts/gpu-validate", str(bundle), "--", "--cpu", "--out", str(out)],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=1500)
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    files = sorted(p.name for p in out.iterdir())
+    assert len(files) <= kit_pack.MAX_FILES and all(p.is_file() for p in out.iterdir())
+    assert {"kit.md", "kit.json", "console.log", "logs.tar.gz", "tune-summary.json", "tune-report.md",
+            "cpu-tiny.jsonl", "cpu-tiny-llama.jsonl"} == set(files)
+    report = json.loads((out / "kit.json").read_text())
+    phases = report["phases"]
+    assert [p["name"] for p in phases] == list(kp.PHASES)
+    bounds = [x for p in phases[1:] for x in (p["start_s"], p["end_s"])]
+    assert bounds == sorted(bounds) and report["seconds"] <= report["limit_s"]
+    assert phases[0]["outcome"].endswith("(scripts/gpu-validate)")  # the install ran, timed by the script
+    assert phases[1]["outcome"].startswith("ops ready")
+    assert report["recording"]["configs"] == 4 and set(report["recording"]["per_model"]) == {"tiny", "tiny-llama"}
+    tune = report["tune"]
+    assert tune["ran"] and tune["returncode"] == 0 and "--confirm" in tune["argv"]
+    assert tune["confirm_repeats"] >= 1 and tune["summary"] and 0 < tune["fit_share"] < 1
+    assert len(report["analysis"]["surfaces"]) == 2
+    assert report["checks"]["result_files"]["met"] and report["checks"]["tune_confirmed"]["met"]
+    with tarfile.open(out / "logs.tar.gz") as tar:
+        names = tar.getnames()
+    assert any(n.endswith("tune/study.db") for n in names)  # tune kept its study in study.db
+    assert any(n.endswith("tune/trials.jsonl") for n in names)
+    assert "| tune |" in (out / "kit.md").read_text()
