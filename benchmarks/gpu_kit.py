@@ -35,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import time
+import traceback
 from collections import Counter, defaultdict
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -411,7 +412,10 @@ def analysis(plans: Sequence[gv.Plan], mode: KitMode, clock: Clock, deadline_s: 
         short = clock.left(deadline_s) < 5.0  # out of time: the figures without the replayed searches
         strategies = () if short else gv.STRATEGIES
         log(f"analysis: {plan.name}{' (no replayed searches: out of time)' if short else ''}")
-        surfaces.append(gv.analyse(plan, mode.seeds, strategies, trials=20))
+        try:
+            surfaces.append(gv.analyse(plan, mode.seeds, strategies, trials=20))
+        except Exception as err:  # one surface's figures failing leaves the other's and the rest of the results
+            log(f"analysis: {plan.name}: {type(err).__name__}: {err}")
     return surfaces
 
 
@@ -605,6 +609,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         log("gpu_kit: interrupted; writing what there is")
         code = 130
+    except Exception as err:  # a window's results are worth more than the fault: log it, write them
+        log(f"gpu_kit: internal error in a phase: {type(err).__name__}: {err}")
+        log(traceback.format_exc().rstrip())
+        code = 1
     start = clock.now()
     surfaces = analysis(plans, mode, clock, call.deadline("analysis"), log) if code != 130 else []
     report["analysis"] = {"command": report["command"], "machine": machine, "hardware": hardware.name,
