@@ -103,7 +103,8 @@ def test_real_trial_measures_throughput_and_true_peak(real, name):
     growth, baseline = r.extra["peak_memory_growth_bytes"], r.extra["baseline_memory_bytes"]
     assert r.peak_memory_bytes == baseline + growth
     assert 150 * 2**20 < baseline < 1024 * 2**20
-    assert growth > 4 * make_workload("tiny").model.params  # at least the fp32 weights
+    # At least 4 bytes a parameter: the fp32 weights, or in bf16 DeepSpeed's fp32 master copy of them.
+    assert growth > 4 * make_workload("tiny").model.params
     assert 0 < r.extra["launch_to_first_step_s"] < r.wall_time_s
     assert r.extra["predicted_peak_bytes"] > 0 and r.extra["stop_reason"] in ("stable", "max_steps")
     assert Path(r.extra["log_dir"], "result.json").exists()
@@ -115,6 +116,24 @@ def test_real_trials_used_the_configured_optimizers(real):
     assert real["z3-fp32-ckpt-offload-both-cpuadam"].extra["optimizer"] == "DeepSpeedZeroOptimizer_Stage3"
     assert real["z1-bf16-ckpt-offload"].extra["basic_optimizer"] == "AdamW"  # torch's, as asked
     assert real["z0-fp32"].extra["basic_optimizer"] == "FusedAdam"
+
+
+@pytest.mark.parametrize("name", list(OK_TRIALS))
+def test_the_model_is_built_where_it_trains_no_copy(real, name):
+    """ZeRO 0-2 build the model on the engine's device in its training dtype: deepspeed.initialize casts and
+    moves none of its parameters, and the build held no fp32 copy (its peak over the baseline is the
+    weights in their own dtype). ZeRO-3 builds them partitioned under zero.Init, as before."""
+    config, r = OK_TRIALS[name][0], real[name]
+    built, phases, params = r.extra["build"], r.extra["phases_s"], make_workload("tiny").model.params
+    assert phases["build_s"] > 0 and phases["initialize_s"] > 0
+    assert built["dtype"] == {"fp32": "float32", "bf16": "bfloat16"}[config.precision] and built["device"] == "cpu"
+    assert built["cast_or_moved"] == 0 and built["same_parameters"]
+    if config.zero_stage == 3:
+        return
+    weight_bytes = (4 if config.precision == "fp32" else 2) * params
+    assert weight_bytes <= built["peak_growth_bytes"] < weight_bytes + 2 * params  # a 16-bit model: below one fp32 copy
+    if config.zero_stage == 0 and config.precision == "fp32":  # nothing flattens them: every tensor kept as built
+        assert built["storage_kept"] == built["tensors"]
 
 
 def test_checkpointing_saves_measured_memory(real):

@@ -19,7 +19,7 @@ from autotune.worker import procmem
 from autotune.worker.main import CPU_OOM, Unsupported, classify, prepared_ds_config
 from autotune.worker.measure import (MAX_STEPS, REASONS, SLOW, STABLE, TIME_LIMIT, MeasureSettings, iqr, median_rel_se,
                                      stop_reason)
-from autotune.worker.model import GPT, count_parameters, synthetic_batch
+from autotune.worker.model import GPT, build, count_parameters, synthetic_batch
 from autotune.worker.protocol import WorkerSpec, events_path, read_events, record_phase
 from autotune.workload import PRESETS, ModelShape, make_workload
 
@@ -75,6 +75,40 @@ def test_attention_is_fused_no_score_matrix_is_saved():
         model(tokens, targets)
     assert sizes  # something was saved
     assert not [s for s in sizes if s[-2:] == (shape.seq_len, shape.seq_len)]
+
+
+GEMMA2_LIKE = replace(SMALL_LLAMA, name="small-gemma2", norms_per_layer=4, qk_norm=True, tied_embeddings=True)
+
+
+@pytest.mark.parametrize("shape", [PRESETS["tiny"], SMALL_LLAMA, GEMMA2_LIKE], ids=lambda s: s.name)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_model_is_built_in_its_training_dtype_and_seeded(shape, dtype):
+    torch.manual_seed(3)
+    model = build(shape, 1, "cpu", dtype)
+    assert count_parameters(model) == shape.params
+    assert {(p.dtype, p.device.type) for p in model.parameters()} == {(dtype, "cpu")}
+    assert (model.head.weight is model.embed.weight) == shape.tied_embeddings  # one tensor, as GPT(shape) ties it
+    torch.manual_seed(3)
+    again = build(shape, 1, "cpu", dtype)
+    torch.manual_seed(4)
+    other = build(shape, 1, "cpu", dtype)
+    for (name, p), q, r in zip(model.named_parameters(), again.parameters(), other.parameters()):
+        assert torch.equal(p, q), name  # same seed, same weights
+        if name.endswith("bias"):
+            assert not p.any(), name
+        elif "norm" in name:
+            assert torch.equal(p, torch.ones_like(p)), name
+        else:
+            assert not torch.equal(p, r), name  # drawn from the seeded generator, not left as torch.empty's
+            assert p.float().std().item() == pytest.approx(0.02, rel=0.1), name
+    tokens, targets = synthetic_batch(shape, 2, torch.Generator().manual_seed(1))
+    assert math.log(shape.vocab) - 0.5 < model(tokens, targets).item() < math.log(shape.vocab) + 0.5  # untrained
+
+
+def test_model_build_refuses_a_parameter_it_cannot_initialize(monkeypatch):
+    monkeypatch.delattr("autotune.worker.model.RMSNorm.reset_parameters")
+    with pytest.raises(ValueError, match="no initializer for"):
+        build(SMALL_LLAMA, 0, "cpu", torch.bfloat16)
 
 
 def test_model_rejects_a_checkpoint_interval_beyond_its_layers():

@@ -10,7 +10,9 @@ Result (ARCHITECTURE.md section 3, plus extra keys written flat):
   baseline_memory_bytes, startup_peak_bytes (peak during build, initialize and warm-up),
   predicted_peak_bytes and predicted_step_time_s (the estimator's, when the backend has a hardware
   profile), step_time_iqr_s, step_times_s, steps_measured, stop_reason, ranks, log_dir, master_port,
-  launch_to_first_step_s, phases_s (where the launch-to-first-step time went), expected_step_time_s (a step
+  launch_to_first_step_s, phases_s (where the launch-to-first-step time went), build (rank 0's model as built:
+  dtype, device, the build's peak over the baseline, and what deepspeed.initialize cast, moved or kept of its
+  parameters: autotune.worker.main), expected_step_time_s (a step
   `slow_factor` times longer ends the measurement: stop_reason `slow`, autotune.worker.measure); on CUDA also
   peak_allocated_bytes, peak_reserved_bytes, cuda_context_bytes and outside_allocator_bytes.
 Trials run on the hardware profile's accelerator (`Hardware.accelerator`; CPU without a profile). A rank that
@@ -229,7 +231,8 @@ class DeepSpeedBackend:
             step_time_iqr_s=first["step_time_iqr_s"], step_times_s=first["step_times_s"],
             steps_measured=len(first["step_times_s"]), stop_reason=first["stop_reason"],
             launch_to_first_step_s=first["first_step_time"] - outcome.launch_time,
-            phases_s=first["phases_s"], optimizer=first["optimizer"], basic_optimizer=first.get("basic_optimizer"),
+            phases_s=first["phases_s"], build=first.get("build"), optimizer=first["optimizer"],
+            basic_optimizer=first.get("basic_optimizer"),
             threads_per_rank=first["threads"],
             loss_first=first["loss_first"], loss_last=first["loss_last"])
         for key in ("peak_allocated_bytes", "cuda_context_bytes", "outside_allocator_bytes", "peak_reserved_bytes"):

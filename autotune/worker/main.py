@@ -46,6 +46,9 @@ SLOW_LOAD_S = 5.0  # loading a built op takes about a second here: one still loa
 ARCH_LIST_PARSERS = ("compute_capability_args", "_get_cuda_arch_flags")
 
 
+TRAINING_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # precision -> torch dtype name
+
+
 class Unsupported(Exception):
     """The config cannot run on this machine's accelerator or software."""
 
@@ -129,7 +132,7 @@ def run(spec: WorkerSpec, rank: int, started: float) -> dict[str, Any]:
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
-    from autotune.worker.model import GPT, synthetic_batch, unsupported_reason
+    from autotune.worker.model import GPT, build, synthetic_batch, unsupported_reason
 
     clock.lap("import_s")
     if unsupported_reason(spec.workload.model):
@@ -156,17 +159,35 @@ def run(spec: WorkerSpec, rank: int, started: float) -> dict[str, Any]:
     world = torch.distributed.get_world_size()
     clock.lap("dist_init_s")
     baseline = memory.current()
+    before_build_peak = memory.peak()
+    memory.reset_peak()  # the build's own peak; the start-up peak is the larger of the two
 
     _phase(spec, rank, "build")
     torch.manual_seed(spec.seed)
-    # ZeRO-3 builds the model already partitioned, as Hugging Face does for stage 3.
-    with deepspeed.zero.Init(config_dict_or_path=ds, enabled=spec.config.zero_stage == 3):
-        model = GPT(spec.workload.model, spec.config.ckpt_interval)
+    if spec.config.zero_stage == 3:  # built already partitioned, on the device, in its dtype, as Hugging Face does
+        with deepspeed.zero.Init(config_dict_or_path=ds):
+            model = GPT(spec.workload.model, spec.config.ckpt_interval)
+    else:  # where the engine keeps it (DeepSpeedEngine._set_distributed_vars), in the dtype it would cast to
+        model = build(spec.workload.model, spec.config.ckpt_interval, torch.device(accel.device_name(local_rank)),
+                      getattr(torch, TRAINING_DTYPES[spec.config.precision]))
+    built = [(p, p.dtype, p.device, p.data_ptr()) for p in model.parameters()]
+    build_peak = memory.peak()
     clock.lap("build_s")
 
     _phase(spec, rank, "initialize")
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds)
     clock.lap("initialize_s")
+    build_report = {
+        "dtype": ",".join(sorted({str(dtype).removeprefix("torch.") for _, dtype, _, _ in built})),
+        "device": ",".join(sorted({str(device) for _, _, device, _ in built})), "tensors": len(built),
+        "peak_growth_bytes": build_peak - baseline,
+        # What deepspeed.initialize did to the built parameters: with the model built where it trains, none
+        # is cast or moved (ZeRO 0-2); an optimizer that flattens 16-bit weights gives them new storage.
+        "cast_or_moved": sum(p.dtype != dtype or p.device != device for p, dtype, device, _ in built),
+        "storage_kept": sum(p.data_ptr() == ptr for p, _, _, ptr in built),
+        "same_parameters": [id(p) for p, *_ in built] == [id(p) for p in engine.module.parameters()],
+    }
+    del built
 
     generator = torch.Generator().manual_seed(spec.seed + rank)
     device = engine.device
@@ -189,7 +210,7 @@ def run(spec: WorkerSpec, rank: int, started: float) -> dict[str, Any]:
         _, loss = optimizer_step()
         losses.append(loss.detach().item())
     clock.lap("warmup_s")
-    startup_peak = memory.peak()
+    startup_peak = max(before_build_peak, memory.peak())
     memory.reset_peak()
 
     first_step = time.time()
@@ -218,7 +239,7 @@ def run(spec: WorkerSpec, rank: int, started: float) -> dict[str, Any]:
         "step_time_rel_se": median_rel_se(times) if len(times) > 1 else None, "stop_reason": reason,
         "baseline_memory_bytes": baseline, "peak_memory_bytes": peak, "startup_peak_bytes": startup_peak,
         "peak_allocated_bytes": memory.peak_allocated(), "first_step_time": first_step,
-        "phases_s": phases, "loss_first": losses[0], "loss_last": losses[-1],
+        "phases_s": phases, "build": build_report, "loss_first": losses[0], "loss_last": losses[-1],
         "optimizer": type(engine.optimizer).__name__, "basic_optimizer": type(engine.basic_optimizer).__name__,
         "threads": torch.get_num_threads(), **memory.details(),
     }

@@ -15,9 +15,12 @@ router and experts, and the latent projections, are not built here.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 from torch.utils.checkpoint import checkpoint
 
 from autotune.workload import ModelShape
@@ -28,6 +31,9 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
+
+    def reset_parameters(self) -> None:  # as LayerNorm's: what `build` calls once the weight is allocated
+        nn.init.ones_(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
@@ -193,3 +199,55 @@ def synthetic_batch(shape: ModelShape, micro_batch: int, generator: torch.Genera
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
+
+class _SkipMetaInit(TorchFunctionMode):
+    """Skips in-place initializers of meta tensors, which write nothing: torch's meta `normal_` imports
+    torch._dynamo on first use (2 s and ~75 MB here), which would land in the build's time and peak."""
+
+    INITIALIZERS = frozenset({"normal_", "uniform_", "zero_", "fill_", "zeros_", "ones_", "constant_", "trunc_normal_",
+                              "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_", "xavier_normal_"})
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        target = args[0] if args else kwargs.get("tensor")
+        if getattr(func, "__name__", "") in self.INITIALIZERS and isinstance(target, torch.Tensor) and target.is_meta:
+            return target
+        return func(*args, **kwargs)
+
+
+def build(shape: ModelShape, ckpt_interval: int = 0, device: torch.device | str = "cpu",
+          dtype: torch.dtype = torch.float32) -> GPT:
+    """The model built where it trains, in its training dtype: constructed on the meta device (no memory),
+    then each parameter allocated on `device` in `dtype` and initialized there, in module order, by that
+    device's generator. No fp32 copy on the host and no cast: a bf16 model holds 2 bytes per parameter from
+    the start. Seed the device's generator first (`torch.manual_seed`): the same seed, device and dtype give
+    the same weights. The values are not `GPT(shape)`'s (those are fp32 draws of the CPU's generator, after
+    Linear's own default init), nor the same across dtypes (bf16 is drawn as bf16, not rounded from fp32)."""
+    with torch.device("meta"), _SkipMetaInit():
+        model = GPT(shape, ckpt_interval)
+    if any(True for _ in model.buffers()):
+        raise ValueError("build: the model holds buffers, which it would leave uninitialized")
+    # meta parameter id -> (it, kept so that its id is not reused; its allocation)
+    made: dict[int, tuple[nn.Parameter, nn.Parameter]] = {}
+    for module in model.modules():
+        for name, meta in module._parameters.items():
+            if meta is None:
+                continue
+            if id(meta) not in made:  # a tied parameter (one in two modules) stays one tensor
+                kind = dtype if meta.is_floating_point() else meta.dtype
+                made[id(meta)] = meta, nn.Parameter(torch.empty(meta.shape, device=device, dtype=kind),
+                                                    requires_grad=meta.requires_grad)
+            module._parameters[name] = made[id(meta)][1]
+    done: set[int] = set()
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            GPT._init(module)
+        elif callable(reset := getattr(module, "reset_parameters", None)):
+            reset()
+        else:
+            continue
+        done.update(id(p) for p in module.parameters(recurse=False))
+    missed = [name for name, p in model.named_parameters() if id(p) not in done]
+    if missed:  # torch.empty's contents would train: a module type this function does not know
+        raise ValueError(f"build: no initializer for {missed[:3]}")
+    return model
