@@ -318,6 +318,15 @@ def trial_environment(options: LaunchOptions, accelerator: str) -> dict[str, str
     return with_deepspeed_arch_list(env)
 
 
+def rank_threads(env: Mapping[str, str], local_size: int) -> str:
+    """OMP_NUM_THREADS of each of `local_size` ranks on one machine (also the launch file's, autotune.launch):
+    `env`'s own, else an even share of the cores. Ranks share the cores; oversubscribed OpenMP threads spin
+    against each other."""
+    if "OMP_NUM_THREADS" in env:
+        return env["OMP_NUM_THREADS"]
+    return str(max(1, (os.cpu_count() or 1) // local_size))
+
+
 def run_worker(spec: WorkerSpec, options: LaunchOptions) -> RunOutcome:
     """Run the trial described by `spec` (whose `log_dir` receives every file) and return its outcome."""
     log_dir = Path(spec.log_dir)
@@ -370,8 +379,7 @@ class Trial:
             base.update(place.env)
             if place.ifname:  # the interface of this node's cluster address ('=': NCCL's exact match, not a prefix)
                 base.update(GLOO_SOCKET_IFNAME=place.ifname, NCCL_SOCKET_IFNAME=f"={place.ifname}")
-        # Ranks share the machine's cores; oversubscribed OpenMP threads spin against each other.
-        base.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(base["LOCAL_SIZE"]))))
+        base["OMP_NUM_THREADS"] = rank_threads(base, int(base["LOCAL_SIZE"]))
         worker = ["-m", o.module, str(spec_path)]
         if o.launcher == "direct":
             local = place.local_ranks if place else self.rank_ids
