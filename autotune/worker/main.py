@@ -1,6 +1,8 @@
 """The trial worker: `python -m autotune.worker <spec.json>`, one process per rank.
 
-It builds the built-in model, calls `deepspeed.initialize` with the spec's DeepSpeed config, runs warm-up
+It builds the built-in model where it trains (ZeRO 0-2: on the rank's device in its training dtype, no fp32
+copy on the host for initialize to move and cast, autotune.worker.model.build; ZeRO-3: partitioned under
+zero.Init), calls `deepspeed.initialize` with the spec's DeepSpeed config, runs warm-up
 steps, then measured optimizer steps (every micro-step of gradient accumulation) until the step time is
 stable (autotune.worker.measure), and writes its report `rank<r>.json` (autotune.worker.protocol):
 - step times (rank 0's decide when to stop; the decision is broadcast so all ranks stop together);
