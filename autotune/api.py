@@ -31,16 +31,18 @@ from autotune.drivers.local import run_local
 from autotune.drivers.progress import Progress, QuietProgress
 from autotune.drivers.stop import StopReason
 from autotune.drivers.sweep import Budget, Sweep
+from autotune.files import SQLITE_FULL, NoSpaceLeft, disk_full
 from autotune.handoff import DEFAULT_STACK, check_stack, narrow_choices
 from autotune.hardware import Hardware
 from autotune.report import Outputs, write_outputs
 from autotune.results import TrialResult
+from autotune.runner import remove_stale_shm_at_start
 from autotune.rundir import SETTINGS, STUDY, RunDir, RunSettings
 from autotune.scale import check_target, narrow_choices as narrow_for_target
 from autotune.search_spaces import choices_for
 from autotune.space import Choices, Space
 from autotune.strategies import STRATEGIES
-from autotune.study_storage import canonical as canonical_storage, check_storage
+from autotune.study_storage import canonical as canonical_storage, check_storage, masked
 from autotune.tracking import check_uri as check_tracking_uri, resolve_uri as tracking_uri, tracked
 from autotune.workload import Workload
 
@@ -183,6 +185,7 @@ def tune(spec: TuneSpec, out: str | Path | None = None, *, resume: bool = False,
     """Run the sweep `spec` describes into the run directory `out` (default runs/<model>-<strategy>-<time>),
     or continue it there (`resume`), on this machine or on a Ray cluster (`executor`). `callbacks` hears of
     every trial (autotune.drivers.progress.Progress; ConsoleProgress prints what `autotune tune` prints)."""
+    remove_stale_shm_at_start()  # what trials of a killed tuner left in /dev/shm, whatever its run
     run_dir = RunDir(out if out is not None else default_run_dir(spec.workload.model.name, spec.strategy))
     check_out(run_dir, resume)
     settings = spec.settings()
@@ -191,9 +194,10 @@ def tune(spec: TuneSpec, out: str | Path | None = None, *, resume: bool = False,
     if objective is not None and executor is not None:
         raise ConfigError("a backend object runs on this machine only: register a backend kind to run on Ray")
     before = startup_files(run_dir, resume)
-    with run_dir.locked(), undone_unless_started(run_dir, before):
+    space = settings.space().require_configs()  # an unsatisfiable request: one line, before anything is written
+    with run_dir.locked(), undone_unless_started(run_dir, before), no_space_named(run_dir, settings.storage):
         begin(run_dir, settings, resume)
-        return run_sweep(run_dir, settings, settings.space(), spec.budget(), executor, callbacks or QuietProgress(),
+        return run_sweep(run_dir, settings, space, spec.budget(), executor, callbacks or QuietProgress(),
                          objective, tracking=tracking_uri(spec.mlflow_uri, run_dir.path))
 
 
@@ -227,6 +231,22 @@ def undone_unless_started(run_dir: RunDir, before: set[str]) -> Iterator[None]:
             for name in set(STARTUP_FILES) - before:
                 (run_dir.path / name).unlink(missing_ok=True)
         raise
+
+
+@contextmanager
+def no_space_named(run_dir: RunDir, storage: str | None) -> Iterator[None]:
+    """A full disk met by the sweep as autotune.files.NoSpaceLeft naming where: the file that did not fit, or
+    the study's database (SQLite's "database or disk is full", wrapped by Optuna as StorageInternalError)."""
+    try:
+        yield
+    except NoSpaceLeft:
+        raise
+    except Exception as err:
+        full = disk_full(err)
+        if full is None:
+            raise
+        database = (masked(storage) or storage) if storage is not None else str(run_dir.study_path)
+        raise NoSpaceLeft(full[0] or (database if full[1] == SQLITE_FULL else str(run_dir.path)), full[1]) from err
 
 
 def startup_files(run_dir: RunDir, resume: bool) -> set[str]:

@@ -4,7 +4,8 @@ One error path for every command: bad input is one line `autotune <cmd>: error: 
 type functions in autotune.argtypes, and ConfigError from the library); a DeepSpeed op the trials need that
 cannot be built (autotune.ops.OpBuildFailed) is one line naming the fix, exit 1; Ctrl-C is exit 130; anything else is a
 bug or a fault of the machine, reported as one line naming the exception and the file its traceback was
-written to, exit 1 (`--debug` prints the traceback too). Never a bare traceback."""
+written to, exit 1 (`--debug` prints the traceback too); a full disk (autotune.files.disk_full) is one line naming
+the path and "no space left", exit 1. Never a bare traceback."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import NoReturn, Sequence
 
 from autotune.config import ConfigError
+from autotune.files import NoSpaceLeft, disk_full
 from autotune.ops import OpBuildFailed
 
 # command name -> module under autotune.commands exposing add_arguments(parser) and run(args) -> int
@@ -31,6 +33,8 @@ COMMANDS = {
     "rl": "Train the RL policy with RLlib (PPO) on the simulated environment, resumably; export a checkpoint's policy.",
     "sweep": "Tune many workloads of a sweep YAML at once on a Ray cluster; one run directory each and a summary table.",
 }
+# Commands that run sweeps or trials: at their start, the shared-memory segments of dead tuners' trials go
+CLEANS_SHM = frozenset({"tune", "trial", "surface", "sweep"})
 ERROR_LOG = "last-error.log"  # under the user's cache directory when no run directory is known
 DEBUG_HELP = "on an internal error, print its traceback (it is always written to a log file)"
 
@@ -62,11 +66,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                               debug="--debug" in (sys.argv[1:] if argv is None else argv))
     try:
         args = build_parser().parse_args(argv)  # argparse's own errors: one line, SystemExit(2)
+        if args.command in CLEANS_SHM:
+            from autotune.runner import remove_stale_shm_at_start
+
+            remove_stale_shm_at_start()  # what trials of a killed tuner left in /dev/shm, whatever its run
         return int(args._run(args) or 0)
     except ConfigError as err:
         print(f"{args._prog}: error: {one_line(str(err))}", file=sys.stderr)
         return 2
-    except OpBuildFailed as err:  # the machine cannot build an op every trial needs: what to fix, not a bug
+    except (OpBuildFailed, NoSpaceLeft) as err:  # the machine cannot build an op, or its disk is full: what to fix
         print(f"{args._prog}: error: {one_line(str(err))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -76,6 +84,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         _silence_stdout()
         return 1
     except Exception as err:  # noqa: BLE001  the guard: anything else is one line and a log, not a traceback
+        full = disk_full(err)
+        if full is not None:  # a full disk, wherever it was met: the machine's fault, named (no log: no room)
+            where = full[0] or getattr(args, "_run_dir", None) or os.getcwd()
+            print(f"{args._prog}: error: {one_line(str(NoSpaceLeft(where, full[1])))}", file=sys.stderr)
+            return 1
         return internal_error(args, err)
 
 

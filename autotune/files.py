@@ -129,6 +129,51 @@ def parse_json(text: str, where: str | Path, what: str = "JSON") -> Any:
         raise ConfigError(f"{where}: not valid JSON ({' '.join(str(err).split())[:200]}): expected {what}") from None
 
 
+# -- a full disk
+
+NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+SQLITE_FULL = "database or disk is full"  # SQLITE_FULL's message, in sqlite3's and SQLAlchemy's errors
+
+
+class NoSpaceLeft(Exception):
+    """The file system holding `path` is full (or the user's quota spent): a fault of the machine that the
+    CLI names in one line (exit 1), not a bug. What was recorded before is whole: appends and SQLite
+    transactions are all-or-nothing, atomic writes leave the old file."""
+
+    def __init__(self, path: str | Path, detail: str) -> None:
+        self.path = str(path)
+        super().__init__(f"{path}: no space left on its device ({detail}): free some space, then run the command "
+                         "again (a sweep with --resume: nothing recorded before is lost)")
+
+
+def disk_full(err: BaseException) -> tuple[str | None, str] | None:
+    """If `err`, or an exception it was raised from (Optuna's StorageInternalError wraps SQLAlchemy's
+    OperationalError), says the disk is full: (the file it names, None for a database's; what said so)."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, NoSpaceLeft):
+            return current.path, "no space left on device"
+        if isinstance(current, OSError) and current.errno in NO_SPACE_ERRNOS:
+            name = current.filename
+            return (None if name is None else os.fsdecode(name)), current.strerror or "no space left on device"
+        if SQLITE_FULL in str(current):
+            return None, SQLITE_FULL
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _with_name(err: OSError, path: Path) -> OSError:
+    """`err` naming `path` when it names no file (os.write's and fsync's errors do not), so that a full disk
+    is reported with the file that did not fit."""
+    if err.filename is None and err.errno is not None:
+        named = OSError(err.errno, err.strerror, str(path))
+        named.__cause__ = err
+        return named
+    return err
+
+
 # -- writing
 
 def _umask() -> int:
@@ -165,11 +210,13 @@ def atomic_output(path: str | Path) -> Iterator[BinaryIO]:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)  # replaces a symlink at `path` itself, never its target
-    except BaseException:
+    except BaseException as err:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(err, OSError):
+            raise _with_name(err, path)  # a new error keeps the first as its cause
         raise
     fsync_dir(directory)
 
@@ -203,10 +250,19 @@ def append_line(path: str | Path, line: str) -> None:
         _refuse_link(path, err, "append")
         raise
     try:
+        size = os.fstat(fd).st_size
         data = (line + "\n").encode("utf-8")
-        while data:  # one write in practice; a short write is finished, not lost
-            data = data[os.write(fd, data):]
-        os.fsync(fd)
+        try:
+            while data:  # one write in practice; a short write is finished, not lost
+                data = data[os.write(fd, data):]
+            os.fsync(fd)
+        except OSError as err:
+            if err.errno in NO_SPACE_ERRNOS:  # the part that fitted is taken back: no torn line is left
+                try:
+                    os.ftruncate(fd, size)
+                except OSError:
+                    pass  # the next start repairs a torn tail (autotune.results.repair_tail)
+            raise _with_name(err, path)  # a new error keeps the first as its cause
     finally:
         os.close(fd)
     if created:

@@ -26,20 +26,21 @@ import fcntl
 import json
 import os
 import sqlite3
+import stat
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, TypeVar
 
-from autotune.config import ConfigError
-from autotune.files import append_line, load_json, open_lock, short, write_atomic
+from autotune.config import ConfigError, first_line
+from autotune.files import append_line, disk_full, load_json, open_lock, short, write_atomic
 from autotune.handoff import DEFAULT_STACK, STACKS
 from autotune.hardware import Hardware, hardware_from_dict
 from autotune.results import TrialResult, append_result, read_results, repair_tail
 from autotune.search_spaces import parse_choices
 from autotune.space import Choices, Space
 from autotune.strategies import STRATEGIES
-from autotune.study_storage import masked, open_storage, study_name
+from autotune.study_storage import SQLITE_HEADER, masked, open_storage, study_name
 from autotune.workload import Workload
 
 if TYPE_CHECKING:
@@ -187,6 +188,35 @@ class RunFolder:
         append_line(self.path / name, line)
 
 
+def check_study_file(path: Path) -> None:
+    """A run directory's study.db, before SQLite opens it: absent, or a regular file that is an SQLite database
+    (or empty: SQLite makes one of it). A symbolic link is refused (SQLite would write through it, to whatever
+    it points at), as is anything else (a folder, a FIFO, a file of other data: SQLite's "file is not a
+    database" would come mid-sweep); a one-line ConfigError naming the file."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot be read ({err.strerror or err}): expected the sweep's Optuna study") from None
+    if stat.S_ISLNK(info.st_mode):
+        raise ConfigError(f"{path} is a symbolic link: refusing to open the sweep's Optuna study through it (remove "
+                          "it, or name a shared database with --storage sqlite:///PATH)")
+    if not stat.S_ISREG(info.st_mode):
+        raise ConfigError(f"{path}: not a regular file: expected the sweep's Optuna study (an SQLite database)")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            head = os.read(fd, len(SQLITE_HEADER))
+        finally:
+            os.close(fd)
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot be read ({err.strerror or err}): expected the sweep's Optuna study") from None
+    if head and head != SQLITE_HEADER:
+        raise ConfigError(f"{path}: not an SQLite database (it starts {head[:8]!r}): expected the sweep's Optuna "
+                          "study; move it aside to resume without it")
+
+
 class RunDir(RunFolder):
     """A sweep's run directory."""
 
@@ -206,6 +236,7 @@ class RunDir(RunFolder):
         if url is not None:
             return open_storage(url)
 
+        check_study_file(self.study_path)
         path = self.study_path.resolve()
 
         def connect() -> sqlite3.Connection:
@@ -215,7 +246,15 @@ class RunDir(RunFolder):
             return connection
 
         self.path.mkdir(parents=True, exist_ok=True)
-        return optuna.storages.RDBStorage(f"sqlite:///{path}", engine_kwargs={"creator": connect})
+        from sqlalchemy.exc import DatabaseError
+
+        try:
+            return optuna.storages.RDBStorage(f"sqlite:///{path}", engine_kwargs={"creator": connect})
+        except DatabaseError as err:  # a damaged database past its header; a full disk is the CLI's to name
+            if disk_full(err) is not None:
+                raise
+            raise ConfigError(f"{self.study_path}: not a usable SQLite database ({first_line(err.orig or err)}): "
+                              f"expected the sweep's Optuna study; move it aside to resume without it") from None
 
     def study_name(self, url: str | None = None) -> str:
         """The name of the sweep's study in its storage (autotune.study_storage): the one run.json recorded

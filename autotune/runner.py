@@ -13,7 +13,9 @@ Nothing of a trial listens beyond loopback: rank 0 serves the rendezvous store o
 autotune.worker.main.host_store) and gloo's and NCCL's sockets are bound to `lo`. A multi-node share
 binds them to its node's cluster address and the interface that carries it instead.
 A trial's port is claimed with an owner marker beside DeepSpeed's shared-memory segments, so that the
-segments of a trial whose tuner was killed (SIGKILL: no cleanup ran) are removed when the next trial starts.
+segments of a trial whose tuner was killed (SIGKILL: no cleanup ran) are removed when the next ds-autotune
+sweep or trial command starts on the machine (any run: remove_stale_shm_at_start), and again at each trial's
+start; never a segment whose marker's runner is alive, nor one some process still holds.
 
 While the trial runs, the runner polls (every `poll_s`): the ranks' reports, their exits, the wall-clock
 timeout (paused while a rank builds DeepSpeed's C++ ops, a one-time cost per machine), and on the CPU the
@@ -240,6 +242,16 @@ def remove_stale_shm(shm_dir: Path = SHM_DIR, addr: str = MASTER_ADDR) -> list[P
             marker.unlink(missing_ok=True)
             removed.append(marker)
     return removed
+
+
+def remove_stale_shm_at_start(shm_dir: Path | None = None) -> list[Path]:
+    """At the start of any sweep or trial command (autotune.cli) and of `autotune.tune()`: remove_stale_shm, so
+    that the segments of a tuner killed with SIGKILL (~66 MB per rank) go with the next ds-autotune process on
+    the machine, whatever run or command it is, not only at the next real trial. Never fails the command."""
+    try:
+        return remove_stale_shm(SHM_DIR if shm_dir is None else shm_dir)
+    except OSError:
+        return []
 
 
 def _markers(shm_dir: Path) -> list[tuple[Path, int]]:

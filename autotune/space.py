@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Iterable, Iterator, Sequence
@@ -156,6 +157,45 @@ class Space:
         for config in sorted(self.configs, key=lambda c: sum(getattr(c, k) != defaults[k] for k in KNOBS)):
             return config
         raise ConfigError("the space has no valid config for this workload")
+
+    def empty_reason(self) -> str | None:
+        """Why the space holds no valid config, as one clause naming the knob and the value at fault (None: it
+        holds some). The knob no value of which can run is named first; else the reason most configs fail."""
+        if self.configs:
+            return None
+        workload, choices = self.workload, self.choices
+        batch, gpus = workload.global_batch, workload.gpus
+        micro = choices.micro_batch
+        if not any(workload.grad_accumulation(m) for m in micro):
+            listed = ", ".join(map(str, micro))
+            if batch % gpus:
+                return (f"global batch {batch} does not divide over {gpus} GPU(s), so no micro-batch of the space "
+                        f"({listed}) divides {batch} / {gpus}: allowed a global batch that is a multiple of "
+                        f"micro-batch x {gpus} (e.g. {', '.join(str(m * gpus) for m in micro[:3])})")
+            per_gpu = batch // gpus
+            fits = [d for d in range(1, per_gpu + 1) if per_gpu % d == 0]
+            return (f"no micro-batch of the space ({listed}) divides the {per_gpu} sample(s) per GPU of global batch "
+                    f"{batch} over {gpus} GPU(s): allowed micro-batches {', '.join(map(str, fits[:8]))}"
+                    f"{', ...' if len(fits) > 8 else ''}")
+        if not any(self.hardware.supports(p) for p in choices.precision):
+            runs = ", ".join(p for p in PRECISIONS if self.hardware.supports(p))
+            return (f"precision {', '.join(choices.precision)} is not supported on {self.hardware.name} (the space's "
+                    f"only precision{'s' if len(choices.precision) > 1 else ''}): allowed {runs}")
+        if all(k > workload.model.layers for k in choices.ckpt_interval):
+            return (f"ckpt_interval {', '.join(map(str, choices.ckpt_interval))} exceeds the model's "
+                    f"{workload.model.layers} layers: allowed 0 to {workload.model.layers}")
+        reasons = Counter(self.invalid_reason(Config(*values))
+                          for values in itertools.product(*(choices.knob_values(k) for k in KNOBS)))
+        return str(reasons.most_common(1)[0][0])
+
+    def require_configs(self) -> "Space":
+        """The space itself; ConfigError naming why when it holds no valid config (an unsatisfiable request is
+        refused before anything runs, not answered with 0 configs)."""
+        reason = self.empty_reason()
+        if reason is not None:
+            raise ConfigError(f"the space holds no valid config for {self.workload.model.name} on "
+                              f"{self.workload.gpus} x {self.hardware.name}: {reason}")
+        return self
 
     def restrict(self, configs: Iterable[Config]) -> "Space":
         return Space(self.choices, self.workload, self.hardware, frozenset(configs))

@@ -11,6 +11,10 @@
    - a torn last line of trials.jsonl (a write cut short), and a complete last line missing only its newline;
    - two tuners on one run directory: the second is refused in one line, the first goes on;
    - an unreachable `--ray-address`: one line, exit 2, within 30 s;
+   - a full disk under study.db (Optuna's StorageInternalError from SQLAlchemy's "database or disk is full",
+     injected): one line naming study.db and "no space left", exit 1, nothing lost, then --resume;
+   - /dev/shm segments of another run's SIGKILLed tuner (planted with its owner marker): gone after the start
+     of a simulated sweep of another run; a live runner's kept;
    - one real DeepSpeed trial whose tuner is killed with SIGKILL: its /dev/shm segments are gone after the
      next start (`--resume`) (skip with --no-real);
    - with --ray: a tuner driving a local Ray instance killed with SIGKILL, then resumed.
@@ -318,6 +322,81 @@ def real_trial_killed(root: Path) -> Fault:
                  "; ".join(problems) or f"{len(mine)} segment(s) of the killed trial removed")
 
 
+def dead_runner_segments_other_run(root: Path) -> Fault:
+    """A tuner of another run killed with SIGKILL left its trial's segments in /dev/shm (a marker naming its
+    gone pid, one ~66 MB segment per rank in life, small here): the start of any ds-autotune sweep, here a
+    simulated one of another run that launches no real trial, removes them; a live runner's are kept."""
+    uid = os.getuid()
+    code = ("import sys; from autotune.runner import claim_port; print(claim_port())")
+    dead = int(subprocess.run([sys.executable, "-c", code], env=env_with(), capture_output=True, text=True,
+                              check=True).stdout)  # the claiming process has exited: its runner is gone
+    from autotune.runner import claim_port, release_port  # this process: a live runner
+
+    live = claim_port()
+    planted = [Path("/dev/shm") / f"deepspeed_allreduce_buffer_{uid}_127.0.0.1_{port}_{rank}"
+               for port in (dead, live) for rank in (0, 1)]
+    for path in planted:
+        path.write_bytes(b"x" * 4096)
+    try:
+        run = root / "another-run"
+        done = subprocess.run(tune_argv(run, "random", trials=1), env=env_with(), capture_output=True, text=True,
+                              timeout=300)
+        left = [p.name for p in planted[:2] if p.exists()]
+        kept = all(p.exists() for p in planted[2:])
+        problems = [f"exit {done.returncode}" if done.returncode else "",
+                    f"{len(left)} segment(s) of the dead runner left: {left}" if left else "",
+                    "" if kept else "a live runner's segment was removed"]
+    finally:
+        for path in planted[2:]:
+            path.unlink(missing_ok=True)
+        release_port(live)
+    problems = [p for p in problems if p]
+    return Fault("dead runner's /dev/shm", "segments of a SIGKILLed tuner, then a simulated sweep of another run",
+                 not problems, 0, 0, 0, "; ".join(problems) or "2 segment(s) of the dead runner removed, the live "
+                 "runner's 2 kept")
+
+
+FULL_DISK = """
+import sys, sqlite3
+import optuna
+from sqlalchemy.exc import OperationalError
+from autotune.cli import main
+
+def full(*args, **kwargs):  # SQLite out of room at a commit, as Optuna's RDBStorage reports it
+    try:
+        raise OperationalError("INSERT INTO trials", (), sqlite3.OperationalError("database or disk is full"))
+    except OperationalError as err:
+        raise optuna.exceptions.StorageInternalError("An exception is raised during the commit. This typically "
+                                                     "happens due to invalid data in the commit, e.g. exceeding "
+                                                     "max length. ") from err
+
+optuna.storages.RDBStorage._create_new_trial = full
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def full_disk(root: Path) -> Fault:
+    """A study database that cannot grow (the real exception types, injected): one line naming study.db and
+    "no space left", exit 1; nothing recorded lost; the resume once there is room completes the budget."""
+    run = root / "full-disk"
+    first = subprocess.run(tune_argv(run, "optuna", trials=3), env=env_with(), capture_output=True, text=True)
+    if first.returncode != 0:
+        return Fault("full disk", "study.db full", False, 0, 0, 0, f"first session exit {first.returncode}")
+    before = complete_lines(run / "trials.jsonl")
+    argv = [*tune_argv(run, "optuna", trials=5), "--resume"]
+    full = subprocess.run([sys.executable, "-c", FULL_DISK, *argv[3:]], env=env_with(), capture_output=True, text=True,
+                          timeout=300)
+    lines = [line for line in full.stderr.splitlines() if line.strip()]
+    named = (full.returncode == 1 and len(lines) == 1 and "no space left" in lines[0]
+             and str(run / "study.db") in lines[0] and "internal error" not in lines[0])
+    fault = check_after("full disk", "study.db full (StorageInternalError from OperationalError), then --resume",
+                        before, run, resume(run, "optuna", budget=5), budget=5)
+    problems = [p for p in ["" if named else f"exit {full.returncode}: {' | '.join(lines)[-300:]}",
+                            "" if fault.survived else fault.note] if p]
+    return Fault(fault.kind, fault.detail, not problems, fault.recorded_before, fault.kept, fault.final_trials,
+                 "; ".join(problems) or lines[0].replace(str(run), "<run>")[:120])
+
+
 def ray_driver_killed(root: Path, rng: random.Random) -> Fault:
     run = root / "ray-driver"
     argv = [*tune_argv(run, "random"), "--ray-address", "local", "--concurrency", "2"]
@@ -344,6 +423,8 @@ def run_faults(rounds: int, real: bool, ray: bool, seed: int) -> list[Fault]:
         jobs.append(lambda strategy=strategy: broken_tail(root, strategy, "last line without its newline"))
     jobs.append(lambda: concurrent_tuners(root, "optuna"))
     jobs.append(lambda: unreachable_ray(root))
+    jobs.append(lambda: full_disk(root))
+    jobs.append(lambda: dead_runner_segments_other_run(root))
     if real:
         jobs.append(lambda: real_trial_killed(root))
     if ray:

@@ -59,9 +59,12 @@ def choices_for(name_or_path: str | Path | None, hardware: Hardware) -> Choices:
     return load_choices(name_or_path) if name_or_path else default_choices(hardware)
 
 
-def space_for(name_or_path: str | Path | None, workload: Workload, hardware: Hardware) -> Space:
-    """The space of a preset or YAML file for this workload and hardware (None: default_choices)."""
-    return Space(choices_for(name_or_path, hardware), workload, hardware)
+def space_for(name_or_path: str | Path | None, workload: Workload, hardware: Hardware, *, check: bool = True) -> Space:
+    """The space of a preset or YAML file for this workload and hardware (None: default_choices); with `check`,
+    ConfigError naming why when it holds no valid config (Space.require_configs). A script sweep passes
+    check=False: its global batch is settled by its first trial."""
+    space = Space(choices_for(name_or_path, hardware), workload, hardware)
+    return space.require_configs() if check else space
 
 
 def space_note(hardware: Hardware, choices: Choices) -> str | None:

@@ -170,8 +170,15 @@ def replay_settings(surface_path: str | Path, *, model: str | None = None, globa
     choices = surface_choices(surface)
     if space is not None:
         narrowed = load_choices(space)
-        choices = Choices(**{k: tuple(v for v in choices.knob_values(k) if v in narrowed.knob_values(k))
-                             for k in KNOBS}, nvme_path=narrowed.nvme_path)
+        kept = {k: tuple(v for v in choices.knob_values(k) if v in narrowed.knob_values(k)) for k in KNOBS}
+        for knob, values in kept.items():
+            if not values:  # the knob emptied: name the values asked for and why none is left
+                asked = ", ".join(map(str, narrowed.knob_values(knob)))
+                measured = ", ".join(map(str, choices.knob_values(knob)))
+                raise ConfigError(f"--space {space}: {knob} {asked} was not measured in the surface {surface_path} "
+                                  f"(it measured {knob} {measured}), so the space holds no {knob}: allowed a space "
+                                  f"with one of {measured}")
+        choices = Choices(**kept, nvme_path=narrowed.nvme_path)
     settings = RunSettings(workload, hardware, memory_budget or hardware.memory_bytes, strategy, "replay", seed,
                            choices, surface=str(Path(surface_path).resolve()))
-    return settings, surface_space(surface, hardware, workload, choices)
+    return settings, surface_space(surface, hardware, workload, choices).require_configs()

@@ -101,8 +101,9 @@ def hardware_of(args: argparse.Namespace, *, real: bool) -> tuple[Hardware, Loca
     return resolve_hardware(args.hardware, real=real, model=getattr(args, "model", None))
 
 
-def space_from(args: argparse.Namespace, workload: Workload, hardware: Hardware) -> Space:
-    return space_for(args.space, workload, hardware)
+def space_from(args: argparse.Namespace, workload: Workload, hardware: Hardware, *, check: bool = True) -> Space:
+    """--space for this workload and hardware; with `check`, refused in one line when it holds no valid config."""
+    return space_for(args.space, workload, hardware, check=check)
 
 
 def fail(prog: str, message: str) -> int:

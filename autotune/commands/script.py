@@ -39,6 +39,6 @@ def resolve(args: argparse.Namespace) -> tuple[RunSettings, Space]:
 
         plan(script.path, script.args, exclude=(args.out,) if args.out else ())
     workload, hardware = script_target(args)
-    space = space_from(args, workload, hardware)
+    space = space_from(args, workload, hardware, check=False)  # the first trial settles its global batch
     budget = args.memory_budget or hardware.memory_bytes
     return RunSettings(workload, hardware, budget, args.strategy, "script", args.seed, space.choices), space

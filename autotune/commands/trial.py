@@ -130,10 +130,14 @@ def created_run_dir(args: argparse.Namespace, default: str) -> Path:
 
 
 def check_config(config: Config, workload: Workload, hardware: Hardware, nvme_path: str | None) -> None:
-    """Refuse configs that cannot be written for this workload. A precision the hardware profile lacks is
-    not refused: the real trial finds out whether it runs here; only the prediction is missing."""
-    runnable_profile = hardware.with_(peak_flops={**hardware.peak_flops, config.precision: 1.0})
-    reason = invalid_reason(config, workload, runnable_profile, nvme_path)
+    """Refuse, before anything is launched, configs that cannot be written for this workload or run on this
+    hardware: a precision the profile does not support (Hardware.supports; fp16 on cpu, which DeepSpeed's CPU
+    accelerator refuses) would launch ranks only to record `unsupported`."""
+    if not hardware.supports(config.precision):
+        runs = ", ".join(p for p in PRECISIONS if hardware.supports(p))
+        why = " (DeepSpeed's CPU accelerator refuses it)" if hardware.is_cpu else ""
+        raise ConfigError(f"--precision {config.precision}: not supported on {hardware.name}{why}: allowed {runs}")
+    reason = invalid_reason(config, workload, hardware, nvme_path)
     if reason:
         raise ConfigError(f"{config.label()}: {reason}")
 
@@ -197,8 +201,6 @@ def show(result: TrialResult, prediction: Estimate | None, calibration: Calibrat
     console.print(table)
     if result.error:
         console.print(f"[bold]{result.status}[/bold]: {result.error}")
-    if prediction is None:
-        console.print(f"no prediction: the {hardware.name} profile has no {result.config.precision} figures")
     console.print(f"recorded in {run_dir / 'trials.jsonl'}; logs in {extra.get('log_dir')}")
 
 

@@ -9,7 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from autotune.api import DEFAULT_STRATEGY, begin, check_out, default_run_dir, run_sweep, startup_files, undone_unless_started
+from autotune.api import (DEFAULT_STRATEGY, begin, check_out, default_run_dir, no_space_named, run_sweep, startup_files,
+                          undone_unless_started)
 from autotune.argtypes import duration, gpu_count, non_negative_int, output_dir, ray_address, seed, stop_probability
 from autotune.backends.replay import replay_settings
 from autotune.backends.factory import backend_names
@@ -140,7 +141,8 @@ def run(args: argparse.Namespace) -> int:
     before = startup_files(run_dir, args.resume)
     make_dir(out, "--out" if args.out else "the default run directory")
     args._run_dir = out  # an internal error's traceback goes to its logs/ (autotune.cli)
-    with run_dir.locked(), sigterm_as_interrupt(), undone_unless_started(run_dir, before):
+    with run_dir.locked(), sigterm_as_interrupt(), undone_unless_started(run_dir, before), \
+            no_space_named(run_dir, settings.storage):
         if args.script and args.resume:
             settings = script_mode().resumed(run_dir, settings, script_from(args), args.global_batch)
             space = settings.space()  # the model, global batch and space the first trial settled

@@ -16,6 +16,7 @@ An entry of corpus.yaml:
       latin1_files: {path: text}       # files written byte for byte ("\xff\xfe" is two bytes),
       append: {path: text}             # text appended, and
       json_set: {path: {key: value}}   # keys of a JSON file replaced (a dotted key reaches inside)
+      symlinks: {path: target}         # symbolic links made (after the files; an existing path is replaced)
       env: {NAME: value}               # environment variables of the command
       mentions: [text]                 # the error line must contain each (the bad value, the file)
       then: {argv: [...], exit: 0}     # a follow-up command (the corrected one) and its expected exit
@@ -143,6 +144,10 @@ def prepare(entry: Entry, folder: Path) -> None:
     for name, text in (raw.get("append") or {}).items():
         with open(folder / name, "a", encoding="utf-8") as out:
             out.write(expand(text, folder))
+    for name, target in (raw.get("symlinks") or {}).items():  # the link replaces whatever is there
+        link = folder / expand(name, folder)
+        link.unlink(missing_ok=True)
+        link.symlink_to(expand(target, folder))
     for name, changes in (raw.get("json_set") or {}).items():
         path = folder / name
         data = json.loads(path.read_text())
