@@ -4,19 +4,23 @@ instructions that go with them, and the space narrowed to what the user's stack 
 Stacks (`--stack`, `TuneSpec.stack`):
 - `deepspeed`: the user's own loop around `deepspeed.initialize`; every knob applies (activation
   checkpointing in segments of k layers is the model's code: `checkpoint_code`).
-- `trainer`: the Hugging Face Trainer. Its `gradient_checkpointing` is on/off (every layer or none), so the
-  space keeps ckpt_interval 0 and 1 only.
+- `trainer`: the Hugging Face Trainer. Its `activation_checkpointing` (`gradient_checkpointing` before
+  transformers 5.x; the key follows the installed version: `checkpointing_key`) is on/off (every layer or none),
+  so the space keeps ckpt_interval 0 and 1 only.
 - `accelerate`: Accelerate's DeepSpeed integration; checkpointing is the model's
   `gradient_checkpointing_enable()`, on/off as well.
 
 Files (all in the run directory): `best_ds_config.json` (complete, for `deepspeed.initialize`),
 `best_hf_ds_config.json` ("auto" only for the recipe's learning rate, weight decay and clipping:
 dsconfig.hf_ds_config), `recommended_trainer_args.json` (the `TrainingArguments` keyword arguments that
-match it), `best_accelerate_config.yaml` (for `accelerate launch --config_file`).
+match it), `best_accelerate_config.yaml` (for `accelerate launch --config_file`), `launch.sh` (the launch command
+with the trials' environment: autotune.launch).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.config import Config, ConfigError
 from autotune.dsconfig import RECIPE_AUTO, DsOptions, ds_config, hf_ds_config, validate
 from autotune.hardware import Hardware
+from autotune.launch import LAUNCH_FILE, Launch, trials_environment
 from autotune.space import Choices, Space
 from autotune.workload import Workload
 
@@ -41,8 +46,21 @@ TRAINER_ARGS = "recommended_trainer_args.json"
 ACCELERATE_CONFIG = "best_accelerate_config.yaml"
 
 _STACK_NAMES = {"trainer": "the Hugging Face Trainer", "accelerate": "Accelerate"}
-_SWITCH = {"trainer": "`TrainingArguments(gradient_checkpointing=...)`",
+_SWITCH = {"trainer": "`TrainingArguments(activation_checkpointing=...)` (`gradient_checkpointing` before transformers 5.x)",
            "accelerate": "the model's `gradient_checkpointing_enable()`"}
+
+
+@functools.cache
+def checkpointing_key() -> str:
+    """The installed transformers' TrainingArguments field that switches activation checkpointing:
+    `activation_checkpointing` where it has one (5.x: `gradient_checkpointing` is its deprecated alias, to be
+    removed in v6), else `gradient_checkpointing` (older versions, or no transformers here)."""
+    try:
+        from transformers import TrainingArguments
+    except ImportError:
+        return "gradient_checkpointing"
+    names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    return "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
 
 
 def check_stack(stack: str) -> str:
@@ -122,7 +140,7 @@ class Handoff:
             "fp16": self.config.precision == "fp16",
             # on/off: every layer. An interval k > 1 (stack deepspeed only) is not the Trainer's to apply;
             # every layer is the nearest it can, with less memory than measured.
-            "gradient_checkpointing": self.config.ckpt_interval > 0,
+            checkpointing_key(): self.config.ckpt_interval > 0,
             "deepspeed": str(self.folder / HF_DS_CONFIG),
         }
         if self.hardware.is_cpu:
@@ -167,13 +185,23 @@ class Handoff:
             header.append(f"# {nodes} machines: on each set machine_rank, main_process_ip and main_process_port")
         return "\n".join(header) + "\n" + yaml.safe_dump(self.accelerate_config(), sort_keys=True)
 
+    def launch(self) -> Launch:
+        """The launch command: this many processes, as many per machine as the hardware has devices, in the
+        environment the runner gives a trial's ranks on this machine."""
+        per_node = min(self.workload.gpus, max(1, self.hardware.gpus_per_node))
+        bin_dir, settings = trials_environment(self.hardware.accelerator, per_node)
+        return Launch(self.workload.gpus, per_node, bin_dir, settings, self.stack, str(self.folder / ACCELERATE_CONFIG),
+                      tuple(self.trainer_flags()) if self.stack == "trainer" else (),
+                      f"{self.config.label()} for {self.workload.model.name}, global batch {self.workload.global_batch}")
+
     def write(self, run: RunFolder) -> list[Path]:
-        """Write the four files (the DeepSpeed config checked with DeepSpeed's own parser first)."""
+        """Write the five files (the DeepSpeed config checked with DeepSpeed's own parser first)."""
         ds = self.ds_config()
         validate(ds, self.workload.gpus)
         return [run.write_json(DS_CONFIG, ds), run.write_json(HF_DS_CONFIG, self.hf_ds_config()),
                 run.write_json(TRAINER_ARGS, self.trainer_args()),
-                run.write_text(ACCELERATE_CONFIG, self.accelerate_yaml())]
+                run.write_text(ACCELERATE_CONFIG, self.accelerate_yaml()),
+                run.write_text(LAUNCH_FILE, self.launch().script())]
 
     # ---- what a person reads: the console's lines and the report's section ----
 
@@ -187,7 +215,7 @@ class Handoff:
         mismatch = self.ckpt_mismatch()
         if mismatch:
             lines.append(mismatch)
-        return lines
+        return lines + self.launch().console_lines(str(d / LAUNCH_FILE))
 
     def ckpt_mismatch(self) -> str | None:
         """What the Trainer and Accelerate cannot apply of this config (an interval k > 1), or None."""
@@ -212,11 +240,26 @@ class Handoff:
                  f"{a} accumulation step(s), {w.gpus} process(es) (global batch {w.global_batch} = {m} x {a} x "
                  f"{w.gpus}), {c.precision}, ZeRO-{c.zero_stage}, offload optimizer {c.offload_optimizer} / "
                  f"parameters {c.offload_param}, and the bucket sizes it ran with. Launch {w.gpus} process(es) "
-                 "(one per device)" + (", with `DS_ACCELERATOR=cpu` on a CPU machine." if self.hardware.is_cpu else "."),
+                 f"(one per device) through a launcher: `{LAUNCH_FILE}` (below).",
                  "", f"Paths below are relative to this run directory; `{TRAINER_ARGS}` and `{ACCELERATE_CONFIG}` name "
                  f"`{HF_DS_CONFIG}` by its absolute path, so that they work from any directory.", ""]
+        lines += self._launch_section()
         lines += self._deepspeed_section() + self._trainer_section() + self._accelerate_section()
         return lines
+
+    def _launch_section(self) -> list[str]:
+        launch = self.launch()
+        extensions = launch.env()["TORCH_EXTENSIONS_DIR"]
+        return ["### Launching", "",
+                f"`python train.py` alone fails (DeepSpeed needs a launcher's RANK, WORLD_SIZE and MASTER_ADDR/PORT; "
+                f"without them it looks for MPI: `No module named 'mpi4py'`). `{LAUNCH_FILE}` starts your script under "
+                "a launcher with the recommendation's process count and the environment the trials ran in:", "",
+                "```", *(f"bash {LAUNCH_FILE} {line}" for line in launch.usage()), "```", "",
+                "It runs, written out (one of the forms):", "", "```bash", *launch.commands(), "```", "",
+                f"`TORCH_EXTENSIONS_DIR={extensions}` is where the tuner built DeepSpeed's C++ ops (cpu_adam, "
+                "shm_comm, fused_adam, as the trials needed them): with it, and the tuner's Python first on `PATH` (its "
+                "ninja), your first run loads them instead of rebuilding them under `~/.cache/torch_extensions` "
+                "(minutes). Another Python environment or machine builds its own once.", ""]
 
     def _stack_sentence(self) -> str:
         if self.stack == "deepspeed":

@@ -1,7 +1,8 @@
 """Outputs of a sweep, written from its run directory alone (so `autotune report runs/NAME` regenerates
 them): `summary.json` (the contract of ARCHITECTURE.md section 3), `best_ds_config.json` (checked with
 DeepSpeed's own parser), `best_hf_ds_config.json`, `recommended_trainer_args.json` and
-`best_accelerate_config.yaml` (autotune/handoff.py), `report.md`, and `plots/*.png`."""
+`best_accelerate_config.yaml` (autotune/handoff.py), `launch.sh` (autotune/launch.py), `report.md`, and
+`plots/*.png`."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any, Sequence
 from autotune import convergence
 from autotune.config import Config, ConfigError
 from autotune.handoff import ACCELERATE_CONFIG, DS_CONFIG, HF_DS_CONFIG, TRAINER_ARGS, Handoff, stack_line
+from autotune.launch import LAUNCH_FILE
 from autotune.confirm import DEFAULT_REPEATS, Confirmation, confidence_words, confirmation, is_repeat, prior_sigma, recommend
 from autotune.estimate import estimate
 from autotune.pruning import (CAUSES, DEVICE_MEMORY, HOST_MEMORY, NVME_SPACE, Pruner, cause_counts, cause_of,
@@ -263,7 +265,7 @@ def check_output_paths(run: RunDir) -> None:
     one: the outputs are replaced as a set, never half of them."""
     if run.plots_dir.exists() and not run.plots_dir.is_dir():
         raise ConfigError(f"{run.plots_dir} is not a directory: the report's plots go there (remove or rename it)")
-    for name in ("summary.json", "report.md", DS_CONFIG, HF_DS_CONFIG, TRAINER_ARGS, ACCELERATE_CONFIG):
+    for name in ("summary.json", "report.md", DS_CONFIG, HF_DS_CONFIG, TRAINER_ARGS, ACCELERATE_CONFIG, LAUNCH_FILE):
         if (run.path / name).is_dir():
             raise ConfigError(f"{run.path / name} is a directory: the report writes a file there (remove or rename it)")
 
@@ -308,7 +310,8 @@ def markdown(results: Sequence[TrialResult], settings: RunSettings, summary: dic
     ]
     if best is not None:
         lines += ["Use it with DeepSpeed (`best_ds_config.json`), the Hugging Face Trainer (`recommended_trainer_args.json` "
-                  "with `best_hf_ds_config.json`) or Accelerate (`best_accelerate_config.yaml`): see "
+                  "with `best_hf_ds_config.json`) or Accelerate (`best_accelerate_config.yaml`), launched by "
+                  "`launch.sh` (torchrun or deepspeed, with the trials' environment): see "
                   "[Using the recommendation](#using-the-recommendation).", ""]
     lines += _top_table(results, budget)
     lines += target_table(scaled)

@@ -9,10 +9,11 @@ import dataclasses
 import json
 import math
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 
 import pytest
 import yaml
@@ -21,11 +22,13 @@ from autotune.api import TuneSpec
 from autotune.cli import main
 from autotune.config import Config, ConfigError
 from autotune.dsconfig import RECIPE_AUTO, hf_ds_config
-from autotune.handoff import (ACCELERATE_CONFIG, DS_CONFIG, HF_DS_CONFIG, TRAINER_ARGS, Handoff, for_stack,
-                              narrow_choices)
+from autotune.handoff import (ACCELERATE_CONFIG, DS_CONFIG, HF_DS_CONFIG, TRAINER_ARGS, Handoff, checkpointing_key,
+                              for_stack, narrow_choices)
 from autotune.hardware import PROFILES
 from autotune.rundir import RunSettings
-from autotune.runner import LOOPBACK_IFNAME, MASTER_ADDR, extensions_dir, free_port, remove_shm_buffers
+from autotune.launch import LAUNCH_FILE
+from autotune.runner import (LOOPBACK_IFNAME, MASTER_ADDR, LaunchOptions, extensions_dir, free_port, remove_shm_buffers,
+                             trial_environment)
 from autotune.search_spaces import load_choices
 from autotune.space import Choices
 from autotune.workload import make_workload
@@ -265,3 +268,137 @@ def test_accelerate_launch_with_the_recommended_config_file(recommended, monkeyp
     ran = train("launched", run, monkeypatch, launched=True)
     check_tuned(ran, run, best)
     assert ran["processes"] == 1 and ran["optimizer"]["params"]["lr"] == 3e-4
+
+
+# ---- launch.sh: the launch command with the trials' environment (autotune/launch.py) ----
+
+@pytest.fixture
+def key_cache():
+    """checkpointing_key caches the installed transformers' answer: a test that mocks it starts and ends clean."""
+    checkpointing_key.cache_clear()
+    yield
+    checkpointing_key.cache_clear()
+
+
+def write_launch(tmp_path: Path, handoff: Handoff) -> tuple[str, Path]:
+    path = tmp_path / LAUNCH_FILE
+    path.write_text(handoff.launch().script())
+    checked = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)  # the shell parses it
+    assert checked.returncode == 0, checked.stderr
+    return path.read_text(), path
+
+
+def test_launch_file_has_both_forms_and_the_environment_the_trials_got(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0a")  # autotune.ops rewrites it for DeepSpeed's op builder
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    handoff = Handoff(Config(2, 4, 0, "bf16"), make_workload("tiny", 16, 2), PROFILES["cpu"], "deepspeed", tmp_path)
+    text, path = write_launch(tmp_path, handoff)
+    assert "torchrun) exec torchrun --nnodes 1 --nproc_per_node 2 \"$@\"" in text
+    assert "deepspeed) exec deepspeed --num_gpus 2 \"$@\"" in text and "accelerate" not in text
+    trials = trial_environment(LaunchOptions(ranks=2), "cpu")  # what the runner gives a trial's ranks
+    extensions = extensions_dir(sys.executable)
+    assert trials["TORCH_EXTENSIONS_DIR"] == extensions
+    threads = str(max(1, (os.cpu_count() or 1) // 2))
+    for line in (f"export TORCH_EXTENSIONS_DIR={extensions}", "export DS_ACCELERATOR=cpu",
+                 f"export OMP_NUM_THREADS={threads}", "export TORCH_CUDA_ARCH_LIST=9.0",
+                 "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+                 f'export PATH={Path(sys.executable).parent}:"$PATH"'):
+        assert line in text.splitlines(), line
+    assert handoff.launch().env() == {k: trials[k] if k != "OMP_NUM_THREADS" else threads for k in handoff.launch().env()}
+    assert "mpi4py" in text and "GLOO_SOCKET_IFNAME" not in text  # a trial's loopback rendezvous stays the trial's
+    # Shown where the user reads: the console's lines and the report's section, which name the extension dir.
+    console = "\n".join(handoff.console_lines())
+    assert f"launch: bash {path} torchrun train.py (or deepspeed): 2 process(es)" in console
+    assert f"TORCH_EXTENSIONS_DIR={extensions} (DeepSpeed's ops as the tuner built them: your run reuses them" in console
+    report = "\n".join(handoff.markdown())
+    assert "### Launching" in report and "bash launch.sh torchrun train.py" in report
+    assert "torchrun --nnodes 1 --nproc_per_node 2 train.py" in report and "deepspeed --num_gpus 2 train.py" in report
+    assert f"`TORCH_EXTENSIONS_DIR={extensions}` is where the tuner built DeepSpeed's C++ ops" in report
+    assert str(tmp_path) not in report
+    done = subprocess.run(["bash", str(path), "mpirun", "train.py"], capture_output=True, text=True)
+    assert done.returncode == 2 and "usage: bash" in done.stderr and "torchrun|deepspeed" in done.stderr
+
+
+def test_launch_file_of_a_gpu_job_over_several_machines(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the caller's own setting wins, as in a trial
+    handoff = Handoff(Config(3, 2, 0, "bf16"), make_workload("gpt2-small", 64, 16), PROFILES["a100-80gb"], "deepspeed",
+                      tmp_path)
+    text, _ = write_launch(tmp_path, handoff)
+    assert "export DS_ACCELERATOR=cuda" in text and "export OMP_NUM_THREADS=3" in text
+    assert "exec torchrun --nnodes 2 --nproc_per_node 8 --node_rank \"${NODE_RANK:?" in text
+    assert "exec deepspeed --num_nodes 2 --num_gpus 8 --hostfile \"${HOSTFILE:?" in text and "on 2 machines of 8" in text
+
+
+def test_launch_file_has_each_stacks_form(tmp_path, key_cache):
+    accelerate = Handoff(Config(2, 4, 1, "bf16"), make_workload("tiny", 16, 2), PROFILES["cpu"], "accelerate", tmp_path)
+    text, _ = write_launch(tmp_path, accelerate)
+    assert f"accelerate) exec accelerate launch --config_file {tmp_path / ACCELERATE_CONFIG} \"$@\" ;;" in text
+    assert "torchrun) exec torchrun --nnodes 1 --nproc_per_node 2" in text  # with DeepSpeedPlugin in the script
+    assert accelerate.launch().usage()[0] == "accelerate train.py"
+    trainer = Handoff(Config(2, 4, 1, "bf16"), make_workload("tiny", 16, 2), PROFILES["cpu"], "trainer", tmp_path)
+    text, _ = write_launch(tmp_path, trainer)
+    flags = shlex.join(trainer.trainer_flags())
+    assert f"#   bash launch.sh torchrun train.py {flags}" in text and f"--deepspeed {tmp_path / HF_DS_CONFIG}" in flags
+    assert "accelerate" not in text
+    assert any(line.startswith("torchrun --nnodes 1 --nproc_per_node 2 train.py --per_device_train_batch_size 4")
+               for line in trainer.launch().commands())
+
+
+def test_cli_writes_the_launch_file_for_the_target_gpus(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["tune", "--model", "gpt2-small", "--hardware", "a100-80gb", "--backend", "simulated", "--strategy",
+                 "random", "--trials", "3", "--gpus", "2", "--target-gpus", "4", "--global-batch", "64",
+                 "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    text = (out / LAUNCH_FILE).read_text()
+    assert "exec torchrun --nnodes 1 --nproc_per_node 4" in text and "exec deepspeed --num_gpus 4" in text
+    assert f"export TORCH_EXTENSIONS_DIR={extensions_dir(sys.executable)}" in text
+    assert f"launch: bash {out / LAUNCH_FILE} torchrun train.py" in printed and "4 process(es)" in printed
+    assert "torchrun --nnodes 1 --nproc_per_node 4 train.py" in (out / "report.md").read_text()
+
+
+def fake_transformers(monkeypatch, *fields: str) -> None:
+    module = ModuleType("transformers")
+    module.TrainingArguments = dataclasses.make_dataclass("TrainingArguments", [(f, bool, False) for f in fields])
+    monkeypatch.setitem(sys.modules, "transformers", module)
+
+
+def test_trainer_args_follow_the_installed_transformers(tmp_path, monkeypatch, key_cache):
+    handoff = Handoff(Config(2, 4, 1, "bf16"), make_workload("tiny"), PROFILES["cpu"], "trainer", tmp_path)
+    fake_transformers(monkeypatch, "activation_checkpointing", "gradient_checkpointing")  # 5.x: the old name an alias
+    assert handoff.trainer_args()["activation_checkpointing"] is True and "gradient_checkpointing" not in handoff.trainer_args()
+    assert "--activation_checkpointing true" in shlex.join(handoff.trainer_flags())
+    checkpointing_key.cache_clear()
+    fake_transformers(monkeypatch, "gradient_checkpointing")  # an older version
+    assert handoff.trainer_args()["gradient_checkpointing"] is True and "activation_checkpointing" not in handoff.trainer_args()
+    checkpointing_key.cache_clear()
+    monkeypatch.setitem(sys.modules, "transformers", None)  # not installed: the key every version so far accepts
+    assert checkpointing_key() == "gradient_checkpointing"
+
+
+@pytest.mark.slow
+def test_the_written_torchrun_form_trains_and_reuses_the_tuners_op_build(recommended, tmp_path):
+    """`bash launch.sh torchrun ...` from an environment with none of the trials' settings (no venv on PATH, no
+    TORCH_EXTENSIONS_DIR): the file supplies them, DeepSpeed loads the ops the tuner built, rebuilds none."""
+    run, best = recommended
+    extensions = Path(extensions_dir(sys.executable))
+    built = {p: p.stat().st_mtime_ns for p in extensions.rglob("*.so")}
+    port = free_port()
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TORCH_EXTENSIONS_DIR", "DS_ACCELERATOR", "OMP_NUM_THREADS", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+                        "MASTER_ADDR", "MASTER_PORT", "VIRTUAL_ENV")}
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p != str(Path(sys.executable).parent))
+    env.update(GLOO_SOCKET_IFNAME=LOOPBACK_IFNAME, PET_MASTER_PORT=str(port))  # torchrun's --master_port, unclashed
+    try:
+        done = subprocess.run(["bash", str(run / LAUNCH_FILE), "torchrun", str(SCRIPT), "deepspeed", str(run)],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    finally:
+        remove_shm_buffers(MASTER_ADDR, port)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("HANDOFF ")]
+    assert done.returncode == 0 and lines, (done.stdout[-2000:], done.stderr[-4000:])
+    check_tuned(json.loads(lines[-1].removeprefix("HANDOFF ")), run, best)
+    after = {p: p.stat().st_mtime_ns for p in extensions.rglob("*.so")}
+    assert after and all(after[p] == mtime for p, mtime in built.items())  # loaded from the tuner's dir, none rebuilt
+    assert "Building extension module" not in done.stderr + done.stdout

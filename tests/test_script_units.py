@@ -301,3 +301,24 @@ def test_the_shim_reads_the_trainers_batch_before_it_sets_the_trials(tmp_path, m
                                            "source": "TrainingArguments"}
     assert (args.per_device_train_batch_size, args.gradient_accumulation_steps) == (2, 6)  # 2 x 6 x 2 = 24 kept
     assert args.deepspeed["train_batch_size"] == 24
+
+
+def test_the_shim_switches_the_trainers_checkpointing_off_by_either_name(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "1")
+
+    class TrainingArguments:  # transformers 5.x: `gradient_checkpointing` is an alias, read when the new name is unset
+        def __init__(self, **kwargs) -> None:
+            self.__dict__.update({"bf16": False, "fp16": False, "gradient_checkpointing": None,
+                                  "activation_checkpointing": None, **kwargs})
+            self.__post_init__()
+
+        def __post_init__(self) -> None:
+            if self.activation_checkpointing is None and self.gradient_checkpointing is not None:
+                self.activation_checkpointing = self.gradient_checkpointing
+
+    shim = shim_for(tmp_path, 2, keep=True)  # ckpt_interval 0
+    shim.patch_training_arguments(SimpleNamespace(TrainingArguments=TrainingArguments))
+    for given in ("activation_checkpointing", "gradient_checkpointing"):
+        args = TrainingArguments(deepspeed={"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto"},
+                                 per_device_train_batch_size=4, gradient_accumulation_steps=1, **{given: True})
+        assert args.activation_checkpointing is False and args.gradient_checkpointing is False, given

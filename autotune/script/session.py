@@ -27,6 +27,7 @@ from autotune.backends.script import SCRIPT_FILE, Script, ScriptBackend, read_sc
 from autotune.config import Config, ConfigError
 from autotune.dsconfig import DsOptions, ds_config, validate
 from autotune.estimate import estimate
+from autotune.handoff import checkpointing_key
 from autotune.results import TrialResult
 from autotune.rundir import RunDir, RunSettings
 from autotune.script import accelerate_loop, batch, lightning_loop, merge
@@ -193,7 +194,7 @@ def recommendation(best: TrialResult, settings: RunSettings) -> tuple[dict[str, 
     flags = ["--per_device_train_batch_size", str(trial["train_micro_batch_size_per_gpu"]),
              "--gradient_accumulation_steps", str(trial["gradient_accumulation_steps"]),
              "--bf16", str(best.config.precision == "bf16").lower(), "--fp16", str(best.config.precision == "fp16").lower(),
-             "--gradient_checkpointing", str(best.config.ckpt_interval > 0).lower()]
+             f"--{checkpointing_key()}", str(best.config.ckpt_interval > 0).lower()]
     return ds, flags
 
 

@@ -207,8 +207,12 @@ class Shim:
                 args.gradient_accumulation_steps = ds["gradient_accumulation_steps"]
                 args.bf16 = bool(ds["bf16"]["enabled"])
                 args.fp16 = bool(ds["fp16"]["enabled"])
-                if not shim.spec.config.ckpt_interval:
-                    args.gradient_checkpointing = False  # the knob decides; switched on at initialize
+                if not shim.spec.config.ckpt_interval:  # the knob decides; switched on at initialize
+                    # By either name: transformers 5.x reads `activation_checkpointing`, and takes its deprecated
+                    # alias `gradient_checkpointing` only when the new name is unset.
+                    for name in ("gradient_checkpointing", "activation_checkpointing"):
+                        if hasattr(args, name):
+                            setattr(args, name, False)
             original(args)
 
         cls.__post_init__ = post_init
