@@ -89,19 +89,35 @@ def assert_reads_like_the_run(detail: dict[str, Any], rows: list[dict[str, str]]
         a["key"] for a in detail["union_user_attrs"]}
     numbered = {int(attrs(t)["report_trial"]): t for t in detail["trials"] if "report_trial" in attrs(t)}
     assert sorted(numbered) == list(range(1, len(results) + 1))
+    # The plots' axes: each knob a categorical over the space's values, in order.
+    space = json.loads({a["key"]: a["value"] for a in detail["user_attrs"]}["space"])
+    for name in ("intersection_search_space", "union_search_space"):
+        axes = {d["name"]: d["distribution"] for d in detail[name]}
+        assert sorted(axes) == sorted(KNOBS), name
+        for knob in KNOBS:
+            assert axes[knob]["type"] == "CategoricalDistribution"
+            # (the dashboard merges the trials' choices as a set: their order is the trials', below)
+            assert sorted(c["value"] for c in axes[knob]["choices"]) == sorted(str(v) for v in space[knob])
     for number, result in enumerate(results, 1):
         trial, a = numbered[number], attrs(numbered[number])
         for knob in KNOBS:
             assert a[knob] == str(getattr(result.config, knob)), (number, knob)
         assert a["config"] == result.config.label() and a["status"] == result.status
-        assert trial["state"] == ("Pruned" if result.status == "pruned" else "Complete")
+        # The parameters the dashboard plots are the knobs' values (micro-batch 1/2/4/8, not 0-3).
+        params = {p["name"]: p for p in trial["params"]}
+        assert sorted(params) == sorted(KNOBS)
+        for knob in KNOBS:
+            assert params[knob]["param_external_value"] == str(getattr(result.config, knob)), (number, knob)
+            assert [c["value"] for c in params[knob]["distribution"]["choices"]] == [str(v) for v in space[knob]]
+        # A config that ran and failed (out of memory) is infeasible and has no value: no floor of zeros.
+        assert trial["state"] == ("Complete" if result.fits(budget) else "Pruned")
         # Feasibility as optuna-dashboard computes it: every constraint <= 0.
         assert len(trial["constraints"]) == 1
         assert (trial["constraints"][0] <= 0) is result.fits(budget) is (a["feasible"] == "True")
-        if result.status == "pruned":
-            assert "values" not in trial and "throughput_samples_per_s" not in a
+        if not result.fits(budget):
+            assert "values" not in trial and trial["constraints"][0] > 0
         else:
-            assert trial["values"] == [pytest.approx(result.throughput if result.fits(budget) else 0.0)]
+            assert trial["values"] == [pytest.approx(result.throughput)]
         if result.throughput_samples_per_s is not None:
             assert float(a["throughput_samples_per_s"]) == pytest.approx(result.throughput_samples_per_s)
         if result.peak_memory_bytes is not None:
@@ -141,7 +157,14 @@ def test_the_dashboard_reads_a_tuned_study_with_knob_values_results_and_feasibil
     assert "ok" in {r.status for r in results}
     launched = [r for r in results if r.status != "pruned"]
     # (the search may end before TRIALS once no untried config is worth a trial nor likely to fit)
-    assert sum(t["state"] == "Complete" for t in detail["trials"]) == len(launched) <= TRIALS
+    budget = RunDir(optuna_run).read_settings().memory_budget_bytes
+    fit = [r for r in results if r.fits(budget)]
+    assert sum(t["state"] == "Complete" for t in detail["trials"]) == len(fit) < len(launched) <= TRIALS
+    # This run has out-of-memory trials: infeasible PRUNED trials, their micro-batch a value of the space.
+    ooms = [t for t in detail["trials"] if attrs(t)["status"] == "oom"]
+    assert ooms and all(t["state"] == "Pruned" and t["constraints"][0] > 0 and "values" not in t for t in ooms)
+    batches = {p["param_external_value"] for t in detail["trials"] for p in t["params"] if p["name"] == "micro_batch"}
+    assert batches <= {"1", "2", "4", "8"} and len(batches) > 1
     # (Invalid combinations: guided by the sweep's forecast this run proposes none; tests/test_strategies.py
     # covers how they are told.)
     user = {a["key"]: a["value"] for a in detail["user_attrs"]}
@@ -192,7 +215,8 @@ def test_storage_url_puts_the_study_in_a_shared_database_and_resume_continues_it
     assert_reads_like_the_run(detail, rows, first)
     # (at most TRIALS: the search ends early once no untried config is worth a trial nor likely to fit)
     launched = [r for r in read_results(first / "trials.jsonl") if r.status != "pruned"]
-    assert sum(t["state"] == "Complete" for t in detail["trials"]) == len(launched) <= TRIALS
+    fit = [r for r in launched if r.fits(RunDir(first).read_settings().memory_budget_bytes)]
+    assert sum(t["state"] == "Complete" for t in detail["trials"]) == len(fit) and len(launched) <= TRIALS
     assert len(launched) > 6  # the resumed run went on
     assert json.loads((first / "run.json").read_text())["storage"] == url
 
@@ -346,3 +370,122 @@ def test_queued_configs_that_already_ran_are_skipped_and_every_trial_holds_its_o
     repeats = [t for t in trials if t.user_attrs.get("status") == "repeat"]
     assert len(repeats) == 3 and all(t.state == optuna.trial.TrialState.FAIL for t in repeats)
     assert sorted(t.user_attrs["repeat_of_report_trial"] for t in repeats) == [1, 2, 3]
+
+
+def old_encoding(trial: optuna.trial.FrozenTrial, choices) -> optuna.trial.FrozenTrial:
+    """`trial` as a study written before 2026-11-26 held it: ordered knobs as `<knob>_index` integers, a config
+    that ran and failed COMPLETE at 0.0 (no sampler value key)."""
+    from optuna.distributions import IntDistribution
+
+    from autotune.strategies.optuna_search import ORDERED
+    from autotune.strategies.sampler_view import SAMPLER_VALUE_KEY
+
+    params, dists = {}, {}
+    for name, value in trial.params.items():
+        if name in ORDERED:
+            values = choices.knob_values(name)
+            params[f"{name}_index"], dists[f"{name}_index"] = values.index(value), IntDistribution(0, len(values) - 1)
+        else:
+            params[name], dists[name] = value, trial.distributions[name]
+    system = dict(trial.system_attrs)
+    state, value = trial.state, trial.value
+    if SAMPLER_VALUE_KEY in system:
+        state, value = optuna.trial.TrialState.COMPLETE, system.pop(SAMPLER_VALUE_KEY)
+    return optuna.trial.create_trial(state=state, value=value, params=params, distributions=dists,
+                                     user_attrs=trial.user_attrs, system_attrs=system)
+
+
+@pytest.mark.parametrize("kind", ["tpe", "gp"])
+def test_the_samplers_propose_from_a_study_of_values_what_they_proposed_from_one_of_indices(kind):
+    """Real values and PRUNED failures in the study change nothing the samplers do (sampler_view): step by step,
+    TPE and the GP propose the same configs as from the index encoding with failures COMPLETE at 0.0."""
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+
+    from autotune.search_spaces import load_choices
+    from autotune.strategies.optuna_search import CONSTRAINTS_KEY, ORDERED, PENALTY
+    from autotune.strategies.sampler_view import SAMPLER_VALUE_KEY, SamplerView
+
+    choices = load_choices("cpu")
+    ordered = {k: choices.knob_values(k) for k in ORDERED}
+    new = {k: CategoricalDistribution(list(choices.knob_values(k))) for k in KNOBS}
+    old = {(f"{k}_index" if k in ORDERED else k): (IntDistribution(0, len(ordered[k]) - 1) if k in ORDERED else d)
+           for k, d in new.items()}
+
+    def sampler() -> optuna.samplers.BaseSampler:
+        if kind == "gp":
+            return optuna.samplers.GPSampler(seed=3, n_startup_trials=8)
+        return optuna.samplers.TPESampler(seed=3, multivariate=True, n_startup_trials=8, constant_liar=True)
+
+    def truth(c: dict[str, Any]) -> tuple[float, float]:
+        """A made-up surface: (throughput, peak / budget - 1); half the space runs out of memory."""
+        peak = c["micro_batch"] * (1 + (c["ckpt_interval"] == 0)) * (4 - c["zero_stage"]) / 16 - 1
+        return (0.0 if peak > 0 else c["micro_batch"] / (1 + 0.2 * c["zero_stage"])), peak
+
+    studies = {"old": optuna.create_study(direction="maximize", sampler=sampler()),
+               "new": optuna.create_study(direction="maximize", sampler=SamplerView(sampler(), ordered))}
+    failures = 0
+    for _ in range(12 if kind == "gp" else 24):
+        proposed = {}
+        for name, study in studies.items():
+            trial = study.ask(old if name == "old" else new)
+            c = {k.removesuffix("_index"): (ordered[k.removesuffix("_index")][v] if k.endswith("_index") else v)
+                 for k, v in trial.params.items()}
+            proposed[name] = c
+            value, constraint = truth(c)
+            trial.storage.set_trial_system_attr(trial._trial_id, CONSTRAINTS_KEY, [constraint])
+            if name == "new" and constraint > 0:
+                trial.storage.set_trial_system_attr(trial._trial_id, SAMPLER_VALUE_KEY, PENALTY)
+                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            else:
+                study.tell(trial, value)
+        assert proposed["old"] == proposed["new"]
+        failures += truth(proposed["new"])[1] > 0
+    assert failures  # the failed region was there to learn
+    states = {t.state for t in studies["new"].trials}
+    assert states == {optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED}
+
+
+def test_a_run_whose_study_holds_indices_resumes(tmp_path):
+    """A run directory written before the real values (index parameters, failures COMPLETE at 0.0, a queued
+    config waiting) resumes: the waiting config runs, every record is told under its number, no config twice,
+    and the new trials hold the knobs' values."""
+    run = tmp_path / "run"
+    tune(run, "optuna", trials=6)
+    choices = RunDir(run).read_settings().choices
+    study = optuna.load_study(study_name="autotune", storage=f"sqlite:///{run / 'study.db'}")
+    fresh = f"sqlite:///{tmp_path / 'old.db'}"
+    copy = optuna.create_study(study_name="autotune", storage=fresh, direction="maximize")
+    for key, value in study.user_attrs.items():
+        copy.set_user_attr(key, value)
+    for trial in study.trials:
+        if trial.state.is_finished():
+            copy.add_trial(old_encoding(trial, choices))
+    assert any(t.user_attrs["status"] == "oom" and t.value == 0.0 for t in copy.trials)  # written the old way
+    ran = {r.config for r in read_results(run / "trials.jsonl")}
+    queued = next(c for c in RunDir(run).read_settings().space() if c not in ran and c.precision == "fp32")
+    indexed = {(f"{k}_index" if k in ("zero_stage", "micro_batch", "ckpt_interval") else k):
+               (choices.knob_values(k).index(v) if k in ("zero_stage", "micro_batch", "ckpt_interval") else v)
+               for k, v in queued.to_dict().items()}
+    copy.enqueue_trial(indexed, user_attrs={"status": "queued"})
+    for name in ("study.db", "study.db-wal", "study.db-shm"):
+        (run / name).unlink(missing_ok=True)
+    Path(fresh.removeprefix("sqlite:///")).rename(run / "study.db")
+
+    tune(run, "optuna", "--resume", trials=10)
+    results = read_results(run / "trials.jsonl")
+    configs = [r.config for r in results]
+    assert len(results) > 6 and len(set(configs)) == len(configs)
+    assert configs[6] == queued  # the queue, carried over, comes first
+    trials = optuna.load_study(study_name="autotune", storage=f"sqlite:///{run / 'study.db'}").trials
+    numbered = {t.user_attrs["report_trial"]: t for t in trials if "report_trial" in t.user_attrs}
+    assert sorted(numbered) == list(range(1, len(results) + 1))
+    for number, result in enumerate(results, 1):
+        trial = numbered[number]
+        assert {k: trial.user_attrs[k] for k in KNOBS} == result.config.to_dict()
+        if number > 6:  # written after the change: values, failures PRUNED
+            assert {k: trial.params[k] for k in KNOBS} == result.config.to_dict()
+            budget = RunDir(run).read_settings().memory_budget_bytes
+            assert trial.state == (optuna.trial.TrialState.COMPLETE if result.fits(budget)
+                                   else optuna.trial.TrialState.PRUNED)
+        else:
+            assert "micro_batch_index" in trial.params

@@ -373,7 +373,7 @@ def test_hybrid_runs_the_policy_first_then_optuna_told_every_result(gpu_space, p
     assert configs[:len(walk)] == walk and len(walk) < len(configs)  # the policy's proposals first, then Optuna
     assert sum(r.status != "pruned" for r in s.results) == 16  # Optuna used the rest of the budget
     study = optuna.load_study(study_name="autotune", storage=storage)
-    # Every result is told: a config that ran is COMPLETE, a pruned one PRUNED (it never ran).
+    # Every result is told: a config that ran and fit is COMPLETE, a failed or pruned one PRUNED.
     told = {tuple(sorted(t.params.items())) for t in study.trials if t.state.name in ("COMPLETE", "PRUNED")}
     for config in configs:
         assert tuple(sorted(hybrid.search.params_of(config).items())) in told  # every result warm-started the study

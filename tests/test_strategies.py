@@ -237,13 +237,21 @@ def test_optuna_keeps_failures_infeasible_and_never_run_proposals_out_of_complet
     by_status = {}
     for t in trials:
         by_status.setdefault(t.user_attrs["status"], []).append(t)
-    # Only the configs that ran are COMPLETE: one per launched trial, as trials.jsonl has them.
+    # Only the configs that ran and fit are COMPLETE: one per such trial, as trials.jsonl has them.
     complete = [t for t in trials if t.state == State.COMPLETE]
-    assert len(complete) == len(launched(s)) == 25
-    assert sorted(t.user_attrs["report_trial"] for t in complete) == [r.extra["trial"] for r in launched(s)]
+    fit = [r for r in launched(s) if r.fits(budget)]
+    assert len(complete) == len(fit) and len(launched(s)) == 25
+    assert sorted(t.user_attrs["report_trial"] for t in complete) == [r.extra["trial"] for r in fit]
+    # A config that ran and failed is infeasible with no value (no throughput of 0 in the dashboard's plots);
+    # the samplers still see it COMPLETE at PENALTY, as before (sampler_view).
+    view = s.strategy.study.sampler
     for t in by_status.get("oom", []):
-        assert t.state == State.COMPLETE and t.value == PENALTY and list(t.constraints.values())[0] > 0
+        assert t.state == State.PRUNED and t.value is None and list(t.constraints.values())[0] > 0
         assert t.user_attrs["feasible"] is False
+        seen = view.trial(t)
+        assert seen.state == State.COMPLETE and seen.value == PENALTY and seen.constraints == t.constraints
+    ran = [t for t in trials if "report_trial" in t.user_attrs and t.user_attrs["status"] != "pruned"]
+    assert sorted(t.user_attrs["report_trial"] for t in ran) == [r.extra["trial"] for r in launched(s)]
     for t in by_status["ok"]:
         assert t.state == State.COMPLETE and t.value > 0 and list(t.constraints.values())[0] <= 0
         config = s.strategy.config_of(t.params)
@@ -315,9 +323,11 @@ def test_optuna_resume_tells_a_result_that_was_recorded_but_never_told(tmp_path,
     second.observe(config, result)
     nxt = second.propose()
     assert nxt != config
-    done = [t for t in second.study.get_trials() if t.state == optuna.trial.TrialState.COMPLETE]
+    State = optuna.trial.TrialState
+    done = [t for t in second.study.get_trials() if t.user_attrs.get("status") == result.status]
     assert [second.config_of(t.params) for t in done] == [config]
-    assert done[0].value == pytest.approx(second.outcome(result)[0])
+    assert done[0].state == (State.COMPLETE if result.fits(BUDGET) else State.PRUNED)
+    assert (done[0].value or PENALTY) == pytest.approx(second.outcome(result)[0])
 
 
 def test_the_search_strategies_are_registered_and_constructible(gpu_space):

@@ -1,8 +1,11 @@
 """`optuna` (TPE, multivariate; the default) and `optuna-gp` (Gaussian process) over the whole space.
 
-Encoding: one parameter per knob. Ordered knobs (zero_stage, micro_batch, ckpt_interval) are integers
-indexing their list of choices, so the sampler's kernels see that micro-batch 4 lies between 2 and 8;
-unordered knobs (precision and the offloads) are categorical. A knob combination that is not a valid
+Encoding: one parameter per knob, over its real values (micro_batch 1/2/4/8), as optuna-dashboard's slice,
+contour and importance plots show them. The samplers see ordered knobs (zero_stage, micro_batch, ckpt_interval) as
+integers indexing their list of choices (`<knob>_index`, strategies/sampler_view.py), so their kernels see that
+micro-batch 4 lies between 2 and 8; unordered knobs (precision and the offloads) are categorical. Studies
+written before the real values (index parameters) resume as they are: the samplers see both encodings alike,
+and queued trials are carried over. A knob combination that is not a valid
 config (e.g. CPU offload with ZeRO-0, a micro-batch that does not divide the global batch, a config a
 replay surface never measured) is told at once as an infeasible pruned trial, without running or
 recording anything, and the nearest untried valid config runs in its place: the
@@ -13,18 +16,21 @@ avoid invalid proposals but hide every relation between configs from the sampler
 Objective: samples/s, maximised (metric name `throughput_samples_per_s`), with one memory constraint,
 peak/budget - 1 (<= 0 fits). How each proposal is kept in the study, so that the `optuna` CLI and
 optuna-dashboard read it as the run directory does:
-- a config that ran is COMPLETE: its throughput (PENALTY for a failure: oom, crash, timeout, unsupported)
-  and its constraint (positive for a failure, so the sampler learns from it: a FAIL trial would be ignored);
+- a config that ran and fit is COMPLETE with its throughput and its constraint;
+- a config that ran and failed (oom, crash, timeout, unsupported, a peak over the budget) is PRUNED with its
+  positive constraint and no value: the dashboard shows it infeasible, not as a throughput of 0. The samplers
+  see it as before, COMPLETE with value PENALTY (sampler_view.SAMPLER_VALUE_KEY; a FAIL trial would be
+  ignored): TPE ranks it among the infeasible trials by its constraint, the GP models its value;
 - a config the estimator pruned (never ran) is PRUNED with its predicted constraint, and an invalid
   combination is PRUNED with INVALID_CONSTRAINT and the reason: TPE ranks PRUNED and COMPLETE trials that
   break a constraint alike (below every feasible trial, among themselves by how far they broke it); the
   GP sampler models COMPLETE trials only, so it learns the out-of-memory region from the trials that ran;
 - a proposal of a config already tried is FAIL (`repeat`): it carries nothing new for the sampler;
-- every trial's user attributes hold the knobs' real values under their own names (zero_stage,
-  micro_batch, ...; the parameters `<knob>_index` index the space's values, study user attribute
-  `space`), `status`, who proposed it, and once known `report_trial` (its 1-based line in trials.jsonl,
-  the trial number of the report, which differs from Optuna's 0-based numbers that also count proposals
-  that never reached trials.jsonl), throughput, step time and peak memory.
+- every trial's user attributes hold the knobs' real values under their own names too (zero_stage,
+  micro_batch, ...; study user attribute `space` lists each knob's values), `status`, who proposed it, and
+  once known `report_trial` (its 1-based line in trials.jsonl, the trial number of the report, which differs
+  from Optuna's 0-based numbers that also count proposals that never reached trials.jsonl), throughput, step
+  time and peak memory.
 The constraint is written as the system attribute `constraints` (a list, the format of the samplers'
 `constraints_func`): optuna-dashboard 0.21 reads feasibility from it and not from Optuna 5's
 `Trial.set_constraint` keys (`constraints:<name>`); Optuna reads both.
@@ -42,13 +48,14 @@ import warnings
 from typing import Any
 
 import optuna
-from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
+from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import TrialState
 
 from autotune.config import KNOBS, Config, ConfigError
 from autotune.estimate import estimate
 from autotune.results import TrialResult
 from autotune.strategies import SearchContext, guide
+from autotune.strategies.sampler_view import INDEX, SAMPLER_VALUE_KEY, SamplerView
 
 ORDERED = guide.ORDERED
 PENALTY = 0.0  # samples/s told for a config that ran and failed, or did not fit the budget
@@ -103,8 +110,10 @@ class OptunaStrategy:
         self.space = context.space
         self.rng = random.Random(context.seed)
         self.distributions = _distributions(self.space)
+        ordered = {knob: self.space.choices.knob_values(knob) for knob in ORDERED}
         self.study = optuna.create_study(storage=context.storage, study_name=context.study_name,
-                                         direction="maximize", sampler=sampler, load_if_exists=True)
+                                         direction="maximize", sampler=SamplerView(sampler, ordered),
+                                         load_if_exists=True)
         self.outcomes: dict[Config, tuple[float, float]] = {}  # config -> (value, constraint) told
         self.report_trials: dict[Config, int] = {}  # config -> its trial number in trials.jsonl
         self.pending: dict[Config, optuna.trial.Trial] = {}  # asked, not yet told
@@ -125,6 +134,8 @@ class OptunaStrategy:
                 else:
                     self.pending[config] = optuna.trial.Trial(self.study, trial._trial_id)
                     self.resumed.append(config)
+            elif trial.state == TrialState.WAITING:
+                self._requeue(trial)
         self.guided = context.forecast is not None and context.uncertainty is not None
         self.turn = 0  # proposals since the warm start: even ones are the most valuable config's
         # Nothing untried is worth a trial (probability x expected gain) nor likely to fit: proposals end.
@@ -145,10 +156,13 @@ class OptunaStrategy:
             "memory_budget_bytes": self.context.budget_bytes,
             "strategy": self.name,
             "space": {knob: list(space.choices.knob_values(knob)) for knob in KNOBS},
-            "parameters": ", ".join(f"{k}_index" for k in ORDERED) + " index the values of `space`; each "
-                          "trial's user attributes hold the knobs' values under their own names",
+            "parameters": "one per knob, over the values of `space`; each trial's user attributes hold them "
+                          "too (trials of a study begun before 2026-11-26 hold " + ", ".join(
+                              f"{k}{INDEX}" for k in ORDERED) + ": the index of the value in `space`)",
             "constraints": "one: memory, peak / budget - 1 (<= 0 fits); 1.0 for an invalid combination or a "
                            "failure with no memory figure",
+            "states": "COMPLETE: ran and fit (its throughput); PRUNED: never ran (pruned, invalid, unlikely to "
+                      "fit) or ran and failed (user attribute status: oom, crash, ...), infeasible; FAIL: a repeat",
             "trial numbers": "user attribute report_trial is the trial's number in trials.jsonl and the report "
                              "(from 1); Optuna's numbers (from 0) also count proposals that never ran",
         }
@@ -276,6 +290,13 @@ class OptunaStrategy:
             attrs["repeat_of_report_trial"] = self.report_trials[config]
         self._finish(trial, TrialState.FAIL, None, None, attrs)
 
+    def _requeue(self, trial: optuna.trial.FrozenTrial) -> None:
+        """A trial queued by a study begun before the real values: its index parameters, as values."""
+        fixed = trial.system_attrs.get("fixed_params", {})
+        if any(f"{knob}{INDEX}" in fixed for knob in ORDERED):
+            values = {k: v for k, v in self._decoded(fixed).items() if k in KNOBS}
+            self.study._storage.set_trial_system_attr(trial._trial_id, "fixed_params", values)
+
     def _queued(self, trial: optuna.trial.Trial) -> bool:
         """Whether an asked trial came from the study's queue (enqueue_trial) rather than the sampler."""
         return "fixed_params" in trial.storage.get_trial_system_attrs(trial._trial_id)
@@ -285,10 +306,8 @@ class OptunaStrategy:
         knob that differs; ties broken by the seeded generator. `likely`: among those at least FIT_TO_RUN
         likely to fit (the sweep's forecast)."""
         forecast = self.context.forecast if likely and self.guided else None
-        wanted = []
-        for knob in KNOBS:
-            values = self.space.choices.knob_values(knob)
-            wanted.append(params[f"{knob}_index"] if knob in ORDERED else values.index(params[knob]))
+        decoded = self._decoded(params)
+        wanted = [self.space.choices.knob_values(knob).index(decoded[knob]) for knob in KNOBS]
         best, best_distance = [], None
         for config in self.space:
             if config in self.outcomes or config in self.pending:
@@ -307,14 +326,18 @@ class OptunaStrategy:
         """Tell the study `result`; a config it never asked for (a resumed sweep's record, the hybrid's
         policy) is added as a finished trial, `proposed_by` saying whose it was."""
         state, value, constraint = self.outcome_state(result)
+        learnt = self.outcome(result)[0]  # what the samplers see (sampler_view): PENALTY for a failure
+        ran = state == TrialState.PRUNED and result.status != "pruned"
         if config in self.pending:
-            self._finish(self.pending.pop(config), state, value, constraint, self._result_attrs(result, constraint))
+            self._finish(self.pending.pop(config), state, value, constraint, self._result_attrs(result, constraint),
+                         learnt if ran else None)
         elif config not in self.outcomes:
             attrs = {**config.to_dict(), "config": config.label(), "proposed_by": proposed_by,
                      **self._result_attrs(result, constraint)}
+            system = {CONSTRAINTS_KEY: [constraint], **({SAMPLER_VALUE_KEY: learnt} if ran else {})}
             self.study.add_trial(optuna.trial.create_trial(
                 state=state, params=self.params_of(config), distributions=self.distributions,
-                value=value, user_attrs=attrs, system_attrs={CONSTRAINTS_KEY: [constraint]}))
+                value=value, user_attrs=attrs, system_attrs=system))
         self.outcomes.setdefault(config, (PENALTY if value is None else value, constraint))
         if isinstance(result.extra.get("trial"), int):
             self.report_trials.setdefault(config, result.extra["trial"])
@@ -322,26 +345,20 @@ class OptunaStrategy:
     # -- encoding
 
     def params_of(self, config: Config) -> dict[str, Any]:
-        params: dict[str, Any] = {}
-        for knob in KNOBS:
-            value = getattr(config, knob)
-            if knob in ORDERED:
-                params[f"{knob}_index"] = self.space.choices.knob_values(knob).index(value)
-            else:
-                params[knob] = value
-        return params
+        return {knob: getattr(config, knob) for knob in KNOBS}
 
     def _decoded(self, params: dict[str, Any]) -> dict[str, Any]:
-        """The knobs' values a trial's parameters stand for (whether or not they make a valid config)."""
+        """The knobs' values a trial's parameters stand for (whether or not they make a valid config); the
+        parameters are values, or indices for ordered knobs in a study begun before 2026-11-26."""
         values: dict[str, Any] = {}
         for knob in KNOBS:
-            if knob in ORDERED:
-                choices = self.space.choices.knob_values(knob)
-                index = params.get(f"{knob}_index")
-                if isinstance(index, int) and 0 <= index < len(choices):
-                    values[knob] = choices[index]
-            elif knob in params:
+            index = params.get(f"{knob}{INDEX}")
+            if knob in params:
                 values[knob] = params[knob]
+            elif knob in ORDERED and isinstance(index, int):
+                choices = self.space.choices.knob_values(knob)
+                if 0 <= index < len(choices):
+                    values[knob] = choices[index]
         return values
 
     def config_of(self, params: dict[str, Any]) -> Config | None:
@@ -371,9 +388,10 @@ class OptunaStrategy:
         return PENALTY, INVALID_CONSTRAINT
 
     def outcome_state(self, result: TrialResult) -> tuple[TrialState, float | None, float]:
-        """(state, value, constraint) of a result's trial: PRUNED with no value for a config that never ran."""
+        """(state, value, constraint) of a result's trial: PRUNED with no value for a config that never ran or
+        did not fit (module doc)."""
         value, constraint = self.outcome(result)
-        if result.status == "pruned":
+        if result.status == "pruned" or not result.fits(self.context.budget_bytes):
             return TrialState.PRUNED, None, constraint
         return TrialState.COMPLETE, value, constraint
 
@@ -430,21 +448,18 @@ class OptunaStrategy:
         return attrs
 
     def _finish(self, trial: optuna.trial.Trial, state: TrialState, value: float | None, constraint: float | None,
-                attrs: dict[str, Any]) -> None:
+                attrs: dict[str, Any], learnt: float | None = None) -> None:
+        """Tell `trial`; `learnt`: the value the samplers see for a PRUNED trial that ran (sampler_view)."""
         for key, item in attrs.items():
             trial.set_user_attr(key, item)
         if constraint is not None:
             # The list format (module doc): optuna-dashboard reads it, Optuna's samplers too.
             trial.storage.set_trial_system_attr(trial._trial_id, CONSTRAINTS_KEY, [constraint])
+        if learnt is not None:
+            trial.storage.set_trial_system_attr(trial._trial_id, SAMPLER_VALUE_KEY, learnt)
         self.study.tell(trial, value, state=state)
 
 
 def _distributions(space) -> dict[str, BaseDistribution]:
-    out: dict[str, BaseDistribution] = {}
-    for knob in KNOBS:
-        values = space.choices.knob_values(knob)
-        if knob in ORDERED:
-            out[f"{knob}_index"] = IntDistribution(0, len(values) - 1)
-        else:
-            out[knob] = CategoricalDistribution(list(values))
-    return out
+    """Each knob over its values; the samplers see ordered knobs as indices (sampler_view)."""
+    return {knob: CategoricalDistribution(list(space.choices.knob_values(knob))) for knob in KNOBS}
