@@ -253,10 +253,13 @@ def test_a_real_preflight_without_ninja_fails_in_one_line_before_compiling(tmp_p
     (seconds: the child imports torch and DeepSpeed)."""
     from deepspeed.git_version_info import installed_ops
 
-    if installed_ops.get("deepspeed_shm_comm"):
-        pytest.skip("DeepSpeed was installed with its ops prebuilt: nothing to build")
     env = {**os.environ, "PATH": str(tmp_path), "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext"), "DS_ACCELERATOR": "cpu"}
     said: list[str] = []
+    if installed_ops.get("deepspeed_shm_comm"):  # DeepSpeed installed with its ops prebuilt: nothing to build
+        assert "deepspeed_shm_comm" in preflight("cpu", [FUSED_ADAM_DS], env, sys.executable,
+                                                 tmp_path / "preflight.stderr", said.append)
+        assert said == []
+        return
     with pytest.raises(OpBuildFailed) as failed:
         preflight("cpu", [FUSED_ADAM_DS], env, sys.executable, tmp_path / "preflight.stderr", said.append)
     assert str(failed.value) == ("DeepSpeed's deepspeed_shm_comm op cannot be built or loaded: RuntimeError: Unable to "
@@ -270,11 +273,8 @@ def test_a_real_preflight_without_ninja_fails_in_one_line_before_compiling(tmp_p
 def test_a_gpu_sweep_on_a_machine_without_one_is_left_to_its_first_trial(tmp_path):
     """The real child finds no GPU for a cuda trial: nothing to build here; the first trial reports the mismatch
     (unsupported, fatal), as before the preflight existed."""
-    import torch
-
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU")
-    env = trial_environment(LaunchOptions(), "cuda")
+    # No GPU visible to the child, on any machine (a GPU machine would load the ops instead).
+    env = {**trial_environment(LaunchOptions(), "cuda"), "CUDA_VISIBLE_DEVICES": ""}
     assert preflight("cuda", [FUSED_ADAM_DS], env, sys.executable, tmp_path / "preflight.stderr", print) == ()
 
 
