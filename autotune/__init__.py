@@ -29,7 +29,8 @@ if TYPE_CHECKING:
     from autotune.ranking import Ranking, rank_configs
     from autotune.hardware import Hardware, load_hardware
     from autotune.recording import Recorded, record_surface
-    from autotune.rundir import RunDir, RunSettings
+    from autotune.rundir import RunDir
+    from autotune.settings import RunSettings
     from autotune.space import Choices, Space
 
 _LAZY = {
@@ -43,7 +44,7 @@ _LAZY = {
     "rank_configs": "autotune.ranking", "Ranking": "autotune.ranking",
     "Hardware": "autotune.hardware", "load_hardware": "autotune.hardware",
     "record_surface": "autotune.recording", "Recorded": "autotune.recording",
-    "RunDir": "autotune.rundir", "RunSettings": "autotune.rundir",
+    "RunDir": "autotune.rundir", "RunSettings": "autotune.settings",
     "Choices": "autotune.space", "Space": "autotune.space",
 }
 

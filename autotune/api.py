@@ -15,12 +15,13 @@ one) or any object with `run(config) -> TrialResult` (a user's own objective, ru
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from autotune.backends import Backend
+from autotune.backends.replay import replay_space
 from autotune.backends.factory import TrialOptions, as_backend, backend_kind, make_backend, simulated_sleep_s
 from autotune.calibrate import quality, save_calibration
 from autotune.config import ConfigError
@@ -32,12 +33,13 @@ from autotune.drivers.progress import Progress, QuietProgress
 from autotune.drivers.stop import StopReason
 from autotune.drivers.sweep import Budget, Sweep
 from autotune.files import SQLITE_FULL, NoSpaceLeft, disk_full
-from autotune.handoff import DEFAULT_STACK, check_stack, narrow_choices
+from autotune.handoff import narrow_choices
 from autotune.hardware import Hardware
 from autotune.report import Outputs, write_outputs
 from autotune.results import TrialResult
 from autotune.runner import remove_stale_shm_at_start
-from autotune.rundir import SETTINGS, STUDY, RunDir, RunSettings
+from autotune.rundir import STUDY, RunDir
+from autotune.settings import DEFAULT_STACK, SETTINGS, RunSettings, check_budget, check_stack, memory_budget
 from autotune.scale import check_target, narrow_choices as narrow_for_target
 from autotune.search_spaces import choices_for
 from autotune.space import Choices, Space
@@ -57,8 +59,10 @@ class TuneSpec:
     """What to tune: the workload on the hardware under a memory budget per device, and how to search."""
 
     workload: Workload
-    hardware: Hardware
-    memory_budget_bytes: int | None = None  # per device; default: the hardware's memory
+    # A profile, its name, "auto" (this machine's devices) or None: "auto" for real trials, a replay surface's
+    # own, else cpu for tiny and a100-80gb for the other models (autotune.devices.resolve_hardware).
+    hardware: Hardware | str | None = None
+    memory_budget_bytes: int | None = None  # per device; default: the hardware's memory (settings.memory_budget)
     strategy: str = DEFAULT_STRATEGY
     trials: int = 30  # launched trials, over every session of a resumed sweep (pruned configs do not count)
     time_budget_s: float | None = None  # no trial starts once the trials have taken this long
@@ -95,8 +99,8 @@ class TuneSpec:
             raise ConfigError(f"strategy {self.strategy!r}: allowed {', '.join(STRATEGIES)}")
         if self.trials <= 0:
             raise ConfigError(f"trials {self.trials!r}: must be a positive integer")
-        if self.memory_budget_bytes is not None and self.memory_budget_bytes <= 0:
-            raise ConfigError(f"memory budget {self.memory_budget_bytes!r}: must be a positive number of bytes")
+        if self.memory_budget_bytes is not None:
+            check_budget(self.memory_budget_bytes)
         if self.time_budget_s is not None and self.time_budget_s <= 0:
             raise ConfigError(f"time budget {self.time_budget_s!r}: must be a positive number of seconds")
         if self.storage is not None:
@@ -117,27 +121,54 @@ class TuneSpec:
         """The profile the sweep predicts with: a CPU profile whose real trials run on this CPU takes this CPU's
         bf16 (autotune.devices.resolve_hardware: emulated bf16 is priced ~30x slower and left out by default)."""
         real = isinstance(self.backend, str) and backend_kind(self.backend).real
-        return resolve_hardware(self.hardware, real=real)[0]
-
-    def choices(self) -> Choices:
-        """The space's choices, narrowed to what the stack can apply."""
-        if isinstance(self.space, Choices):
-            choices = self.space
-        else:
-            choices = choices_for(self.space, self.trial_hardware)
-        return narrow_choices(choices, self.stack)[0]
+        return resolve_hardware(self.hardware, real=real, model=self.workload.model.name)[0]
 
     def settings(self) -> RunSettings:
-        """The run directory's settings (`run.json`): what a resumed sweep must match."""
-        return RunSettings(self.workload, self.trial_hardware, self.memory_budget_bytes or self.hardware.memory_bytes,
-                           self.strategy, self.backend_name, self.seed,
-                           narrow_for_target(self.choices(), self.workload, self.target_gpus)[0],
-                           surface=None if self.surface is None else str(Path(self.surface).resolve()),
-                           storage=None if self.storage is None else canonical_storage(self.storage),
-                           stack=self.stack, target_gpus=self.target_gpus)
+        """The run directory's settings (`run.json`): what a resumed sweep must match (resolve)."""
+        return resolution(self).settings
 
     def budget(self) -> Budget:
         return Budget(self.trials, self.time_budget_s, self.confirm, self.stop_when)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A spec with every default decided: the sweep's settings, its space, and what resolving changed in the
+    request, for people (the stack's and the target's narrowing of the space)."""
+
+    settings: RunSettings
+    space: Space
+    notes: tuple[str, ...] = ()
+
+
+def resolve(spec: TuneSpec) -> tuple[RunSettings, Space]:
+    """The sweep's settings (`run.json`) and space: the one place a sweep's defaults are decided (the hardware,
+    the budget through autotune.settings.memory_budget, the space preset, the stack, the target devices, a
+    replay surface's workload, hardware and measured configs). ConfigError, one line, for a request no config
+    can satisfy."""
+    resolved = resolution(spec)
+    return resolved.settings, resolved.space
+
+
+def resolution(spec: TuneSpec) -> Resolved:
+    """resolve, with the notes."""
+    if spec.backend == "replay":
+        if spec.surface is None:
+            raise ConfigError("the replay backend needs a surface (a JSONL of measured results)")
+        space = replay_space(spec.surface, spec.workload, spec.hardware, spec.space)
+    else:
+        hardware = spec.trial_hardware
+        choices = spec.space if isinstance(spec.space, Choices) else choices_for(spec.space, hardware)
+        space = Space(choices, spec.workload, hardware).require_configs()
+    choices, stack_note = narrow_choices(space.choices, spec.stack)
+    target_choices, target_note = narrow_for_target(choices, spec.workload, spec.target_gpus)
+    space = replace(space, choices=target_choices).require_configs()  # a replay surface's restriction kept
+    settings = RunSettings(space.workload, space.hardware, memory_budget(spec.memory_budget_bytes, space.hardware),
+                           spec.strategy, spec.backend_name, spec.seed, space.choices,
+                           surface=None if spec.surface is None else str(Path(spec.surface).resolve()),
+                           storage=None if spec.storage is None else canonical_storage(spec.storage),
+                           stack=spec.stack, target_gpus=spec.target_gpus)
+    return Resolved(settings, space, tuple(note for note in (stack_note, target_note) if note))
 
 
 @dataclass(frozen=True)
@@ -188,13 +219,12 @@ def tune(spec: TuneSpec, out: str | Path | None = None, *, resume: bool = False,
     remove_stale_shm_at_start()  # what trials of a killed tuner left in /dev/shm, whatever its run
     run_dir = RunDir(out if out is not None else default_run_dir(spec.workload.model.name, spec.strategy))
     check_out(run_dir, resume)
-    settings = spec.settings()
+    settings, space = resolve(spec)
     check_storage(settings.storage, run_dir.study_name(settings.storage), resume)
     objective = None if isinstance(spec.backend, str) else as_backend(spec.backend)
     if objective is not None and executor is not None:
         raise ConfigError("a backend object runs on this machine only: register a backend kind to run on Ray")
     before = startup_files(run_dir, resume)
-    space = settings.space().require_configs()  # an unsatisfiable request: one line, before anything is written
     with run_dir.locked(), undone_unless_started(run_dir, before), no_space_named(run_dir, settings.storage):
         begin(run_dir, settings, resume)
         return run_sweep(run_dir, settings, space, spec.budget(), executor, callbacks or QuietProgress(),

@@ -30,14 +30,13 @@ from autotune.config import Config, ConfigError
 from autotune.dsconfig import RECIPE_AUTO, DsOptions, ds_config, hf_ds_config, validate
 from autotune.hardware import Hardware
 from autotune.launch import LAUNCH_FILE, Launch, trials_environment
+from autotune.settings import DEFAULT_STACK, STACKS, RunSettings, check_stack  # noqa: F401  (the stacks' names are settings)
 from autotune.space import Choices, Space
 from autotune.workload import Workload
 
 if TYPE_CHECKING:  # rundir reads the stack names from here
-    from autotune.rundir import RunFolder, RunSettings
+    from autotune.rundir import RunFolder
 
-STACKS = ("deepspeed", "trainer", "accelerate")
-DEFAULT_STACK = "deepspeed"
 SWITCH_INTERVALS = (0, 1)  # what an on/off gradient_checkpointing applies: none, or every layer
 
 DS_CONFIG = "best_ds_config.json"
@@ -61,12 +60,6 @@ def checkpointing_key() -> str:
         return "gradient_checkpointing"
     names = {f.name for f in dataclasses.fields(TrainingArguments)}
     return "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
-
-
-def check_stack(stack: str) -> str:
-    if stack not in STACKS:
-        raise ConfigError(f"stack {stack!r}: allowed {', '.join(STACKS)}")
-    return stack
 
 
 def narrow_choices(choices: Choices, stack: str) -> tuple[Choices, str | None]:

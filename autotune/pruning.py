@@ -42,7 +42,7 @@ from autotune.units import format_size
 from autotune.workload import Workload
 
 if TYPE_CHECKING:
-    from autotune.rundir import RunSettings
+    from autotune.settings import RunSettings
 
 MIN_FIT_PROBABILITY = 0.05  # below this probability of fitting, a config is not run
 # Standard deviations of the throughput error above the median that value pruning grants a config (3:

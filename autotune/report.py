@@ -21,7 +21,8 @@ from autotune.estimate import estimate
 from autotune.pruning import (CAUSES, DEVICE_MEMORY, HOST_MEMORY, NVME_SPACE, Pruner, cause_counts, cause_of,
                               describe_causes, host_need_bytes)
 from autotune.results import STATUSES, TrialResult
-from autotune.rundir import STUDY, RunDir, RunSettings
+from autotune.rundir import STUDY, RunDir
+from autotune.settings import RunSettings
 from autotune.scale import ScaleReport, at_target, project
 from autotune.search_spaces import space_note
 from autotune.study_storage import masked

@@ -28,25 +28,18 @@ import os
 import sqlite3
 import stat
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, TypeVar
 
 from autotune.config import ConfigError, first_line
 from autotune.files import append_line, disk_full, load_json, open_lock, short, write_atomic
-from autotune.handoff import DEFAULT_STACK, STACKS
-from autotune.hardware import Hardware, hardware_from_dict
 from autotune.results import TrialResult, append_result, read_results, repair_tail
-from autotune.search_spaces import parse_choices
-from autotune.space import Choices, Space
-from autotune.strategies import STRATEGIES
-from autotune.study_storage import SQLITE_HEADER, masked, open_storage, study_name
-from autotune.workload import Workload
+from autotune.settings import SETTINGS, RunSettings
+from autotune.study_storage import SQLITE_HEADER, open_storage, study_name
 
 if TYPE_CHECKING:
     import optuna
 
-SETTINGS = "run.json"
 TRIALS = "trials.jsonl"
 STUDY = "study.db"
 LOCK = ".lock"
@@ -54,80 +47,6 @@ LOCK = ".lock"
 
 class RunDirBusy(ConfigError):
     """Another tuner holds the run directory."""
-
-
-@dataclass(frozen=True)
-class RunSettings:
-    """What defines a sweep: a resumed sweep must be started with the same settings."""
-
-    workload: Workload
-    hardware: Hardware
-    memory_budget_bytes: int
-    strategy: str
-    backend: str
-    seed: int
-    choices: Choices
-    surface: str | None = None
-    storage: str | None = None  # the Optuna study's storage (autotune.study_storage); None: study.db here
-    stack: str = DEFAULT_STACK  # the user's training stack, which the space was narrowed to (autotune.handoff)
-    # The job's device count the trials at workload.gpus predict (autotune.scale); None: the trials' own.
-    target_gpus: int | None = None
-
-    def space(self) -> Space:
-        return Space(self.choices, self.workload, self.hardware)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"workload": self.workload.to_dict(), "hardware": self.hardware.to_dict(),
-                "memory_budget_bytes": self.memory_budget_bytes, "strategy": self.strategy,
-                "backend": self.backend, "seed": self.seed, "space": self.choices.to_dict(),
-                "surface": self.surface, "storage": masked(self.storage), "stack": self.stack,
-                "target_gpus": self.target_gpus}
-
-    @classmethod
-    def from_dict(cls, data: Any, source: str = SETTINGS) -> "RunSettings":
-        """The settings `to_dict` wrote; ConfigError naming `source` and the first key that is not allowed."""
-        if not isinstance(data, dict):
-            raise ConfigError(f"{source}: expected a JSON object of run settings, got {short(data)}")
-        missing = [k for k in ("workload", "hardware", "memory_budget_bytes", "strategy", "backend", "seed", "space")
-                   if k not in data]
-        if missing:
-            raise ConfigError(f"{source}: missing key(s) {', '.join(missing)}: not the run.json of a sweep")
-        try:
-            workload = Workload.from_dict(data["workload"])
-        except ConfigError as err:
-            raise ConfigError(f"{source}: workload: {err}") from None
-        hardware = hardware_from_dict(data["hardware"], f"{source}: hardware")
-        for key, low in (("memory_budget_bytes", 1), ("seed", 0)):
-            value = data[key]
-            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= 2**63 - 1:
-                raise ConfigError(f"{source}: {key}: {short(value)}: allowed a whole number >= {low}")
-        for key in ("strategy", "backend"):
-            if not isinstance(data[key], str) or not data[key]:
-                raise ConfigError(f"{source}: {key}: {short(data[key])}: allowed a name")
-        if data["strategy"] not in STRATEGIES:  # the backend may be a user's own object's name: not checked
-            raise ConfigError(f"{source}: strategy: {short(data['strategy'])}: allowed {', '.join(STRATEGIES)}")
-        surface = data.get("surface")
-        if surface is not None and not isinstance(surface, str):
-            raise ConfigError(f"{source}: surface: {short(surface)}: allowed a path or null")
-        storage = data.get("storage")  # absent from the run.json of sweeps before --storage
-        if storage is not None and not isinstance(storage, str):
-            raise ConfigError(f"{source}: storage: {short(storage)}: allowed a storage URL, a journal path or null")
-        stack = data.get("stack", DEFAULT_STACK)  # absent from the run.json of sweeps before --stack
-        if stack not in STACKS:
-            raise ConfigError(f"{source}: stack: {short(stack)}: allowed {', '.join(STACKS)}")
-        target = data.get("target_gpus")  # absent from the run.json of sweeps before --target-gpus
-        if target is not None and (isinstance(target, bool) or not isinstance(target, int) or target < workload.gpus):
-            raise ConfigError(f"{source}: target_gpus: {short(target)}: allowed null or a whole number >= the "
-                              f"workload's gpus ({workload.gpus})")
-        return cls(workload=workload, hardware=hardware, memory_budget_bytes=data["memory_budget_bytes"],
-                   strategy=data["strategy"], backend=data["backend"], seed=data["seed"],
-                   choices=parse_choices(data["space"], f"{source}: space"), surface=surface,
-                   storage=storage, stack=stack, target_gpus=target)
-
-    def differences(self, other: "RunSettings") -> list[str]:
-        """`key: this != other` for every setting that differs."""
-        mine, theirs = self.to_dict(), other.to_dict()
-        return [f"{key}: {theirs[key]!r} != {mine[key]!r}" for key in mine if mine[key] != theirs[key]]
 
 
 R = TypeVar("R", bound="RunFolder")

@@ -33,10 +33,10 @@ from autotune.hardware import Hardware
 from autotune.results import TrialResult
 from autotune.space import Choices
 from autotune.uncertainty import Z90, normal_cdf
-from autotune.workload import Workload
+from autotune.workload import Workload, divisors
 
 if TYPE_CHECKING:
-    from autotune.rundir import RunSettings
+    from autotune.settings import RunSettings
 
 
 def check_target(target_gpus: Any, workload: Workload) -> None:
@@ -50,12 +50,8 @@ def check_target(target_gpus: Any, workload: Workload) -> None:
     if workload.global_batch % target_gpus:
         raise ConfigError(f"--target-gpus {target_gpus}: the global batch {workload.global_batch} does not divide "
                           f"over {target_gpus} devices: allowed a target that divides it "
-                          f"({', '.join(map(str, divisors(workload.global_batch, workload.gpus)))}) or another "
+                          f"({', '.join(str(d) for d in divisors(workload.global_batch) if d >= workload.gpus)}) or another "
                           "--global-batch")
-
-
-def divisors(number: int, low: int) -> list[int]:
-    return [d for d in range(max(low, 1), number + 1) if number % d == 0]
 
 
 def narrow_choices(choices: Choices, workload: Workload, target_gpus: int | None) -> tuple[Choices, str | None]:
@@ -70,7 +66,7 @@ def narrow_choices(choices: Choices, workload: Workload, target_gpus: int | None
         raise ConfigError(f"--target-gpus {target_gpus}: no micro-batch of the space ({', '.join(map(str, choices.micro_batch))}) "
                           f"divides the global batch {workload.global_batch} at both {workload.gpus} and {target_gpus} "
                           f"device(s): allowed micro-batches dividing {workload.global_batch // target_gpus} "
-                          f"({', '.join(map(str, divisors(workload.global_batch // target_gpus, 1)))})")
+                          f"({', '.join(map(str, divisors(workload.global_batch // target_gpus)))})")
     dropped = [m for m in choices.micro_batch if m not in kept]
     if not dropped:
         return choices, None

@@ -13,7 +13,7 @@ from typing import Iterable, Iterator, Sequence
 
 from autotune.config import KNOBS, OFFLOADS, PRECISIONS, ZERO_STAGES, Config, ConfigError
 from autotune.hardware import Hardware
-from autotune.workload import Workload
+from autotune.workload import Workload, divisors
 
 
 @dataclass(frozen=True)
@@ -173,7 +173,7 @@ class Space:
                         f"({listed}) divides {batch} / {gpus}: allowed a global batch that is a multiple of "
                         f"micro-batch x {gpus} (e.g. {', '.join(str(m * gpus) for m in micro[:3])})")
             per_gpu = batch // gpus
-            fits = [d for d in range(1, per_gpu + 1) if per_gpu % d == 0]
+            fits = divisors(per_gpu)
             return (f"no micro-batch of the space ({listed}) divides the {per_gpu} sample(s) per GPU of global batch "
                     f"{batch} over {gpus} GPU(s): allowed micro-batches {', '.join(map(str, fits[:8]))}"
                     f"{', ...' if len(fits) > 8 else ''}")

@@ -42,7 +42,8 @@ from autotune.devices import AUTO, require_here, resolve_hardware
 from autotune.hardware import Hardware, load_hardware
 from autotune.search_spaces import space_for
 from autotune.drivers.sweep import Budget
-from autotune.rundir import RunDir, RunSettings
+from autotune.rundir import RunDir
+from autotune.settings import RunSettings, memory_budget as default_budget
 from autotune.space import Space
 from autotune.strategies import STRATEGIES
 from autotune.units import format_size
@@ -70,6 +71,7 @@ class WorkloadSpec:
     space: Space
     budget: Budget
     gpus_per_trial: int | None = None
+    chosen_budget: int | None = None  # memory_budget as the file gives it (None: the hardware's, its default)
 
 
 @dataclass(frozen=True)
@@ -167,7 +169,7 @@ def _workload(entry: dict[str, Any], where: str, base: Path) -> WorkloadSpec:
             # which knows whether this machine or a remote cluster runs them.
             profile, _ = resolve_hardware(hardware, real=backend == "deepspeed", model=workload.model.name)
             space = space_for(space_name, workload, profile)
-            settings = RunSettings(workload, profile, memory_budget or profile.memory_bytes, strategy, backend,
+            settings = RunSettings(workload, profile, default_budget(memory_budget, profile), strategy, backend,
                                    seed_value, space.choices)
     except ConfigError as err:
         message = str(err)
@@ -177,7 +179,7 @@ def _workload(entry: dict[str, Any], where: str, base: Path) -> WorkloadSpec:
     gpus_per_trial = parse("gpus_per_trial", positive_int, "a positive integer")
     stop_when = parse("stop_when", stop_probability, "a probability from 0 to 1; 0: off")
     budget = Budget(trials, time_budget, stop_when=DEFAULT_STOP_WHEN if stop_when is None else stop_when)
-    return WorkloadSpec(name, settings, space, budget, gpus_per_trial)
+    return WorkloadSpec(name, settings, space, budget, gpus_per_trial, memory_budget)
 
 
 def _model_workload(model: Any, global_batch: int | None, gpus: int, where: str,
@@ -246,9 +248,7 @@ def run_sweep(sweep_file: SweepFile, out: Path, address: str, resume: bool, conc
         for spec in sweep_file.workloads:
             if backend_kind(spec.settings.backend).real:
                 try:
-                    chosen = spec.settings.memory_budget_bytes  # the profile's own memory is no chosen budget
-                    require_here(spec.settings.hardware, spec.settings.workload.gpus,
-                                 None if chosen == spec.settings.hardware.memory_bytes else chosen)
+                    require_here(spec.settings.hardware, spec.settings.workload.gpus, spec.chosen_budget)
                 except ConfigError as err:
                     raise ConfigError(f"{sweep_file.path}: workload {spec.name!r}: {err}") from None
     out.mkdir(parents=True, exist_ok=True)

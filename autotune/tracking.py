@@ -35,7 +35,8 @@ from autotune.results import TrialResult
 from autotune.study_storage import masked
 
 if TYPE_CHECKING:
-    from autotune.rundir import RunFolder, RunSettings
+    from autotune.rundir import RunFolder
+    from autotune.settings import RunSettings
 
 EXTRA = "tracking"  # pip install 'ds-autotune[tracking]'
 STATE = "mlflow.json"  # in the run directory: the parent run of each store

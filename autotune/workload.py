@@ -13,6 +13,28 @@ from autotune.shapes import ARCHITECTURES, POSITIONS, PRESETS, ModelShape, prese
 DEFAULT_GLOBAL_BATCH = {"tiny": 16}
 
 
+def accumulation(global_batch: int, micro_batch: int, ranks: int) -> int | None:
+    """Gradient accumulation steps that run `global_batch` at `micro_batch` on `ranks` ranks: global_batch /
+    (micro_batch * ranks) if that is a positive integer, else None. The one check of whether a micro-batch
+    divides a global batch (the space, the trials' DeepSpeed keys, scale-down and a script's batch use it)."""
+    per_step = micro_batch * ranks
+    if per_step <= 0 or global_batch % per_step:
+        return None
+    return global_batch // per_step
+
+
+def divisors(number: int) -> list[int]:
+    """Every whole number from 1 that divides `number`, ascending."""
+    return [d for d in range(1, number + 1) if number % d == 0]
+
+
+def micro_batch_divisors(global_batch: int, ranks: int) -> list[int]:
+    """Every micro-batch that keeps `global_batch` on `ranks` ranks (a positive whole accumulation)."""
+    if global_batch % ranks:
+        return []
+    return [m for m in divisors(global_batch // ranks) if accumulation(global_batch, m, ranks)]
+
+
 @dataclass(frozen=True)
 class Workload:
     """One training job: `gpus` data-parallel ranks share `global_batch` samples per optimizer step."""
@@ -29,10 +51,7 @@ class Workload:
 
     def grad_accumulation(self, micro_batch: int) -> int | None:
         """global_batch / (micro_batch * gpus) if that is a positive integer, else None."""
-        per_step = micro_batch * self.gpus
-        if per_step <= 0 or self.global_batch % per_step:
-            return None
-        return self.global_batch // per_step
+        return accumulation(self.global_batch, micro_batch, self.gpus)
 
     def with_(self, **changes: Any) -> "Workload":
         return replace(self, **changes)

@@ -22,6 +22,7 @@ from autotune.script.inspect_model import checkpoint_switch, model_info, shape_f
 from autotune.script.session import finish, first_config, narrowed, placeholder, save, with_global_batch
 from autotune.script.shim import KEEP_SCRIPT_BATCH, Shim, ScriptVerdict
 from autotune.worker.protocol import WorkerSpec
+from autotune.workload import micro_batch_divisors
 from autotune.search_spaces import load_choices
 from autotune.space import Space
 
@@ -185,7 +186,7 @@ def test_global_batch_from_training_arguments():
 
 
 def test_micro_batches_are_the_divisors_that_keep_the_global_batch():
-    assert batch.divisors(24, 2) == [1, 2, 3, 4, 6, 12] and batch.divisors(3, 2) == []
+    assert micro_batch_divisors(24, 2) == [1, 2, 3, 4, 6, 12] and micro_batch_divisors(3, 2) == []
     assert batch.micro_batches((1, 2, 4, 8), 1, 1) == ((1,), [2, 4, 8])  # a global batch of 1: micro-batch 1 only
     assert batch.micro_batches((1, 2, 4, 8), 24, 1, script_micro=24) == ((1, 2, 4, 8, 24), [])
     assert batch.micro_batches((4, 8), 16, 1, script_micro=16) == ((4, 8, 16), [])

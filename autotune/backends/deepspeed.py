@@ -41,6 +41,7 @@ from autotune.estimate import Calibration, Estimate, estimate
 from autotune.hardware import Hardware
 from autotune.ops import ARCH_ENV, PREFLIGHT_TIMEOUT_S, BuildFailure, arch_note, preflight
 from autotune.results import TrialResult
+from autotune.settings import check_budget
 from autotune.runner import LaunchOptions, RunOutcome, run_worker, trial_environment
 from autotune.worker.measure import MeasureSettings
 from autotune.worker.protocol import WorkerSpec, current_phase, write_json_atomic
@@ -55,8 +56,8 @@ class DeepSpeedBackend:
                  measure: MeasureSettings = MeasureSettings(), *, calibration: Calibration = Calibration(),
                  launcher: str = "direct", env: Mapping[str, str] | None = None, seed: int = 0,
                  fault: str | None = None, accelerator: str | None = None) -> None:
-        if memory_budget_bytes is not None and memory_budget_bytes <= 0:
-            raise ConfigError(f"memory budget {memory_budget_bytes!r}: must be a positive number of bytes")
+        if memory_budget_bytes is not None:
+            check_budget(memory_budget_bytes)
         if timeout_s <= 0:
             raise ConfigError(f"timeout {timeout_s!r}: must be a positive number of seconds")
         self.workload = workload

@@ -18,7 +18,8 @@ from autotune.config import Config, ConfigError
 from autotune.results import TrialResult
 
 if TYPE_CHECKING:
-    from autotune.rundir import RunDir, RunSettings
+    from autotune.rundir import RunDir
+    from autotune.settings import RunSettings
     from autotune.worker.measure import MeasureSettings
 
 

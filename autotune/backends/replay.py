@@ -26,7 +26,7 @@ from autotune.space import Choices, Space
 from autotune.workload import Workload, make_workload
 
 if TYPE_CHECKING:
-    from autotune.rundir import RunSettings
+    from autotune.settings import RunSettings
 
 
 @dataclass(frozen=True)
@@ -143,33 +143,37 @@ def surface_space(surface: Surface, hardware: Hardware | None = None, workload: 
     return Space(choices or surface_choices(surface), workload, hardware).restrict(surface.results)
 
 
-def replay_settings(surface_path: str | Path, *, model: str | None = None, global_batch: int | None = None,
-                    gpus: int | None = None, hardware: Hardware | str | None = None, space: str | None = None,
-                    memory_budget: int | None = None, strategy: str, seed: int = 0) -> tuple["RunSettings", Space]:
-    """A replay sweep's settings and space: the surface's workload (a given model, batch or GPU count must
-    agree with it), its hardware unless one is given, and its measured knob values, narrowed by `space`."""
-    from autotune.devices import resolve_hardware
-    from autotune.rundir import RunSettings
-    from autotune.search_spaces import load_choices
-
+def replay_workload(surface_path: str | Path, model: str | None = None, global_batch: int | None = None,
+                    gpus: int | None = None) -> Workload:
+    """A replay sweep's workload: the surface's (a given model, batch or GPU count must agree with it), or, when
+    the surface does not record one, the one these name."""
     surface = load_surface(surface_path)
     recorded = surface.workload
     if recorded is None:
-        workload = make_workload(model or "tiny", global_batch, gpus or 1)
-    else:
-        workload = recorded
-        for flag, given, value in (("--model", model, recorded.model.name),
-                                   ("--global-batch", global_batch, recorded.global_batch),
-                                   ("--gpus", gpus, recorded.gpus)):
-            if given is not None and given != value:
-                raise ConfigError(f"{flag} {given}: the surface {surface_path} was recorded with {value}")
+        return make_workload(model or "tiny", global_batch, gpus or 1)
+    for flag, given, value in (("--model", model, recorded.model.name),
+                               ("--global-batch", global_batch, recorded.global_batch),
+                               ("--gpus", gpus, recorded.gpus)):
+        if given is not None and given != value:
+            raise ConfigError(f"{flag} {given}: the surface {surface_path} was recorded with {value}")
+    return recorded
+
+
+def replay_space(surface_path: str | Path, workload: Workload, hardware: Hardware | str | None = None,
+                 space: Choices | str | None = None) -> Space:
+    """A replay sweep's space: the surface's measured knob values, narrowed by `space` (a preset, a YAML path
+    or Choices), restricted to the configs it measured, on its hardware unless one is given."""
+    from autotune.devices import resolve_hardware
+    from autotune.search_spaces import load_choices
+
+    surface = load_surface(surface_path)
     if hardware is None:
         hardware = load_hardware(surface.hardware or "cpu")
     elif not isinstance(hardware, Hardware):
         hardware, _ = resolve_hardware(hardware, real=False)
     choices = surface_choices(surface)
     if space is not None:
-        narrowed = load_choices(space)
+        narrowed = space if isinstance(space, Choices) else load_choices(space)
         kept = {k: tuple(v for v in choices.knob_values(k) if v in narrowed.knob_values(k)) for k in KNOBS}
         for knob, values in kept.items():
             if not values:  # the knob emptied: name the values asked for and why none is left
@@ -179,6 +183,17 @@ def replay_settings(surface_path: str | Path, *, model: str | None = None, globa
                                   f"(it measured {knob} {measured}), so the space holds no {knob}: allowed a space "
                                   f"with one of {measured}")
         choices = Choices(**kept, nvme_path=narrowed.nvme_path)
-    settings = RunSettings(workload, hardware, memory_budget or hardware.memory_bytes, strategy, "replay", seed,
-                           choices, surface=str(Path(surface_path).resolve()))
-    return settings, surface_space(surface, hardware, workload, choices).require_configs()
+    return surface_space(surface, hardware, workload, choices).require_configs()
+
+
+def replay_settings(surface_path: str | Path, *, model: str | None = None, global_batch: int | None = None,
+                    gpus: int | None = None, hardware: Hardware | str | None = None, space: str | None = None,
+                    memory_budget: int | None = None, strategy: str, seed: int = 0) -> tuple["RunSettings", Space]:
+    """A replay sweep's settings and space (replay_workload, replay_space; the budget's default is
+    autotune.settings.memory_budget's, as for every sweep)."""
+    from autotune.settings import RunSettings, memory_budget as default_budget
+
+    resolved = replay_space(surface_path, replay_workload(surface_path, model, global_batch, gpus), hardware, space)
+    settings = RunSettings(resolved.workload, resolved.hardware, default_budget(memory_budget, resolved.hardware),
+                           strategy, "replay", seed, resolved.choices, surface=str(Path(surface_path).resolve()))
+    return settings, resolved

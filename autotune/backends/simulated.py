@@ -31,6 +31,7 @@ from autotune.config import Config, ConfigError
 from autotune.estimate import Calibration, Estimate, estimate, host_need_bytes
 from autotune.hardware import Hardware
 from autotune.results import TrialResult
+from autotune.settings import check_budget
 from autotune.space import invalid_reason
 from autotune.units import format_size
 from autotune.workload import Workload
@@ -53,8 +54,7 @@ class SimulatedBackend:
     def __init__(self, workload: Workload, hardware: Hardware, memory_budget_bytes: int, noise: float = 0.0,
                  seed: int | np.random.Generator | None = None, calibration: Calibration = Calibration(), *,
                  nvme_path: str | None = None, trial_overhead_s: float = 15.0, measured_steps: int = 10) -> None:
-        if not memory_budget_bytes or memory_budget_bytes <= 0:
-            raise ConfigError(f"memory budget {memory_budget_bytes!r}: must be a positive number of bytes")
+        check_budget(memory_budget_bytes)
         if not math.isfinite(noise) or noise < 0:
             raise ConfigError(f"noise={noise!r}: must be >= 0 (0 turns noise off; 0.1 is ~10% step-time spread)")
         self.workload = workload
@@ -72,8 +72,7 @@ class SimulatedBackend:
     def with_budget(self, memory_budget_bytes: int) -> "SimulatedBackend":
         """The same simulation under another budget, sharing the estimate cache (predictions do not
         depend on the budget) and the noise stream."""
-        if not memory_budget_bytes or memory_budget_bytes <= 0:
-            raise ConfigError(f"memory budget {memory_budget_bytes!r}: must be a positive number of bytes")
+        check_budget(memory_budget_bytes)
         other = copy.copy(self)
         other.memory_budget_bytes = int(memory_budget_bytes)
         other._results = {}

@@ -18,6 +18,7 @@ from autotune.hardware import Hardware
 from autotune.pruning import Pruner
 from autotune.ranking import Ranking, rank_configs
 from autotune.search_spaces import space_note
+from autotune.settings import memory_budget
 from autotune.units import format_size
 
 
@@ -37,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     target = target_from(args, real=False)
     workload, hardware = target.workload, target.hardware
-    budget = args.gpu_memory or hardware.memory_bytes
+    budget = memory_budget(args.gpu_memory, hardware)
     pruner = Pruner.from_run(args.calibration, workload, hardware, budget) if args.calibration else None
     space = space_from(args, workload, hardware)
     ranking = rank_configs(space, budget, pruner.calibration if pruner else Calibration())

@@ -10,7 +10,7 @@ from autotune.commands.common import hardware_of, space_from
 from autotune.config import ConfigError
 from autotune.devices import gpus_found, require_here
 from autotune.hardware import Hardware
-from autotune.rundir import RunSettings
+from autotune.settings import RunSettings, memory_budget
 from autotune.script.cli import script_from
 from autotune.script.session import placeholder
 from autotune.space import Space
@@ -40,5 +40,5 @@ def resolve(args: argparse.Namespace) -> tuple[RunSettings, Space]:
         plan(script.path, script.args, exclude=(args.out,) if args.out else ())
     workload, hardware = script_target(args)
     space = space_from(args, workload, hardware, check=False)  # the first trial settles its global batch
-    budget = args.memory_budget or hardware.memory_bytes
+    budget = memory_budget(args.memory_budget, hardware)
     return RunSettings(workload, hardware, budget, args.strategy, "script", args.seed, space.choices), space

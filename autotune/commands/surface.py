@@ -29,7 +29,7 @@ from autotune.commands.common import (add_json_argument, add_workload_arguments,
                                       positive_int, size, space_from, target_from)
 from autotune.files import is_file
 from autotune.results import STATUSES
-from autotune.rundir import RunSettings
+from autotune.settings import RunSettings, memory_budget
 from autotune.recording import describe_workload, record_surface
 from autotune.units import format_size
 from autotune.worker.measure import MeasureSettings
@@ -88,7 +88,7 @@ def run_record(args: argparse.Namespace) -> int:
     target = target_from(args, real=args.backend == "deepspeed")
     workload, hardware = target.workload, target.hardware
     space = space_from(args, workload, hardware)
-    budget = args.memory_budget or hardware.memory_bytes
+    budget = memory_budget(args.memory_budget, hardware)
     logs = args.logs or args.out.parent / f"{args.out.stem}.logs"
     # A recording runs every config of the space: a grid, in the order `record` shuffles.
     settings = RunSettings(workload, hardware, budget, "grid", args.backend, args.seed, space.choices)

@@ -23,9 +23,10 @@ from autotune.interrupts import sigterm_as_interrupt
 from autotune.drivers.progress import ConsoleProgress
 from autotune.drivers.stop import StopReason
 from autotune.drivers.sweep import Budget
-from autotune.handoff import DEFAULT_STACK, STACKS, Handoff, for_stack
+from autotune.handoff import Handoff, for_stack
 from autotune.pruning import cause_counts, describe_causes
-from autotune.rundir import RunDir, RunSettings
+from autotune.rundir import RunDir
+from autotune.settings import DEFAULT_STACK, STACKS, RunSettings, memory_budget
 from autotune.scale import at_target, for_target
 from autotune.search_spaces import space_note
 from autotune.script.cli import add_arguments as script_arguments, script_from
@@ -246,7 +247,7 @@ def resolve(args: argparse.Namespace) -> tuple[RunSettings, Space]:
     target = target_from(args, real=args.backend == "deepspeed", check=here)
     workload, hardware = target.workload, target.hardware
     space = space_from(args, workload, hardware)
-    budget = args.memory_budget or hardware.memory_bytes
+    budget = memory_budget(args.memory_budget, hardware)
     settings = RunSettings(workload, hardware, budget, args.strategy, args.backend, args.seed, space.choices)
     return settings, space
 

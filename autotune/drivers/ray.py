@@ -56,7 +56,8 @@ from autotune.units import format_size
 
 if TYPE_CHECKING:
     from autotune.drivers.ray_ranks import RankBundles
-    from autotune.rundir import RunDir, RunSettings
+    from autotune.rundir import RunDir
+    from autotune.settings import RunSettings
 
 LOCAL = "local"  # --ray-address local: start a private single-node Ray instance for this run
 MAX_FAILURES = 3  # resubmissions of a trial whose worker or node died

@@ -33,7 +33,8 @@ from autotune.script.ship import Landed, Shipment, pack, plan, unpack
 
 if TYPE_CHECKING:
     from autotune.backends.script import Script, ScriptBackend
-    from autotune.rundir import RunDir, RunSettings
+    from autotune.rundir import RunDir
+    from autotune.settings import RunSettings
 
 LOG_FILES = "_log_files"  # result extra on its way back from the node; removed before it is recorded
 LOG_FILE_MAX = 1 * 2**20  # a log file larger than this stays on the node (the ranks' output of a long run)

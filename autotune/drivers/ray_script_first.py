@@ -17,7 +17,8 @@ from autotune.script.ship import pack
 
 if TYPE_CHECKING:
     from autotune.backends.script import Script
-    from autotune.rundir import RunDir, RunSettings
+    from autotune.rundir import RunDir
+    from autotune.settings import RunSettings
 
 FirstTrial = Callable[[Config, bool], "tuple[TrialResult, str | None]"]
 

@@ -26,7 +26,8 @@ from autotune.strategies import SearchContext, Strategy, make_strategy
 from autotune.tracking import NO_TRACKING, Tracker
 
 if TYPE_CHECKING:
-    from autotune.rundir import RunDir, RunSettings
+    from autotune.rundir import RunDir
+    from autotune.settings import RunSettings
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Collection, Mapping, Sequence
 
 from autotune.config import ConfigError
+from autotune.workload import accumulation as accumulation_steps, micro_batch_divisors
 
 DS_CONFIG = "DeepSpeed config"
 TRAINING_ARGUMENTS = "TrainingArguments"
@@ -108,34 +109,26 @@ def from_training_arguments(args: Any, ranks: int) -> ScriptBatch | None:
 def trial_keys(global_batch: int, micro_batch: int, ranks: int) -> dict[str, int]:
     """The DeepSpeed batch keys that run `global_batch` at `micro_batch` on `ranks` ranks; ConfigError naming
     the micro-batches that would keep it when this one does not divide it."""
-    accumulation, rest = divmod(global_batch, micro_batch * ranks)
-    if rest or accumulation == 0:
+    steps = accumulation_steps(global_batch, micro_batch, ranks)
+    if steps is None:
         raise ConfigError(f"the global batch {global_batch} is not a multiple of micro_batch {micro_batch} x "
-                          f"{ranks} rank(s): micro-batches that keep it: {divisors(global_batch, ranks)}")
+                          f"{ranks} rank(s): micro-batches that keep it: {micro_batch_divisors(global_batch, ranks)}")
     return {"train_batch_size": global_batch, "train_micro_batch_size_per_gpu": micro_batch,
-            "gradient_accumulation_steps": accumulation}
-
-
-def divisors(global_batch: int, ranks: int) -> list[int]:
-    """Every micro-batch that keeps `global_batch` on `ranks` ranks (a positive whole accumulation)."""
-    per_rank, rest = divmod(global_batch, ranks)
-    if rest:
-        return []
-    return [m for m in range(1, per_rank + 1) if per_rank % m == 0]
+            "gradient_accumulation_steps": steps}
 
 
 def micro_batches(wanted: Sequence[int], global_batch: int, ranks: int,
                   script_micro: int | None = None) -> tuple[tuple[int, ...], list[int]]:
     """The space's micro-batches that keep `global_batch` (plus the script's own micro-batch, what it runs
     today, when that keeps it too), and those removed. ConfigError when none is left."""
-    keep = set(divisors(global_batch, ranks))
+    keep = set(micro_batch_divisors(global_batch, ranks))
     kept = [m for m in wanted if m in keep]
     if script_micro is not None and script_micro in keep and script_micro not in kept:
         kept.append(script_micro)
     removed = [m for m in wanted if m not in keep]
     if not kept:
         raise ConfigError(f"micro_batch {list(wanted)}: none keeps the global batch {global_batch} on {ranks} "
-                          f"rank(s); allowed: {divisors(global_batch, ranks) or 'none (not a multiple of the ranks)'}")
+                          f"rank(s); allowed: {micro_batch_divisors(global_batch, ranks) or 'none (not a multiple of the ranks)'}")
     return tuple(sorted(kept)), removed
 
 

@@ -29,7 +29,8 @@ from autotune.dsconfig import DsOptions, ds_config, validate
 from autotune.estimate import estimate
 from autotune.handoff import checkpointing_key
 from autotune.results import TrialResult
-from autotune.rundir import RunDir, RunSettings
+from autotune.rundir import RunDir
+from autotune.settings import RunSettings
 from autotune.script import accelerate_loop, batch, lightning_loop, merge
 from autotune.script.inspect_model import describe, shape_from_info
 from autotune.space import Space
