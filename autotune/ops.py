@@ -8,7 +8,8 @@ preflight that builds them once before the first trial, and the one line that sa
   entry, which is what DeepSpeed's ops need: each entry becomes `major.minor`, `+PTX` kept. The runner applies
   it to every rank's environment (autotune.runner.trial_environment).
 - `preflight`: in a child process (autotune.worker.preflight) with the trials' environment, load every op the
-  space's trials load, with a progress line for each that must be built first. A failure is `OpBuildFailed`:
+  space's trials load, with a progress line for each that must be built first. What it loaded is recorded
+  (`BuiltOps`), so a later sweep whose ops are all built starts without the child (~5 s of imports). A failure is `OpBuildFailed`:
   one line naming the op, the cause and the fix (autotune.cli: exit 1), before any trial is recorded.
 - `BuildFailure`: that line, from a preflight's failure event or from a trial that crashed loading ops
   (`build_failure`): a sweep stops at the second such crash of an op (autotune.drivers.loop), not one
@@ -17,6 +18,7 @@ preflight that builds them once before the first trial, and the one line that sa
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from autotune.worker.main import ARCH_LIST_PARSERS, PARENT_ENV
+from autotune.worker.main import ARCH_LIST_PARSERS, PARENT_ENV, op_builders, prepared_ds_config
 
 ARCH_ENV = "TORCH_CUDA_ARCH_LIST"
 # One entry as torch accepts it, with an arch-specific (`a`) or family (`f`) variant letter allowed.
@@ -155,6 +157,11 @@ def preflight(accelerator: str, ds_configs: Sequence[Mapping[str, Any]], env: Ma
     loads on `accelerator`, building those not built yet (`say` hears a line for each). Returns the ops loaded;
     raises OpBuildFailed (one line) when one cannot be. The child's stderr (a build's output) goes to `log`.
     `command`: the child (tests); default `python -m autotune.worker.preflight`."""
+    record = BuiltOps.of(env, python, accelerator, cpu_info)
+    needed = needed_builders(accelerator, ds_configs)
+    known = record.ops(needed) if record is not None else None
+    if known is not None:
+        return known  # built and loaded by an earlier preflight of this environment: no child (~5 s) needed
     request = json.dumps({"accelerator": accelerator, "ds_configs": list(ds_configs),
                           "cpu_info": dict(cpu_info) if cpu_info else None})
     argv = list(command or [python, "-m", "autotune.worker.preflight"])
@@ -194,7 +201,86 @@ def preflight(accelerator: str, ds_configs: Sequence[Mapping[str, Any]], env: Ma
         raise OpBuildFailed(f"loading DeepSpeed's ops before the first trial {how} ({_last_line(log)}); "
                             f"fix: read {log}")
     done: dict[str, Any] = next((e for e in events if e["event"] == "done"), {"ops": []})
+    if record is not None and done.get("builds"):
+        record.add(done["builds"])
     return tuple(done["ops"])
+
+
+def needed_builders(accelerator: str, ds_configs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The op builders (class names) the trials of `ds_configs` load on `accelerator`, as the child decides."""
+    named = _Accelerator(accelerator)
+    names: list[str] = []
+    for ds in ds_configs:
+        names += [n for n in op_builders(prepared_ds_config(dict(ds)), named) if n not in names]
+    return names
+
+
+@dataclass(frozen=True)
+class _Accelerator:
+    """What autotune.worker.main.op_builders asks of DeepSpeed's accelerator, without importing DeepSpeed."""
+
+    name: str
+
+    def device_name(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class BuiltOps:
+    """The ops an earlier preflight loaded in one environment (`<TORCH_EXTENSIONS_DIR>/ds-autotune-ops.json`, per
+    python, accelerator, arch list and CPU description): a sweep whose ops are all there, each with its built
+    library in place, starts without the preflight's child. A library removed or an environment changed runs the
+    child again; a library that is there but stale is rebuilt by torch when a rank loads it (the runner pauses
+    its clock for that, as for any first build)."""
+
+    folder: Path  # TORCH_EXTENSIONS_DIR
+    key: str
+
+    FILE = "ds-autotune-ops.json"
+
+    @classmethod
+    def of(cls, env: Mapping[str, str], python: str, accelerator: str,
+           cpu_info: Mapping[str, Any] | None) -> "BuiltOps | None":
+        folder = env.get("TORCH_EXTENSIONS_DIR")
+        if not folder:
+            return None  # torch's default folder: not this tool's to keep a record in
+        # Of the CPU's description, what DeepSpeed's builders read (compiler flags); not its clock speed.
+        cpu = {k: v for k, v in (cpu_info or {}).items() if k in ("arch", "flags", "vendor_id_raw")}
+        key = json.dumps([os.path.abspath(python), accelerator, env.get(ARCH_ENV), cpu], sort_keys=True)
+        return cls(Path(folder), hashlib.sha1(key.encode()).hexdigest()[:16])
+
+    def _read(self) -> dict[str, Any]:
+        try:
+            data = json.loads((self.folder / self.FILE).read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def ops(self, builders: Sequence[str]) -> tuple[str, ...] | None:
+        """The ops `builders` load, if every one was loaded here before and its library is in place; else None."""
+        known = self._read().get(self.key)
+        if not isinstance(known, dict) or not all(isinstance(known.get(b), list) for b in builders):
+            return None
+        ops = []
+        for builder in builders:
+            op, folder = known[builder]
+            if not (self.folder / str(folder) / f"{folder}.so").is_file():
+                return None
+            ops.append(str(op))
+        return tuple(ops)
+
+    def add(self, builds: Mapping[str, Any]) -> None:
+        """Record `builds` (builder class -> [op, build folder]), loaded by a preflight's child just now."""
+        data = self._read()
+        entry = data.get(self.key)
+        data[self.key] = {**(entry if isinstance(entry, dict) else {}), **builds}
+        temporary = self.folder / f".{self.FILE}.{os.getpid()}"
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            temporary.write_text(json.dumps(data, indent=1, sort_keys=True))
+            os.replace(temporary, self.folder / self.FILE)  # a concurrent reader sees the old or the new file
+        except OSError:
+            temporary.unlink(missing_ok=True)  # a record not written: the next sweep runs the child again
 
 
 def building_line(op: str, accelerator: str, capability: str | None) -> str:

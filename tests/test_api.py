@@ -11,6 +11,7 @@ import pytest
 
 import autotune
 from autotune.config import ConfigError
+from micro import MICRO
 
 ROOT = Path(__file__).resolve().parent.parent
 SURFACE = ROOT / "benchmarks" / "surfaces" / "tiny-cpu.jsonl"
@@ -73,7 +74,8 @@ def test_every_strategy_on_every_backend(strategy, backend, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_every_strategy_on_real_deepspeed_trials(strategy, tmp_path):
-    result = autotune.tune(spec(strategy, "deepspeed", trials=2), out=tmp_path / "run")
+    workload = autotune.make_workload(MICRO, global_batch=16)
+    result = autotune.tune(spec(strategy, "deepspeed", trials=2, workload=workload), out=tmp_path / "run")
     ran = [r for r in result.results if r.status != "pruned"]
     assert ran and all(r.backend == "deepspeed" for r in ran)
     assert any(r.ok for r in ran), [r.error for r in ran]

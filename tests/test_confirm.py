@@ -364,14 +364,15 @@ def test_sigkill_mid_confirmation_then_resume(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_real_deepspeed_confirmation(tmp_path, capsys):
+    from micro import MICRO_FILE
     from test_tune_deepspeed import SPACE  # the real sweep test's space (no offload: no op builds), one config of it
 
     space = tmp_path / "space.yaml"
     space.write_text(SPACE.replace("zero_stage: [0, 1]", "zero_stage: [0]"))
     out = tmp_path / "run"
     # One config: the search is done after one trial, and the second is its repeat, in a fresh process.
-    code = main(["tune", "--model", "tiny", "--backend", "deepspeed", "--space", str(space), "--memory-budget", "3GiB",
-                 "--strategy", "grid", "--trials", "2", "--confirm", "1", "--out", str(out)])
+    code = main(["tune", "--model", MICRO_FILE, "--backend", "deepspeed", "--space", str(space), "--memory-budget",
+                 "3GiB", "--strategy", "grid", "--trials", "2", "--confirm", "1", "--out", str(out)])
     printed = capsys.readouterr().out
     assert code == 0, printed
     results = read_results(out / "trials.jsonl")

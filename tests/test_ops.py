@@ -219,6 +219,49 @@ def test_a_child_that_dies_without_a_word_is_one_line_too(tmp_path):
                                  f"(Segmentation fault); fix: read {log}")
 
 
+OFFLOAD_DS = {**FUSED_ADAM_DS, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
+# A child that loads what it is asked for (the builders' ops of the CPU accelerator) and counts its runs.
+COUNTING_CHILD = textwrap.dedent("""
+    import json, sys
+    from autotune.worker.main import op_builders, prepared_ds_config
+    request = json.load(sys.stdin)
+    open(sys.argv[1], "a").write("run\\n")
+    accel = type("A", (), {"device_name": lambda self: "cpu"})()
+    names = []
+    for ds in request["ds_configs"]:
+        names += [n for n in op_builders(prepared_ds_config(ds), accel) if n not in names]
+    ops = {"ShareMemCommBuilder": "deepspeed_shm_comm", "FusedAdamBuilder": "fused_adam", "CPUAdamBuilder": "cpu_adam"}
+    print(json.dumps({"event": "device", "accelerator": "cpu", "capability": None}))
+    print(json.dumps({"event": "done", "ops": [ops[n] for n in names], "builds": {n: [ops[n], ops[n]] for n in names}}))
+""")
+
+
+def test_ops_a_preflight_loaded_are_not_loaded_again_until_their_library_or_environment_changes(tmp_path):
+    ext, runs = tmp_path / "ext", tmp_path / "runs"
+    for op in ("deepspeed_shm_comm", "fused_adam", "cpu_adam"):  # the libraries as torch's JIT build leaves them
+        (ext / op).mkdir(parents=True)
+        (ext / op / f"{op}.so").write_bytes(b"")
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(ext)}
+    command = [sys.executable, "-c", COUNTING_CHILD, str(runs)]
+
+    def run(ds_configs, environment=env):
+        ops = preflight("cpu", ds_configs, environment, sys.executable, tmp_path / "preflight.stderr", print,
+                        command=command)
+        return ops, runs.read_text().count("run")
+
+    assert run([FUSED_ADAM_DS]) == (("deepspeed_shm_comm", "fused_adam"), 1)
+    assert run([FUSED_ADAM_DS]) == (("deepspeed_shm_comm", "fused_adam"), 1)  # recorded: no child
+    assert run([OFFLOAD_DS, FUSED_ADAM_DS]) == (("deepspeed_shm_comm", "cpu_adam", "fused_adam"), 2)  # a new op
+    assert run([OFFLOAD_DS]) == (("deepspeed_shm_comm", "cpu_adam"), 2)
+    (ext / "cpu_adam" / "cpu_adam.so").unlink()  # the build removed: loaded (built) again
+    assert run([OFFLOAD_DS]) == (("deepspeed_shm_comm", "cpu_adam"), 3)
+    assert run([FUSED_ADAM_DS], {**env, ARCH_ENV: "9.0"}) == (("deepspeed_shm_comm", "fused_adam"), 4)
+    assert run([FUSED_ADAM_DS], {k: v for k, v in env.items() if k != "TORCH_EXTENSIONS_DIR"})[1] == 5  # no record
+    (ext / "ds-autotune-ops.json").write_text("{not json")  # a damaged record is no record
+    assert run([FUSED_ADAM_DS]) == (("deepspeed_shm_comm", "fused_adam"), 6)
+    assert run([FUSED_ADAM_DS]) == (("deepspeed_shm_comm", "fused_adam"), 6)
+
+
 def test_a_preflight_past_its_time_is_ended_with_the_compilers_it_started(tmp_path):
     pid_file = tmp_path / "compiler.pid"
     command = [sys.executable, "-c", textwrap.dedent(f"""

@@ -30,6 +30,7 @@ import pytest
 
 from autotune.backends.factory import SLEEP_ENV
 from autotune.results import read_results
+from micro import MICRO_FILE
 
 pytestmark = pytest.mark.slow
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -243,7 +244,7 @@ def test_real_deepspeed_trials_on_both_nodes(cluster, tmp_path):
     space = tmp_path / "space.yaml"
     space.write_text(NO_OFFLOAD_SPACE)  # no offload: no DeepSpeedCPUAdam build
     out = tmp_path / "real"
-    run = autotune(cluster, "tune", "--model", "tiny", "--strategy", "optuna", "--trials", "2", "--space", str(space),
+    run = autotune(cluster, "tune", "--model", MICRO_FILE, "--strategy", "optuna", "--trials", "2", "--space", str(space),
                    "--backend", "deepspeed", "--out", str(out), "--ray-address", cluster.address, "--concurrency", "2",
                    timeout=600)
     results = read_results(out / "trials.jsonl")

@@ -15,6 +15,7 @@ import pytest
 from autotune.cli import main
 from autotune.dsconfig import validate
 from autotune.results import read_results
+from micro import MICRO_FILE
 
 # No offload: an offloaded optimizer would compile DeepSpeed's CPU Adam (minutes) on first use.
 SPACE = """\
@@ -35,9 +36,9 @@ def space_file(tmp_path) -> Path:
 
 
 @pytest.mark.slow
-def test_real_sweep_of_the_tiny_model_writes_every_output(space_file, tmp_path, capsys):
+def test_real_sweep_writes_every_output(space_file, tmp_path, capsys):
     out = tmp_path / "run"
-    code = main(["tune", "--model", "tiny", "--backend", "deepspeed", "--space", str(space_file),
+    code = main(["tune", "--model", MICRO_FILE, "--backend", "deepspeed", "--space", str(space_file),
                  "--memory-budget", "3GiB", "--strategy", "optuna", "--trials", "2", "--out", str(out)])
     printed = capsys.readouterr().out
     assert code == 0, printed

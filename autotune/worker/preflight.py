@@ -9,7 +9,7 @@ stdout, one JSON object a line:
     {"event": "device", "accelerator": "cuda", "capability": "9.0"}
     {"event": "op", "op": "fused_adam", "building": true}
     {"event": "failed", "error": "ValueError: ...", "op": "fused_adam", "arch_list_fault": true, "capability": "9.0"}
-    {"event": "done", "ops": ["fused_adam"]}
+    {"event": "done", "ops": ["fused_adam"], "builds": {"FusedAdamBuilder": ["fused_adam", "fused_adam"]}}
 
 A failure's traceback goes to stderr and the exit status is 1. DeepSpeed finding another accelerator than the
 request's, or no GPU, is `{"event": "mismatch", ...}` and exit 0: the first trial reports it (unsupported, which
@@ -54,6 +54,7 @@ def main() -> int:
         names += [n for n in op_builders(prepared_ds_config(ds), accel) if n not in names]
     current: list[str | None] = [None]  # the op being loaded, for the failure's report
     loaded: list[str] = []
+    dirs: dict[str, list[str]] = {}  # builder class -> [op, its build folder's name] (autotune.ops' record)
 
     def report(op: str, building: bool) -> None:
         current[0] = op
@@ -69,7 +70,8 @@ def main() -> int:
             return 1
         if current[0] is not None:
             loaded.append(current[0])
-    emit("done", ops=loaded)
+            dirs[builder] = [current[0], accel.create_op_builder(builder).name]
+    emit("done", ops=loaded, builds=dirs)
     return 0
 
 
