@@ -260,7 +260,7 @@ def test_real_trials_on_one_rank_predict_two(tmp_path, capfd, monkeypatch):
     # per rank spin while descheduled, ~10x slower (benchmarks/extrapolation.py).
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     space = tmp_path / "space.yaml"
-    space.write_text("zero_stage: [0, 3]\nmicro_batch: [2]\nckpt_interval: [0]\nprecision: [bf16, fp32]\n"
+    space.write_text("zero_stage: [0, 3]\nmicro_batch: [2]\nckpt_interval: [0]\nprecision: [fp32]\n"
                      "offload_optimizer: [none]\noffload_param: [none]\n")
     out = tmp_path / "run"
     code, stdout, _ = cli(["tune", "--model", "tiny", "--seq-len", "64", "--global-batch", "4", "--gpus", "1",
