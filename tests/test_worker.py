@@ -295,3 +295,20 @@ def test_a_load_waiting_on_a_lock_whose_holder_died_goes_on_once_the_lock_turns_
     loading.start()
     loading.join(timeout=60)
     assert not loading.is_alive() and not lock.exists()
+
+
+@pytest.mark.slow
+def test_a_rank_imports_deepspeed_without_mlflow():
+    """DeepSpeed's autotuner imports MLflow wherever it is installed (the tracking extra installs it here):
+    seconds of every rank's start. A rank keeps it out; the tuner's own process (MLflow tracking) does not."""
+    pytest.importorskip("mlflow")  # installed by the tracking extra, which the suite runs with
+    check = ("import sys{}; import deepspeed.autotuning.autotuner as a; "
+             "print(a.has_mlflow, sys.modules.get('mlflow') is not None)")
+    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    ranked = subprocess.run([sys.executable, "-c", check.format("; from autotune.worker.main import without_mlflow; "
+                                                                "without_mlflow()")],
+                            capture_output=True, text=True, env=env, timeout=300)
+    plain = subprocess.run([sys.executable, "-c", check.format("")], capture_output=True, text=True, env=env,
+                           timeout=300)
+    assert ranked.stdout.split() == ["False", "False"], ranked.stderr[-2000:]
+    assert plain.stdout.split() == ["True", "True"], plain.stderr[-2000:]

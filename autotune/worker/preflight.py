@@ -24,7 +24,8 @@ import traceback
 from typing import Any
 
 from autotune.worker.device import AcceleratorMismatch, check_accelerator
-from autotune.worker.main import build_failure, classify, die_with_parent, load_op, op_builders, prepared_ds_config
+from autotune.worker.main import (build_failure, classify, die_with_parent, load_op, op_builders, prepared_ds_config,
+                                  without_mlflow)
 
 
 def emit(event: str, **info: Any) -> None:
@@ -33,6 +34,7 @@ def emit(event: str, **info: Any) -> None:
 
 def main() -> int:
     die_with_parent()
+    without_mlflow()
     request = json.load(sys.stdin)
     from deepspeed.accelerator import get_accelerator
 
