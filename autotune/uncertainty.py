@@ -23,7 +23,7 @@ crashing) count as exact observations whatever their status.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, Iterable, Sequence
 
@@ -72,6 +72,15 @@ class ErrorModel:
 
     # Prior sd per knob of the offset of a knob value no observation used (not a column).
     value_prior: tuple[tuple[str, float], ...] = ()
+    # What the knob values leave unexplained, without `noise`'s floor: the prior's noise and weight with the
+    # residuals' sum of squares over their degrees of freedom (observations less the fit's effective
+    # parameters, so a fit that explains its few trials too well is not taken at its word). None: as `noise`.
+    # The convergence figure's per-config term (autotune.convergence); forecasts keep `noise`.
+    unexplained: float | None = None
+    # The same observations with the knob values' prior widths scaled by what the observations show of them
+    # (`evidence_scale`, empirical Bayes): what the convergence figure draws from; forecasts keep this model.
+    evidenced: "ErrorModel | None" = field(default=None, repr=False, compare=False)
+    evidence_scale: float = 1.0
 
     @cached_property
     def _arrays(self) -> tuple[np.ndarray, np.ndarray, dict[str, float], frozenset[tuple[str, Any]]]:
@@ -127,9 +136,35 @@ def columns_of(configs: Iterable[Config], first: tuple[tuple[str, Any], ...] = (
     return first + tuple(sorted(seen, key=lambda kv: (KNOBS.index(kv[0]), str(kv[1]))))
 
 
+# Empirical Bayes for the knob values' prior widths (the evidenced model): the scale s of every knob value's
+# prior sd, s^2 = (EVIDENCE_WEIGHT + sum over fitted knob values of E[b^2] / prior^2) / (EVIDENCE_WEIGHT + their
+# count), E[b^2] the posterior mean^2 + variance under the previous s (EM for a variance component, the prior's
+# s = 1 counted as EVIDENCE_WEIGHT knob values, as the noise's prior counts as trials), EVIDENCE_STEPS steps.
+EVIDENCE_WEIGHT = 3.0
+EVIDENCE_STEPS = 12
+
+
 def fit_error_model(observed: Sequence[tuple[Config, float]], prior: tuple[float, tuple[tuple[str, float], ...]],
                     noise: tuple[float, float, float], censored: Sequence[tuple[Config, float]] = ()) -> ErrorModel:
-    """The posterior given exact log-ratios `observed` and lower bounds `censored` (log-ratio > bound)."""
+    """The posterior given exact log-ratios `observed` and lower bounds `censored` (log-ratio > bound), with its
+    evidenced twin (EVIDENCE_WEIGHT) attached."""
+    model = _fit(observed, prior, noise, censored)
+    widths = [w for k, w in prior[1] if any(col[0] == k for col in model.columns)]
+    if not observed or not any(widths):
+        return model
+    scale = 1.0
+    evidenced = model
+    for _ in range(EVIDENCE_STEPS):
+        known = dict(evidenced.value_prior)
+        ratios = [(m ** 2 + evidenced.cov[i][i]) / (known[k] / scale) ** 2
+                  for i, ((k, _), m) in enumerate(zip(evidenced.columns, evidenced.mean[1:]), 1) if known.get(k)]
+        scale = math.sqrt((EVIDENCE_WEIGHT + sum(ratios)) / (EVIDENCE_WEIGHT + len(ratios)))
+        evidenced = _fit(observed, (prior[0], tuple((k, w * scale) for k, w in prior[1])), noise, censored)
+    return replace(model, evidenced=replace(evidenced, evidence_scale=scale), evidence_scale=scale)
+
+
+def _fit(observed: Sequence[tuple[Config, float]], prior: tuple[float, tuple[tuple[str, float], ...]],
+         noise: tuple[float, float, float], censored: Sequence[tuple[Config, float]] = ()) -> ErrorModel:
     columns = columns_of([c for c, _ in observed] + [c for c, _ in censored])
     n = len(columns) + 1
     knob_prior = dict(prior[1])
@@ -138,13 +173,17 @@ def fit_error_model(observed: Sequence[tuple[Config, float]], prior: tuple[float
     ys = np.array([y for _, y in observed])
     sigma = noise[0]
     for _ in range(2):  # the noise from the residuals of a fit with the previous noise (prior-weighted)
+        used = sigma
         mean, cov = _posterior(prior_cov, xs, ys, sigma)
         residual = float(((ys - xs @ mean) ** 2).sum()) if len(ys) else 0.0
         sigma = max(math.sqrt((noise[1] * noise[0] ** 2 + residual) / (noise[1] + len(ys))), noise[2])
+    # Effective parameters of the fit: the trace of its hat matrix, x' cov x / noise^2 summed over observations.
+    effective = float(np.einsum("ij,jk,ik->", xs, cov, xs)) / used ** 2 if len(ys) else 0.0
+    unexplained = math.sqrt((noise[1] * noise[0] ** 2 + residual) / (noise[1] + max(len(ys) - effective, 0.0)))
     for config, bound in censored:
         mean, cov = censor(mean, cov, _features(columns, config), bound, sigma)
     return ErrorModel(columns, tuple(float(v) for v in mean), tuple(tuple(float(v) for v in row) for row in cov),
-                      sigma, len(observed), len(censored), tuple(prior[1]))
+                      sigma, len(observed), len(censored), tuple(prior[1]), unexplained)
 
 
 def _features(columns: tuple[tuple[str, Any], ...], config: Config) -> list[float]:

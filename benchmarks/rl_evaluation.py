@@ -37,7 +37,7 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune.backends.replay import ReplayBackend, load_surface, surface_space
-from search_efficiency import finite  # beside this script
+from search_efficiency import finite, machine, source_state  # beside this script
 from autotune.drivers.local import run_local
 from autotune.drivers.progress import QuietProgress
 from autotune.drivers.sweep import Budget, Sweep
@@ -257,6 +257,11 @@ def summary(runs: list[Run], kind: str | None) -> list[dict]:
             # Checked against the convergence stop: the chance of a better config where the run ended.
             "median_chance_at_end": median([r.chance_at_end for r in mine]),
             "chance_below_5pct_at_end": sum(r.chance_at_end < 0.05 for r in mine) / len(mine),
+            "best_over_optimum_at_end": median([r.after(len(r.curve)) for r in mine]),
+            # Where the figure said the run was done (under 5%): how close its best was to the optimum.
+            "best_at_end_where_under_5pct": median([r.after(len(r.curve)) for r in mine if r.chance_at_end < 0.05]),
+            "end_under_5pct_below_98": sum(r.chance_at_end < 0.05 and r.after(len(r.curve)) < NEAR for r in mine)
+            / len(mine),
         })
     return rows
 
@@ -274,7 +279,9 @@ COLUMNS = (("strategy", "strategy", "s"), ("runs", "runs", "d"), ("median trials
            ("best/opt after 10", "best_over_optimum_after_10", ".3f"), ("within 5% after 5", "within_5pct_after_5", ".0%"),
            ("OOM trials/run", "oom_trials_per_run", ".2f"), ("pruned/run", "pruned_per_run", ".1f"),
            ("launched/run", "launched_per_run", ".1f"), ("chance of better at end", "median_chance_at_end", ".0%"),
-           ("ended under 5%", "chance_below_5pct_at_end", ".0%"))
+           ("ended under 5%", "chance_below_5pct_at_end", ".0%"), ("best/opt at end", "best_over_optimum_at_end", ".3f"),
+           ("best/opt at end, under 5%", "best_at_end_where_under_5pct", ".3f"),
+           ("under 5% but < 98%", "end_under_5pct_below_98", ".0%"))
 CLASSES = (("gpu", "held-out simulated GPU tasks"), ("cpu", "held-out simulated CPU tasks"),
            ("replay", "real replay surfaces"), (None, "all"))
 
@@ -287,7 +294,11 @@ def markdown(runs: list[Run], args: argparse.Namespace, policy: Policy, seconds:
     lines = ["# RL policy evaluation", "",
              f"`python benchmarks/rl_evaluation.py --seeds {args.seeds} --tasks {args.tasks} --trials {args.trials}"
              f" --randomize {args.randomize} --noise {args.noise} --strategies {','.join(args.strategies)}`"
-             f" ({seconds / 60:.1f} min on this machine).", "",
+             f" ({seconds / 60:.1f} min, {args.machine}; {args.source}).", "",
+             "Chance of better at end: the convergence stop's figure (autotune.convergence, the quantity the "
+             "environment's info carries as `chance_of_better`) after the run's last trial; for rl that is where "
+             "its own stop action ended the run (or the trial budget did), so `ended under 5%` and `best/opt at "
+             "end, under 5%` check the policy's stop against the figure the tuner would have stopped on.", "",
              f"Policy: `{args.policy}` (trained {policy.meta.get('training', {}).get('figures', {}).get('iteration', '?')}"
              f" iterations). Optimum: best feasible true throughput of the space; trials counted as launched"
              " (pruned configs cost nothing).", ""]
@@ -351,8 +362,10 @@ def main(argv: list[str] | None = None) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     console = Console(width=max(Console().width, 160))
     start = time.monotonic()
+    args.source = source_state()
     runs = evaluate(args, console)
     seconds = time.monotonic() - start
+    args.machine = machine()
     show(runs, console)
     policy = Policy.load(args.policy)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -57,7 +57,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -67,6 +67,7 @@ from rich.table import Table
 
 from autotune.backends.replay import ReplayBackend, load_surface, surface_space
 from autotune.backends.simulated import SimulatedBackend
+from autotune import confirm
 from autotune.confirm import prior_sigma
 from autotune.convergence import DEFAULT_STOP_WHEN, MIN_TRIALS
 from autotune.config import KNOBS, Config
@@ -93,6 +94,7 @@ STOP_TAIL = 0.95  # ... and in 95% of runs
 THRESHOLDS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3)
 MIN_TRIALS_TRIED = (3, 4, 6, 8, 10)
 SPREAD = 0.3
+REPEAT_SEED = 10_000  # + the run's seed: the noise of confirmation's repeats
 # (model, gpus, global batch, hardware, budget GiB per device)
 WORKLOADS = [
     ("gpt2-small", 1, 32, "l4", 6),
@@ -125,6 +127,8 @@ class Run:
     optimum_pruned: bool = False  # the optimum's config was recorded `pruned` in this run
     # The chance of a better config after each launched trial (autotune.convergence; nan: not recorded).
     chances: list[float] | None = None
+    # The tuner's run with the stop on and confirmation of close calls as for real trials (`Confirmed`).
+    confirmed: "Confirmed | None" = None
 
     def stop_at(self, threshold: float = DEFAULT_STOP_WHEN, min_trials: int = MIN_TRIALS) -> int:
         """Launched trials until the convergence stop would have ended this run (all of them if never)."""
@@ -169,6 +173,18 @@ def grid_subspace(space: Space) -> set[Config]:
 
 
 @dataclass(frozen=True)
+class Confirmed:
+    """What a user of real trials gets from the sweep with the stop on (--stop-when, --min-trials, --trials):
+    the search ends at the rule's stop (or where the trials left are confirmation's reserve), then the close
+    calls are run again (autotune.confirm, DEFAULT_REPEATS per finalist, within --trials) and the recommendation
+    is the best median. Emulated from the stop-off run (the search is its prefix) with fresh launches."""
+    search: int  # launched search trials until the search ended
+    repeats: int  # confirmation's repeats after it
+    best: float  # true throughput of the recommendation / the optimum
+    single: float  # ... of the single fastest launch at the same point (no confirmation)
+
+
+@dataclass(frozen=True)
 class Outcome:
     """One sweep's trace: what `Run` keeps of it."""
     curve: list[float]
@@ -177,16 +193,24 @@ class Outcome:
     seconds: float
     optimum_pruned: bool  # a config of the optimum was recorded `pruned` (never run) at some point
     chances: list[float]  # the chance of a better config after each launched trial
+    confirmed: Confirmed | None = None
 
 
 def run_sweep(name: str, space: Space, backend, budget: int, trials: int, seed: int,
               truth: Callable[[Config], float], optimum: float,
-              optimum_configs: frozenset[Config] = frozenset()) -> Outcome:
+              optimum_configs: frozenset[Config] = frozenset(), repeat_backend=None,
+              stop: tuple[float, int] = (DEFAULT_STOP_WHEN, MIN_TRIALS)) -> Outcome:
+    """One sweep with the stop off; with `repeat_backend` (fresh launches of the same truth), also what the
+    tuner with the stop `stop` (threshold, minimum trials) and confirmation would have recommended."""
     start = time.perf_counter()
     s = Sweep.in_memory(space, budget, name, backend.name, seed)
     s.launch_sigma = prior_sigma(backend.name, backend)  # as tune sets it: a simulation's own noise
     # The stop off: the stopped sweep is a prefix of this one (Run.stop_at).
     run_local(s, backend, Budget(trials, stop_when=0), QuietProgress())
+    confirmed = None
+    if repeat_backend is not None and s.launch_sigma > 0:
+        confirmed = confirm_after_stop(s.results, repeat_backend, budget, trials, s.launch_sigma, truth, optimum,
+                                       *stop)
     curve, chances, best_measured, best_true = [], [], 0.0, 0.0
     for r in s.results:
         if r.status == "pruned":
@@ -198,7 +222,42 @@ def run_sweep(name: str, space: Space, backend, budget: int, trials: int, seed: 
     oom = sum(r.status == "oom" for r in s.results)
     pruned = sum(r.status == "pruned" for r in s.results)
     optimum_pruned = any(r.status == "pruned" and r.config in optimum_configs for r in s.results)
-    return Outcome(curve, oom, pruned, time.perf_counter() - start, optimum_pruned, chances)
+    return Outcome(curve, oom, pruned, time.perf_counter() - start, optimum_pruned, chances, confirmed)
+
+
+def confirm_after_stop(results, backend, budget: int, trials: int, sigma: float, truth: Callable[[Config], float],
+                       optimum: float, threshold: float, min_trials: int,
+                       repeats: int = confirm.DEFAULT_REPEATS) -> Confirmed:
+    """`Confirmed` of a stop-off sweep's `results`: the search ends after the first launched trial at which the
+    rule is met (its recorded chance below `threshold` after at least `min_trials`) or at which the trials left
+    are what confirmation wants (confirm.reserve, as the tuner's sweep decides), then confirm.plan's repeats
+    run on `backend` until it wants none or `trials` are spent."""
+    prefix: list = []
+    search = 0
+    for r in results:
+        prefix.append(r)
+        if r.status == "pruned":
+            continue
+        search += 1
+        chance = r.extra.get("chance_of_better")
+        if search >= min_trials and isinstance(chance, float) and chance < threshold:
+            break
+        if search + confirm.reserve(prefix, budget, repeats, sigma, trials) >= trials:
+            break
+    single = confirm.recommend(prefix, budget)
+    done = 0
+    while search + done < trials:
+        config = confirm.plan(prefix, budget, repeats, sigma).next
+        if config is None:
+            break
+        first = next(r for r in prefix if r.config == config and r.status != "pruned")
+        again = backend.run(config).under_budget(budget)
+        prefix.append(replace(again, config=config, extra={**again.extra, "phase": confirm.PHASE,
+                                                           "repeat_of": first.extra.get("trial")}))
+        done += 1
+    pick = confirm.recommend(prefix, budget)
+    return Confirmed(search, done, truth(pick.config) / optimum if pick else 0.0,
+                     truth(single.config) / optimum if single else 0.0)
 
 
 def sweep(name: str, space: Space, backend, budget: int, trials: int, seed: int,
@@ -231,6 +290,13 @@ def simulated_runs(args, console: Console) -> list[Run]:
             plain_optimum = max(exact.run(c).throughput_samples_per_s for c in fits)
             feasible = [c for c in space if c in distorted.landscape.index
                         and distorted.feasible[distorted.landscape.index[c]]]
+
+            def repeat_backend(world: str, seed: int):
+                """The same truth with launches of its own (confirmation's repeats)."""
+                if world == "estimator":
+                    return SimulatedBackend(workload, hardware, budget, noise=args.noise, seed=REPEAT_SEED + seed)
+                return distorted_task(task, SPREAD, args.noise, seed).with_noise_seed(REPEAT_SEED + seed)
+
             worlds = {
                 "estimator": (lambda: SimulatedBackend(workload, hardware, budget, noise=args.noise, seed=seed),
                               lambda c: exact.run(c).throughput_samples_per_s, plain_optimum,
@@ -245,9 +311,10 @@ def simulated_runs(args, console: Console) -> list[Run]:
                 best_configs = optimal_configs(fits if world == "estimator" else feasible, truth, optimum)
                 for strategy in args.strategies:
                     o = run_sweep(strategy, space, make_backend(), budget, args.trials, seed, truth, optimum,
-                                  best_configs)
+                                  best_configs, repeat_backend(world, seed),
+                                  (args.stop_when, args.min_trials))
                     runs.append(Run(world, name, strategy, seed, o.curve, o.oom, o.pruned, len(o.curve), reach,
-                                    o.seconds, o.optimum_pruned, o.chances))
+                                    o.seconds, o.optimum_pruned, o.chances, o.confirmed))
                 line = "  ".join(f"{r.strategy} {r.trials_to()}/{r.final:.2f}" for r in runs[-len(args.strategies):])
                 console.print(f"{world:9} {name:32} seed {seed}: {line}", highlight=False)
     return runs
@@ -285,7 +352,7 @@ def replay_runs(args, console: Console) -> list[Run]:
                     o = run_sweep(strategy, space, ReplayBackend(surface, budget), budget, args.trials, seed, truth,
                                   best.throughput_samples_per_s, best_configs)
                     runs.append(Run("replay", name, strategy, seed, o.curve, o.oom, o.pruned, len(o.curve), reach,
-                                    o.seconds, o.optimum_pruned, o.chances))
+                                    o.seconds, o.optimum_pruned, o.chances, o.confirmed))
                 line = "  ".join(f"{r.strategy} {r.trials_to()}/{r.final:.2f}" for r in runs[-len(args.strategies):])
                 console.print(f"replay    {name:32} seed {seed}: {line}", highlight=False)
     return runs
@@ -322,9 +389,32 @@ def stop_goals(row: dict) -> dict:
             "stop_p5_at_least_0.95": row["p5_best_at_stop"] >= STOP_TAIL - 1e-9}
 
 
+def confirmed_row(rs: list[Run]) -> dict:
+    """The stop with confirmation (`Confirmed`) over the runs that have it (simulated worlds with noise)."""
+    done = [r.confirmed for r in rs if r.confirmed is not None]
+    if not done:
+        return {}
+    best = [c.best for c in done]
+    return {"confirmed_runs": len(done),
+            "confirmed_median_search": median(c.search for c in done),
+            "confirmed_median_repeats": median(c.repeats for c in done),
+            "confirmed_median_launched": median(c.search + c.repeats for c in done),
+            "confirmed_median_best": median(best),
+            "confirmed_p5_best": quantile(best, 0.05),
+            "confirmed_below_98_share": sum(v < NEAR - 1e-9 for v in best) / len(done),
+            "confirmed_median_single": median(c.single for c in done),
+            "confirmed_p5_single": quantile([c.single for c in done], 0.05)}
+
+
+def confirmed_goals(row: dict) -> dict:
+    return {"search_trials_at_most_12": row["confirmed_median_search"] <= STOP_TRIALS,
+            "confirmed_median_at_least_0.98": row["confirmed_median_best"] >= STOP_MEDIAN - 1e-9,
+            "confirmed_p5_at_least_0.95": row["confirmed_p5_best"] >= STOP_TAIL - 1e-9}
+
+
 def strategy_row(rs: list[Run], threshold: float = DEFAULT_STOP_WHEN, min_trials: int = MIN_TRIALS) -> dict:
     launched = sum(r.launched for r in rs)
-    return {**stop_row(rs, threshold, min_trials),
+    return {**stop_row(rs, threshold, min_trials), **confirmed_row(rs),
         "runs": len(rs),
         "median_trials_to_95": median(r.trials_to(FAR) for r in rs),
         "median_trials_to_98": median(r.trials_to() for r in rs),
@@ -386,7 +476,8 @@ def summary(runs: list[Run], strategies: tuple[str, ...], threshold: float = DEF
             goals["optuna_oom_share_below_5pct"] = rows["optuna"]["oom_share"] < 0.05
         tasks = sorted({r.task for r in mine})
         data: dict = {"strategies": rows, "goals": goals, "tasks": tasks,
-                      "stop_goals": {s: stop_goals(row) for s, row in rows.items()}}
+                      "stop_goals": {s: stop_goals(row) for s, row in rows.items()},
+                      "confirmed_goals": {s: confirmed_goals(row) for s, row in rows.items() if "confirmed_runs" in row}}
         if world == "replay":
             # Issue 17 asks for every surface and budget on its own: a pooled median hides one that fails.
             data["per_task"] = {}
@@ -426,6 +517,23 @@ def stop_cells(s: str, row: dict, goals: dict | None = None) -> list[str]:
     return [s, str(row.get("runs", "")), fmt(row["median_trials_to_stop"]), f"{row['median_best_at_stop']:.3f}",
             f"{row['p5_best_at_stop']:.3f}", f"{row['stopped_below_98_share']:.0%}",
             f"{row['stopped_by_rule_share']:.0%}", met]
+
+
+CONFIRMED_COLUMNS = ("strategy", "runs", "search trials", "repeats", "launched", "best/opt confirmed", "5th pct",
+                     "< 98%", "single launch", "5th pct single", "goals met")
+
+
+def confirmed_cells(s: str, row: dict, goals: dict) -> list[str]:
+    return [s, str(row["confirmed_runs"]), fmt(row["confirmed_median_search"]), fmt(row["confirmed_median_repeats"]),
+            fmt(row["confirmed_median_launched"]), f"{row['confirmed_median_best']:.3f}",
+            f"{row['confirmed_p5_best']:.3f}", f"{row['confirmed_below_98_share']:.0%}",
+            f"{row['confirmed_median_single']:.3f}", f"{row['confirmed_p5_single']:.3f}",
+            f"{sum(goals.values())}/{len(goals)}"]
+
+
+def md_confirmed_table(rows: dict, goals: dict) -> list[str]:
+    return ["| " + " | ".join(CONFIRMED_COLUMNS) + " |", "| --- |" + " ---: |" * (len(CONFIRMED_COLUMNS) - 1),
+            *("| " + " | ".join(confirmed_cells(s, row, goals[s])) + " |" for s, row in rows.items() if s in goals)]
 
 
 def md_stop_table(rows: dict, goals: dict | None = None) -> list[str]:
@@ -477,6 +585,15 @@ def markdown(result: dict, args) -> str:
                   f"Convergence stop ({stop}; goals: median trials until the stop <= {STOP_TRIALS}, best/opt at "
                   f"the stop >= {STOP_MEDIAN} in the median and >= {STOP_TAIL} in 95% of runs):", "",
                   *md_stop_table(data["strategies"], data["stop_goals"]), ""]
+        if data.get("confirmed_goals"):
+            lines += ["With confirmation of close calls, as the tuner runs real trials (the search ends at the stop, "
+                      "or where the trials left are confirmation's reserve; then up to "
+                      f"{confirm.MAX_FINALISTS} finalists within a typical launch difference of the best run "
+                      f"{confirm.DEFAULT_REPEATS} more times each, in fresh launches, within --trials; the "
+                      "recommendation is the best median). `search trials`: until the search ended; `best/opt "
+                      "confirmed`: the recommendation's true throughput over the optimum; `single launch`: the "
+                      "fastest single launch at the same point, as the table above judges it:", "",
+                      *md_confirmed_table(data["strategies"], data["confirmed_goals"]), ""]
         if data["goals"]:
             lines += ["Goals: " + goal_line(data["goals"]), ""]
         lines += ["Workloads: " + "; ".join(data["tasks"]), ""]
@@ -544,7 +661,18 @@ def machine() -> str:
     """Where the figures came from: cores and the load average when the run ended (others' work slows the
     sweeps' seconds, never their trial counts)."""
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
-    return f"{platform.machine()}, {os.cpu_count()} cores, load average {load:.1f}"
+    return f"{cpu_model()}, {platform.machine()}, {os.cpu_count()} cores, load average {load:.1f}"
+
+
+def cpu_model() -> str:
+    """The processor's name as lscpu gives it ('Model name'), or the architecture alone."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown processor"
 
 
 def source_state() -> str:

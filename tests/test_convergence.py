@@ -145,3 +145,41 @@ def test_the_environment_exposes_the_chance_in_info():
             if terminated or truncated:
                 break
         assert all(0.0 <= p <= 1.0 for p in seen)
+
+
+def _model(offsets: dict, noise: float, trials: int = 24):
+    """A time error model fitted on `trials` configs of the small-llama space whose log-ratios are `offsets` by
+    knob value plus launch noise `noise` (seeded)."""
+    from autotune.backends.replay import surface_space
+    from autotune.uncertainty import NOISE_TIME, PRIOR_TIME, fit_error_model
+
+    rng = np.random.default_rng(0)
+    configs = list(surface_space(load_surface(SMALL)))[:trials]
+    observed = [(c, sum(offsets.get((k, getattr(c, k)), 0.0) for k in ("zero_stage", "micro_batch"))
+                 + noise * rng.standard_normal()) for c in configs]
+    return fit_error_model(observed, PRIOR_TIME, NOISE_TIME)
+
+
+def test_per_config_spread_is_not_held_at_the_forecasts_floor():
+    from autotune.convergence import per_config
+    from autotune.uncertainty import NOISE_TIME, PRIOR_TIME, fit_error_model
+
+    quiet = _model({}, 0.03)
+    assert quiet.noise == NOISE_TIME[2]  # forecasts keep the floor
+    assert per_config(quiet) < 0.09  # the figure sees the prior-weighted residuals over their degrees of freedom
+    assert per_config(_model({}, 0.3)) > 0.2  # and a noisy world as it is
+    empty = fit_error_model([], PRIOR_TIME, NOISE_TIME)
+    assert per_config(empty) == pytest.approx(NOISE_TIME[0])  # no trials: the prior's noise
+
+
+def test_untried_values_narrow_only_where_the_trials_show_small_offsets():
+    from autotune.convergence import evidenced
+    from autotune.uncertainty import NOISE_TIME, PRIOR_TIME, fit_error_model
+
+    empty = fit_error_model([], PRIOR_TIME, NOISE_TIME)
+    assert evidenced(empty) == empty  # no evidence: the prior
+    right = evidenced(_model({}, 0.03))  # the estimator's shape is right: its offsets are small
+    assert dict(right.value_prior)["precision"] < 0.75 * dict(PRIOR_TIME[1])["precision"]
+    values = sorted({getattr(c, "zero_stage") for c in load_surface(SMALL).results})
+    wrong = evidenced(_model({("zero_stage", v): 0.4 * (-1) ** i for i, v in enumerate(values)}, 0.03))
+    assert dict(wrong.value_prior)["precision"] > dict(right.value_prior)["precision"]

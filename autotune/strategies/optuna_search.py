@@ -137,7 +137,8 @@ class OptunaStrategy:
             elif trial.state == TrialState.WAITING:
                 self._requeue(trial)
         self.guided = context.forecast is not None and context.uncertainty is not None
-        self.turn = 0  # proposals since the warm start: even ones are the most valuable config's
+        # Proposals since the warm start (their kinds take turns, TURNS): a resumed study goes on where it was.
+        self.turn = self._turns_taken(trials) if self.guided else 0
         # Nothing untried is worth a trial (probability x expected gain) nor likely to fit: proposals end.
         self.exhausted = False
         self._describe()
@@ -250,6 +251,15 @@ class OptunaStrategy:
         if kind == VALUABLE:
             return self._run_queued(picked, "expected gain")
         return None
+
+    def _turns_taken(self, trials: list[optuna.trial.FrozenTrial]) -> int:
+        """The guided turns a stored study took: each turn ends in one proposal of this search's own after the
+        warm start (not the hybrid's policy, not a record), told COMPLETE or PRUNED (ran, or pruned by the
+        sweep); a sampled proposal refused as unlikely to fit or invalid is part of the turn that follows it."""
+        own = {"expected gain", "near the best", "likeliest to fit", "nearest untried", self.name}
+        return sum(1 for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+                   and t.user_attrs.get("proposed_by") in own
+                   and t.user_attrs.get("status") not in ("unlikely to fit", "invalid"))
 
     def best_config(self) -> Config | None:
         """The config of the best throughput told among those that fit."""
