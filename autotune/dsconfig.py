@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,6 +141,16 @@ def validate(ds: dict[str, Any], world_size: int = 1) -> Any:
     Without an initialised process group the parser assumes one rank, so the batch is checked per rank
     (train_batch_size / world_size = micro-batch x accumulation) — the same arithmetic.
     """
+    if "deepspeed.runtime.config" not in sys.modules:
+        # Its import pulls in DeepSpeed's autotuner, which imports MLflow when installed (1-4 s of the tuner's
+        # start; autotune.worker.main.without_mlflow). Kept out for that import only: autotune.tracking may
+        # import MLflow later.
+        sys.modules.setdefault("mlflow", None)  # type: ignore[arg-type]
+        try:
+            import deepspeed.runtime.config  # noqa: F401
+        finally:
+            if "mlflow" in sys.modules and sys.modules["mlflow"] is None:
+                del sys.modules["mlflow"]
     from deepspeed.runtime.config import DeepSpeedConfig
 
     checked = copy.deepcopy(ds)
