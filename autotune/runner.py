@@ -31,7 +31,6 @@ stderr is kept in the logs and its last lines are quoted in a crash's message, n
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
 import os
@@ -132,29 +131,11 @@ class RankShare:
 
 
 def extensions_dir(python: str) -> str:
-    """Where DeepSpeed's JIT-built ops for the environment of `python` (its venv or prefix) are kept: one folder
-    per Python, torch and DeepSpeed version where the environment's site-packages names them (a fresh clone's
-    venv of the same versions loads the ops an earlier one built: minutes saved on first use), else one per
-    environment."""
+    """Where DeepSpeed's JIT-built ops for the environment of `python` (its venv or prefix) are kept."""
     prefix = os.path.dirname(os.path.dirname(os.path.abspath(python)))
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    versions = _installed_versions(prefix)
-    if versions is not None:
-        name = "-".join(versions)
-    else:
-        name = f"{os.path.basename(prefix) or 'root'}-{hashlib.sha1(prefix.encode()).hexdigest()[:12]}"
-    return os.path.join(cache, "ds-autotune", "torch_extensions", name)
-
-
-def _installed_versions(prefix: str) -> tuple[str, str, str] | None:
-    """(python3.X, torch-<version>, deepspeed-<version>) from the dist-info folders of `prefix`'s site-packages
-    (torch's version names its build: 2.13.0+cpu, 2.11.0+cu130); None unless exactly one of each is there."""
-    for site in sorted(glob.glob(os.path.join(prefix, "lib", "python3.*", "site-packages"))):
-        found = [glob.glob(os.path.join(site, f"{package}-*.dist-info")) for package in ("torch", "deepspeed")]
-        if all(len(paths) == 1 for paths in found):
-            torch, deepspeed = (os.path.basename(paths[0])[:-len(".dist-info")] for paths in found)
-            return os.path.basename(os.path.dirname(site)), torch, deepspeed
-    return None
+    key = hashlib.sha1(prefix.encode()).hexdigest()[:12]
+    return os.path.join(cache, "ds-autotune", "torch_extensions", f"{os.path.basename(prefix) or 'root'}-{key}")
 
 
 def remove_shm_buffers(addr: str, port: int, shm_dir: Path = SHM_DIR) -> list[Path]:

@@ -130,20 +130,6 @@ def test_launch_options_and_helpers():
     assert describe_exit(3) == "exited with code 3"
 
 
-def test_environments_of_the_same_python_torch_and_deepspeed_share_their_op_builds(tmp_path):
-    def venv(name, torch="2.13.0+cpu", deepspeed="0.19.8"):
-        site = tmp_path / name / "lib" / "python3.11" / "site-packages"
-        for dist in (f"torch-{torch}", f"deepspeed-{deepspeed}", "numpy-2.0.0"):
-            (site / f"{dist}.dist-info").mkdir(parents=True)
-        return str(tmp_path / name / "bin" / "python")
-
-    first, clone = extensions_dir(venv("clone1")), extensions_dir(venv("clone2"))
-    assert first == clone and first.endswith("python3.11-torch-2.13.0+cpu-deepspeed-0.19.8")
-    assert extensions_dir(venv("newer", deepspeed="0.20.0")) != first
-    assert extensions_dir(venv("cuda", torch="2.13.0+cu130")) != first
-    assert extensions_dir(str(tmp_path / "bare" / "bin" / "python")).endswith(tuple("0123456789abcdef"))  # its own
-
-
 def test_a_config_deepspeed_cannot_express_is_unsupported_without_a_launch(tmp_path):
     backend = DeepSpeedBackend(make_workload("tiny"), 2**30, logs_dir=tmp_path)
     result = backend.run(Config(3, 4, 0, "bf16", "nvme"))
