@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import copy
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,17 +140,10 @@ def validate(ds: dict[str, Any], world_size: int = 1) -> Any:
     Without an initialised process group the parser assumes one rank, so the batch is checked per rank
     (train_batch_size / world_size = micro-batch x accumulation) — the same arithmetic.
     """
-    if "deepspeed.runtime.config" not in sys.modules:
-        # Its import pulls in DeepSpeed's autotuner, which imports MLflow when installed (1-4 s of the tuner's
-        # start; autotune.worker.main.without_mlflow). Kept out for that import only: autotune.tracking may
-        # import MLflow later.
-        sys.modules.setdefault("mlflow", None)  # type: ignore[arg-type]
-        try:
-            import deepspeed.runtime.config  # noqa: F401
-        finally:
-            if "mlflow" in sys.modules and sys.modules["mlflow"] is None:
-                del sys.modules["mlflow"]
-    from deepspeed.runtime.config import DeepSpeedConfig
+    from autotune.worker.imports import mlflow_kept_out
+
+    with mlflow_kept_out():  # 1-4 s of the tuner's start; autotune.tracking may still import MLflow later
+        from deepspeed.runtime.config import DeepSpeedConfig
 
     checked = copy.deepcopy(ds)
     if isinstance(checked.get("train_batch_size"), int):

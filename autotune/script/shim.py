@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from autotune.worker.device import AcceleratorMismatch, open_device
+from autotune.worker.imports import mlflow_kept_out
 from autotune.worker.main import (Unsupported, agree, check_supported, classify, die_with_parent, oom_cause,
                                   host_store_on_loopback, load_ops, prepared_ds_config)
 from autotune.worker.measure import iqr, median_rel_se, stop_reason
@@ -128,7 +129,9 @@ class Shim:
     # -- before the script ----------------------------------------------------------------------------
     def prepare(self) -> None:
         import torch
-        import deepspeed
+
+        with mlflow_kept_out():  # seconds of every rank's start; the script may still import MLflow itself
+            import deepspeed
         from deepspeed.accelerator import get_accelerator
 
         self.torch, self.deepspeed = torch, deepspeed

@@ -30,6 +30,7 @@ import traceback
 from typing import Any, Callable, Iterator
 
 from autotune.worker.device import AcceleratorMismatch, open_device
+from autotune.worker.imports import without_mlflow
 from autotune.worker.measure import iqr, median_rel_se, stop_reason
 from autotune.worker.protocol import WorkerSpec, record_phase, report_path, write_json_atomic
 
@@ -92,15 +93,6 @@ def main(argv: list[str]) -> int:
     # Skip interpreter and process-group teardown: the runner needs nothing more from this process and
     # gloo's teardown can wait on peers that are gone.
     os._exit(code)
-
-
-def without_mlflow() -> None:
-    """Keep `import deepspeed` in this process from importing MLflow. DeepSpeed's autotuner module, which
-    deepspeed.runtime.config imports and a trial never runs, does `import mlflow` wherever it is installed:
-    4.0 of the 5.0 s `import deepspeed` took (pandas and MLflow's tracking client; python -X importtime, this
-    2-core Xeon, load 5), paid by every rank of every trial. The built-in model's ranks and the op preflight
-    never use MLflow; a script-mode trial runs the user's own imports and keeps it."""
-    sys.modules.setdefault("mlflow", None)  # type: ignore[arg-type]  # None: `import mlflow` raises ImportError
 
 
 _last_phase = "start"

@@ -24,8 +24,8 @@ import traceback
 from typing import Any
 
 from autotune.worker.device import AcceleratorMismatch, check_accelerator
-from autotune.worker.main import (build_failure, classify, die_with_parent, load_op, op_builders, prepared_ds_config,
-                                  without_mlflow)
+from autotune.worker.imports import without_mlflow
+from autotune.worker.main import build_failure, classify, die_with_parent, load_op, op_builders, prepared_ds_config
 
 
 def emit(event: str, **info: Any) -> None:
