@@ -26,15 +26,15 @@ from autotune.backends.factory import TrialOptions, as_backend, backend_kind, ma
 from autotune.calibrate import quality, save_calibration
 from autotune.config import ConfigError
 from autotune.confirm import prior_sigma
-from autotune.devices import resolve_hardware
+from autotune.devices import AUTO, resolve_hardware
 from autotune.convergence import DEFAULT_STOP_WHEN, Convergence, check_stop_when
 from autotune.drivers.local import run_local
 from autotune.drivers.progress import Progress, QuietProgress
 from autotune.drivers.stop import StopReason
 from autotune.drivers.sweep import Budget, Sweep
-from autotune.files import SQLITE_FULL, NoSpaceLeft, disk_full
+from autotune.files import SQLITE_FULL, NoSpaceLeft, disk_full, make_dir
 from autotune.handoff import narrow_choices
-from autotune.hardware import Hardware
+from autotune.hardware import Hardware, load_hardware
 from autotune.report import Outputs, write_outputs
 from autotune.results import TrialResult
 from autotune.runner import remove_stale_shm_at_start
@@ -121,7 +121,8 @@ class TuneSpec:
         """The profile the sweep predicts with: a CPU profile whose real trials run on this CPU takes this CPU's
         bf16 (autotune.devices.resolve_hardware: emulated bf16 is priced ~30x slower and left out by default)."""
         real = isinstance(self.backend, str) and backend_kind(self.backend).real
-        return resolve_hardware(self.hardware, real=real, model=self.workload.model.name)[0]
+        named = load_hardware(self.hardware) if isinstance(self.hardware, str) and self.hardware != AUTO else self.hardware
+        return resolve_hardware(named, real=real, model=self.workload.model.name)[0]
 
     def settings(self) -> RunSettings:
         """The run directory's settings (`run.json`): what a resumed sweep must match (resolve)."""
@@ -217,18 +218,40 @@ def tune(spec: TuneSpec, out: str | Path | None = None, *, resume: bool = False,
     or continue it there (`resume`), on this machine or on a Ray cluster (`executor`). `callbacks` hears of
     every trial (autotune.drivers.progress.Progress; ConsoleProgress prints what `autotune tune` prints)."""
     remove_stale_shm_at_start()  # what trials of a killed tuner left in /dev/shm, whatever its run
-    run_dir = RunDir(out if out is not None else default_run_dir(spec.workload.model.name, spec.strategy))
+    progress = callbacks or QuietProgress()
+    # Every check that can refuse the sweep comes before anything is written to the run directory.
+    resolved = resolution(spec)
+    settings, space = resolved.settings, resolved.space
+    for note in resolved.notes:  # what the stack or the target removed from the space
+        progress.message(note)
+    run_dir = RunDir(out if out is not None else default_run_dir(settings.workload.model.name, settings.strategy))
     check_out(run_dir, resume)
-    settings, space = resolve(spec)
     check_storage(settings.storage, run_dir.study_name(settings.storage), resume)
     objective = None if isinstance(spec.backend, str) else as_backend(spec.backend)
     if objective is not None and executor is not None:
         raise ConfigError("a backend object runs on this machine only: register a backend kind to run on Ray")
+    tracking = tracking_uri(spec.mlflow_uri, run_dir.path)
     before = startup_files(run_dir, resume)
+    make_dir(run_dir.path, "--out" if out is not None else "the default run directory")
     with run_dir.locked(), undone_unless_started(run_dir, before), no_space_named(run_dir, settings.storage):
         begin(run_dir, settings, resume)
-        return run_sweep(run_dir, settings, space, spec.budget(), executor, callbacks or QuietProgress(),
-                         objective, tracking=tracking_uri(spec.mlflow_uri, run_dir.path))
+        budget = spec.budget()
+        begun = getattr(progress, "begun", None)
+        if callable(begun):  # a display's headline (`autotune tune`), once the run directory is held
+            begun(SweepStart(run_dir, settings, space, budget, resume))
+        return run_sweep(run_dir, settings, space, budget, executor, progress, objective, tracking=tracking)
+
+
+@dataclass(frozen=True)
+class SweepStart:
+    """What `tune()` tells callbacks that have a `begun(start)` method, once the run directory is held and the
+    settings are written (a new sweep) or checked (a resumed one), before the first trial."""
+
+    run_dir: RunDir
+    settings: RunSettings
+    space: Space
+    budget: Budget
+    resumed: bool
 
 
 def default_run_dir(name: str, strategy: str) -> Path:

@@ -284,3 +284,13 @@ def open_lock(path: str | Path) -> int:
         kind = "not a regular file" if not stat.S_ISREG(info.st_mode) else f"has {info.st_nlink} hard links"
         raise ConfigError(f"{path}: the lock file {kind}: refusing to use it (remove it)")
     return fd
+
+
+def make_dir(path: Path, flag: str) -> Path:
+    """Create an output directory (and its parents) once every input is checked; a file system that refuses
+    (read-only, full, a name it does not allow) is a ConfigError naming the path, not an OSError traceback."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"{flag} {path}: cannot create the directory: {err.strerror or err}") from None
+    return path

@@ -37,13 +37,13 @@ from autotune.files import exists, is_file, load_yaml, read_bytes, short, write_
 from autotune.argtypes import duration, positive_int, seed, size, stop_probability
 from autotune.convergence import DEFAULT_STOP_WHEN, recorded
 from autotune.backends.factory import backend_kind
-from autotune.backends.replay import replay_settings
-from autotune.devices import AUTO, require_here, resolve_hardware
+from autotune.api import TuneSpec, resolve
+from autotune.backends.replay import replay_workload
+from autotune.devices import AUTO, require_here
 from autotune.hardware import Hardware, load_hardware
-from autotune.search_spaces import space_for
 from autotune.drivers.sweep import Budget
 from autotune.rundir import RunDir
-from autotune.settings import RunSettings, memory_budget as default_budget
+from autotune.settings import RunSettings
 from autotune.space import Space
 from autotune.strategies import STRATEGIES
 from autotune.units import format_size
@@ -154,23 +154,20 @@ def _workload(entry: dict[str, Any], where: str, base: Path) -> WorkloadSpec:
         except ConfigError as err:
             raise ConfigError(f"{where}.hardware: {err}") from None
     try:
+        surface = None
         if backend == "replay":
             if entry.get("surface") is None:
                 raise ConfigError("backend replay needs a surface (a JSONL of measured results)")
-            settings, space = replay_settings(
-                _path_or_name(entry["surface"], base), model=model if isinstance(model, str) else None,
-                global_batch=global_batch, gpus=gpus, hardware=hardware, space=space_name,
-                memory_budget=memory_budget, strategy=strategy, seed=seed_value)
+            surface = _path_or_name(entry["surface"], base)
+            workload = replay_workload(surface, model if isinstance(model, str) else None, global_batch, gpus)
         else:
             if entry.get("surface") is not None:
                 raise ConfigError(f"surface is only for backend replay (got backend {backend})")
             workload = _model_workload(model, global_batch, gpus or 1, where, base)
-            # Real trials default to this machine's devices; whether they can run is checked by run_sweep,
-            # which knows whether this machine or a remote cluster runs them.
-            profile, _ = resolve_hardware(hardware, real=backend == "deepspeed", model=workload.model.name)
-            space = space_for(space_name, workload, profile)
-            settings = RunSettings(workload, profile, default_budget(memory_budget, profile), strategy, backend,
-                                   seed_value, space.choices)
+        # The library's own defaults (autotune.api.resolve). Real trials default to this machine's devices;
+        # whether they can run is checked by run_sweep, which knows whether this machine or a cluster runs them.
+        settings, space = resolve(TuneSpec(workload, hardware, memory_budget_bytes=memory_budget, strategy=strategy,
+                                           backend=backend, space=space_name, seed=seed_value, surface=surface))
     except ConfigError as err:
         message = str(err)
         raise ConfigError(message if message.startswith(str(where)) else f"{where}: {message}") from None

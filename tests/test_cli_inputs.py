@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import autotune.commands.estimate as estimate_command
-import autotune.commands.tune as tune_command
+import autotune.api as tune_command  # run_sweep: the runner `autotune tune` reaches through autotune.tune() (issue 26)
 from autotune.commands.common import make_dir
 from autotune.config import ConfigError
 from cli_run import cli

@@ -163,14 +163,14 @@ def replay_space(surface_path: str | Path, workload: Workload, hardware: Hardwar
                  space: Choices | str | None = None) -> Space:
     """A replay sweep's space: the surface's measured knob values, narrowed by `space` (a preset, a YAML path
     or Choices), restricted to the configs it measured, on its hardware unless one is given."""
-    from autotune.devices import resolve_hardware
+    from autotune.devices import AUTO, resolve_hardware
     from autotune.search_spaces import load_choices
 
     surface = load_surface(surface_path)
     if hardware is None:
         hardware = load_hardware(surface.hardware or "cpu")
-    elif not isinstance(hardware, Hardware):
-        hardware, _ = resolve_hardware(hardware, real=False)
+    elif not isinstance(hardware, Hardware):  # auto (this machine's devices) or a profile's name
+        hardware = resolve_hardware(hardware, real=False)[0] if hardware == AUTO else load_hardware(hardware)
     choices = surface_choices(surface)
     if space is not None:
         narrowed = space if isinstance(space, Choices) else load_choices(space)

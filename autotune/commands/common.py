@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, TextIO
 
 from autotune.config import ConfigError
+from autotune.files import make_dir  # noqa: F401  (the commands create their output folders with it)
 from autotune.devices import AUTO, LocalMachine, gpus_found, require_here, resolve_hardware
 from autotune.hardware import PROFILES, Hardware, load_hardware
 from autotune.models import load_model
@@ -109,16 +110,6 @@ def space_from(args: argparse.Namespace, workload: Workload, hardware: Hardware,
 def fail(prog: str, message: str) -> int:
     print(f"{prog}: error: {message}", file=sys.stderr)
     return 2
-
-
-def make_dir(path: Path, flag: str) -> Path:
-    """Create an output directory (and its parents) once every input is checked; a file system that refuses
-    (read-only, full, a name it does not allow) is a ConfigError naming the path, not an OSError traceback."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ConfigError(f"{flag} {path}: cannot create the directory: {err.strerror or err}") from None
-    return path
 
 
 # -- --json: one JSON document on stdout ------------------------------------------------------------------

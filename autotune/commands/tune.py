@@ -9,14 +9,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from autotune.api import (DEFAULT_STRATEGY, begin, check_out, default_run_dir, no_space_named, run_sweep, startup_files,
+import autotune
+from autotune.api import (DEFAULT_STRATEGY, SweepStart, TuneResult, TuneSpec, begin, check_out, default_run_dir,
+                          no_space_named, run_sweep, startup_files,
                           undone_unless_started)
 from autotune.argtypes import duration, gpu_count, non_negative_int, output_dir, ray_address, seed, stop_probability
-from autotune.backends.replay import replay_settings
+from autotune.backends.replay import replay_workload
 from autotune.backends.factory import backend_names
 from autotune.commands import script as script_command
 from autotune.commands.common import (add_json_argument, add_workload_arguments, emit_json, json_command, make_dir,
-                                      positive_int, size, space_from, target_from)
+                                      positive_int, size, target_from)
 from autotune.config import ConfigError
 from autotune.convergence import DEFAULT_STOP_WHEN
 from autotune.interrupts import sigterm_as_interrupt
@@ -26,7 +28,7 @@ from autotune.drivers.sweep import Budget
 from autotune.handoff import Handoff, for_stack
 from autotune.pruning import cause_counts, describe_causes
 from autotune.rundir import RunDir
-from autotune.settings import DEFAULT_STACK, STACKS, RunSettings, memory_budget
+from autotune.settings import DEFAULT_STACK, STACKS, RunSettings
 from autotune.scale import at_target, for_target
 from autotune.search_spaces import space_note
 from autotune.script.cli import add_arguments as script_arguments, script_from
@@ -117,37 +119,93 @@ def add_ray_arguments(parser: argparse.ArgumentParser) -> None:
 
 @json_command
 def run(args: argparse.Namespace) -> int:
+    """argparse -> TuneSpec -> autotune.tune() -> print (issue 26: the CLI is a client of the library)."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress display says what matters
+    if args.script:  # a script's first trial comes inside the run directory's lock (autotune.script.session)
+        return run_script(args)
     # Every check that can refuse the command comes before anything is written to the run directory.
-    settings, space = resolve(args)
+    spec = spec_from(args)
+    ray = ray_options(args)
+    progress = TuneConsole(args, spec.trials)
+    with sigterm_as_interrupt():
+        try:
+            result = autotune.tune(spec, args.out, resume=args.resume, executor=ray, callbacks=progress)
+        finally:
+            progress.close()  # the last batch of pruned configs, before the summary; the live line ends on any error
+    start = progress.start
+    assert start is not None  # tune() returns only after the sweep began
+    mlflow = tracking.resolve_uri(spec.mlflow_uri, result.run_dir)
+    return conclude(progress, start.run_dir, start.settings, result, start.budget, mlflow,
+                    (lambda data: emit_json(args, data)) if args.json else None)
+
+
+def spec_from(args: argparse.Namespace) -> TuneSpec:
+    """The library's request from the command line: the workload and hardware the flags name (a replay
+    surface's own; --hardware auto probed for real trials, refused here when this machine cannot run them),
+    the rest as given; every default is autotune.api.resolve's."""
+    if args.backend == "replay":
+        if args.surface is None:
+            raise ConfigError("--backend replay needs --surface FILE (a JSONL of measured results)")
+        workload = replay_workload(args.surface, args.model, args.global_batch, args.gpus)
+        hardware = args.hardware
+    else:
+        if args.surface is not None:
+            raise ConfigError(f"--surface {args.surface} is only for --backend replay (got --backend {args.backend})")
+        args.model = args.model or "tiny"
+        # Real trials run here unless a remote Ray cluster runs them (its nodes' GPUs are Ray's to place).
+        here = args.ray_address in (None, "local")
+        target = target_from(args, real=args.backend == "deepspeed", check=here)
+        workload, hardware = target.workload, target.hardware
+    return TuneSpec(workload, hardware, memory_budget_bytes=args.memory_budget, strategy=args.strategy,
+                    trials=args.trials, time_budget_s=args.time_budget, backend=args.backend, space=args.space,
+                    seed=args.seed, surface=None if args.surface is None else str(args.surface),
+                    storage=args.storage, confirm=args.confirm, mlflow_uri=mlflow_choice(args), stack=args.stack,
+                    target_gpus=args.target_gpus, stop_when=args.stop_when)
+
+
+class TuneConsole(ConsoleProgress):
+    """`autotune tune`'s display: ConsoleProgress, and the sweep's headline once it has begun (the run
+    directory locked, its settings written or checked)."""
+
+    def __init__(self, args: argparse.Namespace, trials: int) -> None:
+        super().__init__(trials)
+        self.args = args
+        self.start: SweepStart | None = None
+
+    def begun(self, start: SweepStart) -> None:
+        self.start = start
+        self.args._run_dir = start.run_dir.path  # an internal error's traceback goes to its logs/ (autotune.cli)
+        for line in headline(start.run_dir, start.settings, start.space, start.budget, start.resumed):
+            self.message(line)
+
+
+def run_script(args: argparse.Namespace) -> int:
+    """`autotune tune --script`: the sweep set up here, its first trial under the run directory's lock."""
+    settings, space = script_command.resolve(args)
     settings, space, stack_note = for_stack(settings, space, args.stack)
     if stack_note:
         print(stack_note, flush=True)
     if args.target_gpus is not None:
-        settings, target_note = for_target(settings, args.target_gpus, script=bool(args.script))
-        space = settings.space()
-        if target_note:
-            print(target_note, flush=True)
+        for_target(settings, args.target_gpus, script=True)  # refused: a script runs at its launch's scale
     if args.storage is not None:
         settings = replace(settings, storage=canonical_storage(args.storage))
     ray = ray_options(args)
-    name = f"script-{args.script.stem}" if args.script else settings.workload.model.name
-    out = args.out or default_run_dir(name, settings.strategy)
+    out = args.out or default_run_dir(f"script-{args.script.stem}", settings.strategy)
     run_dir = RunDir(out)
     check_out(run_dir, args.resume)
     check_storage(settings.storage, run_dir.study_name(settings.storage), args.resume)
-    mlflow = tracking_uri(args, out)
+    mlflow = tracking.resolve_uri(mlflow_choice(args), out)
     before = startup_files(run_dir, args.resume)
     make_dir(out, "--out" if args.out else "the default run directory")
     args._run_dir = out  # an internal error's traceback goes to its logs/ (autotune.cli)
     with run_dir.locked(), sigterm_as_interrupt(), undone_unless_started(run_dir, before), \
             no_space_named(run_dir, settings.storage):
-        if args.script and args.resume:
+        if args.resume:
             settings = script_mode().resumed(run_dir, settings, script_from(args), args.global_batch)
             space = settings.space()  # the model, global batch and space the first trial settled
-        elif args.script:  # the first trial shows the script's model (autotune.script.session)
+        else:  # the first trial shows the script's model (autotune.script.session)
             remote = script_on_ray(ray, run_dir, settings, script_from(args)) if ray is not None else None
             settings, space, fatal = script_mode().first_trial(run_dir, settings, space, script_from(args),
                                                                global_batch=args.global_batch, remote=remote)
@@ -161,6 +219,11 @@ def run(args: argparse.Namespace) -> int:
         budget = Budget(args.trials, args.time_budget, args.confirm, args.stop_when)
         return tune(run_dir, settings, space, budget, args.resume, ray,
                     mlflow=mlflow, emit=(lambda data: emit_json(args, data)) if args.json else None)
+
+
+def mlflow_choice(args: argparse.Namespace) -> str | bool | None:
+    """--mlflow-uri, else --mlflow (True: the run directory's own store), else None: no tracking."""
+    return args.mlflow_uri if args.mlflow_uri is not None else (True if args.mlflow else None)
 
 
 def ray_options(args: argparse.Namespace) -> "RayOptions | None":
@@ -177,24 +240,37 @@ def ray_options(args: argparse.Namespace) -> "RayOptions | None":
 def tune(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budget, resume: bool,
          ray: "RayOptions | None" = None, *, mlflow: str | None = None,
          emit: Callable[[dict], None] | None = None) -> int:
-    """Run the sweep with progress on the console; `emit` (--json) gets the result as one JSON object."""
+    """A script sweep's loop with progress on the console; `emit` (--json) gets the result as one JSON object."""
     progress = ConsoleProgress(budget.trials)
-    for note in run_dir.notes:  # what taking the run directory repaired (autotune.rundir)
-        progress.message(note)
+    for line in headline(run_dir, settings, space, budget, resume):
+        progress.message(line)
+    try:
+        result = run_sweep(run_dir, settings, space, budget, ray, progress, tracking=mlflow)
+    finally:
+        progress.close()  # the last batch of pruned configs, before the summary; the live line ends on any error
+    return conclude(progress, run_dir, settings, result, budget, mlflow, emit)
+
+
+def headline(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budget, resume: bool) -> list[str]:
+    """What the console says once the run directory is held: what taking it repaired, the sweep in one line,
+    and what the hardware changed in the space."""
+    lines = list(run_dir.notes)  # what taking the run directory repaired (autotune.rundir)
     history = run_dir.results()
     w = settings.workload
-    progress.message(
+    lines.append(
         f"{'resuming' if resume else 'tuning'} {w.model.name} (global batch {w.global_batch}, {w.gpus} x "
         f"{settings.hardware.name}"
         + (f", predicting {settings.target_gpus}" if settings.target_gpus is not None else "") + f") under {format_size(settings.memory_budget_bytes)}: {settings.strategy} over "
         f"{len(space)} configs, {settings.backend} backend, up to {budget.trials} trials"
         + (f"; {len(history)} recorded already" if history else "") + f" -> {run_dir.path}")
     if (hardware_note := space_note(settings.hardware, settings.choices)) is not None:
-        progress.message(hardware_note)
-    try:
-        result = run_sweep(run_dir, settings, space, budget, ray, progress, tracking=mlflow)
-    finally:
-        progress.close()  # the last batch of pruned configs, before the summary; the live line ends on any error
+        lines.append(hardware_note)
+    return lines
+
+
+def conclude(progress: ConsoleProgress, run_dir: RunDir, settings: RunSettings, result: TuneResult, budget: Budget,
+             mlflow: str | None, emit: Callable[[dict], None] | None) -> int:
+    """The console's account of a finished sweep (and --json's document); the exit code."""
     pruned = [r for r in result.results if r.status == "pruned"]
     if len(pruned) > 1:
         progress.message(f"pruned {len(pruned)} configs in all: {describe_causes(cause_counts(pruned), 'predicted over')}"
@@ -225,39 +301,11 @@ def tune(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budget, r
 
 def stopped_json(run_dir: RunDir, settings: RunSettings, fatal: str) -> dict:
     """--json when a script's first trial showed it cannot be tuned as it is."""
-    from autotune.api import TuneResult
     from autotune.report import summarize
 
     results = run_dir.results()
     return TuneResult(None, tuple(results), StopReason.FATAL, run_dir.path, summarize(results, settings),
                       fatal).to_dict()
-
-
-def resolve(args: argparse.Namespace) -> tuple[RunSettings, Space]:
-    """The sweep's settings and space from the command line; ConfigError for bad combinations."""
-    if args.backend == "replay":
-        return _resolve_replay(args)
-    if args.script:
-        return script_command.resolve(args)
-    if args.surface is not None:
-        raise ConfigError(f"--surface {args.surface} is only for --backend replay (got --backend {args.backend})")
-    args.model = args.model or "tiny"
-    # Real trials run here unless a remote Ray cluster runs them (its nodes' GPUs are Ray's to place).
-    here = args.ray_address in (None, "local")
-    target = target_from(args, real=args.backend == "deepspeed", check=here)
-    workload, hardware = target.workload, target.hardware
-    space = space_from(args, workload, hardware)
-    budget = memory_budget(args.memory_budget, hardware)
-    settings = RunSettings(workload, hardware, budget, args.strategy, args.backend, args.seed, space.choices)
-    return settings, space
-
-
-def _resolve_replay(args: argparse.Namespace) -> tuple[RunSettings, Space]:
-    if args.surface is None:
-        raise ConfigError("--backend replay needs --surface FILE (a JSONL of measured results)")
-    return replay_settings(args.surface, model=args.model, global_batch=args.global_batch, gpus=args.gpus,
-                           hardware=args.hardware, space=args.space, memory_budget=args.memory_budget,
-                           strategy=args.strategy, seed=args.seed)
 
 
 def script_on_ray(ray: "RayOptions", run_dir: RunDir, settings: RunSettings, script: "Script"):
