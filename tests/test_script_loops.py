@@ -116,12 +116,19 @@ def tune(out: Path, script: Path, script_args: str, capsys) -> tuple[int, str]:
 
 
 def run_unchanged(script: Path, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    """The user's script on its own, one rank, as a launcher would start it."""
-    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(free_port()), "TORCH_EXTENSIONS_DIR": extensions_dir(sys.executable),
-           "DS_ACCELERATOR": "cpu"}
-    return subprocess.run([sys.executable, str(script), *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=600)
+    """The user's script on its own, one rank, as a launcher would start it.
+
+    A port taken between free_port() and the script's own bind (another process's ephemeral port: the user's
+    launcher would pick another too) is tried again with a new one."""
+    for _ in range(3):
+        env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(free_port()), "TORCH_EXTENSIONS_DIR": extensions_dir(sys.executable),
+               "DS_ACCELERATOR": "cpu"}
+        ran = subprocess.run([sys.executable, str(script), *args], cwd=cwd, env=env, capture_output=True, text=True,
+                             timeout=600)
+        if "EADDRINUSE" not in ran.stderr:
+            break
+    return ran
 
 
 def check_trials(out: Path, via: str, info_key: str) -> list:
