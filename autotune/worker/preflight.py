@@ -23,9 +23,10 @@ import sys
 import traceback
 from typing import Any
 
+from autotune.ops import needed_builders
 from autotune.worker.device import AcceleratorMismatch, check_accelerator
 from autotune.worker.imports import without_mlflow
-from autotune.worker.main import build_failure, classify, die_with_parent, load_op, op_builders, prepared_ds_config
+from autotune.worker.main import build_failure, classify, die_with_parent, load_op
 
 
 def emit(event: str, **info: Any) -> None:
@@ -51,9 +52,7 @@ def main() -> int:
 
         info = dict(request["cpu_info"])
         cpuinfo.get_cpu_info = lambda: dict(info)  # DeepSpeed's builders import it at call time (as a rank does)
-    names: list[str] = []
-    for ds in request["ds_configs"]:
-        names += [n for n in op_builders(prepared_ds_config(ds), accel) if n not in names]
+    names = needed_builders(name, request["ds_configs"])
     current: list[str | None] = [None]  # the op being loaded, for the failure's report
     loaded: list[str] = []
     dirs: dict[str, list[str]] = {}  # builder class -> [op, its build folder's name] (autotune.ops' record)
