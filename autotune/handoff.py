@@ -250,7 +250,7 @@ class Handoff:
                 "```", *(f"bash {LAUNCH_FILE} {line}" for line in launch.usage()), "```", "",
                 "It runs, written out (one of the forms):", "", "```bash", *launch.commands(), "```", "",
                 f"`TORCH_EXTENSIONS_DIR={extensions}` is where the tuner built DeepSpeed's C++ ops (cpu_adam, "
-                "shm_comm, fused_adam, as the trials needed them): with it, and the tuner's Python first on `PATH` (its "
+                "fused_adam, as the trials needed them): with it, and the tuner's Python first on `PATH` (its "
                 "ninja), your first run loads them instead of rebuilding them under `~/.cache/torch_extensions` "
                 "(minutes). Another Python environment or machine builds its own once.", ""]
 

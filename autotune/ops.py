@@ -39,7 +39,7 @@ _ARCH_ENTRY = re.compile(r"(\d+)\.(\d+)[a-z]?(\+PTX)?")
 # benchmarks/gpu-runs/h200-2026-11-26); the CPU accelerator's ops one after the other on the 2-core development
 # machine under a load average of 2-5 (a preflight of all three: 405 s; 11 s once built).
 FIRST_BUILD_S = {("cuda", "fused_adam"): 30, ("cuda", "cpu_adam"): 37,
-                 ("cpu", "deepspeed_shm_comm"): 70, ("cpu", "fused_adam"): 130, ("cpu", "cpu_adam"): 200}
+                 ("cpu", "fused_adam"): 130, ("cpu", "cpu_adam"): 200}
 PREFLIGHT_TIMEOUT_S = 1800.0 + 120.0  # the runner's longest build pause, plus importing torch and DeepSpeed
 REPEATED_BUILD_FAILURES = 2  # crashes of one op while loading it after which a sweep stops
 

@@ -230,7 +230,7 @@ COUNTING_CHILD = textwrap.dedent("""
     names = []
     for ds in request["ds_configs"]:
         names += [n for n in op_builders(prepared_ds_config(ds), accel) if n not in names]
-    ops = {"ShareMemCommBuilder": "deepspeed_shm_comm", "FusedAdamBuilder": "fused_adam", "CPUAdamBuilder": "cpu_adam"}
+    ops = {"FusedAdamBuilder": "fused_adam", "CPUAdamBuilder": "cpu_adam"}
     print(json.dumps({"event": "device", "accelerator": "cpu", "capability": None}))
     print(json.dumps({"event": "done", "ops": [ops[n] for n in names], "builds": {n: [ops[n], ops[n]] for n in names}}))
 """)
@@ -238,7 +238,7 @@ COUNTING_CHILD = textwrap.dedent("""
 
 def test_ops_a_preflight_loaded_are_not_loaded_again_until_their_library_or_environment_changes(tmp_path):
     ext, runs = tmp_path / "ext", tmp_path / "runs"
-    for op in ("deepspeed_shm_comm", "fused_adam", "cpu_adam"):  # the libraries as torch's JIT build leaves them
+    for op in ("fused_adam", "cpu_adam"):  # the libraries as torch's JIT build leaves them
         (ext / op).mkdir(parents=True)
         (ext / op / f"{op}.so").write_bytes(b"")
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(ext)}
@@ -249,17 +249,17 @@ def test_ops_a_preflight_loaded_are_not_loaded_again_until_their_library_or_envi
                         command=command)
         return ops, runs.read_text().count("run")
 
-    assert run([FUSED_ADAM_DS]) == (("deepspeed_shm_comm", "fused_adam"), 1)
-    assert run([FUSED_ADAM_DS]) == (("deepspeed_shm_comm", "fused_adam"), 1)  # recorded: no child
-    assert run([OFFLOAD_DS, FUSED_ADAM_DS]) == (("deepspeed_shm_comm", "cpu_adam", "fused_adam"), 2)  # a new op
-    assert run([OFFLOAD_DS]) == (("deepspeed_shm_comm", "cpu_adam"), 2)
+    assert run([FUSED_ADAM_DS]) == (("fused_adam",), 1)
+    assert run([FUSED_ADAM_DS]) == (("fused_adam",), 1)  # recorded: no child
+    assert run([OFFLOAD_DS, FUSED_ADAM_DS]) == (("cpu_adam", "fused_adam"), 2)  # a new op
+    assert run([OFFLOAD_DS]) == (("cpu_adam",), 2)
     (ext / "cpu_adam" / "cpu_adam.so").unlink()  # the build removed: loaded (built) again
-    assert run([OFFLOAD_DS]) == (("deepspeed_shm_comm", "cpu_adam"), 3)
-    assert run([FUSED_ADAM_DS], {**env, ARCH_ENV: "9.0"}) == (("deepspeed_shm_comm", "fused_adam"), 4)
+    assert run([OFFLOAD_DS]) == (("cpu_adam",), 3)
+    assert run([FUSED_ADAM_DS], {**env, ARCH_ENV: "9.0"}) == (("fused_adam",), 4)
     assert run([FUSED_ADAM_DS], {k: v for k, v in env.items() if k != "TORCH_EXTENSIONS_DIR"})[1] == 5  # no record
     (ext / "ds-autotune-ops.json").write_text("{not json")  # a damaged record is no record
-    assert run([FUSED_ADAM_DS]) == (("deepspeed_shm_comm", "fused_adam"), 6)
-    assert run([FUSED_ADAM_DS]) == (("deepspeed_shm_comm", "fused_adam"), 6)
+    assert run([FUSED_ADAM_DS]) == (("fused_adam",), 6)
+    assert run([FUSED_ADAM_DS]) == (("fused_adam",), 6)
 
 
 def test_a_preflight_past_its_time_is_ended_with_the_compilers_it_started(tmp_path):
@@ -298,17 +298,17 @@ def test_a_real_preflight_without_ninja_fails_in_one_line_before_compiling(tmp_p
 
     env = {**os.environ, "PATH": str(tmp_path), "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext"), "DS_ACCELERATOR": "cpu"}
     said: list[str] = []
-    if installed_ops.get("deepspeed_shm_comm"):  # DeepSpeed installed with its ops prebuilt: nothing to build
-        assert "deepspeed_shm_comm" in preflight("cpu", [FUSED_ADAM_DS], env, sys.executable,
+    if installed_ops.get("fused_adam"):  # DeepSpeed installed with its ops prebuilt: nothing to build
+        assert "fused_adam" in preflight("cpu", [FUSED_ADAM_DS], env, sys.executable,
                                                  tmp_path / "preflight.stderr", said.append)
         assert said == []
         return
     with pytest.raises(OpBuildFailed) as failed:
         preflight("cpu", [FUSED_ADAM_DS], env, sys.executable, tmp_path / "preflight.stderr", said.append)
-    assert str(failed.value) == ("DeepSpeed's deepspeed_shm_comm op cannot be built or loaded: RuntimeError: Unable to "
-                                 "JIT load the deepspeed_shm_comm op due to ninja not being installed; fix: install "
+    assert str(failed.value) == ("DeepSpeed's fused_adam op cannot be built or loaded: RuntimeError: Unable to "
+                                 "JIT load the fused_adam op due to ninja not being installed; fix: install "
                                  "ninja in the trials' environment (pip install ninja)")
-    assert said == ["building DeepSpeed's deepspeed_shm_comm for the CPU, first use: ~70 s"]
+    assert said == ["building DeepSpeed's fused_adam for the CPU, first use: ~130 s"]
     assert "Traceback" in (tmp_path / "preflight.stderr").read_text()
 
 
@@ -323,15 +323,15 @@ def test_a_gpu_sweep_on_a_machine_without_one_is_left_to_its_first_trial(tmp_pat
 
 @pytest.mark.slow
 def test_a_real_preflight_on_the_cpu_loads_what_the_trials_load(tmp_path):
-    """Without and with optimizer offload: shm_comm, FusedAdam and DeepSpeedCPUAdam (minutes on first use, about
+    """Without and with optimizer offload: FusedAdam and DeepSpeedCPUAdam (minutes on first use, about
     ten seconds once built); torch's AdamW (zero_force_ds_cpu_optimizer false) loads no Adam op."""
     backend = DeepSpeedBackend(autotune.make_workload("tiny"), logs_dir=tmp_path / "logs")
     configs = [Config(0, 2, 0, "fp32", "none", "none"), Config(2, 2, 0, "fp32", "cpu", "none")]
     said: list[str] = []
-    assert backend.preflight(configs, said.append) == ("deepspeed_shm_comm", "fused_adam", "cpu_adam")
+    assert backend.preflight(configs, said.append) == ("fused_adam", "cpu_adam")
     assert all(line.startswith("building DeepSpeed's ") for line in said)
     again: list[str] = []
-    assert backend.preflight(configs, again.append) == ("deepspeed_shm_comm", "fused_adam", "cpu_adam")
+    assert backend.preflight(configs, again.append) == ("fused_adam", "cpu_adam")
     assert again == []  # built now: loaded, nothing said
 
 

@@ -278,16 +278,29 @@ def load_ops(ds: dict[str, Any], accel: Any, report: Callable[[str, bool], None]
     """Build (first use on a machine: minutes) or load the C++ ops the trial will need, before the
     runner's timeout clock runs again (it pauses during this phase). `report(op, building)` hears of each
     op before it loads, and whether it has to be built first (what the progress line shows)."""
+    skip_inference_ops()
     for name in op_builders(ds, accel):
         load_op(name, accel, report)
+
+
+# DeepSpeed's CPU communication backend builds and loads its shm_comm op in init_distributed (a first build
+# ~40-70 s on 2 cores) for one caller: inference_all_reduce (AutoTP inference). A training step's collectives
+# go through torch.distributed (gloo), so trials mark the op unusable and DeepSpeed's build_shm_op skips it.
+INFERENCE_ONLY_OPS = ("deepspeed_shm_comm",)
+
+
+def skip_inference_ops() -> None:
+    """Keep DeepSpeed from building and loading the ops only inference uses (INFERENCE_ONLY_OPS)."""
+    import deepspeed.ops
+
+    for name in INFERENCE_ONLY_OPS:
+        deepspeed.ops.__compatible_ops__[name] = False
 
 
 def op_builders(ds: dict[str, Any], accel: Any) -> list[str]:
     """The op builders (class names) a trial of DeepSpeed config `ds` loads on `accel` (autotune.ops' preflight
     asks the same of every config of a space)."""
     names = []
-    if accel.device_name() == "cpu":
-        names.append("ShareMemCommBuilder")  # DeepSpeed's CPU communication backend always loads it
     if not ds.get("optimizer", {}).get("params", {}).get("torch_adam", False):
         offload = ds.get("zero_optimization", {}).get("offload_optimizer", {}).get("device", "none") != "none"
         names.append("CPUAdamBuilder" if offload else "FusedAdamBuilder")
