@@ -18,8 +18,13 @@ the estimator was exact):
 - the time model is the *evidenced* one (ErrorModel.evidenced, autotune.uncertainty): the knob values' prior
   widths scaled by an empirical-Bayes estimate from the offsets the trials measured, so an untried value is
   as uncertain as the measured ones turned out to be (the prior's width counted as EVIDENCE_WEIGHT values);
-- the per-config residual is the model's unexplained spread over its degrees of freedom
-  (ErrorModel.unexplained) rather than the floored noise its forecasts keep.
+- the per-config residual is what the evidenced fit leaves unexplained beyond the launch spread, estimated as a
+  variance component (`per_config`): the residuals' sum of squares less what the launch noise accounts for, over
+  the fit's degrees of freedom, with the prior's per-config spread (NOISE_TIME's, less the machine's launch
+  spread it includes) counted as NOISE_TIME's weight in trials. Before, the prior's total noise (0.15, launch
+  spread included) was weighed against the residuals and the launch spread taken off after: on the simulated
+  worlds at 3% launch noise that left ~0.09 per config where the trials showed ~0.05 (the worlds' own
+  per-config term is 0.05), summed over hundreds of untried configs.
 Forecasts, pruning and every strategy's proposals keep the plain model.
 
     chance = P(some untried config fits and is more than `margin` faster than the best)   (DRAWS draws)
@@ -43,7 +48,8 @@ import numpy as np
 from scipy.special import ndtr
 
 from autotune.config import Config, ConfigError
-from autotune.uncertainty import ErrorModel, Forecast, Uncertainty
+from autotune.confirm import MACHINE_SIGMA
+from autotune.uncertainty import NOISE_TIME, ErrorModel, Forecast, Uncertainty
 
 DEFAULT_STOP_WHEN = 0.05
 MIN_TRIALS = 6  # launched search trials before the rule may stop a search
@@ -53,6 +59,10 @@ DRAWS = 1000
 SEED = 28
 MIN_MARGINAL = 1e-5  # a config less likely than this to fit and beat the best is left out of the draws
 MAX_DRAWN = 400  # at most this many configs are drawn (the likeliest)
+# The per-config spread beyond launch noise before any trial: the prior noise of the time model less the
+# launch spread of this machine that it includes, counted as the prior's weight in trials (`per_config`).
+RESIDUAL_PRIOR = math.sqrt(max(NOISE_TIME[0] ** 2 - MACHINE_SIGMA ** 2, 0.0))
+RESIDUAL_WEIGHT = NOISE_TIME[1]
 
 
 @dataclass(frozen=True)
@@ -130,16 +140,21 @@ def assess(untried: Iterable[Config], forecast: Callable[[Config], Forecast], er
     room = math.log(budget_bytes) - np.log(np.array(peaks, dtype=float))
     needed = math.log(best * (1 + margin)) - np.log(np.array(speeds))
     time_model = evidenced(errors.time)
-    residual = math.sqrt(max(per_config(time_model) ** 2 - (launch_sigma or 0.0) ** 2, 0.0))
+    residual = per_config(time_model, launch_sigma or 0.0)
     memory = Joint(*errors.memory.joint(configs), errors.memory.noise)
     time = Joint(*time_model.joint(configs), residual)
     return Convergence(chance_of_better(memory, room, time, needed), margin, trials, len(configs))
 
 
-def per_config(model: ErrorModel) -> float:
-    """The spread of a config's log-ratio that no knob value explains, launch noise included: the model's
-    estimate without the floor its forecasts keep (ErrorModel.unexplained), never above its noise."""
-    return model.noise if model.unexplained is None else min(model.unexplained, model.noise)
+def per_config(model: ErrorModel, launch_sigma: float = 0.0) -> float:
+    """The spread of a config's typical log-ratio that no knob value explains, the launch noise left out: a
+    variance component, (prior weight x RESIDUAL_PRIOR^2 + the residuals' sum of squares less what launch noise
+    of `launch_sigma` explains over the fit's degrees of freedom) / (prior weight + those degrees of freedom).
+    The question is about a config's typical speed, not one launch; where the trials' residuals are no larger
+    than their launch noise, the prior's weight alone keeps it above 0, shrinking as trials come."""
+    dof = model.residual_dof
+    excess = max(model.residual_ss - dof * launch_sigma ** 2, 0.0)
+    return math.sqrt((RESIDUAL_WEIGHT * RESIDUAL_PRIOR ** 2 + excess) / (RESIDUAL_WEIGHT + dof))
 
 
 def evidenced(model: ErrorModel) -> ErrorModel:

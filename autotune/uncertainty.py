@@ -81,6 +81,10 @@ class ErrorModel:
     # (`evidence_scale`, empirical Bayes): what the convergence figure draws from; forecasts keep this model.
     evidenced: "ErrorModel | None" = field(default=None, repr=False, compare=False)
     evidence_scale: float = 1.0
+    # The fit's residual sum of squares over the exact observations and its degrees of freedom (observations
+    # less the fit's effective parameters): what the convergence figure estimates the per-config spread from.
+    residual_ss: float = 0.0
+    residual_dof: float = 0.0
 
     @cached_property
     def _arrays(self) -> tuple[np.ndarray, np.ndarray, dict[str, float], frozenset[tuple[str, Any]]]:
@@ -183,7 +187,8 @@ def _fit(observed: Sequence[tuple[Config, float]], prior: tuple[float, tuple[tup
     for config, bound in censored:
         mean, cov = censor(mean, cov, _features(columns, config), bound, sigma)
     return ErrorModel(columns, tuple(float(v) for v in mean), tuple(tuple(float(v) for v in row) for row in cov),
-                      sigma, len(observed), len(censored), tuple(prior[1]), unexplained)
+                      sigma, len(observed), len(censored), tuple(prior[1]), unexplained,
+                      residual_ss=residual, residual_dof=max(len(ys) - effective, 0.0))
 
 
 def _features(columns: tuple[tuple[str, Any], ...], config: Config) -> list[float]:

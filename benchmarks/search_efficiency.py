@@ -30,11 +30,14 @@ launched trials, and under 5% of their launched trials run out of memory.
 The convergence stop (issue 28, autotune/convergence.py): every sweep runs with the stop off and records the
 chance of a better config after each trial; since that chance is a function of the trials so far and
 simulated and replay sweeps confirm nothing, the sweep the stop would have ended is the prefix up to the
-first trial (at least --min-trials) whose chance is below --stop-when, or the whole run (--trials, the
-default budget 30 for the stop's goals) if none is. Per strategy: median launched trials until the stop,
-best/opt at the stop (median and 5th percentile), and the share of runs stopped below 98% of the optimum;
-goals, with the default budget: median trials until the stop at most 12, best/opt at the stop at least
-0.98 in the median and 0.95 in 95% of runs. A table of other thresholds and minimum trials (hybrid, every
+first trial (at least --min-trials) whose chance is below --stop-when, or the default trial budget (the
+tuner's --trials, 30: the issue's goals are "with the default budget"; a longer run is judged on its first 30
+trials) if none is. Per strategy: median launched trials until the stop, best/opt at the stop (median and 5th
+percentile), and the share of runs stopped below 98% of the optimum; goals, with the default budget: median
+trials until the stop at most 12, best/opt at the stop at least 0.98 in the median and 0.95 in 95% of runs.
+In the simulated worlds with noise, what a user of real trials gets is the recommendation after confirmation
+(emulated: `Confirmed`), so the goals are judged there too (the confirmed table); the single fastest launch at
+the stop is reported beside it. --first-seed picks held-out seeds for a rule chosen on others. A table of other thresholds and minimum trials (hybrid, every
 world pooled) shows what the defaults were chosen from.
 
     python benchmarks/search_efficiency.py [--seeds 5] [--trials 50] [--strategies grid,random,optuna,optuna-gp]
@@ -69,6 +72,7 @@ from autotune.backends.replay import ReplayBackend, load_surface, surface_space
 from autotune.backends.simulated import SimulatedBackend
 from autotune import confirm
 from autotune.confirm import prior_sigma
+from autotune.api import TuneSpec
 from autotune.convergence import DEFAULT_STOP_WHEN, MIN_TRIALS
 from autotune.config import KNOBS, Config
 from autotune.drivers.local import run_local
@@ -91,6 +95,10 @@ STRATEGIES = ("grid", "random", "optuna", "optuna-gp", "rl", "hybrid")
 STOP_TRIALS = 12  # issue 28: median launched trials until the convergence stop, at most
 STOP_MEDIAN = 0.98  # ... best/opt at the stop, in the median
 STOP_TAIL = 0.95  # ... and in 95% of runs
+# The issue's goals are "with the default budget": the tuner's default --trials. A longer run's stop is judged on
+# its first DEFAULT_TRIALS launched trials (no strategy's proposals depend on the trial budget; confirmation's
+# reserve does, and is emulated with this budget).
+DEFAULT_TRIALS: int = TuneSpec.__dataclass_fields__["trials"].default  # type: ignore[assignment]
 THRESHOLDS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3)
 MIN_TRIALS_TRIED = (3, 4, 6, 8, 10)
 SPREAD = 0.3
@@ -131,15 +139,17 @@ class Run:
     confirmed: "Confirmed | None" = None
 
     def stop_at(self, threshold: float = DEFAULT_STOP_WHEN, min_trials: int = MIN_TRIALS) -> int:
-        """Launched trials until the convergence stop would have ended this run (all of them if never)."""
-        for i, p in enumerate(self.chances or []):
+        """Launched trials until the convergence stop would have ended this run under the default trial budget
+        (DEFAULT_TRIALS, or all of the run's if fewer)."""
+        for i, p in enumerate((self.chances or [])[:DEFAULT_TRIALS]):
             if i + 1 >= min_trials and p < threshold:
                 return i + 1
-        return len(self.curve)
+        return min(len(self.curve), DEFAULT_TRIALS)
 
     def stopped(self, threshold: float = DEFAULT_STOP_WHEN, min_trials: int = MIN_TRIALS) -> bool:
         """The rule, not the trial budget, ended the run."""
-        return any(i + 1 >= min_trials and p < threshold for i, p in enumerate(self.chances or []))
+        return any(i + 1 >= min_trials and p < threshold
+                   for i, p in enumerate((self.chances or [])[:DEFAULT_TRIALS]))
 
     def best_at_stop(self, threshold: float = DEFAULT_STOP_WHEN, min_trials: int = MIN_TRIALS) -> float:
         return self.after(self.stop_at(threshold, min_trials))
@@ -209,8 +219,8 @@ def run_sweep(name: str, space: Space, backend, budget: int, trials: int, seed: 
     run_local(s, backend, Budget(trials, stop_when=0), QuietProgress())
     confirmed = None
     if repeat_backend is not None and s.launch_sigma > 0:
-        confirmed = confirm_after_stop(s.results, repeat_backend, budget, trials, s.launch_sigma, truth, optimum,
-                                       *stop)
+        confirmed = confirm_after_stop(s.results, repeat_backend, budget, min(trials, DEFAULT_TRIALS),
+                                       s.launch_sigma, truth, optimum, *stop)
     curve, chances, best_measured, best_true = [], [], 0.0, 0.0
     for r in s.results:
         if r.status == "pruned":
@@ -281,7 +291,7 @@ def simulated_runs(args, console: Console) -> list[Run]:
         workload, hardware, budget = make_workload(model, batch, gpus), PROFILES[hw], budget_gib * GiB
         task = Task(workload, hardware, budget, choices)
         name = f"{model} x{gpus} {hw} {budget_gib}GiB"
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             distorted = distorted_task(task, SPREAD, args.noise, seed)
             space = distorted.landscape.space
             grid_space = grid_subspace(space)
@@ -347,7 +357,7 @@ def replay_runs(args, console: Console) -> list[Run]:
                 return surface.results[c].under_budget(b).throughput_samples_per_s or 0.0
 
             best_configs = optimal_configs(space, truth, best.throughput_samples_per_s)
-            for seed in range(args.seeds):
+            for seed in range(args.first_seed, args.first_seed + args.seeds):
                 for strategy in args.strategies:
                     o = run_sweep(strategy, space, ReplayBackend(surface, budget), budget, args.trials, seed, truth,
                                   best.throughput_samples_per_s, best_configs)
@@ -579,7 +589,7 @@ def markdown(result: dict, args) -> str:
              "when the median run does not get there); opt. pruned: runs in which a config of the optimum was "
              "recorded `pruned` (never run). Grid stops on its own (early stop after 5 trials without "
              "improvement).", ""]
-    stop = f"--stop-when {args.stop_when:g}, at least {args.min_trials} trials, at most {args.trials}"
+    stop = f"--stop-when {args.stop_when:g}, at least {args.min_trials} trials, at most {min(args.trials, DEFAULT_TRIALS)}"
     for world, data in result["worlds"].items():
         lines += [f"## {world}", "", *md_table(data["strategies"]), "",
                   f"Convergence stop ({stop}; goals: median trials until the stop <= {STOP_TRIALS}, best/opt at "
@@ -592,7 +602,8 @@ def markdown(result: dict, args) -> str:
                       f"{confirm.DEFAULT_REPEATS} more times each, in fresh launches, within --trials; the "
                       "recommendation is the best median). `search trials`: until the search ended; `best/opt "
                       "confirmed`: the recommendation's true throughput over the optimum; `single launch`: the "
-                      "fastest single launch at the same point, as the table above judges it:", "",
+                      "fastest single launch at the same point, as the table above judges it. This is what the "
+                      "issue's goals mean for real trials (the confirmed recommendation is what a user gets):", "",
                       *md_confirmed_table(data["strategies"], data["confirmed_goals"]), ""]
         if data["goals"]:
             lines += ["Goals: " + goal_line(data["goals"]), ""]
@@ -615,6 +626,8 @@ def markdown(result: dict, args) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--first-seed", type=int, default=0,
+                        help="seeds first-seed .. first-seed + seeds - 1 (held-out seeds for a rule chosen on others)")
     parser.add_argument("--trials", type=int, default=50)
     parser.add_argument("--strategies", default=",".join(STRATEGIES))
     parser.add_argument("--worlds", default="replay,distorted,estimator")

@@ -161,15 +161,18 @@ def _model(offsets: dict, noise: float, trials: int = 24):
 
 
 def test_per_config_spread_is_not_held_at_the_forecasts_floor():
-    from autotune.convergence import per_config
+    from autotune.convergence import RESIDUAL_PRIOR, per_config
     from autotune.uncertainty import NOISE_TIME, PRIOR_TIME, fit_error_model
 
     quiet = _model({}, 0.03)
     assert quiet.noise == NOISE_TIME[2]  # forecasts keep the floor
-    assert per_config(quiet) < 0.09  # the figure sees the prior-weighted residuals over their degrees of freedom
-    assert per_config(_model({}, 0.3)) > 0.2  # and a noisy world as it is
+    # The figure: residuals no larger than the launch noise leave only the prior's weight, shrinking with trials.
+    assert per_config(quiet, 0.03) < 0.05
+    assert per_config(_model({}, 0.03, trials=8), 0.03) > per_config(quiet, 0.03)
+    assert per_config(_model({}, 0.3), 0.0) > 0.2  # a noisy world as it is, where the launches do not explain it
+    assert per_config(_model({}, 0.3), 0.3) < 0.1  # ... and launch noise of that size does
     empty = fit_error_model([], PRIOR_TIME, NOISE_TIME)
-    assert per_config(empty) == pytest.approx(NOISE_TIME[0])  # no trials: the prior's noise
+    assert per_config(empty) == pytest.approx(RESIDUAL_PRIOR)  # no trials: the prior's per-config spread
 
 
 def test_untried_values_narrow_only_where_the_trials_show_small_offsets():
