@@ -163,12 +163,16 @@ def fit_error_model(observed: Sequence[tuple[Config, float]], prior: tuple[float
         ratios = [(m ** 2 + evidenced.cov[i][i]) / (known[k] / scale) ** 2
                   for i, ((k, _), m) in enumerate(zip(evidenced.columns, evidenced.mean[1:]), 1) if known.get(k)]
         scale = math.sqrt((EVIDENCE_WEIGHT + sum(ratios)) / (EVIDENCE_WEIGHT + len(ratios)))
-        evidenced = _fit(observed, (prior[0], tuple((k, w * scale) for k, w in prior[1])), noise, censored)
+        evidenced = _fit(observed, (prior[0], tuple((k, w * scale) for k, w in prior[1])), noise, censored,
+                         floored=False)
     return replace(model, evidenced=replace(evidenced, evidence_scale=scale), evidence_scale=scale)
 
 
 def _fit(observed: Sequence[tuple[Config, float]], prior: tuple[float, tuple[tuple[str, float], ...]],
-         noise: tuple[float, float, float], censored: Sequence[tuple[Config, float]] = ()) -> ErrorModel:
+         noise: tuple[float, float, float], censored: Sequence[tuple[Config, float]] = (),
+         floored: bool = True) -> ErrorModel:
+    """The posterior; its noise from the residuals, prior-weighted. `floored` (forecasts): over the observations,
+    at least noise[2]; else (the evidenced twin) over their degrees of freedom left by the fit, no floor."""
     columns = columns_of([c for c, _ in observed] + [c for c, _ in censored])
     n = len(columns) + 1
     knob_prior = dict(prior[1])
@@ -176,13 +180,17 @@ def _fit(observed: Sequence[tuple[Config, float]], prior: tuple[float, tuple[tup
     xs = np.array([_features(columns, c) for c, _ in observed]).reshape(len(observed), n)
     ys = np.array([y for _, y in observed])
     sigma = noise[0]
-    for _ in range(2):  # the noise from the residuals of a fit with the previous noise (prior-weighted)
+    for _ in range(2 if floored else 3):  # the noise from the residuals of a fit with the previous noise
         used = sigma
         mean, cov = _posterior(prior_cov, xs, ys, sigma)
         residual = float(((ys - xs @ mean) ** 2).sum()) if len(ys) else 0.0
-        sigma = max(math.sqrt((noise[1] * noise[0] ** 2 + residual) / (noise[1] + len(ys))), noise[2])
-    # Effective parameters of the fit: the trace of its hat matrix, x' cov x / noise^2 summed over observations.
-    effective = float(np.einsum("ij,jk,ik->", xs, cov, xs)) / used ** 2 if len(ys) else 0.0
+        # Effective parameters of the fit: the trace of its hat matrix, x' cov x / noise^2 over observations.
+        effective = float(np.einsum("ij,jk,ik->", xs, cov, xs)) / used ** 2 if len(ys) else 0.0
+        if floored:
+            sigma = max(math.sqrt((noise[1] * noise[0] ** 2 + residual) / (noise[1] + len(ys))), noise[2])
+        else:
+            sigma = max(math.sqrt((noise[1] * noise[0] ** 2 + residual)
+                                  / (noise[1] + max(len(ys) - effective, 0.0))), 1e-3)
     unexplained = math.sqrt((noise[1] * noise[0] ** 2 + residual) / (noise[1] + max(len(ys) - effective, 0.0)))
     for config, bound in censored:
         mean, cov = censor(mean, cov, _features(columns, config), bound, sigma)
