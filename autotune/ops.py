@@ -19,11 +19,13 @@ preflight that builds them once before the first trial, and the one line that sa
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -228,10 +230,11 @@ class _Accelerator:
 @dataclass(frozen=True)
 class BuiltOps:
     """The ops an earlier preflight loaded in one environment (`<TORCH_EXTENSIONS_DIR>/ds-autotune-ops.json`, per
-    python, accelerator, arch list and CPU description): a sweep whose ops are all there, each with its built
-    library in place, starts without the preflight's child. A library removed or an environment changed runs the
-    child again; a library that is there but stale is rebuilt by torch when a rank loads it (the runner pauses
-    its clock for that, as for any first build)."""
+    python and the install of its torch and DeepSpeed, accelerator, arch list and CPU description): a sweep whose
+    ops are all there, each with its built library in place, starts without the preflight's child. A library
+    removed or an environment changed (a venv made again at the same path included) runs the child again; a
+    library that is there but stale otherwise is rebuilt by torch when a rank loads it (the runner pauses its
+    clock for that, as for any first build)."""
 
     folder: Path  # TORCH_EXTENSIONS_DIR
     key: str
@@ -246,7 +249,8 @@ class BuiltOps:
             return None  # torch's default folder: not this tool's to keep a record in
         # Of the CPU's description, what DeepSpeed's builders read (compiler flags); not its clock speed.
         cpu = {k: v for k, v in (cpu_info or {}).items() if k in ("arch", "flags", "vendor_id_raw")}
-        key = json.dumps([os.path.abspath(python), accelerator, env.get(ARCH_ENV), cpu], sort_keys=True)
+        key = json.dumps([os.path.abspath(python), accelerator, env.get(ARCH_ENV), cpu, _installed(python)],
+                         sort_keys=True)
         return cls(Path(folder), hashlib.sha1(key.encode()).hexdigest()[:16])
 
     def _read(self) -> dict[str, Any]:
@@ -281,6 +285,20 @@ class BuiltOps:
             os.replace(temporary, self.folder / self.FILE)  # a concurrent reader sees the old or the new file
         except OSError:
             temporary.unlink(missing_ok=True)  # a record not written: the next sweep runs the child again
+
+
+def _installed(python: str) -> list[int]:
+    """When torch and DeepSpeed were installed for `python` (their `__init__.py`'s mtime), if it is this interpreter:
+    a venv deleted and made again at the same path has the same python but new sources and headers, which the
+    ops' builds (ninja) find newer than the libraries, so torch rebuilds them in the first trial."""
+    if os.path.abspath(python) != os.path.abspath(sys.executable):  # not a symlink's target: venvs share it
+        return []
+    stamps = []
+    for package in ("torch", "deepspeed"):
+        spec = importlib.util.find_spec(package)  # finds, does not import
+        if spec is not None and spec.origin:
+            stamps.append(os.stat(spec.origin).st_mtime_ns)
+    return stamps
 
 
 def building_line(op: str, accelerator: str, capability: str | None) -> str:

@@ -236,7 +236,8 @@ COUNTING_CHILD = textwrap.dedent("""
 """)
 
 
-def test_ops_a_preflight_loaded_are_not_loaded_again_until_their_library_or_environment_changes(tmp_path):
+def test_ops_a_preflight_loaded_are_not_loaded_again_until_their_library_or_environment_changes(tmp_path,
+                                                                                              monkeypatch):
     ext, runs = tmp_path / "ext", tmp_path / "runs"
     for op in ("fused_adam", "cpu_adam"):  # the libraries as torch's JIT build leaves them
         (ext / op).mkdir(parents=True)
@@ -260,6 +261,20 @@ def test_ops_a_preflight_loaded_are_not_loaded_again_until_their_library_or_envi
     (ext / "ds-autotune-ops.json").write_text("{not json")  # a damaged record is no record
     assert run([FUSED_ADAM_DS]) == (("fused_adam",), 6)
     assert run([FUSED_ADAM_DS]) == (("fused_adam",), 6)
+    # The venv made again at the same path: its libraries are in place, but torch's build would find the new
+    # sources and headers newer than them.
+    monkeypatch.setattr("autotune.ops._installed", lambda python: [1, 2])
+    assert run([FUSED_ADAM_DS]) == (("fused_adam",), 7)
+
+
+def test_the_ops_record_knows_this_interpreters_torch_and_deepspeed_install_only():
+    import deepspeed
+    import torch
+
+    from autotune.ops import _installed
+
+    assert _installed(sys.executable) == [os.stat(torch.__file__).st_mtime_ns, os.stat(deepspeed.__file__).st_mtime_ns]
+    assert _installed("/elsewhere/.venv/bin/python") == []  # another environment's: not known from here
 
 
 def test_a_preflight_past_its_time_is_ended_with_the_compilers_it_started(tmp_path):
