@@ -26,6 +26,7 @@ from autotune.backends.factory import TrialOptions, as_backend, backend_kind, ma
 from autotune.calibrate import quality, save_calibration
 from autotune.config import ConfigError
 from autotune.confirm import prior_sigma
+from autotune.allocator import check_allocator
 from autotune.devices import AUTO, resolve_hardware
 from autotune.convergence import DEFAULT_STOP_WHEN, Convergence, check_stop_when
 from autotune.drivers.local import run_local
@@ -91,9 +92,14 @@ class TuneSpec:
     # The convergence stop (autotune/convergence.py): the search ends once the chance that an untried config
     # beats the best by more than the launch noise falls below this (after a few trials); 0: off.
     stop_when: float = DEFAULT_STOP_WHEN
+    # The CUDA caching allocator's mode (autotune.allocator: default or expandable); None: the profile's, else
+    # what this process's PYTORCH_CUDA_ALLOC_CONF says. It lands in the sweep's hardware (Hardware.allocator).
+    allocator: str | None = None
 
     def __post_init__(self) -> None:
         check_stack(self.stack)
+        if self.allocator is not None:
+            check_allocator(self.allocator)
         check_target(self.target_gpus, self.workload)
         if self.strategy not in STRATEGIES:
             raise ConfigError(f"strategy {self.strategy!r}: allowed {', '.join(STRATEGIES)}")
@@ -122,7 +128,7 @@ class TuneSpec:
         bf16 (autotune.devices.resolve_hardware: emulated bf16 is priced ~30x slower and left out by default)."""
         real = isinstance(self.backend, str) and backend_kind(self.backend).real
         named = load_hardware(self.hardware) if isinstance(self.hardware, str) and self.hardware != AUTO else self.hardware
-        return resolve_hardware(named, real=real, model=self.workload.model.name)[0]
+        return resolve_hardware(named, real=real, model=self.workload.model.name, allocator=self.allocator)[0]
 
     def settings(self) -> RunSettings:
         """The run directory's settings (`run.json`): what a resumed sweep must match (resolve)."""

@@ -37,6 +37,11 @@ cached but not in use. Measured 0.55-15.9 GiB; what it follows:
   parameter offload DeepSpeed uses the partition itself (NoGatherHandle) and nothing is fetched.
 - Block rounding (2 MiB for large blocks, 20 MiB segments for 1-10 MiB requests) is below 1% of these peaks and
   is left out.
+- With expandable segments (`Hardware.allocator`, autotune.allocator) the allocator unmaps its free blocks' pages
+  when an allocation would not fit, so none of the above decides whether a config fits: the reserve is 0 (its
+  20 MiB pages, below 1% as above, left out). The peak a trial shows can still be higher when memory is
+  plentiful (pages stay mapped until an allocation needs them); the prediction is what must fit. Not measured
+  on a GPU yet: the GPU kit runs configs in both modes side by side (benchmarks/gpu_kit.py).
 
 The live window of ZeRO-3 (`zero3_live_params_bytes`, allocated, so a buffer): with the reuse distance and live
 parameters autotune.dsconfig writes (1e9 each), DeepSpeed releases no parameter that comes back within 1e9
@@ -115,7 +120,7 @@ def zero3_live_params_bytes(config: Config, workload: Workload, hardware: Hardwa
 
 def allocator_reserve_bytes(config: Config, workload: Workload, hardware: Hardware) -> int:
     """Bytes the caching allocator holds cached but unused at the peak (module docstring)."""
-    if hardware.is_cpu:
+    if hardware.is_cpu or hardware.allocator == "expandable":
         return 0
     m = workload.model
     p = 2 if config.precision in ("fp16", "bf16") else 4

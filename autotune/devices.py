@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from autotune.config import ConfigError
+from autotune.allocator import DEFAULT_ALLOCATOR, check_allocator
+from autotune.allocator import from_environment as allocator_from_environment
 from autotune.hardware import CPU_BF16, PROFILES, Hardware, with_cpu_bf16
 from autotune.units import format_size
 
@@ -220,10 +222,20 @@ def check_machine(hardware: Hardware, ranks: int, machine: LocalMachine, memory_
                           f"({format_size(smallest)}: {machine.describe()}): allowed up to {format_size(smallest)}")
 
 
-def resolve_hardware(choice: Hardware | str | None, *, real: bool,
-                     model: str | None = None) -> tuple[Hardware, LocalMachine | None]:
+def resolve_hardware(choice: Hardware | str | None, *, real: bool, model: str | None = None,
+                     allocator: str | None = None) -> tuple[Hardware, LocalMachine | None]:
     """A profile from `--hardware` (a Hardware, `auto` or None), and the machine if it was probed: `auto`, the
-    default for real trials, detects this machine; otherwise the CPU profile for tiny, else a100-80gb."""
+    default for real trials, detects this machine; otherwise the CPU profile for tiny, else a100-80gb. Its CUDA
+    allocator mode (autotune.allocator): `allocator` if chosen, else the profile's own when it names one, else
+    what this process's PYTORCH_CUDA_ALLOC_CONF says (the trials inherit it); a CPU profile has none."""
+    hardware, machine = _resolve_profile(choice, real=real, model=model)
+    if allocator is None and not hardware.is_cpu and hardware.allocator == DEFAULT_ALLOCATOR:
+        allocator = allocator_from_environment(os.environ)
+    return (hardware if allocator is None else hardware.with_(allocator=check_allocator(allocator))), machine
+
+
+def _resolve_profile(choice: Hardware | str | None, *, real: bool,
+                     model: str | None) -> tuple[Hardware, LocalMachine | None]:
     if choice == AUTO or (choice is None and real):
         machine = probe()
         return auto_hardware(machine), machine

@@ -182,7 +182,7 @@ class Handoff:
         """The launch command: this many processes, as many per machine as the hardware has devices, in the
         environment the runner gives a trial's ranks on this machine."""
         per_node = min(self.workload.gpus, max(1, self.hardware.gpus_per_node))
-        bin_dir, settings = trials_environment(self.hardware.accelerator, per_node)
+        bin_dir, settings = trials_environment(self.hardware.accelerator, per_node, self.hardware.allocator)
         return Launch(self.workload.gpus, per_node, bin_dir, settings, self.stack, str(self.folder / ACCELERATE_CONFIG),
                       tuple(self.trainer_flags()) if self.stack == "trainer" else (),
                       f"{self.config.label()} for {self.workload.model.name}, global batch {self.workload.global_batch}")

@@ -12,6 +12,7 @@ from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from autotune.allocator import ALLOCATORS, DEFAULT_ALLOCATOR
 from autotune.config import PRECISIONS, ConfigError
 from autotune.files import is_file, load_yaml, short
 from autotune.units import parse_size
@@ -91,6 +92,8 @@ class Hardware:
     # A CPU profile read off the machine it runs on (autotune.devices): "native" or "emulated" bf16 (then
     # peak_flops prices bf16 EMULATED_BF16_SLOWDOWN times below fp32); None: not read (GPUs, the stock profile).
     cpu_bf16: str | None = None
+    # The CUDA caching allocator's mode the trials run with (autotune.allocator): "default" or "expandable".
+    allocator: str = DEFAULT_ALLOCATOR
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -116,6 +119,10 @@ class Hardware:
         if self.cpu_bf16 is not None and (self.cpu_bf16 not in CPU_BF16 or not self.is_cpu):
             raise ConfigError(f"cpu_bf16: {short(self.cpu_bf16)}: allowed {', '.join(CPU_BF16)} on a CPU profile "
                               "(is_cpu: true), or null")
+        if self.allocator not in ALLOCATORS or (self.is_cpu and self.allocator != DEFAULT_ALLOCATOR):
+            allowed = DEFAULT_ALLOCATOR if self.is_cpu else ", ".join(ALLOCATORS)
+            raise ConfigError(f"allocator: {short(self.allocator)}: allowed {allowed}"
+                              + (" (a CUDA allocator mode; a CPU profile has none)" if self.is_cpu else ""))
 
     def supports(self, precision: str) -> bool:
         return precision in self.peak_flops

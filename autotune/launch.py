@@ -26,6 +26,9 @@ import re
 import shlex
 from dataclasses import dataclass
 
+from autotune.allocator import DEFAULT_ALLOCATOR
+from autotune.allocator import environment as allocator_environment
+
 LAUNCH_FILE = "launch.sh"
 ALLOCATOR_ENV = re.compile(r"PYTORCH_(CUDA_|HIP_)?ALLOC_CONF")  # the caching allocator's settings
 _WHY = {"TORCH_EXTENSIONS_DIR": "DeepSpeed's C++ ops as the tuner built them: loaded, not rebuilt (minutes)",
@@ -46,13 +49,17 @@ class Setting:
         return f"export {self.name}={shlex.quote(self.value)}"
 
 
-def trials_environment(accelerator: str, ranks_per_node: int) -> tuple[str, tuple[Setting, ...]]:
+def trials_environment(accelerator: str, ranks_per_node: int,
+                       allocator: str = DEFAULT_ALLOCATOR) -> tuple[str, tuple[Setting, ...]]:
     """The tuner's Python environment's bin directory (first on the trials' PATH) and the variables of the trials'
-    environment a training run needs, as the runner gives them to `ranks_per_node` ranks of one machine."""
+    environment a training run needs, as the runner gives them to `ranks_per_node` ranks of one machine (CUDA: in
+    allocator mode `allocator`, as autotune.backends.deepspeed sets it)."""
     from autotune.runner import LaunchOptions, rank_threads, trial_environment
 
     env = trial_environment(LaunchOptions(ranks=ranks_per_node), accelerator)
     env["OMP_NUM_THREADS"] = rank_threads(env, ranks_per_node)
+    if accelerator == "cuda":
+        env.update(allocator_environment(allocator, env))
     bin_dir = env["PATH"].split(os.pathsep)[0]
     names = [*_WHY, *sorted(name for name in env if ALLOCATOR_ENV.fullmatch(name))]
     return bin_dir, tuple(Setting(name, env[name], _WHY.get(name, "the allocator's settings of the trials"))

@@ -130,6 +130,16 @@ class RunSettings:
                    storage=storage, stack=stack, target_gpus=target)
 
     def differences(self, other: "RunSettings") -> list[str]:
-        """`key: this != other` for every setting that differs."""
-        mine, theirs = self.to_dict(), other.to_dict()
-        return [f"{key}: {theirs[key]!r} != {mine[key]!r}" for key in mine if mine[key] != theirs[key]]
+        """`key: this != other` for every setting that differs (`hardware.allocator: ...` inside a mapping)."""
+        return _differences(other.to_dict(), self.to_dict())
+
+
+def _differences(theirs: dict[str, Any], mine: dict[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for key in mine:
+        a, b = theirs.get(key), mine[key]
+        if isinstance(a, dict) and isinstance(b, dict) and key != "space":  # the space reads best whole
+            out += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}: {a!r} != {b!r}")
+    return out

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator, TextIO
 
 from autotune.config import ConfigError
 from autotune.files import make_dir  # noqa: F401  (the commands create their output folders with it)
+from autotune.allocator import ALLOCATORS
 from autotune.devices import AUTO, LocalMachine, gpus_found, require_here, resolve_hardware
 from autotune.hardware import PROFILES, Hardware, load_hardware
 from autotune.models import load_model
@@ -57,6 +58,11 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, default_model: st
                         help="samples per optimizer step over all devices (default: 16 for tiny, else 32 x gpus; with "
                              "--script, the script's own: given, it changes the script's recipe)")
     parser.add_argument("--hardware", type=hardware_name, default=None, help=HARDWARE_HELP)
+    parser.add_argument("--allocator", choices=list(ALLOCATORS), default=None,
+                        help="the CUDA caching allocator's mode the trials run with and the estimator prices: "
+                             "default, or expandable (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: its free "
+                             "blocks go back when an allocation needs them; the recommendation's launch sets it) "
+                             "(default: the profile's, else what your PYTORCH_CUDA_ALLOC_CONF says)")
     parser.add_argument("--space", default=None,
                         help="search-space YAML, or a preset name: default, cpu (default: cpu on CPU hardware)")
 
@@ -99,7 +105,8 @@ def target_from(args: argparse.Namespace, *, real: bool, check: bool = True) -> 
 
 def hardware_of(args: argparse.Namespace, *, real: bool) -> tuple[Hardware, LocalMachine | None]:
     """--hardware as a profile, and the machine if it was probed for `auto` (the default for real trials)."""
-    return resolve_hardware(args.hardware, real=real, model=getattr(args, "model", None))
+    return resolve_hardware(args.hardware, real=real, model=getattr(args, "model", None),
+                            allocator=getattr(args, "allocator", None))
 
 
 def space_from(args: argparse.Namespace, workload: Workload, hardware: Hardware, *, check: bool = True) -> Space:

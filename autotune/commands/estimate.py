@@ -11,6 +11,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from autotune.allocator import describe as describe_allocator
 from autotune.commands.common import (add_json_argument, add_workload_arguments, emit_json, json_command, positive_int,
                                       size, space_from, target_from)
 from autotune.estimate import MEMORY_TERMS, Calibration, Estimate
@@ -104,6 +105,8 @@ def show(ranking: Ranking, hardware: Hardware, top: int, pruner: Pruner | None =
     console.print(f"{model.name}: {model.params / 1e6:,.1f}M parameters, global batch {workload.global_batch}, "
                   f"{workload.gpus} x {hardware.name}, budget {format_size(ranking.budget_bytes)} per device; "
                   f"{len(ranking.space)} valid configs, {len(ranking.fits)} predicted to fit")
+    if not hardware.is_cpu:  # the reserve column depends on it (autotune.cuda_memory)
+        console.print(f"allocator: {describe_allocator(hardware.allocator)}")
     table = Table(title=f"Top {min(top, len(ranking.fits))} configs predicted to fit, fastest first")
     for column in ("#", "stage", "micro", "accum", "ckpt", "prec", "off opt", "off par", "peak",
                    *(_short(t) for t in MEMORY_TERMS),

@@ -162,7 +162,7 @@ def spec_from(args: argparse.Namespace) -> TuneSpec:
                     trials=args.trials, time_budget_s=args.time_budget, backend=args.backend, space=args.space,
                     seed=args.seed, surface=None if args.surface is None else str(args.surface),
                     storage=args.storage, confirm=args.confirm, mlflow_uri=mlflow_choice(args), stack=args.stack,
-                    target_gpus=args.target_gpus, stop_when=args.stop_when)
+                    target_gpus=args.target_gpus, stop_when=args.stop_when, allocator=args.allocator)
 
 
 class TuneConsole(ConsoleProgress):
