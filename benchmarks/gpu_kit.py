@@ -9,7 +9,8 @@ to the next):
 3. recording: real surfaces of two models (llama-1b and llama-3b at sequence length 1024 on a GPU), pairs of
    configs on either side of each layout's predicted out-of-memory cliff, round-robin over the models, cliffs
    inside the range first, cheap layouts first among equals; a pair starts only if its expected time fits;
-4. tune: `autotune tune` on the first model, as a user runs it (study.db, hybrid, `--confirm 1`), under a memory
+4. tune: `autotune tune` on the first model, as a user runs it (study.db, hybrid, `--confirm 1`; on the GPU with
+   `--allocator expandable`, the recording having run PyTorch's default: `allocator_pairs`), under a memory
    budget that half of its space is predicted to fit, so that the cliff lies inside; stopped at its deadline as
    Ctrl-C would stop it;
 5. analysis: per surface, gpu_validation's figures (peak error raw and calibrated, cliffs, replayed searches);
@@ -91,10 +92,13 @@ class KitMode:
     max_tune_trials: int | None  # tune's trials at most (None: as many as its time holds)
     seeds: int  # replayed searches per strategy in the analysis
     budget_unit: int  # budgets are whole multiples of this
+    # tune's CUDA allocator mode (autotune.allocator): on the GPU, expandable segments, while the recording runs
+    # PyTorch's default, so that one call measures both modes on the first model (`allocator_pairs`).
+    tune_allocator: str = "default"
 
 
 GPU_KIT = KitMode("cuda", (PRESETS["llama-1b"], gv.LLAMA_3B), 1024, 32, gv.GPU_CHOICES, TUNE_GPU_CHOICES,
-                  kp.GPU_TIMES, kp.GPU_OVERHEADS, 540.0, 240.0, 8.0, 0.85, 0.5, None, None, 3, GiB)
+                  kp.GPU_TIMES, kp.GPU_OVERHEADS, 540.0, 240.0, 8.0, 0.85, 0.5, None, None, 3, GiB, "expandable")
 CPU_KIT = KitMode("cpu", gv.CPU_MODELS, None, 16, RECORD_CPU_CHOICES, TUNE_CPU_CHOICES, kp.CPU_TIMES,
                   kp.CPU_OVERHEADS, 1200.0, 180.0, 5.0, 0.5, 0.75, 4, kp.MIN_TUNE_TRIALS, 1, 32 * 2**20)
 
@@ -245,6 +249,7 @@ class TunePlan:
 
 def make_tune_plan(mode: KitMode, hardware: Hardware) -> TunePlan:
     workload = kit_workload(mode.models[0], mode)
+    hardware = hardware.with_(allocator=mode.tune_allocator)  # tune predicts its budget's cliff in its own mode
     space = Space(mode.tune_choices, workload, hardware)
     predicted = {c: estimate(c, workload, hardware) for c in space}
     budget = cliff_budget((p.peak_bytes for p in predicted.values()), mode.tune_fit_share, hardware.memory_bytes,
@@ -374,7 +379,8 @@ def tune_phase(tune: TunePlan, mode: KitMode, hardware_arg: str, clock: Clock, d
     trials = kp.tune_trials_for(available, fixed, trial_s)
     args = TuneArgs(tune.workload.model.name, mode.seq_len, mode.global_batch, hardware_arg, space_file,
                     tune.budget_bytes, min(trials, mode.max_tune_trials or trials),
-                    kp.tune_time_budget(available, fixed, trial_s), 1, work / "tune", seed)
+                    kp.tune_time_budget(available, fixed, trial_s), 1, work / "tune", seed,
+                    tune.space.hardware.allocator)
     argv = args.argv()
     log(f"tune: {' '.join(argv[1:])}  (budget {format_size(tune.budget_bytes)}: {tune.fit_share:.0%} of its "
         f"{len(tune.space)} configs predicted to fit; ~{trial_s:.0f} s a trial, {available:.0f} s left)")
@@ -390,17 +396,38 @@ def tune_phase(tune: TunePlan, mode: KitMode, hardware_arg: str, clock: Clock, d
 
 
 def tune_memory(out: Path, tune: TunePlan) -> dict[str, Any]:
-    """tune's ok trials against the raw estimator: predicted over measured peak."""
+    """tune's ok trials against the raw estimator (in tune's allocator mode): predicted over measured peak."""
     path = out / "trials.jsonl"
     rows = []
     for r in read_results(path) if path.exists() else []:
         if r.ok and r.peak_memory_bytes:
             predicted = estimate(r.config, tune.workload, tune.space.hardware).peak_bytes
             rows.append({"config": r.config.label(), "peak_bytes": r.peak_memory_bytes, "predicted_bytes": predicted,
-                         "ratio": predicted / r.peak_memory_bytes})
+                         "ratio": predicted / r.peak_memory_bytes,
+                         "allocated_bytes": r.extra.get("peak_allocated_bytes"),
+                         "outside_bytes": r.extra.get("outside_allocator_bytes")})
     errors = [abs(row["ratio"] - 1) for row in rows]
-    return {"trials": rows, "median_error": statistics.median(errors) if errors else None,
+    return {"allocator": tune.space.hardware.allocator, "trials": rows,
+            "median_error": statistics.median(errors) if errors else None,
             "worst_error": max(errors) if errors else None}
+
+
+def allocator_pairs(surface: Path, tune_out: Path) -> list[dict[str, Any]]:
+    """The configs of the first model that both the recording (PyTorch's default allocator) and tune (GPU_KIT's
+    tune_allocator) ran ok: peak, allocated peak and throughput in each mode, side by side (issue 25: whether
+    expandable segments ever lose decides the default)."""
+    def ok(path: Path) -> dict[Config, TrialResult]:
+        return {r.config: r for r in (read_results(path) if path.exists() else []) if r.ok}
+
+    recorded, tuned = ok(surface), ok(tune_out / "trials.jsonl")
+    rows = []
+    for config in sorted(set(recorded) & set(tuned)):
+        a, b = recorded[config], tuned[config]
+        rows.append({"config": config.label(), "peak_default": a.peak_memory_bytes,
+                     "peak_tuned": b.peak_memory_bytes, "allocated_default": a.extra.get("peak_allocated_bytes"),
+                     "allocated_tuned": b.extra.get("peak_allocated_bytes"),
+                     "throughput_default": a.throughput_samples_per_s, "throughput_tuned": b.throughput_samples_per_s})
+    return rows
 
 
 def analysis(plans: Sequence[gv.Plan], mode: KitMode, clock: Clock, deadline_s: float, log: Log) -> list[dict]:
@@ -472,6 +499,18 @@ def kit_markdown(report: dict[str, Any]) -> str:
         for row in tune["memory"]["trials"]:
             lines.append(f"| {row['config']} | {format_size(row['peak_bytes'])} | {format_size(row['predicted_bytes'])} "
                          f"| {row['ratio']:.2f} |")
+        mode = tune["memory"].get("allocator", "default")
+        pairs = tune.get("allocator_pairs") or []
+        lines += ["", f"tune ran with the allocator `{mode}`, the recording with `default`: "
+                  f"{len(pairs)} config(s) of the first model ran in both."]
+        if pairs:
+            lines += ["", f"| config | peak default | peak {mode} | allocated default | allocated {mode} | "
+                      f"samples/s default | samples/s {mode} |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+            for row in pairs:
+                cells = [format_size(row[k]) if row[k] else "-" for k in
+                         ("peak_default", "peak_tuned", "allocated_default", "allocated_tuned")]
+                lines.append(f"| {row['config']} | {' | '.join(cells)} | {row['throughput_default']:.3g} | "
+                             f"{row['throughput_tuned']:.3g} |")
     elif tune:
         lines += ["", f"tune: not run ({tune.get('note', '')})."]
     if report.get("analysis"):
@@ -599,6 +638,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         start = clock.now()
         report["tune"] = tune_phase(tune, mode, hardware_arg, clock, call.deadline("tune"), scale, args.work,
                                     args.seed, log)
+        if report["tune"].get("ran"):
+            report["tune"]["allocator_pairs"] = allocator_pairs(plans[0].path, args.work / "tune")
         phases.append(PhaseRecord("tune", call.deadline("tune"), start, clock.now(),
                                   f"{report['tune'].get('trials', 0)} trials, "
                                   f"{report['tune'].get('confirm_repeats', 0)} repeats"

@@ -39,10 +39,11 @@ class TuneArgs:
     confirm: int
     out: Path
     seed: int = 0
+    allocator: str = "default"  # the CUDA allocator's mode (autotune.allocator), named: not the environment's
 
     def argv(self, python: str = sys.executable) -> list[str]:
         argv = [python, "-m", "autotune.cli", "tune", "--model", self.model, "--global-batch", str(self.global_batch),
-                "--hardware", self.hardware, "--space", str(self.space),
+                "--hardware", self.hardware, "--allocator", self.allocator, "--space", str(self.space),
                 "--memory-budget", str(self.memory_budget_bytes), "--strategy", "hybrid",
                 "--trials", str(self.trials), "--time-budget", f"{self.time_budget_s:.0f}s",
                 "--confirm", str(self.confirm), "--seed", str(self.seed), "--out", str(self.out)]

@@ -163,6 +163,35 @@ def test_tune_runs_as_a_user_runs_it_with_confirmation_and_the_budget():
     assert pairs["--confirm"] == "1" and pairs["--memory-budget"] == str(29 * GiB)
     assert pairs["--time-budget"] == "112s" and pairs["--trials"] == "5" and pairs["--seq-len"] == "1024"
     assert "--storage" not in argv  # its study in study.db: SQLAlchemy from the bundle
+    assert pairs["--allocator"] == "default"  # named, whatever the GPU machine's environment says
+    assert dict(zip(*[iter(kit_tune.TuneArgs("llama-1b", 1024, 32, "auto", Path("s.yaml"), GiB, 5, 60.0, 1, Path("o"),
+                                             allocator="expandable").argv()[4:])] * 2))["--allocator"] == "expandable"
+
+
+def test_on_the_gpu_tune_runs_expandable_segments_against_the_recordings_default(tmp_path):
+    """One call measures both allocator modes on the first model: tune's budget and predictions in its own mode,
+    and the configs both phases ran side by side."""
+    plan = k.make_tune_plan(k.GPU_KIT, PROFILES["h200"])
+    assert k.GPU_KIT.tune_allocator == "expandable" and plan.space.hardware.allocator == "expandable"
+    assert 0 < plan.fit_share < 1  # the cliff inside tune's space, priced without a reserve
+    assert k.make_tune_plan(k.CPU_KIT, PROFILES["cpu"]).space.hardware.allocator == "default"
+    from autotune.results import TrialResult, append_result
+
+    both, recorded_only = Config(2, 4, 1, "bf16"), Config(0, 2, 1, "bf16")
+    surface, tune_out = tmp_path / "llama-1b.jsonl", tmp_path / "tune"
+    tune_out.mkdir()
+
+    def result(config, peak, allocated, speed):
+        return TrialResult(config, "ok", speed, speed * 1024, 1.0, peak, 80 * GiB,
+                           extra={"peak_allocated_bytes": allocated})
+
+    for r in (result(both, 30 * GiB, 20 * GiB, 10.0), result(recorded_only, 40 * GiB, 30 * GiB, 8.0)):
+        append_result(surface, r)
+    append_result(tune_out / "trials.jsonl", result(both, 22 * GiB, 20 * GiB, 10.5))
+    assert k.allocator_pairs(surface, tune_out) == [
+        {"config": both.label(), "peak_default": 30 * GiB, "peak_tuned": 22 * GiB, "allocated_default": 20 * GiB,
+         "allocated_tuned": 20 * GiB, "throughput_default": 10.0, "throughput_tuned": 10.5}]
+    assert k.allocator_pairs(tmp_path / "none.jsonl", tune_out) == []
 
 
 def test_run_until_interrupts_at_the_deadline_and_kills_what_ignores_it():
