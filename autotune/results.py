@@ -23,7 +23,6 @@ from autotune.workload import Workload
 
 STATUSES = ("ok", "oom", "unsupported", "timeout", "crash", "pruned")
 FAILURES = ("oom", "unsupported", "timeout", "crash")
-BACKENDS = ("deepspeed", "simulated", "replay")
 MAX_BYTES = 2**63 - 1  # byte counts are int64 wherever they are stored (SQLite, numpy)
 
 

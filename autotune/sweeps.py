@@ -36,7 +36,7 @@ from autotune.config import ConfigError
 from autotune.files import exists, is_file, load_yaml, read_bytes, short, write_atomic
 from autotune.argtypes import duration, positive_int, seed, size, stop_probability
 from autotune.convergence import DEFAULT_STOP_WHEN, recorded
-from autotune.backends.factory import backend_kind
+from autotune.backends.factory import backend_kind, backend_names
 from autotune.api import TuneSpec, resolve
 from autotune.backends.replay import replay_workload
 from autotune.devices import AUTO, require_here
@@ -55,7 +55,6 @@ WORKLOAD_KEYS = ("name", "model", "gpus", "global_batch", "hardware", "memory_bu
                  "time_budget", "stop_when", "backend", "surface", "seed", "gpus_per_trial")
 TOP_KEYS = ("defaults", "workloads", "concurrency")
 DEFAULT_TRIALS = 20
-BACKENDS = ("deepspeed", "simulated", "replay")  # (a user's --script is tuned with `autotune tune`)
 DEFAULT_STRATEGY = "optuna"  # many workloads at once: Optuna keeps several trials of each in flight
 SUMMARY_MD = "sweep_summary.md"
 SUMMARY_CSV = "sweep_summary.csv"
@@ -138,8 +137,9 @@ def _workload(entry: dict[str, Any], where: str, base: Path) -> WorkloadSpec:
     if not isinstance(strategy, str) or strategy not in STRATEGIES:
         raise ConfigError(f"{where}.strategy: {short(strategy)}: allowed {', '.join(STRATEGIES)}")
     backend = entry.get("backend", "simulated")
-    if not isinstance(backend, str) or backend not in BACKENDS:
-        raise ConfigError(f"{where}.backend: {short(backend)}: allowed {', '.join(BACKENDS)}")
+    offered = backend_names()  # the registry's sweep kinds, a user's included (a --script: `autotune tune`)
+    if not isinstance(backend, str) or backend not in offered:
+        raise ConfigError(f"{where}.backend: {short(backend)}: allowed {', '.join(offered)}")
     gpus = parse("gpus", positive_int, "a positive integer")
     global_batch = parse("global_batch", positive_int, "a positive integer")
     space_name = None if entry.get("space") is None else _path_or_name(entry["space"], base)

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
+from autotune.backends.factory import backend_names
 from autotune.config import ConfigError
 from autotune.estimate import Calibration
 from autotune.hardware import Hardware, load_hardware
@@ -23,7 +24,7 @@ from autotune.workload import Workload, make_workload
 from autotune.envs.reward import Reward
 from autotune.envs.sampler import WorkloadSampler
 
-BACKENDS = ("simulated", "replay", "deepspeed")
+BACKENDS = backend_names(sweep=None, env=True)  # the kinds the environment offers (the factory's flags)
 STARTS = ("random", "default", "estimator")
 DEFAULT_SAMPLER = {"split": "train", "pool_size": 256}
 

@@ -23,8 +23,8 @@ from typing import Any, Callable, Protocol
 import numpy as np
 
 from autotune.backends import Backend
-from autotune.backends.factory import as_backend
-from autotune.backends.replay import ReplayBackend, Surface, load_surface, surface_choices, surface_space
+from autotune.backends.factory import as_backend, deepspeed_backend, replay_backend, simulated_backend
+from autotune.backends.replay import Surface, load_surface, surface_choices, surface_space
 from autotune.backends.simulated import SimulatedBackend
 from autotune.config import Config, ConfigError
 from autotune.devices import resolve_hardware
@@ -159,17 +159,15 @@ class TaskSource:
         an episode narrows it with `with_budget`), replay (of `surface`), the given object, or deepspeed."""
         config = self.config
         if config.kind == "simulated":
-            return SimulatedBackend(task.workload, task.hardware, task.hardware.memory_bytes, config.noise,
-                                    calibration=config.calibration, nvme_path=task.choices.nvme_path)
+            return simulated_backend(task.workload, task.hardware, task.hardware.memory_bytes, config.noise,
+                                     calibration=config.calibration, nvme_path=task.choices.nvme_path)
         if config.kind == "replay":
             assert surface is not None
-            return ReplayBackend(surface, task.memory_budget_bytes)
+            return replay_backend(surface, task.memory_budget_bytes)
         if self._backend_object is not None:
             return self._backend_object
-        from autotune.backends.deepspeed import DeepSpeedBackend  # imports torch: only when asked for
-
         options = {"hardware": task.hardware, **config.backend_options}
-        return DeepSpeedBackend(task.workload, memory_budget_bytes=task.memory_budget_bytes, **options)
+        return deepspeed_backend(task.workload, memory_budget_bytes=task.memory_budget_bytes, **options)
 
     # -- tasks
 

@@ -125,3 +125,66 @@ def test_the_budget_default_is_decided_in_one_place():
     assert offenders == []
     settings = (ROOT / "autotune" / "settings.py").read_text()
     assert len(BUDGET_DEFAULT.findall(settings)) == 1
+
+
+BACKENDS_FOLDER = ROOT / "autotune" / "backends"
+FACTORY = BACKENDS_FOLDER / "factory.py"
+
+
+def backend_classes() -> set[str]:
+    """The backend classes `autotune/backends/` defines (the `Backend` protocol aside)."""
+    names = set()
+    for path in BACKENDS_FOLDER.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and node.name.endswith("Backend") and node.name != "Backend":
+                names.add(node.name)
+    return names
+
+
+def test_backends_are_constructed_only_in_the_backends_folder():
+    """Backends only through the factory (issue 26): outside `autotune/backends/`, no module calls a backend
+    class; it calls `make_backend` or the factory's constructor of the kind."""
+    classes = backend_classes()
+    assert {"DeepSpeedBackend", "ScriptBackend", "SimulatedBackend", "ReplayBackend", "DistortedBackend"} <= classes
+    offenders = []
+    for path in modules().values():
+        if BACKENDS_FOLDER in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                func = node.func
+                called = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+                if called in classes:
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: {called}(...)")
+    assert offenders == []
+
+
+def test_no_module_lists_backend_names_beside_the_registry():
+    """Which kinds a front end offers is read from the registry's flags (`backend_names`): no tuple, list or
+    set of two or more backend names is written outside the factory."""
+    from autotune.backends.factory import backend_names
+
+    names = set(backend_names(sweep=None))
+    assert {"deepspeed", "simulated", "replay", "script"} <= names
+    offenders = []
+    for path in modules().values():
+        if path == FACTORY:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and len(node.elts) >= 2:
+                values = [e.value for e in node.elts if isinstance(e, ast.Constant)]
+                if len(values) == len(node.elts) and all(v in names for v in values):
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: {values}")
+    assert offenders == []
+
+
+def test_the_registry_flags_give_each_front_end_its_kinds():
+    from autotune.backends.factory import backend_names
+    from autotune.commands.surface import BACKENDS as SURFACE
+    from autotune.envs.config import BACKENDS as ENV
+    from autotune.rl.train import BACKENDS as TRAIN
+
+    assert backend_names()[:3] == ("deepspeed", "simulated", "replay") and "script" not in backend_names()
+    assert SURFACE == ("deepspeed", "simulated")
+    assert TRAIN == ("simulated", "replay")
+    assert set(ENV) == {"simulated", "replay", "deepspeed"}

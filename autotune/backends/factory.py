@@ -1,8 +1,13 @@
-"""The one place a sweep's backend is built: a registry of backend kinds, each a builder from the sweep's
-settings. `autotune tune`, `autotune sweep`, `autotune surface record` and the Ray driver's workers call
-`make_backend` (the Gymnasium environment builds its own, with options a sweep has not: step-time noise, a
-calibration, a loaded surface); a user adds a kind with `register_backend`, or hands the library any object
-with `run(config) -> TrialResult` (`as_backend` adapts it).
+"""The one place a backend is built: a registry of backend kinds, each a builder from the sweep's settings,
+and the constructors of the backend classes (nothing outside `autotune/backends/` calls a backend class:
+tests/test_architecture.py). `autotune tune`, `autotune sweep`, `autotune surface record` and the Ray driver's
+workers call `make_backend`; what builds a backend from other inputs (`autotune trial`, script mode's first
+trial, a shipped script on a Ray node, the Gymnasium environment with its step-time noise, calibration and
+loaded surface, the distorted simulation of RL training) calls the kind's constructor here
+(`deepspeed_backend`, `script_backend`, `simulated_backend`, `replay_backend`, `distorted_backend`). Which
+kinds each front end offers is read from the registry's flags (`backend_names`), never listed beside it.
+A user adds a kind with `register_backend`, or hands the library any object with `run(config) -> TrialResult`
+(`as_backend` adapts it).
 """
 
 from __future__ import annotations
@@ -18,6 +23,11 @@ from autotune.config import Config, ConfigError
 from autotune.results import TrialResult
 
 if TYPE_CHECKING:
+    from autotune.backends.deepspeed import DeepSpeedBackend
+    from autotune.backends.distorted import DistortedBackend
+    from autotune.backends.replay import ReplayBackend
+    from autotune.backends.script import ScriptBackend
+    from autotune.backends.simulated import SimulatedBackend
     from autotune.rundir import RunDir
     from autotune.settings import RunSettings
     from autotune.worker.measure import MeasureSettings
@@ -41,6 +51,10 @@ class BackendKind:
     name: str
     build: Builder
     real: bool = False  # its trials run on devices: Ray asks for them, the machine is checked first
+    sweep: bool = True  # `autotune tune --backend` and sweep files offer it (script mode has --script instead)
+    measures: bool = False  # it measures configs itself: `autotune surface record` offers it (not a replay)
+    env: bool = False  # the Gymnasium environment offers it (`EnvConfig.backend`)
+    train: bool = False  # RL training runs on it (`autotune rl train --backend`)
 
 
 _REGISTRY: dict[str, BackendKind] = {}
@@ -77,9 +91,13 @@ def backend_kind(name: str) -> BackendKind:
         raise ConfigError(f"backend {name!r}: allowed {', '.join(_REGISTRY)}") from None
 
 
-def backend_names() -> tuple[str, ...]:
-    """The registered kinds `autotune tune --backend` offers (script mode has --script instead)."""
-    return tuple(name for name in _REGISTRY if name != "script")
+def backend_names(*, sweep: bool | None = True, measures: bool | None = None, env: bool | None = None,
+                  train: bool | None = None) -> tuple[str, ...]:
+    """The registered kinds with these flags (None: either), in the order they were registered; by default
+    those `autotune tune --backend` and sweep files offer."""
+    wanted = {"sweep": sweep, "measures": measures, "env": env, "train": train}
+    return tuple(name for name, kind in _REGISTRY.items()
+                 if all(value is None or getattr(kind, flag) == value for flag, value in wanted.items()))
 
 
 def make_backend(settings: "RunSettings", run_dir: "RunDir | None" = None,
@@ -97,19 +115,56 @@ def _logs_dir(run_dir: "RunDir | None", options: TrialOptions) -> Path:
     return run_dir.logs_dir
 
 
-def _simulated(settings: "RunSettings", run_dir: "RunDir | None", options: TrialOptions) -> Backend:
+# The constructors: each class's own arguments, its module imported only when asked for (deepspeed and script
+# import the runner; the environment and RL training never need them).
+
+def simulated_backend(*args: Any, **kwargs: Any) -> "SimulatedBackend":
+    """SimulatedBackend(*args, **kwargs): the estimator's prediction as a trial."""
     from autotune.backends.simulated import SimulatedBackend
 
-    return SimulatedBackend(settings.workload, settings.hardware, settings.memory_budget_bytes, seed=settings.seed,
+    return SimulatedBackend(*args, **kwargs)
+
+
+def replay_backend(*args: Any, **kwargs: Any) -> "ReplayBackend":
+    """ReplayBackend(*args, **kwargs): a surface of measured results."""
+    from autotune.backends.replay import ReplayBackend
+
+    return ReplayBackend(*args, **kwargs)
+
+
+def deepspeed_backend(*args: Any, **kwargs: Any) -> "DeepSpeedBackend":
+    """DeepSpeedBackend(*args, **kwargs): real short runs of the built-in model."""
+    from autotune.backends.deepspeed import DeepSpeedBackend
+
+    return DeepSpeedBackend(*args, **kwargs)
+
+
+def script_backend(*args: Any, **kwargs: Any) -> "ScriptBackend":
+    """ScriptBackend(*args, **kwargs): real short runs of the user's own script."""
+    from autotune.backends.script import ScriptBackend
+
+    return ScriptBackend(*args, **kwargs)
+
+
+def distorted_backend(*args: Any, **kwargs: Any) -> "DistortedBackend":
+    """DistortedBackend(*args, **kwargs): the distorted simulation RL training runs on (a task's landscape and
+    hidden distortion, not a sweep's settings: no registered kind)."""
+    from autotune.backends.distorted import DistortedBackend
+
+    return DistortedBackend(*args, **kwargs)
+
+
+# The kinds' builders from a sweep's settings.
+
+def _simulated(settings: "RunSettings", run_dir: "RunDir | None", options: TrialOptions) -> Backend:
+    return simulated_backend(settings.workload, settings.hardware, settings.memory_budget_bytes, seed=settings.seed,
                             nvme_path=settings.choices.nvme_path)
 
 
 def _replay(settings: "RunSettings", run_dir: "RunDir | None", options: TrialOptions) -> Backend:
-    from autotune.backends.replay import ReplayBackend
-
     if settings.surface is None:
         raise ConfigError("the replay backend needs a surface (a JSONL of measured results)")
-    return ReplayBackend(settings.surface, settings.memory_budget_bytes)
+    return replay_backend(settings.surface, settings.memory_budget_bytes)
 
 
 def _deepspeed_options(options: TrialOptions) -> dict[str, Any]:
@@ -118,30 +173,29 @@ def _deepspeed_options(options: TrialOptions) -> dict[str, Any]:
 
 
 def _deepspeed(settings: "RunSettings", run_dir: "RunDir | None", options: TrialOptions) -> Backend:
-    from autotune.backends.deepspeed import DeepSpeedBackend
     from autotune.dsconfig import DsOptions
 
-    return DeepSpeedBackend(settings.workload, settings.memory_budget_bytes, settings.hardware,
-                            DsOptions(nvme_path=settings.choices.nvme_path), logs_dir=_logs_dir(run_dir, options),
-                            **_deepspeed_options(options))
+    return deepspeed_backend(settings.workload, settings.memory_budget_bytes, settings.hardware,
+                             DsOptions(nvme_path=settings.choices.nvme_path), logs_dir=_logs_dir(run_dir, options),
+                             **_deepspeed_options(options))
 
 
 def _script(settings: "RunSettings", run_dir: "RunDir | None", options: TrialOptions) -> Backend:
-    from autotune.backends.script import Script, ScriptBackend, read_script_info
+    from autotune.backends.script import Script, read_script_info
     from autotune.dsconfig import DsOptions
 
     if run_dir is None:
         raise ConfigError("the script backend reads its script from the run directory: pass one")
     script = Script.from_dict(read_script_info(run_dir.path)["script"])
-    return ScriptBackend(script, settings.workload, settings.memory_budget_bytes, settings.hardware,
-                         DsOptions(nvme_path=settings.choices.nvme_path), _logs_dir(run_dir, options),
-                         **_deepspeed_options(options))
+    return script_backend(script, settings.workload, settings.memory_budget_bytes, settings.hardware,
+                          DsOptions(nvme_path=settings.choices.nvme_path), _logs_dir(run_dir, options),
+                          **_deepspeed_options(options))
 
 
-for _kind in (BackendKind("deepspeed", _deepspeed, real=True),  # real short runs of the built-in model
-              BackendKind("simulated", _simulated),  # the estimator's prediction
-              BackendKind("replay", _replay),  # a surface of measured results
-              BackendKind("script", _script, real=True)):  # real short runs of the user's own script
+for _kind in (BackendKind("deepspeed", _deepspeed, real=True, measures=True, env=True),
+              BackendKind("simulated", _simulated, measures=True, env=True, train=True),
+              BackendKind("replay", _replay, env=True, train=True),
+              BackendKind("script", _script, real=True, sweep=False)):  # `autotune tune --script`
     register_backend(_kind)
 
 

@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune.argtypes import duration, output_dir, output_file, seed
-from autotune.backends.factory import TrialOptions, make_backend
+from autotune.backends.factory import TrialOptions, backend_names, make_backend
 from autotune.backends.replay import load_surface
 from autotune.config import Config, ConfigError, first_line
 from autotune.commands.common import (add_json_argument, add_workload_arguments, emit_json, json_command, make_dir,
@@ -34,7 +34,7 @@ from autotune.recording import describe_workload, record_surface
 from autotune.units import format_size
 from autotune.worker.measure import MeasureSettings
 
-BACKENDS = ("deepspeed", "simulated")  # the factory's kinds that measure (replay reads a surface; script: tune)
+BACKENDS = backend_names(sweep=None, measures=True)  # replay reads a surface; script mode is `autotune tune --script`
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -17,8 +17,8 @@ from rich.table import Table
 
 from autotune.argtypes import duration, existing_dir, gpu_count, int_range, non_negative_int, output_dir
 from autotune.backends.deepspeed import DeepSpeedBackend
+from autotune.backends.factory import deepspeed_backend, script_backend
 from autotune.calibrate import calibrator, load_calibration, quality, save_calibration
-from autotune.backends.script import ScriptBackend
 from autotune.commands.common import (MODEL_HELP, SEQ_LEN_HELP, add_json_argument, emit_json, hardware_name,
                                       json_command, make_dir, model_name, positive_int, size, target_from)
 from autotune.commands.script import script_target
@@ -101,8 +101,8 @@ def run(args: argparse.Namespace) -> int:
     name = workload.model.name.replace("/", "--")  # a preset's name, or a file's model's (a Hub id: owner--name)
     run_dir = created_run_dir(args, f"runs/trials/{name}-b{workload.global_batch}-g{workload.gpus}")
     calibration = load_calibration(run_dir, workload, hardware) or Calibration()
-    backend = DeepSpeedBackend(workload, args.memory_budget, hardware, DsOptions(nvme_path=args.nvme_path),
-                               run_dir / "logs", args.timeout, measure, calibration=calibration)
+    backend = deepspeed_backend(workload, args.memory_budget, hardware, DsOptions(nvme_path=args.nvme_path),
+                                run_dir / "logs", args.timeout, measure, calibration=calibration)
     prediction = backend.predict(config)
     backend.preflight([config], lambda line: print(line, file=sys.stderr, flush=True))  # OpBuildFailed: exit 1
     if args.json:
@@ -222,8 +222,8 @@ def run_script_trial(args: argparse.Namespace) -> int:
     measure = measure_settings(args)
     run_dir = created_run_dir(args, f"runs/trials/script-{Path(script.path).stem}"
                                     f"{'' if keep else f'-b{workload.global_batch}'}-g{workload.gpus}")
-    backend = ScriptBackend(script, workload, args.memory_budget, hardware, DsOptions(nvme_path=args.nvme_path),
-                            run_dir / "logs", args.timeout, measure, shape_known=False, keep_script_batch=keep)
+    backend = script_backend(script, workload, args.memory_budget, hardware, DsOptions(nvme_path=args.nvme_path),
+                             run_dir / "logs", args.timeout, measure, shape_known=False, keep_script_batch=keep)
     result = backend.run(config) if args.json else _run_with_progress(backend, config)
     model = result.extra.get("script_model")
     prediction = None

@@ -54,7 +54,8 @@ class ShippedScript:
     keep_script_batch: bool = False  # True: the first trial runs the script's own global batch
 
     def __call__(self) -> Backend:
-        from autotune.backends.script import Script, ScriptBackend
+        from autotune.backends.factory import script_backend
+        from autotune.backends.script import Script
         from autotune.dsconfig import DsOptions
 
         bundle = self.bundle
@@ -66,10 +67,10 @@ class ShippedScript:
         try:
             landed = unpack(self.shipment, bundle, top)
             s = self.settings
-            inner = ScriptBackend(Script(landed.script, landed.args), s.workload, s.memory_budget_bytes, s.hardware,
-                                  DsOptions(nvme_path=s.choices.nvme_path), Path(self.run_dir) / "logs",
-                                  self.timeout_s, shape_known=self.shape_known,
-                                  keep_script_batch=self.keep_script_batch, cwd=landed.cwd)
+            inner = script_backend(Script(landed.script, landed.args), s.workload, s.memory_budget_bytes, s.hardware,
+                                   DsOptions(nvme_path=s.choices.nvme_path), Path(self.run_dir) / "logs",
+                                   self.timeout_s, shape_known=self.shape_known,
+                                   keep_script_batch=self.keep_script_batch, cwd=landed.cwd)
         except BaseException:
             shutil.rmtree(top, ignore_errors=True)
             raise

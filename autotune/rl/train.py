@@ -30,12 +30,13 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from autotune.backends.factory import backend_names
 from autotune.config import ConfigError
 from autotune.files import write_atomic
 from autotune.interrupts import sigterm_as_interrupt
 from autotune.rundir import RunFolder
 
-BACKENDS = ("simulated", "replay")
+BACKENDS = backend_names(sweep=None, train=True)  # the kinds RL training runs on
 # Settings that may differ when a run is resumed: they change how, not what, is trained.
 RESUMABLE = ("iterations", "workers", "envs_per_worker", "checkpoint_every", "keep_checkpoints")
 PROGRESS = "progress.jsonl"

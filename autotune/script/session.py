@@ -23,7 +23,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from autotune.backends.script import SCRIPT_FILE, Script, ScriptBackend, read_script_info, user_config
+from autotune.backends.factory import script_backend
+from autotune.backends.script import SCRIPT_FILE, Script, read_script_info, user_config
 from autotune.config import Config, ConfigError
 from autotune.dsconfig import DsOptions, ds_config, validate
 from autotune.estimate import estimate
@@ -130,9 +131,9 @@ def first_trial(run_dir: RunDir, settings: RunSettings, space: Space, script: Sc
     if remote is not None:
         result, fatal = remote(config, global_batch is None)
     else:
-        backend = ScriptBackend(script, settings.workload, settings.memory_budget_bytes, settings.hardware,
-                                DsOptions(nvme_path=settings.choices.nvme_path), run_dir.logs_dir, timeout_s,
-                                shape_known=False, keep_script_batch=global_batch is None)
+        backend = script_backend(script, settings.workload, settings.memory_budget_bytes, settings.hardware,
+                                 DsOptions(nvme_path=settings.choices.nvme_path), run_dir.logs_dir, timeout_s,
+                                 shape_known=False, keep_script_batch=global_batch is None)
         result, fatal = backend.run(config), backend.fatal
     model = result.extra.get("script_model")
     notes: list[str] = []

@@ -1,0 +1,120 @@
+"""The distorted simulation's backend: the true landscape of one task (the estimator's, with a hidden
+distortion drawn per episode) run like the simulated backend, with the noise-free optimum known.
+`autotune.rl.simulator` draws the distortions and trains on it (its docstring says how they are drawn);
+it is built through the factory (`autotune.backends.factory.distorted_backend`)."""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from autotune.config import KNOBS, Config
+from autotune.envs.landscape import Landscape
+from autotune.results import TrialResult
+from autotune.space import Space
+from autotune.units import format_size
+
+
+@dataclass(frozen=True)
+class Distortion:
+    """Hidden log-offsets per knob value (tables indexed like the space's choices) and per config."""
+
+    throughput: tuple[np.ndarray, ...]
+    memory: tuple[np.ndarray, ...]
+    memory_task: float
+    per_config_sigma: float
+    seed: int
+
+    @classmethod
+    def draw(cls, space: Space, spread: float, rng: np.random.Generator) -> "Distortion":
+        throughput, memory = [], []
+        for knob in KNOBS:
+            values = space.choices.knob_values(knob)
+            n = len(values)
+            if knob == "micro_batch":
+                trend = rng.normal(0.0, spread / 4) * np.log2(np.asarray(values, dtype=float))
+                throughput.append(trend + rng.normal(0.0, spread / 6, n))
+            elif knob == "ckpt_interval":
+                throughput.append(rng.normal(0.0, spread / 4, n))
+            elif knob in ("offload_optimizer", "offload_param"):
+                offsets = rng.normal(0.0, spread / 2, n)
+                throughput.append(np.where(np.asarray(values) == "none", 0.0, offsets))
+            else:  # zero_stage, precision
+                throughput.append(rng.normal(0.0, spread / 2, n))
+            memory.append(rng.normal(0.0, spread / 8, n) if knob in ("zero_stage", "ckpt_interval") else np.zeros(n))
+        return cls(tuple(throughput), tuple(memory), float(rng.normal(0.0, spread / 3)), spread / 6,
+                   int(rng.integers(2**31)))
+
+    def factors(self, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(throughput factor, memory factor) per row of knob codes."""
+        log_t = sum(table[codes[:, k]] for k, table in enumerate(self.throughput))
+        log_m = self.memory_task + sum(table[codes[:, k]] for k, table in enumerate(self.memory))
+        # Per-config term: a deterministic draw per config (hash of its codes), so that it does not
+        # depend on which configs are in the array.
+        keys = (codes * np.array([1, 31, 997, 30011, 900001, 27000023])[:codes.shape[1]]).sum(axis=1)
+        unit = np.random.default_rng(self.seed).normal(0.0, 1.0, 4096)
+        log_t = log_t + self.per_config_sigma * unit[(keys + self.seed) % 4096]
+        return np.exp(log_t), np.exp(log_m)
+
+
+class DistortedBackend:
+    """A backend over the true landscape of one task: `run(config)` like the simulated backend, with the
+    distortion applied, and the noise-free optimum known."""
+
+    name = "simulated"
+    fatal: str | None = None  # no config can succeed here (Backend protocol)
+
+    def __init__(self, landscape: Landscape, codes: np.ndarray, budget_bytes: int, distortion: Distortion,
+                 noise: float, rng: np.random.Generator, trial_overhead_s: float = 15.0, measured_steps: int = 10):
+        t_factor, m_factor = distortion.factors(codes)
+        self.landscape = landscape
+        self.workload = landscape.space.workload
+        self.memory_budget_bytes = int(budget_bytes)
+        self.peak = landscape.peak * m_factor
+        self.throughput = landscape.throughput * t_factor
+        self.feasible = (self.peak <= budget_bytes) & landscape.host_fits
+        self.noise = noise
+        self.rng = rng
+        self.trial_overhead_s = trial_overhead_s
+        self.measured_steps = measured_steps
+
+    def with_noise_seed(self, seed: int) -> "DistortedBackend":
+        """The same truth with its own stream of step-time noise."""
+        other = copy.copy(self)
+        other.rng = np.random.default_rng(seed)
+        return other
+
+    @property
+    def optimum(self) -> float | None:
+        """Best noise-free true throughput within the budget, None if nothing fits."""
+        return float(self.throughput[self.feasible].max()) if self.feasible.any() else None
+
+    def true_throughput(self, config: Config) -> float:
+        return float(self.throughput[self.landscape.index[config]])
+
+    def close(self) -> None:
+        """Nothing held between trials."""
+
+    def run(self, config: Config) -> TrialResult:
+        index = self.landscape.index.get(config)
+        budget = self.memory_budget_bytes
+        if index is None:
+            reason = self.landscape.space.invalid_reason(config) or "not in the space"
+            return TrialResult(config, "unsupported", memory_budget_bytes=budget, backend=self.name, error=reason)
+        peak = int(self.peak[index])
+        if not self.feasible[index]:
+            why = (f"peak {format_size(peak)} exceeds the budget {format_size(budget)}" if peak > budget
+                   else "offloaded state exceeds the node's host memory")
+            return TrialResult(config, "oom", peak_memory_bytes=peak, memory_budget_bytes=budget,
+                               wall_time_s=self.trial_overhead_s, backend=self.name, error=why)
+        samples = float(self.throughput[index])
+        if self.noise:
+            samples /= math.exp(self.noise * self.rng.standard_normal())
+        step = self.workload.global_batch / samples
+        return TrialResult(config, "ok", throughput_samples_per_s=samples,
+                           tokens_per_s=samples * self.workload.model.seq_len, step_time_s=step,
+                           peak_memory_bytes=peak, memory_budget_bytes=budget,
+                           wall_time_s=self.trial_overhead_s + self.measured_steps * step, backend=self.name)
