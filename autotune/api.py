@@ -44,7 +44,7 @@ from autotune.settings import DEFAULT_STACK, SETTINGS, RunSettings, check_budget
 from autotune.scale import check_target, narrow_choices as narrow_for_target
 from autotune.search_spaces import choices_for
 from autotune.space import Choices, Space
-from autotune.strategies import STRATEGIES
+from autotune.strategies import check_strategy, strategy_name
 from autotune.study_storage import canonical as canonical_storage, check_storage, masked
 from autotune.tracking import check_uri as check_tracking_uri, resolve_uri as tracking_uri, tracked
 from autotune.workload import Workload
@@ -64,7 +64,10 @@ class TuneSpec:
     # own, else cpu for tiny and a100-80gb for the other models (autotune.devices.resolve_hardware).
     hardware: Hardware | str | None = None
     memory_budget_bytes: int | None = None  # per device; default: the hardware's memory (settings.memory_budget)
-    strategy: str = DEFAULT_STRATEGY
+    # A registered name (autotune.strategies.STRATEGIES), or the user's own Strategy: an object with propose()
+    # and observe(config, result), or a callable building one from the SearchContext (autotune.strategies says
+    # what the sweep does with it, a resume included: pass the object again).
+    strategy: Any = DEFAULT_STRATEGY
     trials: int = 30  # launched trials, over every session of a resumed sweep (pruned configs do not count)
     time_budget_s: float | None = None  # no trial starts once the trials have taken this long
     backend: Any = "deepspeed"  # a registered kind's name, or an object with run(config) -> TrialResult
@@ -101,8 +104,7 @@ class TuneSpec:
         if self.allocator is not None:
             check_allocator(self.allocator)
         check_target(self.target_gpus, self.workload)
-        if self.strategy not in STRATEGIES:
-            raise ConfigError(f"strategy {self.strategy!r}: allowed {', '.join(STRATEGIES)}")
+        check_strategy(self.strategy)
         if self.trials <= 0:
             raise ConfigError(f"trials {self.trials!r}: must be a positive integer")
         if self.memory_budget_bytes is not None:
@@ -117,6 +119,11 @@ class TuneSpec:
                               "confirmation; None: the backend's default)")
         check_tracking_uri(self.mlflow_uri)
         check_stop_when(self.stop_when)
+
+    @property
+    def strategy_name(self) -> str:
+        """The name `run.json` keeps: a registered strategy's, or the user's object's."""
+        return strategy_name(self.strategy)
 
     @property
     def backend_name(self) -> str:
@@ -171,7 +178,7 @@ def resolution(spec: TuneSpec) -> Resolved:
     target_choices, target_note = narrow_for_target(choices, spec.workload, spec.target_gpus)
     space = replace(space, choices=target_choices).require_configs()  # a replay surface's restriction kept
     settings = RunSettings(space.workload, space.hardware, memory_budget(spec.memory_budget_bytes, space.hardware),
-                           spec.strategy, spec.backend_name, spec.seed, space.choices,
+                           spec.strategy_name, spec.backend_name, spec.seed, space.choices,
                            surface=None if spec.surface is None else str(Path(spec.surface).resolve()),
                            storage=None if spec.storage is None else canonical_storage(spec.storage),
                            stack=spec.stack, target_gpus=spec.target_gpus)
@@ -245,7 +252,9 @@ def tune(spec: TuneSpec, out: str | Path | None = None, *, resume: bool = False,
         begun = getattr(progress, "begun", None)
         if callable(begun):  # a display's headline (`autotune tune`), once the run directory is held
             begun(SweepStart(run_dir, settings, space, budget, resume))
-        return run_sweep(run_dir, settings, space, budget, executor, progress, objective, tracking=tracking)
+        own = None if isinstance(spec.strategy, str) else spec.strategy
+        return run_sweep(run_dir, settings, space, budget, executor, progress, objective, tracking=tracking,
+                         strategy=own)
 
 
 @dataclass(frozen=True)
@@ -325,11 +334,13 @@ def begin(run_dir: RunDir, settings: RunSettings, resume: bool) -> None:
 
 
 def run_sweep(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budget, executor: "RayOptions | None",
-              progress: Progress, backend: Backend | None = None, *, tracking: str | None = None) -> TuneResult:
+              progress: Progress, backend: Backend | None = None, *, tracking: str | None = None,
+              strategy: Any = None) -> TuneResult:
     """The loop of a run directory whose settings are written: trials until the budget or the strategy ends
     it, then the outputs. The caller holds the run directory's lock. `tracking`: an MLflow tracking URI that
-    hears every trial and the recommendation (autotune.tracking), or None."""
-    sweep = Sweep.open(run_dir, settings, space)
+    hears every trial and the recommendation (autotune.tracking), or None. `strategy`: the user's own
+    Strategy object or builder that `settings.strategy` names; None: the registered one."""
+    sweep = Sweep.open(run_dir, settings, space, strategy)
     with tracked(tracking, run_dir, settings, sweep.results, progress.message) as tracker:
         sweep.tracker = tracker
         if sweep.nothing_fits(space):

@@ -14,7 +14,6 @@ from autotune.files import short
 from autotune.hardware import Hardware, hardware_from_dict
 from autotune.search_spaces import parse_choices
 from autotune.space import Choices, Space
-from autotune.strategies import STRATEGIES
 from autotune.study_storage import masked
 from autotune.workload import Workload
 
@@ -106,11 +105,9 @@ class RunSettings:
             value = data[key]
             if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= 2**63 - 1:
                 raise ConfigError(f"{source}: {key}: {short(value)}: allowed a whole number >= {low}")
-        for key in ("strategy", "backend"):
+        for key in ("strategy", "backend"):  # either may be a user's own object's name: not checked against a list
             if not isinstance(data[key], str) or not data[key]:
                 raise ConfigError(f"{source}: {key}: {short(data[key])}: allowed a name")
-        if data["strategy"] not in STRATEGIES:  # the backend may be a user's own object's name: not checked
-            raise ConfigError(f"{source}: strategy: {short(data['strategy'])}: allowed {', '.join(STRATEGIES)}")
         surface = data.get("surface")
         if surface is not None and not isinstance(surface, str):
             raise ConfigError(f"{source}: surface: {short(surface)}: allowed a path or null")

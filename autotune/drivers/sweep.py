@@ -92,14 +92,17 @@ class Sweep:
             self._learn()
 
     @classmethod
-    def open(cls, run_dir: "RunDir", settings: "RunSettings", space: Space) -> "Sweep":
-        """The sweep of a run directory: its recorded history, strategy (its study in the run's storage), pruner."""
+    def open(cls, run_dir: "RunDir", settings: "RunSettings", space: Space, strategy: Any = None) -> "Sweep":
+        """The sweep of a run directory: its recorded history, strategy (its study in the run's storage), pruner.
+        `strategy`: the user's own Strategy object or builder (autotune.strategies), which `settings.strategy`
+        names; None: the registered strategy `settings.strategy`."""
         pruner = Pruner.for_settings(settings)
         live = LivePruner(pruner)
         context = SearchContext(space, settings.memory_budget_bytes, settings.seed, pruner.predict,
                                 run_dir.storage(settings.storage), run_dir.study_name(settings.storage),
                                 forecast=live.forecast, uncertainty=live.uncertainty)
-        return cls(make_strategy(settings.strategy, context), pruner, run_dir.append, settings.backend,
+        chosen = settings.strategy if strategy is None else strategy
+        return cls(make_strategy(chosen, context), pruner, run_dir.append, settings.backend,
                    run_dir.results(), calibrator(settings.workload, settings.hardware), len(space), live, space)
 
     @classmethod
@@ -112,7 +115,7 @@ class Sweep:
         live = LivePruner(pruner)
         context = SearchContext(space, budget_bytes, seed, pruner.predict, storage, forecast=live.forecast,
                                 uncertainty=live.uncertainty)
-        built = make_strategy(strategy, context) if isinstance(strategy, str) else strategy(context)
+        built = make_strategy(strategy, context)
         return cls(built, pruner, record, backend_name, (),
                    calibrator(space.workload, space.hardware) if calibrate else None, len(space), live, space)
 

@@ -5,6 +5,18 @@ One interface for all (`Strategy`), so that one driver loop runs any of them aga
 `observe(config, result)` tells it the outcome. Observing a config the strategy never proposed is
 allowed (a resumed sweep replays its recorded history this way) and observing a config twice is harmless.
 Strategies never run anything themselves and never see pruning decisions except as `pruned` results.
+
+The protocol is public: `TuneSpec(strategy=...)` takes a registered name (STRATEGIES), a user's object with
+`propose()` and `observe(config, result)` (and optionally `name`, which names the run: `run.json`, the report),
+or a callable that builds one from the sweep's `SearchContext` (a class whose `__init__` takes the context).
+What the sweep does with it, for any strategy:
+- a proposal already recorded is observed again with its recorded result and not run; one the pruner skips
+  is observed as a `pruned` result; the others run, in the order proposed, until the budget ends the sweep
+  (or `propose()` returns None: StopReason.DONE);
+- a resumed sweep (`tune(..., resume=True)`, given the strategy again) observes every recorded search result
+  in order before the first `propose()` (repeats of confirmation are not observed), so a strategy that
+  proposes what it has not seen carries on where the first session stopped.
+tests/test_user_strategy.py runs a user-written strategy through `autotune.tune()`.
 """
 
 from __future__ import annotations
@@ -15,6 +27,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 
 from autotune.config import Config, ConfigError
 from autotune.estimate import Estimate
+from autotune.files import short
 from autotune.results import TrialResult
 from autotune.space import Space
 from autotune.uncertainty import Forecast, Uncertainty
@@ -60,8 +73,52 @@ STRATEGIES: dict[str, str] = {
 }
 
 
-def make_strategy(name: str, context: SearchContext) -> Strategy:
-    if name not in STRATEGIES:
-        raise ConfigError(f"unknown strategy {name!r}: allowed {', '.join(STRATEGIES)}")
-    module_name, factory = STRATEGIES[name].split(":")
-    return getattr(importlib.import_module(module_name), factory)(context)
+def _is_strategy_object(obj: Any) -> bool:
+    return not isinstance(obj, type) and all(callable(getattr(obj, m, None)) for m in ("propose", "observe"))
+
+
+def _not_a_strategy(obj: Any) -> ConfigError:
+    return ConfigError(f"strategy {short(obj)}: not a Strategy: needs propose() -> Config | None and "
+                       f"observe(config, result) methods (autotune.strategies.Strategy), or a name: allowed "
+                       f"{', '.join(STRATEGIES)}")
+
+
+def check_strategy(strategy: Any) -> None:
+    """A registered name, a Strategy object, or a callable building one from the SearchContext; else one line
+    naming what is missing."""
+    if isinstance(strategy, str):
+        if strategy not in STRATEGIES:
+            raise ConfigError(f"strategy {strategy!r}: allowed {', '.join(STRATEGIES)}")
+    elif not (_is_strategy_object(strategy) or callable(strategy)):
+        raise _not_a_strategy(strategy)
+
+
+def strategy_name(strategy: Any) -> str:
+    """What names the sweep's strategy (`run.json`, the default run directory, the report): a registered
+    name itself, else the object's (or class's) `name`, else its class's or function's name."""
+    if isinstance(strategy, str):
+        return strategy
+    name = getattr(strategy, "name", None)
+    if isinstance(name, str) and name:
+        return name
+    if isinstance(strategy, type) or not _is_strategy_object(strategy):
+        return str(getattr(strategy, "__name__", type(strategy).__name__))
+    return type(strategy).__name__
+
+
+def make_strategy(strategy: Any, context: SearchContext) -> Strategy:
+    """The sweep's strategy: a registered name's, the user's object itself, or what the user's callable
+    builds from `context`."""
+    if isinstance(strategy, str):
+        if strategy not in STRATEGIES:
+            raise ConfigError(f"unknown strategy {strategy!r}: allowed {', '.join(STRATEGIES)}")
+        module_name, factory = STRATEGIES[strategy].split(":")
+        return getattr(importlib.import_module(module_name), factory)(context)
+    if _is_strategy_object(strategy):
+        return strategy
+    if not callable(strategy):
+        raise _not_a_strategy(strategy)
+    built = strategy(context)
+    if not _is_strategy_object(built):
+        raise _not_a_strategy(built)
+    return built
