@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Iterable
 from autotune.config import Config, ConfigError
 from autotune.estimate import Calibration, Estimate, estimate, host_need_bytes, nvme_need_bytes
 from autotune.hardware import Hardware
-from autotune.results import TrialResult
+from autotune.results import DEVICE_MEMORY, HOST_MEMORY, NVME_SPACE, VALUE, TrialResult
 from autotune.uncertainty import PRIOR_MEMORY, PRIOR_UNCERTAINTY, Forecast, Uncertainty, normal_cdf
 from autotune.units import format_size
 from autotune.workload import Workload
@@ -54,7 +54,6 @@ VALUE_Z = 3.0
 # recordings, and single configs by 2x), and the optimum is often such a lucky measurement.
 VALUE_SLACK = 0.25
 
-DEVICE_MEMORY, HOST_MEMORY, NVME_SPACE, VALUE = "device_memory", "host_memory", "nvme_space", "value"
 # What a person reads for each cause (the console's pruned summary, the report, the verdict).
 CAUSES = {DEVICE_MEMORY: "device memory", HOST_MEMORY: "host memory (offloaded state)", NVME_SPACE: "NVMe space",
           VALUE: "the best throughput found (no gain expected)"}
@@ -70,8 +69,8 @@ def free_bytes(path: str | None) -> int | None:
 
 def cause_of(result: TrialResult) -> str | None:
     """The resource a failed or pruned result ran out of (a key of CAUSES), or None for other failures.
-    The pruner and the backends record it (`extra["cause"]`); older records are read from their message."""
-    recorded = result.extra.get("cause")
+    The pruner and the backends record it (`TrialResult.cause`); older records are read from their message."""
+    recorded = result.cause
     if recorded in CAUSES:
         return str(recorded)
     if result.status not in ("oom", "pruned", "crash"):

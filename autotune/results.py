@@ -24,6 +24,14 @@ from autotune.workload import Workload
 STATUSES = ("ok", "oom", "unsupported", "timeout", "crash", "pruned")
 FAILURES = ("oom", "unsupported", "timeout", "crash")
 MAX_BYTES = 2**63 - 1  # byte counts are int64 wherever they are stored (SQLite, numpy)
+# What steers the tuner's logic from a result's extra keys, typed (TrialResult.phase, .repeat_of, .cause) and
+# checked whenever a result is made, not only when one is read back. The JSON line is unchanged: they stay flat
+# keys beside the others, so records written before and after load alike.
+SEARCH, CONFIRM = "search", "confirm"
+PHASES = (SEARCH, CONFIRM)  # a search trial, or a repeat of confirmation (autotune.confirm)
+# What a failed or pruned result ran out of (autotune.pruning.CAUSES describes each).
+DEVICE_MEMORY, HOST_MEMORY, NVME_SPACE, VALUE = "device_memory", "host_memory", "nvme_space", "value"
+CAUSE_NAMES = (DEVICE_MEMORY, HOST_MEMORY, NVME_SPACE, VALUE)
 
 
 @dataclass(frozen=True)
@@ -47,6 +55,28 @@ class TrialResult:
             raise ConfigError(f"status={short(self.status)}: allowed {', '.join(STATUSES)}")
         if self.status == "ok" and not (self.throughput_samples_per_s or 0) > 0:
             raise ConfigError("an ok result needs a positive throughput_samples_per_s")
+        for name in _STEERING.keys() & self.extra.keys():
+            check, allowed = _STEERING[name]
+            _checked(name, self.extra[name], check, allowed)
+
+    # The extra keys that steer logic, typed.
+    @property
+    def phase(self) -> str:
+        """SEARCH, or CONFIRM for a repeat of a config already run (`extra["phase"]`, absent: search)."""
+        return str(self.extra.get("phase") or SEARCH)
+
+    @property
+    def repeat_of(self) -> int | None:
+        """A repeat's trial number of the config's first run (`extra["repeat_of"]`), else None."""
+        value = self.extra.get("repeat_of")
+        return None if value is None else int(value)
+
+    @property
+    def cause(self) -> str | None:
+        """What the result ran out of, as recorded (`extra["cause"]`: CAUSE_NAMES), else None
+        (autotune.pruning.cause_of also reads it from older records' messages)."""
+        value = self.extra.get("cause")
+        return None if value is None else str(value)
 
     @property
     def ok(self) -> bool:
@@ -220,6 +250,12 @@ _EXTRAS: dict[str, tuple[Any, str]] = {
     "script_verdict": (_text, "a string or null"),
     "script_model": (lambda v: (v is None or isinstance(v, dict), v), "an object or null"),
     "workload": (_workload, "a workload object {model, global_batch, gpus} or null"),
+}
+# Extra keys that steer logic (TrialResult.phase, .repeat_of, .cause): checked when a result is made.
+_STEERING: dict[str, tuple[Any, str]] = {
+    "phase": (lambda v: (v is None or v in PHASES, v), f"{', '.join(PHASES)} or null"),
+    "repeat_of": (lambda v: (v is None or (_count(v)[0] and v >= 1), v), "a trial number >= 1 or null"),
+    "cause": (lambda v: (v is None or v in CAUSE_NAMES, v), f"{', '.join(CAUSE_NAMES)} or null"),
 }
 
 

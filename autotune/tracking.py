@@ -269,11 +269,11 @@ class MlflowTracker:
 
         end = _now_ms()
         tags = {PARENT_TAG: self.run_id, TRIAL_TAG: str(number), "status": result.status,
-                "phase": str(result.extra.get("phase") or "search"), "backend": result.backend}
+                "phase": result.phase, "backend": result.backend}
         if result.error:
             tags["error"] = result.error[:TAG_LIMIT]
-        if result.extra.get("repeat_of") is not None:
-            tags["repeat_of"] = str(result.extra["repeat_of"])
+        if result.repeat_of is not None:
+            tags["repeat_of"] = str(result.repeat_of)
         run = self.client.create_run(self.experiment_id, start_time=end - int(1000 * result.wall_time_s),
                                      run_name=f"#{number} {result.config.label()}")
         run_id = run.info.run_id
