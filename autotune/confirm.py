@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Collection, Iterable, Sequence
 
 from autotune.config import Config
-from autotune.results import TrialResult
+from autotune.results import CONFIRM, TrialResult
 
 DEFAULT_REPEATS = 2  # repeats per finalist for backends whose trials run on devices (deepspeed, script)
 MAX_FINALISTS = 3
@@ -46,11 +46,11 @@ TYPICAL = math.sqrt(2) * 0.6744897501960817
 MACHINE_SPREAD = 0.13
 MACHINE_SIGMA = math.log1p(MACHINE_SPREAD) / TYPICAL
 
-PHASE = "confirm"
+PHASE = CONFIRM  # a repeat's `phase` (TrialResult.phase)
 
 
 def is_repeat(result: TrialResult) -> bool:
-    return result.extra.get("phase") == PHASE
+    return result.phase == CONFIRM
 
 
 def default_repeats(backend_name: str) -> int:

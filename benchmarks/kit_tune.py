@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from autotune.results import read_results
+from autotune.results import CONFIRM, read_results
 
 GRACE_S = 20.0  # after the interrupt: tune ends its trial's ranks and writes its report
 
@@ -111,7 +111,7 @@ def tune_outcome(out: Path) -> dict[str, Any]:
     statuses: dict[str, int] = {}
     for r in results:
         statuses[r.status] = statuses.get(r.status, 0) + 1
-    repeats = [r for r in results if r.extra.get("phase") == "confirm"]
+    repeats = [r for r in results if r.phase == CONFIRM]
     best = (summary or {}).get("best") or {}
     return {"summary": summary is not None, "trials": len(results), "status_counts": statuses,
             "confirm_repeats": len(repeats), "wall_s": sum(r.wall_time_s for r in results),
