@@ -56,9 +56,25 @@ class Outputs:
         }
 
 
+def recommendation(results: Sequence[TrialResult],
+                   settings: RunSettings) -> tuple[TrialResult | None, ScaleReport | None]:
+    """The recommended result, decided here once for summary.json, report.md and the handoff files: the best
+    median within the budget (close calls confirmed, autotune.confirm), or with --target-gpus the measured result
+    of the config chosen for the target (autotune.scale), with the projection."""
+    scaled = scale_report(results, settings)
+    if scaled is None:
+        return recommend(results, settings.memory_budget_bytes), None
+    return _pick_result(results, scaled, settings.memory_budget_bytes), scaled
+
+
 def summarize(results: Sequence[TrialResult], settings: RunSettings) -> dict:
+    """summary.json's content."""
+    return _summary(results, settings, *recommendation(results, settings))
+
+
+def _summary(results: Sequence[TrialResult], settings: RunSettings, best: TrialResult | None,
+             scaled: ScaleReport | None) -> dict:
     budget = settings.memory_budget_bytes
-    best = recommend(results, budget)  # the best median where close calls were confirmed
     index = None
     if best is not None:  # the pick's first run
         index = next(i for i, r in enumerate(results, 1) if r.config == best.config and r.status != "pruned")
@@ -83,6 +99,8 @@ def summarize(results: Sequence[TrialResult], settings: RunSettings) -> dict:
         last = convergence.recorded(results)
         summary["convergence"] = {"chance_of_better": points[-1][1], "margin": last.margin if last else None,
                                   "trace": [list(p) for p in points]}
+    if scaled is not None:
+        summary["target"] = scaled.to_dict()
     return summary
 
 
@@ -154,17 +172,8 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
 
     results = run.results() if results is None else list(results)
     check_output_paths(run)
-    summary = summarize(results, settings)
-    best = recommend(results, settings.memory_budget_bytes)
-    scaled = scale_report(results, settings)
-    if scaled is not None:  # the recommendation is the config chosen for the target (autotune/scale.py)
-        best = _pick_result(results, scaled, settings.memory_budget_bytes)
-        summary["target"] = scaled.to_dict()
-        summary["best"] = None if best is None else {"config": best.config.to_dict(),
-                                                     "throughput_samples_per_s": best.throughput_samples_per_s,
-                                                     "peak_memory_bytes": best.peak_memory_bytes}
-        summary["best_trial_index"] = None if best is None else next(
-            i for i, r in enumerate(results, 1) if r.config == best.config and r.status != "pruned")
+    best, scaled = recommendation(results, settings)
+    summary = _summary(results, settings, best, scaled)
     files = [run.write_json("summary.json", summary)]
     usage: list[str] = []  # the report's section on using the recommendation (autotune/handoff.py)
     run.plots_dir.mkdir(parents=True, exist_ok=True)
