@@ -6,6 +6,7 @@ crashed in build_ops, config after config (kit-first-crash/)."""
 import importlib
 import json
 import os
+import subprocess
 import sys
 import textwrap
 import time
@@ -478,3 +479,15 @@ def test_the_worker_reports_the_op_and_blames_the_arch_list_only_where_it_is_par
     except RuntimeError as err:
         assert worker_build_failure(err, "fused_adam") == {"op": "fused_adam", "arch_list_fault": False,
                                                            "capability": None}
+
+
+def test_build_ops_names_the_ops_it_can_build_in_one_line():
+    """scripts/build-ops (scripts/setup's background build): an op it does not know is one line, exit 1, before
+    anything is imported or built."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "AUTOTUNE_VENV": str(Path(sys.executable).parent.parent)}
+    for args, named in ((["fused_adam", "shm_comm"], "shm_comm"), ([], "no op named")):
+        done = subprocess.run(["bash", str(root / "scripts" / "build-ops"), *args], capture_output=True, text=True,
+                              env=env)
+        assert done.returncode == 1
+        assert done.stderr.strip().splitlines()[-1] == f"build-ops: {named}: allowed fused_adam, cpu_adam"
