@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from autotune.backends import Backend
 from autotune.backends.replay import replay_space
@@ -50,6 +50,7 @@ from autotune.tracking import check_uri as check_tracking_uri, resolve_uri as tr
 from autotune.workload import Workload
 
 if TYPE_CHECKING:
+    from autotune.backends.script import Script
     from autotune.drivers.ray import RayOptions
 
 DEFAULT_STRATEGY = "hybrid"  # the trained policy's first proposals, then Optuna (strategies/hybrid.py)
@@ -98,9 +99,24 @@ class TuneSpec:
     # The CUDA caching allocator's mode (autotune.allocator: default or expandable); None: the profile's, else
     # what this process's PYTORCH_CUDA_ALLOC_CONF says. It lands in the sweep's hardware (Hardware.allocator).
     allocator: str | None = None
+    # Script mode (autotune/script/session.py): the user's training script and its arguments instead of the
+    # built-in model; build it with TuneSpec.for_script. Its first trial shows the tuner the model and the
+    # script's global batch (kept unless `script_global_batch` names another), and the recommendation is the
+    # script's own DeepSpeed config with the tuned keys.
+    script: str | None = None
+    script_args: tuple[str, ...] = ()
+    script_global_batch: int | None = None
 
     def __post_init__(self) -> None:
         check_stack(self.stack)
+        if self.script is not None:
+            self.script_spec()  # the file exists and is Python
+            if self.backend != "deepspeed":
+                raise ConfigError(f"backend {self.backend_name!r} with a script: a script's trials are real "
+                                  "runs (backend deepspeed)")
+            if self.target_gpus is not None:
+                raise ConfigError(f"target_gpus {self.target_gpus} with a script: a script runs at its launch's "
+                                  "scale (allowed: null)")
         if self.allocator is not None:
             check_allocator(self.allocator)
         check_target(self.target_gpus, self.workload)
@@ -144,6 +160,25 @@ class TuneSpec:
     def budget(self) -> Budget:
         return Budget(self.trials, self.time_budget_s, self.confirm, self.stop_when)
 
+    @classmethod
+    def for_script(cls, script: str | Path, script_args: Iterable[str] = (), *, gpus: int = 1,
+                   global_batch: int | None = None, **options: Any) -> "TuneSpec":
+        """Tune the user's own script: `autotune.tune(TuneSpec.for_script("train.py", ["--epochs", "1"]))` as
+        `autotune tune --script train.py --script-args '--epochs 1'` does. The workload is a placeholder until
+        the first trial has shown the model; `global_batch` changes the script's recipe (None: its own)."""
+        from autotune.script.session import placeholder
+
+        return cls(placeholder(global_batch, gpus), script=str(script), script_args=tuple(script_args),
+                   script_global_batch=global_batch, **options)
+
+    def script_spec(self) -> "Script":
+        """The script and its arguments (autotune.backends.script.Script); ConfigError without one."""
+        from autotune.backends.script import Script
+
+        if self.script is None:
+            raise ConfigError("this sweep tunes the built-in model, not a script")
+        return Script(self.script, tuple(self.script_args))
+
 
 @dataclass(frozen=True)
 class Resolved:
@@ -166,6 +201,8 @@ def resolve(spec: TuneSpec) -> tuple[RunSettings, Space]:
 
 def resolution(spec: TuneSpec) -> Resolved:
     """resolve, with the notes."""
+    if spec.script is not None:
+        return _script_resolution(spec)
     if spec.backend == "replay":
         if spec.surface is None:
             raise ConfigError("the replay backend needs a surface (a JSONL of measured results)")
@@ -183,6 +220,18 @@ def resolution(spec: TuneSpec) -> Resolved:
                            storage=None if spec.storage is None else canonical_storage(spec.storage),
                            stack=spec.stack, target_gpus=spec.target_gpus)
     return Resolved(settings, space, tuple(note for note in (stack_note, target_note) if note))
+
+
+def _script_resolution(spec: TuneSpec) -> Resolved:
+    """A script sweep's settings before the script has shown its model (`autotune tune --script`'s, from the
+    library): the placeholder workload, the space unchecked (the first trial settles the global batch)."""
+    hardware = spec.trial_hardware
+    choices = spec.space if isinstance(spec.space, Choices) else choices_for(spec.space, hardware)
+    choices, stack_note = narrow_choices(choices, spec.stack)
+    settings = RunSettings(spec.workload, hardware, memory_budget(spec.memory_budget_bytes, hardware),
+                           spec.strategy_name, "script", spec.seed, choices,
+                           storage=None if spec.storage is None else canonical_storage(spec.storage), stack=spec.stack)
+    return Resolved(settings, settings.space(), (stack_note,) if stack_note else ())
 
 
 @dataclass(frozen=True)
@@ -230,6 +279,8 @@ def tune(spec: TuneSpec, out: str | Path | None = None, *, resume: bool = False,
     """Run the sweep `spec` describes into the run directory `out` (default runs/<model>-<strategy>-<time>),
     or continue it there (`resume`), on this machine or on a Ray cluster (`executor`). `callbacks` hears of
     every trial (autotune.drivers.progress.Progress; ConsoleProgress prints what `autotune tune` prints)."""
+    if spec.script is not None and executor is not None:  # its files must travel with each trial
+        raise ConfigError("a script sweep on a Ray cluster: use `autotune tune --script ... --ray-address`")
     remove_stale_shm_at_start()  # what trials of a killed tuner left in /dev/shm, whatever its run
     progress = callbacks or QuietProgress()
     # Every check that can refuse the sweep comes before anything is written to the run directory.
@@ -237,7 +288,8 @@ def tune(spec: TuneSpec, out: str | Path | None = None, *, resume: bool = False,
     settings, space = resolved.settings, resolved.space
     for note in resolved.notes:  # what the stack or the target removed from the space
         progress.message(note)
-    run_dir = RunDir(out if out is not None else default_run_dir(settings.workload.model.name, settings.strategy))
+    name = settings.workload.model.name if spec.script is None else f"script-{Path(spec.script).stem}"
+    run_dir = RunDir(out if out is not None else default_run_dir(name, settings.strategy))
     check_out(run_dir, resume)
     check_storage(settings.storage, run_dir.study_name(settings.storage), resume)
     objective = None if isinstance(spec.backend, str) else as_backend(spec.backend)
@@ -247,14 +299,46 @@ def tune(spec: TuneSpec, out: str | Path | None = None, *, resume: bool = False,
     before = startup_files(run_dir, resume)
     make_dir(run_dir.path, "--out" if out is not None else "the default run directory")
     with run_dir.locked(), undone_unless_started(run_dir, before), no_space_named(run_dir, settings.storage):
+        if spec.script is not None:  # the script shows its model in a first trial, or the resumed run kept it
+            settings, space, stopped = _script_start(run_dir, settings, space, spec, resume, progress)
+            if stopped is not None:
+                return stopped
         begin(run_dir, settings, resume)
         budget = spec.budget()
         begun = getattr(progress, "begun", None)
         if callable(begun):  # a display's headline (`autotune tune`), once the run directory is held
             begun(SweepStart(run_dir, settings, space, budget, resume))
         own = None if isinstance(spec.strategy, str) else spec.strategy
-        return run_sweep(run_dir, settings, space, budget, executor, progress, objective, tracking=tracking,
-                         strategy=own)
+        result = run_sweep(run_dir, settings, space, budget, executor, progress, objective, tracking=tracking,
+                           strategy=own)
+        if spec.script is not None:  # the script's own config with the tuned keys replaces the generic one
+            from autotune.script import session
+
+            for line in session.finish(run_dir, settings, result.best):
+                progress.message(line)
+        return result
+
+
+def _script_start(run_dir: RunDir, settings: RunSettings, space: Space, spec: TuneSpec, resume: bool,
+                  progress: Progress) -> tuple[RunSettings, Space, "TuneResult | None"]:
+    """A script sweep before its search (autotune.script.session): resumed, the workload its first trial learned;
+    new, that first trial, whose settings and space the sweep then uses. A first trial that shows the script
+    cannot be tuned as it is ends the sweep: its outputs and a FATAL result."""
+    from autotune.script import session
+
+    script = spec.script_spec()
+    if resume:
+        settings = session.resumed(run_dir, settings, script, spec.script_global_batch)
+        return settings, settings.space(), None
+    settings, space, fatal = session.first_trial(run_dir, settings, space, script, global_batch=spec.script_global_batch)
+    if fatal is None:
+        return settings, space, None
+    run_dir.write_settings(settings)
+    outputs = write_outputs(run_dir, settings)
+    for line in session.finish(run_dir, settings, None):
+        progress.message(line)
+    return settings, space, TuneResult(None, tuple(run_dir.results()), StopReason.FATAL, run_dir.path,
+                                       outputs.summary, fatal, outputs.files)
 
 
 @dataclass(frozen=True)
