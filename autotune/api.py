@@ -279,8 +279,10 @@ def tune(spec: TuneSpec, out: str | Path | None = None, *, resume: bool = False,
     """Run the sweep `spec` describes into the run directory `out` (default runs/<model>-<strategy>-<time>),
     or continue it there (`resume`), on this machine or on a Ray cluster (`executor`). `callbacks` hears of
     every trial (autotune.drivers.progress.Progress; ConsoleProgress prints what `autotune tune` prints)."""
-    if spec.script is not None and executor is not None:  # its files must travel with each trial
-        raise ConfigError("a script sweep on a Ray cluster: use `autotune tune --script ... --ray-address`")
+    if spec.script is not None and executor is not None:  # its files travel with each trial: not too many
+        from autotune.script.ship import plan
+
+        plan(spec.script, spec.script_args, exclude=(out,) if out is not None else ())
     remove_stale_shm_at_start()  # what trials of a killed tuner left in /dev/shm, whatever its run
     progress = callbacks or QuietProgress()
     # Every check that can refuse the sweep comes before anything is written to the run directory.
@@ -300,7 +302,7 @@ def tune(spec: TuneSpec, out: str | Path | None = None, *, resume: bool = False,
     make_dir(run_dir.path, "--out" if out is not None else "the default run directory")
     with run_dir.locked(), undone_unless_started(run_dir, before), no_space_named(run_dir, settings.storage):
         if spec.script is not None:  # the script shows its model in a first trial, or the resumed run kept it
-            settings, space, stopped = _script_start(run_dir, settings, space, spec, resume, progress)
+            settings, space, stopped = _script_start(run_dir, settings, space, spec, resume, progress, executor)
             if stopped is not None:
                 return stopped
         begin(run_dir, settings, resume)
@@ -320,17 +322,24 @@ def tune(spec: TuneSpec, out: str | Path | None = None, *, resume: bool = False,
 
 
 def _script_start(run_dir: RunDir, settings: RunSettings, space: Space, spec: TuneSpec, resume: bool,
-                  progress: Progress) -> tuple[RunSettings, Space, "TuneResult | None"]:
+                  progress: Progress, executor: "RayOptions | None") -> tuple[RunSettings, Space, "TuneResult | None"]:
     """A script sweep before its search (autotune.script.session): resumed, the workload its first trial learned;
-    new, that first trial, whose settings and space the sweep then uses. A first trial that shows the script
-    cannot be tuned as it is ends the sweep: its outputs and a FATAL result."""
+    new, that first trial (on a Ray node with `executor`: autotune.drivers.ray_script_first), whose settings and
+    space the sweep then uses. A first trial that shows the script cannot be tuned as it is ends the sweep: its
+    outputs and a FATAL result."""
     from autotune.script import session
 
     script = spec.script_spec()
     if resume:
         settings = session.resumed(run_dir, settings, script, spec.script_global_batch)
         return settings, settings.space(), None
-    settings, space, fatal = session.first_trial(run_dir, settings, space, script, global_batch=spec.script_global_batch)
+    remote = None
+    if executor is not None:
+        from autotune.drivers.ray_script_first import first_trial_runner
+
+        remote = first_trial_runner(executor, run_dir, settings, script)
+    settings, space, fatal = session.first_trial(run_dir, settings, space, script, global_batch=spec.script_global_batch,
+                                                 remote=remote)
     if fatal is None:
         return settings, space, None
     run_dir.write_settings(settings)

@@ -5,42 +5,39 @@ report into the run directory."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 import autotune
-from autotune.api import (DEFAULT_STRATEGY, SweepStart, TuneResult, TuneSpec, begin, check_out, default_run_dir,
-                          no_space_named, run_sweep, startup_files,
-                          undone_unless_started)
+from autotune.api import DEFAULT_STRATEGY, SweepStart, TuneResult, TuneSpec
 from autotune.argtypes import duration, gpu_count, non_negative_int, output_dir, ray_address, seed, stop_probability
 from autotune.backends.replay import replay_workload
 from autotune.backends.factory import backend_names
 from autotune.commands import script as script_command
-from autotune.commands.common import (add_json_argument, add_workload_arguments, emit_json, json_command, make_dir,
-                                      positive_int, size, target_from)
+from autotune.commands.common import (add_json_argument, add_workload_arguments, emit_json, json_command, positive_int,
+                                      size, target_from)
 from autotune.config import ConfigError
 from autotune.convergence import DEFAULT_STOP_WHEN
 from autotune.interrupts import sigterm_as_interrupt
 from autotune.drivers.progress import ConsoleProgress
 from autotune.drivers.stop import StopReason
 from autotune.drivers.sweep import Budget
-from autotune.handoff import Handoff, for_stack
+from autotune.handoff import Handoff
 from autotune.pruning import cause_counts, describe_causes
 from autotune.rundir import RunDir
 from autotune.settings import DEFAULT_STACK, STACKS, RunSettings
-from autotune.scale import at_target, for_target
+from autotune.scale import at_target
 from autotune.search_spaces import space_note
 from autotune.script.cli import add_arguments as script_arguments, script_from
 from autotune.space import Space
 from autotune.strategies import STRATEGIES
-from autotune.study_storage import canonical as canonical_storage, check_storage, masked
+from autotune.study_storage import masked
 from autotune import tracking
 from autotune.units import format_size
 
 if TYPE_CHECKING:
-    from autotune.backends.script import Script
     from autotune.drivers.ray import RayOptions
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_workload_arguments(parser, default_model=None)
@@ -123,10 +120,8 @@ def run(args: argparse.Namespace) -> int:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress display says what matters
-    if args.script:  # a script's first trial comes inside the run directory's lock (autotune.script.session)
-        return run_script(args)
     # Every check that can refuse the command comes before anything is written to the run directory.
-    spec = spec_from(args)
+    spec = script_spec_from(args) if args.script else spec_from(args)
     ray = ray_options(args)
     progress = TuneConsole(args, spec.trials)
     with sigterm_as_interrupt():
@@ -135,7 +130,12 @@ def run(args: argparse.Namespace) -> int:
         finally:
             progress.close()  # the last batch of pruned configs, before the summary; the live line ends on any error
     start = progress.start
-    assert start is not None  # tune() returns only after the sweep began
+    if start is None:  # a script's first trial showed it cannot be tuned as it is: tune() ended before the search
+        print(f"stopped after the first trial; recorded in {result.run_dir / 'trials.jsonl'}; report: "
+              f"{result.run_dir / 'report.md'}")
+        if args.json:
+            emit_json(args, result.to_dict())
+        return 1
     mlflow = tracking.resolve_uri(spec.mlflow_uri, result.run_dir)
     return conclude(progress, start.run_dir, start.settings, result, start.budget, mlflow,
                     (lambda data: emit_json(args, data)) if args.json else None)
@@ -165,6 +165,27 @@ def spec_from(args: argparse.Namespace) -> TuneSpec:
                     target_gpus=args.target_gpus, stop_when=args.stop_when, allocator=args.allocator)
 
 
+def script_spec_from(args: argparse.Namespace) -> TuneSpec:
+    """--script: the library's script request (TuneSpec.for_script), refused here in the CLI's words where the
+    flags cannot tune a script, its hardware checked against this machine (autotune.commands.script)."""
+    if args.model is not None:
+        raise ConfigError(f"--model {args.model} with --script {args.script}: choose one (the script brings its model)")
+    if args.backend != "deepspeed":
+        raise ConfigError(f"--backend {args.backend} with --script: a script's trials are real runs (--backend deepspeed)")
+    if args.surface is not None:
+        raise ConfigError(f"--surface {args.surface} is only for --backend replay (got --script)")
+    if args.target_gpus is not None:
+        raise ConfigError(f"--target-gpus {args.target_gpus}: not with --script (a script's trials run at the scale it "
+                          "is launched with)")
+    script = script_from(args)  # the script exists and its arguments parse
+    workload, hardware = script_command.script_target(args)
+    return TuneSpec(workload, hardware, memory_budget_bytes=args.memory_budget, strategy=args.strategy,
+                    trials=args.trials, time_budget_s=args.time_budget, space=args.space, seed=args.seed,
+                    storage=args.storage, confirm=args.confirm, mlflow_uri=mlflow_choice(args), stack=args.stack,
+                    stop_when=args.stop_when, allocator=args.allocator, script=script.path, script_args=script.args,
+                    script_global_batch=args.global_batch)
+
+
 class TuneConsole(ConsoleProgress):
     """`autotune tune`'s display: ConsoleProgress, and the sweep's headline once it has begun (the run
     directory locked, its settings written or checked)."""
@@ -181,46 +202,6 @@ class TuneConsole(ConsoleProgress):
             self.message(line)
 
 
-def run_script(args: argparse.Namespace) -> int:
-    """`autotune tune --script`: the sweep set up here, its first trial under the run directory's lock."""
-    settings, space = script_command.resolve(args)
-    settings, space, stack_note = for_stack(settings, space, args.stack)
-    if stack_note:
-        print(stack_note, flush=True)
-    if args.target_gpus is not None:
-        for_target(settings, args.target_gpus, script=True)  # refused: a script runs at its launch's scale
-    if args.storage is not None:
-        settings = replace(settings, storage=canonical_storage(args.storage))
-    ray = ray_options(args)
-    out = args.out or default_run_dir(f"script-{args.script.stem}", settings.strategy)
-    run_dir = RunDir(out)
-    check_out(run_dir, args.resume)
-    check_storage(settings.storage, run_dir.study_name(settings.storage), args.resume)
-    mlflow = tracking.resolve_uri(mlflow_choice(args), out)
-    before = startup_files(run_dir, args.resume)
-    make_dir(out, "--out" if args.out else "the default run directory")
-    args._run_dir = out  # an internal error's traceback goes to its logs/ (autotune.cli)
-    with run_dir.locked(), sigterm_as_interrupt(), undone_unless_started(run_dir, before), \
-            no_space_named(run_dir, settings.storage):
-        if args.resume:
-            settings = script_mode().resumed(run_dir, settings, script_from(args), args.global_batch)
-            space = settings.space()  # the model, global batch and space the first trial settled
-        else:  # the first trial shows the script's model (autotune.script.session)
-            remote = script_on_ray(ray, run_dir, settings, script_from(args)) if ray is not None else None
-            settings, space, fatal = script_mode().first_trial(run_dir, settings, space, script_from(args),
-                                                               global_batch=args.global_batch, remote=remote)
-            if fatal:
-                run_dir.write_settings(settings)
-                code = script_mode().stopped(run_dir, settings, fatal)
-                if args.json:
-                    emit_json(args, stopped_json(run_dir, settings, fatal))
-                return code
-        begin(run_dir, settings, args.resume)
-        budget = Budget(args.trials, args.time_budget, args.confirm, args.stop_when)
-        return tune(run_dir, settings, space, budget, args.resume, ray,
-                    mlflow=mlflow, emit=(lambda data: emit_json(args, data)) if args.json else None)
-
-
 def mlflow_choice(args: argparse.Namespace) -> str | bool | None:
     """--mlflow-uri, else --mlflow (True: the run directory's own store), else None: no tracking."""
     return args.mlflow_uri if args.mlflow_uri is not None else (True if args.mlflow else None)
@@ -235,20 +216,6 @@ def ray_options(args: argparse.Namespace) -> "RayOptions | None":
                 raise ConfigError(f"{flag} {value}: only with --ray-address (trials run one at a time locally)")
         return None
     return RayOptions(args.ray_address, args.concurrency, args.gpus_per_trial)
-
-
-def tune(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budget, resume: bool,
-         ray: "RayOptions | None" = None, *, mlflow: str | None = None,
-         emit: Callable[[dict], None] | None = None) -> int:
-    """A script sweep's loop with progress on the console; `emit` (--json) gets the result as one JSON object."""
-    progress = ConsoleProgress(budget.trials)
-    for line in headline(run_dir, settings, space, budget, resume):
-        progress.message(line)
-    try:
-        result = run_sweep(run_dir, settings, space, budget, ray, progress, tracking=mlflow)
-    finally:
-        progress.close()  # the last batch of pruned configs, before the summary; the live line ends on any error
-    return conclude(progress, run_dir, settings, result, budget, mlflow, emit)
 
 
 def headline(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budget, resume: bool) -> list[str]:
@@ -275,13 +242,10 @@ def conclude(progress: ConsoleProgress, run_dir: RunDir, settings: RunSettings, 
     if len(pruned) > 1:
         progress.message(f"pruned {len(pruned)} configs in all: {describe_causes(cause_counts(pruned), 'predicted over')}"
                          " (each with its reason in trials.jsonl and report.md)")
-    if settings.backend == "script":
-        for line in script_mode().finish(run_dir, settings, result.best):
-            progress.message(line)
     progress.message(f"stopped: {result.stopped}; {result.launched} trials launched, "
                      f"{len(result.results)} recorded in {run_dir.trials_path}")
     progress.message(result.verdict)
-    if result.best is not None and settings.backend != "script":  # the script's own lines came from finish()
+    if result.best is not None and settings.backend != "script":  # the script's own lines came from tune()
         for line in Handoff.of(result.best.config, at_target(settings), run_dir.path).console_lines():
             progress.message(line)
     progress.message(f"report: {run_dir.path / 'report.md'}")
@@ -299,24 +263,3 @@ def conclude(progress: ConsoleProgress, run_dir: RunDir, settings: RunSettings, 
     return 0 if result.best is not None else 1
 
 
-def stopped_json(run_dir: RunDir, settings: RunSettings, fatal: str) -> dict:
-    """--json when a script's first trial showed it cannot be tuned as it is."""
-    from autotune.report import summarize
-
-    results = run_dir.results()
-    return TuneResult(None, tuple(results), StopReason.FATAL, run_dir.path, summarize(results, settings),
-                      fatal).to_dict()
-
-
-def script_on_ray(ray: "RayOptions", run_dir: RunDir, settings: RunSettings, script: "Script"):
-    """The first trial of a script sweep as a Ray task (autotune.drivers.ray_script_first)."""
-    from autotune.drivers.ray_script_first import first_trial_runner
-
-    return first_trial_runner(ray, run_dir, settings, script)
-
-
-def script_mode():
-    """autotune.script.session, imported when a sweep tunes a user's script (--script)."""
-    from autotune.script import session
-
-    return session
