@@ -48,17 +48,6 @@ def placeholder(global_batch: int | None, gpus: int) -> Workload:
     return Workload(shape, global_batch or DEFAULT_GLOBAL_BATCH, gpus)
 
 
-def stopped(run_dir: RunDir, settings: RunSettings, fatal: str) -> int:
-    """The first trial showed that the script cannot be tuned as it is: outputs, the verdict, exit 1."""
-    from autotune.report import write_outputs
-
-    write_outputs(run_dir, settings)
-    for line in finish(run_dir, settings, None):
-        print(line)
-    print(f"stopped after the first trial; recorded in {run_dir.trials_path}; report: {run_dir.path / 'report.md'}")
-    return 1
-
-
 def first_config(space: Space) -> Config:
     """The first trial: the space's default config without checkpointing or offload (any model can run it)."""
     plain = [c for c in space if c.ckpt_interval == 0 and c.offload_optimizer == c.offload_param == "none"]
