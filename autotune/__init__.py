@@ -14,9 +14,9 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from autotune.config import Config, ConfigError
-from autotune.results import TrialResult
-from autotune.workload import ModelShape, Workload, make_workload
+from autotune.values.config import Config, ConfigError
+from autotune.values.results import TrialResult
+from autotune.values.workload import ModelShape, Workload, make_workload
 
 if TYPE_CHECKING:
     from autotune.api import TuneResult, TuneSpec, tune
@@ -24,14 +24,14 @@ if TYPE_CHECKING:
     from autotune.backends.factory import BackendKind, TrialOptions, make_backend, register_backend
     from autotune.drivers.progress import ConsoleProgress, Progress, QuietProgress
     from autotune.drivers.stop import StopReason
-    from autotune.estimate import Calibration, Estimate
-    from autotune.estimate import estimate as predict
-    from autotune.ranking import Ranking, rank_configs
-    from autotune.hardware import Hardware, load_hardware
-    from autotune.recording import Recorded, record_surface
-    from autotune.rundir import RunDir
-    from autotune.settings import RunSettings
-    from autotune.space import Choices, Space
+    from autotune.prediction.estimate import Calibration, Estimate
+    from autotune.prediction.estimate import estimate as predict
+    from autotune.prediction.ranking import Ranking, rank_configs
+    from autotune.values.hardware import Hardware, load_hardware
+    from autotune.trials.recording import Recorded, record_surface
+    from autotune.search.rundir import RunDir
+    from autotune.values.settings import RunSettings
+    from autotune.values.space import Choices, Space
 
 _LAZY = {
     "tune": "autotune.api", "TuneSpec": "autotune.api", "TuneResult": "autotune.api",
@@ -40,19 +40,19 @@ _LAZY = {
     "register_backend": "autotune.backends.factory",
     "Progress": "autotune.drivers.progress", "ConsoleProgress": "autotune.drivers.progress",
     "QuietProgress": "autotune.drivers.progress", "StopReason": "autotune.drivers.stop",
-    "predict": "autotune.estimate", "Estimate": "autotune.estimate", "Calibration": "autotune.estimate",
-    "rank_configs": "autotune.ranking", "Ranking": "autotune.ranking",
-    "Hardware": "autotune.hardware", "load_hardware": "autotune.hardware",
-    "record_surface": "autotune.recording", "Recorded": "autotune.recording",
-    "RunDir": "autotune.rundir", "RunSettings": "autotune.settings",
-    "Choices": "autotune.space", "Space": "autotune.space",
+    "predict": "autotune.prediction.estimate", "Estimate": "autotune.prediction.estimate", "Calibration": "autotune.prediction.estimate",
+    "rank_configs": "autotune.prediction.ranking", "Ranking": "autotune.prediction.ranking",
+    "Hardware": "autotune.values.hardware", "load_hardware": "autotune.values.hardware",
+    "record_surface": "autotune.trials.recording", "Recorded": "autotune.trials.recording",
+    "RunDir": "autotune.search.rundir", "RunSettings": "autotune.values.settings",
+    "Choices": "autotune.values.space", "Space": "autotune.values.space",
 }
 
 
 def __getattr__(name: str) -> Any:
     if name not in _LAZY:
         raise AttributeError(f"module 'autotune' has no attribute {name!r}")
-    # `predict` is autotune.estimate.estimate: the name `autotune.estimate` is the module.
+    # `predict` is autotune.prediction.estimate.estimate: the name `autotune.prediction.estimate` is the module.
     value = getattr(import_module(_LAZY[name]), "estimate" if name == "predict" else name)
     globals()[name] = value
     return value

@@ -23,31 +23,31 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 from autotune.backends import Backend
 from autotune.backends.replay import replay_space
 from autotune.backends.factory import TrialOptions, as_backend, backend_kind, make_backend, simulated_sleep_s
-from autotune.calibrate import quality, save_calibration
-from autotune.config import ConfigError
-from autotune.confirm import prior_sigma
-from autotune.allocator import check_allocator
-from autotune.devices import AUTO, resolve_hardware
-from autotune.convergence import DEFAULT_STOP_WHEN, Convergence, check_stop_when
+from autotune.prediction.calibrate import quality, save_calibration
+from autotune.values.config import ConfigError
+from autotune.search.confirm import prior_sigma
+from autotune.prediction.allocator import check_allocator
+from autotune.trials.devices import AUTO, resolve_hardware
+from autotune.search.convergence import DEFAULT_STOP_WHEN, Convergence, check_stop_when
 from autotune.drivers.local import run_local
 from autotune.drivers.progress import Progress, QuietProgress
 from autotune.drivers.stop import StopReason
 from autotune.drivers.sweep import Budget, Sweep
 from autotune.files import SQLITE_FULL, NoSpaceLeft, disk_full, make_dir
-from autotune.handoff import narrow_choices
-from autotune.hardware import Hardware, load_hardware
-from autotune.report import Outputs, write_outputs
-from autotune.results import TrialResult
-from autotune.runner import remove_stale_shm_at_start
-from autotune.rundir import STUDY, RunDir
-from autotune.settings import DEFAULT_STACK, SETTINGS, RunSettings, check_budget, check_stack, memory_budget
-from autotune.scale import check_target, narrow_choices as narrow_for_target
+from autotune.outputs.handoff import narrow_choices
+from autotune.values.hardware import Hardware, load_hardware
+from autotune.outputs.report import Outputs, write_outputs
+from autotune.values.results import TrialResult
+from autotune.trials.runner import remove_stale_shm_at_start
+from autotune.search.rundir import STUDY, RunDir
+from autotune.values.settings import DEFAULT_STACK, SETTINGS, RunSettings, check_budget, check_stack, memory_budget
+from autotune.prediction.scale import check_target, narrow_choices as narrow_for_target
 from autotune.search_spaces import choices_for
-from autotune.space import Choices, Space
+from autotune.values.space import Choices, Space
 from autotune.strategies import check_strategy, strategy_name
-from autotune.study_storage import canonical as canonical_storage, check_storage, masked
-from autotune.tracking import check_uri as check_tracking_uri, resolve_uri as tracking_uri, tracked
-from autotune.workload import Workload
+from autotune.search.study_storage import canonical as canonical_storage, check_storage, masked
+from autotune.outputs.tracking import check_uri as check_tracking_uri, resolve_uri as tracking_uri, tracked
+from autotune.values.workload import Workload
 
 if TYPE_CHECKING:
     from autotune.backends.script import Script
@@ -62,7 +62,7 @@ class TuneSpec:
 
     workload: Workload
     # A profile, its name, "auto" (this machine's devices) or None: "auto" for real trials, a replay surface's
-    # own, else cpu for tiny and a100-80gb for the other models (autotune.devices.resolve_hardware).
+    # own, else cpu for tiny and a100-80gb for the other models (autotune.trials.devices.resolve_hardware).
     hardware: Hardware | str | None = None
     memory_budget_bytes: int | None = None  # per device; default: the hardware's memory (settings.memory_budget)
     # A registered name (autotune.strategies.STRATEGIES), or the user's own Strategy: an object with propose()
@@ -75,28 +75,28 @@ class TuneSpec:
     space: Choices | str | None = None  # Choices, a preset name or a YAML path; default: cpu or default preset
     seed: int = 0
     surface: str | None = None  # replay: the surface file
-    # Where the Optuna study lives (autotune.study_storage): an Optuna RDB URL (sqlite:///..., postgresql://...)
+    # Where the Optuna study lives (autotune.search.study_storage): an Optuna RDB URL (sqlite:///..., postgresql://...)
     # or a journal file's path; None: study.db in the run directory, which holds everything else either way.
     storage: str | None = None
-    # Confirmation of close calls (autotune/confirm.py): after the search, the best config and those within
+    # Confirmation of close calls (autotune/search/confirm.py): after the search, the best config and those within
     # the launch spread of it run up to this many more times in fresh processes, and the recommendation is
     # the best median. The repeats count in `trials` (at most a quarter of them while the search could still
     # use them). None: 2 for backends whose trials run on devices (deepspeed, script), 0 otherwise.
     confirm: int | None = None
-    # MLflow tracking (autotune/tracking.py, the `tracking` extra): a tracking URI (sqlite:///PATH,
+    # MLflow tracking (autotune/outputs/tracking.py, the `tracking` extra): a tracking URI (sqlite:///PATH,
     # http://SERVER, ...), True for sqlite:///<run dir>/mlflow.db, None: off. Not a setting of the sweep: a
     # resumed sweep may add or change it (the parent run of each store is kept in the run directory).
     mlflow_uri: str | bool | None = None
-    # What will train with the recommendation (autotune/handoff.py): deepspeed (every knob), trainer or
+    # What will train with the recommendation (autotune/outputs/handoff.py): deepspeed (every knob), trainer or
     # accelerate (activation checkpointing on/off only: the space keeps ckpt_interval 0 and 1).
     stack: str = DEFAULT_STACK
-    # Scale-down trials (autotune/scale.py): trials run at workload.gpus and the calibrated estimator predicts
+    # Scale-down trials (autotune/prediction/scale.py): trials run at workload.gpus and the calibrated estimator predicts
     # each measured config at this many devices (same global batch); the recommendation is chosen for it.
     target_gpus: int | None = None
-    # The convergence stop (autotune/convergence.py): the search ends once the chance that an untried config
+    # The convergence stop (autotune/search/convergence.py): the search ends once the chance that an untried config
     # beats the best by more than the launch noise falls below this (after a few trials); 0: off.
     stop_when: float = DEFAULT_STOP_WHEN
-    # The CUDA caching allocator's mode (autotune.allocator: default or expandable); None: the profile's, else
+    # The CUDA caching allocator's mode (autotune.prediction.allocator: default or expandable); None: the profile's, else
     # what this process's PYTORCH_CUDA_ALLOC_CONF says. It lands in the sweep's hardware (Hardware.allocator).
     allocator: str | None = None
     # Script mode (autotune/script/session.py): the user's training script and its arguments instead of the
@@ -148,7 +148,7 @@ class TuneSpec:
     @property
     def trial_hardware(self) -> Hardware:
         """The profile the sweep predicts with: a CPU profile whose real trials run on this CPU takes this CPU's
-        bf16 (autotune.devices.resolve_hardware: emulated bf16 is priced ~30x slower and left out by default)."""
+        bf16 (autotune.trials.devices.resolve_hardware: emulated bf16 is priced ~30x slower and left out by default)."""
         real = isinstance(self.backend, str) and backend_kind(self.backend).real
         named = load_hardware(self.hardware) if isinstance(self.hardware, str) and self.hardware != AUTO else self.hardware
         return resolve_hardware(named, real=real, model=self.workload.model.name, allocator=self.allocator)[0]
@@ -192,7 +192,7 @@ class Resolved:
 
 def resolve(spec: TuneSpec) -> tuple[RunSettings, Space]:
     """The sweep's settings (`run.json`) and space: the one place a sweep's defaults are decided (the hardware,
-    the budget through autotune.settings.memory_budget, the space preset, the stack, the target devices, a
+    the budget through autotune.values.settings.memory_budget, the space preset, the stack, the target devices, a
     replay surface's workload, hardware and measured configs). ConfigError, one line, for a request no config
     can satisfy."""
     resolved = resolution(spec)
@@ -431,7 +431,7 @@ def run_sweep(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budg
               strategy: Any = None) -> TuneResult:
     """The loop of a run directory whose settings are written: trials until the budget or the strategy ends
     it, then the outputs. The caller holds the run directory's lock. `tracking`: an MLflow tracking URI that
-    hears every trial and the recommendation (autotune.tracking), or None. `strategy`: the user's own
+    hears every trial and the recommendation (autotune.outputs.tracking), or None. `strategy`: the user's own
     Strategy object or builder that `settings.strategy` names; None: the registered one."""
     sweep = Sweep.open(run_dir, settings, space, strategy)
     with tracked(tracking, run_dir, settings, sweep.results, progress.message) as tracker:
@@ -456,7 +456,7 @@ def run_sweep(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budg
 
 def preflight_ops(sweep: Sweep, space: Space, backend: Backend, budget: Budget, say: Callable[[str], None]) -> None:
     """Before the first trial, a backend with a preflight (deepspeed) builds the C++ ops of the configs the sweep
-    may launch; one that cannot be built is autotune.ops.OpBuildFailed (one line), with nothing recorded. A
+    may launch; one that cannot be built is autotune.trials.ops.OpBuildFailed (one line), with nothing recorded. A
     resumed sweep whose budget is spent launches nothing: no preflight."""
     check = getattr(backend, "preflight", None)
     if check is not None and sweep.budget_spent(budget) is None:

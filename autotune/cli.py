@@ -1,8 +1,8 @@
 """`autotune` command line: one module per command under autotune/commands.
 
 One error path for every command: bad input is one line `autotune <cmd>: error: ...` and exit 2 (argparse's
-type functions in autotune.argtypes, and ConfigError from the library); a DeepSpeed op the trials need that
-cannot be built (autotune.ops.OpBuildFailed) is one line naming the fix, exit 1; Ctrl-C is exit 130; anything else is a
+type functions in autotune.values.argtypes, and ConfigError from the library); a DeepSpeed op the trials need that
+cannot be built (autotune.trials.ops.OpBuildFailed) is one line naming the fix, exit 1; Ctrl-C is exit 130; anything else is a
 bug or a fault of the machine, reported as one line naming the exception and the file its traceback was
 written to, exit 1 (`--debug` prints the traceback too); a full disk (autotune.files.disk_full) is one line naming
 the path and "no space left", exit 1. Never a bare traceback."""
@@ -19,9 +19,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import NoReturn, Sequence
 
-from autotune.config import ConfigError
+from autotune.values.config import ConfigError
 from autotune.files import NoSpaceLeft, disk_full
-from autotune.ops import OpBuildFailed
+from autotune.trials.ops import OpBuildFailed
 
 # command name -> module under autotune.commands exposing add_arguments(parser) and run(args) -> int
 COMMANDS = {
@@ -67,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)  # argparse's own errors: one line, SystemExit(2)
         if args.command in CLEANS_SHM:
-            from autotune.runner import remove_stale_shm_at_start
+            from autotune.trials.runner import remove_stale_shm_at_start
 
             remove_stale_shm_at_start()  # what trials of a killed tuner left in /dev/shm, whatever its run
         return int(args._run(args) or 0)

@@ -26,7 +26,7 @@ from typing import Any, BinaryIO, Iterator
 
 import yaml
 
-from autotune.config import ConfigError
+from autotune.values.config import ConfigError
 
 _SHORT = reprlib.Repr()
 _SHORT.maxstring = 60
@@ -261,7 +261,7 @@ def append_line(path: str | Path, line: str) -> None:
                 try:
                     os.ftruncate(fd, size)
                 except OSError:
-                    pass  # the next start repairs a torn tail (autotune.results.repair_tail)
+                    pass  # the next start repairs a torn tail (autotune.values.results.repair_tail)
             raise _with_name(err, path)  # a new error keeps the first as its cause
     finally:
         os.close(fd)

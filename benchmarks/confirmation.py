@@ -1,7 +1,7 @@
 """Confirmation of close calls: how often it changes the recommendation, and by how much.
 
 A search recommends the config with the best measurement; with launch-to-launch noise that is often a
-lucky launch (the winner's curse). With `--confirm K` (autotune/confirm.py) the sweep leaves a share of its
+lucky launch (the winner's curse). With `--confirm K` (autotune/search/confirm.py) the sweep leaves a share of its
 trials to re-run the best and the configs within the launch spread of it, and recommends the best median.
 This benchmark runs the tuner's own loop (Sweep + run_local, the Optuna strategy, estimator pruning and
 calibration, as `autotune tune` does) twice per seed, at the same trial budget:
@@ -48,19 +48,19 @@ import optuna
 from rich.console import Console
 from rich.table import Table
 
-from autotune import confirm
+from autotune.search import confirm
 from autotune.backends.replay import ReplayBackend, load_surface, surface_space
-from autotune.config import Config
+from autotune.values.config import Config
 from autotune.drivers.local import run_local
 from autotune.drivers.progress import QuietProgress
 from autotune.drivers.sweep import Budget, Sweep
 from autotune.envs.sampler import Task
-from autotune.hardware import PROFILES
-from autotune.results import TrialResult, read_results
+from autotune.values.hardware import PROFILES
+from autotune.values.results import TrialResult, read_results
 from autotune.rl.simulator import distorted_task
 from autotune.search_spaces import load_choices
-from autotune.space import Space
-from autotune.workload import make_workload
+from autotune.values.space import Space
+from autotune.values.workload import make_workload
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))

@@ -1,4 +1,4 @@
-"""bf16 against fp32 on this CPU: the factor behind `autotune.hardware.EMULATED_BF16_SLOWDOWN` (issue 24).
+"""bf16 against fp32 on this CPU: the factor behind `autotune.values.hardware.EMULATED_BF16_SLOWDOWN` (issue 24).
 
 Times one training step (forward and backward, one rank, one thread) of the built-in `tiny` model, as a
 trial trains it, in fp32 and in bf16, each in a child process, median of several steps after a warm-up step:
@@ -6,7 +6,7 @@ trial trains it, in fp32 and in bf16, each in a child process, median of several
 - with oneDNN capped at AVX2 (`ONEDNN_MAX_CPU_ISA=AVX2`, oneDNN's documented cap): bf16 as a CPU without
   AVX-512 BF16 or AMX runs it, e.g. the AMD EPYC (AVX2 only) machines of this workplace. On such a machine
   the two rows agree; on a Xeon with AMX the second shows what an AVX2-only CPU pays.
-It also prints what `autotune.devices.cpu_bf16` reads off this machine. Writes benchmarks/results/cpu_bf16.md
+It also prints what `autotune.trials.devices.cpu_bf16` reads off this machine. Writes benchmarks/results/cpu_bf16.md
 and .json. Usage: python benchmarks/cpu_bf16.py [--steps 3] [--micro-batch 4]
 """
 
@@ -19,14 +19,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from autotune.devices import cpu_bf16, cpu_flags, cpu_model
-from autotune.hardware import EMULATED_BF16_SLOWDOWN
+from autotune.trials.devices import cpu_bf16, cpu_flags, cpu_model
+from autotune.values.hardware import EMULATED_BF16_SLOWDOWN
 
 RESULTS = Path(__file__).parent / "results"
 CAPS = {"this CPU as it is": {}, "oneDNN capped at AVX2 (an AVX2-only CPU)": {"ONEDNN_MAX_CPU_ISA": "AVX2"}}
 STEP = """
 import json, statistics, sys, time, torch
-from autotune.workload import make_workload
+from autotune.values.workload import make_workload
 from autotune.worker.model import GPT, synthetic_batch
 torch.set_num_threads(1)
 dtype, micro_batch, steps = getattr(torch, sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
@@ -68,13 +68,13 @@ def main() -> None:
              "micro_batch": args.micro_batch, "steps": args.steps, "rows": rows,
              "emulated_bf16_slowdown_in_use": EMULATED_BF16_SLOWDOWN}
     lines = ["# bf16 against fp32 on the CPU", "",
-             f"CPU: {found['cpu']}; `autotune.devices.cpu_bf16()`: **{found['cpu_bf16']}** (bf16 flags: "
+             f"CPU: {found['cpu']}; `autotune.trials.devices.cpu_bf16()`: **{found['cpu_bf16']}** (bf16 flags: "
              f"{', '.join(found['bf16_flags']) or 'none'}). One training step of `tiny` (4.3M parameters, seq 256, "
              f"micro-batch {args.micro_batch}), one thread, median of {args.steps} steps after a warm-up step.", "",
              "| run | fp32 s/step | bf16 s/step | bf16 time / fp32 time |", "| --- | ---: | ---: | ---: |",
              *(f"| {r['run']} | {r['fp32_s']:.3f} | {r['bf16_s']:.3f} | {r['bf16_over_fp32']:.2f} |" for r in rows), "",
              f"The estimator prices emulated bf16 {EMULATED_BF16_SLOWDOWN:.0f}x slower than fp32 "
-             "(`autotune.hardware.EMULATED_BF16_SLOWDOWN`); native bf16 keeps the profile's figure until calibration "
+             "(`autotune.values.hardware.EMULATED_BF16_SLOWDOWN`); native bf16 keeps the profile's figure until calibration "
              "fits it.", ""]
     text = "\n".join(lines)
     print(text)

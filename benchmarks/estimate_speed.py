@@ -13,11 +13,11 @@ import sys
 import time
 from pathlib import Path
 
-from autotune.ranking import rank_configs as rank
-from autotune.hardware import PROFILES
+from autotune.prediction.ranking import rank_configs as rank
+from autotune.values.hardware import PROFILES
 from autotune.search_spaces import load_choices
-from autotune.space import Space
-from autotune.workload import make_workload
+from autotune.values.space import Space
+from autotune.values.workload import make_workload
 
 RESULTS = Path(__file__).parent / "results"
 ARGS = ["--model", "llama-7b", "--gpus", "8", "--global-batch", "512", "--hardware", "a100-80gb",

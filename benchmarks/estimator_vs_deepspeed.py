@@ -12,10 +12,10 @@ from pathlib import Path
 from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
-from autotune.config import Config
-from autotune.estimate import estimate
-from autotune.hardware import PROFILES
-from autotune.workload import make_workload
+from autotune.values.config import Config
+from autotune.prediction.estimate import estimate
+from autotune.values.hardware import PROFILES
+from autotune.values.workload import make_workload
 
 RESULTS = Path(__file__).parent / "results"
 GIB = 2**30

@@ -1,10 +1,10 @@
 """Scale-down trials: calibrate on 1-rank real trials, predict 2 and 4 ranks, compare with real 2- and 4-rank trials.
 
-What `autotune tune --target-gpus M` relies on (autotune/scale.py): the estimator, calibrated on trials at the
+What `autotune tune --target-gpus M` relies on (autotune/prediction/scale.py): the estimator, calibrated on trials at the
 workload's own data-parallel size, carried to M devices by its ZeRO partitioning, activation and communication
-terms (autotune/comm.py). Here, on this machine (DeepSpeed's CPU accelerator, gloo over loopback):
+terms (autotune/prediction/comm.py). Here, on this machine (DeepSpeed's CPU accelerator, gloo over loopback):
 1. run a handful of configs of the built-in `tiny` model on 1 rank (ZeRO 0-3, fp32/bf16, micro-batch 1 and 2,
-   checkpointing on/off), fit the calibration to them (autotune.calibrate);
+   checkpointing on/off), fit the calibration to them (autotune.prediction.calibrate);
 2. predict each config's per-rank peak memory and throughput at 2 and 4 ranks (same global batch);
 3. run the same configs as real 2- and 4-rank trials (each config at 1, 2 and 4 ranks back to back, as the
    machine's load drifts), and tabulate predicted vs measured peak (error %) and
@@ -39,15 +39,15 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from autotune import scale
+from autotune.prediction import scale
 from autotune.backends.deepspeed import DeepSpeedBackend
-from autotune.calibrate import fit_calibration, quality
-from autotune.config import Config
-from autotune.estimate import estimate
-from autotune.hardware import PROFILES
-from autotune.results import TrialResult, read_results, write_results
+from autotune.prediction.calibrate import fit_calibration, quality
+from autotune.values.config import Config
+from autotune.prediction.estimate import estimate
+from autotune.values.hardware import PROFILES
+from autotune.values.results import TrialResult, read_results, write_results
 from autotune.worker.measure import MeasureSettings
-from autotune.workload import make_workload
+from autotune.values.workload import make_workload
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
@@ -113,12 +113,12 @@ def _collective_rank(rank: int, world: int, port: int, sizes: tuple[int, ...], o
 
 
 def collectives(sizes: tuple[int, ...] = (4096, 4 * 2**20, 16 * 2**20)) -> list[dict]:
-    """gloo collectives over loopback at 2 and 4 ranks (one thread each), measured and as autotune.comm
+    """gloo collectives over loopback at 2 and 4 ranks (one thread each), measured and as autotune.prediction.comm
     predicts them with the benchmark's profile: the direct check of the communication terms."""
     import torch.multiprocessing as mp
 
-    from autotune.comm import Collective, Link, collective_time
-    from autotune.runner import free_port
+    from autotune.prediction.comm import Collective, Link, collective_time
+    from autotune.trials.runner import free_port
 
     rows = []
     for world in RANKS[1:]:
@@ -148,7 +148,7 @@ def analyse(results: list[TrialResult]) -> tuple[list[dict], dict]:
                 continue
             est = estimate(config, workload(ranks), HARDWARE, calibration)
             one = by_ranks[1][config]
-            # What --target-gpus reports (autotune/scale.py): the 1-rank measurement, moved by the estimate's change.
+            # What --target-gpus reports (autotune/prediction/scale.py): the 1-rank measurement, moved by the estimate's change.
             project = scale.project([one], workload(1), HARDWARE, 2**62, ranks, calibration).rows[0]
             rows.append({"config": config.label(), "ranks": ranks, "predicted_peak_bytes": project.peak_bytes,
                          "measured_peak_bytes": real.peak_bytes,
@@ -194,7 +194,7 @@ def markdown(rows: list[dict], meta: dict, command: str) -> str:
         "ranks on this machine, sharing its cores). Calibration fitted on the 1-rank trials only (memory MAPE "
         f"{_pct(meta['fit_on_1_rank']['memory_after'])}, step time MAPE {_pct(meta['fit_on_1_rank']['time_after'])} "
         "in-sample); every prediction at 2 and 4 ranks is out of sample.", "",
-        "Predicted: what `tune --target-gpus` reports (autotune/scale.py), the config's 1-rank measurement moved by "
+        "Predicted: what `tune --target-gpus` reports (autotune/prediction/scale.py), the config's 1-rank measurement moved by "
         "the calibrated estimate's change from 1 to k ranks; model: the calibrated estimate at k ranks alone.", "",
         "| ranks | median abs peak error | worst abs peak error | median predicted/measured throughput | "
         "model: median abs peak error | model: median throughput ratio | measured peak in the 90% interval | configs |",
@@ -233,7 +233,7 @@ def markdown(rows: list[dict], meta: dict, command: str) -> str:
                      f"{row['throughput_ratio']:.2f} | {row['model_throughput_ratio']:.2f} | "
                      f"{row['predicted_communication_s']:.3f} | {row['measured_step_s']:.2f} |")
     lines += ["", "Collectives alone (gloo over loopback, one thread per rank, median of 7 after 2 warm-ups), measured "
-              f"and as autotune/comm.py predicts them with this profile (bus bandwidth {HARDWARE.intra_node_bw / 1e9:g} "
+              f"and as autotune/prediction/comm.py predicts them with this profile (bus bandwidth {HARDWARE.intra_node_bw / 1e9:g} "
               f"GB/s, {HARDWARE.intra_node_latency_s * 1e6:g} us per step):", "",
               "| op | ranks | bytes | measured ms | predicted ms | measured / predicted | load |",
               "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]

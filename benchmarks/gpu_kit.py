@@ -5,7 +5,7 @@ to the next):
 
 1. install: scripts/gpu-validate installs the bundle offline before this starts and says how long it took;
 2. preflight: DeepSpeed's JIT ops that the recording's and tune's configs load, built once in a child
-   (DeepSpeedBackend.preflight, autotune/ops.py), so that no trial waits for a build;
+   (DeepSpeedBackend.preflight, autotune/trials/ops.py), so that no trial waits for a build;
 3. recording: real surfaces of two models (llama-1b and llama-3b at sequence length 1024 on a GPU), pairs of
    configs on either side of each layout's predicted out-of-memory cliff, round-robin over the models, cliffs
    inside the range first, cheap layouts first among equals; a pair starts only if its expected time fits;
@@ -50,15 +50,15 @@ import kit_plan as kp  # noqa: E402
 from kit_pack import MAX_FILES, pack  # noqa: E402
 from kit_tune import GRACE_S, TuneArgs, run_until, tune_outcome  # noqa: E402
 
-from autotune.argtypes import positive_float, positive_int  # noqa: E402
+from autotune.values.argtypes import positive_float, positive_int  # noqa: E402
 from autotune.cli import ArgumentParser  # noqa: E402
-from autotune.config import Config, ConfigError  # noqa: E402
-from autotune.estimate import estimate  # noqa: E402
-from autotune.hardware import PROFILES, Hardware  # noqa: E402
-from autotune.results import TrialResult, read_results  # noqa: E402
-from autotune.space import Choices, Space  # noqa: E402
-from autotune.units import format_size  # noqa: E402
-from autotune.workload import PRESETS, ModelShape, Workload  # noqa: E402
+from autotune.values.config import Config, ConfigError  # noqa: E402
+from autotune.prediction.estimate import estimate  # noqa: E402
+from autotune.values.hardware import PROFILES, Hardware  # noqa: E402
+from autotune.values.results import TrialResult, read_results  # noqa: E402
+from autotune.values.space import Choices, Space  # noqa: E402
+from autotune.values.units import format_size  # noqa: E402
+from autotune.values.workload import PRESETS, ModelShape, Workload  # noqa: E402
 
 GiB = 2**30
 # tune's space: no optimizer offload on the GPU, so that its ops are the recording's (fused_adam) and no trial
@@ -92,7 +92,7 @@ class KitMode:
     max_tune_trials: int | None  # tune's trials at most (None: as many as its time holds)
     seeds: int  # replayed searches per strategy in the analysis
     budget_unit: int  # budgets are whole multiples of this
-    # tune's CUDA allocator mode (autotune.allocator): on the GPU, expandable segments, while the recording runs
+    # tune's CUDA allocator mode (autotune.prediction.allocator): on the GPU, expandable segments, while the recording runs
     # PyTorch's default, so that one call measures both modes on the first model (`allocator_pairs`).
     tune_allocator: str = "default"
 
@@ -306,10 +306,10 @@ def measured_scale(ran: Sequence[tuple[str, TrialResult]], expected: dict[tuple[
 
 def preflight(plans: Sequence[gv.Plan], groups: Sequence[kp.Group], tune: TunePlan, timeout_s: float,
               log: Log) -> tuple[str, ...]:
-    """Build the ops the recording's and tune's configs load, once, before any trial (autotune.ops; the ops
+    """Build the ops the recording's and tune's configs load, once, before any trial (autotune.trials.ops; the ops
     depend on a config's optimizer and offload, not on its workload, so one backend asks for all)."""
     from autotune.backends.deepspeed import DeepSpeedBackend
-    from autotune.dsconfig import DsOptions
+    from autotune.outputs.dsconfig import DsOptions
 
     plan = plans[0]
     backend = DeepSpeedBackend(plan.workload, memory_budget_bytes=plan.trial_budget, hardware=plan.hardware,
@@ -324,8 +324,8 @@ def record(plans: Sequence[gv.Plan], groups: Sequence[kp.Group], mode: KitMode, 
     `deadline_s`; a group that does not is skipped for a later, cheaper one. Every trial ends by the deadline
     plus a grace (its timeout)."""
     from autotune.backends.deepspeed import DeepSpeedBackend
-    from autotune.dsconfig import DsOptions
-    from autotune.recording import record_surface
+    from autotune.outputs.dsconfig import DsOptions
+    from autotune.trials.recording import record_surface
     from autotune.worker.measure import MeasureSettings
 
     by_name = {p.name: p for p in plans}
@@ -563,7 +563,7 @@ def detect(mode: KitMode) -> tuple[Hardware, str, str]:
     """The profile, a description of the machine, and tune's --hardware."""
     if mode.name == "cpu":
         return PROFILES["cpu"], "this machine's CPU, the CPU check", "cpu"
-    from autotune.devices import auto_hardware, probe
+    from autotune.trials.devices import auto_hardware, probe
 
     machine = probe()
     if machine.accelerator != "cuda":

@@ -1,12 +1,12 @@
 """Predicted vs measured peak memory of the real GPU trials committed under benchmarks/gpu-runs/, before and
 after the estimator modeled the CUDA caching allocator's reserve and the memory outside it
-(autotune.cuda_memory).
+(autotune.prediction.cuda_memory).
 
 Per ok trial (a result.json with a spec.json beside it): the product's measured peak (the allocator's
 reserved peak + the memory outside it), the allocator's allocated and reserved peaks, then
 - before: the raw prediction the product made at the time (`predicted_peak_bytes` in result.json);
 - after: the estimator now, raw (uncalibrated), with its allocator terms beside the measured ones;
-- calibrated: the estimator calibrated (autotune.calibrate) on the first trial of the trial's sweep (a kit
+- calibrated: the estimator calibrated (autotune.prediction.calibrate) on the first trial of the trial's sweep (a kit
   surface of one model, or a `tune` run), for the sweep's other trials.
 
     python benchmarks/gpu_memory_accuracy.py [--runs benchmarks/gpu-runs/h200-2026-11-26]
@@ -25,12 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from autotune.calibrate import fit_calibration
-from autotune.config import Config
-from autotune.estimate import Calibration, Estimate, estimate
-from autotune.hardware import PROFILES, Hardware, hardware_from_dict
-from autotune.results import TrialResult
-from autotune.workload import Workload
+from autotune.prediction.calibrate import fit_calibration
+from autotune.values.config import Config
+from autotune.prediction.estimate import Calibration, Estimate, estimate
+from autotune.values.hardware import PROFILES, Hardware, hardware_from_dict
+from autotune.values.results import TrialResult
+from autotune.values.workload import Workload
 
 HERE = Path(__file__).resolve().parent
 RUNS = HERE / "gpu-runs" / "h200-2026-11-26"
@@ -141,7 +141,7 @@ def report(trials: Sequence[GpuTrial]) -> str:
         f"`{RUNS.relative_to(HERE.parent)}` (one H200). `peak` is the product's figure: the caching allocator's "
         "reserved peak plus the memory outside it; `alloc` the allocated peak. `before`: the raw prediction the "
         "product made at the run (e0d46ca: tensors + a flat 1 GiB overhead). `after`: the estimator now, raw, "
-        "with its `allocator_reserve` and `outside_allocator` terms beside the measured ones (autotune.cuda_memory). "
+        "with its `allocator_reserve` and `outside_allocator` terms beside the measured ones (autotune.prediction.cuda_memory). "
         "`calibrated`: calibrated on the first trial of the trial's sweep, for the sweep's other trials.",
         "",
         "| sweep | model | config | peak GiB | alloc | reserve (meas / pred) | outside (meas / pred) | before | "

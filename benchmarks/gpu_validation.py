@@ -1,7 +1,7 @@
 """GPU validation kit: record real surfaces of two workloads sized to this machine's GPU, then measure how well
 the estimator and the search strategies do on them.
 
-1. Detects the GPU (`autotune.devices.probe`, profile from `auto_hardware`) and picks two workloads whose
+1. Detects the GPU (`autotune.trials.devices.probe`, profile from `auto_hardware`) and picks two workloads whose
    model states (16 bytes per parameter, mixed-precision Adam) take about 20% and about 60% of the
    device's memory (`choose_gpu_models`): the out-of-memory cliff then falls inside the space at a budget of
    the whole device, for a ~1B and a ~3B model on an 80 GB card.
@@ -45,15 +45,15 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # search_efficiency beside this file, also when imported from elsewhere
 
 from autotune.cli import ArgumentParser  # noqa: E402
-from autotune.argtypes import non_negative_float, positive_float, positive_int  # noqa: E402
+from autotune.values.argtypes import non_negative_float, positive_float, positive_int  # noqa: E402
 from search_efficiency import finite  # noqa: E402  (beside this file)
-from autotune.config import Config, ConfigError  # noqa: E402
-from autotune.estimate import Calibration, Estimate, estimate  # noqa: E402
-from autotune.hardware import PROFILES, Hardware  # noqa: E402
-from autotune.results import TrialResult, read_results  # noqa: E402
-from autotune.space import Choices, Space  # noqa: E402
-from autotune.units import format_size  # noqa: E402
-from autotune.workload import PRESETS, ModelShape, Workload  # noqa: E402
+from autotune.values.config import Config, ConfigError  # noqa: E402
+from autotune.prediction.estimate import Calibration, Estimate, estimate  # noqa: E402
+from autotune.values.hardware import PROFILES, Hardware  # noqa: E402
+from autotune.values.results import TrialResult, read_results  # noqa: E402
+from autotune.values.space import Choices, Space  # noqa: E402
+from autotune.values.units import format_size  # noqa: E402
+from autotune.values.workload import PRESETS, ModelShape, Workload  # noqa: E402
 
 NEAR = 0.98
 STRATEGIES = ("grid", "optuna", "hybrid")
@@ -373,8 +373,8 @@ class Timed:
 def record_plan(plan: Plan, available_s: float, args: argparse.Namespace, console: Any) -> dict[str, Any]:
     """Record as much of the plan's subset as `available_s` allows; what was chosen and done."""
     from autotune.backends.deepspeed import DeepSpeedBackend
-    from autotune.recording import record_surface as record
-    from autotune.dsconfig import DsOptions
+    from autotune.trials.recording import record_surface as record
+    from autotune.outputs.dsconfig import DsOptions
     from autotune.worker.measure import MeasureSettings
 
     mode = plan.mode
@@ -423,7 +423,7 @@ def record_plan(plan: Plan, available_s: float, args: argparse.Namespace, consol
 def analyse(plan: Plan, seeds: int, strategies: Sequence[str], trials: int = 50) -> dict[str, Any]:
     """The figures of one recorded surface (module docstring)."""
     from autotune.backends.replay import load_surface
-    from autotune.calibrate import fit_calibration
+    from autotune.prediction.calibrate import fit_calibration
 
     surface = load_surface(plan.path)
     results = [r for r in surface.results.values() if r.config in plan.space]
@@ -653,7 +653,7 @@ def detect(args: argparse.Namespace) -> tuple[Hardware, str, tuple[ModelShape, .
     """The hardware profile, a description of the machine, and the models to record."""
     if args.cpu:
         return PROFILES["cpu"], "this machine's CPU, the CPU check", args.models or CPU_MODELS
-    from autotune.devices import auto_hardware, probe
+    from autotune.trials.devices import auto_hardware, probe
 
     machine = probe()
     if machine.accelerator != "cuda":

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Sequence
 
-from autotune.config import Config
+from autotune.values.config import Config
 
 PHASES = ("install", "preflight", "recording", "tune", "analysis", "pack")
 MIN_CONFIGS = 10  # recorded configs over the two models (issue 25)

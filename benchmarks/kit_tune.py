@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from autotune.results import CONFIRM, read_results
+from autotune.values.results import CONFIRM, read_results
 
 GRACE_S = 20.0  # after the interrupt: tune ends its trial's ranks and writes its report
 
@@ -39,7 +39,7 @@ class TuneArgs:
     confirm: int
     out: Path
     seed: int = 0
-    allocator: str = "default"  # the CUDA allocator's mode (autotune.allocator), named: not the environment's
+    allocator: str = "default"  # the CUDA allocator's mode (autotune.prediction.allocator), named: not the environment's
 
     def argv(self, python: str = sys.executable) -> list[str]:
         argv = [python, "-m", "autotune.cli", "tune", "--model", self.model, "--global-batch", str(self.global_batch),

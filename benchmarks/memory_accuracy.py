@@ -6,7 +6,7 @@ through the deepspeed backend, then compares, per config, the estimator's predic
 peak growth over the process's baseline (the memory the trial's model, optimizer, activations and
 DeepSpeed's buffers add to an idle process that imported torch and DeepSpeed):
 - before: the estimator as written (its memory terms without the runtime overhead guess);
-- after: calibrated (autotune.calibrate) on `--fit` configs spread over the grid (every 4th), and
+- after: calibrated (autotune.prediction.calibrate) on `--fit` configs spread over the grid (every 4th), and
   evaluated on the others (held out) and on all.
 The mean absolute percentage error (MAPE) of each, and the worst configs, go to the table.
 
@@ -35,13 +35,13 @@ from rich.progress import Progress
 from rich.table import Table
 
 from autotune.backends.deepspeed import DeepSpeedBackend
-from autotune.calibrate import fit_calibration
-from autotune.config import Config
-from autotune.estimate import estimate
-from autotune.hardware import PROFILES
-from autotune.results import TrialResult, read_results, write_results
+from autotune.prediction.calibrate import fit_calibration
+from autotune.values.config import Config
+from autotune.prediction.estimate import estimate
+from autotune.values.hardware import PROFILES
+from autotune.values.results import TrialResult, read_results, write_results
 from autotune.worker.measure import MeasureSettings
-from autotune.workload import make_workload
+from autotune.values.workload import make_workload
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"

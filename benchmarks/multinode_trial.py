@@ -40,11 +40,11 @@ TOKEN.chmod(0o600)
 os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(TOKEN))  # read once, when Ray connects
 
 from autotune.backends.deepspeed import DeepSpeedBackend  # noqa: E402
-from autotune.config import Config  # noqa: E402
-from autotune.dsconfig import DsOptions  # noqa: E402
-from autotune.hardware import PROFILES  # noqa: E402
+from autotune.values.config import Config  # noqa: E402
+from autotune.outputs.dsconfig import DsOptions  # noqa: E402
+from autotune.values.hardware import PROFILES  # noqa: E402
 from autotune.worker.measure import MeasureSettings  # noqa: E402
-from autotune.workload import make_workload  # noqa: E402
+from autotune.values.workload import make_workload  # noqa: E402
 
 RAY = str(Path(sys.executable).with_name("ray"))
 CONFIG = Config(2, 1, 0, "bf16")

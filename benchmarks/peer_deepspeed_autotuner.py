@@ -40,7 +40,7 @@ def worker(argv: list[str]) -> None:
     import torch
 
     from autotune.worker.model import GPT, synthetic_batch
-    from autotune.workload import preset
+    from autotune.values.workload import preset
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--local_rank", type=int, default=-1)
@@ -129,9 +129,9 @@ def run_autotune(work: Path, trials: int, env: dict) -> dict:
 def measure(config_dict: dict, repeats: int, logs: Path) -> list[float]:
     """Throughput of one config by autotune's deepspeed backend (global batch 16), fresh trials."""
     from autotune.backends.deepspeed import DeepSpeedBackend
-    from autotune.config import Config
-    from autotune.hardware import PROFILES
-    from autotune.workload import make_workload
+    from autotune.values.config import Config
+    from autotune.values.hardware import PROFILES
+    from autotune.values.workload import make_workload
 
     backend = DeepSpeedBackend(make_workload("tiny"), 4 * 2**30, PROFILES["cpu"], logs_dir=logs)
     out = []
@@ -226,7 +226,7 @@ def markdown(result: dict) -> str:
 def _label(config: dict | None) -> str:
     if not config:
         return "none"
-    from autotune.config import Config
+    from autotune.values.config import Config
 
     return Config.from_dict(config).label()
 

@@ -38,10 +38,10 @@ from autotune.drivers.sweep import Sweep
 from autotune.drivers.progress import QuietProgress
 from autotune.drivers.ray import Job, TrialResources, run_ray
 from autotune.drivers.sweep import Budget
-from autotune.hardware import PROFILES
-from autotune.rundir import RunDir, RunSettings
+from autotune.values.hardware import PROFILES
+from autotune.search.rundir import RunDir, RunSettings
 from autotune.search_spaces import load_choices
-from autotune.workload import make_workload
+from autotune.values.workload import make_workload
 
 RESULTS = Path(__file__).parent / "results"
 

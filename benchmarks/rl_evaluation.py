@@ -45,7 +45,7 @@ from autotune.envs.sampler import Task, WorkloadSampler
 from autotune.rl.policy import Policy
 from autotune.rl.simulator import distorted_task
 from autotune.rl.train import samplers
-from autotune.space import Space
+from autotune.values.space import Space
 from autotune.strategies import SearchContext, make_strategy
 from autotune.strategies.hybrid import HybridStrategy
 from autotune.strategies.rl import RLStrategy
@@ -69,7 +69,7 @@ class Run:
     launched: int
     held_out: tuple[str, ...] = ()
     proposal_ms: list[float] = field(default_factory=list)
-    # The convergence stop's figure (autotune.convergence) after the run's last trial: for rl, at its own stop.
+    # The convergence stop's figure (autotune.search.convergence) after the run's last trial: for rl, at its own stop.
     chance_at_end: float = math.nan
 
     def trials_to(self, level: float) -> float:
@@ -295,7 +295,7 @@ def markdown(runs: list[Run], args: argparse.Namespace, policy: Policy, seconds:
              f"`python benchmarks/rl_evaluation.py --seeds {args.seeds} --tasks {args.tasks} --trials {args.trials}"
              f" --randomize {args.randomize} --noise {args.noise} --strategies {','.join(args.strategies)}`"
              f" ({seconds / 60:.1f} min, {args.machine}; {args.source}).", "",
-             "Chance of better at end: the convergence stop's figure (autotune.convergence, the quantity the "
+             "Chance of better at end: the convergence stop's figure (autotune.search.convergence, the quantity the "
              "environment's info carries as `chance_of_better`) after the run's last trial; for rl that is where "
              "its own stop action ended the run (or the trial budget did), so `ended under 5%` and `best/opt at "
              "end, under 5%` check the policy's stop against the figure the tuner would have stopped on.", "",

@@ -278,7 +278,7 @@ def shm_segments() -> set[str]:
 
 
 def our_ports(pid: int) -> set[int]:
-    """Ports of the trials whose shared-memory owner marker names process `pid` (autotune.runner)."""
+    """Ports of the trials whose shared-memory owner marker names process `pid` (autotune.trials.runner)."""
     ports = set()
     for marker in Path("/dev/shm").glob(f"*_{os.getuid()}_*.owner"):
         try:
@@ -327,10 +327,10 @@ def dead_runner_segments_other_run(root: Path) -> Fault:
     gone pid, one ~66 MB segment per rank in life, small here): the start of any ds-autotune sweep, here a
     simulated one of another run that launches no real trial, removes them; a live runner's are kept."""
     uid = os.getuid()
-    code = ("import sys; from autotune.runner import claim_port; print(claim_port())")
+    code = ("import sys; from autotune.trials.runner import claim_port; print(claim_port())")
     dead = int(subprocess.run([sys.executable, "-c", code], env=env_with(), capture_output=True, text=True,
                               check=True).stdout)  # the claiming process has exited: its runner is gone
-    from autotune.runner import claim_port, release_port  # this process: a live runner
+    from autotune.trials.runner import claim_port, release_port  # this process: a live runner
 
     live = claim_port()
     planted = [Path("/dev/shm") / f"deepspeed_allreduce_buffer_{uid}_127.0.0.1_{port}_{rank}"

@@ -10,7 +10,7 @@ Scripts (run as users wrote them, through `autotune trial --script`, one rank, D
   whose first predictions ran 31-38% over.
 Per trial: the measured whole-process peak, the estimator's prediction for the model the trial showed (the
 shape autotune.script.inspect_model derives, attention included) before calibration, and after calibration
-on the other trials of the same script (leave-one-out: autotune.calibrate.fit_calibration, as a sweep does
+on the other trials of the same script (leave-one-out: autotune.prediction.calibrate.fit_calibration, as a sweep does
 after its first trials). For the eager script, the same two predictions with the attention assumed fused
 (the estimator before the attention was inspected) show what the attention term changes.
 
@@ -35,12 +35,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from autotune.calibrate import fit_calibration
-from autotune.estimate import estimate
-from autotune.hardware import PROFILES, Hardware
-from autotune.results import TrialResult
+from autotune.prediction.calibrate import fit_calibration
+from autotune.prediction.estimate import estimate
+from autotune.values.hardware import PROFILES, Hardware
+from autotune.values.results import TrialResult
 from autotune.script.inspect_model import shape_from_info
-from autotune.workload import Workload
+from autotune.values.workload import Workload
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -161,7 +161,7 @@ def markdown(data: dict[str, Any]) -> str:
              f"`{data['command']}` on {data['machine']}; one rank, DeepSpeed's CPU accelerator, bf16, the "
              f"`{data['hardware_profile']}` profile. Measured: the trial's whole-process peak (VmHWM). Predicted, "
              "for the model the trial showed (autotune.script.inspect_model's shape, attention included): before "
-             "calibration; calibrated on the script's other trials (leave-one-out, autotune.calibrate); calibrated "
+             "calibration; calibrated on the script's other trials (leave-one-out, autotune.prediction.calibrate); calibrated "
              "on its first trial only (the smallest micro-batch, as a sweep is after its first trial). Where the "
              "attention is not fused, the same with the attention assumed fused (the estimator before the "
              "attention was inspected). Error = (predicted - measured) / measured.", ""]

@@ -27,7 +27,7 @@ out of memory in fewer than 5% of its launched trials; and, per replay surface a
 done-when), the optimum is pruned in no run, hybrid and optuna reach 98% in a median of at most 8
 launched trials, and under 5% of their launched trials run out of memory.
 
-The convergence stop (issue 28, autotune/convergence.py): every sweep runs with the stop off and records the
+The convergence stop (issue 28, autotune/search/convergence.py): every sweep runs with the stop off and records the
 chance of a better config after each trial; since that chance is a function of the trials so far and
 simulated and replay sweeps confirm nothing, the sweep the stop would have ended is the prefix up to the
 first trial (at least --min-trials) whose chance is below --stop-when, or the default trial budget (the
@@ -70,20 +70,20 @@ from rich.table import Table
 
 from autotune.backends.replay import ReplayBackend, load_surface, surface_space
 from autotune.backends.simulated import SimulatedBackend
-from autotune import confirm
-from autotune.confirm import prior_sigma
+from autotune.search import confirm
+from autotune.search.confirm import prior_sigma
 from autotune.api import TuneSpec
-from autotune.convergence import DEFAULT_STOP_WHEN, MIN_TRIALS
-from autotune.config import KNOBS, Config
+from autotune.search.convergence import DEFAULT_STOP_WHEN, MIN_TRIALS
+from autotune.values.config import KNOBS, Config
 from autotune.drivers.local import run_local
 from autotune.drivers.progress import QuietProgress
 from autotune.drivers.sweep import Budget, Sweep
 from autotune.envs.sampler import Task
-from autotune.hardware import PROFILES
+from autotune.values.hardware import PROFILES
 from autotune.rl.simulator import distorted_task
 from autotune.search_spaces import load_choices
-from autotune.space import Space
-from autotune.workload import make_workload
+from autotune.values.space import Space
+from autotune.values.workload import make_workload
 
 ROOT = Path(__file__).resolve().parent
 GiB = 2**30
@@ -133,7 +133,7 @@ class Run:
     grid_reach: float  # the best feasible true throughput of grid's sub-space / the optimum
     seconds: float
     optimum_pruned: bool = False  # the optimum's config was recorded `pruned` in this run
-    # The chance of a better config after each launched trial (autotune.convergence; nan: not recorded).
+    # The chance of a better config after each launched trial (autotune.search.convergence; nan: not recorded).
     chances: list[float] | None = None
     # The tuner's run with the stop on and confirmation of close calls as for real trials (`Confirmed`).
     confirmed: "Confirmed | None" = None
@@ -186,7 +186,7 @@ def grid_subspace(space: Space) -> set[Config]:
 class Confirmed:
     """What a user of real trials gets from the sweep with the stop on (--stop-when, --min-trials, --trials):
     the search ends at the rule's stop (or where the trials left are confirmation's reserve), then the close
-    calls are run again (autotune.confirm, DEFAULT_REPEATS per finalist, within --trials) and the recommendation
+    calls are run again (autotune.search.confirm, DEFAULT_REPEATS per finalist, within --trials) and the recommendation
     is the best median. Emulated from the stop-off run (the search is its prefix) with fresh launches."""
     search: int  # launched search trials until the search ended
     repeats: int  # confirmation's repeats after it

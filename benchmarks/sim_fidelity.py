@@ -2,7 +2,7 @@
 config the surface records as fitting predicted not to fit by more than 10%).
 
 On a recorded surface (default: the committed tiny CPU surface), the estimator is calibrated
-(autotune.calibrate.fit_calibration) with at most 3 of the surface's own ok results, and the simulated
+(autotune.prediction.calibrate.fit_calibration) with at most 3 of the surface's own ok results, and the simulated
 backend with that calibration is compared with the measurements:
 
 - throughput: Spearman rank correlation between simulated and measured throughput over the configs the
@@ -36,11 +36,11 @@ from scipy.stats import spearmanr  # noqa: E402
 
 from autotune.backends.replay import load_surface  # noqa: E402
 from autotune.backends.simulated import SimulatedBackend  # noqa: E402
-from autotune.calibrate import fit_calibration  # noqa: E402
-from autotune.estimate import Calibration  # noqa: E402
-from autotune.hardware import load_hardware  # noqa: E402
-from autotune.results import TrialResult  # noqa: E402
-from autotune.units import format_size  # noqa: E402
+from autotune.prediction.calibrate import fit_calibration  # noqa: E402
+from autotune.prediction.estimate import Calibration  # noqa: E402
+from autotune.values.hardware import load_hardware  # noqa: E402
+from autotune.values.results import TrialResult  # noqa: E402
+from autotune.values.units import format_size  # noqa: E402
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"

@@ -36,12 +36,12 @@ from rich.progress import Progress
 from rich.table import Table
 
 from autotune.backends.deepspeed import DeepSpeedBackend
-from autotune.config import Config
-from autotune.devices import AUTO, resolve_hardware
-from autotune.hardware import PROFILES, Hardware
-from autotune.results import TrialResult
+from autotune.values.config import Config
+from autotune.trials.devices import AUTO, resolve_hardware
+from autotune.values.hardware import PROFILES, Hardware
+from autotune.values.results import TrialResult
 from autotune.worker.measure import MeasureSettings
-from autotune.workload import Workload, make_workload
+from autotune.values.workload import Workload, make_workload
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from autotune.models import load_model
+from autotune.values.models import load_model
 
 MICRO_FILE = str(Path(__file__).with_name("micro.yaml"))  # for the CLI: --model MICRO_FILE
 MICRO = load_model(MICRO_FILE)

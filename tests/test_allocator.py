@@ -1,4 +1,4 @@
-"""The CUDA caching allocator's mode as a memory knob (issue 25, autotune/allocator.py): read from the user's
+"""The CUDA caching allocator's mode as a memory knob (issue 25, autotune/prediction/allocator.py): read from the user's
 environment or chosen, priced by the estimator, set in every CUDA trial's environment, carried into the launch."""
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 
 import autotune
-from autotune.allocator import environment, from_environment
+from autotune.prediction.allocator import environment, from_environment
 from autotune.backends.deepspeed import DeepSpeedBackend
-from autotune.config import Config, ConfigError
-from autotune.devices import resolve_hardware
-from autotune.estimate import estimate
-from autotune.handoff import Handoff
-from autotune.hardware import PROFILES, hardware_from_dict
-from autotune.workload import make_workload
+from autotune.values.config import Config, ConfigError
+from autotune.trials.devices import resolve_hardware
+from autotune.prediction.estimate import estimate
+from autotune.outputs.handoff import Handoff
+from autotune.values.hardware import PROFILES, hardware_from_dict
+from autotune.values.workload import make_workload
 
 H100 = PROFILES["h100-80gb"]
 EXPANDABLE = H100.with_(allocator="expandable")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import autotune
-from autotune.config import ConfigError
+from autotune.values.config import ConfigError
 from micro import MICRO
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -118,12 +118,12 @@ BUDGET_DEFAULT = re.compile(r"\bor\s+[\w.()]*\bmemory_bytes\b|\bmemory_bytes\s+i
 
 
 def test_the_budget_default_is_decided_in_one_place():
-    """"The budget is the hardware's memory unless one is chosen" is autotune.settings.memory_budget's alone."""
+    """"The budget is the hardware's memory unless one is chosen" is autotune.values.settings.memory_budget's alone."""
     offenders = [f"{path.relative_to(ROOT)}:{number}" for name, path in modules().items()
-                 if name != "autotune.settings"
+                 if name != "autotune.values.settings"
                  for number, line in enumerate(path.read_text().splitlines(), 1) if BUDGET_DEFAULT.search(line)]
     assert offenders == []
-    settings = (ROOT / "autotune" / "settings.py").read_text()
+    settings = (ROOT / "autotune" / "values" / "settings.py").read_text()
     assert len(BUDGET_DEFAULT.findall(settings)) == 1
 
 

@@ -7,12 +7,12 @@ import pytest
 
 from autotune.backends import Backend
 from autotune.backends.simulated import SimulatedBackend
-from autotune.config import Config, ConfigError
-from autotune.estimate import Calibration, estimate
-from autotune.hardware import PROFILES
+from autotune.values.config import Config, ConfigError
+from autotune.prediction.estimate import Calibration, estimate
+from autotune.values.hardware import PROFILES
 from autotune.search_spaces import load_choices
-from autotune.space import Space
-from autotune.workload import make_workload
+from autotune.values.space import Space
+from autotune.values.workload import make_workload
 
 GiB = 2**30
 TINY = make_workload("tiny")

@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from autotune.calibrate import CALIBRATION_FILE, calibrator, fit_calibration, load_calibration, quality, save_calibration
-from autotune.config import Config, ConfigError
-from autotune.estimate import Calibration, estimate
-from autotune.hardware import PROFILES
-from autotune.results import TrialResult
-from autotune.workload import make_workload
+from autotune.prediction.calibrate import CALIBRATION_FILE, calibrator, fit_calibration, load_calibration, quality, save_calibration
+from autotune.values.config import Config, ConfigError
+from autotune.prediction.estimate import Calibration, estimate
+from autotune.values.hardware import PROFILES
+from autotune.values.results import TrialResult
+from autotune.values.workload import make_workload
 
 CPU = PROFILES["cpu"]
 TINY = make_workload("tiny")

@@ -17,7 +17,7 @@ import pytest
 import autotune.commands.estimate as estimate_command
 import autotune.api as tune_command  # run_sweep: the runner `autotune tune` reaches through autotune.tune() (issue 26)
 from autotune.commands.common import make_dir
-from autotune.config import ConfigError
+from autotune.values.config import ConfigError
 from cli_run import cli
 
 NINES = "9" * 400

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from autotune.config import Config, ConfigError
-from autotune.units import format_size, parse_size
+from autotune.values.config import Config, ConfigError
+from autotune.values.units import format_size, parse_size
 
 
 def test_config_round_trips_through_the_contract_json():

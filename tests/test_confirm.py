@@ -1,4 +1,4 @@
-"""Confirmation of close calls (autotune/confirm.py): the finalists, the repeats they get, the best median as
+"""Confirmation of close calls (autotune/search/confirm.py): the finalists, the repeats they get, the best median as
 the pick; end to end on the simulated backend with noise (recorded repeats, resume mid-confirmation, a
 SIGKILL mid-confirmation) and once with real DeepSpeed trials."""
 
@@ -17,20 +17,20 @@ from pathlib import Path
 import pytest
 
 import autotune
-from autotune import confirm
+from autotune.search import confirm
 from autotune.backends.factory import SLEEP_ENV
 from autotune.backends.simulated import SimulatedBackend
 from autotune.cli import main
-from autotune.config import Config, ConfigError
+from autotune.values.config import Config, ConfigError
 from autotune.drivers.local import run_local
 from autotune.drivers.progress import QuietProgress
 from autotune.drivers.sweep import Budget, Sweep
 from autotune.search_spaces import load_choices
-from autotune.space import Space
+from autotune.values.space import Space
 from autotune.strategies import make_strategy
-from autotune.report import summarize
-from autotune.results import TrialResult, read_results
-from autotune.rundir import RunSettings
+from autotune.outputs.report import summarize
+from autotune.values.results import TrialResult, read_results
+from autotune.search.rundir import RunSettings
 
 GiB = 2**30
 BUDGET = 2 * GiB

@@ -1,4 +1,4 @@
-"""The convergence stop (issue 28, autotune/convergence.py): a sweep ends once the chance that an untried config
+"""The convergence stop (issue 28, autotune/search/convergence.py): a sweep ends once the chance that an untried config
 beats the best by more than the launch noise is small, not before its optimum where that hides behind pruned
 configs, resumes with the same figures, and `--stop-when 0` turns it off; bad values are one line, exit 2."""
 
@@ -13,8 +13,8 @@ import pytest
 
 import autotune
 from autotune.backends.replay import load_surface, replay_settings
-from autotune.config import ConfigError
-from autotune.convergence import Convergence, Joint, StopRule, chance_of_better, describe_trace, margin_of
+from autotune.values.config import ConfigError
+from autotune.search.convergence import Convergence, Joint, StopRule, chance_of_better, describe_trace, margin_of
 from autotune.drivers.stop import StopReason
 from cli_run import cli
 
@@ -151,7 +151,7 @@ def _model(offsets: dict, noise: float, trials: int = 24):
     """A time error model fitted on `trials` configs of the small-llama space whose log-ratios are `offsets` by
     knob value plus launch noise `noise` (seeded)."""
     from autotune.backends.replay import surface_space
-    from autotune.uncertainty import NOISE_TIME, PRIOR_TIME, fit_error_model
+    from autotune.prediction.uncertainty import NOISE_TIME, PRIOR_TIME, fit_error_model
 
     rng = np.random.default_rng(0)
     configs = list(surface_space(load_surface(SMALL)))[:trials]
@@ -161,8 +161,8 @@ def _model(offsets: dict, noise: float, trials: int = 24):
 
 
 def test_per_config_spread_is_not_held_at_the_forecasts_floor():
-    from autotune.convergence import RESIDUAL_PRIOR, per_config
-    from autotune.uncertainty import NOISE_TIME, PRIOR_TIME, fit_error_model
+    from autotune.search.convergence import RESIDUAL_PRIOR, per_config
+    from autotune.prediction.uncertainty import NOISE_TIME, PRIOR_TIME, fit_error_model
 
     quiet = _model({}, 0.03)
     assert quiet.noise == NOISE_TIME[2]  # forecasts keep the floor
@@ -176,8 +176,8 @@ def test_per_config_spread_is_not_held_at_the_forecasts_floor():
 
 
 def test_untried_values_narrow_only_where_the_trials_show_small_offsets():
-    from autotune.convergence import evidenced
-    from autotune.uncertainty import NOISE_TIME, PRIOR_TIME, fit_error_model
+    from autotune.search.convergence import evidenced
+    from autotune.prediction.uncertainty import NOISE_TIME, PRIOR_TIME, fit_error_model
 
     empty = fit_error_model([], PRIOR_TIME, NOISE_TIME)
     assert evidenced(empty) == empty  # no evidence: the prior

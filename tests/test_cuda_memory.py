@@ -1,13 +1,13 @@
-"""The CUDA memory terms (autotune.cuda_memory): each behaves, and none touches the CPU profile."""
+"""The CUDA memory terms (autotune.prediction.cuda_memory): each behaves, and none touches the CPU profile."""
 
 from __future__ import annotations
 
-from autotune.config import Config
-from autotune.cuda_memory import (MEASURED_CONTEXT, allocator_reserve_bytes, cuda_context_bytes, nccl_bytes,
+from autotune.values.config import Config
+from autotune.prediction.cuda_memory import (MEASURED_CONTEXT, allocator_reserve_bytes, cuda_context_bytes, nccl_bytes,
                                   outside_allocator_bytes, zero3_live_params_bytes)
-from autotune.estimate import MEMORY_TERMS, estimate
-from autotune.hardware import PROFILES
-from autotune.workload import PRESETS, Workload
+from autotune.prediction.estimate import MEMORY_TERMS, estimate
+from autotune.values.hardware import PROFILES
+from autotune.values.workload import PRESETS, Workload
 
 GiB = 2**30
 H200, CPU = PROFILES["h200"], PROFILES["cpu"]

@@ -13,17 +13,17 @@ from types import SimpleNamespace
 import pytest
 
 from autotune.cli import main
-from autotune.config import Config, ConfigError
-from autotune import devices
-from autotune.devices import Gpu, LocalMachine, auto_hardware, check_machine, probe, profile_name, resolve_hardware
-from autotune.estimate import estimate
-from autotune.hardware import EMULATED_BF16_SLOWDOWN, GiB, PROFILES, hardware_from_dict, with_cpu_bf16
+from autotune.values.config import Config, ConfigError
+from autotune.trials import devices
+from autotune.trials.devices import Gpu, LocalMachine, auto_hardware, check_machine, probe, profile_name, resolve_hardware
+from autotune.prediction.estimate import estimate
+from autotune.values.hardware import EMULATED_BF16_SLOWDOWN, GiB, PROFILES, hardware_from_dict, with_cpu_bf16
 from autotune.search_spaces import default_choices, load_choices, space_note
 from autotune.worker.device import (AcceleratorMismatch, BudgetBelowContext, CudaMemory, allocator_fraction,
                                     check_accelerator, open_device)
 from autotune.worker.main import Unsupported, check_supported, classify
 from autotune.worker.protocol import WorkerSpec
-from autotune.workload import make_workload
+from autotune.values.workload import make_workload
 
 CPU_BOX = LocalMachine((), 64 * GiB, 16)
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -99,7 +99,7 @@ def test_probe_here_finds_this_machine():
     assert machine.accelerator == "cpu" and machine.gpus == ()  # no GPU on this machine kind or in CI
     assert machine.host_memory_bytes > 2**30 and machine.cpu_count >= 1
     # The child process's answer (what a CUDA machine runs) agrees on the host.
-    out = subprocess.run([sys.executable, "-m", "autotune.devices"], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-m", "autotune.trials.devices"], capture_output=True, text=True, check=True)
     child = LocalMachine.from_dict(json.loads(out.stdout))
     assert child.gpus == () and child.host_memory_bytes == machine.host_memory_bytes
 
@@ -274,7 +274,7 @@ def test_torch_out_of_memory_is_oom():
 
 def spec_for(config: Config) -> WorkerSpec:
     workload = make_workload("tiny")
-    from autotune.dsconfig import DsOptions, ds_config
+    from autotune.outputs.dsconfig import DsOptions, ds_config
 
     return WorkerSpec(config, workload, ds_config(config, workload, DsOptions(nvme_path="/tmp")), "/tmp",
                       accelerator="cuda")
@@ -316,7 +316,7 @@ write_json_atomic(report_path(spec.log_dir, rank), {"status": "ok", "accelerator
 def test_the_runner_gives_every_rank_the_specs_accelerator_and_its_own_device(tmp_path):
     import os
 
-    from autotune.runner import LaunchOptions, run_worker
+    from autotune.trials.runner import LaunchOptions, run_worker
 
     (tmp_path / "fake_rank.py").write_text(FAKE_RANK)
     spec = spec_for(Config(2, 4, 0, "bf16", "none", "none"))
@@ -361,7 +361,7 @@ def test_a_real_cpu_trial_needs_no_accelerator_in_the_environment(tmp_path, monk
 
 def test_a_profile_whose_nominal_memory_exceeds_the_device_is_not_refused():
     # An H100 reports 79.1 GiB; the h100-80gb profile says 80: only a budget the user chose is checked.
-    from autotune.devices import require_here
+    from autotune.trials.devices import require_here
 
     node = gpus("NVIDIA H100 80GB HBM3", 1, 79.1)
     require_here(PROFILES["h100-80gb"], 1, None, node)

@@ -1,11 +1,11 @@
 import pytest
 
-from autotune.config import KNOBS, Config, ConfigError
-from autotune.dsconfig import RECIPE_AUTO, DsOptions, ds_config, hf_ds_config, validate
-from autotune.hardware import PROFILES
+from autotune.values.config import KNOBS, Config, ConfigError
+from autotune.outputs.dsconfig import RECIPE_AUTO, DsOptions, ds_config, hf_ds_config, validate
+from autotune.values.hardware import PROFILES
 from autotune.search_spaces import load_choices
-from autotune.space import Choices, Space
-from autotune.workload import make_workload
+from autotune.values.space import Choices, Space
+from autotune.values.workload import make_workload
 
 
 def _with_nvme(choices: Choices) -> Choices:

@@ -10,16 +10,16 @@ from gymnasium.utils.env_checker import check_env
 
 import autotune.envs
 from autotune.backends.simulated import SimulatedBackend
-from autotune.config import Config, ConfigError
+from autotune.values.config import Config, ConfigError
 from autotune.envs import ENV_ID, DeepSpeedMemoryEnv
 from autotune.envs import observation as obs
 from autotune.envs.actions import ACTIONS, FIRST_EDIT, JUMP, RUN, STOP, action_index
 from autotune.envs.reward import Reward
-from autotune.hardware import PROFILES
-from autotune.results import TrialResult, append_result
+from autotune.values.hardware import PROFILES
+from autotune.values.results import TrialResult, append_result
 from autotune.search_spaces import load_choices
-from autotune.space import Space
-from autotune.workload import make_workload
+from autotune.values.space import Space
+from autotune.values.workload import make_workload
 
 GiB, MiB = 2**30, 2**20
 TINY = make_workload("tiny")
@@ -396,9 +396,9 @@ def test_jump_finds_a_config_the_estimator_ranks_low_once_trials_show_it():
 
 
 def test_each_actions_fit_probability_is_the_sweeps_memory_error_model_of_the_trials_so_far():
-    """The observation's per-action probability of fitting is autotune/uncertainty.py's posterior given the
+    """The observation's per-action probability of fitting is autotune/prediction/uncertainty.py's posterior given the
     episode's measured peaks (one trial at a time here, in one batch there), at the config the action leads to."""
-    from autotune.uncertainty import NOISE_MEMORY, PRIOR_MEMORY, Forecast, fit_error_model
+    from autotune.prediction.uncertainty import NOISE_MEMORY, PRIOR_MEMORY, Forecast, fit_error_model
 
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "surfaces" / "tiny-cpu.jsonl"
     budget = int(0.71 * GiB)

@@ -12,8 +12,8 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 from autotune.backends.simulated import SimulatedBackend
-from autotune.config import Config, ConfigError
-from autotune.estimate import Calibration
+from autotune.values.config import Config, ConfigError
+from autotune.prediction.estimate import Calibration
 from autotune.envs import ENV_ID, DeepSpeedMemoryEnv
 from autotune.envs import observation as obs
 from autotune.envs.actions import RUN, STOP
@@ -22,13 +22,13 @@ from autotune.envs.episodes import Episode, TaskSource, episode_of
 from autotune.envs.landscape import build_landscape
 from autotune.envs.reward import Reward
 from autotune.envs.sampler import Task, WorkloadSampler
-from autotune.hardware import PROFILES, Hardware
-from autotune.results import TrialResult, append_result
+from autotune.values.hardware import PROFILES, Hardware
+from autotune.values.results import TrialResult, append_result
 from autotune.rl.simulator import DistortedSource, TrainingEnv, training_source
 from autotune.rl.train import samplers
 from autotune.search_spaces import load_choices
-from autotune.space import Choices, Space
-from autotune.workload import Workload, make_workload
+from autotune.values.space import Choices, Space
+from autotune.values.workload import Workload, make_workload
 
 GiB, MiB = 2**30, 2**20
 TINY = make_workload("tiny")

@@ -2,11 +2,11 @@
 
 import pytest
 
-from autotune.config import Config
+from autotune.values.config import Config
 from autotune.envs import DeepSpeedMemoryEnv
 from autotune.envs.actions import RUN, STOP, action_index
 from autotune.envs.reward import Reward
-from autotune.space import Choices
+from autotune.values.space import Choices
 from autotune.worker.measure import MeasureSettings
 
 

@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from autotune.config import ConfigError
+from autotune.values.config import ConfigError
 from autotune.envs.landscape import LruCache, build_landscape, build_layout, validity_key
 from autotune.envs.sampler import WorkloadSampler
-from autotune.estimate import estimate
-from autotune.space import Space
+from autotune.prediction.estimate import estimate
+from autotune.values.space import Space
 
 
 def draws(sampler, n=300, seed=0):

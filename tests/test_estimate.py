@@ -4,10 +4,10 @@ import pytest
 from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
-from autotune.config import Config
-from autotune.estimate import Calibration, estimate
-from autotune.hardware import PROFILES
-from autotune.workload import make_workload
+from autotune.values.config import Config
+from autotune.prediction.estimate import Calibration, estimate
+from autotune.values.hardware import PROFILES
+from autotune.values.workload import make_workload
 
 GPU = PROFILES["a100-80gb"]
 MODELS = ["gpt2-small", "gpt2-xl", "llama-7b"]
@@ -87,7 +87,7 @@ def test_zero_stages_shard_in_order():
 
 def test_activations_follow_the_checkpoint_interval_and_micro_batch():
     """With checkpointing, the LM head's peak (start of backward) and one segment's recomputation come one
-    after the other (measured on the built-in model, see autotune/estimate.py), so the peak is the larger
+    after the other (measured on the built-in model, see autotune/prediction/estimate.py), so the peak is the larger
     of the two plus the segment inputs. For gpt2-medium (vocabulary 50257) the head's 2.5 GB exceed the
     recomputation of up to 8 layers: longer segments only save inputs, until all 24 layers at once cost
     more than the head (changed from act[1] < act[2] < ... < act[0] <= act[24], which added both peaks)."""
@@ -108,7 +108,7 @@ def test_activations_follow_the_checkpoint_interval_and_micro_batch():
 
 def test_korthikanti_per_layer_figure_without_dropout():
     """34 bytes/token/hidden per layer in 16 bits (Korthikanti et al.) minus the two dropout masks = 32."""
-    from autotune.estimate import _activation_bytes
+    from autotune.prediction.estimate import _activation_bytes
 
     workload = make_workload("gpt2-medium", 64)
     m = workload.model

@@ -17,13 +17,13 @@ import optuna
 import pytest
 from sqlalchemy.exc import OperationalError
 
-import autotune.runner as runner
+import autotune.trials.runner as runner
 from autotune import files
 from autotune.api import TuneSpec, tune
-from autotune.config import ConfigError
-from autotune.hardware import load_hardware
-from autotune.space import Choices, Space
-from autotune.workload import make_workload
+from autotune.values.config import ConfigError
+from autotune.values.hardware import load_hardware
+from autotune.values.space import Choices, Space
+from autotune.values.workload import make_workload
 
 sys.path.insert(0, str(Path(__file__).parent / "bad_inputs"))
 import corpus  # noqa: E402  (call_main: the CLI in this process, its exit code and stderr)

@@ -14,13 +14,13 @@ import pytest
 
 from autotune.backends.replay import load_surface
 from autotune.cli import main
-from autotune.config import ConfigError
+from autotune.values.config import ConfigError
 from autotune.files import append_line, atomic_output, load_yaml, write_atomic
-from autotune.hardware import PROFILES, load_hardware
-from autotune.results import TrialResult, append_result, read_results
-from autotune.rundir import RunDir
+from autotune.values.hardware import PROFILES, load_hardware
+from autotune.values.results import TrialResult, append_result, read_results
+from autotune.search.rundir import RunDir
 from autotune.search_spaces import load_choices
-from autotune.sweeps import load_sweep
+from autotune.search.sweeps import load_sweep
 from cli_run import cli
 
 ROOT = Path(__file__).resolve().parent.parent

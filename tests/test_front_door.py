@@ -10,11 +10,11 @@ import pytest
 import autotune
 from autotune.api import resolve
 from autotune.cli import main
-from autotune.config import ConfigError
-from autotune.hardware import PROFILES
-from autotune.settings import RunSettings, memory_budget
-from autotune.space import Space
-from autotune.workload import make_workload
+from autotune.values.config import ConfigError
+from autotune.values.hardware import PROFILES
+from autotune.values.settings import RunSettings, memory_budget
+from autotune.values.space import Space
+from autotune.values.workload import make_workload
 
 GiB = 2**30
 

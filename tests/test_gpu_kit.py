@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.config import Config
-from autotune.hardware import PROFILES
+from autotune.values.config import Config
+from autotune.values.hardware import PROFILES
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -175,7 +175,7 @@ def test_on_the_gpu_tune_runs_expandable_segments_against_the_recordings_default
     assert k.GPU_KIT.tune_allocator == "expandable" and plan.space.hardware.allocator == "expandable"
     assert 0 < plan.fit_share < 1  # the cliff inside tune's space, priced without a reserve
     assert k.make_tune_plan(k.CPU_KIT, PROFILES["cpu"]).space.hardware.allocator == "default"
-    from autotune.results import TrialResult, append_result
+    from autotune.values.results import TrialResult, append_result
 
     both, recorded_only = Config(2, 4, 1, "bf16"), Config(0, 2, 1, "bf16")
     surface, tune_out = tmp_path / "llama-1b.jsonl", tmp_path / "tune"

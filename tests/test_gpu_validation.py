@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from autotune.config import Config
-from autotune.devices import LocalMachine
-from autotune.hardware import PROFILES
-from autotune.results import STATUSES, TrialResult, read_results
-from autotune.space import Choices, Space
-from autotune.workload import PRESETS, Workload
+from autotune.values.config import Config
+from autotune.trials.devices import LocalMachine
+from autotune.values.hardware import PROFILES
+from autotune.values.results import STATUSES, TrialResult, read_results
+from autotune.values.space import Choices, Space
+from autotune.values.workload import PRESETS, Workload
 
 ROOT = Path(__file__).resolve().parents[1]
 KIT = ROOT / "benchmarks" / "gpu_validation.py"
@@ -252,9 +252,9 @@ def test_bad_flags_exit_2_with_one_line_naming_the_value(flags, word, capsys):
 
 
 def test_without_a_gpu_the_kit_says_so_in_one_line(monkeypatch, tmp_path, capsys):
-    import autotune.devices
+    import autotune.trials.devices
 
-    monkeypatch.setattr(autotune.devices, "probe", lambda: LocalMachine((), 24 * 2**30, 2))
+    monkeypatch.setattr(autotune.trials.devices, "probe", lambda: LocalMachine((), 24 * 2**30, 2))
     assert g.main(["--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "no CUDA GPU" in err and "--cpu" in err and len(err.strip().splitlines()) == 1
@@ -280,9 +280,9 @@ sys.meta_path.insert(0, Absent())
 sys.path.insert(0, {str(KIT.parent)!r})
 import gpu_validation as g
 from pathlib import Path
-from autotune.hardware import PROFILES
+from autotune.values.hardware import PROFILES
 from autotune.search_spaces import load_choices
-from autotune.workload import make_workload
+from autotune.values.workload import make_workload
 mode = g.Mode("cpu", load_choices("cpu"), 16, 6.0, 1.0, 60.0, 1, 5.0)
 plan = g.Plan(make_workload("tiny"), PROFILES["cpu"], mode, 24 * 2**30, 0, Path({str(SURFACE)!r}), Path("."))
 out = g.analyse(plan, seeds=1, strategies=("grid", "optuna", "hybrid"), trials=12)

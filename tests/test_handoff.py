@@ -1,4 +1,4 @@
-"""The handoff (autotune/handoff.py): the files `autotune tune` writes train a tiny model as written through
+"""The handoff (autotune/outputs/handoff.py): the files `autotune tune` writes train a tiny model as written through
 deepspeed.initialize, the Hugging Face Trainer, Accelerate's DeepSpeedPlugin with DummyOptim, and `accelerate
 launch --config_file` (slow: real DeepSpeed on the CPU accelerator, gloo, one process each, tests/handoff_train.py);
 and a stack that cannot apply a knob is not offered it (--stack)."""
@@ -20,18 +20,18 @@ import yaml
 
 from autotune.api import TuneSpec
 from autotune.cli import main
-from autotune.config import Config, ConfigError
-from autotune.dsconfig import RECIPE_AUTO, hf_ds_config
-from autotune.handoff import (ACCELERATE_CONFIG, DS_CONFIG, HF_DS_CONFIG, TRAINER_ARGS, Handoff, checkpointing_key,
+from autotune.values.config import Config, ConfigError
+from autotune.outputs.dsconfig import RECIPE_AUTO, hf_ds_config
+from autotune.outputs.handoff import (ACCELERATE_CONFIG, DS_CONFIG, HF_DS_CONFIG, TRAINER_ARGS, Handoff, checkpointing_key,
                               for_stack, narrow_choices)
-from autotune.hardware import PROFILES
-from autotune.rundir import RunSettings
-from autotune.launch import LAUNCH_FILE
-from autotune.runner import (LOOPBACK_IFNAME, MASTER_ADDR, LaunchOptions, extensions_dir, free_port, remove_shm_buffers,
+from autotune.values.hardware import PROFILES
+from autotune.search.rundir import RunSettings
+from autotune.outputs.launch import LAUNCH_FILE
+from autotune.trials.runner import (LOOPBACK_IFNAME, MASTER_ADDR, LaunchOptions, extensions_dir, free_port, remove_shm_buffers,
                              trial_environment)
 from autotune.search_spaces import load_choices
-from autotune.space import Choices
-from autotune.workload import make_workload
+from autotune.values.space import Choices
+from autotune.values.workload import make_workload
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "handoff_train.py"
@@ -270,7 +270,7 @@ def test_accelerate_launch_with_the_recommended_config_file(recommended, monkeyp
     assert ran["processes"] == 1 and ran["optimizer"]["params"]["lr"] == 3e-4
 
 
-# ---- launch.sh: the launch command with the trials' environment (autotune/launch.py) ----
+# ---- launch.sh: the launch command with the trials' environment (autotune/outputs/launch.py) ----
 
 @pytest.fixture
 def key_cache():
@@ -290,7 +290,7 @@ def write_launch(tmp_path: Path, handoff: Handoff) -> tuple[str, Path]:
 
 def test_launch_file_has_both_forms_and_the_environment_the_trials_got(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0a")  # autotune.ops rewrites it for DeepSpeed's op builder
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0a")  # autotune.trials.ops rewrites it for DeepSpeed's op builder
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
     handoff = Handoff(Config(2, 4, 0, "bf16"), make_workload("tiny", 16, 2), PROFILES["cpu"], "deepspeed", tmp_path)

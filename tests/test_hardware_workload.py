@@ -1,8 +1,8 @@
 import pytest
 
-from autotune.config import ConfigError
-from autotune.hardware import PROFILES, load_hardware
-from autotune.workload import PRESETS, ModelShape, Workload, make_workload
+from autotune.values.config import ConfigError
+from autotune.values.hardware import PROFILES, load_hardware
+from autotune.values.workload import PRESETS, ModelShape, Workload, make_workload
 
 
 @pytest.mark.parametrize("name", ["v100-32gb", "a100-40gb", "a100-80gb", "h100-80gb", "l4", "cpu"])

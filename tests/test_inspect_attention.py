@@ -10,12 +10,12 @@ import pytest
 import torch
 from torch import nn
 
-from autotune.config import Config, ConfigError
-from autotune.estimate import estimate
-from autotune.hardware import PROFILES
+from autotune.values.config import Config, ConfigError
+from autotune.prediction.estimate import estimate
+from autotune.values.hardware import PROFILES
 from autotune.script.inspect_model import model_info, shape_from_info, watch_attention
-from autotune.shapes import PRESETS, ModelShape, with_seq_len
-from autotune.workload import Workload
+from autotune.values.shapes import PRESETS, ModelShape, with_seq_len
+from autotune.values.workload import Workload
 
 TINY = PRESETS["tiny"]
 

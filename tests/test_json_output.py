@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import build_parser
-from autotune.results import STATUSES, read_results
+from autotune.values.results import STATUSES, read_results
 from cli_run import cli
 
 SPACE = """zero_stage: [0, 1, 2]

@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from autotune.cli import main
-from autotune.config import Config, ConfigError
-from autotune.estimate import estimate
-from autotune.hardware import PROFILES
-from autotune.models import load_model
+from autotune.values.config import Config, ConfigError
+from autotune.prediction.estimate import estimate
+from autotune.values.hardware import PROFILES
+from autotune.values.models import load_model
 from autotune.worker.model import GPT, count_parameters, synthetic_batch, unsupported_reason
-from autotune.workload import ModelShape, Workload, make_workload
+from autotune.values.workload import ModelShape, Workload, make_workload
 
 CONFIGS = Path(__file__).parent / "hf_configs"
 

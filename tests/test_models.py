@@ -1,4 +1,4 @@
-"""Your own model (autotune/models.py): presets, Hugging Face config.json files and model directories read
+"""Your own model (autotune/values/models.py): presets, Hugging Face config.json files and model directories read
 offline, cached Hub ids, YAML/JSON shape files, --seq-len; parameter counts against the published figures;
 the estimator and the built-in model on the new shape fields; one-line errors with exit code 2."""
 
@@ -14,13 +14,13 @@ import pytest
 import torch
 
 from autotune.cli import main
-from autotune.config import Config, ConfigError
-from autotune.estimate import estimate
-from autotune.hardware import PROFILES
-from autotune.models import DEFAULT_SEQ_LEN, HF_TYPES, load_model
-from autotune.sweeps import load_sweep
+from autotune.values.config import Config, ConfigError
+from autotune.prediction.estimate import estimate
+from autotune.values.hardware import PROFILES
+from autotune.values.models import DEFAULT_SEQ_LEN, HF_TYPES, load_model
+from autotune.search.sweeps import load_sweep
 from autotune.worker.model import GPT, count_parameters, synthetic_batch, unsupported_reason
-from autotune.workload import PRESETS, ModelShape, Workload, make_workload
+from autotune.values.workload import PRESETS, ModelShape, Workload, make_workload
 
 # The published config.json files, as they are on the Hugging Face Hub (values copied; nothing downloaded).
 LLAMA_3_8B = {

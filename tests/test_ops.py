@@ -19,17 +19,17 @@ import pytest
 import autotune
 from autotune import cli
 from autotune.backends.deepspeed import DeepSpeedBackend
-from autotune.config import Config
+from autotune.values.config import Config
 from autotune.drivers.local import run_local
 from autotune.drivers.progress import QuietProgress
 from autotune.drivers.stop import StopReason
 from autotune.drivers.sweep import Budget, Sweep
-from autotune.ops import (ARCH_ENV, BuildFailure, OpBuildFailed, build_failure, deepspeed_arch_list, preflight,
+from autotune.trials.ops import (ARCH_ENV, BuildFailure, OpBuildFailed, build_failure, deepspeed_arch_list, preflight,
                           with_deepspeed_arch_list)
-from autotune.results import TrialResult, read_results
-from autotune.runner import LaunchOptions, RunOutcome, trial_environment
+from autotune.values.results import TrialResult, read_results
+from autotune.trials.runner import LaunchOptions, RunOutcome, trial_environment
 from autotune.search_spaces import load_choices
-from autotune.space import Space
+from autotune.values.space import Space
 from autotune.worker.main import build_failure as worker_build_failure
 
 CRASH = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu-runs" / "h200-2026-11-26" / "kit-first-crash"
@@ -127,8 +127,8 @@ def test_a_launched_rank_runs_with_the_rewritten_list(tmp_path, monkeypatch):
     """A real rank (the `hang` fault stops it before torch is imported) started by the runner's launch."""
     import threading
 
-    from autotune.dsconfig import ds_config
-    from autotune.runner import run_worker
+    from autotune.outputs.dsconfig import ds_config
+    from autotune.trials.runner import run_worker
     from autotune.worker.protocol import WorkerSpec, read_events
 
     monkeypatch.setenv(ARCH_ENV, "9.0a 10.0a;12.0f+PTX")
@@ -264,7 +264,7 @@ def test_ops_a_preflight_loaded_are_not_loaded_again_until_their_library_or_envi
     assert run([FUSED_ADAM_DS]) == (("fused_adam",), 6)
     # The venv made again at the same path: its libraries are in place, but torch's build would find the new
     # sources and headers newer than them.
-    monkeypatch.setattr("autotune.ops._installed", lambda python: [1, 2])
+    monkeypatch.setattr("autotune.trials.ops._installed", lambda python: [1, 2])
     assert run([FUSED_ADAM_DS]) == (("fused_adam",), 7)
 
 
@@ -272,7 +272,7 @@ def test_the_ops_record_knows_this_interpreters_torch_and_deepspeed_install_only
     import deepspeed
     import torch
 
-    from autotune.ops import _installed
+    from autotune.trials.ops import _installed
 
     assert _installed(sys.executable) == [os.stat(torch.__file__).st_mtime_ns, os.stat(deepspeed.__file__).st_mtime_ns]
     assert _installed("/elsewhere/.venv/bin/python") == []  # another environment's: not known from here

@@ -20,10 +20,10 @@ import pytest
 
 import autotune
 from autotune.cli import main
-from autotune.config import KNOBS
-from autotune.results import read_results
-from autotune.rundir import RunDir
-from autotune.study_storage import study_name
+from autotune.values.config import KNOBS
+from autotune.values.results import read_results
+from autotune.search.rundir import RunDir
+from autotune.search.study_storage import study_name
 from cli_run import cli
 
 GiB = 2**30
@@ -338,9 +338,9 @@ def test_queued_configs_that_already_ran_are_skipped_and_every_trial_holds_its_o
     """The hybrid's policy may run a config that waits in Optuna's warm-start queue: the queue's entry is a
     repeat (FAIL) and the proposal after it is a config of its own, told under its own parameters."""
     from autotune.backends.simulated import SimulatedBackend
-    from autotune.hardware import PROFILES
+    from autotune.values.hardware import PROFILES
     from autotune.search_spaces import load_choices
-    from autotune.space import Space
+    from autotune.values.space import Space
     from autotune.strategies import SearchContext, make_strategy
 
     workload, hardware, budget = autotune.make_workload("tiny"), PROFILES["cpu"], 2 * GiB

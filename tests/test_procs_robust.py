@@ -22,14 +22,14 @@ import psutil
 import pytest
 
 from autotune.backends.factory import SLEEP_ENV
-from autotune.config import Config, ConfigError
+from autotune.values.config import Config, ConfigError
 from autotune.drivers import ray as ray_driver
-from autotune.dsconfig import ds_config
-from autotune.results import read_results
-from autotune.runner import (OWNER_PREFIX, SHM_DIR, LaunchOptions, claim_port, release_port, remove_stale_shm,
+from autotune.outputs.dsconfig import ds_config
+from autotune.values.results import read_results
+from autotune.trials.runner import (OWNER_PREFIX, SHM_DIR, LaunchOptions, claim_port, release_port, remove_stale_shm,
                              run_worker)
 from autotune.worker.protocol import WorkerSpec, read_events
-from autotune.workload import make_workload
+from autotune.values.workload import make_workload
 
 UID = os.getuid()
 LOOPBACK = ("127.0.0.1", "::1", "::ffff:127.0.0.1")
@@ -52,7 +52,7 @@ def fake_segments(port: int, shm_dir: Path, ranks: int = 2) -> list[Path]:
 
 def claimed_by_a_dead_runner(shm_dir: Path) -> int:
     """A port claimed by a runner process that has exited since (as a SIGKILLed tuner's)."""
-    code = "import sys; from pathlib import Path; from autotune.runner import claim_port; print(claim_port(Path(sys.argv[1])))"
+    code = "import sys; from pathlib import Path; from autotune.trials.runner import claim_port; print(claim_port(Path(sys.argv[1])))"
     return int(subprocess.run([sys.executable, "-c", code, str(shm_dir)], capture_output=True, text=True,
                               check=True).stdout)
 
@@ -134,7 +134,7 @@ def test_only_segments_of_dead_runners_nobody_holds_are_removed(tmp_path):
 
 def test_claiming_a_port_never_takes_a_marked_one_nor_follows_a_link(tmp_path, monkeypatch):
     ports = iter([5000, 5001, 5002])
-    monkeypatch.setattr("autotune.runner.free_port", lambda: next(ports))
+    monkeypatch.setattr("autotune.trials.runner.free_port", lambda: next(ports))
     marker(5000, tmp_path).write_text("{}")  # another trial's
     victim = tmp_path / "victim"
     victim.write_text("keep")
@@ -247,7 +247,7 @@ def http2_server():
 
 @pytest.mark.slow
 def test_real_ray_against_a_server_that_is_no_ray_cluster_gives_up_in_one_line(http2_server):
-    code = ("import sys\nfrom autotune.config import ConfigError\nfrom autotune.drivers import ray\n"
+    code = ("import sys\nfrom autotune.values.config import ConfigError\nfrom autotune.drivers import ray\n"
             "ray.CONNECT_TIMEOUT_S = 3\ntry:\n    ray.connect(sys.argv[1])\nexcept ConfigError as err:\n"
             "    print(err)\n    sys.exit(2)\n")
     run = subprocess.run([sys.executable, "-c", code, f"127.0.0.2:{http2_server}"], capture_output=True, text=True,
@@ -311,7 +311,7 @@ TUNER = textwrap.dedent("""
     from autotune.backends.deepspeed import DeepSpeedBackend
     from autotune.backends.factory import BackendKind, register_backend
     from autotune.cli import main
-    from autotune.dsconfig import DsOptions
+    from autotune.outputs.dsconfig import DsOptions
     from autotune.worker.measure import MeasureSettings
 
     def build(settings, run_dir, options):

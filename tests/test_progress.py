@@ -15,19 +15,19 @@ from rich.console import Console
 
 from autotune.backends.deepspeed import DeepSpeedBackend
 from autotune.cli import main
-from autotune.config import Config
-from autotune.dsconfig import DsOptions
+from autotune.values.config import Config
+from autotune.outputs.dsconfig import DsOptions
 from autotune.drivers.progress import ConsoleProgress, eta_s, format_clock, format_duration
 from autotune.drivers.ray import LabelledProgress
-from autotune.hardware import PROFILES, GiB
-from autotune.pruning import (DEVICE_MEMORY, HOST_MEMORY, NVME_SPACE, Pruner, cause_of, describe_causes,
+from autotune.values.hardware import PROFILES, GiB
+from autotune.search.pruning import (DEVICE_MEMORY, HOST_MEMORY, NVME_SPACE, Pruner, cause_of, describe_causes,
                               cause_counts, host_need_bytes)
-from autotune.results import TrialResult, read_results
-from autotune.runner import RunOutcome
+from autotune.values.results import TrialResult, read_results
+from autotune.trials.runner import RunOutcome
 from autotune.worker.main import oom_cause
 from autotune.worker.measure import MeasureSettings
 from autotune.worker.protocol import PHASE_LABELS, describe_phase, read_events
-from autotune.workload import make_workload
+from autotune.values.workload import make_workload
 
 CONFIG = Config(2, 4, 0, "bf16", "cpu")
 

@@ -21,12 +21,12 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from autotune.backends.replay import load_surface
 from autotune.cli import build_parser
-from autotune.config import ConfigError
-from autotune.hardware import load_hardware
-from autotune.results import read_results
-from autotune.rundir import RunDir
+from autotune.values.config import ConfigError
+from autotune.values.hardware import load_hardware
+from autotune.values.results import read_results
+from autotune.search.rundir import RunDir
 from autotune.search_spaces import load_choices
-from autotune.sweeps import load_sweep
+from autotune.search.sweeps import load_sweep
 
 sys.path.insert(0, str(Path(__file__).parent / "bad_inputs"))
 import corpus  # noqa: E402  (tests/bad_inputs/corpus.py: the corpus and its runner)

@@ -29,7 +29,7 @@ import psutil
 import pytest
 
 from autotune.backends.factory import SLEEP_ENV
-from autotune.results import read_results
+from autotune.values.results import read_results
 from micro import MICRO_FILE
 
 pytestmark = pytest.mark.slow

@@ -22,14 +22,14 @@ import psutil
 import pytest
 
 from autotune.backends.deepspeed import DeepSpeedBackend
-from autotune.config import Config
+from autotune.values.config import Config
 from autotune.drivers.ray_ranks import NodeLost, RankBundles, Site, layout, merge, placeable, interface_of
-from autotune.dsconfig import DsOptions
-from autotune.hardware import PROFILES
-from autotune.results import read_results
-from autotune.runner import RankShare
+from autotune.outputs.dsconfig import DsOptions
+from autotune.values.hardware import PROFILES
+from autotune.values.results import read_results
+from autotune.trials.runner import RankShare
 from autotune.worker.measure import MeasureSettings
-from autotune.workload import make_workload
+from autotune.values.workload import make_workload
 
 HEAD_IP, WORKER_IP, SPARE_IP = "127.0.0.11", "127.0.0.12", "127.0.0.13"
 CPU_RANKS = RankBundles(4, (("CPU", 1.0),))
@@ -125,7 +125,7 @@ SPANNING_DRIVER = """
 import functools, sys, ray
 from autotune.drivers.ray import connect
 from autotune.drivers.ray_ranks import run_spanning_trial
-from autotune.results import append_result
+from autotune.values.results import append_result
 import test_ray_multinode as t
 
 connect(sys.argv[1])

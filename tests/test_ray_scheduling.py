@@ -7,15 +7,15 @@ from __future__ import annotations
 import pytest
 
 from autotune.drivers.sweep import Sweep
-from autotune.config import ConfigError
+from autotune.values.config import ConfigError
 from autotune.drivers.stop import StopReason
 from autotune.drivers.progress import QuietProgress
 from autotune.drivers.ray import BackendSpec, Flight, Job, TrialResources, trial_resources
 from autotune.drivers.sweep import Budget
-from autotune.hardware import PROFILES
-from autotune.rundir import RunDir, RunSettings
+from autotune.values.hardware import PROFILES
+from autotune.search.rundir import RunDir, RunSettings
 from autotune.search_spaces import load_choices
-from autotune.workload import make_workload
+from autotune.values.workload import make_workload
 
 
 def settings(strategy: str, backend: str = "simulated", model: str = "tiny", gpus: int = 1, hardware: str = "cpu"):

@@ -7,12 +7,12 @@ import pytest
 
 from autotune.backends import Backend
 from autotune.backends.replay import ReplayBackend, load_surface, surface_choices, surface_space
-from autotune.config import Config, ConfigError
-from autotune.hardware import PROFILES
-from autotune.results import TrialResult, append_result
+from autotune.values.config import Config, ConfigError
+from autotune.values.hardware import PROFILES
+from autotune.values.results import TrialResult, append_result
 from autotune.search_spaces import load_choices
-from autotune.space import Space
-from autotune.workload import make_workload
+from autotune.values.space import Space
+from autotune.values.workload import make_workload
 
 MiB = 2**20
 TINY = make_workload("tiny")

@@ -6,14 +6,14 @@ import json
 
 import pytest
 
-from autotune.config import Config
-from autotune.hardware import PROFILES
-from autotune.plots import pareto_front
-from autotune.report import summarize, write_outputs
-from autotune.results import STATUSES, TrialResult, append_result
-from autotune.rundir import RunDir, RunSettings
+from autotune.values.config import Config
+from autotune.values.hardware import PROFILES
+from autotune.outputs.plots import pareto_front
+from autotune.outputs.report import summarize, write_outputs
+from autotune.values.results import STATUSES, TrialResult, append_result
+from autotune.search.rundir import RunDir, RunSettings
 from autotune.search_spaces import load_choices
-from autotune.workload import make_workload
+from autotune.values.workload import make_workload
 
 GiB = 2**30
 BUDGET = 2 * GiB

@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from autotune.config import Config, ConfigError
-from autotune.pruning import cause_of
-from autotune.results import CAUSE_NAMES, CONFIRM, DEVICE_MEMORY, HOST_MEMORY, SEARCH, TrialResult
+from autotune.values.config import Config, ConfigError
+from autotune.search.pruning import cause_of
+from autotune.values.results import CAUSE_NAMES, CONFIRM, DEVICE_MEMORY, HOST_MEMORY, SEARCH, TrialResult
 
 CONFIG = Config(1, 2, 0, "fp32")
 

@@ -16,9 +16,9 @@ import pytest
 
 from autotune.cli import main
 from autotune.backends.factory import SLEEP_ENV
-from autotune.config import KNOBS, Config
-from autotune.results import read_results
-from autotune.rundir import RunDir
+from autotune.values.config import KNOBS, Config
+from autotune.values.results import read_results
+from autotune.search.rundir import RunDir
 from autotune.strategies.optuna_search import STUDY_NAME
 
 TRIALS = 8

@@ -16,26 +16,26 @@ from gymnasium.utils.env_checker import check_env
 
 from autotune.backends.replay import ReplayBackend, load_surface, surface_space
 from autotune.backends.simulated import SimulatedBackend
-from autotune.config import ConfigError
+from autotune.values.config import ConfigError
 from autotune.drivers.local import run_local
 from autotune.drivers.progress import QuietProgress
 from autotune.drivers.sweep import Budget, Sweep
 from autotune.envs import DeepSpeedMemoryEnv
 from autotune.envs.sampler import Task
-from autotune.hardware import PROFILES
-from autotune.pruning import Pruner
-from autotune.results import TrialResult, append_result
+from autotune.values.hardware import PROFILES
+from autotune.search.pruning import Pruner
+from autotune.values.results import TrialResult, append_result
 from autotune.rl.figures import episode_figures
 from autotune.rl.network import NetSpec, mask_logits, policy_net
 from autotune.rl.policy import Policy, layout, save_policy
 from autotune.rl.simulator import DistortedBackend, TrainingEnv, TrainingEnvFactory, distorted_task
 from autotune.rl.train import TrainSettings, prepare, samplers
 from autotune.search_spaces import load_choices
-from autotune.space import Space
+from autotune.values.space import Space
 from autotune.strategies import STRATEGIES, SearchContext, make_strategy
 from autotune.strategies.hybrid import HybridStrategy
 from autotune.strategies.rl import RLStrategy
-from autotune.workload import make_workload
+from autotune.values.workload import make_workload
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 GiB = 2**30
@@ -200,7 +200,7 @@ def test_training_settings_are_checked_and_a_run_resumes_only_with_the_same_ones
 
 def test_a_training_run_shares_the_run_folder_lock_and_atomic_files(tmp_path):
     from autotune.rl.train import Iteration, TrainingRun
-    from autotune.rundir import RunDir, RunDirBusy, RunFolder
+    from autotune.search.rundir import RunDir, RunDirBusy, RunFolder
 
     run, _, _ = prepare(tmp_path / "run", TrainSettings(iterations=3, seed=4))
     assert isinstance(run, TrainingRun) and isinstance(run, RunFolder) and not isinstance(run, RunDir)

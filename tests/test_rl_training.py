@@ -18,15 +18,15 @@ import torch
 
 from autotune.backends.simulated import SimulatedBackend
 from autotune.cli import main
-from autotune.hardware import PROFILES
+from autotune.values.hardware import PROFILES
 from autotune.rl.policy import Policy
 from autotune.rl.simulator import TrainingEnv
 from autotune.rl.train import RunDir, TrainSettings, train
 from autotune.search_spaces import load_choices
-from autotune.space import Space
+from autotune.values.space import Space
 from autotune.strategies import SearchContext
 from autotune.strategies.rl import RLStrategy
-from autotune.workload import make_workload
+from autotune.values.workload import make_workload
 
 pytestmark = pytest.mark.slow
 GiB = 2**30

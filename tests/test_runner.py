@@ -15,11 +15,11 @@ import psutil
 import pytest
 
 from autotune.backends.deepspeed import DeepSpeedBackend
-from autotune.config import Config
-from autotune.dsconfig import ds_config
-from autotune.runner import LaunchOptions, describe_exit, extensions_dir, free_port, remove_shm_buffers, run_worker
+from autotune.values.config import Config
+from autotune.outputs.dsconfig import ds_config
+from autotune.trials.runner import LaunchOptions, describe_exit, extensions_dir, free_port, remove_shm_buffers, run_worker
 from autotune.worker.protocol import WorkerSpec, read_events
-from autotune.workload import make_workload
+from autotune.values.workload import make_workload
 
 CONFIG = Config(1, 4, 0, "bf16")
 
@@ -68,8 +68,8 @@ def test_hanging_trial_times_out_and_leaves_no_process(tmp_path, ranks):
 TUNER = textwrap.dedent("""
     import sys
     from autotune.backends.deepspeed import DeepSpeedBackend
-    from autotune.config import Config
-    from autotune.workload import make_workload
+    from autotune.values.config import Config
+    from autotune.values.workload import make_workload
     backend = DeepSpeedBackend(make_workload("tiny", gpus=2), logs_dir=sys.argv[1], timeout_s=600, fault="hang")
     try:
         backend.run(Config(1, 4, 0, "bf16"))

@@ -1,4 +1,4 @@
-"""Communication terms (autotune/comm.py) and scale-down trials (`tune --target-gpus`, autotune/scale.py)."""
+"""Communication terms (autotune/prediction/comm.py) and scale-down trials (`tune --target-gpus`, autotune/prediction/scale.py)."""
 
 from __future__ import annotations
 
@@ -9,17 +9,17 @@ from dataclasses import replace
 import pytest
 
 from autotune.api import TuneSpec, tune
-from autotune.calibrate import load_calibration
-from autotune.comm import Collective, Link, bytes_sent_per_device, collective_time, comm_time, step_collectives
-from autotune.config import Config, ConfigError
-from autotune.estimate import Calibration, estimate
-from autotune.hardware import PROFILES, hardware_from_dict
-from autotune.report import target_table
-from autotune.results import TrialResult
-from autotune.rundir import RunSettings
-from autotune.scale import check_target, close_call, narrow_choices, project
-from autotune.space import Choices
-from autotune.workload import make_workload
+from autotune.prediction.calibrate import load_calibration
+from autotune.prediction.comm import Collective, Link, bytes_sent_per_device, collective_time, comm_time, step_collectives
+from autotune.values.config import Config, ConfigError
+from autotune.prediction.estimate import Calibration, estimate
+from autotune.values.hardware import PROFILES, hardware_from_dict
+from autotune.outputs.report import target_table
+from autotune.values.results import TrialResult
+from autotune.search.rundir import RunSettings
+from autotune.prediction.scale import check_target, close_call, narrow_choices, project
+from autotune.values.space import Choices
+from autotune.values.workload import make_workload
 from cli_run import cli
 
 GiB = 2**30
@@ -192,7 +192,7 @@ def test_projection_carries_zero_partitioning_to_the_target_and_flags_close_call
         assert rows[c].peak_bytes == pytest.approx(at4[c].peak_bytes, rel=1e-6)
         assert rows[c].throughput == pytest.approx(at4[c].throughput_samples_per_s, rel=1e-6)
     assert rows[configs[0]].peak_bytes < results[0].peak_bytes  # ZeRO-3 shards its model states over 4
-    # The error model's 90% interval (autotune.uncertainty, a few % for a measured config) holds the budget for
+    # The error model's 90% interval (autotune.prediction.uncertainty, a few % for a measured config) holds the budget for
     # the ZeRO-0 config at 4, 6% above its peak: a close call, likely but not surely fitting; not for ZeRO-3.
     z0 = rows[configs[1]]
     assert z0.peak_interval[0] < z0.peak_bytes < budget <= z0.peak_interval[1] and z0.close and z0.fits

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 import autotune
-from autotune.config import ConfigError
-from autotune.results import read_results
-from autotune.space import Choices
+from autotune.values.config import ConfigError
+from autotune.values.results import read_results
+from autotune.values.space import Choices
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"

@@ -17,8 +17,8 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler, TensorDataset
 
 from autotune.cli import main
-from autotune.results import read_results
-from autotune.runner import extensions_dir, free_port
+from autotune.values.results import read_results
+from autotune.trials.runner import extensions_dir, free_port
 from autotune.script import accelerate_loop, lightning_loop
 from autotune.script.loaders import batch_flag, first_tensor, rebatched
 from autotune.script.shim import ScriptVerdict

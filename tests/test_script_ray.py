@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import main
-from autotune.config import ConfigError
+from autotune.values.config import ConfigError
 from autotune.drivers import ray_script
 from autotune.drivers.ray_script import LOG_FILES, ShippedScript, land_log_files, read_log_files
-from autotune.results import TrialResult, read_results
+from autotune.values.results import TrialResult, read_results
 from autotune.script.ship import OUTSIDE, SHIP_LIMIT_BYTES, pack, plan, unpack
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,10 +111,10 @@ def test_tune_refuses_a_script_folder_over_the_limit_before_any_trial(project, t
 
 def test_a_shipped_backend_runs_the_copy_and_removes_it(tmp_path):
     from autotune.backends.script import ScriptBackend
-    from autotune.rundir import RunSettings
+    from autotune.search.rundir import RunSettings
     from autotune.script.session import placeholder
-    from autotune.hardware import load_hardware
-    from autotune.space import Choices
+    from autotune.values.hardware import load_hardware
+    from autotune.values.space import Choices
 
     settings = RunSettings(placeholder(1, 1), load_hardware("cpu"), 2**30, "optuna", "script", 0, Choices())
     shipment = plan(str(SCRIPTS / "plain_ds_train.py"), ("--deepspeed_config", str(SCRIPTS / "plain_ds_config.json")))
@@ -137,7 +137,7 @@ def test_log_files_come_back_to_the_driver_where_they_are_missing(tmp_path):
     files = read_log_files(node)
     assert files == {"user_ds_config.json": '{"optimizer": {}}'}
     here = tmp_path / "driver" / "0002-z1"
-    from autotune.config import Config
+    from autotune.values.config import Config
 
     result = TrialResult(Config(1, 1, 0, "bf16"), "crash", extra={"log_dir": str(here), LOG_FILES: files, "trial": 2})
     landed = land_log_files(result)

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import main
-from autotune.dsconfig import validate
-from autotune.results import read_results
-from autotune.runner import extensions_dir, free_port
+from autotune.outputs.dsconfig import validate
+from autotune.values.results import read_results
+from autotune.trials.runner import extensions_dir, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"

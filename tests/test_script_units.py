@@ -12,19 +12,19 @@ import pytest
 from torch import nn
 
 from autotune.cli import main
-from autotune.config import Config, ConfigError
-from autotune.dsconfig import DsOptions, ds_config
-from autotune.hardware import PROFILES
+from autotune.values.config import Config, ConfigError
+from autotune.outputs.dsconfig import DsOptions, ds_config
+from autotune.values.hardware import PROFILES
 from autotune.backends.script import Script
-from autotune.rundir import RunDir, RunSettings
+from autotune.search.rundir import RunDir, RunSettings
 from autotune.script import batch, merge
 from autotune.script.inspect_model import checkpoint_switch, model_info, shape_from_info
 from autotune.script.session import finish, first_config, narrowed, placeholder, save, with_global_batch
 from autotune.script.shim import KEEP_SCRIPT_BATCH, Shim, ScriptVerdict
 from autotune.worker.protocol import WorkerSpec
-from autotune.workload import micro_batch_divisors
+from autotune.values.workload import micro_batch_divisors
 from autotune.search_spaces import load_choices
-from autotune.space import Space
+from autotune.values.space import Space
 
 USER = {
     "train_batch_size": 64, "train_micro_batch_size_per_gpu": 64,

@@ -3,11 +3,11 @@ from collections import Counter
 
 import pytest
 
-from autotune.config import KNOBS, Config, ConfigError
-from autotune.hardware import PROFILES
+from autotune.values.config import KNOBS, Config, ConfigError
+from autotune.values.hardware import PROFILES
 from autotune.search_spaces import load_choices, parse_choices, preset_path
-from autotune.space import Choices, Space
-from autotune.workload import make_workload
+from autotune.values.space import Choices, Space
+from autotune.values.workload import make_workload
 
 
 @pytest.fixture(scope="module")

@@ -10,23 +10,23 @@ import pytest
 
 from autotune.backends.replay import ReplayBackend, load_surface, surface_space
 from autotune.backends.simulated import SimulatedBackend
-from autotune.config import Config
+from autotune.values.config import Config
 from autotune.drivers.local import run_local
 from autotune.drivers.stop import StopReason
 from autotune.drivers.progress import QuietProgress
 from autotune.drivers.sweep import Budget, Sweep
-from autotune.estimate import Calibration, estimate
-from autotune.hardware import PROFILES
-from autotune.pruning import MIN_FIT_PROBABILITY, Pruner
-from autotune.results import TrialResult
-from autotune.rundir import RunDir
+from autotune.prediction.estimate import Calibration, estimate
+from autotune.values.hardware import PROFILES
+from autotune.search.pruning import MIN_FIT_PROBABILITY, Pruner
+from autotune.values.results import TrialResult
+from autotune.search.rundir import RunDir
 from autotune.search_spaces import load_choices
-from autotune.space import Space
+from autotune.values.space import Space
 from autotune.strategies import STRATEGIES, SearchContext, make_strategy
 from autotune.strategies.grid import EARLY_STOP
 from autotune.strategies.guide import LIKELY
 from autotune.strategies.optuna_search import FIT_TO_RUN, IDENTIFY, INVALID_CONSTRAINT, PENALTY, WARM_START
-from autotune.workload import make_workload
+from autotune.values.workload import make_workload
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 GiB = 2**30

@@ -6,9 +6,9 @@ import pytest
 
 from autotune.backends.replay import ReplayBackend, load_surface
 from autotune.cli import main
-from autotune.config import Config
-from autotune.results import read_results
-from autotune.workload import make_workload
+from autotune.values.config import Config
+from autotune.values.results import read_results
+from autotune.values.workload import make_workload
 
 SPACE = """zero_stage: [0, 2]
 micro_batch: [2, 4]
@@ -93,13 +93,13 @@ class CrashingFirst:
 
     def __init__(self):
         from autotune.backends.simulated import SimulatedBackend
-        from autotune.hardware import PROFILES
+        from autotune.values.hardware import PROFILES
 
         self.inner = SimulatedBackend(make_workload("tiny"), PROFILES["cpu"], 2**31)
         self.runs = []
 
     def run(self, config):
-        from autotune.results import TrialResult
+        from autotune.values.results import TrialResult
 
         self.runs.append(config)
         if self.runs.count(config) == 1:
@@ -108,10 +108,10 @@ class CrashingFirst:
 
 
 def test_crashed_trials_are_run_again_and_every_attempt_kept(space_file, tmp_path):
-    from autotune.recording import record_surface as record_space
-    from autotune.hardware import PROFILES
+    from autotune.trials.recording import record_surface as record_space
+    from autotune.values.hardware import PROFILES
     from autotune.search_spaces import load_choices
-    from autotune.space import Space
+    from autotune.values.space import Space
 
     space = Space(load_choices(space_file), make_workload("tiny"), PROFILES["cpu"])
     out = tmp_path / "surface.jsonl"
@@ -151,7 +151,7 @@ def test_repeats_measure_again_in_passes_and_replay_takes_the_median(space_file,
     base = next(r for r in lines if r.config == config)
     from dataclasses import replace
 
-    from autotune.results import append_result
+    from autotune.values.results import append_result
     for speed in (30.0, 10.0):
         append_result(out, replace(base, throughput_samples_per_s=speed))
     middle = sorted([30.0, 10.0, base.throughput_samples_per_s])[1]

@@ -1,4 +1,4 @@
-"""MLflow tracking (autotune/tracking.py) against a real MLflow store (SQLite, read back with MlflowClient):
+"""MLflow tracking (autotune/outputs/tracking.py) against a real MLflow store (SQLite, read back with MlflowClient):
 one parent run per sweep, one nested run per launched trial with its knobs, measurements, status and error,
 the recommendation and the outputs on the parent; a resumed sweep continues the same parent and logs only
 trials not logged yet (also those of a session without tracking); missing mlflow, a bad URI and a store
@@ -15,9 +15,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 import autotune
-from autotune import tracking
-from autotune.config import ConfigError
-from autotune.results import read_results
+from autotune.outputs import tracking
+from autotune.values.config import ConfigError
+from autotune.values.results import read_results
 from cli_run import cli
 
 GiB = 2**30

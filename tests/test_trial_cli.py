@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from autotune.cli import main
-from autotune.results import read_results
+from autotune.values.results import read_results
 
 BASE = ["trial", "--model", "tiny", "--zero-stage", "2", "--micro-batch", "4", "--precision", "fp32"]
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from autotune.config import Config
-from autotune.hardware import PROFILES
-from autotune.results import TrialResult
+from autotune.values.config import Config
+from autotune.values.hardware import PROFILES
+from autotune.values.results import TrialResult
 
 ROOT = Path(__file__).resolve().parents[1]
 PHASES = {"spawn_s": 0.1, "import_s": 3.7, "build_ops_s": 0.8, "dist_init_s": 0.0, "build_s": 0.3,

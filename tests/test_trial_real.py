@@ -17,15 +17,15 @@ import psutil
 import pytest
 
 from autotune.backends.deepspeed import DeepSpeedBackend
-from autotune.calibrate import fit_calibration, quality
+from autotune.prediction.calibrate import fit_calibration, quality
 from autotune.commands.trial import show
-from autotune.config import Config
-from autotune.dsconfig import DsOptions
-from autotune.estimate import Calibration
-from autotune.hardware import PROFILES
+from autotune.values.config import Config
+from autotune.outputs.dsconfig import DsOptions
+from autotune.prediction.estimate import Calibration
+from autotune.values.hardware import PROFILES
 from autotune.worker.measure import SLOW_FACTOR, MeasureSettings
 from autotune.worker.protocol import read_events
-from autotune.workload import make_workload
+from autotune.values.workload import make_workload
 
 pytestmark = pytest.mark.slow
 

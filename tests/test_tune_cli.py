@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import main
-from autotune.dsconfig import validate
-from autotune.estimate import estimate
-from autotune.hardware import PROFILES
-from autotune.results import STATUSES, read_results
-from autotune.rundir import RunDir
-from autotune.workload import make_workload
+from autotune.outputs.dsconfig import validate
+from autotune.prediction.estimate import estimate
+from autotune.values.hardware import PROFILES
+from autotune.values.results import STATUSES, read_results
+from autotune.search.rundir import RunDir
+from autotune.values.workload import make_workload
 from cli_run import cli
 
 GiB = 2**30
@@ -186,7 +186,7 @@ def surface_file(tmp_path_factory) -> Path:
     """A replay surface of the tiny CPU space recorded (without a budget) from the simulated backend."""
     from autotune.backends.simulated import SimulatedBackend
     from autotune.search_spaces import load_choices
-    from autotune.space import Space
+    from autotune.values.space import Space
 
     workload, hardware = make_workload("tiny"), PROFILES["cpu"]
     backend = SimulatedBackend(workload, hardware, 10**12, noise=0.1, seed=2)

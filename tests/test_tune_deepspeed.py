@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import main
-from autotune.dsconfig import validate
-from autotune.results import read_results
+from autotune.outputs.dsconfig import validate
+from autotune.values.results import read_results
 from micro import MICRO_FILE
 
 # No offload: an offloaded optimizer would compile DeepSpeed's CPU Adam (minutes) on first use.

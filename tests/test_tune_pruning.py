@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import math
 
-from autotune.config import Config
+from autotune.values.config import Config
 from autotune.drivers.local import run_local
 from autotune.drivers.progress import QuietProgress
 from autotune.drivers.sweep import Budget, Sweep
-from autotune.estimate import Calibration, estimate
-from autotune.hardware import PROFILES
-from autotune.pruning import MIN_FIT_PROBABILITY, VALUE_SLACK, VALUE_Z, Pruner, cause_counts, describe_causes
-from autotune.results import TrialResult
+from autotune.prediction.estimate import Calibration, estimate
+from autotune.values.hardware import PROFILES
+from autotune.search.pruning import MIN_FIT_PROBABILITY, VALUE_SLACK, VALUE_Z, Pruner, cause_counts, describe_causes
+from autotune.values.results import TrialResult
 from autotune.search_spaces import load_choices
-from autotune.space import Space
+from autotune.values.space import Space
 from autotune.strategies import SearchContext, make_strategy
-from autotune.workload import make_workload
+from autotune.values.workload import make_workload
 
 WORKLOAD, HARDWARE = make_workload("tiny"), PROFILES["cpu"]
 SMALL, BIG = Config(0, 1, 0, "bf16"), Config(0, 8, 0, "fp32")

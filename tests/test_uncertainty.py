@@ -1,4 +1,4 @@
-"""Predictions with an uncertainty (autotune.uncertainty), the warm start that identifies the error model
+"""Predictions with an uncertainty (autotune.prediction.uncertainty), the warm start that identifies the error model
 (strategies/guide.py), and a replayed sweep on the committed CPU surface that never prunes its optimum."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import pytest
 from cli_run import cli
 
 from autotune.backends.replay import ReplayBackend, load_surface, surface_space
-from autotune.config import KNOBS, Config
+from autotune.values.config import KNOBS, Config
 from autotune.drivers.local import run_local
 from autotune.drivers.progress import QuietProgress
 from autotune.drivers.sweep import Budget, Sweep
 from autotune.strategies import SearchContext, guide
-from autotune.uncertainty import NOISE_MEMORY, PRIOR_MEMORY, Forecast, fit_error_model
+from autotune.prediction.uncertainty import NOISE_MEMORY, PRIOR_MEMORY, Forecast, fit_error_model
 
 SURFACE = Path(__file__).resolve().parent.parent / "benchmarks" / "surfaces" / "tiny-cpu.jsonl"
 CK2 = [Config(0, 2, 2, "bf16"), Config(1, 4, 2, "bf16"), Config(2, 2, 2, "fp32"), Config(0, 4, 2, "fp32")]

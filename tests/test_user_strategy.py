@@ -9,7 +9,7 @@ import pytest
 
 import autotune
 from autotune.api import resolve
-from autotune.config import ConfigError
+from autotune.values.config import ConfigError
 from autotune.drivers.stop import StopReason
 
 

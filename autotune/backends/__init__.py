@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from autotune.config import Config
-from autotune.results import TrialResult
+from autotune.values.config import Config
+from autotune.values.results import TrialResult
 
 
 @runtime_checkable

@@ -1,5 +1,5 @@
 """The deepspeed backend: each trial is a short real DeepSpeed training run of the built-in model, in its
-own processes (autotune.runner), measured by the worker (autotune.worker) and turned into a TrialResult.
+own processes (autotune.trials.runner), measured by the worker (autotune.worker) and turned into a TrialResult.
 
 Result (ARCHITECTURE.md section 3, plus extra keys written flat):
 - throughput: global batch / median optimizer-step wall time of rank 0 (every micro-step, after warm-up);
@@ -18,7 +18,7 @@ Result (ARCHITECTURE.md section 3, plus extra keys written flat):
 Trials run on the hardware profile's accelerator (`Hardware.accelerator`; CPU without a profile). A rank that
 finds another one (e.g. a GPU profile on a machine without CUDA) ends its trial `unsupported` and sets
 `fatal`, which stops the sweep: no other config would run either. A crash while loading DeepSpeed's C++ ops
-records its op, cause and fix (`extra["op_failure"]`, autotune.ops.BuildFailure): the sweep stops when one op
+records its op, cause and fix (`extra["op_failure"]`, autotune.trials.ops.BuildFailure): the sweep stops when one op
 fails twice (autotune.drivers.loop). `preflight` loads the ops a set of configs needs before the first trial.
 A config that cannot even be written as a DeepSpeed config (e.g. NVMe offload without a path) is
 `unsupported` without a launch. Failures are results; only the tuner's interruption (KeyboardInterrupt)
@@ -35,18 +35,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from autotune.config import Config, ConfigError
-from autotune.dsconfig import DsOptions, ds_config
-from autotune.allocator import environment as allocator_environment
-from autotune.estimate import Calibration, Estimate, estimate
-from autotune.hardware import Hardware
-from autotune.ops import ARCH_ENV, PREFLIGHT_TIMEOUT_S, BuildFailure, arch_note, preflight
-from autotune.results import TrialResult
-from autotune.settings import check_budget
-from autotune.runner import LaunchOptions, RunOutcome, run_worker, trial_environment
+from autotune.values.config import Config, ConfigError
+from autotune.outputs.dsconfig import DsOptions, ds_config
+from autotune.prediction.allocator import environment as allocator_environment
+from autotune.prediction.estimate import Calibration, Estimate, estimate
+from autotune.values.hardware import Hardware
+from autotune.trials.ops import ARCH_ENV, PREFLIGHT_TIMEOUT_S, BuildFailure, arch_note, preflight
+from autotune.values.results import TrialResult
+from autotune.values.settings import check_budget
+from autotune.trials.runner import LaunchOptions, RunOutcome, run_worker, trial_environment
 from autotune.worker.measure import MeasureSettings
 from autotune.worker.protocol import WorkerSpec, current_phase, write_json_atomic
-from autotune.workload import Workload
+from autotune.values.workload import Workload
 
 
 class DeepSpeedBackend:
@@ -96,8 +96,8 @@ class DeepSpeedBackend:
     def preflight(self, configs: Iterable[Config], say: Callable[[str], None], *,
                   timeout_s: float = PREFLIGHT_TIMEOUT_S) -> tuple[str, ...]:
         """Before the first trial: load, in a child process with the trials' environment, the C++ ops that trials
-        of `configs` load, building those not built yet (autotune.ops.preflight; `say` hears what it does).
-        Raises autotune.ops.OpBuildFailed (one line) when one cannot be, or when it takes over `timeout_s` (a
+        of `configs` load, building those not built yet (autotune.trials.ops.preflight; `say` hears what it does).
+        Raises autotune.trials.ops.OpBuildFailed (one line) when one cannot be, or when it takes over `timeout_s` (a
         time-boxed caller: benchmarks/gpu_kit.py); returns the ops loaded."""
         configs_ds: dict[str, dict[str, Any]] = {}
         for config in configs:

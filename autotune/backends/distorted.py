@@ -11,11 +11,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autotune.config import KNOBS, Config
+from autotune.values.config import KNOBS, Config
 from autotune.envs.landscape import Landscape
-from autotune.results import TrialResult
-from autotune.space import Space
-from autotune.units import format_size
+from autotune.values.results import TrialResult
+from autotune.values.space import Space
+from autotune.values.units import format_size
 
 
 @dataclass(frozen=True)

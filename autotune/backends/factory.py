@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from autotune.backends import Backend
-from autotune.config import Config, ConfigError
-from autotune.results import TrialResult
+from autotune.values.config import Config, ConfigError
+from autotune.values.results import TrialResult
 
 if TYPE_CHECKING:
     from autotune.backends.deepspeed import DeepSpeedBackend
@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     from autotune.backends.replay import ReplayBackend
     from autotune.backends.script import ScriptBackend
     from autotune.backends.simulated import SimulatedBackend
-    from autotune.rundir import RunDir
-    from autotune.settings import RunSettings
+    from autotune.search.rundir import RunDir
+    from autotune.values.settings import RunSettings
     from autotune.worker.measure import MeasureSettings
 
 
@@ -68,7 +68,7 @@ def simulated_sleep_s(backend: str) -> float:
     ConfigError naming the variable, not a ValueError traceback."""
     from argparse import ArgumentTypeError
 
-    from autotune.argtypes import non_negative_float
+    from autotune.values.argtypes import non_negative_float
 
     if backend != "simulated":
         return 0.0
@@ -173,7 +173,7 @@ def _deepspeed_options(options: TrialOptions) -> dict[str, Any]:
 
 
 def _deepspeed(settings: "RunSettings", run_dir: "RunDir | None", options: TrialOptions) -> Backend:
-    from autotune.dsconfig import DsOptions
+    from autotune.outputs.dsconfig import DsOptions
 
     return deepspeed_backend(settings.workload, settings.memory_budget_bytes, settings.hardware,
                              DsOptions(nvme_path=settings.choices.nvme_path), logs_dir=_logs_dir(run_dir, options),
@@ -182,7 +182,7 @@ def _deepspeed(settings: "RunSettings", run_dir: "RunDir | None", options: Trial
 
 def _script(settings: "RunSettings", run_dir: "RunDir | None", options: TrialOptions) -> Backend:
     from autotune.backends.script import Script, read_script_info
-    from autotune.dsconfig import DsOptions
+    from autotune.outputs.dsconfig import DsOptions
 
     if run_dir is None:
         raise ConfigError("the script backend reads its script from the run directory: pass one")

@@ -18,15 +18,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from autotune.config import KNOBS, OFFLOADS, PRECISIONS, Config, ConfigError
+from autotune.values.config import KNOBS, OFFLOADS, PRECISIONS, Config, ConfigError
 from autotune.files import is_file
-from autotune.hardware import Hardware, load_hardware
-from autotune.results import TrialResult, read_results
-from autotune.space import Choices, Space
-from autotune.workload import Workload, make_workload
+from autotune.values.hardware import Hardware, load_hardware
+from autotune.values.results import TrialResult, read_results
+from autotune.values.space import Choices, Space
+from autotune.values.workload import Workload, make_workload
 
 if TYPE_CHECKING:
-    from autotune.settings import RunSettings
+    from autotune.values.settings import RunSettings
 
 
 @dataclass(frozen=True)
@@ -163,7 +163,7 @@ def replay_space(surface_path: str | Path, workload: Workload, hardware: Hardwar
                  space: Choices | str | None = None) -> Space:
     """A replay sweep's space: the surface's measured knob values, narrowed by `space` (a preset, a YAML path
     or Choices), restricted to the configs it measured, on its hardware unless one is given."""
-    from autotune.devices import AUTO, resolve_hardware
+    from autotune.trials.devices import AUTO, resolve_hardware
     from autotune.search_spaces import load_choices
 
     surface = load_surface(surface_path)
@@ -190,8 +190,8 @@ def replay_settings(surface_path: str | Path, *, model: str | None = None, globa
                     gpus: int | None = None, hardware: Hardware | str | None = None, space: str | None = None,
                     memory_budget: int | None = None, strategy: str, seed: int = 0) -> tuple["RunSettings", Space]:
     """A replay sweep's settings and space (replay_workload, replay_space; the budget's default is
-    autotune.settings.memory_budget's, as for every sweep)."""
-    from autotune.settings import RunSettings, memory_budget as default_budget
+    autotune.values.settings.memory_budget's, as for every sweep)."""
+    from autotune.values.settings import RunSettings, memory_budget as default_budget
 
     resolved = replay_space(surface_path, replay_workload(surface_path, model, global_batch, gpus), hardware, space)
     settings = RunSettings(resolved.workload, resolved.hardware, default_budget(memory_budget, resolved.hardware),

@@ -1,5 +1,5 @@
 """The script backend: each trial runs the user's own training script, unchanged, on N ranks through
-autotune.runner (as the deepspeed backend runs the built-in worker), with autotune.script's shim applying
+autotune.trials.runner (as the deepspeed backend runs the built-in worker), with autotune.script's shim applying
 the trial's config at `deepspeed.initialize` and measuring the engine the script gets back.
 
 Results are those of the deepspeed backend (same report keys, same TrialResult extras), plus:
@@ -22,16 +22,16 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from autotune.backends.deepspeed import DeepSpeedBackend
-from autotune.ops import PREFLIGHT_TIMEOUT_S
-from autotune.config import Config, ConfigError
-from autotune.dsconfig import DsOptions
-from autotune.estimate import Calibration, Estimate
-from autotune.hardware import Hardware
-from autotune.results import TrialResult
-from autotune.runner import RunOutcome
+from autotune.trials.ops import PREFLIGHT_TIMEOUT_S
+from autotune.values.config import Config, ConfigError
+from autotune.outputs.dsconfig import DsOptions
+from autotune.prediction.estimate import Calibration, Estimate
+from autotune.values.hardware import Hardware
+from autotune.values.results import TrialResult
+from autotune.trials.runner import RunOutcome
 from autotune.script.shim import KEEP_SCRIPT_BATCH, MODEL_FILE, SCRIPT_CWD, USER_CONFIG_FILE
 from autotune.worker.measure import MeasureSettings
-from autotune.workload import Workload
+from autotune.values.workload import Workload
 
 SCRIPT_FILE = "script.json"  # in a script-mode run directory (autotune.script.session writes it)
 

@@ -27,14 +27,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from autotune.config import Config, ConfigError
-from autotune.estimate import Calibration, Estimate, estimate, host_need_bytes
-from autotune.hardware import Hardware
-from autotune.results import TrialResult
-from autotune.settings import check_budget
-from autotune.space import invalid_reason
-from autotune.units import format_size
-from autotune.workload import Workload
+from autotune.values.config import Config, ConfigError
+from autotune.prediction.estimate import Calibration, Estimate, estimate, host_need_bytes
+from autotune.values.hardware import Hardware
+from autotune.values.results import TrialResult
+from autotune.values.settings import check_budget
+from autotune.values.space import invalid_reason
+from autotune.values.units import format_size
+from autotune.values.workload import Workload
 
 
 class _Prediction(NamedTuple):
@@ -116,7 +116,7 @@ class SimulatedBackend:
         budget = self.memory_budget_bytes
         if reason is not None:
             result = TrialResult(config, "unsupported", memory_budget_bytes=budget, backend=self.name, error=reason)
-        elif peak > budget:  # "cause": a key of autotune.pruning.CAUSES
+        elif peak > budget:  # "cause": a key of autotune.search.pruning.CAUSES
             result = TrialResult(config, "oom", peak_memory_bytes=peak, memory_budget_bytes=budget,
                                  wall_time_s=self.trial_overhead_s, backend=self.name,
                                  extra={"predicted_peak_bytes": peak, "cause": "device_memory"},

@@ -14,21 +14,21 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, Iterator, TextIO
 
-from autotune.config import ConfigError
+from autotune.values.config import ConfigError
 from autotune.files import make_dir  # noqa: F401  (the commands create their output folders with it)
-from autotune.allocator import ALLOCATORS
-from autotune.devices import AUTO, LocalMachine, gpus_found, require_here, resolve_hardware
-from autotune.hardware import PROFILES, Hardware, load_hardware
-from autotune.models import load_model
-from autotune.space import Space
-from autotune.argtypes import gpu_count, positive_int, shown_path, size  # noqa: F401  (the commands' flags use them)
-from autotune.workload import PRESETS, Workload, make_workload
+from autotune.prediction.allocator import ALLOCATORS
+from autotune.trials.devices import AUTO, LocalMachine, gpus_found, require_here, resolve_hardware
+from autotune.values.hardware import PROFILES, Hardware, load_hardware
+from autotune.values.models import load_model
+from autotune.values.space import Space
+from autotune.values.argtypes import gpu_count, positive_int, shown_path, size  # noqa: F401  (the commands' flags use them)
+from autotune.values.workload import PRESETS, Workload, make_workload
 from autotune.search_spaces import space_for
 
 
 def model_name(text: str) -> str:
     """--model: a preset, a Hugging Face config.json or model directory, a cached Hub id or a YAML/JSON shape
-    file (autotune.models), checked here; the text itself is kept (make_workload reads it again)."""
+    file (autotune.values.models), checked here; the text itself is kept (make_workload reads it again)."""
     try:
         load_model(text)
     except ConfigError as err:
@@ -40,7 +40,7 @@ def model_name(text: str) -> str:
 
 def hardware_name(text: str) -> Hardware | str:
     if text == AUTO:
-        return AUTO  # detected when the command runs (autotune.devices)
+        return AUTO  # detected when the command runs (autotune.trials.devices)
     try:
         return load_hardware(text)
     except ConfigError as err:

@@ -1,7 +1,7 @@
 """`autotune estimate`: every config of the space, predicted; those that fit ranked by throughput,
 those that do not grouped by the memory term that breaks the budget. With --calibration (a run directory
 or its calibration.json), predicted with that calibration, each peak with its 90% interval and probability of
-fitting (autotune.uncertainty: wide for knob values that run's trials did not cover)."""
+fitting (autotune.prediction.uncertainty: wide for knob values that run's trials did not cover)."""
 
 from __future__ import annotations
 
@@ -11,16 +11,16 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from autotune.allocator import describe as describe_allocator
+from autotune.prediction.allocator import describe as describe_allocator
 from autotune.commands.common import (add_json_argument, add_workload_arguments, emit_json, json_command, positive_int,
                                       size, space_from, target_from)
-from autotune.estimate import MEMORY_TERMS, Calibration, Estimate
-from autotune.hardware import Hardware
-from autotune.pruning import Pruner
-from autotune.ranking import Ranking, rank_configs
+from autotune.prediction.estimate import MEMORY_TERMS, Calibration, Estimate
+from autotune.values.hardware import Hardware
+from autotune.search.pruning import Pruner
+from autotune.prediction.ranking import Ranking, rank_configs
 from autotune.search_spaces import space_note
-from autotune.settings import memory_budget
-from autotune.units import format_size
+from autotune.values.settings import memory_budget
+from autotune.values.units import format_size
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -105,7 +105,7 @@ def show(ranking: Ranking, hardware: Hardware, top: int, pruner: Pruner | None =
     console.print(f"{model.name}: {model.params / 1e6:,.1f}M parameters, global batch {workload.global_batch}, "
                   f"{workload.gpus} x {hardware.name}, budget {format_size(ranking.budget_bytes)} per device; "
                   f"{len(ranking.space)} valid configs, {len(ranking.fits)} predicted to fit")
-    if not hardware.is_cpu:  # the reserve column depends on it (autotune.cuda_memory)
+    if not hardware.is_cpu:  # the reserve column depends on it (autotune.prediction.cuda_memory)
         console.print(f"allocator: {describe_allocator(hardware.allocator)}")
     table = Table(title=f"Top {min(top, len(ranking.fits))} configs predicted to fit, fastest first")
     for column in ("#", "stage", "micro", "accum", "ckpt", "prec", "off opt", "off par", "peak",

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-from autotune.argtypes import existing_dir
+from autotune.values.argtypes import existing_dir
 from autotune.commands.common import add_json_argument, emit_json, json_command
-from autotune.report import write_outputs
-from autotune.rundir import RunDir
+from autotune.outputs.report import write_outputs
+from autotune.search.rundir import RunDir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

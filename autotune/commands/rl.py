@@ -18,11 +18,11 @@ from pathlib import Path
 
 from rich.console import Console
 
-from autotune.argtypes import (input_dir, input_file, int_range, non_negative_float, output_dir, positive_int,
+from autotune.values.argtypes import (input_dir, input_file, int_range, non_negative_float, output_dir, positive_int,
                                ray_address, seed)
 from autotune.commands.common import add_json_argument, emit_json, json_command
-from autotune.config import ConfigError
-from autotune.units import shown
+from autotune.values.config import ConfigError
+from autotune.values.units import shown
 
 
 MAX_WIDTH, MAX_LAYERS = 65536, 16  # a policy network past these is a typo (and would not fit in memory)

@@ -7,10 +7,10 @@ from __future__ import annotations
 import argparse
 
 from autotune.commands.common import hardware_of
-from autotune.devices import gpus_found, require_here
-from autotune.hardware import Hardware
+from autotune.trials.devices import gpus_found, require_here
+from autotune.values.hardware import Hardware
 from autotune.script.session import placeholder
-from autotune.workload import Workload
+from autotune.values.workload import Workload
 
 
 def script_target(args: argparse.Namespace) -> tuple[Workload, Hardware]:

@@ -21,17 +21,17 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from autotune.argtypes import duration, output_dir, output_file, seed
+from autotune.values.argtypes import duration, output_dir, output_file, seed
 from autotune.backends.factory import TrialOptions, backend_names, make_backend
 from autotune.backends.replay import load_surface
-from autotune.config import Config, ConfigError, first_line
+from autotune.values.config import Config, ConfigError, first_line
 from autotune.commands.common import (add_json_argument, add_workload_arguments, emit_json, json_command, make_dir,
                                       positive_int, size, space_from, target_from)
 from autotune.files import is_file
-from autotune.results import STATUSES
-from autotune.settings import RunSettings, memory_budget
-from autotune.recording import describe_workload, record_surface
-from autotune.units import format_size
+from autotune.values.results import STATUSES
+from autotune.values.settings import RunSettings, memory_budget
+from autotune.trials.recording import describe_workload, record_surface
+from autotune.values.units import format_size
 from autotune.worker.measure import MeasureSettings
 
 BACKENDS = backend_names(sweep=None, measures=True)  # replay reads a surface; script mode is `autotune tune --script`
@@ -102,7 +102,7 @@ def run_record(args: argparse.Namespace) -> int:
     if target.detected():
         console.print(target.detected())
     preflight = getattr(backend, "preflight", None)
-    if preflight is not None:  # the C++ ops the configs need, built before the first trial (autotune.ops)
+    if preflight is not None:  # the C++ ops the configs need, built before the first trial (autotune.trials.ops)
         preflight(list(space) if only is None else only, console.print)
     done = record_surface(space, backend, args.out, order_seed=args.seed, limit=args.limit, retries=args.retries,
                           repeats=args.repeats, only=only, progress=console.print)

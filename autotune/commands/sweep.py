@@ -7,7 +7,7 @@ import argparse
 from datetime import datetime
 from pathlib import Path
 
-from autotune.argtypes import output_dir, positive_int, ray_address
+from autotune.values.argtypes import output_dir, positive_int, ray_address
 from autotune.commands.common import add_json_argument, emit_json, json_command
 from autotune.commands.tune import add_tracking_arguments, tracking_uri
 
@@ -28,13 +28,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 @json_command
 def run(args: argparse.Namespace) -> int:
-    from autotune.interrupts import sigterm_as_interrupt
-    from autotune.study_storage import masked
-    from autotune.sweeps import SUMMARY_CSV, SUMMARY_MD, load_sweep, run_sweep
+    from autotune.trials.interrupts import sigterm_as_interrupt
+    from autotune.search.study_storage import masked
+    from autotune.search.sweeps import SUMMARY_CSV, SUMMARY_MD, load_sweep, run_sweep
 
     sweep_file = load_sweep(args.sweep_file)
     if args.resume and args.out is None:
-        from autotune.config import ConfigError
+        from autotune.values.config import ConfigError
 
         raise ConfigError("--resume needs --out DIR (the sweep directory to continue)")
     out = args.out or Path("runs") / f"sweep-{args.sweep_file.stem}-{datetime.now():%Y%m%d-%H%M%S}"

@@ -1,6 +1,6 @@
 """`autotune trial`: one real DeepSpeed trial of one config, its measured result next to the estimator's
 prediction. The result is appended to `<run-dir>/trials.jsonl` and its logs kept in `<run-dir>/logs/`.
-Before the trial, a child process builds (first use) or loads the DeepSpeed ops it needs (autotune.ops).
+Before the trial, a child process builds (first use) or loads the DeepSpeed ops it needs (autotune.trials.ops).
 Exit status: 0 if the trial ran (`ok`), 1 if it failed (oom, unsupported, timeout, crash) or an op it needs cannot
 be built (one line naming the fix, nothing recorded), 2 for bad input."""
 
@@ -15,26 +15,26 @@ from rich.console import Console, JustifyMethod
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from autotune.argtypes import duration, existing_dir, gpu_count, int_range, non_negative_int, output_dir
+from autotune.values.argtypes import duration, existing_dir, gpu_count, int_range, non_negative_int, output_dir
 from autotune.backends.deepspeed import DeepSpeedBackend
 from autotune.backends.factory import deepspeed_backend, script_backend
-from autotune.calibrate import calibrator, load_calibration, quality, save_calibration
+from autotune.prediction.calibrate import calibrator, load_calibration, quality, save_calibration
 from autotune.commands.common import (MODEL_HELP, SEQ_LEN_HELP, add_json_argument, emit_json, hardware_name,
                                       json_command, make_dir, model_name, positive_int, size, target_from)
 from autotune.commands.script import script_target
-from autotune.config import OFFLOADS, PRECISIONS, ZERO_STAGES, Config, ConfigError
-from autotune.dsconfig import DsOptions
-from autotune.estimate import MEMORY_TERMS, Calibration, Estimate, estimate
-from autotune.hardware import PROFILES, Hardware
-from autotune.results import TrialResult, append_result, read_results
+from autotune.values.config import OFFLOADS, PRECISIONS, ZERO_STAGES, Config, ConfigError
+from autotune.outputs.dsconfig import DsOptions
+from autotune.prediction.estimate import MEMORY_TERMS, Calibration, Estimate, estimate
+from autotune.values.hardware import PROFILES, Hardware
+from autotune.values.results import TrialResult, append_result, read_results
 from autotune.script.cli import add_arguments as script_arguments, script_from
 from autotune.script.batch import settle
 from autotune.script.inspect_model import describe
 from autotune.script.session import learned_workload, script_batch_of
-from autotune.space import invalid_reason
-from autotune.units import format_size
+from autotune.values.space import invalid_reason
+from autotune.values.units import format_size
 from autotune.worker.measure import MeasureSettings
-from autotune.workload import Workload
+from autotune.values.workload import Workload
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -10,30 +10,30 @@ from typing import TYPE_CHECKING, Callable
 
 import autotune
 from autotune.api import DEFAULT_STRATEGY, SweepStart, TuneResult, TuneSpec
-from autotune.argtypes import duration, gpu_count, non_negative_int, output_dir, ray_address, seed, stop_probability
+from autotune.values.argtypes import duration, gpu_count, non_negative_int, output_dir, ray_address, seed, stop_probability
 from autotune.backends.replay import replay_workload
 from autotune.backends.factory import backend_names
 from autotune.commands import script as script_command
 from autotune.commands.common import (add_json_argument, add_workload_arguments, emit_json, json_command, positive_int,
                                       size, target_from)
-from autotune.config import ConfigError
-from autotune.convergence import DEFAULT_STOP_WHEN
-from autotune.interrupts import sigterm_as_interrupt
+from autotune.values.config import ConfigError
+from autotune.search.convergence import DEFAULT_STOP_WHEN
+from autotune.trials.interrupts import sigterm_as_interrupt
 from autotune.drivers.progress import ConsoleProgress
 from autotune.drivers.stop import StopReason
 from autotune.drivers.sweep import Budget
-from autotune.handoff import Handoff
-from autotune.pruning import cause_counts, describe_causes
-from autotune.rundir import RunDir
-from autotune.settings import DEFAULT_STACK, STACKS, RunSettings
-from autotune.scale import at_target
+from autotune.outputs.handoff import Handoff
+from autotune.search.pruning import cause_counts, describe_causes
+from autotune.search.rundir import RunDir
+from autotune.values.settings import DEFAULT_STACK, STACKS, RunSettings
+from autotune.prediction.scale import at_target
 from autotune.search_spaces import space_note
 from autotune.script.cli import add_arguments as script_arguments, script_from
-from autotune.space import Space
+from autotune.values.space import Space
 from autotune.strategies import STRATEGIES
-from autotune.study_storage import masked
-from autotune import tracking
-from autotune.units import format_size
+from autotune.search.study_storage import masked
+from autotune.outputs import tracking
+from autotune.values.units import format_size
 
 if TYPE_CHECKING:
     from autotune.drivers.ray import RayOptions
@@ -89,7 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_tracking_arguments(parser: argparse.ArgumentParser) -> None:
-    """MLflow tracking (autotune/tracking.py), shared with `autotune sweep`."""
+    """MLflow tracking (autotune/outputs/tracking.py), shared with `autotune sweep`."""
     parser.add_argument("--mlflow", action="store_true",
                         help="log every trial and the recommendation to MLflow, in sqlite:///<out>/mlflow.db (needs "
                              f"the {tracking.EXTRA} extra: pip install 'ds-autotune[{tracking.EXTRA}]')")
@@ -221,7 +221,7 @@ def ray_options(args: argparse.Namespace) -> "RayOptions | None":
 def headline(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budget, resume: bool) -> list[str]:
     """What the console says once the run directory is held: what taking it repaired, the sweep in one line,
     and what the hardware changed in the space."""
-    lines = list(run_dir.notes)  # what taking the run directory repaired (autotune.rundir)
+    lines = list(run_dir.notes)  # what taking the run directory repaired (autotune.search.rundir)
     history = run_dir.results()
     w = settings.workload
     lines.append(

@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
 from autotune.backends import Backend
-from autotune.config import Config
+from autotune.values.config import Config
 from autotune.drivers.progress import Progress, QuietProgress
 from autotune.drivers.stop import StopReason
 from autotune.drivers.sweep import Budget, Sweep
-from autotune.ops import REPEATED_BUILD_FAILURES, build_failure
-from autotune.results import TrialResult
+from autotune.trials.ops import REPEATED_BUILD_FAILURES, build_failure
+from autotune.values.results import TrialResult
 
 ASKS_PER_SLOT = 3  # proposals asked for one free slot before a sweep waits for a result in flight
 
@@ -90,7 +90,7 @@ class Job:
         self.waiting = False  # the strategy wants a result before it proposes again
         self.reason: StopReason | None = None  # why it stopped, once it has
         self.fatal: str | None = None  # the backend said no config can succeed: propose nothing more
-        self.build_failures: Counter[str | None] = Counter()  # op -> trials that crashed loading it (autotune.ops)
+        self.build_failures: Counter[str | None] = Counter()  # op -> trials that crashed loading it (autotune.trials.ops)
         sweep.on_pruned = progress.pruned
         sweep.on_message = progress.message
 
@@ -130,7 +130,7 @@ class Job:
 
     def _repeated_build_failure(self, result: TrialResult) -> str | None:
         """A DeepSpeed op that failed to build or load in a second trial is the environment's failure, not the
-        configs': its one line (autotune.ops), which stops the sweep. Counted here, where every trial's result
+        configs': its one line (autotune.trials.ops), which stops the sweep. Counted here, where every trial's result
         comes back (a Ray worker's backend sees one trial)."""
         failure = build_failure(result)
         if failure is None:

@@ -1,7 +1,7 @@
 """Progress of a sweep for people: one line per trial (number, config, status, throughput, memory,
-best so far, the chance that an untried config is faster (the convergence stop's figure, autotune.convergence),
+best so far, the chance that an untried config is faster (the convergence stop's figure, autotune.search.convergence),
 the sweep's ETA), one line per batch of pruned configs (how many, and what each was predicted
-to exceed: autotune.pruning.CAUSES; every config and its reason stay in trials.jsonl and report.md), and,
+to exceed: autotune.search.pruning.CAUSES; every config and its reason stay in trials.jsonl and report.md), and,
 while a trial runs, a live line with its config, its phase (loading or building DeepSpeed's C++ ops,
 initializing, warming up, measuring: read from the backend, `PhaseReporter`), its elapsed time and the ETA.
 
@@ -23,11 +23,11 @@ from typing import Callable, Protocol, Sequence, runtime_checkable
 from rich.console import Console
 from rich.status import Status
 
-from autotune.config import Config
-from autotune.convergence import percent
-from autotune.pruning import cause_counts, describe_causes
-from autotune.results import TrialResult
-from autotune.units import format_size
+from autotune.values.config import Config
+from autotune.search.convergence import percent
+from autotune.search.pruning import cause_counts, describe_causes
+from autotune.values.results import TrialResult
+from autotune.values.units import format_size
 
 STATUS_STYLE = {"ok": "green", "oom": "red", "crash": "red", "timeout": "yellow", "unsupported": "yellow",
                 "pruned": "dim"}

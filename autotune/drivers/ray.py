@@ -45,19 +45,19 @@ from rich.console import Console
 
 from autotune.backends import Backend
 from autotune.backends.factory import TrialOptions, as_backend, backend_kind, make_backend, simulated_sleep_s
-from autotune.config import Config, ConfigError, first_line
+from autotune.values.config import Config, ConfigError, first_line
 from autotune.drivers.loop import Flight, Job, TrialReply, TrialResources, run_jobs
 from autotune.drivers.ray_ranks import NodeLost
 from autotune.drivers.stop import StopReason
 from autotune.drivers.progress import STATUS_STYLE, LiveProgress, Progress, _headline, pruned_line
 from autotune.drivers.sweep import Budget, Sweep
-from autotune.results import TrialResult
-from autotune.units import format_size
+from autotune.values.results import TrialResult
+from autotune.values.units import format_size
 
 if TYPE_CHECKING:
     from autotune.drivers.ray_ranks import RankBundles
-    from autotune.rundir import RunDir
-    from autotune.settings import RunSettings
+    from autotune.search.rundir import RunDir
+    from autotune.values.settings import RunSettings
 
 LOCAL = "local"  # --ray-address local: start a private single-node Ray instance for this run
 MAX_FAILURES = 3  # resubmissions of a trial whose worker or node died
@@ -475,7 +475,7 @@ class BackendSpec:
     sleep_s: float = 0.0  # test and benchmark hook: every trial also sleeps this long
 
     def __call__(self) -> Backend:
-        from autotune.rundir import RunDir
+        from autotune.search.rundir import RunDir
 
         return make_backend(self.settings, RunDir(self.run_dir), TrialOptions(sleep_s=self.sleep_s))
 

@@ -3,7 +3,7 @@
 A trial of N ranks that no single node holds gets a placement group of N bundles, one device each (a GPU on
 GPU clusters, a CPU for CPU ranks), strategy PACK: as few nodes as the cluster allows, so that the ranks of
 a node talk over its own links. One `RankHost` actor per bundle starts its rank as a subprocess with the
-runner (autotune.runner.Trial with a `Placement`: the runner's environment, true peak per rank, the memory
+runner (autotune.trials.runner.Trial with a `Placement`: the runner's environment, true peak per rank, the memory
 watchdog, the timeout, every process of the rank ended on any outcome) and watches it; the driver-side trial
 (`SpanningLaunch`, which the backend calls in place of `run_worker`) polls every actor, ends all ranks once
 one has failed and the others had the runner's grace to report, and judges every node's evidence together
@@ -34,13 +34,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from autotune.results import TrialResult
-from autotune.runner import LaunchOptions, Placement, RankShare, RunOutcome, Trial, judge
+from autotune.values.results import TrialResult
+from autotune.trials.runner import LaunchOptions, Placement, RankShare, RunOutcome, Trial, judge
 from autotune.worker.protocol import WorkerSpec
 
 if TYPE_CHECKING:
     from autotune.backends import Backend
-    from autotune.config import Config
+    from autotune.values.config import Config
     from autotune.drivers.loop import TrialReply, TrialResources
 
 STRATEGY = "PACK"  # fewest nodes first; spans nodes only when one cannot hold the bundles

@@ -24,17 +24,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.backends import Backend
-from autotune.config import Config
+from autotune.values.config import Config
 from autotune.drivers.loop import Flight, Job, TrialReply, TrialResources
 from autotune.drivers.progress import Progress
 from autotune.drivers.sweep import Budget, Sweep
-from autotune.results import TrialResult
+from autotune.values.results import TrialResult
 from autotune.script.ship import Landed, Shipment, pack, plan, unpack
 
 if TYPE_CHECKING:
     from autotune.backends.script import Script, ScriptBackend
-    from autotune.rundir import RunDir
-    from autotune.settings import RunSettings
+    from autotune.search.rundir import RunDir
+    from autotune.values.settings import RunSettings
 
 LOG_FILES = "_log_files"  # result extra on its way back from the node; removed before it is recorded
 LOG_FILE_MAX = 1 * 2**20  # a log file larger than this stays on the node (the ranks' output of a long run)
@@ -56,7 +56,7 @@ class ShippedScript:
     def __call__(self) -> Backend:
         from autotune.backends.factory import script_backend
         from autotune.backends.script import Script
-        from autotune.dsconfig import DsOptions
+        from autotune.outputs.dsconfig import DsOptions
 
         bundle = self.bundle
         if not isinstance(bundle, bytes):

@@ -7,18 +7,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from autotune.config import Config, ConfigError
+from autotune.values.config import Config, ConfigError
 from autotune.drivers.loop import TrialReply, TrialResources
 from autotune.drivers.ray import RayOptions, connect, describe_cluster, disconnect, fits_some_node, run_trial, \
     trial_resources
 from autotune.drivers.ray_script import ShippedScript, land_log_files, shipment_of
-from autotune.results import TrialResult
+from autotune.values.results import TrialResult
 from autotune.script.ship import pack
 
 if TYPE_CHECKING:
     from autotune.backends.script import Script
-    from autotune.rundir import RunDir
-    from autotune.settings import RunSettings
+    from autotune.search.rundir import RunDir
+    from autotune.values.settings import RunSettings
 
 FirstTrial = Callable[[Config, bool], "tuple[TrialResult, str | None]"]
 

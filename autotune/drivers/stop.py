@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from autotune.convergence import Convergence
+from autotune.search.convergence import Convergence
 
 
 class StopReason(str, Enum):
@@ -13,7 +13,7 @@ class StopReason(str, Enum):
     TRIALS = "trials"
     TIME = "time"
     DONE = "done"
-    CONVERGED = "converged"  # little chance that an untried config beats the best (autotune/convergence.py)
+    CONVERGED = "converged"  # little chance that an untried config beats the best (autotune/search/convergence.py)
     STALLED = "stalled"
     INTERRUPTED = "interrupted"
     FATAL = "fatal"  # the backend says no config can succeed (e.g. a user's script that never steps)

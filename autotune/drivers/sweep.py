@@ -3,7 +3,7 @@ history and the best result so far. A driver asks `next_config()` for work and h
 `finish()`; both record to the run's append-only trial log in order, so the log always holds every
 decision made so far and nothing else.
 
-Confirmation of close calls (autotune/confirm.py): with `Budget.confirm` repeats per finalist, the search
+Confirmation of close calls (autotune/search/confirm.py): with `Budget.confirm` repeats per finalist, the search
 stops early enough to leave the repeats room, then the finalists run again; a repeat is recorded like any
 trial (marked `"phase": "confirm"`) but not told to the strategy, and `best` is the best median."""
 
@@ -12,22 +12,22 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Collection, Sequence
 
-from autotune import confirm
+from autotune.search import confirm
 
-from autotune.calibrate import calibrator
-from autotune.convergence import DEFAULT_STOP_WHEN, Convergence, StopRule, assess, recorded
-from autotune.config import Config
+from autotune.prediction.calibrate import calibrator
+from autotune.search.convergence import DEFAULT_STOP_WHEN, Convergence, StopRule, assess, recorded
+from autotune.values.config import Config
 from autotune.drivers.stop import StopReason
-from autotune.estimate import Calibration
-from autotune.pruning import LivePruner, Pruner, cause_of
-from autotune.results import TrialResult
-from autotune.space import Space
+from autotune.prediction.estimate import Calibration
+from autotune.search.pruning import LivePruner, Pruner, cause_of
+from autotune.values.results import TrialResult
+from autotune.values.space import Space
 from autotune.strategies import SearchContext, Strategy, make_strategy
-from autotune.tracking import NO_TRACKING, Tracker
+from autotune.outputs.tracking import NO_TRACKING, Tracker
 
 if TYPE_CHECKING:
-    from autotune.rundir import RunDir
-    from autotune.settings import RunSettings
+    from autotune.search.rundir import RunDir
+    from autotune.values.settings import RunSettings
 
 
 @dataclass(frozen=True)
@@ -36,10 +36,10 @@ class Budget:
     # No trial starts once the recorded trials' wall time (as their backend reports it) reaches this;
     # counted over every session of a resumed sweep.
     time_s: float | None = None
-    # Repeats per finalist of the confirmation of close calls (autotune/confirm.py), counted in `trials`;
+    # Repeats per finalist of the confirmation of close calls (autotune/search/confirm.py), counted in `trials`;
     # None: the backend's default (confirm.default_repeats: on for real trials, off for simulated and replay).
     confirm: int | None = None
-    # The convergence stop (autotune/convergence.py): the search ends once the chance that an untried config
+    # The convergence stop (autotune/search/convergence.py): the search ends once the chance that an untried config
     # beats the best by more than the launch noise is below this; 0: off (the trials or time end it).
     stop_when: float = DEFAULT_STOP_WHEN
 
@@ -78,8 +78,8 @@ class Sweep:
         self.max_idle = 2 * space_size + 10
         self.stalled = False
         self.on_pruned: Callable[[TrialResult], None] = lambda result: None
-        self.tracker: Tracker = NO_TRACKING  # experiment tracking hears every recorded result (autotune.tracking)
-        # The chance of a better config after the latest search trial (autotune.convergence); None until
+        self.tracker: Tracker = NO_TRACKING  # experiment tracking hears every recorded result (autotune.outputs.tracking)
+        # The chance of a better config after the latest search trial (autotune.search.convergence); None until
         # computed (a resumed sweep computes it again from its record, once its launch spread is set).
         self.convergence: Convergence | None = None
         for result in history:
@@ -191,7 +191,7 @@ class Sweep:
         return StopReason.STALLED if self.stalled else StopReason.DONE
 
     def _converged(self, budget: Budget | None) -> bool:
-        """The convergence stop is met (autotune/convergence.py)."""
+        """The convergence stop is met (autotune/search/convergence.py)."""
         if budget is None or not budget.stop_when or self._space is None:
             return False
         if self.convergence is None and self.results:  # a resumed sweep: the state its record kept
@@ -281,7 +281,7 @@ class Sweep:
 
     def _taught(self, result: TrialResult) -> TrialResult:
         """The pruner taught a search trial's result (not yet recorded), and the result with the chance of a
-        better config that is left (autotune.convergence) in its extra."""
+        better config that is left (autotune.search.convergence) in its extra."""
         if result.status == "oom":
             self.pruner = self.pruner.with_out_of_memory(result.config, cause_of(result), result.peak_memory_bytes)
         if measurable(result):

@@ -13,7 +13,7 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from autotune.config import ConfigError
+from autotune.values.config import ConfigError
 from autotune.files import atomic_output, load_json, write_atomic
 from autotune.rl.network import NetSpec, mask_logits, policy_net
 

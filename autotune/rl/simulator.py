@@ -26,7 +26,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from autotune.config import Config, ConfigError
+from autotune.values.config import Config, ConfigError
 from autotune.envs.config import EnvConfig
 from autotune.envs.deepspeed_memory import DeepSpeedMemoryEnv
 from autotune.envs.episodes import Episode, EstimatorCaches, TaskSource, start_index
@@ -35,8 +35,8 @@ from autotune.envs.sampler import Task, WorkloadSampler
 from autotune.backends.distorted import Distortion, DistortedBackend
 from autotune.backends.factory import distorted_backend, simulated_backend
 from autotune.backends.simulated import SimulatedBackend
-from autotune.results import TrialResult
-from autotune.space import Space
+from autotune.values.results import TrialResult
+from autotune.values.space import Space
 
 STARTS = ("random", "default", "estimator", "mixed")
 MIXED_ESTIMATOR_SHARE = 0.5  # "mixed" starts: this share at the estimator's best, the rest at random

@@ -14,7 +14,7 @@ Run directory (`--out`):
     checkpoints/latest  the name of the newest complete one (written after it)
     policy/             the policy exported at the last checkpoint (policy.pt + policy.json), what
                         `--strategy rl` loads without Ray
-    .lock               held by the training process (autotune.rundir.RunFolder): a second one is refused
+    .lock               held by the training process (autotune.search.rundir.RunFolder): a second one is refused
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from autotune.backends.factory import backend_names
-from autotune.config import ConfigError
+from autotune.values.config import ConfigError
 from autotune.files import write_atomic
-from autotune.interrupts import sigterm_as_interrupt
-from autotune.rundir import RunFolder
+from autotune.trials.interrupts import sigterm_as_interrupt
+from autotune.search.rundir import RunFolder
 
 BACKENDS = backend_names(sweep=None, train=True)  # the kinds RL training runs on
 # Settings that may differ when a run is resumed: they change how, not what, is trained.
@@ -192,7 +192,7 @@ class TrainResult:
 class TrainingRun(RunFolder):
     """The files of one training run (module doc). Not a sweep's RunDir (it holds no trials, study or
     report, and its settings are TrainSettings), but the same lock, atomic writes and fsync'd appends
-    (autotune.rundir.RunFolder): one `autotune rl train` at a time trains into a directory."""
+    (autotune.search.rundir.RunFolder): one `autotune rl train` at a time trains into a directory."""
 
     holder = "trainer"
 

@@ -20,8 +20,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Collection, Mapping, Sequence
 
-from autotune.config import ConfigError
-from autotune.workload import accumulation as accumulation_steps, micro_batch_divisors
+from autotune.values.config import ConfigError
+from autotune.values.workload import accumulation as accumulation_steps, micro_batch_divisors
 
 DS_CONFIG = "DeepSpeed config"
 TRAINING_ARGUMENTS = "TrainingArguments"

@@ -7,8 +7,8 @@ import argparse
 import shlex
 from typing import TYPE_CHECKING
 
-from autotune.argtypes import input_file
-from autotune.config import ConfigError
+from autotune.values.argtypes import input_file
+from autotune.values.config import ConfigError
 
 if TYPE_CHECKING:
     from autotune.backends.script import Script

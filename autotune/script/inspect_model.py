@@ -30,8 +30,8 @@ import inspect
 from collections import Counter
 from typing import Any, Callable
 
-from autotune.shapes import ATTENTIONS
-from autotune.workload import ModelShape
+from autotune.values.shapes import ATTENTIONS
+from autotune.values.workload import ModelShape
 
 HF_KEYS = {
     "layers": ("num_hidden_layers", "n_layer", "num_layers", "n_layers"),

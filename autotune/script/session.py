@@ -25,18 +25,18 @@ from typing import Any, Callable
 
 from autotune.backends.factory import script_backend
 from autotune.backends.script import SCRIPT_FILE, Script, read_script_info, user_config
-from autotune.config import Config, ConfigError
-from autotune.dsconfig import DsOptions, ds_config, validate
-from autotune.estimate import estimate
-from autotune.handoff import checkpointing_key
-from autotune.results import TrialResult
-from autotune.rundir import RunDir
-from autotune.settings import RunSettings
+from autotune.values.config import Config, ConfigError
+from autotune.outputs.dsconfig import DsOptions, ds_config, validate
+from autotune.prediction.estimate import estimate
+from autotune.outputs.handoff import checkpointing_key
+from autotune.values.results import TrialResult
+from autotune.search.rundir import RunDir
+from autotune.values.settings import RunSettings
 from autotune.script import accelerate_loop, batch, lightning_loop, merge
 from autotune.script.inspect_model import describe, shape_from_info
-from autotune.space import Space
-from autotune.units import format_size
-from autotune.workload import PRESETS, Workload
+from autotune.values.space import Space
+from autotune.values.units import format_size
+from autotune.values.workload import PRESETS, Workload
 
 DEFAULT_GLOBAL_BATCH = 16  # only where the script states no batch size and --global-batch is not given
 

@@ -46,7 +46,7 @@ from autotune.worker.main import (Unsupported, agree, check_supported, classify,
                                   host_store_on_loopback, load_ops, prepared_ds_config)
 from autotune.worker.measure import iqr, median_rel_se, stop_reason
 from autotune.worker.protocol import WorkerSpec, record_phase, report_path, write_json_atomic
-from autotune.config import ConfigError
+from autotune.values.config import ConfigError
 from autotune.script import accelerate_loop, batch as script_batch, lightning_loop, merge
 from autotune.script.verdict import ScriptVerdict
 from autotune.script.inspect_model import checkpoint_switch, model_info, set_checkpointing, watch_attention

@@ -23,15 +23,15 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune.config import ConfigError
-from autotune.units import format_size
+from autotune.values.config import ConfigError
+from autotune.values.units import format_size
 
 SHIP_LIMIT_BYTES = 64 * 2**20  # what one trial carries and unpacks
 MAX_FILES = 10_000
 OUTSIDE_FILE_MAX = 8 * 2**20  # a file named in the arguments outside the script's directory (a config, not data)
 SKIPPED_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", ".venv", "venv", ".mypy_cache", ".pytest_cache",
                           ".ruff_cache", ".tox", ".ipynb_checkpoints", "node_modules", "wandb", "mlruns"})
-RUN_DIR_MARKERS = ("run.json", "trials.jsonl", ".lock")  # a ds-autotune run directory (autotune.rundir)
+RUN_DIR_MARKERS = ("run.json", "trials.jsonl", ".lock")  # a ds-autotune run directory (autotune.search.rundir)
 OUTSIDE = ".autotune-files"  # in the bundle: the files named outside the script's directory, one folder each
 
 

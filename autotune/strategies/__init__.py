@@ -25,12 +25,12 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, runtime_checkable
 
-from autotune.config import Config, ConfigError
-from autotune.estimate import Estimate
+from autotune.values.config import Config, ConfigError
+from autotune.prediction.estimate import Estimate
 from autotune.files import short
-from autotune.results import TrialResult
-from autotune.space import Space
-from autotune.uncertainty import Forecast, Uncertainty
+from autotune.values.results import TrialResult
+from autotune.values.space import Space
+from autotune.prediction.uncertainty import Forecast, Uncertainty
 
 
 @runtime_checkable
@@ -55,7 +55,7 @@ class SearchContext:
     seed: int = 0
     predict: Callable[[Config], Estimate] | None = None  # the estimator as calibrated when the search starts
     storage: Any = None  # Optuna storage (URL or storage object) of the run directory; None: in memory
-    study_name: str = "autotune"  # the sweep's study in that storage (autotune.study_storage.study_name)
+    study_name: str = "autotune"  # the sweep's study in that storage (autotune.search.study_storage.study_name)
     # The prediction with its uncertainty as the sweep's pruner knows it now (recalibrated after each result):
     # probability of fitting, throughput interval, expected gain. None: no sweep (the estimator alone).
     forecast: Callable[[Config], Forecast] | None = None

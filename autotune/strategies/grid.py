@@ -6,16 +6,16 @@ the space's default (the first value of its list); a stage whose model states do
 micro-batches are tried from the smallest up to the largest predicted to fit, and a stage whose largest
 fitting micro-batch is smaller than the previous stage's is skipped; the search stops after
 `EARLY_STOP` trials in a row without improvement. DeepSpeed uses its own model-state and activation
-estimates for the memory decisions; here they come from autotune.estimate.
+estimates for the memory decisions; here they come from autotune.prediction.estimate.
 """
 
 from __future__ import annotations
 
 from typing import Generator
 
-from autotune.config import KNOBS, Config
-from autotune.estimate import estimate
-from autotune.results import TrialResult
+from autotune.values.config import KNOBS, Config
+from autotune.prediction.estimate import estimate
+from autotune.values.results import TrialResult
 from autotune.strategies import SearchContext
 
 EARLY_STOP = 5  # DeepSpeed's tuner_early_stopping default

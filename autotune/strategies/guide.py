@@ -3,7 +3,7 @@ what to measure to identify the estimator's error model, and what is worth runni
 
 - `identifying`: the warm start. The untried config whose measurement shrinks most the variance of the
   predictions of the configs predicted best (Bayesian linear regression's exact variance reduction on the
-  knob-value offsets of autotune.uncertainty, memory and throughput), weighed by its probability of
+  knob-value offsets of autotune.prediction.uncertainty, memory and throughput), weighed by its probability of
   fitting (an out-of-memory teaches only a bound). Its first picks therefore cover the knob values the best
   candidates share but no trial used (checkpointing on and off, each precision, offload on and off),
   rather than the best predicted config of each memory layout.
@@ -20,9 +20,9 @@ from typing import Collection
 
 import numpy as np
 
-from autotune.config import KNOBS, Config
+from autotune.values.config import KNOBS, Config
 from autotune.strategies import SearchContext
-from autotune.uncertainty import Forecast
+from autotune.prediction.uncertainty import Forecast
 
 TARGETS = 8  # configs "predicted best" whose uncertainty the warm start shrinks
 # A guided pick is one at least this likely to fit, while there is one: even odds, as a config whose knob

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from autotune.config import Config
-from autotune.results import TrialResult
+from autotune.values.config import Config
+from autotune.values.results import TrialResult
 from autotune.strategies import SearchContext
 from autotune.strategies.optuna_search import FIT_TO_RUN, GUIDED_TURNS, IDENTIFY, tpe
 from autotune.strategies.rl import RLStrategy

@@ -35,7 +35,7 @@ The constraint is written as the system attribute `constraints` (a list, the for
 `constraints_func`): optuna-dashboard 0.21 reads feasibility from it and not from Optuna 5's
 `Trial.set_constraint` keys (`constraints:<name>`); Optuna reads both.
 
-The study lives in the storage of the run directory when one is given (autotune.study_storage). A resumed
+The study lives in the storage of the run directory when one is given (autotune.search.study_storage). A resumed
 study keeps what it learnt; a trial left RUNNING by a killed tuner is taken over: told from the recorded
 result if the driver recorded one, and otherwise proposed again before anything else (ahead of warm-start
 trials still waiting in the queue), so the config that was in flight runs again first.
@@ -51,9 +51,9 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import TrialState
 
-from autotune.config import KNOBS, Config, ConfigError
-from autotune.estimate import estimate
-from autotune.results import TrialResult
+from autotune.values.config import KNOBS, Config, ConfigError
+from autotune.prediction.estimate import estimate
+from autotune.values.results import TrialResult
 from autotune.strategies import SearchContext, guide
 from autotune.strategies.sampler_view import INDEX, SAMPLER_VALUE_KEY, SamplerView
 

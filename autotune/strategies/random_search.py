@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import random
 
-from autotune.config import Config
-from autotune.results import TrialResult
+from autotune.values.config import Config
+from autotune.values.results import TrialResult
 from autotune.strategies import SearchContext
 
 

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from autotune.config import Config
+from autotune.values.config import Config
 from autotune.envs.actions import JUMP, RUN, STOP
-from autotune.results import TrialResult
+from autotune.values.results import TrialResult
 from autotune.strategies import SearchContext
 
 if TYPE_CHECKING:

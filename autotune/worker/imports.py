@@ -23,7 +23,7 @@ def without_mlflow() -> None:
 @contextlib.contextmanager
 def mlflow_kept_out() -> Iterator[None]:
     """While inside, `import mlflow` fails (unless MLflow is imported already); importable again after, for the
-    tuner's tracking (autotune.tracking) or a user's script."""
+    tuner's tracking (autotune.outputs.tracking) or a user's script."""
     added = _MODULE not in sys.modules
     if added:
         without_mlflow()

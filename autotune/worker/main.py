@@ -84,7 +84,7 @@ def main(argv: list[str]) -> int:
                   "fatal": isinstance(err, (AcceleratorMismatch, UnsupportedModel))}  # nor would any other config
         if status == "oom":
             report["cause"] = oom_cause(err, spec.accelerator)
-        if _last_phase == "build_ops":  # the op, and whether TORCH_CUDA_ARCH_LIST is to blame (autotune.ops)
+        if _last_phase == "build_ops":  # the op, and whether TORCH_CUDA_ARCH_LIST is to blame (autotune.trials.ops)
             report.update(build_failure(err, _last_op))
         code = 1
     write_json_atomic(report_path(spec.log_dir, rank), report)
@@ -122,7 +122,7 @@ def classify(err: BaseException) -> tuple[str, str]:
 
 
 def oom_cause(err: BaseException, accelerator: str) -> str:
-    """What an out-of-memory failure ran out of (autotune.pruning.CAUSES): a failed host allocation on a GPU
+    """What an out-of-memory failure ran out of (autotune.search.pruning.CAUSES): a failed host allocation on a GPU
     rank is host memory (offloaded state, pinned buffers); on the CPU accelerator the host is the device."""
     host = isinstance(err, MemoryError) or CPU_OOM in str(err)
     return "host_memory" if host and accelerator != "cpu" else "device_memory"
@@ -298,7 +298,7 @@ def skip_inference_ops() -> None:
 
 
 def op_builders(ds: dict[str, Any], accel: Any) -> list[str]:
-    """The op builders (class names) a trial of DeepSpeed config `ds` loads on `accel` (autotune.ops' preflight
+    """The op builders (class names) a trial of DeepSpeed config `ds` loads on `accel` (autotune.trials.ops' preflight
     asks the same of every config of a space)."""
     names = []
     if not ds.get("optimizer", {}).get("params", {}).get("torch_adam", False):
@@ -339,7 +339,7 @@ def load_op(name: str, accel: Any, report: Callable[[str, bool], None] | None = 
 
 
 def build_failure(err: BaseException, op: str | None) -> dict[str, Any]:
-    """What a failed op load tells the tuner beyond its message (autotune.ops.BuildFailure): the op, whether
+    """What a failed op load tells the tuner beyond its message (autotune.trials.ops.BuildFailure): the op, whether
     DeepSpeed's or torch's parsing of TORCH_CUDA_ARCH_LIST raised it, and the GPU's compute capability (the
     arch list that would do)."""
     frames = traceback.extract_tb(err.__traceback__)

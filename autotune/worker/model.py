@@ -1,11 +1,11 @@
 """The built-in decoder-only transformer trained by a trial: plain PyTorch, random init, no downloads.
 
-It follows `autotune.workload.ModelShape` exactly (so `ModelShape.params` counts its parameters) and is
+It follows `autotune.values.workload.ModelShape` exactly (so `ModelShape.params` counts its parameters) and is
 written the way the estimator's memory formulas assume: fused attention (`scaled_dot_product_attention`,
 no materialised s x s scores), no dropout, and with `ckpt_interval = k` the layers run in checkpointed
 segments of k layers (only segment inputs are kept; backward recomputes one segment at a time).
 
-It builds the dense shapes `autotune.models` reads from Hugging Face configs, up to what changes neither the
+It builds the dense shapes `autotune.values.models` reads from Hugging Face configs, up to what changes neither the
 parameter count nor the memory (GPT-NeoX's and Phi-2's partial rotary is applied to whole heads, Gemma's
 GeGLU is SwiGLU): head_dim, tied or untied embeddings, learned or rotary positions, q/k/v biases, a biased LM
 head, one norm per layer (parallel attention and MLP) or Gemma 2's four, q/k norms (Qwen3, Gemma 3). A
@@ -23,7 +23,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils.checkpoint import checkpoint
 
-from autotune.workload import ModelShape
+from autotune.values.workload import ModelShape
 
 
 class RMSNorm(nn.Module):

@@ -1,5 +1,5 @@
-"""The op preflight's child: `python -m autotune.worker.preflight < request.json`, started by autotune.ops before a
-sweep's first trial, in the environment its ranks get (autotune.runner.trial_environment).
+"""The op preflight's child: `python -m autotune.worker.preflight < request.json`, started by autotune.trials.ops before a
+sweep's first trial, in the environment its ranks get (autotune.trials.runner.trial_environment).
 
 The request: `{"accelerator": "cuda", "ds_configs": [...], "cpu_info": {...} | null}`. The child loads (building
 on first use) every op a rank of one of those DeepSpeed configs loads, with the rank's own choice and loader
@@ -23,7 +23,7 @@ import sys
 import traceback
 from typing import Any
 
-from autotune.ops import needed_builders
+from autotune.trials.ops import needed_builders
 from autotune.worker.device import AcceleratorMismatch, check_accelerator
 from autotune.worker.imports import without_mlflow
 from autotune.worker.main import build_failure, classify, die_with_parent, load_op
@@ -55,7 +55,7 @@ def main() -> int:
     names = needed_builders(name, request["ds_configs"])
     current: list[str | None] = [None]  # the op being loaded, for the failure's report
     loaded: list[str] = []
-    dirs: dict[str, list[str]] = {}  # builder class -> [op, its build folder's name] (autotune.ops' record)
+    dirs: dict[str, list[str]] = {}  # builder class -> [op, its build folder's name] (autotune.trials.ops' record)
 
     def report(op: str, building: bool) -> None:
         current[0] = op

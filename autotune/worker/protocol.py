@@ -18,11 +18,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from autotune.config import Config
+from autotune.values.config import Config
 from autotune.files import write_atomic
 from autotune.worker.device import ACCELERATORS
 from autotune.worker.measure import MeasureSettings
-from autotune.workload import Workload
+from autotune.values.workload import Workload
 
 SPEC = "spec.json"
 PHASES = ("start", "build_ops", "dist_init", "build", "initialize", "warmup", "measure", "done")

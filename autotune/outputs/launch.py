@@ -1,0 +1,167 @@
+"""How to launch a recommendation: `launch.sh` in the run directory (DeepSpeed's own autotuner writes
+`cmd_optimal.txt`), shown in report.md and by `autotune tune` (autotune.outputs.handoff).
+
+`python train.py` alone fails with DeepSpeed: without a launcher's RANK, WORLD_SIZE and MASTER_ADDR/PORT,
+`deepspeed.init_distributed` falls back to MPI discovery (`No module named 'mpi4py'`). The file starts the
+user's script under torchrun or DeepSpeed's launcher (`--stack accelerate`: also `accelerate launch
+--config_file`) with the recommendation's process count (--gpus, or --target-gpus when set) and the environment
+its trials ran in, as the runner builds it (autotune.trials.runner.trial_environment; OMP threads per rank:
+runner.rank_threads), less what only a trial needs (its rendezvous on loopback, unbuffered output):
+- PATH with the tuner's Python environment first and TORCH_EXTENSIONS_DIR, the tuner's build of DeepSpeed's
+  C++ ops: the user's first run loads them instead of rebuilding them (a user's run rebuilt shm_comm and
+  cpu_adam under ~/.cache/torch_extensions: 6 min for 15 s of training; another ninja than the venv's reads
+  their build log as stale and rebuilds them too);
+- DS_ACCELERATOR, OMP_NUM_THREADS, TORCH_CUDA_ARCH_LIST (as autotune.trials.ops rewrites it) and the caching
+  allocator's settings (PYTORCH_CUDA_ALLOC_CONF and its kin), when the trials had them.
+
+    bash launch.sh torchrun train.py [args]     torchrun --nnodes 1 --nproc_per_node N train.py [args]
+    bash launch.sh deepspeed train.py [args]    deepspeed --num_gpus N train.py [args]
+    bash launch.sh accelerate train.py [args]   accelerate launch --config_file .../best_accelerate_config.yaml ...
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from dataclasses import dataclass
+
+from autotune.prediction.allocator import DEFAULT_ALLOCATOR
+from autotune.prediction.allocator import environment as allocator_environment
+
+LAUNCH_FILE = "launch.sh"
+ALLOCATOR_ENV = re.compile(r"PYTORCH_(CUDA_|HIP_)?ALLOC_CONF")  # the caching allocator's settings
+_WHY = {"TORCH_EXTENSIONS_DIR": "DeepSpeed's C++ ops as the tuner built them: loaded, not rebuilt (minutes)",
+        "DS_ACCELERATOR": "DeepSpeed's accelerator of the trials",
+        "OMP_NUM_THREADS": "OpenMP threads per rank, as the trials' ranks had them",
+        "TORCH_CUDA_ARCH_LIST": "the CUDA archs of the ops' build, as DeepSpeed's op builder parses them"}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One exported variable of the launch file, and why it is there."""
+
+    name: str
+    value: str
+    why: str
+
+    def export(self) -> str:
+        return f"export {self.name}={shlex.quote(self.value)}"
+
+
+def trials_environment(accelerator: str, ranks_per_node: int,
+                       allocator: str = DEFAULT_ALLOCATOR) -> tuple[str, tuple[Setting, ...]]:
+    """The tuner's Python environment's bin directory (first on the trials' PATH) and the variables of the trials'
+    environment a training run needs, as the runner gives them to `ranks_per_node` ranks of one machine (CUDA: in
+    allocator mode `allocator`, as autotune.backends.deepspeed sets it)."""
+    from autotune.trials.runner import LaunchOptions, rank_threads, trial_environment
+
+    env = trial_environment(LaunchOptions(ranks=ranks_per_node), accelerator)
+    env["OMP_NUM_THREADS"] = rank_threads(env, ranks_per_node)
+    if accelerator == "cuda":
+        env.update(allocator_environment(allocator, env))
+    bin_dir = env["PATH"].split(os.pathsep)[0]
+    names = [*_WHY, *sorted(name for name in env if ALLOCATOR_ENV.fullmatch(name))]
+    return bin_dir, tuple(Setting(name, env[name], _WHY.get(name, "the allocator's settings of the trials"))
+                          for name in names if name in env)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The recommendation's launch: `processes` ranks, `per_node` on each of its machines, started with `settings`
+    and the tuner's Python environment (`bin_dir`) first on PATH. `stack` adds its own form: Accelerate's
+    launcher with `accelerate_config`, the Trainer's arguments as flags (`trainer_flags`)."""
+
+    processes: int
+    per_node: int
+    bin_dir: str
+    settings: tuple[Setting, ...]
+    stack: str = "deepspeed"
+    accelerate_config: str = ""
+    trainer_flags: tuple[str, ...] = ()
+    title: str = ""  # what is launched, for the file's first line
+
+    @property
+    def nodes(self) -> int:
+        return -(-self.processes // self.per_node)
+
+    def env(self) -> dict[str, str]:
+        return {s.name: s.value for s in self.settings}
+
+    def launchers(self) -> dict[str, str]:
+        """Each launcher's command line before the user's script (shell text: a multi-machine launch reads the
+        machine's rank and rendezvous from variables set on each machine)."""
+        n, p = self.nodes, self.per_node
+        if n == 1:
+            forms = {"torchrun": f"torchrun --nnodes 1 --nproc_per_node {p}", "deepspeed": f"deepspeed --num_gpus {p}"}
+        else:
+            forms = {"torchrun": f"torchrun --nnodes {n} --nproc_per_node {p} "
+                                 '--node_rank "${NODE_RANK:?set NODE_RANK: this machine, 0 to ' f'{n - 1}' '}" '
+                                 '--master_addr "${MASTER_ADDR:?set MASTER_ADDR: machine 0}" '
+                                 '--master_port "${MASTER_PORT:-29500}"',
+                     "deepspeed": f"deepspeed --num_nodes {n} --num_gpus {p} "
+                                  '--hostfile "${HOSTFILE:?set HOSTFILE: one line per machine, <host> slots=' f'{p}' '}"'}
+        if self.stack == "accelerate":
+            forms = {"accelerate": f"accelerate launch --config_file {shlex.quote(self.accelerate_config)}", **forms}
+        return forms
+
+    def usage(self) -> list[str]:
+        """How the user's script goes after each launcher (the Trainer stack: with its arguments as flags)."""
+        script = "train.py" + (" " + shlex.join(self.trainer_flags) if self.trainer_flags else "")
+        return [f"{name} {script}" for name in self.launchers()]
+
+    def script(self) -> str:
+        """The text of `launch.sh`."""
+        n, p = self.nodes, self.per_node
+        where = f"{self.processes} process(es)" + (f" on {n} machines of {p}" if n > 1 else "")
+        lines = ["#!/usr/bin/env bash", f"# ds-autotune: {self.title} on {where}, in the environment its trials ran in.",
+                 "# `python train.py` alone fails: DeepSpeed needs a launcher's RANK, WORLD_SIZE and MASTER_ADDR/PORT",
+                 "# (without them it looks for MPI: No module named 'mpi4py'). Launch your script with one of:"]
+        lines += [f"#   bash {LAUNCH_FILE} {line}" for line in self.usage()]
+        lines += self._notes()
+        lines += ["set -euo pipefail", "",
+                  "# The tuner's Python environment first, as its trials had it: its torch built the ops below and its",
+                  "# ninja reads their build log (another ninja rebuilds them).",
+                  f'export PATH={shlex.quote(self.bin_dir)}:"$PATH"']
+        for setting in self.settings:
+            lines += [f"# {setting.why}", setting.export()]
+        lines += ["", 'launcher="${1-}"', "shift || true", 'case "$launcher" in']
+        lines += [f'  {name}) exec {form} "$@" ;;' for name, form in self.launchers().items()]
+        lines += [f'  *) echo "usage: bash $0 {"|".join(self.launchers())} train.py [arguments]" >&2; exit 2 ;;',
+                  "esac"]
+        return "\n".join(lines) + "\n"
+
+    def _notes(self) -> list[str]:
+        notes = []
+        if self.stack == "trainer":
+            notes.append("# The flags are recommended_trainer_args.json (HfArgumentParser); a script that loads the file "
+                         "takes none.")
+        if self.stack == "accelerate":
+            notes.append("# torchrun and deepspeed: only with DeepSpeedPlugin(hf_ds_config=...) in the script (report.md).")
+        notes.append("# DeepSpeed's launcher passes --local_rank=N to the script: `deepspeed --no_local_rank` if it "
+                     "takes none.")
+        if self.nodes > 1:
+            notes.append("# Several machines: torchrun on each (NODE_RANK, MASTER_ADDR); DeepSpeed's launcher on "
+                         "machine 0 starts the others over ssh with the variables named in ./.deepspeed_env.")
+            if self.nodes * self.per_node != self.processes:
+                notes.append(f"# {self.processes} processes do not split evenly over {self.nodes} machines: "
+                             "the launchers start the same number on each.")
+        return notes
+
+    def commands(self) -> list[str]:
+        """What the file runs, written out: the exports, then each launcher's command."""
+        lines = [f'export PATH={shlex.quote(self.bin_dir)}:"$PATH"', *(s.export() for s in self.settings)]
+        forms = self.launchers()
+        for i, name in enumerate(forms):
+            script = "train.py" + (" " + shlex.join(self.trainer_flags) if self.trainer_flags else "")
+            lines += (["# or"] if i else []) + [f"{forms[name]} {script}"]
+        return lines
+
+    def console_lines(self, path: str) -> list[str]:
+        names = list(self.launchers())
+        extensions = self.env().get("TORCH_EXTENSIONS_DIR")
+        set_ = ", ".join(f"{s.name}={s.value}" for s in self.settings if s.name != "TORCH_EXTENSIONS_DIR")
+        return [f"launch: bash {path} {names[0]} train.py (or {' | '.join(names[1:])}): {self.processes} process(es) "
+                "with the trials' environment; `python train.py` alone fails (DeepSpeed needs a launcher)",
+                f"  it sets TORCH_EXTENSIONS_DIR={extensions} (DeepSpeed's ops as the tuner built them: your run reuses "
+                f"them, no rebuild), {set_}, and the tuner's Python first on PATH ({self.bin_dir})"]

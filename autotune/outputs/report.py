@@ -1,0 +1,470 @@
+"""Outputs of a sweep, written from its run directory alone (so `autotune report runs/NAME` regenerates
+them): `summary.json` (the contract of ARCHITECTURE.md section 3), `best_ds_config.json` (checked with
+DeepSpeed's own parser), `best_hf_ds_config.json`, `recommended_trainer_args.json` and
+`best_accelerate_config.yaml` (autotune/outputs/handoff.py), `launch.sh` (autotune/outputs/launch.py), `report.md`, and
+`plots/*.png`."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+from autotune.search import convergence
+from autotune.values.config import Config, ConfigError
+from autotune.outputs.handoff import ACCELERATE_CONFIG, DS_CONFIG, HF_DS_CONFIG, TRAINER_ARGS, Handoff, stack_line
+from autotune.outputs.launch import LAUNCH_FILE
+from autotune.search.confirm import DEFAULT_REPEATS, Confirmation, confidence_words, confirmation, is_repeat, prior_sigma, recommend
+from autotune.prediction.estimate import estimate
+from autotune.search.pruning import (CAUSES, DEVICE_MEMORY, HOST_MEMORY, NVME_SPACE, Pruner, cause_counts, cause_of,
+                              describe_causes, host_need_bytes)
+from autotune.values.results import STATUSES, TrialResult
+from autotune.search.rundir import STUDY, RunDir
+from autotune.values.settings import RunSettings
+from autotune.prediction.scale import ScaleReport, at_target, project
+from autotune.search_spaces import space_note
+from autotune.search.study_storage import masked
+from autotune.values.units import format_size
+
+TOP = 10
+OPTUNA_STRATEGIES = ("optuna", "optuna-gp", "hybrid")  # the strategies that keep an Optuna study
+
+
+@dataclass(frozen=True)
+class Outputs:
+    best: TrialResult | None
+    summary: dict
+    files: tuple[Path, ...]
+    verdict: str  # one line: the recommendation, or why nothing fits
+
+    def to_dict(self, run_dir: Path) -> dict[str, Any]:
+        """What `autotune report --json` prints (and `tune --json`, with the stop reason): JSON types only."""
+        best = self.best
+        return {
+            "run_dir": str(run_dir), "verdict": self.verdict,
+            "best": None if best is None else {**best.to_dict(), "label": best.config.label(),
+                                               "trial": self.summary.get("best_trial_index")},
+            "memory_budget_bytes": self.summary.get("memory_budget_bytes"),
+            "status_counts": self.summary.get("status_counts", {}),
+            "summary": self.summary,
+            "recommended": {p.name: str(p) for p in self.files  # best_ds_config.json, best_hf_ds_config.json, ...
+                            if p.name.startswith(("best_", "recommended_")) and p.parent == Path(run_dir)},
+            "report": str(Path(run_dir) / "report.md"),
+            "files": [str(p) for p in self.files],
+        }
+
+
+def recommendation(results: Sequence[TrialResult],
+                   settings: RunSettings) -> tuple[TrialResult | None, ScaleReport | None]:
+    """The recommended result, decided here once for summary.json, report.md and the handoff files: the best
+    median within the budget (close calls confirmed, autotune.search.confirm), or with --target-gpus the measured result
+    of the config chosen for the target (autotune.prediction.scale), with the projection."""
+    scaled = scale_report(results, settings)
+    if scaled is None:
+        return recommend(results, settings.memory_budget_bytes), None
+    return _pick_result(results, scaled, settings.memory_budget_bytes), scaled
+
+
+def summarize(results: Sequence[TrialResult], settings: RunSettings) -> dict:
+    """summary.json's content."""
+    return _summary(results, settings, *recommendation(results, settings))
+
+
+def _summary(results: Sequence[TrialResult], settings: RunSettings, best: TrialResult | None,
+             scaled: ScaleReport | None) -> dict:
+    budget = settings.memory_budget_bytes
+    index = None
+    if best is not None:  # the pick's first run
+        index = next(i for i, r in enumerate(results, 1) if r.config == best.config and r.status != "pruned")
+    counts = Counter(r.status for r in results)
+    summary: dict[str, Any] = {
+        "best": None if best is None else {"config": best.config.to_dict(),
+                                           "throughput_samples_per_s": best.throughput_samples_per_s,
+                                           "peak_memory_bytes": best.peak_memory_bytes},
+        "trials": len(results),
+        "best_trial_index": index,
+        "strategy": settings.strategy,
+        "memory_budget_bytes": budget,
+        "status_counts": {status: counts.get(status, 0) for status in STATUSES},
+    }
+    if best is not None and "runs" in best.extra:
+        summary["best"].update(runs=best.extra["runs"], throughput_runs=best.extra["throughput_runs"])
+    confirmed = confirmation(results, budget, prior_sigma(settings.backend))
+    if confirmed is not None and confirmed.repeats:
+        summary["confirmation"] = confirmed.to_dict()
+    points = convergence.trace(results)
+    if points:  # the chance of a better config after each search trial (autotune.search.convergence)
+        last = convergence.recorded(results)
+        summary["convergence"] = {"chance_of_better": points[-1][1], "margin": last.margin if last else None,
+                                  "trace": [list(p) for p in points]}
+    if scaled is not None:
+        summary["target"] = scaled.to_dict()
+    return summary
+
+
+def no_fit_verdict(settings: RunSettings, results: Sequence[TrialResult] = ()) -> str:
+    """Why there is no recommendation, naming the resource that ran out (device memory, host memory for
+    offloaded state, NVMe space): configs predicted to fit are still untried, or none is left. The budget is
+    named as the fix only where raising it would let some config run."""
+    space = settings.space()
+    pruner = Pruner.for_settings(settings)
+    budget = format_size(settings.memory_budget_bytes)
+    recorded = {r.config: r for r in results}
+    # Each config's fate: its recorded result, else the pruner's verdict (None: predicted to fit, untried).
+    fate = {c: recorded.get(c) or pruner.check(c, settings.backend) for c in space}
+    if not fate:
+        return f"no config fits: the space has no valid config for this workload (budget {budget})"
+    untried = sum(r is None for r in fate.values())
+    ran = cause_counts(r for r in results if r.status != "pruned")
+    if untried:
+        hit = f"; the trials ran out of {_cause_list(ran)}" if ran else ""
+        # The budget is the fix only for device memory, and only below the device's own.
+        below = settings.memory_budget_bytes < settings.hardware.memory_bytes
+        advice = "run more trials" + (" or raise the budget" if below and ran and ran.most_common(1)[0][0] == DEVICE_MEMORY
+                                      else "")
+        return (f"no trial ran within the budget of {budget}, though {untried} untried configs are predicted to "
+                f"fit{hit}: {advice}")
+    counts = cause_counts(r for r in fate.values() if r is not None)
+    if not counts:
+        return f"no config ran within the budget of {budget}, for reasons other than memory (see the failures)"
+    if set(counts) == {DEVICE_MEMORY}:
+        smallest = min((pruner.predict(c) for c in fate), key=lambda e: e.peak_bytes)
+        term = smallest.memory.dominant
+        return (f"no config fits the budget of {budget}: the smallest predicted peak is "
+                f"{format_size(smallest.peak_bytes)} ({smallest.config.label()}), dominated by {term} "
+                f"({format_size(getattr(smallest.memory, term))}): raise the budget or use more devices")
+    hw = settings.hardware
+    details, fixes = [], []
+    if counts[DEVICE_MEMORY]:
+        # Raising the budget helps only up to the device's memory, and only configs nothing else keeps out.
+        device = replace(pruner, budget_bytes=max(hw.memory_bytes, settings.memory_budget_bytes))
+        helped = sum(device.check(c, settings.backend) is None for c, r in fate.items()
+                     if r is not None and cause_of(r) == DEVICE_MEMORY)
+        if device.budget_bytes > settings.memory_budget_bytes and helped:
+            details.append(f"device budget {budget} of the {format_size(hw.memory_bytes)} of a {hw.name}")
+            fixes.append(f"raise the budget ({helped} more configs would fit in all of the device's memory)")
+        else:
+            details.append(f"device memory {budget}")
+            fixes.append("devices with more memory")
+    fixes.append("more GPUs (ZeRO shards the model states over them)")
+    if counts[HOST_MEMORY]:
+        host = [c for c, r in fate.items() if r is not None and cause_of(r) == HOST_MEMORY]
+        need = {c: host_need_bytes(pruner.predict(c), settings.workload, hw) for c in host}
+        least = min(host, key=need.__getitem__)
+        details.append(f"host memory {format_size(hw.host_memory_bytes)} per {hw.name} node, while the smallest "
+                       f"offloaded state ({least.label()}) needs {format_size(need[least])}")
+        fixes.append("a node with more host memory, or NVMe offload (a space with an nvme_path)")
+    if counts[NVME_SPACE]:
+        details.append(f"{format_size(pruner.nvme_free_bytes)} free at {settings.choices.nvme_path}")
+        fixes.append("more free space at the NVMe path")
+    return (f"no config fits: {describe_causes(counts, 'configs over')} ({'; '.join(details)}); it needs "
+            f"{', '.join(fixes[:-1])} or {fixes[-1]}")
+
+
+def _cause_list(counts: Counter[str]) -> str:
+    return ", ".join(f"{CAUSES[c]} ({n})" for c, n in counts.most_common())
+
+
+def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialResult] | None = None) -> Outputs:
+    from autotune.outputs import plots  # matplotlib takes a second or two to import: only when writing outputs
+
+    results = run.results() if results is None else list(results)
+    check_output_paths(run)
+    best, scaled = recommendation(results, settings)
+    summary = _summary(results, settings, best, scaled)
+    files = [run.write_json("summary.json", summary)]
+    usage: list[str] = []  # the report's section on using the recommendation (autotune/outputs/handoff.py)
+    run.plots_dir.mkdir(parents=True, exist_ok=True)
+    files.append(plots.throughput_vs_memory(results, settings.memory_budget_bytes, best,
+                                            run.plots_dir / "throughput_vs_memory.png"))
+    files.append(plots.best_so_far(results, settings.memory_budget_bytes, run.plots_dir / "best_so_far.png"))
+    if best is not None:
+        handoff = Handoff.of(best.config, at_target(settings), run.path)  # for the target's devices
+        if settings.backend == "script":
+            # The script's own config with the tuned keys replaces this one (autotune.script.session.finish);
+            # files for the other stacks, built from ours, would not be the script's.
+            files.append(run.write_json(DS_CONFIG, handoff.ds_config()))
+        else:
+            files += handoff.write(run)  # best_ds_config.json, best_hf_ds_config.json, trainer args, accelerate config
+            usage = handoff.markdown()
+        est = estimate(best.config, settings.workload, settings.hardware)
+        files.append(plots.memory_breakdown(est, settings.memory_budget_bytes, best.peak_memory_bytes,
+                                            run.plots_dir / "memory_breakdown.png"))
+        runs = best.extra.get("runs")
+        verdict = (f"recommended {best.config.label()}: {best.throughput_samples_per_s:.3g} samples/s"
+                   + (f" (median of {runs} runs)" if runs else "") + ", "
+                   f"peak {format_size(best.peak_memory_bytes)} of {format_size(settings.memory_budget_bytes)} "
+                   f"(trial {summary['best_trial_index']})")
+    else:
+        verdict = no_fit_verdict(settings, results)
+    if scaled is not None:
+        if scaled.rows:  # else no trial fits even here: the verdict above says why
+            verdict = target_verdict(scaled, settings)
+    report = run.path / "report.md"
+    run.write_text("report.md", markdown(results, settings, summary, best, verdict, study=study_line(run, settings),
+                                       usage=usage, scaled=scaled))
+    files.append(report)
+    return Outputs(best, summary, tuple(files), verdict)
+
+
+def scale_report(results: Sequence[TrialResult], settings: RunSettings) -> ScaleReport | None:
+    """The measured configs carried to --target-gpus (autotune/prediction/scale.py); None without a target."""
+    if settings.target_gpus is None:
+        return None
+    return project(results, settings.workload, settings.hardware, settings.memory_budget_bytes, settings.target_gpus)
+
+
+def _pick_result(results: Sequence[TrialResult], scaled: ScaleReport, budget: int) -> TrialResult | None:
+    """The measured result (at the trials' GPUs) of the config chosen for the target."""
+    if scaled.pick is None:
+        return None
+    return next((r for r in results if r.config == scaled.pick.config and r.fits(budget)), None)
+
+
+def target_verdict(scaled: ScaleReport, settings: RunSettings) -> str:
+    """One line: the config chosen for the target, its prediction there and its measurement here."""
+    pick, budget = scaled.pick, settings.memory_budget_bytes
+    n, m = scaled.measured_gpus, scaled.target_gpus
+    if pick is None:
+        return (f"no config measured on {n} device(s) is predicted to fit {format_size(budget)} on {m}: raise the "
+                "budget or measure more configs")
+    close = (f"; a close call: {pick.fit_probability:.0%} likely to fit (the budget within its peak's 90% interval "
+             f"or the calibration's {scaled.memory_error:.0%} memory error)" if pick.close else "")
+    return (f"recommended for {m} devices {pick.config.label()}: predicted {pick.throughput:.3g} samples/s, peak "
+            f"{format_size(pick.peak_bytes)} of {format_size(budget)} on {m} (measured on {n}: "
+            f"{pick.measured_throughput:.3g} samples/s, peak {format_size(pick.measured_peak_bytes)}, trial "
+            f"{pick.trial}){close}")
+
+
+def target_table(scaled: ScaleReport | None) -> list[str]:
+    """Measured at N next to predicted at M for the top configs, close calls flagged."""
+    if scaled is None:
+        return []
+    n, m = scaled.measured_gpus, scaled.target_gpus
+    lines = [f"## Predicted at {m} devices (measured at {n})", "",
+             f"Each config measured within the budget on {n} device(s), carried to {m} with the same global batch by "
+             f"the estimator calibrated on this run's {scaled.samples} measured trials (the change in ZeRO's "
+             f"partitioning, micro-steps and communication, anchored on the measurement). Memory error of the "
+             f"calibrated estimator on those trials: {scaled.typical_memory_error:.1%} typical, "
+             f"{scaled.memory_error:.1%} worst. The peak at {m} comes with its 90% interval (the error model of "
+             "autotune.prediction.uncertainty for that config) and the probability that it fits; a config is flagged **close "
+             "call** when the budget lies inside that interval or within the worst error of its peak. The "
+             f"recommendation is the best predicted throughput at {m} among configs predicted to fit there, close "
+             "calls last.", ""]
+    if not scaled.rows:
+        return lines + [f"No config measured within the budget on {n} device(s) can run at {m}.", ""]
+    lines += [f"| rank | trial | config | samples/s at {n} | peak at {n} | predicted samples/s at {m} | "
+              f"predicted peak at {m} | of budget | fits at {m} |",
+              "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for rank, row in enumerate(scaled.rows[:TOP], 1):
+        fits = ("close call" if row.close else "yes") if row.fits else ("no, close call" if row.close else "no")
+        fits += f" ({row.fit_probability:.0%})"
+        low, high = row.peak_interval
+        pick = " (pick)" if scaled.pick is not None and row.config == scaled.pick.config else ""
+        lines.append(f"| {rank} | {row.trial if row.trial is not None else ''} | {row.config.label()}{pick} | "
+                     f"{row.measured_throughput:.3g} | {format_size(row.measured_peak_bytes)} | {row.throughput:.3g} | "
+                     f"{format_size(row.peak_bytes)} ({format_size(low)}-{format_size(high)}) | "
+                     f"{_pct(row.peak_bytes, scaled.budget_bytes)} | {fits} |")
+    return lines + [""]
+
+
+def check_output_paths(run: RunDir) -> None:
+    """Refuse, before writing any output, a run directory where an output file is a directory or plots/ is not
+    one: the outputs are replaced as a set, never half of them."""
+    if run.plots_dir.exists() and not run.plots_dir.is_dir():
+        raise ConfigError(f"{run.plots_dir} is not a directory: the report's plots go there (remove or rename it)")
+    for name in ("summary.json", "report.md", DS_CONFIG, HF_DS_CONFIG, TRAINER_ARGS, ACCELERATE_CONFIG, LAUNCH_FILE):
+        if (run.path / name).is_dir():
+            raise ConfigError(f"{run.path / name} is a directory: the report writes a file there (remove or rename it)")
+
+
+def study_line(run: RunDir, settings: RunSettings) -> str | None:
+    """Where the Optuna study is and how its trial numbers map to this report's (strategies/optuna_search.py)."""
+    if settings.strategy not in OPTUNA_STRATEGIES:
+        return None
+    where = (f"`{masked(settings.storage)}`" if settings.storage else
+             f"`{STUDY}` here (`optuna-dashboard sqlite:///{STUDY}` in this directory)")
+    return (f"- Optuna study: `{run.study_name(settings.storage)}` in {where}; optuna-dashboard and the `optuna` "
+            "CLI read it. Optuna numbers its trials from 0 and also keeps proposals that never ran (invalid "
+            "combinations, repeats: PRUNED or FAIL); each trial's user attribute `report_trial` is its trial "
+            "number in this report and trials.jsonl, and its knobs' values are user attributes under their names")
+
+
+def markdown(results: Sequence[TrialResult], settings: RunSettings, summary: dict, best: TrialResult | None,
+             verdict: str, study: str | None = None, usage: Sequence[str] = (),
+             scaled: ScaleReport | None = None) -> str:
+    w, budget = settings.workload, settings.memory_budget_bytes
+    launched = [r for r in results if r.status != "pruned"]
+    counts = ", ".join(f"{n} {s}" for s, n in summary["status_counts"].items() if n)
+    lines = [
+        f"# ds-autotune report: {w.model.name}",
+        "",
+        f"- Workload: {w.model.name} ({w.model.params / 1e6:,.1f}M parameters, seq {w.model.seq_len}), "
+        f"global batch {w.global_batch}, {w.gpus} x {settings.hardware.name}",
+        f"- Memory budget: {format_size(budget)} per device",
+        *([f"- {note[0].upper()}{note[1:]}"] if (note := space_note(settings.hardware, settings.choices)) else []),
+        *([f"- Target: {settings.target_gpus} devices, predicted from the trials on {w.gpus} (--target-gpus)"]
+          if settings.target_gpus is not None else []),
+        f"- Strategy: {settings.strategy}, backend: {settings.backend}, seed {settings.seed}",
+        f"- Trials: {len(results)} recorded, {len(launched)} launched ({counts or 'none'}); "
+        f"trial time {sum(r.wall_time_s for r in results) / 60:.1f} min",
+        *([study] if study else []),
+        *([f"- Stack: {line}"] if (line := stack_line(settings.stack)) else []),
+        *_limits(results),
+        *_convergence(results),
+        "",
+        f"**{verdict[0].upper() + verdict[1:]}.**",
+        "",
+    ]
+    if best is not None:
+        lines += ["Use it with DeepSpeed (`best_ds_config.json`), the Hugging Face Trainer (`recommended_trainer_args.json` "
+                  "with `best_hf_ds_config.json`) or Accelerate (`best_accelerate_config.yaml`), launched by "
+                  "`launch.sh` (torchrun or deepspeed, with the trials' environment): see "
+                  "[Using the recommendation](#using-the-recommendation).", ""]
+    lines += _top_table(results, budget)
+    lines += target_table(scaled)
+    lines += _confirmation(results, budget, settings.backend)
+    lines += _failures(results)
+    lines += usage
+    lines += ["## Plots", "", "![throughput against peak memory](plots/throughput_vs_memory.png)", "",
+              "![best so far](plots/best_so_far.png)", ""]
+    if best is not None:
+        lines += ["![memory breakdown of the recommended config](plots/memory_breakdown.png)", ""]
+    return "\n".join(lines)
+
+
+def _convergence(results: Sequence[TrialResult]) -> list[str]:
+    """The chance of a better config as the sweep went (the convergence stop's figure, --stop-when)."""
+    points = convergence.trace(results)
+    last = convergence.recorded(results)
+    if not points or last is None:
+        return []
+    return [f"- Chance of a better config (an untried one >{last.margin:.0%} faster, by the estimator's error "
+            f"model) after each trial: {convergence.describe_trace(points)}"]
+
+
+def _top_table(results: Sequence[TrialResult], budget: int) -> list[str]:
+    # One row per config, its search run: the confirmation section has the repeats.
+    fitting = sorted((r for r in results if r.fits(budget) and not is_repeat(r)), key=lambda r: -r.throughput)
+    if not fitting:
+        return ["## Top configs", "", "No trial ran within the budget.", ""]
+    lines = [f"## Top {min(TOP, len(fitting))} configs within budget", "",
+             "| rank | trial | stage | micro | ckpt | precision | offload opt | offload param | samples/s | "
+             "tokens/s | step s | peak | of budget | predicted peak |",
+             "| ---: | ---: | ---: | ---: | ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for rank, r in enumerate(fitting[:TOP], 1):
+        c: Config = r.config
+        predicted = r.extra.get("predicted_peak_bytes")
+        lines.append(
+            f"| {rank} | {r.extra.get('trial', '')} | {c.zero_stage} | {c.micro_batch} | {c.ckpt_interval} | "
+            f"{c.precision} | {c.offload_optimizer} | {c.offload_param} | {r.throughput:.3g} | "
+            f"{_num(r.tokens_per_s)} | {_num(r.step_time_s)} | {format_size(r.peak_memory_bytes)} | "
+            f"{_pct(r.peak_memory_bytes, budget)} | {format_size(predicted)} |")
+    return lines + [""]
+
+
+def _confirmation(results: Sequence[TrialResult], budget: int, backend: str) -> list[str]:
+    """Each finalist's runs and how sure the pick is (autotune/search/confirm.py); with no repeats, whether the
+    runner-up is within the launch spread, and how to settle it."""
+    confirmed = confirmation(results, budget, prior_sigma(backend))
+    if confirmed is None or len(confirmed.finalists) + confirmed.repeats < 2:
+        return []
+    spread = confirmed.spread
+    if not confirmed.repeats:
+        if spread.sigma <= 0:
+            return []
+        fitting = sorted((r for r in results if r.fits(budget)), key=lambda r: -r.throughput)
+        first, second = fitting[0], fitting[1]
+        gap = first.throughput / second.throughput - 1
+        launched = sum(r.status != "pruned" for r in results)
+        if gap >= spread.typical:
+            return []
+        return [f"Close call: the runner-up ({second.config.label()}) is {gap:.0%} slower, less than the "
+                f"{spread.typical:.0%} median difference between two launches of one config ({spread.source}); "
+                "nothing was re-measured (confirmation off, or no trials left for it): `autotune tune ... --resume "
+                f"--confirm {DEFAULT_REPEATS} --trials {launched + 2 * DEFAULT_REPEATS}` runs both again in fresh "
+                "processes and recommends the better median.", ""]
+    return _confirmation_table(confirmed)
+
+
+def _confirmation_table(confirmed: Confirmation) -> list[str]:
+    spread = confirmed.spread
+    lines = ["## Confirmation of close calls", "",
+             f"{confirmed.repeats} repeat trials re-ran the best config and those within the launch spread of it "
+             f"in fresh processes; the recommendation is the best median. Launch spread: two launches of one config "
+             f"differ by {spread.typical:.0%} typically (from {spread.source}).", "",
+             "| config | trials | runs | median samples/s | min - max | pick faster in |",
+             "| --- | --- | ---: | ---: | --- | --- |"]
+    wins = {c.other.config: c for c in confirmed.comparisons}
+    for c in confirmed.finalists:
+        versus = wins.get(c.config)
+        faster = "(the pick)" if versus is None else f"{versus.wins} of {versus.pairs} pairs of runs"
+        failed = f", {c.failed} failed" if c.failed else ""
+        lines.append(f"| {c.config.label()} | {', '.join(f'#{t}' for t in c.trials)} | {c.runs}{failed} | "
+                     f"{c.median:.3g} | {min(c.throughputs):.3g} - {max(c.throughputs):.3g} | {faster} |")
+    lines.append("")
+    pick = confirmed.pick
+    if not confirmed.comparisons:
+        lines += [f"How sure: {pick.config.label()} was the only config within the spread of the best after its "
+                  f"{pick.runs} runs: no close call.", ""]
+        return lines
+    runner = min(confirmed.comparisons, key=lambda c: c.gap)
+    p = confirmed.probability
+    chance = "" if p is None else f" (a {p:.0%} chance that it is faster than every other config listed, given that spread)"
+    lines += [f"How sure: {confidence_words(p)}{chance}. Its median is {runner.gap:.0%} above the runner-up "
+              f"{runner.other.config.label()}'s, whose runs it beat in {runner.wins} of {runner.pairs} pairs."
+              + (" Either is a fine choice: the difference is within what one launch to the next varies."
+                 if p is not None and p < 0.6 else ""), ""]
+    return lines
+
+
+def _limits(results: Sequence[TrialResult]) -> list[str]:
+    """The status summary's lines on what ran out: configs pruned and trials that failed, by resource."""
+    pruned = cause_counts(r for r in results if r.status == "pruned")
+    failed = cause_counts(r for r in results if r.status in ("oom", "crash"))
+    lines = []
+    if pruned:
+        lines.append(f"- Pruned (not run): {describe_causes(pruned, 'predicted over')}")
+    if failed:
+        lines.append(f"- Out of memory or space: {describe_causes(failed, 'trials ran out of', 'of')}")
+    return lines
+
+
+def _failures(results: Sequence[TrialResult]) -> list[str]:
+    groups: dict[tuple[str, str, str], list[TrialResult]] = defaultdict(list)
+    for r in results:
+        if not r.ok:
+            limit = cause_of(r)
+            groups[(r.status, CAUSES[limit] if limit else "-", _cause(r.error))].append(r)
+    if not groups:
+        return ["## Failures and pruned configs", "", "None: every trial ran within the budget.", ""]
+    lines = ["## Failures and pruned configs, by cause", "",
+             "| status | ran out of | cause | count | configs (first 3) |", "| --- | --- | --- | ---: | --- |"]
+    for (status, limit, cause), group in sorted(groups.items(), key=lambda item: (item[0][0], -len(item[1]))):
+        configs = "; ".join(f"#{r.extra.get('trial', '')} {r.config.label()}{_judged(r)}" for r in group[:3])
+        lines.append(f"| {status} | {limit} | {cause.replace('|', '/')} | {len(group)} | {configs} |")
+    return lines + [""]
+
+
+def _judged(result: TrialResult) -> str:
+    """What a pruned config was judged by (autotune.search.pruning): ' (fits 2%, peak 1.1 GiB-1.3 GiB, 90%)'."""
+    p, interval = result.extra.get("fit_probability"), result.extra.get("predicted_peak_interval_bytes")
+    if result.status != "pruned" or p is None or not interval:
+        return ""
+    return f" (fits {p:.0%}, peak {format_size(interval[0])}-{format_size(interval[1])}, 90%)"
+
+
+def _cause(error: str | None) -> str:
+    """An error's first line with its numbers blanked, so that one cause groups its trials."""
+    first = (error or "unknown").strip().splitlines()[0] if (error or "").strip() else "unknown"
+    return re.sub(r"\d+(\.\d+)?(\s?[KMGT]i?B)?", "N", first)[:140]
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
+def _pct(part: int | None, whole: int) -> str:
+    return "-" if not part else f"{part / whole:.0%}"

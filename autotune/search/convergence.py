@@ -1,0 +1,246 @@
+"""When a search is done: the chance that some config not yet tried beats the best measured by more than
+the launch noise, and the rule that stops the search once that chance is small.
+
+The chance comes from the error models of autotune.prediction.uncertainty (the sweep's, recalibrated after every
+trial): each untried config that the pruner would still run (probability of fitting at least its floor)
+fits in a draw if its drawn peak is within the budget, and beats the best if its drawn throughput exceeds
+best x (1 + margin), the margin being the typical difference between two launches of one config (at least
+MIN_MARGIN). The configs' errors are drawn jointly, from the posterior of the knob-value offsets (a knob
+value no trial used at its prior width, shared by every config that takes it), because they are strongly
+correlated: a product of per-config probabilities would treat fifty fp16 configs as fifty independent
+chances when they share one unknown fp16 offset. Each config adds an independent residual of its own: what
+the knob values leave unexplained less the launch spread (the question is about a config's typical speed, not
+one launch).
+
+Two calibrations keep the figure from staying high where the trials already say the estimator's shape is
+right (issue 28: on the simulated worlds the chance stayed near 1 for 20 trials at 3% launch noise even where
+the estimator was exact):
+- the time model is the *evidenced* one (ErrorModel.evidenced, autotune.prediction.uncertainty): the knob values' prior
+  widths scaled by an empirical-Bayes estimate from the offsets the trials measured, so an untried value is
+  as uncertain as the measured ones turned out to be (the prior's width counted as EVIDENCE_WEIGHT values);
+- the per-config residual is what the evidenced fit leaves unexplained beyond the launch spread, estimated as a
+  variance component (`per_config`): the residuals' sum of squares less what the launch noise accounts for, over
+  the fit's degrees of freedom, with the prior's per-config spread (NOISE_TIME's, less the machine's launch
+  spread it includes) counted as NOISE_TIME's weight in trials. Before, the prior's total noise (0.15, launch
+  spread included) was weighed against the residuals and the launch spread taken off after: on the simulated
+  worlds at 3% launch noise that left ~0.09 per config where the trials showed ~0.05 (the worlds' own
+  per-config term is 0.05), summed over hundreds of untried configs.
+Forecasts, pruning and every strategy's proposals keep the plain model.
+The best is one launch too: its typical speed may lie below what it measured (a lucky launch), and every untried
+config is compared with it, so each draw shifts the best by one shared N(0, launch spread) term. At 10% launch
+noise (benchmarks/results/search_efficiency_stop.md) that moved the confirmed recommendation's 5th percentile from
+0.789 to 0.851 of the optimum for 3.5 more trials in the median; at 3% it changed little. The winner's curse (the
+best is the fastest of many launches, so biased upwards) is not modelled: the figure still trusts a lucky best.
+
+    chance = P(some untried config fits and is more than `margin` faster than the best)   (DRAWS draws)
+
+Only configs whose marginal chance is not negligible (MIN_MARGINAL) are drawn, so a space of hundreds of
+configs costs a matrix product of a few dozen rows. The draws use a fixed seed: the figure is a function of
+the recorded trials, so a resumed sweep computes the same one.
+
+The rule (`StopRule`): stop the search once the chance is below the threshold (`--stop-when`, default
+DEFAULT_STOP_WHEN; 0 turns it off) after at least MIN_TRIALS launched search trials. The thresholds were
+chosen on benchmarks/search_efficiency.py (benchmarks/results/search_efficiency_stop.md).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+from scipy.special import ndtr
+
+from autotune.values.config import Config, ConfigError
+from autotune.search.confirm import MACHINE_SIGMA
+from autotune.prediction.uncertainty import NOISE_TIME, ErrorModel, Forecast, Uncertainty
+
+DEFAULT_STOP_WHEN = 0.05
+MIN_TRIALS = 6  # launched search trials before the rule may stop a search
+MIN_MARGIN = 0.02  # "faster" means faster by at least this much, whatever the launch noise
+TYPICAL = math.sqrt(2) * 0.6744897501960817  # median |ln(a/b)| of two launches, in sigmas (autotune.search.confirm)
+DRAWS = 1000
+SEED = 28
+MIN_MARGINAL = 1e-5  # a config less likely than this to fit and beat the best is left out of the draws
+MAX_DRAWN = 400  # at most this many configs are drawn (the likeliest)
+# The per-config spread beyond launch noise before any trial: the prior noise of the time model less the
+# launch spread of this machine that it includes, counted as the prior's weight in trials (`per_config`).
+RESIDUAL_PRIOR = math.sqrt(max(NOISE_TIME[0] ** 2 - MACHINE_SIGMA ** 2, 0.0))
+RESIDUAL_WEIGHT = NOISE_TIME[1]
+
+
+@dataclass(frozen=True)
+class Convergence:
+    """The rule's figure after a search trial: the chance that an untried config is more than `margin`
+    faster than the best measured, over the `candidates` untried configs that could still run."""
+
+    chance: float
+    margin: float  # relative: 0.02 is 2%
+    trials: int  # launched search trials it was computed after
+    candidates: int = 0
+
+    def describe(self) -> str:
+        """'3% chance an untried config is >2% faster'."""
+        return f"{percent(self.chance)} chance an untried config is >{self.margin:.0%} faster"
+
+    def to_extra(self) -> dict[str, Any]:
+        """What a trial's record carries (trials.jsonl `extra`)."""
+        return {"chance_of_better": round(self.chance, 6), "better_margin": round(self.margin, 6)}
+
+
+def percent(p: float) -> str:
+    """41%, 3%, <1% (a chance drawn as 0 is not a certainty: '<1%' unless exactly none could beat it)."""
+    if 0 < p < 0.005:
+        return "<1%"
+    return f"{p:.0%}"
+
+
+@dataclass(frozen=True)
+class StopRule:
+    """Stop the search once the chance of a better config is below `threshold` (0: never) after at least
+    `min_trials` launched search trials."""
+
+    threshold: float = DEFAULT_STOP_WHEN
+    min_trials: int = MIN_TRIALS
+
+    def __post_init__(self) -> None:
+        check_stop_when(self.threshold)
+
+    def met(self, state: Convergence | None) -> bool:
+        return (self.threshold > 0 and state is not None and state.trials >= self.min_trials
+                and state.chance < self.threshold)
+
+
+def check_stop_when(value: Any, name: str = "stop_when") -> float:
+    """`value` as a threshold, or ConfigError naming it and what is allowed."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ConfigError(f"{name} {value!r}: must be a probability from 0 to 1 (e.g. 0.05; 0 turns the "
+                          "convergence stop off)")
+    return float(value)
+
+
+def margin_of(launch_sigma: float | None) -> float:
+    """The relative margin a config must beat the best by: the typical difference of two launches."""
+    return max(MIN_MARGIN, math.expm1(TYPICAL * (launch_sigma or 0.0)))
+
+
+def assess(untried: Iterable[Config], forecast: Callable[[Config], Forecast], errors: Uncertainty,
+           budget_bytes: int, best: float | None, launch_sigma: float | None, trials: int,
+           min_fit: float = 0.0) -> Convergence:
+    """The figure of a sweep: `untried` configs, their forecasts and the error models behind them, the best
+    measured throughput (None: nothing fits yet, chance 1), the launch spread, the launched search trials."""
+    margin = margin_of(launch_sigma)
+    if not best:
+        return Convergence(1.0, margin, trials)
+    configs, peaks, speeds = [], [], []
+    for c in untried:
+        f = forecast(c)
+        if f.fit_probability(budget_bytes) >= min_fit:
+            configs.append(c)
+            peaks.append(max(f.predicted_peak_bytes, 1))
+            speeds.append(max(f.predicted_throughput, 1e-300))
+    if not configs:
+        return Convergence(0.0, margin, trials)
+    room = math.log(budget_bytes) - np.log(np.array(peaks, dtype=float))
+    needed = math.log(best * (1 + margin)) - np.log(np.array(speeds))
+    time_model = evidenced(errors.time)
+    residual = per_config(time_model, launch_sigma or 0.0)
+    memory = Joint(*errors.memory.joint(configs), errors.memory.noise)
+    time = Joint(*time_model.joint(configs), residual)
+    return Convergence(chance_of_better(memory, room, time, needed, best_sd=launch_sigma or 0.0), margin, trials,
+                       len(configs))
+
+
+def per_config(model: ErrorModel, launch_sigma: float = 0.0) -> float:
+    """The spread of a config's typical log-ratio that no knob value explains, the launch noise left out: a
+    variance component, (prior weight x RESIDUAL_PRIOR^2 + the residuals' sum of squares less what launch noise
+    of `launch_sigma` explains over the fit's degrees of freedom) / (prior weight + those degrees of freedom).
+    The question is about a config's typical speed, not one launch; where the trials' residuals are no larger
+    than their launch noise, the prior's weight alone keeps it above 0, shrinking as trials come."""
+    dof = model.residual_dof
+    excess = max(model.residual_ss - dof * launch_sigma ** 2, 0.0)
+    return math.sqrt((RESIDUAL_WEIGHT * RESIDUAL_PRIOR ** 2 + excess) / (RESIDUAL_WEIGHT + dof))
+
+
+def evidenced(model: ErrorModel) -> ErrorModel:
+    """The model the figure draws from: `model` refitted with the knob values' prior widths scaled by what the
+    trials showed of the values they used (ErrorModel.evidenced, empirical Bayes). Where the estimator's shape
+    is right the fitted offsets come out small, and so do an untried value's and the fitted values' spread;
+    where it is wrong they stay wide or widen. A model without that twin is used as it is."""
+    return model.evidenced if model.evidenced is not None else model
+
+
+@dataclass(frozen=True)
+class Joint:
+    """Log-ratios rows @ b + noise with b ~ N(mean, cov), the noise independent per row."""
+
+    rows: np.ndarray
+    mean: np.ndarray
+    cov: np.ndarray
+    noise: float
+
+    def marginal(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per row, the mean and sd of its log-ratio."""
+        var = np.einsum("ij,jk,ik->i", self.rows, self.cov, self.rows) + self.noise ** 2
+        return self.rows @ self.mean, np.sqrt(np.maximum(var, 1e-300))
+
+    def draws(self, keep: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+        """rows[keep] x n joint draws (the offsets shared, the noise per row)."""
+        values, vectors = np.linalg.eigh(self.cov)
+        root = vectors * np.sqrt(np.maximum(values, 0.0))
+        offsets = self.mean[:, None] + root @ rng.standard_normal((len(self.mean), n))
+        out = self.rows[keep] @ offsets
+        if self.noise > 0:
+            out += self.noise * rng.standard_normal(out.shape)
+        return out
+
+
+def chance_of_better(memory: Joint, room: np.ndarray, time: Joint, needed: np.ndarray, draws: int = DRAWS,
+                     seed: int = SEED, best_sd: float = 0.0) -> float:
+    """P(some row has its memory log-ratio <= room and its time log-ratio > needed + d), the two models
+    independent of each other; d ~ N(0, best_sd^2) is shared by every row: the best's own launch noise (the
+    best is one launch, and its typical speed may lie below it, which every untried config is compared with)."""
+    m_mean, m_sd = memory.marginal()
+    t_mean, t_sd = time.marginal()
+    t_sd = np.sqrt(t_sd ** 2 + best_sd ** 2)
+    marginal = ndtr((room - m_mean) / m_sd) * ndtr((t_mean - needed) / t_sd)
+    keep = np.flatnonzero(marginal >= MIN_MARGINAL)
+    if not len(keep):
+        return 0.0
+    keep = keep[np.argsort(-marginal[keep], kind="stable")[:MAX_DRAWN]]
+    rng = np.random.default_rng(seed)
+    fits = memory.draws(keep, draws, rng) <= room[keep, None]
+    shift = best_sd * rng.standard_normal(draws) if best_sd > 0 else np.zeros(draws)
+    beats = time.draws(keep, draws, rng) > needed[keep, None] - shift[None, :]
+    return float((fits & beats).any(axis=0).mean())
+
+
+def recorded(results: Sequence[Any]) -> Convergence | None:
+    """The figure the latest search trial of `results` recorded (a resumed sweep keeps the rule's state)."""
+    search = [r for r in results if r.status != "pruned" and r.extra.get("phase") != "confirm"]
+    if not search or not isinstance(search[-1].extra.get("chance_of_better"), (int, float)):
+        return None
+    extra = search[-1].extra
+    return Convergence(float(extra["chance_of_better"]), float(extra.get("better_margin") or MIN_MARGIN), len(search))
+
+
+def trace(results: Sequence[Any]) -> list[tuple[int, float]]:
+    """(trial number, chance) of every recorded result that carries the figure, in order."""
+    out: list[tuple[int, float]] = []
+    for r in results:
+        chance = r.extra.get("chance_of_better")
+        if isinstance(chance, (int, float)) and not isinstance(chance, bool):
+            out.append((int(r.extra.get("trial") or len(out) + 1), float(chance)))
+    return out
+
+
+def describe_trace(points: Sequence[tuple[int, float]], most: int = 8) -> str:
+    """'41% (#3) ... 8% (#9) ... 3% (#12)': the chance as the sweep went, at most `most` points."""
+    if not points:
+        return ""
+    step = max(1, math.ceil(len(points) / most))
+    chosen = list(points[::step])
+    if chosen[-1] != points[-1]:
+        chosen.append(points[-1])
+    return " ... ".join(f"{percent(p)} (#{n})" for n, p in chosen)

@@ -1,0 +1,118 @@
+"""Recording a replay surface: every config of a space run through a backend, each result appended (fsync'd)
+to a JSONL file as soon as it is known, resumable (configs already in the file are skipped), in a shuffled
+order fixed by a seed so that a partial surface covers the space evenly. `autotune surface record` and the
+GPU validation kit call it; the replay backend (autotune.backends.replay) reads what it writes.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, Collection
+
+from autotune.backends import Backend
+from autotune.values.config import Config, ConfigError
+from autotune.values.results import TrialResult, append_result, read_results, repair_tail
+from autotune.values.space import Space
+from autotune.values.units import format_size
+
+
+@dataclass(frozen=True)
+class Recorded:
+    recorded: int  # configs run by this call
+    total_measured: int  # configs of the space now in the file
+
+    def to_dict(self) -> dict[str, int]:
+        return {"recorded": self.recorded, "total_measured": self.total_measured}
+
+
+def record_surface(space: Space, backend: Backend, out: Path, *, order_seed: int = 0, limit: int | None = None,
+                   retries: int = 1, repeats: int = 1, only: Collection[Config] | None = None,
+                   progress: Callable[[str], None] = print) -> Recorded:
+    """Run every config of `space` (or of `only`, configs of the space) through `backend` until `out`
+    holds `repeats` measurements of it, appending each result.
+
+    Repeats run in passes (every config's second measurement after all first ones, each pass in its own
+    shuffled order), so that a config's measurements see the machine at different times. A `crash` is
+    re-run up to `retries` times (now, or on a later resume): on a shared machine a trial can fail for
+    reasons that are not its config's (e.g. a port taken between choosing and binding it). Every attempt
+    stays in the file; the replay backend uses the median of a config's measurements.
+    """
+    workload, hardware = space.workload, space.hardware
+    repaired = repair_tail(out)  # before the first append: a torn last line is moved aside, not merged into
+    if repaired:
+        progress(repaired)
+    existing = read_results(out)
+    for result in existing:
+        recorded_for = result.extra.get("workload")
+        if recorded_for is not None and recorded_for != workload.to_dict():
+            raise ConfigError(f"{out} was recorded for another workload ({describe_workload(recorded_for)}): "
+                              f"choose another --out or the same --model/--gpus/--global-batch")
+    if only is not None:
+        for config in only:
+            if config not in space:
+                raise ConfigError(f"{config.label()} is not a config of the space recorded "
+                                  f"({space.invalid_reason(config) or 'not one of its combinations'})")
+    configs = [c for c in space if only is None or c in only]
+    last = {r.config: r for r in existing}
+    crashes = Counter(r.config for r in existing if r.status == "crash")
+    measured = Counter(r.config for r in existing if r.status != "crash")
+
+    def missing(config: Config) -> int:
+        """Measurements still to take; a config whose crashes used up its retries has none."""
+        if measured[config] == 0 and config in last and crashes[config] > retries:
+            return 0
+        return max(repeats - measured[config], 0)
+
+    todo = []
+    for n in range(1, repeats + 1):  # pass n: the configs that still lack an n-th measurement
+        due = [c for c in configs if missing(c) and measured[c] < n]
+        random.Random(order_seed + n - 1).shuffle(due)
+        todo += due
+    if limit is not None:
+        todo = todo[:limit]
+    total = sum(1 for c in configs if missing(c) == 0)
+    progress(f"{out}: {len(space)} configs in the space{f', {len(configs)} to record' if only is not None else ''}"
+             f", {total} already measured{f' {repeats} times' if repeats > 1 else ''}, {len(todo)} to run "
+             f"on the {backend.name} backend")
+    extra = {"workload": workload.to_dict(), "hardware": hardware.name}
+    started = time.monotonic()
+    for n, config in enumerate(todo, 1):
+        while True:
+            result = backend.run(config)
+            result = replace(result, extra={**result.extra, **extra})
+            append_result(out, result)
+            elapsed = time.monotonic() - started
+            eta = elapsed / n * (len(todo) - n)
+            progress(f"[{n}/{len(todo)}] {config.label():<28} {_outcome(result)}  "
+                     f"{result.wall_time_s:5.1f}s  elapsed {_clock(elapsed)}  left ~{_clock(eta)}")
+            crashes[config] += result.status == "crash"
+            measured[config] += result.status != "crash"
+            if result.status != "crash" or crashes[config] > retries:
+                break
+            progress(f"[{n}/{len(todo)}] {config.label():<28} crashed: running it again "
+                     f"(attempt {crashes[config] + 1} of {retries + 1})")
+    return Recorded(len(todo), sum(1 for c in configs if missing(c) == 0))
+
+
+def _outcome(result: TrialResult) -> str:
+    if result.ok:
+        return (f"ok     {result.throughput_samples_per_s:8.3g} samples/s  peak "
+                f"{format_size(result.peak_memory_bytes):>9}")
+    reason = (result.error or "").splitlines()[0][:80] if result.error else ""
+    return f"{result.status:<6} {reason}"
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
+def describe_workload(workload: dict) -> str:
+    model = workload.get("model", {})
+    name = model.get("name", model) if isinstance(model, dict) else model
+    return f"{name}, global batch {workload.get('global_batch')}, {workload.get('gpus')} GPU(s)"

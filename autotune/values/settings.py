@@ -1,0 +1,142 @@
+"""What defines one sweep, as a value: `RunSettings` (the run directory's `run.json`; a resumed sweep must be
+started with the same), validated when it is made, and the defaults every front end shares, decided here once:
+the memory budget (`memory_budget`: the hardware's memory per device unless one is chosen) and the training
+stacks (`STACKS`). A value module: it imports values only, so that the run directory, the handoff, the
+backends and the drivers can all import it without a circle (issue 26)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.values.config import ConfigError
+from autotune.files import short
+from autotune.values.hardware import Hardware, hardware_from_dict
+from autotune.search_spaces import parse_choices
+from autotune.values.space import Choices, Space
+from autotune.search.study_storage import masked
+from autotune.values.workload import Workload
+
+SETTINGS = "run.json"  # the file a sweep's settings are written to, in its run directory
+
+# What will train with the recommendation (autotune.outputs.handoff owns what each takes; the names are settings).
+STACKS = ("deepspeed", "trainer", "accelerate")
+DEFAULT_STACK = "deepspeed"
+
+
+def check_stack(stack: str) -> str:
+    if stack not in STACKS:
+        raise ConfigError(f"stack {stack!r}: allowed {', '.join(STACKS)}")
+    return stack
+
+
+def check_budget(value: Any) -> int:
+    """A memory budget per device: a positive number of bytes (one-line ConfigError naming the value)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigError(f"memory budget {value!r}: must be a positive number of bytes")
+    return int(value)
+
+
+def memory_budget(chosen: int | None, hardware: Hardware) -> int:
+    """The sweep's memory budget per device: the one chosen, else the hardware's memory. The only place this
+    default is decided (tests/test_architecture.py holds it)."""
+    return hardware.memory_bytes if chosen is None else check_budget(chosen)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What defines a sweep: a resumed sweep must be started with the same settings."""
+
+    workload: Workload
+    hardware: Hardware
+    memory_budget_bytes: int
+    strategy: str
+    backend: str
+    seed: int
+    choices: Choices
+    surface: str | None = None
+    storage: str | None = None  # the Optuna study's storage (autotune.search.study_storage); None: study.db here
+    stack: str = DEFAULT_STACK  # the user's training stack, which the space was narrowed to (autotune.outputs.handoff)
+    # The job's device count the trials at workload.gpus predict (autotune.prediction.scale); None: the trials' own.
+    target_gpus: int | None = None
+
+    def __post_init__(self) -> None:
+        # Every builder of settings gets the same one-line refusal, naming the value and what is allowed.
+        if isinstance(self.memory_budget_bytes, bool) or not isinstance(self.memory_budget_bytes, int) \
+                or self.memory_budget_bytes <= 0:
+            raise ConfigError(f"memory budget {self.memory_budget_bytes!r}: must be a positive number of bytes")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= 2**63 - 1:
+            raise ConfigError(f"seed {short(self.seed)}: allowed a whole number >= 0")
+        for key in ("strategy", "backend"):  # a user's own strategy or backend object is named, not listed
+            if not isinstance(getattr(self, key), str) or not getattr(self, key):
+                raise ConfigError(f"{key} {short(getattr(self, key))}: allowed a name")
+        check_stack(self.stack)
+        target = self.target_gpus
+        if target is not None and (isinstance(target, bool) or not isinstance(target, int)
+                                   or target < self.workload.gpus):
+            raise ConfigError(f"target_gpus {short(target)}: allowed null or a whole number >= the workload's gpus "
+                              f"({self.workload.gpus})")
+
+    def space(self) -> Space:
+        return Space(self.choices, self.workload, self.hardware)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"workload": self.workload.to_dict(), "hardware": self.hardware.to_dict(),
+                "memory_budget_bytes": self.memory_budget_bytes, "strategy": self.strategy,
+                "backend": self.backend, "seed": self.seed, "space": self.choices.to_dict(),
+                "surface": self.surface, "storage": masked(self.storage), "stack": self.stack,
+                "target_gpus": self.target_gpus}
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = SETTINGS) -> "RunSettings":
+        """The settings `to_dict` wrote; ConfigError naming `source` and the first key that is not allowed."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source}: expected a JSON object of run settings, got {short(data)}")
+        missing = [k for k in ("workload", "hardware", "memory_budget_bytes", "strategy", "backend", "seed", "space")
+                   if k not in data]
+        if missing:
+            raise ConfigError(f"{source}: missing key(s) {', '.join(missing)}: not the run.json of a sweep")
+        try:
+            workload = Workload.from_dict(data["workload"])
+        except ConfigError as err:
+            raise ConfigError(f"{source}: workload: {err}") from None
+        hardware = hardware_from_dict(data["hardware"], f"{source}: hardware")
+        for key, low in (("memory_budget_bytes", 1), ("seed", 0)):
+            value = data[key]
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= 2**63 - 1:
+                raise ConfigError(f"{source}: {key}: {short(value)}: allowed a whole number >= {low}")
+        for key in ("strategy", "backend"):  # either may be a user's own object's name: not checked against a list
+            if not isinstance(data[key], str) or not data[key]:
+                raise ConfigError(f"{source}: {key}: {short(data[key])}: allowed a name")
+        surface = data.get("surface")
+        if surface is not None and not isinstance(surface, str):
+            raise ConfigError(f"{source}: surface: {short(surface)}: allowed a path or null")
+        storage = data.get("storage")  # absent from the run.json of sweeps before --storage
+        if storage is not None and not isinstance(storage, str):
+            raise ConfigError(f"{source}: storage: {short(storage)}: allowed a storage URL, a journal path or null")
+        stack = data.get("stack", DEFAULT_STACK)  # absent from the run.json of sweeps before --stack
+        if stack not in STACKS:
+            raise ConfigError(f"{source}: stack: {short(stack)}: allowed {', '.join(STACKS)}")
+        target = data.get("target_gpus")  # absent from the run.json of sweeps before --target-gpus
+        if target is not None and (isinstance(target, bool) or not isinstance(target, int) or target < workload.gpus):
+            raise ConfigError(f"{source}: target_gpus: {short(target)}: allowed null or a whole number >= the "
+                              f"workload's gpus ({workload.gpus})")
+        return cls(workload=workload, hardware=hardware, memory_budget_bytes=data["memory_budget_bytes"],
+                   strategy=data["strategy"], backend=data["backend"], seed=data["seed"],
+                   choices=parse_choices(data["space"], f"{source}: space"), surface=surface,
+                   storage=storage, stack=stack, target_gpus=target)
+
+    def differences(self, other: "RunSettings") -> list[str]:
+        """`key: this != other` for every setting that differs (`hardware.allocator: ...` inside a mapping)."""
+        return _differences(other.to_dict(), self.to_dict())
+
+
+def _differences(theirs: dict[str, Any], mine: dict[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for key in mine:
+        a, b = theirs.get(key), mine[key]
+        if isinstance(a, dict) and isinstance(b, dict) and key != "space":  # the space reads best whole
+            out += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}: {a!r} != {b!r}")
+    return out
