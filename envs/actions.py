@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autotune.config import KNOBS, OFFLOADS, PRECISIONS
+from autotune.values.config import KNOBS, OFFLOADS, PRECISIONS
 
 ORDERED_KNOBS = ("zero_stage", "micro_batch", "ckpt_interval")
 CATEGORICAL_KNOBS = {"precision": PRECISIONS, "offload_optimizer": OFFLOADS, "offload_param": OFFLOADS}

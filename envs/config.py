@@ -13,13 +13,13 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 from autotune.backends.factory import backend_names
-from autotune.config import ConfigError
-from autotune.estimate import Calibration
-from autotune.hardware import Hardware, load_hardware
+from autotune.values.config import ConfigError
+from autotune.prediction.estimate import Calibration
+from autotune.values.hardware import Hardware, load_hardware
 from autotune.search_spaces import load_choices
-from autotune.space import Choices
-from autotune.units import parse_size
-from autotune.workload import Workload, make_workload
+from autotune.values.space import Choices
+from autotune.values.units import parse_size
+from autotune.values.workload import Workload, make_workload
 
 from autotune.envs.reward import Reward
 from autotune.envs.sampler import WorkloadSampler

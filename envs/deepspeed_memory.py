@@ -21,7 +21,7 @@ Reward: envs/reward.py. `info`: `result` (the TrialResult as a dict, None when n
 (current), `best` (the episode's best feasible config, throughput, peak and step, or None), `trials`,
 `action`, `invalid_action`, `task`, `reference_throughput` (the reward's normaliser),
 `optimum_throughput` (the task's true best where known: simulated without noise, replay; else None) and
-`chance_of_better` (the sweep's convergence stop's figure, autotune.convergence: the chance that an unmeasured
+`chance_of_better` (the sweep's convergence stop's figure, autotune.search.convergence: the chance that an unmeasured
 config fits and is more than 2% faster than the best, from the episode's corrected predictions);
 with `flat_info`, numbers and strings with the same keys at every step (`_flat_info`). A source may
 rewrite the info (the training simulator's flat info judges the best config by its hidden truth).
@@ -37,8 +37,8 @@ from typing import Any, Mapping
 import gymnasium as gym
 import numpy as np
 
-from autotune.config import KNOBS, Config, ConfigError
-from autotune.results import TrialResult
+from autotune.values.config import KNOBS, Config, ConfigError
+from autotune.values.results import TrialResult
 
 from autotune.envs import observation as obs
 from autotune.envs.actions import ACTIONS, FIRST_EDIT, JUMP, RUN, STOP

@@ -26,14 +26,14 @@ from autotune.backends import Backend
 from autotune.backends.factory import as_backend, deepspeed_backend, replay_backend, simulated_backend
 from autotune.backends.replay import Surface, load_surface, surface_choices, surface_space
 from autotune.backends.simulated import SimulatedBackend
-from autotune.config import Config, ConfigError
-from autotune.devices import resolve_hardware
-from autotune.estimate import Estimate, estimate
-from autotune.hardware import Hardware, load_hardware
-from autotune.results import TrialResult
+from autotune.values.config import Config, ConfigError
+from autotune.trials.devices import resolve_hardware
+from autotune.prediction.estimate import Estimate, estimate
+from autotune.values.hardware import Hardware, load_hardware
+from autotune.values.results import TrialResult
 from autotune.search_spaces import default_choices
-from autotune.space import Choices, Space
-from autotune.workload import Workload
+from autotune.values.space import Choices, Space
+from autotune.values.workload import Workload
 
 from autotune.envs import observation as obs
 from autotune.envs.config import EnvConfig

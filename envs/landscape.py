@@ -18,9 +18,9 @@ from typing import Callable, Generic, Hashable, Mapping, TypeVar
 import numpy as np
 
 from autotune.backends.simulated import host_need_bytes
-from autotune.config import KNOBS, OFFLOADS, PRECISIONS, Config
-from autotune.estimate import Estimate
-from autotune.space import Space
+from autotune.values.config import KNOBS, OFFLOADS, PRECISIONS, Config
+from autotune.prediction.estimate import Estimate
+from autotune.values.space import Space
 
 from autotune.envs.actions import ACTIONS, EDITS, FIRST_EDIT, ORDERED_KNOBS
 
@@ -114,7 +114,7 @@ class Landscape:
 
 
 def validity_key(space: Space) -> Hashable:
-    """What decides which configs of an unrestricted space are valid (autotune.space.invalid_reason):
+    """What decides which configs of an unrestricted space are valid (autotune.values.space.invalid_reason):
     spaces with equal keys have equal `configs`. tests/test_env_landscape.py checks this on sampled tasks."""
     if space.only is not None:
         raise ValueError("a restricted space has its own configs")

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from autotune.results import STATUSES
+from autotune.values.results import STATUSES
 
 from autotune.envs.actions import ACTIONS
 from autotune.envs.landscape import CONFIG_FEATURES, Landscape

@@ -9,7 +9,7 @@ largest measured-over-predicted peak ratio seen; an out-of-memory trial without 
 as at least the budget. The `jump` action (envs/actions.py) moves to the best config these corrected
 predictions leave unmeasured.
 
-Beside it, the probability that a config fits comes from the memory error model of autotune/uncertainty.py
+Beside it, the probability that a config fits comes from the memory error model of autotune/prediction/uncertainty.py
 (the sweep's own: one offset per knob value plus a common one, Gaussian priors, an out-of-memory trial
 without a peak as the bound "peak > budget"), updated one trial at a time over the layout's knob values.
 """
@@ -21,10 +21,10 @@ import math
 import numpy as np
 from scipy.special import ndtr
 
-from autotune.config import KNOBS
-from autotune.convergence import MIN_MARGIN, Joint, chance_of_better
-from autotune.results import TrialResult
-from autotune.uncertainty import NOISE_MEMORY, NOISE_TIME, PRIOR_MEMORY, PRIOR_TIME, censor, condition
+from autotune.values.config import KNOBS
+from autotune.search.convergence import MIN_MARGIN, Joint, chance_of_better
+from autotune.values.results import TrialResult
+from autotune.prediction.uncertainty import NOISE_MEMORY, NOISE_TIME, PRIOR_MEMORY, PRIOR_TIME, censor, condition
 
 from autotune.envs.landscape import Landscape
 
@@ -86,7 +86,7 @@ class Residuals:
         return ndtr((math.log(budget_bytes) - mean) / np.sqrt(var))
 
     def chance_of_better(self, untried: np.ndarray, budget_bytes: int, best: float, margin: float = MIN_MARGIN) -> float:
-        """The convergence stop's figure (autotune.convergence) for configs `untried`: the chance that one fits
+        """The convergence stop's figure (autotune.search.convergence) for configs `untried`: the chance that one fits
         and is more than `margin` faster than `best`. Memory: the error model above; throughput: the corrected
         predictions, each knob value's offset as wide as its trials leave it (independent Gaussians)."""
         if not best:

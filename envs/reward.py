@@ -40,8 +40,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
-from autotune.config import ConfigError
-from autotune.results import TrialResult
+from autotune.values.config import ConfigError
+from autotune.values.results import TrialResult
 
 MODES = ("throughput", "improvement")
 

@@ -27,11 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from autotune.config import ConfigError
-from autotune.hardware import PROFILES, Hardware
+from autotune.values.config import ConfigError
+from autotune.values.hardware import PROFILES, Hardware
 from autotune.search_spaces import load_choices
-from autotune.space import Choices
-from autotune.workload import PRESETS, ModelShape, Workload
+from autotune.values.space import Choices
+from autotune.values.workload import PRESETS, ModelShape, Workload
 
 SPLITS = ("train", "test", "all")
 DIMENSIONS = ("shape", "budget", "hardware")

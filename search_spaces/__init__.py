@@ -10,11 +10,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from autotune.config import KNOBS, OFFLOADS, PRECISIONS, ZERO_STAGES, ConfigError
+from autotune.values.config import KNOBS, OFFLOADS, PRECISIONS, ZERO_STAGES, ConfigError
 from autotune.files import is_file, load_yaml, short
-from autotune.hardware import Hardware, bf16_note
-from autotune.space import Choices, Space
-from autotune.workload import Workload
+from autotune.values.hardware import Hardware, bf16_note
+from autotune.values.space import Choices, Space
+from autotune.values.workload import Workload
 
 PRESET_DIR = Path(__file__).parent
 PRESETS = ("default", "cpu")
