@@ -26,7 +26,7 @@ from autotune.backends.factory import TrialOptions, as_backend, backend_kind, ma
 from autotune.prediction.calibrate import quality, save_calibration
 from autotune.values.config import ConfigError
 from autotune.search.confirm import prior_sigma
-from autotune.prediction.allocator import check_allocator
+from autotune.values.allocator import check_allocator
 from autotune.trials.devices import AUTO, resolve_hardware
 from autotune.search.convergence import DEFAULT_STOP_WHEN, Convergence, check_stop_when
 from autotune.drivers.local import run_local
@@ -96,7 +96,7 @@ class TuneSpec:
     # The convergence stop (autotune/search/convergence.py): the search ends once the chance that an untried config
     # beats the best by more than the launch noise falls below this (after a few trials); 0: off.
     stop_when: float = DEFAULT_STOP_WHEN
-    # The CUDA caching allocator's mode (autotune.prediction.allocator: default or expandable); None: the profile's, else
+    # The CUDA caching allocator's mode (autotune.values.allocator: default or expandable); None: the profile's, else
     # what this process's PYTORCH_CUDA_ALLOC_CONF says. It lands in the sweep's hardware (Hardware.allocator).
     allocator: str | None = None
     # Script mode (autotune/script/session.py): the user's training script and its arguments instead of the

@@ -92,7 +92,7 @@ class KitMode:
     max_tune_trials: int | None  # tune's trials at most (None: as many as its time holds)
     seeds: int  # replayed searches per strategy in the analysis
     budget_unit: int  # budgets are whole multiples of this
-    # tune's CUDA allocator mode (autotune.prediction.allocator): on the GPU, expandable segments, while the recording runs
+    # tune's CUDA allocator mode (autotune.values.allocator): on the GPU, expandable segments, while the recording runs
     # PyTorch's default, so that one call measures both modes on the first model (`allocator_pairs`).
     tune_allocator: str = "default"
 
@@ -309,7 +309,7 @@ def preflight(plans: Sequence[gv.Plan], groups: Sequence[kp.Group], tune: TunePl
     """Build the ops the recording's and tune's configs load, once, before any trial (autotune.trials.ops; the ops
     depend on a config's optimizer and offload, not on its workload, so one backend asks for all)."""
     from autotune.backends.deepspeed import DeepSpeedBackend
-    from autotune.outputs.dsconfig import DsOptions
+    from autotune.values.dsconfig import DsOptions
 
     plan = plans[0]
     backend = DeepSpeedBackend(plan.workload, memory_budget_bytes=plan.trial_budget, hardware=plan.hardware,
@@ -324,7 +324,7 @@ def record(plans: Sequence[gv.Plan], groups: Sequence[kp.Group], mode: KitMode, 
     `deadline_s`; a group that does not is skipped for a later, cheaper one. Every trial ends by the deadline
     plus a grace (its timeout)."""
     from autotune.backends.deepspeed import DeepSpeedBackend
-    from autotune.outputs.dsconfig import DsOptions
+    from autotune.values.dsconfig import DsOptions
     from autotune.trials.recording import record_surface
     from autotune.worker.measure import MeasureSettings
 

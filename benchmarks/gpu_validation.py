@@ -374,7 +374,7 @@ def record_plan(plan: Plan, available_s: float, args: argparse.Namespace, consol
     """Record as much of the plan's subset as `available_s` allows; what was chosen and done."""
     from autotune.backends.deepspeed import DeepSpeedBackend
     from autotune.trials.recording import record_surface as record
-    from autotune.outputs.dsconfig import DsOptions
+    from autotune.values.dsconfig import DsOptions
     from autotune.worker.measure import MeasureSettings
 
     mode = plan.mode

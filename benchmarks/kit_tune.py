@@ -39,7 +39,7 @@ class TuneArgs:
     confirm: int
     out: Path
     seed: int = 0
-    allocator: str = "default"  # the CUDA allocator's mode (autotune.prediction.allocator), named: not the environment's
+    allocator: str = "default"  # the CUDA allocator's mode (autotune.values.allocator), named: not the environment's
 
     def argv(self, python: str = sys.executable) -> list[str]:
         argv = [python, "-m", "autotune.cli", "tune", "--model", self.model, "--global-batch", str(self.global_batch),

@@ -41,7 +41,7 @@ os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(TOKEN))  # read
 
 from autotune.backends.deepspeed import DeepSpeedBackend  # noqa: E402
 from autotune.values.config import Config  # noqa: E402
-from autotune.outputs.dsconfig import DsOptions  # noqa: E402
+from autotune.values.dsconfig import DsOptions  # noqa: E402
 from autotune.values.hardware import PROFILES  # noqa: E402
 from autotune.worker.measure import MeasureSettings  # noqa: E402
 from autotune.values.workload import make_workload  # noqa: E402

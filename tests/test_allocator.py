@@ -1,4 +1,4 @@
-"""The CUDA caching allocator's mode as a memory knob (issue 25, autotune/prediction/allocator.py): read from the user's
+"""The CUDA caching allocator's mode as a memory knob (issue 25, autotune/values/allocator.py): read from the user's
 environment or chosen, priced by the estimator, set in every CUDA trial's environment, carried into the launch."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import autotune
-from autotune.prediction.allocator import environment, from_environment
+from autotune.values.allocator import environment, from_environment
 from autotune.backends.deepspeed import DeepSpeedBackend
 from autotune.values.config import Config, ConfigError
 from autotune.trials.devices import resolve_hardware

@@ -1,5 +1,6 @@
-"""The package's shape: no import cycle (function-level imports included, where cycles hide), and no module
-of the library imports the CLI (`autotune.commands`, `autotune.cli`)."""
+"""The package's shape: no import cycle (function-level imports included, where cycles hide), no module of
+the library imports the CLI (`autotune.commands`, `autotune.cli`), and the bottom layers import nothing above
+them."""
 
 import ast
 import re
@@ -112,6 +113,35 @@ def test_no_import_cycle_counting_type_checking_imports():
     edges = {name: imports(name, path, known, type_checking=True) for name, path in found.items()}
     cycle_found = cycle(without_parents(edges))
     assert cycle_found is None, " -> ".join(cycle_found)
+
+
+# The folders of autotune/ are layers (ARCHITECTURE.md section 1). The two at the bottom are pure: a value or
+# a prediction never reaches up to a trial, a search, an output or a front end (type-checking imports counted).
+# worker.imports is a leaf (DeepSpeed imported without MLflow) that dsconfig's DeepSpeed parser check needs too.
+BASE = ("autotune.values", "autotune.files", "autotune.search_spaces", "autotune.worker.imports")
+LOWER = {"autotune.values": BASE, "autotune.prediction": (*BASE, "autotune.prediction")}
+TOP_LEVEL = {"__init__", "api", "cli", "files"}
+
+
+def test_values_and_predictions_import_no_higher_layer():
+    found = modules()
+    known = set(found)
+    offenders = {}
+    for name, path in found.items():
+        layer = next((layer for layer in LOWER if name == layer or name.startswith(layer + ".")), None)
+        if layer is None:
+            continue
+        above = sorted(t for t in imports(name, path, known, type_checking=True)
+                       if t != "autotune" and not t.startswith(LOWER[layer]))
+        if above:
+            offenders[name] = above
+    assert offenders == {}
+
+
+def test_autotune_holds_folders_and_only_its_front_modules_at_the_top():
+    """A new module goes in the folder of its layer: the top holds the door (api), the CLI and files."""
+    assert {p.stem for p in (ROOT / "autotune").glob("*.py")} == TOP_LEVEL
+    assert {"values", "prediction", "trials", "search", "outputs"} <= {p.name for p in (ROOT / "autotune").iterdir()}
 
 
 BUDGET_DEFAULT = re.compile(r"\bor\s+[\w.()]*\bmemory_bytes\b|\bmemory_bytes\s+if\s+[\w.]+\s+is\s+None\b")

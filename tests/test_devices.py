@@ -274,7 +274,7 @@ def test_torch_out_of_memory_is_oom():
 
 def spec_for(config: Config) -> WorkerSpec:
     workload = make_workload("tiny")
-    from autotune.outputs.dsconfig import DsOptions, ds_config
+    from autotune.values.dsconfig import DsOptions, ds_config
 
     return WorkerSpec(config, workload, ds_config(config, workload, DsOptions(nvme_path="/tmp")), "/tmp",
                       accelerator="cuda")

@@ -21,7 +21,7 @@ import yaml
 from autotune.api import TuneSpec
 from autotune.cli import main
 from autotune.values.config import Config, ConfigError
-from autotune.outputs.dsconfig import RECIPE_AUTO, hf_ds_config
+from autotune.values.dsconfig import RECIPE_AUTO, hf_ds_config
 from autotune.outputs.handoff import (ACCELERATE_CONFIG, DS_CONFIG, HF_DS_CONFIG, TRAINER_ARGS, Handoff, checkpointing_key,
                               for_stack, narrow_choices)
 from autotune.values.hardware import PROFILES

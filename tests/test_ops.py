@@ -127,7 +127,7 @@ def test_a_launched_rank_runs_with_the_rewritten_list(tmp_path, monkeypatch):
     """A real rank (the `hang` fault stops it before torch is imported) started by the runner's launch."""
     import threading
 
-    from autotune.outputs.dsconfig import ds_config
+    from autotune.values.dsconfig import ds_config
     from autotune.trials.runner import run_worker
     from autotune.worker.protocol import WorkerSpec, read_events
 

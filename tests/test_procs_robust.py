@@ -24,7 +24,7 @@ import pytest
 from autotune.backends.factory import SLEEP_ENV
 from autotune.values.config import Config, ConfigError
 from autotune.drivers import ray as ray_driver
-from autotune.outputs.dsconfig import ds_config
+from autotune.values.dsconfig import ds_config
 from autotune.values.results import read_results
 from autotune.trials.runner import (OWNER_PREFIX, SHM_DIR, LaunchOptions, claim_port, release_port, remove_stale_shm,
                              run_worker)
@@ -311,7 +311,7 @@ TUNER = textwrap.dedent("""
     from autotune.backends.deepspeed import DeepSpeedBackend
     from autotune.backends.factory import BackendKind, register_backend
     from autotune.cli import main
-    from autotune.outputs.dsconfig import DsOptions
+    from autotune.values.dsconfig import DsOptions
     from autotune.worker.measure import MeasureSettings
 
     def build(settings, run_dir, options):

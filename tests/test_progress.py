@@ -16,7 +16,7 @@ from rich.console import Console
 from autotune.backends.deepspeed import DeepSpeedBackend
 from autotune.cli import main
 from autotune.values.config import Config
-from autotune.outputs.dsconfig import DsOptions
+from autotune.values.dsconfig import DsOptions
 from autotune.drivers.progress import ConsoleProgress, eta_s, format_clock, format_duration
 from autotune.drivers.ray import LabelledProgress
 from autotune.values.hardware import PROFILES, GiB

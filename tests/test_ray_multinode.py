@@ -24,7 +24,7 @@ import pytest
 from autotune.backends.deepspeed import DeepSpeedBackend
 from autotune.values.config import Config
 from autotune.drivers.ray_ranks import NodeLost, RankBundles, Site, layout, merge, placeable, interface_of
-from autotune.outputs.dsconfig import DsOptions
+from autotune.values.dsconfig import DsOptions
 from autotune.values.hardware import PROFILES
 from autotune.values.results import read_results
 from autotune.trials.runner import RankShare

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import main
-from autotune.outputs.dsconfig import validate
+from autotune.values.dsconfig import validate
 from autotune.values.results import read_results
 from autotune.trials.runner import extensions_dir, free_port
 

@@ -13,7 +13,7 @@ from torch import nn
 
 from autotune.cli import main
 from autotune.values.config import Config, ConfigError
-from autotune.outputs.dsconfig import DsOptions, ds_config
+from autotune.values.dsconfig import DsOptions, ds_config
 from autotune.values.hardware import PROFILES
 from autotune.backends.script import Script
 from autotune.search.rundir import RunDir, RunSettings

@@ -20,7 +20,7 @@ from autotune.backends.deepspeed import DeepSpeedBackend
 from autotune.prediction.calibrate import fit_calibration, quality
 from autotune.commands.trial import show
 from autotune.values.config import Config
-from autotune.outputs.dsconfig import DsOptions
+from autotune.values.dsconfig import DsOptions
 from autotune.prediction.estimate import Calibration
 from autotune.values.hardware import PROFILES
 from autotune.worker.measure import SLOW_FACTOR, MeasureSettings

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import main
-from autotune.outputs.dsconfig import validate
+from autotune.values.dsconfig import validate
 from autotune.prediction.estimate import estimate
 from autotune.values.hardware import PROFILES
 from autotune.values.results import STATUSES, read_results

@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from autotune.values.config import Config, ConfigError
-from autotune.outputs.dsconfig import DsOptions, ds_config
-from autotune.prediction.allocator import environment as allocator_environment
+from autotune.values.dsconfig import DsOptions, ds_config
+from autotune.values.allocator import environment as allocator_environment
 from autotune.prediction.estimate import Calibration, Estimate, estimate
 from autotune.values.hardware import Hardware
 from autotune.trials.ops import ARCH_ENV, PREFLIGHT_TIMEOUT_S, BuildFailure, arch_note, preflight

@@ -173,7 +173,7 @@ def _deepspeed_options(options: TrialOptions) -> dict[str, Any]:
 
 
 def _deepspeed(settings: "RunSettings", run_dir: "RunDir | None", options: TrialOptions) -> Backend:
-    from autotune.outputs.dsconfig import DsOptions
+    from autotune.values.dsconfig import DsOptions
 
     return deepspeed_backend(settings.workload, settings.memory_budget_bytes, settings.hardware,
                              DsOptions(nvme_path=settings.choices.nvme_path), logs_dir=_logs_dir(run_dir, options),
@@ -182,7 +182,7 @@ def _deepspeed(settings: "RunSettings", run_dir: "RunDir | None", options: Trial
 
 def _script(settings: "RunSettings", run_dir: "RunDir | None", options: TrialOptions) -> Backend:
     from autotune.backends.script import Script, read_script_info
-    from autotune.outputs.dsconfig import DsOptions
+    from autotune.values.dsconfig import DsOptions
 
     if run_dir is None:
         raise ConfigError("the script backend reads its script from the run directory: pass one")

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Mapping
 from autotune.backends.deepspeed import DeepSpeedBackend
 from autotune.trials.ops import PREFLIGHT_TIMEOUT_S
 from autotune.values.config import Config, ConfigError
-from autotune.outputs.dsconfig import DsOptions
+from autotune.values.dsconfig import DsOptions
 from autotune.prediction.estimate import Calibration, Estimate
 from autotune.values.hardware import Hardware
 from autotune.values.results import TrialResult

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator, TextIO
 
 from autotune.values.config import ConfigError
 from autotune.files import make_dir  # noqa: F401  (the commands create their output folders with it)
-from autotune.prediction.allocator import ALLOCATORS
+from autotune.values.allocator import ALLOCATORS
 from autotune.trials.devices import AUTO, LocalMachine, gpus_found, require_here, resolve_hardware
 from autotune.values.hardware import PROFILES, Hardware, load_hardware
 from autotune.values.models import load_model

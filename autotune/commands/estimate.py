@@ -11,7 +11,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from autotune.prediction.allocator import describe as describe_allocator
+from autotune.values.allocator import describe as describe_allocator
 from autotune.commands.common import (add_json_argument, add_workload_arguments, emit_json, json_command, positive_int,
                                       size, space_from, target_from)
 from autotune.prediction.estimate import MEMORY_TERMS, Calibration, Estimate

@@ -23,7 +23,7 @@ from autotune.commands.common import (MODEL_HELP, SEQ_LEN_HELP, add_json_argumen
                                       json_command, make_dir, model_name, positive_int, size, target_from)
 from autotune.commands.script import script_target
 from autotune.values.config import OFFLOADS, PRECISIONS, ZERO_STAGES, Config, ConfigError
-from autotune.outputs.dsconfig import DsOptions
+from autotune.values.dsconfig import DsOptions
 from autotune.prediction.estimate import MEMORY_TERMS, Calibration, Estimate, estimate
 from autotune.values.hardware import PROFILES, Hardware
 from autotune.values.results import TrialResult, append_result, read_results

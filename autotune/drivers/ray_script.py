@@ -56,7 +56,7 @@ class ShippedScript:
     def __call__(self) -> Backend:
         from autotune.backends.factory import script_backend
         from autotune.backends.script import Script
-        from autotune.outputs.dsconfig import DsOptions
+        from autotune.values.dsconfig import DsOptions
 
         bundle = self.bundle
         if not isinstance(bundle, bytes):

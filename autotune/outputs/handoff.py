@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.values.config import Config, ConfigError
-from autotune.outputs.dsconfig import RECIPE_AUTO, DsOptions, ds_config, hf_ds_config, validate
+from autotune.values.dsconfig import RECIPE_AUTO, DsOptions, ds_config, hf_ds_config, validate
 from autotune.values.hardware import Hardware
 from autotune.outputs.launch import LAUNCH_FILE, Launch, trials_environment
 from autotune.values.settings import DEFAULT_STACK, STACKS, RunSettings, check_stack  # noqa: F401  (the stacks' names are settings)

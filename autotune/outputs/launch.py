@@ -26,8 +26,8 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from autotune.prediction.allocator import DEFAULT_ALLOCATOR
-from autotune.prediction.allocator import environment as allocator_environment
+from autotune.values.allocator import DEFAULT_ALLOCATOR
+from autotune.values.allocator import environment as allocator_environment
 
 LAUNCH_FILE = "launch.sh"
 ALLOCATOR_ENV = re.compile(r"PYTORCH_(CUDA_|HIP_)?ALLOC_CONF")  # the caching allocator's settings

@@ -25,7 +25,7 @@ from autotune.search.rundir import STUDY, RunDir
 from autotune.values.settings import RunSettings
 from autotune.prediction.scale import ScaleReport, at_target, project
 from autotune.search_spaces import space_note
-from autotune.search.study_storage import masked
+from autotune.values.settings import masked
 from autotune.values.units import format_size
 
 TOP = 10

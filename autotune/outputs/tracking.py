@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Protocol, Se
 
 from autotune.values.config import ConfigError
 from autotune.values.results import TrialResult
-from autotune.search.study_storage import masked
+from autotune.values.settings import masked
 
 if TYPE_CHECKING:
     from autotune.search.rundir import RunFolder

@@ -2,7 +2,7 @@
 
 What DeepSpeed launches per optimizer step of `gas` micro-steps over dp data-parallel ranks, for N parameters
 of p bytes (the model's dtype, DeepSpeed's default communication dtype), with the bucket sizes
-autotune.outputs.dsconfig writes:
+autotune.values.dsconfig writes:
 - ZeRO-0: one all-reduce of the gradients at the accumulation boundary, in buckets of 5e8 elements
   (engine.allreduce_gradients); nothing overlaps it.
 - ZeRO-1: at the boundary, a reduce-scatter of the gradients (reduce_scatter: true) and, after the
@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass
 
 from autotune.values.config import Config
-from autotune.outputs.dsconfig import Buckets
+from autotune.values.dsconfig import Buckets
 from autotune.values.hardware import Hardware
 from autotune.values.workload import Workload
 

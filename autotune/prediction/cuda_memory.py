@@ -37,14 +37,14 @@ cached but not in use. Measured 0.55-15.9 GiB; what it follows:
   parameter offload DeepSpeed uses the partition itself (NoGatherHandle) and nothing is fetched.
 - Block rounding (2 MiB for large blocks, 20 MiB segments for 1-10 MiB requests) is below 1% of these peaks and
   is left out.
-- With expandable segments (`Hardware.allocator`, autotune.prediction.allocator) the allocator unmaps its free blocks' pages
+- With expandable segments (`Hardware.allocator`, autotune.values.allocator) the allocator unmaps its free blocks' pages
   when an allocation would not fit, so none of the above decides whether a config fits: the reserve is 0 (its
   20 MiB pages, below 1% as above, left out). The peak a trial shows can still be higher when memory is
   plentiful (pages stay mapped until an allocation needs them); the prediction is what must fit. Not measured
   on a GPU yet: the GPU kit runs configs in both modes side by side (benchmarks/gpu_kit.py).
 
 The live window of ZeRO-3 (`zero3_live_params_bytes`, allocated, so a buffer): with the reuse distance and live
-parameters autotune.outputs.dsconfig writes (1e9 each), DeepSpeed releases no parameter that comes back within 1e9
+parameters autotune.values.dsconfig writes (1e9 each), DeepSpeed releases no parameter that comes back within 1e9
 elements of the trace (partitioned_param_coordinator.py, __params_to_release), so up to that many gathered
 parameters stay on the device. With it the ZeRO-3 trials with parameter offload were predicted within 0.4 and
 1.0 GiB of their allocated peaks instead of 2.3 and 2.9 below.
@@ -53,7 +53,7 @@ parameters stay on the device. With it the ZeRO-3 trials with parameter offload 
 from __future__ import annotations
 
 from autotune.values.config import Config
-from autotune.outputs.dsconfig import Buckets
+from autotune.values.dsconfig import Buckets
 from autotune.values.hardware import Hardware
 from autotune.values.workload import Workload
 

@@ -15,7 +15,7 @@ Sources, per term (see also ARCHITECTURE.md section 5):
   is counted separately: for small models with big vocabularies it dominates. Checked against the
   built-in model's measured peaks (autotune.worker.model; benchmarks/memory_accuracy.py): with
   checkpointing the head's peak and a segment's recomputation come one after the other, not together.
-- Buffers: the ZeRO bucket sizes written by autotune.outputs.dsconfig (Buckets), ZeRO-3's gathered largest
+- Buffers: the ZeRO bucket sizes written by autotune.values.dsconfig (Buckets), ZeRO-3's gathered largest
   module and prefetch bucket, the fp32 gradient of one optimizer sub-group during a ZeRO-3 step; on CUDA also
   ZeRO-3's live window of gathered parameters (autotune.prediction.cuda_memory).
 - On CUDA, the peak the product measures is the caching allocator's reserved peak plus the memory outside it:
@@ -36,7 +36,7 @@ from typing import Any
 from autotune.prediction.comm import STAGE0_ALLREDUCE_BUCKET, comm_time
 from autotune.values.config import Config
 from autotune.prediction.cuda_memory import allocator_reserve_bytes, outside_allocator_bytes, zero3_live_params_bytes
-from autotune.outputs.dsconfig import Buckets
+from autotune.values.dsconfig import Buckets
 from autotune.values.hardware import Hardware
 from autotune.values.workload import ModelShape, Workload
 

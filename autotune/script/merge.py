@@ -1,6 +1,6 @@
 """The trial's knobs applied to whatever DeepSpeed config a user's script passes.
 
-The trial's DeepSpeed config (autotune.outputs.dsconfig.ds_config) decides the memory-relevant keys: the batch
+The trial's DeepSpeed config (autotune.values.dsconfig.ds_config) decides the memory-relevant keys: the batch
 arithmetic, precision, the ZeRO section (stage, buckets, offloads) and `zero_force_ds_cpu_optimizer`.
 Everything else the script wrote (optimizer, scheduler, gradient clipping, logging, ...) is kept, and
 within the sections the trial touches the script's other keys stay too (e.g. fp16 loss scaling).

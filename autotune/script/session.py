@@ -26,7 +26,7 @@ from typing import Any, Callable
 from autotune.backends.factory import script_backend
 from autotune.backends.script import SCRIPT_FILE, Script, read_script_info, user_config
 from autotune.values.config import Config, ConfigError
-from autotune.outputs.dsconfig import DsOptions, ds_config, validate
+from autotune.values.dsconfig import DsOptions, ds_config, validate
 from autotune.prediction.estimate import estimate
 from autotune.outputs.handoff import checkpointing_key
 from autotune.values.results import TrialResult

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autotune.values.config import ConfigError, first_line
+from autotune.values.settings import is_url, masked
 
 if TYPE_CHECKING:
     import optuna
@@ -33,25 +34,6 @@ ALLOWED = ("an Optuna RDB URL (sqlite:///PATH, postgresql://USER:PASS@HOST/DB, m
            "or the path of an Optuna journal file")
 LOCAL_STUDY = "autotune"  # the study's name in the run directory's own study.db
 SQLITE_HEADER = b"SQLite format 3\x00"
-
-
-def is_url(storage: str) -> bool:
-    return "://" in storage
-
-
-def masked(storage: str | None) -> str | None:
-    """The storage as it may be shown and recorded: a URL's password replaced by ***."""
-    if storage is None or not is_url(storage):
-        return storage
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        url = make_url(storage)
-        return storage if url.password is None else url.render_as_string(hide_password=True)
-    except ArgumentError:  # unparseable: hide whatever stands between the scheme and an @
-        scheme, _, rest = storage.partition("://")
-        return f"{scheme}://***@{rest.rpartition('@')[2]}" if "@" in rest else storage
 
 
 def _refuse(storage: str, why: str) -> ConfigError:

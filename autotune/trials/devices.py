@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from autotune.values.config import ConfigError
-from autotune.prediction.allocator import DEFAULT_ALLOCATOR, check_allocator
-from autotune.prediction.allocator import from_environment as allocator_from_environment
+from autotune.values.allocator import DEFAULT_ALLOCATOR, check_allocator
+from autotune.values.allocator import from_environment as allocator_from_environment
 from autotune.values.hardware import CPU_BF16, PROFILES, Hardware, with_cpu_bf16
 from autotune.values.units import format_size
 
@@ -226,7 +226,7 @@ def resolve_hardware(choice: Hardware | str | None, *, real: bool, model: str | 
                      allocator: str | None = None) -> tuple[Hardware, LocalMachine | None]:
     """A profile from `--hardware` (a Hardware, `auto` or None), and the machine if it was probed: `auto`, the
     default for real trials, detects this machine; otherwise the CPU profile for tiny, else a100-80gb. Its CUDA
-    allocator mode (autotune.prediction.allocator): `allocator` if chosen, else the profile's own when it names one, else
+    allocator mode (autotune.values.allocator): `allocator` if chosen, else the profile's own when it names one, else
     what this process's PYTORCH_CUDA_ALLOC_CONF says (the trials inherit it); a CPU profile has none."""
     hardware, machine = _resolve_profile(choice, real=real, model=model)
     if allocator is None and not hardware.is_cpu and hardware.allocator == DEFAULT_ALLOCATOR:

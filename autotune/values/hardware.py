@@ -12,7 +12,7 @@ from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from autotune.prediction.allocator import ALLOCATORS, DEFAULT_ALLOCATOR
+from autotune.values.allocator import ALLOCATORS, DEFAULT_ALLOCATOR
 from autotune.values.config import PRECISIONS, ConfigError
 from autotune.files import is_file, load_yaml, short
 from autotune.values.units import parse_size
@@ -92,7 +92,7 @@ class Hardware:
     # A CPU profile read off the machine it runs on (autotune.trials.devices): "native" or "emulated" bf16 (then
     # peak_flops prices bf16 EMULATED_BF16_SLOWDOWN times below fp32); None: not read (GPUs, the stock profile).
     cpu_bf16: str | None = None
-    # The CUDA caching allocator's mode the trials run with (autotune.prediction.allocator): "default" or "expandable".
+    # The CUDA caching allocator's mode the trials run with (autotune.values.allocator): "default" or "expandable".
     allocator: str = DEFAULT_ALLOCATOR
 
     def __post_init__(self) -> None:

@@ -14,7 +14,6 @@ from autotune.files import short
 from autotune.values.hardware import Hardware, hardware_from_dict
 from autotune.search_spaces import parse_choices
 from autotune.values.space import Choices, Space
-from autotune.search.study_storage import masked
 from autotune.values.workload import Workload
 
 SETTINGS = "run.json"  # the file a sweep's settings are written to, in its run directory
@@ -140,3 +139,22 @@ def _differences(theirs: dict[str, Any], mine: dict[str, Any], prefix: str = "")
         elif a != b:
             out.append(f"{prefix}{key}: {a!r} != {b!r}")
     return out
+
+
+def is_url(storage: str) -> bool:
+    return "://" in storage
+
+
+def masked(storage: str | None) -> str | None:
+    """The storage as it may be shown and recorded: a URL's password replaced by ***."""
+    if storage is None or not is_url(storage):
+        return storage
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        url = make_url(storage)
+        return storage if url.password is None else url.render_as_string(hide_password=True)
+    except ArgumentError:  # unparseable: hide whatever stands between the scheme and an @
+        scheme, _, rest = storage.partition("://")
+        return f"{scheme}://***@{rest.rpartition('@')[2]}" if "@" in rest else storage
