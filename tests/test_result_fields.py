@@ -1,5 +1,5 @@
 """What steers the tuner from a result's extra keys is typed and checked (issue 26): TrialResult.phase,
-.repeat_of and .cause; the JSON line keeps them flat, so records written before load as they did."""
+.repeat_of, .cause, .global_batch, .script_model, .runs and .throughput_runs; the JSON line keeps them flat, so records written before load as they did."""
 
 import json
 
@@ -46,3 +46,16 @@ def test_a_steering_key_out_of_range_is_one_line_when_made_or_read(key, value, a
     with pytest.raises(ConfigError) as read:
         TrialResult.from_dict({"config": CONFIG.to_dict(), "status": "crash", key: value})
     assert str(read.value) == str(made.value)
+
+
+def test_a_script_trials_batch_and_model_and_a_confirmed_results_runs_are_typed_and_checked():
+    kept = TrialResult(CONFIG, "ok", throughput_samples_per_s=3.0,
+                       extra={"global_batch": 8, "script_model": {"seq_len": 64}, "runs": 3,
+                              "throughput_runs": [3.0, 2.9, 3.1]})
+    assert (kept.global_batch, kept.script_model, kept.runs, kept.throughput_runs) == (8, {"seq_len": 64}, 3,
+                                                                                        (3.0, 2.9, 3.1))
+    plain = TrialResult(CONFIG, "ok", throughput_samples_per_s=3.0)
+    assert (plain.global_batch, plain.script_model, plain.runs, plain.throughput_runs) == (None, None, None, ())
+    for key, bad in (("global_batch", 0), ("script_model", "gpt2"), ("runs", 1.5), ("throughput_runs", [1.0, None])):
+        with pytest.raises(ConfigError, match=key):
+            TrialResult(CONFIG, "ok", throughput_samples_per_s=3.0, extra={key: bad})

@@ -225,7 +225,7 @@ def run_script_trial(args: argparse.Namespace) -> int:
     backend = script_backend(script, workload, args.memory_budget, hardware, DsOptions(nvme_path=args.nvme_path),
                              run_dir / "logs", args.timeout, measure, shape_known=False, keep_script_batch=keep)
     result = backend.run(config) if args.json else _run_with_progress(backend, config)
-    model = result.extra.get("script_model")
+    model = result.script_model
     prediction = None
     settled = None
     if model:

@@ -89,8 +89,8 @@ def _summary(results: Sequence[TrialResult], settings: RunSettings, best: TrialR
         "memory_budget_bytes": budget,
         "status_counts": {status: counts.get(status, 0) for status in STATUSES},
     }
-    if best is not None and "runs" in best.extra:
-        summary["best"].update(runs=best.extra["runs"], throughput_runs=best.extra["throughput_runs"])
+    if best is not None and best.runs is not None:
+        summary["best"].update(runs=best.runs, throughput_runs=list(best.throughput_runs))
     confirmed = confirmation(results, budget, prior_sigma(settings.backend))
     if confirmed is not None and confirmed.repeats:
         summary["confirmation"] = confirmed.to_dict()
@@ -192,7 +192,7 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
         est = estimate(best.config, settings.workload, settings.hardware)
         files.append(plots.memory_breakdown(est, settings.memory_budget_bytes, best.peak_memory_bytes,
                                             run.plots_dir / "memory_breakdown.png"))
-        runs = best.extra.get("runs")
+        runs = best.runs
         verdict = (f"recommended {best.config.label()}: {best.throughput_samples_per_s:.3g} samples/s"
                    + (f" (median of {runs} runs)" if runs else "") + ", "
                    f"peak {format_size(best.peak_memory_bytes)} of {format_size(settings.memory_budget_bytes)} "

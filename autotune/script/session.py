@@ -124,7 +124,7 @@ def first_trial(run_dir: RunDir, settings: RunSettings, space: Space, script: Sc
                                  DsOptions(nvme_path=settings.choices.nvme_path), run_dir.logs_dir, timeout_s,
                                  shape_known=False, keep_script_batch=global_batch is None)
         result, fatal = backend.run(config), backend.fatal
-    model = result.extra.get("script_model")
+    model = result.script_model
     notes: list[str] = []
     settled: batch.Settled | None = None
     if model:

@@ -79,6 +79,29 @@ class TrialResult:
         return None if value is None else str(value)
 
     @property
+    def global_batch(self) -> int | None:
+        """The global batch a script trial ran (`extra["global_batch"]`: the script's own, when kept), else None:
+        the workload's."""
+        value = self.extra.get("global_batch")
+        return None if value is None else int(value)
+
+    @property
+    def script_model(self) -> dict[str, Any] | None:
+        """What a script trial learned of its model (`extra["script_model"]`, autotune.script.shim), else None."""
+        return self.extra.get("script_model")
+
+    @property
+    def runs(self) -> int | None:
+        """Confirmed: how many launches the throughput is the median of (`extra["runs"]`), else None."""
+        value = self.extra.get("runs")
+        return None if value is None else int(value)
+
+    @property
+    def throughput_runs(self) -> tuple[float, ...]:
+        """Confirmed: each launch's throughput (`extra["throughput_runs"]`), else ()."""
+        return tuple(self.extra.get("throughput_runs") or ())
+
+    @property
     def ok(self) -> bool:
         return self.status == "ok"
 
@@ -248,14 +271,19 @@ _EXTRAS: dict[str, tuple[Any, str]] = {
     "hardware": (_text, "a hardware profile name or null"),
     "recorded_backend": (_text, "a string or null"),
     "script_verdict": (_text, "a string or null"),
-    "script_model": (lambda v: (v is None or isinstance(v, dict), v), "an object or null"),
     "workload": (_workload, "a workload object {model, global_batch, gpus} or null"),
 }
-# Extra keys that steer logic (TrialResult.phase, .repeat_of, .cause): checked when a result is made.
+# Extra keys that steer logic (TrialResult.phase, .repeat_of, .cause, .global_batch, .script_model, .runs,
+# .throughput_runs): checked when a result is made.
 _STEERING: dict[str, tuple[Any, str]] = {
     "phase": (lambda v: (v is None or v in PHASES, v), f"{', '.join(PHASES)} or null"),
     "repeat_of": (lambda v: (v is None or (_count(v)[0] and v >= 1), v), "a trial number >= 1 or null"),
     "cause": (lambda v: (v is None or v in CAUSE_NAMES, v), f"{', '.join(CAUSE_NAMES)} or null"),
+    "global_batch": (lambda v: (v is None or (_count(v)[0] and v >= 1), v), "a global batch >= 1 or null"),
+    "script_model": (lambda v: (v is None or isinstance(v, dict), v), "an object or null"),
+    "runs": (lambda v: (v is None or (_count(v)[0] and v >= 1), v), "a number of launches >= 1 or null"),
+    "throughput_runs": (lambda v: (v is None or (isinstance(v, list) and all(x is not None and _number(x)[0] for x in v)), v),
+                        "a list of throughputs or null"),
 }
 
 
