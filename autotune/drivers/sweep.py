@@ -269,12 +269,10 @@ class Sweep:
             result = self._taught(result)
         result = self._add(result)
         self.spent_s += result.wall_time_s
-        if first is not None or self.repeats_run:
-            self.repeats_run += first is not None
-            self.best = confirm.recommend(self.results, self.pruner.budget_bytes)
-        elif result.fits(self.pruner.budget_bytes) and (
-                self.best is None or result.throughput > self.best.throughput):
-            self.best = result
+        self.repeats_run += first is not None
+        # The one rule (confirm.recommend) the outputs' recommendation uses too (outputs.report.recommendation,
+        # which only adds --target-gpus' pick): the best median within the budget, the earliest among equals.
+        self.best = confirm.recommend(self.results, self.pruner.budget_bytes)
         if first is not None and measurable(result):
             self._learn()
         return result
