@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import time
+from importlib import import_module
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -116,42 +117,32 @@ def _logs_dir(run_dir: "RunDir | None", options: TrialOptions) -> Path:
 
 
 # The constructors: each class's own arguments, its module imported only when asked for (deepspeed and script
-# import the runner; the environment and RL training never need them).
+# import the runner; the environment and RL training never need them). For the type checker each one is its
+# class, so every call is checked against the class's own __init__.
 
-def simulated_backend(*args: Any, **kwargs: Any) -> "SimulatedBackend":
-    """SimulatedBackend(*args, **kwargs): the estimator's prediction as a trial."""
-    from autotune.backends.simulated import SimulatedBackend
+def _lazy(module: str, cls: str, doc: str) -> Callable[..., Any]:
+    def construct(*args: Any, **kwargs: Any) -> Any:
+        return getattr(import_module(module), cls)(*args, **kwargs)
 
-    return SimulatedBackend(*args, **kwargs)
-
-
-def replay_backend(*args: Any, **kwargs: Any) -> "ReplayBackend":
-    """ReplayBackend(*args, **kwargs): a surface of measured results."""
-    from autotune.backends.replay import ReplayBackend
-
-    return ReplayBackend(*args, **kwargs)
+    construct.__doc__ = f"{cls}(...): {doc}"
+    return construct
 
 
-def deepspeed_backend(*args: Any, **kwargs: Any) -> "DeepSpeedBackend":
-    """DeepSpeedBackend(*args, **kwargs): real short runs of the built-in model."""
-    from autotune.backends.deepspeed import DeepSpeedBackend
-
-    return DeepSpeedBackend(*args, **kwargs)
-
-
-def script_backend(*args: Any, **kwargs: Any) -> "ScriptBackend":
-    """ScriptBackend(*args, **kwargs): real short runs of the user's own script."""
-    from autotune.backends.script import ScriptBackend
-
-    return ScriptBackend(*args, **kwargs)
-
-
-def distorted_backend(*args: Any, **kwargs: Any) -> "DistortedBackend":
-    """DistortedBackend(*args, **kwargs): the distorted simulation RL training runs on (a task's landscape and
-    hidden distortion, not a sweep's settings: no registered kind)."""
-    from autotune.backends.distorted import DistortedBackend
-
-    return DistortedBackend(*args, **kwargs)
+if TYPE_CHECKING:
+    simulated_backend = SimulatedBackend
+    replay_backend = ReplayBackend
+    deepspeed_backend = DeepSpeedBackend
+    script_backend = ScriptBackend
+    distorted_backend = DistortedBackend
+else:
+    simulated_backend = _lazy("autotune.backends.simulated", "SimulatedBackend", "the estimator's prediction as a trial")
+    replay_backend = _lazy("autotune.backends.replay", "ReplayBackend", "a surface of measured results")
+    deepspeed_backend = _lazy("autotune.backends.deepspeed", "DeepSpeedBackend",
+                              "real short runs of the built-in model")
+    script_backend = _lazy("autotune.backends.script", "ScriptBackend", "real short runs of the user's own script")
+    distorted_backend = _lazy("autotune.backends.distorted", "DistortedBackend",
+                              "the distorted simulation RL training runs on (a task's landscape and hidden "
+                              "distortion, not a sweep's settings: no registered kind)")
 
 
 # The kinds' builders from a sweep's settings.
