@@ -15,6 +15,7 @@ import pytest
 import autotune
 from autotune.values.allocator import environment, from_environment
 from autotune.backends.deepspeed import DeepSpeedBackend
+from autotune.trials.runner import trial_environment
 from autotune.values.config import Config, ConfigError
 from autotune.trials.devices import resolve_hardware
 from autotune.prediction.estimate import estimate
@@ -104,12 +105,19 @@ def test_on_the_h200_trials_expandable_predicts_their_allocated_peak_plus_outsid
         assert expandable.peak_bytes <= 0.96 * t.predict().peak_bytes, t.name
 
 
-def test_a_cuda_trials_environment_carries_the_mode_and_a_cpu_trials_none():
+def test_a_cuda_trials_environment_carries_the_mode_and_a_cpu_trials_none(monkeypatch):
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
     workload = make_workload("tiny")
-    assert DeepSpeedBackend(workload, hardware=EXPANDABLE).launch.env["PYTORCH_CUDA_ALLOC_CONF"] == \
-        "expandable_segments:True"
-    assert "PYTORCH_CUDA_ALLOC_CONF" not in DeepSpeedBackend(workload, hardware=H100).launch.env
-    assert "PYTORCH_CUDA_ALLOC_CONF" not in DeepSpeedBackend(workload, hardware=PROFILES["cpu"]).launch.env
+
+    def ranks_env(hardware):  # what the runner starts each rank with (autotune.trials.runner)
+        backend = DeepSpeedBackend(workload, hardware=hardware)
+        return trial_environment(backend.launch, backend.accelerator)
+
+    assert ranks_env(EXPANDABLE)["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in ranks_env(H100)
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in ranks_env(PROFILES["cpu"])
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True,max_split_size_mb:128")
+    assert ranks_env(H100)["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:False,max_split_size_mb:128"  # the sweep's mode, the user's rest
 
 
 def test_the_recommendations_launch_exports_the_mode(tmp_path):

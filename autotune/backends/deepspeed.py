@@ -37,7 +37,6 @@ from typing import Any, Callable, Iterable, Mapping
 
 from autotune.values.config import Config, ConfigError
 from autotune.values.dsconfig import DsOptions, ds_config
-from autotune.values.allocator import environment as allocator_environment
 from autotune.prediction.estimate import Calibration, Estimate, estimate
 from autotune.values.hardware import Hardware
 from autotune.trials.ops import ARCH_ENV, PREFLIGHT_TIMEOUT_S, BuildFailure, arch_note, preflight
@@ -76,11 +75,9 @@ class DeepSpeedBackend:
         self._cpu_info: dict[str, Any] | None = None
         self._running: Path | None = None  # the log directory of the trial in flight
         self._fastest_step_s: float | None = None  # of this backend's ok trials: a config far behind it stops early
-        trial_env = dict(env or {})
-        if self.accelerator == "cuda" and hardware is not None:  # the profile's allocator mode, over the tuner's own
-            trial_env.update(allocator_environment(hardware.allocator, {**os.environ, **trial_env}))
         self.launch = LaunchOptions(ranks=workload.gpus, timeout_s=timeout_s, memory_budget_bytes=memory_budget_bytes,
-                                    launcher=launcher, env=trial_env)
+                                    launcher=launcher, env=dict(env or {}),
+                                    allocator=hardware.allocator if hardware is not None else None)
         # What starts, watches and judges a trial's ranks: all on this machine; a trial spanning a Ray cluster's
         # nodes swaps in autotune.drivers.ray_ranks.SpanningLaunch, which raises NodeLost when a node dies.
         self.start_ranks: Callable[[WorkerSpec, LaunchOptions], RunOutcome] = run_worker

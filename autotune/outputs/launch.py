@@ -27,7 +27,6 @@ import shlex
 from dataclasses import dataclass
 
 from autotune.values.allocator import DEFAULT_ALLOCATOR
-from autotune.values.allocator import environment as allocator_environment
 
 LAUNCH_FILE = "launch.sh"
 ALLOCATOR_ENV = re.compile(r"PYTORCH_(CUDA_|HIP_)?ALLOC_CONF")  # the caching allocator's settings
@@ -56,10 +55,8 @@ def trials_environment(accelerator: str, ranks_per_node: int,
     allocator mode `allocator`, as autotune.backends.deepspeed sets it)."""
     from autotune.trials.runner import LaunchOptions, rank_threads, trial_environment
 
-    env = trial_environment(LaunchOptions(ranks=ranks_per_node), accelerator)
+    env = trial_environment(LaunchOptions(ranks=ranks_per_node, allocator=allocator), accelerator)
     env["OMP_NUM_THREADS"] = rank_threads(env, ranks_per_node)
-    if accelerator == "cuda":
-        env.update(allocator_environment(allocator, env))
     bin_dir = env["PATH"].split(os.pathsep)[0]
     names = [*_WHY, *sorted(name for name in env if ALLOCATOR_ENV.fullmatch(name))]
     return bin_dir, tuple(Setting(name, env[name], _WHY.get(name, "the allocator's settings of the trials"))

@@ -45,6 +45,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import psutil
 
+from autotune.values.allocator import environment as allocator_environment
 from autotune.trials.ops import with_deepspeed_arch_list
 from autotune.worker import procmem
 from autotune.worker.main import PARENT_ENV
@@ -88,6 +89,7 @@ class LaunchOptions:
     python: str = sys.executable
     module: str = "autotune.worker"  # what each rank runs: `python -m <module> <spec.json>` (script mode: autotune.script)
     placement: Placement | None = None  # a share of a multi-node trial; None: all `ranks` here
+    allocator: str | None = None  # CUDA's allocator mode (autotune.values.allocator); None: the environment's
 
     def __post_init__(self) -> None:
         if self.launcher not in LAUNCHERS:
@@ -314,7 +316,8 @@ def _held_files(shm_dir: Path) -> set[str]:
 
 def trial_environment(options: LaunchOptions, accelerator: str) -> dict[str, str]:
     """The environment every process of a trial starts from (the runner adds the rendezvous and rank variables),
-    and the op preflight's (autotune.trials.ops): this process's, the options' extra variables, then what trials need."""
+    and the op preflight's (autotune.trials.ops) and launch.sh's (autotune.outputs.launch): this process's, the
+    options' extra variables, then what trials need (on CUDA, the sweep's allocator mode)."""
     # The trial's accelerator wins over the caller's environment: the trial runs where it was planned to.
     env = {**os.environ, **options.env, "PYTHONUNBUFFERED": "1", "DS_ACCELERATOR": accelerator}
     # The interpreter's own bin directory first, as an activated venv has it: DeepSpeed's op builds call
@@ -326,6 +329,8 @@ def trial_environment(options: LaunchOptions, accelerator: str) -> dict[str, str
     # One C++ op cache per Python environment: two venvs sharing torch's default cache directory write
     # build files with their own include paths into the same folders and rebuild each other's ops.
     env.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir(options.python))
+    if accelerator == "cuda" and options.allocator is not None:  # the sweep's allocator mode, over the tuner's own
+        env.update(allocator_environment(options.allocator, env))
     # An arch list DeepSpeed's op builder parses (a CUDA image's `9.0a` crashes every FusedAdam build).
     return with_deepspeed_arch_list(env)
 
