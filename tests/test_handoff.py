@@ -18,12 +18,12 @@ from types import ModuleType, SimpleNamespace
 import pytest
 import yaml
 
-from autotune.api import TuneSpec
+from autotune.api import TuneSpec, resolution
 from autotune.cli import main
 from autotune.values.config import Config, ConfigError
 from autotune.values.dsconfig import RECIPE_AUTO, hf_ds_config
 from autotune.outputs.handoff import (ACCELERATE_CONFIG, DS_CONFIG, HF_DS_CONFIG, TRAINER_ARGS, Handoff, checkpointing_key,
-                              for_stack, narrow_choices)
+                              narrow_choices)
 from autotune.values.hardware import PROFILES
 from autotune.search.rundir import RunSettings
 from autotune.outputs.launch import LAUNCH_FILE
@@ -70,11 +70,11 @@ def test_trainer_and_accelerate_keep_only_the_on_off_checkpointing_intervals():
         narrow_choices(choices, "keras")
 
 
-def test_for_stack_narrows_settings_and_space_together():
-    base = settings(space="default")
-    narrowed, space, note = for_stack(base, base.space(), "trainer")
+def test_the_door_narrows_settings_and_space_to_the_stack_together():
+    resolved = resolution(TuneSpec(make_workload("tiny"), PROFILES["cpu"], space="default", stack="trainer"))
+    narrowed, space = resolved.settings, resolved.space
     assert narrowed.stack == "trainer" and space.choices == narrowed.choices and narrowed.choices.ckpt_interval == (0, 1)
-    assert {c.ckpt_interval for c in space} == {0, 1} and note
+    assert {c.ckpt_interval for c in space} == {0, 1} and any("--stack trainer" in n for n in resolved.notes)
     assert RunSettings.from_dict(json.loads(json.dumps(narrowed.to_dict()))) == narrowed  # run.json keeps the stack
 
 

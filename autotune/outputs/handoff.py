@@ -31,7 +31,7 @@ from autotune.values.dsconfig import RECIPE_AUTO, DsOptions, ds_config, hf_ds_co
 from autotune.values.hardware import Hardware
 from autotune.outputs.launch import LAUNCH_FILE, Launch, trials_environment
 from autotune.values.settings import DEFAULT_STACK, STACKS, RunSettings, check_stack  # noqa: F401  (the stacks' names are settings)
-from autotune.values.space import Choices, Space
+from autotune.values.space import Choices
 from autotune.values.workload import Workload
 
 if TYPE_CHECKING:  # rundir reads the stack names from here
@@ -85,12 +85,6 @@ def stack_line(stack: str) -> str | None:
         return None
     return (f"{stack}: the space held only what {_STACK_NAMES[stack]} can apply (ckpt_interval 0 or 1: activation "
             f"checkpointing off or on every layer, through {_SWITCH[stack]})")
-
-
-def for_stack(settings: RunSettings, space: Space, stack: str) -> tuple[RunSettings, Space, str | None]:
-    """The sweep's settings and space narrowed to `stack` (a replay surface's restriction kept), and the note."""
-    choices, note = narrow_choices(settings.choices, stack)
-    return replace(settings, choices=choices, stack=stack), replace(space, choices=choices), note
 
 
 @dataclass(frozen=True)
