@@ -16,9 +16,25 @@ workloads:
     hardware: a100-40gb
     memory_budget: 40GiB
 ```
-Workload keys: name, model, gpus, global_batch, hardware, memory_budget, space, strategy, trials, time_budget,
-stop_when (the convergence stop, as --stop-when), backend, surface (replay), seed, gpus_per_trial. Every error names the file, the key, the value and what
-is allowed.
+Workload keys: name, model, script, script_args, gpus, global_batch, hardware, memory_budget, space, strategy,
+trials, time_budget, stop_when (the convergence stop, as --stop-when), backend, surface (replay), seed,
+gpus_per_trial. Every error names the file, the key, the value and what is allowed.
+
+A workload may tune the user's own training script instead of a model, as `autotune tune --script` does:
+
+```yaml
+  - name: my-script
+    script: train.py      # relative to this file's folder
+    script_args: [--deepspeed_config, /data/ds_config.json, --epochs, "1"]  # passed as given, as --script-args
+    global_batch: 64      # optional: the recipe's override (default: the script's own)
+```
+Its first trial (on the cluster) shows the model and the script's global batch, then the search runs within the
+batch; the recommendation is the script's own DeepSpeed config with the tuned keys. Its trials are real runs:
+backend deepspeed (the default for a script); model and surface are not allowed with it.
+
+Each workload becomes the TuneSpec `autotune tune` would build (WorkloadSpec.tune) and runs through the one
+sweep runner's phases (autotune.api: plan_run, hold, open_sweep, close_run, finish_script); only its trials
+differ: every workload's are jobs of one Ray driver (drivers/ray.run_ray).
 """
 
 from __future__ import annotations
