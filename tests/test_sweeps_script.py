@@ -124,3 +124,15 @@ workloads:
     assert failed.status == "crash" and failed.extra["script_verdict"] == "never_initialized"
     assert rows["evaluates"]["recommended"] == "" and "the script cannot be tuned as it is: never_initialized" in printed.out
     assert rows["model"]["recommended"] and rows["model"]["trials"] == "2"
+
+    # Resumed with a third trial each: the script's workload keeps what its first trial learned (no new first
+    # trial), nothing recorded is repeated.
+    before = (out / "plain" / "trials.jsonl").read_text()
+    path.write_text(path.read_text().replace("trials: 2", "trials: 3"))
+    code = main(["sweep", str(path), "--out", str(out), "--ray-address", "local", "--resume"])
+    printed = capsys.readouterr()
+    assert code == 1, printed.err[-3000:]
+    results = read_results(out / "plain" / "trials.jsonl")
+    assert (out / "plain" / "trials.jsonl").read_text().startswith(before) and len(results) == 3
+    assert results[2].status == "ok" and results[2].extra["trial"] == 3 and "first trial of" not in printed.out
+    assert json.loads((out / "plain" / "run.json").read_text()) == settings
