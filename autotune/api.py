@@ -14,7 +14,7 @@ one) or any object with `run(config) -> TrialResult` (a user's own objective, ru
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -40,13 +40,13 @@ from autotune.outputs.report import Outputs, write_outputs
 from autotune.values.results import TrialResult
 from autotune.trials.runner import remove_stale_shm_at_start
 from autotune.search.rundir import STUDY, RunDir
-from autotune.values.settings import DEFAULT_STACK, SETTINGS, RunSettings, check_budget, check_stack, memory_budget
+from autotune.values.settings import DEFAULT_STACK, SETTINGS, RunSettings, check_budget, check_stack, masked, memory_budget
 from autotune.prediction.scale import check_target, narrow_choices as narrow_for_target
 from autotune.search_spaces import choices_for
 from autotune.values.space import Choices, Space
 from autotune.strategies import check_strategy, strategy_name
-from autotune.search.study_storage import canonical as canonical_storage, check_storage, masked
-from autotune.outputs.tracking import check_uri as check_tracking_uri, resolve_uri as tracking_uri, tracked
+from autotune.search.study_storage import canonical as canonical_storage, check_storage
+from autotune.outputs.tracking import Tracker, check_uri as check_tracking_uri, resolve_uri as tracking_uri, tracked
 from autotune.values.workload import Workload
 
 if TYPE_CHECKING:
@@ -278,15 +278,56 @@ def tune(spec: TuneSpec, out: str | Path | None = None, *, resume: bool = False,
          callbacks: Progress | None = None) -> TuneResult:
     """Run the sweep `spec` describes into the run directory `out` (default runs/<model>-<strategy>-<time>),
     or continue it there (`resume`), on this machine or on a Ray cluster (`executor`). `callbacks` hears of
-    every trial (autotune.drivers.progress.Progress; ConsoleProgress prints what `autotune tune` prints)."""
+    every trial (autotune.drivers.progress.Progress; ConsoleProgress prints what `autotune tune` prints).
+
+    The one sweep runner, in phases that `autotune sweep` (autotune.search.sweeps) also runs once per workload:
+    `plan_run` (every check, nothing written), `hold` (the lock, a script's first trial, the settings written
+    or checked), `run_sweep` (open_sweep, the trials here or on Ray, close_run) and `finish_script`."""
+    remove_stale_shm_at_start()  # what trials of a killed tuner left in /dev/shm, whatever its run
+    progress = callbacks or QuietProgress()
+    plan = plan_run(spec, out, resume, executor, progress)
+    with ExitStack() as stack:
+        hold(stack, plan, progress)
+        if plan.ended is not None:  # a script's first trial showed it cannot be tuned as it is
+            return plan.ended
+        budget = spec.budget()
+        begun = getattr(progress, "begun", None)
+        if callable(begun):  # a display's headline (`autotune tune`), once the run directory is held
+            begun(SweepStart(plan.run_dir, plan.settings, plan.space, budget, resume))
+        own = None if isinstance(spec.strategy, str) else spec.strategy
+        result = run_sweep(plan.run_dir, plan.settings, plan.space, budget, executor, progress, plan.objective,
+                           tracking=plan.tracking, strategy=own)
+        return finish_script(plan, result, progress)
+
+
+@dataclass
+class RunPlan:
+    """One sweep's run directory, every check passed and nothing written yet (plan_run); `hold` then takes
+    the directory and updates `settings` and `space` (a script's first trial) or sets `ended`."""
+
+    spec: TuneSpec
+    run_dir: RunDir
+    resume: bool
+    settings: RunSettings
+    space: Space
+    executor: "RayOptions | None"
+    tracking: str | None
+    objective: Backend | None
+    before: set[str]  # the startup files already there (undone_unless_started)
+    dir_flag: str  # how errors creating the directory name it
+    ended: TuneResult | None = None
+
+
+def plan_run(spec: TuneSpec, out: str | Path | None, resume: bool, executor: "RayOptions | None",
+             progress: Progress, resolved: Resolved | None = None) -> RunPlan:
+    """Every check that can refuse a sweep, before anything is written to its run directory `out` (default
+    runs/<model>-<strategy>-<time>): the spec resolved (or `resolved`, already), a script's shipment to Ray,
+    the directory new or resumable, the study storage, the tracking URI."""
     if spec.script is not None and executor is not None:  # its files travel with each trial: not too many
         from autotune.script.ship import plan
 
         plan(spec.script, spec.script_args, exclude=(out,) if out is not None else ())
-    remove_stale_shm_at_start()  # what trials of a killed tuner left in /dev/shm, whatever its run
-    progress = callbacks or QuietProgress()
-    # Every check that can refuse the sweep comes before anything is written to the run directory.
-    resolved = resolution(spec)
+    resolved = resolved or resolution(spec)
     settings, space = resolved.settings, resolved.space
     for note in resolved.notes:  # what the stack or the target removed from the space
         progress.message(note)
@@ -298,27 +339,40 @@ def tune(spec: TuneSpec, out: str | Path | None = None, *, resume: bool = False,
     if objective is not None and executor is not None:
         raise ConfigError("a backend object runs on this machine only: register a backend kind to run on Ray")
     tracking = tracking_uri(spec.mlflow_uri, run_dir.path)
-    before = startup_files(run_dir, resume)
-    make_dir(run_dir.path, "--out" if out is not None else "the default run directory")
-    with run_dir.locked(), undone_unless_started(run_dir, before), no_space_named(run_dir, settings.storage):
-        if spec.script is not None:  # the script shows its model in a first trial, or the resumed run kept it
-            settings, space, stopped = _script_start(run_dir, settings, space, spec, resume, progress, executor)
-            if stopped is not None:
-                return stopped
-        begin(run_dir, settings, resume)
-        budget = spec.budget()
-        begun = getattr(progress, "begun", None)
-        if callable(begun):  # a display's headline (`autotune tune`), once the run directory is held
-            begun(SweepStart(run_dir, settings, space, budget, resume))
-        own = None if isinstance(spec.strategy, str) else spec.strategy
-        result = run_sweep(run_dir, settings, space, budget, executor, progress, objective, tracking=tracking,
-                           strategy=own)
-        if spec.script is not None:  # the script's own config with the tuned keys replaces the generic one
-            from autotune.script import session
+    return RunPlan(spec, run_dir, resume, settings, space, executor, tracking, objective, startup_files(run_dir, resume),
+                   "--out" if out is not None else "the default run directory")
 
-            for line in session.finish(run_dir, settings, result.best):
-                progress.message(line)
-        return result
+
+RESUME_HINT = "repeat the original command with --resume"
+
+
+def hold(stack: ExitStack, plan: RunPlan, progress: Progress, resume_hint: str = RESUME_HINT) -> RunPlan:
+    """Take the planned run directory for the rest of `stack` (its lock; the startup files undone if the sweep
+    fails before its first trial; a full disk named), run a script's first trial (or read what a resumed one
+    learned), and write the settings of a new sweep or check a resumed one's (`resume_hint`: what to do when
+    they differ). `plan.ended` is set when the script's first trial ended the sweep."""
+    run_dir = plan.run_dir
+    make_dir(run_dir.path, plan.dir_flag)
+    stack.enter_context(run_dir.locked())
+    stack.enter_context(undone_unless_started(run_dir, plan.before))
+    stack.enter_context(no_space_named(run_dir, plan.settings.storage))
+    if plan.spec.script is not None:  # the script shows its model in a first trial, or the resumed run kept it
+        plan.settings, plan.space, plan.ended = _script_start(run_dir, plan.settings, plan.space, plan.spec,
+                                                              plan.resume, progress, plan.executor)
+        if plan.ended is not None:
+            return plan
+    begin(run_dir, plan.settings, plan.resume, resume_hint)
+    return plan
+
+
+def finish_script(plan: RunPlan, result: TuneResult, progress: Progress) -> TuneResult:
+    """A script sweep's outputs over the generic ones: the script's own config with the tuned keys."""
+    if plan.spec.script is not None:
+        from autotune.script import session
+
+        for line in session.finish(plan.run_dir, plan.settings, result.best):
+            progress.message(line)
+    return result
 
 
 def _script_start(run_dir: RunDir, settings: RunSettings, space: Space, spec: TuneSpec, resume: bool,
@@ -415,15 +469,15 @@ def startup_files(run_dir: RunDir, resume: bool) -> set[str]:
     return set(STARTUP_FILES) if resume else {n for n in STARTUP_FILES if (run_dir.path / n).exists()}
 
 
-def begin(run_dir: RunDir, settings: RunSettings, resume: bool) -> None:
-    """Write a new sweep's settings, or check that a resumed one is started with the same (under its lock)."""
+def begin(run_dir: RunDir, settings: RunSettings, resume: bool, hint: str = RESUME_HINT) -> None:
+    """Write a new sweep's settings, or check that a resumed one is started with the same (under its lock;
+    `hint`: what the refusal tells the user to do)."""
     if not resume:
         run_dir.write_settings(settings)
         return
     differences = run_dir.read_settings().differences(settings)
     if differences:
-        raise ConfigError(f"--resume: {run_dir.path} was started with other settings ({'; '.join(differences)}): "
-                          "repeat the original command with --resume")
+        raise ConfigError(f"--resume: {run_dir.path} was started with other settings ({'; '.join(differences)}): {hint}")
 
 
 def run_sweep(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budget, executor: "RayOptions | None",
@@ -433,23 +487,35 @@ def run_sweep(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budg
     it, then the outputs. The caller holds the run directory's lock. `tracking`: an MLflow tracking URI that
     hears every trial and the recommendation (autotune.outputs.tracking), or None. `strategy`: the user's own
     Strategy object or builder that `settings.strategy` names; None: the registered one."""
-    sweep = Sweep.open(run_dir, settings, space, strategy)
-    with tracked(tracking, run_dir, settings, sweep.results, progress.message) as tracker:
-        sweep.tracker = tracker
-        if sweep.nothing_fits(space):
-            reason = StopReason.NOTHING_FITS
-        elif executor is not None:
+    with ExitStack() as stack:
+        sweep, tracker, reason = open_sweep(stack, run_dir, settings, space, progress, tracking, strategy)
+        if reason is None and executor is not None:
             from autotune.drivers.ray import run_one
 
             reason = run_one(sweep, settings, run_dir, budget, executor, progress)
-        else:
+        elif reason is None:
             backend = backend or make_backend(settings, run_dir,
                                               TrialOptions(sleep_s=simulated_sleep_s(settings.backend)))
             sweep.launch_sigma = prior_sigma(settings.backend, backend)  # a simulation's own noise, if it says
             preflight_ops(sweep, space, backend, budget, progress.message)
             reason = run_local(sweep, backend, budget, progress)
-        outputs = close_sweep(run_dir, settings, sweep)
-        tracker.finish(outputs.best, outputs.summary, outputs.files, outputs.verdict, reason.value)
+        return close_run(run_dir, settings, sweep, tracker, reason)
+
+
+def open_sweep(stack: ExitStack, run_dir: RunDir, settings: RunSettings, space: Space, progress: Progress,
+               tracking: str | None, strategy: Any = None, name: str | None = None) -> tuple[Sweep, Tracker, StopReason | None]:
+    """The Sweep of a held run directory with its tracker (open for the rest of `stack`; `name`: the MLflow
+    parent run's), and StopReason.NOTHING_FITS when no config of the space is predicted to fit (nothing runs)."""
+    sweep = Sweep.open(run_dir, settings, space, strategy)
+    sweep.tracker = tracker = stack.enter_context(
+        tracked(tracking, run_dir, settings, sweep.results, progress.message, name=name))
+    return sweep, tracker, StopReason.NOTHING_FITS if sweep.nothing_fits(space) else None
+
+
+def close_run(run_dir: RunDir, settings: RunSettings, sweep: Sweep, tracker: Tracker, reason: StopReason) -> TuneResult:
+    """The outputs of a sweep whose trials have ended (close_sweep), told to its tracker."""
+    outputs = close_sweep(run_dir, settings, sweep)
+    tracker.finish(outputs.best, outputs.summary, outputs.files, outputs.verdict, reason.value)
     return TuneResult(outputs.best, tuple(sweep.results), reason, run_dir.path, outputs.summary, outputs.verdict,
                       outputs.files, sweep.convergence)
 

@@ -218,3 +218,43 @@ def test_the_registry_flags_give_each_front_end_its_kinds():
     assert SURFACE == ("deepspeed", "simulated")
     assert TRAIN == ("simulated", "replay")
     assert set(ENV) == {"simulated", "replay", "deepspeed"}
+
+
+RUNNER_PHASES = {"plan_run", "hold", "open_sweep", "close_run", "finish_script"}
+
+
+def called(path: Path) -> list[tuple[int, str]]:
+    """Each call's name in the module, with its receiver where it is a name (`Sweep.open`, `run.locked`)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Name):
+                found.append((node.lineno, func.id))
+            elif isinstance(func, ast.Attribute):
+                owner = func.value.id if isinstance(func.value, ast.Name) else ""
+                found.append((node.lineno, f"{owner}.{func.attr}" if owner else f".{func.attr}"))
+    return found
+
+
+def defining(names: set[str]) -> list[str]:
+    """The modules that define every function of `names` at their top level."""
+    return [name for name, path in modules().items()
+            if names <= {n.name for n in ast.parse(path.read_text()).body if isinstance(n, ast.FunctionDef)}]
+
+
+def test_one_sweep_runner_opens_run_directories():
+    """One sweep runner (issue 26): `autotune tune`, `autotune.tune()` and `autotune sweep` (once per workload) go
+    through its phases; no other module opens a sweep or its tracker, and the sweep-file module neither takes
+    a run directory's lock nor writes or compares its settings."""
+    (runner,) = defining(RUNNER_PHASES | {"tune"})
+    (sweep_files,) = defining({"load_sweep", "run_sweep"})
+    paths = modules()
+    offenders = [f"{paths[name].relative_to(ROOT)}:{line}: {call}" for name in paths if name != runner
+                 for line, call in called(paths[name]) if call in ("Sweep.open", "tracked", "close_sweep")]
+    offenders += [f"{paths[sweep_files].relative_to(ROOT)}:{line}: {call}" for line, call in called(paths[sweep_files])
+                  if call.rsplit(".", 1)[-1] in ("write_settings", "read_settings", "locked", "differences", "begin",
+                                                 "open", "make_dir")]
+    assert offenders == []
+    uses = {call.rsplit(".", 1)[-1] for _, call in called(paths[sweep_files])}
+    assert RUNNER_PHASES <= uses  # each workload through every phase

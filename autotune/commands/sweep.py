@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 @json_command
 def run(args: argparse.Namespace) -> int:
     from autotune.trials.interrupts import sigterm_as_interrupt
-    from autotune.search.study_storage import masked
+    from autotune.values.settings import masked
     from autotune.search.sweeps import SUMMARY_CSV, SUMMARY_MD, load_sweep, run_sweep
 
     sweep_file = load_sweep(args.sweep_file)

@@ -25,13 +25,12 @@ from autotune.drivers.sweep import Budget
 from autotune.outputs.handoff import Handoff
 from autotune.search.pruning import cause_counts, describe_causes
 from autotune.search.rundir import RunDir
-from autotune.values.settings import DEFAULT_STACK, STACKS, RunSettings
+from autotune.values.settings import DEFAULT_STACK, STACKS, RunSettings, masked
 from autotune.prediction.scale import at_target
 from autotune.search_spaces import space_note
 from autotune.script.cli import add_arguments as script_arguments, script_from
 from autotune.values.space import Space
 from autotune.strategies import STRATEGIES
-from autotune.search.study_storage import masked
 from autotune.outputs import tracking
 from autotune.values.units import format_size
 

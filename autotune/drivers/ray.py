@@ -484,7 +484,6 @@ def run_one(sweep: Sweep, settings: "RunSettings", run_dir: "RunDir", budget: Bu
             progress: Progress) -> StopReason:
     """`autotune tune --ray-address`: one sweep's trials on the cluster; returns why it stopped."""
     resources = trial_resources(settings, options.gpus_per_trial)
-    sleep_s = simulated_sleep_s(settings.backend)
     connect(options.address)
     try:
         check_placeable(resources)
@@ -493,16 +492,22 @@ def run_one(sweep: Sweep, settings: "RunSettings", run_dir: "RunDir", budget: Bu
                          + (f", at most {options.concurrency} in flight" if options.concurrency else ""))
         if isinstance(progress, LiveProgress):  # its ETA divides the trials left among the slots
             progress.set_slots(trial_slots(resources, options.concurrency))
-        if settings.backend == "script":  # the script's files travel with each trial (drivers/ray_script.py)
-            from autotune.drivers.ray_script import script_job
-
-            job = script_job(sweep, settings, run_dir, budget, resources, progress)
-        else:
-            job = Job(settings.workload.model.name, sweep, budget, resources,
-                      BackendSpec(settings, str(run_dir.path.resolve()), sleep_s), progress)
+        job = job_for(settings.workload.model.name, sweep, settings, run_dir, budget, resources, progress)
         return run_ray([job], options.concurrency, options.max_failures)[job.name]
     finally:
         disconnect()
+
+
+def job_for(name: str, sweep: Sweep, settings: "RunSettings", run_dir: "RunDir", budget: Budget,
+            resources: TrialResources, progress: Progress) -> Job:
+    """The Ray driver's job for one open sweep (the cluster is connected): each trial's backend built on its
+    node from the settings, or, for a script, from its shipped files (drivers/ray_script.py)."""
+    if settings.backend == "script":
+        from autotune.drivers.ray_script import script_job
+
+        return script_job(sweep, settings, run_dir, budget, resources, progress, name=name)
+    return Job(name, sweep, budget, resources,
+               BackendSpec(settings, str(run_dir.path.resolve()), simulated_sleep_s(settings.backend)), progress)
 
 
 def describe_cluster() -> str:

@@ -149,9 +149,9 @@ def shipment_of(script: "Script", run_dir: "RunDir") -> Shipment:
 
 
 def script_job(sweep: Sweep, settings: "RunSettings", run_dir: "RunDir", budget: Budget, resources: TrialResources,
-               progress: Progress) -> Job:
+               progress: Progress, name: str | None = None) -> Job:
     """The Ray driver's job for a script sweep (the cluster is connected): its files put once in the object
-    store, each trial's backend built from them on its node."""
+    store, each trial's backend built from them on its node. `name`: the job's (default: the model's)."""
     import ray
 
     from autotune.backends.script import Script, read_script_info
@@ -162,4 +162,4 @@ def script_job(sweep: Sweep, settings: "RunSettings", run_dir: "RunDir", budget:
     for note in shipment.notes:
         progress.message(note)
     spec = ShippedScript(settings, str(run_dir.path.resolve()), shipment, ray.put(pack(shipment)))
-    return ScriptJob(settings.workload.model.name, sweep, budget, resources, spec, progress)
+    return ScriptJob(name or settings.workload.model.name, sweep, budget, resources, spec, progress)

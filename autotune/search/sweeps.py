@@ -16,9 +16,25 @@ workloads:
     hardware: a100-40gb
     memory_budget: 40GiB
 ```
-Workload keys: name, model, gpus, global_batch, hardware, memory_budget, space, strategy, trials, time_budget,
-stop_when (the convergence stop, as --stop-when), backend, surface (replay), seed, gpus_per_trial. Every error names the file, the key, the value and what
-is allowed.
+Workload keys: name, model, script, script_args, gpus, global_batch, hardware, memory_budget, space, strategy,
+trials, time_budget, stop_when (the convergence stop, as --stop-when), backend, surface (replay), seed,
+gpus_per_trial. Every error names the file, the key, the value and what is allowed.
+
+A workload may tune the user's own training script instead of a model, as `autotune tune --script` does:
+
+```yaml
+  - name: my-script
+    script: train.py      # relative to this file's folder
+    script_args: [--deepspeed_config, /data/ds_config.json, --epochs, "1"]  # passed as given, as --script-args
+    global_batch: 64      # optional: the recipe's override (default: the script's own)
+```
+Its first trial (on the cluster) shows the model and the script's global batch, then the search runs within the
+batch; the recommendation is the script's own DeepSpeed config with the tuned keys. Its trials are real runs:
+backend deepspeed (the default for a script); model and surface are not allowed with it.
+
+Each workload becomes the TuneSpec `autotune tune` would build (WorkloadSpec.tune) and runs through the one
+sweep runner's phases (autotune.api: plan_run, hold, open_sweep, close_run, finish_script); only its trials
+differ: every workload's are jobs of one Ray driver (drivers/ray.run_ray).
 """
 
 from __future__ import annotations
@@ -27,8 +43,9 @@ import argparse
 import csv
 import io
 import re
+import sys
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +54,7 @@ from autotune.files import exists, is_file, load_yaml, read_bytes, short, write_
 from autotune.values.argtypes import duration, positive_int, seed, size, stop_probability
 from autotune.search.convergence import DEFAULT_STOP_WHEN, recorded
 from autotune.backends.factory import backend_kind, backend_names
-from autotune.api import TuneSpec, resolve
+from autotune.api import Resolved, TuneSpec, resolve
 from autotune.backends.replay import replay_workload
 from autotune.trials.devices import AUTO, require_here
 from autotune.values.hardware import Hardware, load_hardware
@@ -51,8 +68,8 @@ from autotune.drivers.stop import StopReason
 from autotune.values.models import SHAPE_KEYS, UnknownModel
 from autotune.values.workload import PRESETS, ModelShape, Workload, make_workload
 
-WORKLOAD_KEYS = ("name", "model", "gpus", "global_batch", "hardware", "memory_budget", "space", "strategy", "trials",
-                 "time_budget", "stop_when", "backend", "surface", "seed", "gpus_per_trial")
+WORKLOAD_KEYS = ("name", "model", "script", "script_args", "gpus", "global_batch", "hardware", "memory_budget", "space",
+                 "strategy", "trials", "time_budget", "stop_when", "backend", "surface", "seed", "gpus_per_trial")
 TOP_KEYS = ("defaults", "workloads", "concurrency")
 DEFAULT_TRIALS = 20
 DEFAULT_STRATEGY = "optuna"  # many workloads at once: Optuna keeps several trials of each in flight
@@ -63,7 +80,8 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")  # a directory name, sh
 
 @dataclass(frozen=True)
 class WorkloadSpec:
-    """One workload of a sweep file, resolved: its run settings, space and budget."""
+    """One workload of a sweep file, resolved: the TuneSpec `autotune tune` would build for it, its run
+    settings, space and budget (a script's settings until its first trial has shown the model)."""
 
     name: str
     settings: RunSettings
@@ -71,6 +89,7 @@ class WorkloadSpec:
     budget: Budget
     gpus_per_trial: int | None = None
     chosen_budget: int | None = None  # memory_budget as the file gives it (None: the hardware's, its default)
+    tune: TuneSpec | None = None  # what the one sweep runner (autotune.api) runs for it
 
 
 @dataclass(frozen=True)
@@ -132,14 +151,25 @@ def _workload(entry: dict[str, Any], where: str, base: Path) -> WorkloadSpec:
     name = entry.get("name")
     if not isinstance(name, str) or not _NAME.match(name):
         raise ConfigError(f"{where}.name: {short(name)}: allowed letters, digits, '.', '_' and '-', at most 100 (a directory name)")
-    model = entry.get("model", "tiny")
+    script = entry.get("script")
+    model = entry.get("model", "tiny" if script is None else None)
     strategy = entry.get("strategy", DEFAULT_STRATEGY)
     if not isinstance(strategy, str) or strategy not in STRATEGIES:
         raise ConfigError(f"{where}.strategy: {short(strategy)}: allowed {', '.join(STRATEGIES)}")
-    backend = entry.get("backend", "simulated")
-    offered = backend_names()  # the registry's sweep kinds, a user's included (a --script: `autotune tune`)
-    if not isinstance(backend, str) or backend not in offered:
-        raise ConfigError(f"{where}.backend: {short(backend)}: allowed {', '.join(offered)}")
+    if script is not None:
+        script_path, script_args = _script(entry, where, base)
+        backend = entry.get("backend", "deepspeed")
+        if backend != "deepspeed":
+            raise ConfigError(f"{where}.backend: {short(backend)}: a script's trials are real runs: allowed deepspeed "
+                              "(or no backend key)")
+    else:
+        if entry.get("script_args") is not None:
+            raise ConfigError(f"{where}.script_args: {short(entry['script_args'])}: only with script (allowed: a "
+                              "workload that names a script)")
+        backend = entry.get("backend", "simulated")
+        offered = backend_names()  # the registry's sweep kinds, a user's included (a --script: `autotune tune`)
+        if not isinstance(backend, str) or backend not in offered:
+            raise ConfigError(f"{where}.backend: {short(backend)}: allowed {', '.join(offered)}")
     gpus = parse("gpus", positive_int, "a positive integer")
     global_batch = parse("global_batch", positive_int, "a positive integer")
     space_name = None if entry.get("space") is None else _path_or_name(entry["space"], base)
@@ -160,14 +190,21 @@ def _workload(entry: dict[str, Any], where: str, base: Path) -> WorkloadSpec:
                 raise ConfigError("backend replay needs a surface (a JSONL of measured results)")
             surface = _path_or_name(entry["surface"], base)
             workload = replay_workload(surface, model if isinstance(model, str) else None, global_batch, gpus)
+        elif entry.get("surface") is not None:
+            raise ConfigError(f"surface is only for backend replay (got backend {backend})")
+        if script is not None:
+            # `autotune tune --script`'s spec: the first trial shows the model (global_batch: the recipe's override)
+            tune = TuneSpec.for_script(script_path, script_args, gpus=gpus or 1, global_batch=global_batch,
+                                       hardware=hardware, memory_budget_bytes=memory_budget, strategy=strategy,
+                                       space=space_name, seed=seed_value)
         else:
-            if entry.get("surface") is not None:
-                raise ConfigError(f"surface is only for backend replay (got backend {backend})")
-            workload = _model_workload(model, global_batch, gpus or 1, where, base)
+            if backend != "replay":
+                workload = _model_workload(model, global_batch, gpus or 1, where, base)
+            tune = TuneSpec(workload, hardware, memory_budget_bytes=memory_budget, strategy=strategy,
+                            backend=backend, space=space_name, seed=seed_value, surface=surface)
         # The library's own defaults (autotune.api.resolve). Real trials default to this machine's devices;
         # whether they can run is checked by run_sweep, which knows whether this machine or a cluster runs them.
-        settings, space = resolve(TuneSpec(workload, hardware, memory_budget_bytes=memory_budget, strategy=strategy,
-                                           backend=backend, space=space_name, seed=seed_value, surface=surface))
+        settings, space = resolve(tune)
     except ConfigError as err:
         message = str(err)
         raise ConfigError(message if message.startswith(str(where)) else f"{where}: {message}") from None
@@ -175,8 +212,31 @@ def _workload(entry: dict[str, Any], where: str, base: Path) -> WorkloadSpec:
     time_budget = parse("time_budget", duration, "a duration such as 8h, 90m, 45s")
     gpus_per_trial = parse("gpus_per_trial", positive_int, "a positive integer")
     stop_when = parse("stop_when", stop_probability, "a probability from 0 to 1; 0: off")
-    budget = Budget(trials, time_budget, stop_when=DEFAULT_STOP_WHEN if stop_when is None else stop_when)
-    return WorkloadSpec(name, settings, space, budget, gpus_per_trial, memory_budget)
+    tune = replace(tune, trials=trials, time_budget_s=time_budget,
+                   stop_when=DEFAULT_STOP_WHEN if stop_when is None else stop_when)
+    return WorkloadSpec(name, settings, space, tune.budget(), gpus_per_trial, memory_budget, tune)
+
+
+def _script(entry: dict[str, Any], where: str, base: Path) -> tuple[str, tuple[str, ...]]:
+    """`script:` (a Python file, relative to the sweep file's folder) and `script_args:` (a list of strings) of
+    a workload that tunes the user's script, as `autotune tune --script FILE --script-args ARGS`."""
+    script, args = entry["script"], entry.get("script_args")
+    if entry.get("model") is not None:
+        raise ConfigError(f"{where}.model: {short(entry['model'])}: a workload tunes a model or a script, not both "
+                          "(allowed: one of model, script)")
+    if not isinstance(script, str) or not script.strip():
+        raise ConfigError(f"{where}.script: {short(script)}: allowed a Python script's path, relative to the sweep "
+                          "file's folder")
+    path = base / script
+    if not is_file(path):
+        raise ConfigError(f"{where}.script: {short(script)}: no such file {str(path)!r} (allowed a Python script's "
+                          "path, relative to the sweep file's folder)")
+    if args is None:
+        args = []
+    if not isinstance(args, list) or any(isinstance(a, (bool, dict, list)) or a is None for a in args):
+        raise ConfigError(f"{where}.script_args: {short(args)}: allowed a list of strings (the script's arguments, "
+                          "as --script-args splits them)")
+    return str(path), tuple(str(a) for a in args)
 
 
 def _model_workload(model: Any, global_batch: int | None, gpus: int, where: str,
@@ -229,13 +289,14 @@ def run_sweep(sweep_file: SweepFile, out: Path, address: str, resume: bool, conc
               console=None, mlflow: str | None = None) -> dict[str, dict]:
     """Tune every workload of the file at once on the Ray cluster at `address`; write each run directory and
     the sweep summary. Returns the summary rows by workload name. `mlflow`: an MLflow tracking URI, where each
-    workload is a parent run of its trials (autotune.outputs.tracking), or None."""
-    from autotune.outputs.tracking import tracked
+    workload is a parent run of its trials (autotune.outputs.tracking), or None.
+
+    Each workload goes through the phases of the one sweep runner (autotune.api: plan_run, hold, open_sweep,
+    close_run, finish_script) that `autotune tune` runs; only the trials differ: every workload's are jobs of
+    one Ray driver (drivers/ray.run_ray), which shares the cluster fairly among them."""
     from rich.console import Console
 
-    from autotune.backends.factory import simulated_sleep_s
-    from autotune.api import close_sweep
-    from autotune.drivers.sweep import Sweep
+    from autotune.api import close_run, finish_script, hold, open_sweep, plan_run
     from autotune.drivers import ray as ray_driver
     import optuna
 
@@ -256,63 +317,86 @@ def run_sweep(sweep_file: SweepFile, out: Path, address: str, resume: bool, conc
                           "or choose another --out")
     if resume and not any(run.exists() for run in runs.values()):
         raise ConfigError(f"--resume: {out} holds no sweep of {sweep_file.path} to resume")
+    progress = {spec.name: ray_driver.LabelledProgress(spec.name, spec.budget.trials, console)
+                for spec in sweep_file.workloads}
+    plans = []
+    for spec in sweep_file.workloads:  # every check of every workload before any is written
+        tune = replace(_tune_spec(spec), mlflow_uri=mlflow)
+        plans.append(plan_run(tune, runs[spec.name].path, runs[spec.name].exists(),
+                              ray_driver.RayOptions(address, concurrency, spec.gpus_per_trial), progress[spec.name],
+                              Resolved(spec.settings, spec.space)))
     with ExitStack() as stack:
-        for spec in sweep_file.workloads:
-            run = stack.enter_context(runs[spec.name].locked())
-            if run.exists():
-                differences = run.read_settings().differences(spec.settings)
-                if differences:
-                    raise ConfigError(f"--resume: {run.path} was started with other settings "
-                                      f"({'; '.join(differences)}): restore {sweep_file.path} as it was")
-            else:
-                run.write_settings(spec.settings)
+        stack.callback(_disconnect)  # a script's first trial may have connected (drivers/ray_script_first)
+        for spec, plan in zip(sweep_file.workloads, plans):
+            hold(stack, plan, progress[spec.name], resume_hint=f"restore {sweep_file.path} as it was")
         # what produced these run directories
         write_atomic(out / "sweep.yaml", read_bytes(sweep_file.path, "the sweep file"))
-        jobs, reasons, sweeps, trackers = [], {}, {}, {}
-        for spec in sweep_file.workloads:
-            run = runs[spec.name]
-            sweep = Sweep.open(run, spec.settings, spec.space)
-            sweeps[spec.name] = sweep
-            progress = ray_driver.LabelledProgress(spec.name, spec.budget.trials, console)
-            sweep.tracker = trackers[spec.name] = stack.enter_context(
-                tracked(mlflow, run, spec.settings, sweep.results, progress.message, name=f"{out.name}/{spec.name}"))
-            if sweep.nothing_fits(spec.space):
-                reasons[spec.name] = StopReason.NOTHING_FITS
-                progress.message("no config of the space is predicted to fit: nothing runs for this workload")
+        reasons, opened = {}, {}
+        for spec, plan in zip(sweep_file.workloads, plans):
+            if plan.ended is not None:  # the script cannot be tuned as it is (its first trial said so)
                 continue
-            resources = ray_driver.trial_resources(spec.settings, spec.gpus_per_trial)
-            backend = ray_driver.BackendSpec(spec.settings, str(run.path.resolve()),
-                                             simulated_sleep_s(spec.settings.backend))
-            jobs.append(ray_driver.Job(spec.name, sweep, spec.budget, resources, backend, progress))
+            sweep, tracker, reason = open_sweep(stack, plan.run_dir, plan.settings, plan.space, progress[spec.name],
+                                                plan.tracking, name=f"{out.name}/{spec.name}")
+            opened[spec.name] = sweep, tracker
+            if reason is not None:
+                reasons[spec.name] = reason
+                progress[spec.name].message("no config of the space is predicted to fit: nothing runs for this workload")
+        jobs = [spec for spec in sweep_file.workloads if spec.name in opened and spec.name not in reasons]
         if jobs:
             ray_driver.connect(address)
             try:
                 console.print(f"Ray cluster {address}: {ray_driver.describe_cluster()}; {len(jobs)} workloads "
                               f"at once" + (f", at most {concurrency} trials in flight" if concurrency else ""),
                               highlight=False)
-                reasons.update(ray_driver.run_ray(jobs, concurrency))
+                by_name = {spec.name: plan for spec, plan in zip(sweep_file.workloads, plans)}
+                reasons.update(ray_driver.run_ray(
+                    [ray_driver.job_for(spec.name, opened[spec.name][0], by_name[spec.name].settings,
+                                        by_name[spec.name].run_dir, spec.budget,
+                                        ray_driver.trial_resources(by_name[spec.name].settings, spec.gpus_per_trial),
+                                        progress[spec.name]) for spec in jobs], concurrency))
             finally:
                 ray_driver.disconnect()
-                for job in jobs:
-                    if isinstance(job.progress, ray_driver.LabelledProgress):
-                        job.progress.close()  # the last batch of pruned configs
+                for spec in jobs:
+                    progress[spec.name].close()  # the last batch of pruned configs
         rows = {}
-        for spec in sweep_file.workloads:
-            outputs = close_sweep(runs[spec.name], spec.settings, sweeps[spec.name])
-            trackers[spec.name].finish(outputs.best, outputs.summary, outputs.files, outputs.verdict,
-                                       str(reasons[spec.name]))
-            rows[spec.name] = summary_row(spec, runs[spec.name], out, outputs, reasons[spec.name])
+        for spec, plan in zip(sweep_file.workloads, plans):
+            if plan.ended is not None:
+                result = plan.ended
+            else:
+                sweep, tracker = opened[spec.name]
+                result = finish_script(plan, close_run(plan.run_dir, plan.settings, sweep, tracker, reasons[spec.name]),
+                                       progress[spec.name])
+            rows[spec.name] = summary_row(spec, plan.run_dir, out, result, result.stop_reason, plan.settings)
         write_summary(out, list(rows.values()))
     return rows
 
 
-def summary_row(spec: WorkloadSpec, run: RunDir, out: Path, outputs, reason: "StopReason") -> dict:
+def _disconnect() -> None:
+    if "ray" in sys.modules:  # connected only if imported
+        from autotune.drivers.ray import disconnect
 
-    w, best = spec.settings.workload, outputs.best
+        disconnect()
+
+
+def _tune_spec(spec: WorkloadSpec) -> TuneSpec:
+    """The workload's TuneSpec (a WorkloadSpec built by hand, without one: from its settings)."""
+    if spec.tune is not None:
+        return spec.tune
+    s, b = spec.settings, spec.budget
+    return TuneSpec(s.workload, s.hardware, memory_budget_bytes=s.memory_budget_bytes, strategy=s.strategy,
+                    trials=b.trials, time_budget_s=b.time_s, backend=s.backend, space=s.choices, seed=s.seed,
+                    surface=s.surface, confirm=b.confirm, stop_when=b.stop_when)
+
+
+def summary_row(spec: WorkloadSpec, run: RunDir, out: Path, outputs, reason: "StopReason",
+                settings: RunSettings | None = None) -> dict:
+    """One workload's row of the summary (`settings`: the sweep's, a script's as its first trial learned)."""
+    settings = settings or spec.settings
+    w, best = settings.workload, outputs.best
     return {
         "workload": spec.name, "model": w.model.name, "gpus": w.gpus, "global_batch": w.global_batch,
-        "hardware": spec.settings.hardware.name, "memory_budget": format_size(spec.settings.memory_budget_bytes),
-        "strategy": spec.settings.strategy, "backend": spec.settings.backend,
+        "hardware": settings.hardware.name, "memory_budget": format_size(settings.memory_budget_bytes),
+        "strategy": settings.strategy, "backend": settings.backend,
         "trials": outputs.summary["trials"],
         "recommended": best.config.label() if best else "",
         "config_json": best.config.to_json() if best else "",
