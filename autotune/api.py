@@ -247,6 +247,7 @@ class TuneResult:
     verdict: str = ""
     files: tuple[Path, ...] = ()  # the outputs written (summary, recommended configs, report, plots)
     convergence: Convergence | None = None  # the chance of a better config after the last search trial
+    notes: tuple[str, ...] = ()  # script mode: how to use the script's own config (Outputs.notes)
 
     @property
     def stopped(self) -> str:
@@ -282,7 +283,7 @@ def tune(spec: TuneSpec, out: str | Path | None = None, *, resume: bool = False,
 
     The one sweep runner, in phases that `autotune sweep` (autotune.search.sweeps) also runs once per workload:
     `plan_run` (every check, nothing written), `hold` (the lock, a script's first trial, the settings written
-    or checked), `run_sweep` (open_sweep, the trials here or on Ray, close_run) and `finish_script`."""
+    or checked), `run_sweep` (open_sweep, the trials here or on Ray, close_run: the outputs)."""
     remove_stale_shm_at_start()  # what trials of a killed tuner left in /dev/shm, whatever its run
     progress = callbacks or QuietProgress()
     plan = plan_run(spec, out, resume, executor, progress)
@@ -295,9 +296,8 @@ def tune(spec: TuneSpec, out: str | Path | None = None, *, resume: bool = False,
         if callable(begun):  # a display's headline (`autotune tune`), once the run directory is held
             begun(SweepStart(plan.run_dir, plan.settings, plan.space, budget, resume))
         own = None if isinstance(spec.strategy, str) else spec.strategy
-        result = run_sweep(plan.run_dir, plan.settings, plan.space, budget, executor, progress, plan.objective,
-                           tracking=plan.tracking, strategy=own)
-        return finish_script(plan, result, progress)
+        return run_sweep(plan.run_dir, plan.settings, plan.space, budget, executor, progress, plan.objective,
+                         tracking=plan.tracking, strategy=own)
 
 
 @dataclass
@@ -365,16 +365,6 @@ def hold(stack: ExitStack, plan: RunPlan, progress: Progress, resume_hint: str =
     return plan
 
 
-def finish_script(plan: RunPlan, result: TuneResult, progress: Progress) -> TuneResult:
-    """A script sweep's outputs over the generic ones: the script's own config with the tuned keys."""
-    if plan.spec.script is not None:
-        from autotune.script import session
-
-        for line in session.finish(plan.run_dir, plan.settings, result.best):
-            progress.message(line)
-    return result
-
-
 def _script_start(run_dir: RunDir, settings: RunSettings, space: Space, spec: TuneSpec, resume: bool,
                   progress: Progress, executor: "RayOptions | None") -> tuple[RunSettings, Space, "TuneResult | None"]:
     """A script sweep before its search (autotune.script.session): resumed, the workload its first trial learned;
@@ -398,10 +388,10 @@ def _script_start(run_dir: RunDir, settings: RunSettings, space: Space, spec: Tu
         return settings, space, None
     run_dir.write_settings(settings)
     outputs = write_outputs(run_dir, settings)
-    for line in session.finish(run_dir, settings, None):
+    for line in outputs.notes:
         progress.message(line)
     return settings, space, TuneResult(None, tuple(run_dir.results()), StopReason.FATAL, run_dir.path,
-                                       outputs.summary, fatal, outputs.files)
+                                       outputs.summary, fatal, outputs.files, notes=outputs.notes)
 
 
 @dataclass(frozen=True)
@@ -499,7 +489,7 @@ def run_sweep(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budg
             sweep.launch_sigma = prior_sigma(settings.backend, backend)  # a simulation's own noise, if it says
             preflight_ops(sweep, space, backend, budget, progress.message)
             reason = run_local(sweep, backend, budget, progress)
-        return close_run(run_dir, settings, sweep, tracker, reason)
+        return close_run(run_dir, settings, sweep, tracker, reason, progress)
 
 
 def open_sweep(stack: ExitStack, run_dir: RunDir, settings: RunSettings, space: Space, progress: Progress,
@@ -512,12 +502,16 @@ def open_sweep(stack: ExitStack, run_dir: RunDir, settings: RunSettings, space: 
     return sweep, tracker, StopReason.NOTHING_FITS if sweep.nothing_fits(space) else None
 
 
-def close_run(run_dir: RunDir, settings: RunSettings, sweep: Sweep, tracker: Tracker, reason: StopReason) -> TuneResult:
-    """The outputs of a sweep whose trials have ended (close_sweep), told to its tracker."""
+def close_run(run_dir: RunDir, settings: RunSettings, sweep: Sweep, tracker: Tracker, reason: StopReason,
+              progress: Progress) -> TuneResult:
+    """The outputs of a sweep whose trials have ended (close_sweep), told to its tracker; `progress` hears a
+    script sweep's lines on its own config."""
     outputs = close_sweep(run_dir, settings, sweep)
     tracker.finish(outputs.best, outputs.summary, outputs.files, outputs.verdict, reason.value)
+    for line in outputs.notes:
+        progress.message(line)
     return TuneResult(outputs.best, tuple(sweep.results), reason, run_dir.path, outputs.summary, outputs.verdict,
-                      outputs.files, sweep.convergence)
+                      outputs.files, sweep.convergence, outputs.notes)
 
 
 def preflight_ops(sweep: Sweep, space: Space, backend: Backend, budget: Budget, say: Callable[[str], None]) -> None:

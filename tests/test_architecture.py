@@ -220,7 +220,7 @@ def test_the_registry_flags_give_each_front_end_its_kinds():
     assert set(ENV) == {"simulated", "replay", "deepspeed"}
 
 
-RUNNER_PHASES = {"plan_run", "hold", "open_sweep", "close_run", "finish_script"}
+RUNNER_PHASES = {"plan_run", "hold", "open_sweep", "close_run"}
 
 
 def called(path: Path) -> list[tuple[int, str]]:

@@ -19,7 +19,8 @@ from autotune.backends.script import Script
 from autotune.search.rundir import RunDir, RunSettings
 from autotune.script import batch, merge
 from autotune.script.inspect_model import checkpoint_switch, model_info, shape_from_info
-from autotune.script.session import finish, first_config, narrowed, placeholder, save, with_global_batch
+from autotune.outputs.report import write_outputs
+from autotune.script.session import first_config, narrowed, placeholder, save, with_global_batch
 from autotune.script.shim import KEEP_SCRIPT_BATCH, Shim, ScriptVerdict
 from autotune.worker.protocol import WorkerSpec
 from autotune.values.workload import micro_batch_divisors
@@ -232,16 +233,17 @@ def test_global_batch_given_overrides_the_scripts_and_says_the_recipe_changed(tm
     assert not with_global_batch(script_settings(), {"batch": ISSUE_BATCH}, 1)[1].changed
     settings, settled, notes = with_global_batch(script_settings(), {"batch": None}, None)
     assert settings.workload.global_batch == 16 and "the tuner's default" in notes[0]
-    # The report's Script mode section carries the line (and the console gets it from finish()).
+    # The report's Script mode section carries the line (and the console gets it from the outputs' notes).
     run_dir = RunDir(tmp_path)
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")
     settings, settled, notes = with_global_batch(script_settings(), {"batch": ISSUE_BATCH}, 16)
     save(run_dir, Script(str(script)), None, notes, None, settled)
-    (tmp_path / "report.md").write_text("# report\n")
-    lines = finish(run_dir, settings, None)
-    assert lines[0] == notes[0]
-    assert "- the training recipe changed: global batch from the script's 1" in (tmp_path / "report.md").read_text()
+    outputs = write_outputs(run_dir, settings)
+    assert outputs.notes[0] == notes[0]
+    report = (tmp_path / "report.md").read_text()
+    assert report.count("## Script mode") == 1
+    assert "- the training recipe changed: global batch from the script's 1" in report
     assert json.loads((tmp_path / "script.json").read_text())["global_batch"]["changed"] is True
 
 

@@ -20,16 +20,11 @@ def run(args: argparse.Namespace) -> int:
     args._run_dir = args.run_dir  # an internal error's traceback goes to its logs/ (autotune.cli)
     settings = run_dir.read_settings()
     outputs = write_outputs(run_dir, settings)
-    notes: list[str] = []
-    if settings.backend == "script":  # the script's own best_ds_config.json and report section, as tune writes them
-        from autotune.script import session
-
-        notes = session.finish(run_dir, settings, outputs.best)
     if args.json:
         emit_json(args, outputs.to_dict(run_dir.path))
         return 0 if outputs.best is not None else 1
     print(outputs.verdict)
-    for line in notes:
+    for line in outputs.notes:  # script mode: how to use the script's own config
         print(line)
     for path in outputs.files:
         print(f"  {path}")

@@ -244,7 +244,7 @@ def conclude(progress: ConsoleProgress, run_dir: RunDir, settings: RunSettings, 
     progress.message(f"stopped: {result.stopped}; {result.launched} trials launched, "
                      f"{len(result.results)} recorded in {run_dir.trials_path}")
     progress.message(result.verdict)
-    if result.best is not None and settings.backend != "script":  # the script's own lines came from tune()
+    if result.best is not None and not result.notes:  # a script's own lines (Outputs.notes) came from tune()
         for line in Handoff.of(result.best.config, at_target(settings), run_dir.path).console_lines():
             progress.message(line)
     progress.message(f"report: {run_dir.path / 'report.md'}")

@@ -38,6 +38,7 @@ class Outputs:
     summary: dict
     files: tuple[Path, ...]
     verdict: str  # one line: the recommendation, or why nothing fits
+    notes: tuple[str, ...] = ()  # script mode: how to use the script's own config (replaces the handoff's lines)
 
     def to_dict(self, run_dir: Path) -> dict[str, Any]:
         """What `autotune report --json` prints (and `tune --json`, with the stop reason): JSON types only."""
@@ -180,13 +181,17 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
     files.append(plots.throughput_vs_memory(results, settings.memory_budget_bytes, best,
                                             run.plots_dir / "throughput_vs_memory.png"))
     files.append(plots.best_so_far(results, settings.memory_budget_bytes, run.plots_dir / "best_so_far.png"))
+    # Script mode: the script's own config with the tuned keys instead of the handoff's files (files for the
+    # other stacks, built from ours, would not be the script's), its report section and console lines.
+    script = None
+    if settings.backend == "script":
+        from autotune.script.session import outputs as script_outputs
+
+        script = script_outputs(run, settings, best)
+        files += [run.write_json(name, document) for name, document in script.files]
     if best is not None:
-        handoff = Handoff.of(best.config, at_target(settings), run.path)  # for the target's devices
-        if settings.backend == "script":
-            # The script's own config with the tuned keys replaces this one (autotune.script.session.finish);
-            # files for the other stacks, built from ours, would not be the script's.
-            files.append(run.write_json(DS_CONFIG, handoff.ds_config()))
-        else:
+        if script is None:
+            handoff = Handoff.of(best.config, at_target(settings), run.path)  # for the target's devices
             files += handoff.write(run)  # best_ds_config.json, best_hf_ds_config.json, trainer args, accelerate config
             usage = handoff.markdown()
         est = estimate(best.config, settings.workload, settings.hardware)
@@ -203,10 +208,10 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
         if scaled.rows:  # else no trial fits even here: the verdict above says why
             verdict = target_verdict(scaled, settings)
     report = run.path / "report.md"
-    run.write_text("report.md", markdown(results, settings, summary, best, verdict, study=study_line(run, settings),
-                                       usage=usage, scaled=scaled))
+    text = markdown(results, settings, summary, best, verdict, study=study_line(run, settings), usage=usage, scaled=scaled)
+    run.write_text("report.md", text + ("\n".join(script.section) if script is not None else ""))
     files.append(report)
-    return Outputs(best, summary, tuple(files), verdict)
+    return Outputs(best, summary, tuple(files), verdict, script.notes if script is not None else ())
 
 
 def scale_report(results: Sequence[TrialResult], settings: RunSettings) -> ScaleReport | None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -189,9 +189,21 @@ def recommendation(best: TrialResult, settings: RunSettings) -> tuple[dict[str, 
     return ds, flags
 
 
-def finish(run_dir: RunDir, settings: RunSettings, best: TrialResult | None) -> list[str]:
-    """Script-mode outputs over the generic ones; returns lines for the console."""
+@dataclass(frozen=True)
+class ScriptOutputs:
+    """Script mode's outputs over the generic ones (autotune.outputs.report.write_outputs writes them, once):
+    JSON files by name (the script's own best_ds_config.json, script.json with the recommended flags), the
+    report's section, and lines for the console."""
+
+    files: tuple[tuple[str, Any], ...]
+    section: tuple[str, ...]
+    notes: tuple[str, ...]
+
+
+def outputs(run_dir: RunDir, settings: RunSettings, best: TrialResult | None) -> ScriptOutputs:
+    """What a script sweep recommends: the script's own config with the tuned keys, and how to use it."""
     info = load(run_dir)
+    files: list[tuple[str, Any]] = []
     lines = list(info.get("notes") or [])
     if info.get("fatal"):
         lines.insert(0, f"the script cannot be tuned as it is: {info['fatal']}")
@@ -204,9 +216,8 @@ def finish(run_dir: RunDir, settings: RunSettings, best: TrialResult | None) -> 
         if via in loops:  # the script's own DataLoader: its batch size is the script's to set (after validate:
             # the loop's framework fills some batch keys itself)
             ds, info["recommended_script_flags"], advice = loops[via](ds, info["model"], info["script"]["args"])
-        run_dir.write_json("best_ds_config.json", ds)
         info["recommended_trainer_flags"] = flags
-        run_dir.write_json(SCRIPT_FILE, info)
+        files += [("best_ds_config.json", ds), (SCRIPT_FILE, info)]
         text = ("best_ds_config.json is the script's own DeepSpeed config with the tuned keys: pass it where the "
                 "script takes its config")
         if (info.get("model") or {}).get("via") == "transformers.TrainingArguments":
@@ -223,10 +234,7 @@ def finish(run_dir: RunDir, settings: RunSettings, best: TrialResult | None) -> 
                        f"{model.get('seq_len', '?')} (shape the estimator uses: {shape.layers} layers, hidden "
                        f"{shape.hidden}, MLP {shape.ffn_hidden}, vocab {shape.vocab}); {describe(model)}")
     section += [f"- {line}" for line in lines] + [""]
-    report = run_dir.path / "report.md"
-    if report.exists():
-        run_dir.write_text("report.md", report.read_text() + "\n".join(section))
-    return lines
+    return ScriptOutputs(tuple(files), tuple(section), tuple(lines))
 
 
 def _has_auto(ds: dict[str, Any]) -> bool:

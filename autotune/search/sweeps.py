@@ -33,7 +33,7 @@ batch; the recommendation is the script's own DeepSpeed config with the tuned ke
 backend deepspeed (the default for a script); model and surface are not allowed with it.
 
 Each workload becomes the TuneSpec `autotune tune` would build (WorkloadSpec.tune) and runs through the one
-sweep runner's phases (autotune.api: plan_run, hold, open_sweep, close_run, finish_script); only its trials
+sweep runner's phases (autotune.api: plan_run, hold, open_sweep, close_run); only its trials
 differ: every workload's are jobs of one Ray driver (drivers/ray.run_ray).
 """
 
@@ -292,11 +292,11 @@ def run_sweep(sweep_file: SweepFile, out: Path, address: str, resume: bool, conc
     workload is a parent run of its trials (autotune.outputs.tracking), or None.
 
     Each workload goes through the phases of the one sweep runner (autotune.api: plan_run, hold, open_sweep,
-    close_run, finish_script) that `autotune tune` runs; only the trials differ: every workload's are jobs of
+    close_run) that `autotune tune` runs; only the trials differ: every workload's are jobs of
     one Ray driver (drivers/ray.run_ray), which shares the cluster fairly among them."""
     from rich.console import Console
 
-    from autotune.api import close_run, finish_script, hold, open_sweep, plan_run
+    from autotune.api import close_run, hold, open_sweep, plan_run
     from autotune.drivers import ray as ray_driver
     import optuna
 
@@ -364,8 +364,7 @@ def run_sweep(sweep_file: SweepFile, out: Path, address: str, resume: bool, conc
                 result = plan.ended
             else:
                 sweep, tracker = opened[spec.name]
-                result = finish_script(plan, close_run(plan.run_dir, plan.settings, sweep, tracker, reasons[spec.name]),
-                                       progress[spec.name])
+                result = close_run(plan.run_dir, plan.settings, sweep, tracker, reasons[spec.name], progress[spec.name])
             rows[spec.name] = summary_row(spec, plan.run_dir, out, result, result.stop_reason, plan.settings)
         write_summary(out, list(rows.values()))
     return rows
