@@ -127,12 +127,9 @@ def margin_of(launch_sigma: float | None) -> float:
 
 def assess(untried: Iterable[Config], forecast: Callable[[Config], Forecast], errors: Uncertainty,
            budget_bytes: int, best: float | None, launch_sigma: float | None, trials: int,
-           min_fit: float = 0.0, best_config: Config | None = None, best_runs: int = 1) -> Convergence:
+           min_fit: float = 0.0) -> Convergence:
     """The figure of a sweep: `untried` configs, their forecasts and the error models behind them, the best
-    measured throughput (None: nothing fits yet, chance 1), the launch spread, the launched search trials.
-    `best_config` (with the `best_runs` launches `best` is the median of): the best's typical speed is drawn
-    from the error model's fit at that config combined with its measurement (`typical_shift`) rather than
-    centred on the measurement alone."""
+    measured throughput (None: nothing fits yet, chance 1), the launch spread, the launched search trials."""
     margin = margin_of(launch_sigma)
     if not best:
         return Convergence(1.0, margin, trials)
@@ -151,28 +148,8 @@ def assess(untried: Iterable[Config], forecast: Callable[[Config], Forecast], er
     residual = per_config(time_model, launch_sigma or 0.0)
     memory = Joint(*errors.memory.joint(configs), errors.memory.noise)
     time = Joint(*time_model.joint(configs), residual)
-    shift, shift_sd = 0.0, launch_sigma or 0.0
-    if best_config is not None and shift_sd > 0:
-        shift, shift_sd = typical_shift(time_model, residual, forecast(best_config).predicted_throughput, best,
-                                        shift_sd / math.sqrt(max(best_runs, 1)), best_config)
-    return Convergence(chance_of_better(memory, room, time, needed, best_sd=shift_sd, best_shift=shift), margin,
-                       trials, len(configs))
-
-
-def typical_shift(model: ErrorModel, residual: float, predicted: float, measured: float, launch_sd: float,
-                  config: Config) -> tuple[float, float]:
-    """(mean, sd) of log(typical speed / measured speed) of the best config: its one measurement (launch
-    spread `launch_sd`) combined with what the fit says of that config (the fitted log-ratio over `predicted`,
-    its spread and the per-config `residual`), precision-weighted. A lucky launch above what the knob values
-    explain is pulled back towards the fit, by as much as the launch noise is large against the fit's spread."""
-    rows, mean, cov = model.joint([config])
-    fitted = math.log(max(predicted, 1e-300)) + float(rows[0] @ mean)
-    fit_var = float(rows[0] @ cov @ rows[0]) + residual ** 2
-    launch_var = launch_sd ** 2
-    if fit_var <= 0:
-        return fitted - math.log(measured), 0.0
-    weight = launch_var / (launch_var + fit_var)  # how far the typical speed moves from the launch to the fit
-    return weight * (fitted - math.log(measured)), math.sqrt(launch_var * fit_var / (launch_var + fit_var))
+    return Convergence(chance_of_better(memory, room, time, needed, best_sd=launch_sigma or 0.0), margin, trials,
+                       len(configs))
 
 
 def per_config(model: ErrorModel, launch_sigma: float = 0.0) -> float:
@@ -220,23 +197,22 @@ class Joint:
 
 
 def chance_of_better(memory: Joint, room: np.ndarray, time: Joint, needed: np.ndarray, draws: int = DRAWS,
-                     seed: int = SEED, best_sd: float = 0.0, best_shift: float = 0.0) -> float:
+                     seed: int = SEED, best_sd: float = 0.0) -> float:
     """P(some row has its memory log-ratio <= room and its time log-ratio > needed + d), the two models
-    independent of each other; d ~ N(best_shift, best_sd^2) is shared by every row: the best's typical speed
-    over its measured one (the best is one launch, and its typical speed may lie below it, which every untried
-    config is compared with)."""
+    independent of each other; d ~ N(0, best_sd^2) is shared by every row: the best's own launch noise (the
+    best is one launch, and its typical speed may lie below it, which every untried config is compared with)."""
     m_mean, m_sd = memory.marginal()
     t_mean, t_sd = time.marginal()
     t_sd = np.sqrt(t_sd ** 2 + best_sd ** 2)
-    marginal = ndtr((room - m_mean) / m_sd) * ndtr((t_mean - needed - best_shift) / t_sd)
+    marginal = ndtr((room - m_mean) / m_sd) * ndtr((t_mean - needed) / t_sd)
     keep = np.flatnonzero(marginal >= MIN_MARGINAL)
     if not len(keep):
         return 0.0
     keep = keep[np.argsort(-marginal[keep], kind="stable")[:MAX_DRAWN]]
     rng = np.random.default_rng(seed)
     fits = memory.draws(keep, draws, rng) <= room[keep, None]
-    shift = best_shift + (best_sd * rng.standard_normal(draws) if best_sd > 0 else np.zeros(draws))
-    beats = time.draws(keep, draws, rng) > needed[keep, None] + shift[None, :]
+    shift = best_sd * rng.standard_normal(draws) if best_sd > 0 else np.zeros(draws)
+    beats = time.draws(keep, draws, rng) > needed[keep, None] - shift[None, :]
     return float((fits & beats).any(axis=0).mean())
 
 

@@ -5,7 +5,6 @@ configs, resumes with the same figures, and `--stop-when 0` turns it off; bad va
 from __future__ import annotations
 
 import json
-import math
 import re
 from pathlib import Path
 
@@ -187,30 +186,3 @@ def test_untried_values_narrow_only_where_the_trials_show_small_offsets():
     values = sorted({getattr(c, "zero_stage") for c in load_surface(SMALL).results})
     wrong = evidenced(_model({("zero_stage", v): 0.4 * (-1) ** i for i, v in enumerate(values)}, 0.03))
     assert dict(wrong.value_prior)["precision"] > dict(right.value_prior)["precision"]
-
-
-def test_a_lucky_best_launch_is_pulled_back_towards_the_fit():
-    from autotune.backends.replay import surface_space
-    from autotune.convergence import typical_shift
-
-    model = _model({}, 0.03)  # the knob values explain the trials: the fit's log-ratio is ~0 with a small spread
-    config = next(iter(surface_space(load_surface(SMALL))))
-    # Measured 20% above what the fit says of this config, launch spread 10%: its typical speed lies below.
-    low, sd = typical_shift(model, 0.03, 100.0, 120.0, 0.1, config)
-    assert -math.log(1.2) < low < -0.5 * math.log(1.2) and 0 < sd < 0.1
-    # The same launch where launches are quiet (1%): the measurement is taken nearly at its word.
-    quiet, quiet_sd = typical_shift(model, 0.03, 100.0, 120.0, 0.01, config)
-    assert -0.2 * math.log(1.2) < quiet < 0 and quiet_sd < 0.01
-    # A best measured at the fit stays there.
-    at_fit, _ = typical_shift(model, 0.03, 100.0, 100.0 * math.exp(model.predict(config)[0]), 0.1, config)
-    assert abs(at_fit) < 1e-9
-
-
-def test_a_best_whose_typical_speed_is_lower_is_easier_to_beat():
-    n = 5
-    rows = np.ones((n, 1))
-    time = Joint(rows, np.zeros(1), np.array([[0.01]]), 0.02)
-    memory = Joint(rows, np.zeros(1), np.array([[1e-6]]), 0.0)
-    centred = chance_of_better(memory, np.full(n, 1.0), time, np.full(n, 0.2), best_sd=0.05)
-    lower = chance_of_better(memory, np.full(n, 1.0), time, np.full(n, 0.2), best_sd=0.05, best_shift=-0.1)
-    assert centred < lower

@@ -208,8 +208,7 @@ class Sweep:
         # Every untried config's forecast (~0.2 ms each; the strategy's picks reuse them, LivePruner's cache).
         return assess((c for c in self._space if c not in tried), self._live.forecast, self.pruner.uncertainty,
                       budget, best.throughput if best is not None else None, sigma, search,
-                      self.pruner.min_fit_probability, best.config if best is not None else None,
-                      int(best.extra.get("runs") or 1) if best is not None else 1)
+                      self.pruner.min_fit_probability)
 
     def _search_over(self, budget: Budget, repeats: int, in_flight: Collection[Config]) -> bool:
         """The trials (or time) left are what confirmation needs."""
