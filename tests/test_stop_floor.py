@@ -1,0 +1,35 @@
+"""benchmarks/stop_floor.py (issue 28): where a threshold on the convergence figure stops a recorded run, and the
+oracle's floor (the first trial at 98% of the optimum)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+_SPEC = importlib.util.spec_from_file_location(
+    "stop_floor", Path(__file__).resolve().parents[1] / "benchmarks" / "stop_floor.py")
+assert _SPEC is not None and _SPEC.loader is not None
+stop_floor = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(stop_floor)
+
+RUN = {"curve": [0.8, 0.9, 0.95, 0.99, 0.99, 0.99, 1.0, 1.0],
+       "chances": [1.0, 0.9, 0.5, 0.04, 0.3, 0.2, 0.03, 0.01]}
+
+
+def test_the_stop_waits_for_the_minimum_and_the_threshold():
+    assert stop_floor.stop_at(RUN, 0.05, 6, 30) == 7  # trial 4 is under 5% but before the minimum
+    assert stop_floor.stop_at(RUN, 0.05, 3, 30) == 4
+    assert stop_floor.stop_at(RUN, 0.25, 6, 30) == 6
+    assert stop_floor.stop_at(RUN, 0.001, 6, 30) == 8  # never under: the run's last trial
+    assert stop_floor.stop_at(RUN, 0.05, 6, 5) == 5  # the trial budget ends it
+
+
+def test_the_oracle_stops_at_the_first_trial_at_98_percent():
+    assert stop_floor.first_good(RUN, 30) == 4
+    assert stop_floor.first_good({"curve": [0.5, 0.9]}, 30) == 2  # never there: the last trial
+
+
+def test_auc_ranks_the_sweeps_already_there_lower():
+    assert stop_floor.auc([0.1, 0.2], [0.5, 0.6]) == 1.0
+    assert stop_floor.auc([0.5], [0.5]) == 0.5
+    assert stop_floor.auc([], [0.5]) is None
