@@ -40,7 +40,8 @@ from autotune.outputs.report import Outputs, write_outputs
 from autotune.values.results import TrialResult
 from autotune.trials.runner import remove_stale_shm_at_start
 from autotune.search.rundir import STUDY, RunDir
-from autotune.values.settings import DEFAULT_STACK, SETTINGS, RunSettings, check_budget, check_stack, masked, memory_budget
+from autotune.values.settings import (DEFAULT_STACK, SETTINGS, RunSettings, check_budget, check_stack, masked,
+                                      memory_budget)
 from autotune.prediction.scale import check_target, narrow_choices as narrow_for_target
 from autotune.search_spaces import choices_for
 from autotune.values.space import Choices, Space

@@ -117,7 +117,8 @@ def test_a_cuda_trials_environment_carries_the_mode_and_a_cpu_trials_none(monkey
     assert "PYTORCH_CUDA_ALLOC_CONF" not in ranks_env(H100)
     assert "PYTORCH_CUDA_ALLOC_CONF" not in ranks_env(PROFILES["cpu"])
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True,max_split_size_mb:128")
-    assert ranks_env(H100)["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:False,max_split_size_mb:128"  # the sweep's mode, the user's rest
+    # The sweep's mode, the user's other options kept.
+    assert ranks_env(H100)["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:False,max_split_size_mb:128"
 
 
 def test_the_recommendations_launch_exports_the_mode(tmp_path):

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from autotune.prediction.calibrate import CALIBRATION_FILE, calibrator, fit_calibration, load_calibration, quality, save_calibration
+from autotune.prediction.calibrate import (CALIBRATION_FILE, calibrator, fit_calibration, load_calibration, quality,
+                                           save_calibration)
 from autotune.values.config import Config, ConfigError
 from autotune.prediction.estimate import Calibration, estimate
 from autotune.values.hardware import PROFILES

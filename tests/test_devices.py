@@ -15,7 +15,8 @@ import pytest
 from autotune.cli import main
 from autotune.values.config import Config, ConfigError
 from autotune.trials import devices
-from autotune.trials.devices import Gpu, LocalMachine, auto_hardware, check_machine, probe, profile_name, resolve_hardware
+from autotune.trials.devices import (Gpu, LocalMachine, auto_hardware, check_machine, probe, profile_name,
+                                     resolve_hardware)
 from autotune.prediction.estimate import estimate
 from autotune.values.hardware import EMULATED_BF16_SLOWDOWN, GiB, PROFILES, hardware_from_dict, with_cpu_bf16
 from autotune.search_spaces import default_choices, load_choices, space_note

@@ -22,13 +22,13 @@ from autotune.api import TuneSpec, resolution
 from autotune.cli import main
 from autotune.values.config import Config, ConfigError
 from autotune.values.dsconfig import RECIPE_AUTO, hf_ds_config
-from autotune.outputs.handoff import (ACCELERATE_CONFIG, DS_CONFIG, HF_DS_CONFIG, TRAINER_ARGS, Handoff, checkpointing_key,
-                              narrow_choices)
+from autotune.outputs.handoff import (ACCELERATE_CONFIG, DS_CONFIG, HF_DS_CONFIG, TRAINER_ARGS, Handoff,
+                                      checkpointing_key, narrow_choices)
 from autotune.values.hardware import PROFILES
 from autotune.search.rundir import RunSettings
 from autotune.outputs.launch import LAUNCH_FILE
-from autotune.trials.runner import (LOOPBACK_IFNAME, MASTER_ADDR, LaunchOptions, extensions_dir, free_port, remove_shm_buffers,
-                             trial_environment)
+from autotune.trials.runner import (LOOPBACK_IFNAME, MASTER_ADDR, LaunchOptions, extensions_dir, free_port,
+                                    remove_shm_buffers, trial_environment)
 from autotune.search_spaces import load_choices
 from autotune.values.space import Choices
 from autotune.values.workload import make_workload

@@ -1,5 +1,6 @@
 """What steers the tuner from a result's extra keys is typed and checked (issue 26): TrialResult.phase,
-.repeat_of, .cause, .global_batch, .script_model, .runs and .throughput_runs; the JSON line keeps them flat, so records written before load as they did."""
+.repeat_of, .cause, .global_batch, .script_model, .runs and .throughput_runs; the JSON line keeps them flat,
+so records written before load as they did."""
 
 import json
 

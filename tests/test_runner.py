@@ -17,7 +17,8 @@ import pytest
 from autotune.backends.deepspeed import DeepSpeedBackend
 from autotune.values.config import Config
 from autotune.values.dsconfig import ds_config
-from autotune.trials.runner import LaunchOptions, describe_exit, extensions_dir, free_port, remove_shm_buffers, run_worker
+from autotune.trials.runner import (LaunchOptions, describe_exit, extensions_dir, free_port, remove_shm_buffers,
+                                    run_worker)
 from autotune.worker.protocol import WorkerSpec, read_events
 from autotune.values.workload import make_workload
 

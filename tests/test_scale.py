@@ -10,7 +10,8 @@ import pytest
 
 from autotune.api import TuneSpec, tune
 from autotune.prediction.calibrate import load_calibration
-from autotune.prediction.comm import Collective, Link, bytes_sent_per_device, collective_time, comm_time, step_collectives
+from autotune.prediction.comm import (Collective, Link, bytes_sent_per_device, collective_time, comm_time,
+                                      step_collectives)
 from autotune.values.config import Config, ConfigError
 from autotune.prediction.estimate import Calibration, estimate
 from autotune.values.hardware import PROFILES, hardware_from_dict

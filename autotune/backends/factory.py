@@ -135,7 +135,8 @@ if TYPE_CHECKING:
     script_backend = ScriptBackend
     distorted_backend = DistortedBackend
 else:
-    simulated_backend = _lazy("autotune.backends.simulated", "SimulatedBackend", "the estimator's prediction as a trial")
+    simulated_backend = _lazy("autotune.backends.simulated", "SimulatedBackend",
+                              "the estimator's prediction as a trial")
     replay_backend = _lazy("autotune.backends.replay", "ReplayBackend", "a surface of measured results")
     deepspeed_backend = _lazy("autotune.backends.deepspeed", "DeepSpeedBackend",
                               "real short runs of the built-in model")

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Callable
 
 import autotune
 from autotune.api import DEFAULT_STRATEGY, SweepStart, TuneResult, TuneSpec
-from autotune.values.argtypes import duration, gpu_count, non_negative_int, output_dir, ray_address, seed, stop_probability
+from autotune.values.argtypes import (duration, gpu_count, non_negative_int, output_dir, ray_address, seed,
+                                      stop_probability)
 from autotune.backends.replay import replay_workload
 from autotune.backends.factory import backend_names
 from autotune.commands import script as script_command

@@ -16,7 +16,8 @@ from autotune.search import convergence
 from autotune.values.config import Config, ConfigError
 from autotune.outputs.handoff import ACCELERATE_CONFIG, DS_CONFIG, HF_DS_CONFIG, TRAINER_ARGS, Handoff, stack_line
 from autotune.outputs.launch import LAUNCH_FILE
-from autotune.search.confirm import DEFAULT_REPEATS, Confirmation, confidence_words, confirmation, is_repeat, prior_sigma, recommend
+from autotune.search.confirm import (DEFAULT_REPEATS, Confirmation, confidence_words, confirmation, is_repeat,
+                                     prior_sigma, recommend)
 from autotune.prediction.estimate import estimate
 from autotune.search.pruning import (CAUSES, DEVICE_MEMORY, HOST_MEMORY, NVME_SPACE, Pruner, cause_counts, cause_of,
                               describe_causes, host_need_bytes)
@@ -208,7 +209,8 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
         if scaled.rows:  # else no trial fits even here: the verdict above says why
             verdict = target_verdict(scaled, settings)
     report = run.path / "report.md"
-    text = markdown(results, settings, summary, best, verdict, study=study_line(run, settings), usage=usage, scaled=scaled)
+    text = markdown(results, settings, summary, best, verdict, study=study_line(run, settings), usage=usage,
+                    scaled=scaled)
     run.write_text("report.md", text + ("\n".join(script.section) if script is not None else ""))
     files.append(report)
     return Outputs(best, summary, tuple(files), verdict, script.notes if script is not None else ())

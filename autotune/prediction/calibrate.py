@@ -41,7 +41,8 @@ from autotune.files import load_json, write_atomic
 from autotune.prediction.estimate import Calibration, estimate
 from autotune.values.hardware import Hardware
 from autotune.values.results import TrialResult
-from autotune.prediction.uncertainty import NOISE_MEMORY, NOISE_TIME, PRIOR_MEMORY, PRIOR_TIME, Uncertainty, fit_error_model
+from autotune.prediction.uncertainty import (NOISE_MEMORY, NOISE_TIME, PRIOR_MEMORY, PRIOR_TIME, Uncertainty,
+                                             fit_error_model)
 from autotune.values.workload import Workload
 
 CALIBRATION_FILE = "calibration.json"

@@ -282,7 +282,8 @@ _STEERING: dict[str, tuple[Any, str]] = {
     "global_batch": (lambda v: (v is None or (_count(v)[0] and v >= 1), v), "a global batch >= 1 or null"),
     "script_model": (lambda v: (v is None or isinstance(v, dict), v), "an object or null"),
     "runs": (lambda v: (v is None or (_count(v)[0] and v >= 1), v), "a number of launches >= 1 or null"),
-    "throughput_runs": (lambda v: (v is None or (isinstance(v, list) and all(x is not None and _number(x)[0] for x in v)), v),
+    "throughput_runs": (lambda v: (v is None or (isinstance(v, list)
+                                                 and all(x is not None and _number(x)[0] for x in v)), v),
                         "a list of throughputs or null"),
 }
 
