@@ -15,6 +15,7 @@ from autotune.cli import main
 from autotune.values.config import ConfigError
 from autotune.values.results import read_results
 from autotune.search.sweeps import load_sweep
+from tests.test_script_ray import SPACE  # the small fp32 space of real script trials
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
@@ -69,16 +70,6 @@ def test_defaults_cannot_give_a_script_workload_a_model(folder):
     path = write(folder, "defaults: {model: tiny}\nworkloads:\n  - {name: s, script: job/plain_ds_train.py}\n")
     with pytest.raises(ConfigError, match=r"workloads\[0\].model: 'tiny': a workload tunes a model or a script"):
         load_sweep(path)
-
-
-SPACE = """\
-zero_stage: [0, 1, 2]
-micro_batch: [1, 2]
-ckpt_interval: [0]
-precision: [fp32]
-offload_optimizer: [none]
-offload_param: [none]
-"""
 
 
 @pytest.mark.slow
