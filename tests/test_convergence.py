@@ -14,8 +14,7 @@ import pytest
 import autotune
 from autotune.backends.replay import load_surface, replay_settings
 from autotune.values.config import ConfigError
-from autotune.search.convergence import (DRAWS, Convergence, Joint, StopRule, chance_of_better, describe_trace,
-                                         margin_of, wins)
+from autotune.search.convergence import Convergence, Joint, StopRule, chance_of_better, describe_trace, margin_of
 from autotune.drivers.stop import StopReason
 from cli_run import cli
 
@@ -128,21 +127,6 @@ def test_correlated_configs_are_not_independent_chances():
     memory = Joint(rows, np.zeros(1), np.array([[1e-6]]), 0.0)
     p = chance_of_better(memory, np.full(n, 1.0), time, np.full(n, 0.3))
     assert 0.04 < p < 0.10
-
-
-def test_the_wins_sum_to_the_chance_and_go_to_the_config_the_figure_hangs_on():
-    # Three configs: one needs +0.05 to beat the best, one +0.15, one cannot fit. Their own errors (no shared
-    # offset) are 0.1: the first wins most draws, the one that cannot fit none, and the wins over the draws
-    # are the chance of a better config.
-    rows = np.eye(3)
-    time = Joint(rows, np.zeros(3), np.eye(3) * 0.01, 0.0)
-    memory = Joint(rows, np.zeros(3), np.eye(3) * 1e-6, 0.0)
-    room, needed = np.array([1.0, 1.0, -1.0]), np.array([0.05, 0.15, 0.0])
-    counts = wins(memory, room, time, needed)
-    assert counts.sum() / DRAWS == chance_of_better(memory, room, time, needed)
-    assert counts[2] == 0
-    # P(z > 0.5) = 0.31 and P(z > 1.5) = 0.067, each less the draws where the other beats the best by more.
-    assert 0.27 < counts[0] / DRAWS < 0.34 and 0.03 < counts[1] / DRAWS < 0.08
 
 
 def test_the_environment_exposes_the_chance_in_info():

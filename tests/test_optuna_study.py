@@ -194,11 +194,10 @@ def test_the_hybrid_strategys_study_reads_the_same(tmp_path):
                       if "report_trial" in attrs(t))
     proposers = [by for _, by in numbered]
     # The warm start that identifies the estimator's error first (issue 17), then the policy taking turns
-    # with Optuna's likeliest winners, steps around the best config found and TPE.
+    # with Optuna's most valuable configs, steps around the best config found and TPE.
     assert proposers[0] == "warm start"
     assert {"warm start"} <= set(proposers) <= {"policy", "warm start", "optuna", "nearest untried",
-                                                          "likeliest winner", "expected gain", "near the best",
-                                                          "likeliest to fit"}
+                                                          "expected gain", "near the best", "likeliest to fit"}
 
 
 def test_storage_url_puts_the_study_in_a_shared_database_and_resume_continues_it(tmp_path):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-import numpy as np
 import optuna
 import pytest
 
@@ -25,8 +24,6 @@ from autotune.search_spaces import load_choices
 from autotune.values.space import Space
 from autotune.strategies import STRATEGIES, SearchContext, make_strategy
 from autotune.strategies.grid import EARLY_STOP
-from autotune.search.convergence import Race
-from autotune.strategies import guide
 from autotune.strategies.guide import LIKELY
 from autotune.strategies.optuna_search import FIT_TO_RUN, IDENTIFY, INVALID_CONSTRAINT, PENALTY, WARM_START
 from autotune.values.workload import make_workload
@@ -213,23 +210,6 @@ def test_optuna_in_a_sweep_is_warm_started_by_configs_that_identify_the_estimato
     assert len({(c.zero_stage, c.ckpt_interval, c.offload_optimizer, c.offload_param, c.precision) for c in first}) > 1
     assert Pruner(WORKLOAD, HARDWARE, BUDGET).fit_probability(first[0]) >= LIKELY
     assert all(r.fits(BUDGET) for r in s.results if r.status != "pruned")
-
-
-def test_after_the_warm_start_optuna_runs_the_config_the_convergence_figure_hangs_on(gpu_space):
-    # The first guided turn: the untried config that wins most of the convergence figure's joint draws
-    # (fits, beats the best by the margin, fastest of those that do), not only the best expected gain.
-    backend = SimulatedBackend(WORKLOAD, HARDWARE, BUDGET, calibration=TRUTH)
-    s = sweep("optuna", gpu_space, backend, BUDGET, trials=IDENTIFY, stop_when=0)
-    strategy, context = s.strategy, s.strategy.context
-    tried = set(strategy.outcomes)
-    race = Race.of(guide.forecasts(context, tried), context.forecast, context.uncertainty(), BUDGET,
-                   strategy.best_value(), None)
-    counts = race.wins()
-    assert counts.max() > 0 and np.count_nonzero(counts) > 1  # a race, not a sure thing
-    picked = strategy.propose()
-    assert picked == race.configs[int(np.argmax(counts))] not in tried
-    last = strategy.study.get_trials(deepcopy=False)[-1]
-    assert last.user_attrs["proposed_by"] == "likeliest winner"
 
 
 def test_optuna_without_a_sweep_is_warm_started_with_the_estimators_best_configs(gpu_space):

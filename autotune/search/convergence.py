@@ -37,10 +37,6 @@ at 10% noise it stopped fewer sweeps (77% -> 44%) for the same confirmed recomme
 
     chance = P(some untried config fits and is more than `margin` faster than the best)   (DRAWS draws)
 
-The draws also say which config the figure hangs on: per config, the draws it wins (it fits, beats the best
-and is the fastest that does; `wins`, `Race`), which the search's likeliest-winner pick reads
-(autotune.strategies.guide).
-
 Only configs whose marginal chance is not negligible (MIN_MARGINAL) are drawn, so a space of hundreds of
 configs costs a matrix product of a few dozen rows. The draws use a fixed seed: the figure is a function of
 the recorded trials, so a resumed sweep computes the same one.
@@ -143,48 +139,23 @@ def assess(untried: Iterable[Config], forecast: Callable[[Config], Forecast], er
     margin = margin_of(launch_sigma)
     if not best:
         return Convergence(1.0, margin, trials)
-    race = Race.of(untried, forecast, errors, budget_bytes, best, launch_sigma, min_fit)
-    if not race.configs:
+    configs, peaks, speeds = [], [], []
+    for c in untried:
+        f = forecast(c)
+        if f.fit_probability(budget_bytes) >= min_fit:
+            configs.append(c)
+            peaks.append(max(f.predicted_peak_bytes, 1))
+            speeds.append(max(f.predicted_throughput, 1e-300))
+    if not configs:
         return Convergence(0.0, margin, trials)
-    return Convergence(int(race.wins().sum()) / DRAWS, margin, trials, len(race.configs))
-
-
-@dataclass(frozen=True)
-class Race:
-    """The untried configs that could still run against the best measured: their joint memory and time
-    log-ratios (the figure's models), the room each has under the budget and the speed-up each needs."""
-
-    configs: tuple[Config, ...]
-    memory: Joint
-    room: np.ndarray
-    time: Joint
-    needed: np.ndarray
-    best_sd: float
-
-    @classmethod
-    def of(cls, untried: Iterable[Config], forecast: Callable[[Config], Forecast], errors: Uncertainty,
-           budget_bytes: int, best: float, launch_sigma: float | None, min_fit: float = 0.0) -> "Race":
-        configs, peaks, speeds = [], [], []
-        for c in untried:
-            f = forecast(c)
-            if f.fit_probability(budget_bytes) >= min_fit:
-                configs.append(c)
-                peaks.append(max(f.predicted_peak_bytes, 1))
-                speeds.append(max(f.predicted_throughput, 1e-300))
-        room = math.log(budget_bytes) - np.log(np.array(peaks, dtype=float))
-        needed = math.log(best * (1 + margin_of(launch_sigma))) - np.log(np.array(speeds, dtype=float))
-        time_model = evidenced(errors.time)
-        residual = per_config(time_model, launch_sigma or 0.0)
-        memory = Joint(*errors.memory.joint(configs), errors.memory.noise)
-        time = Joint(*time_model.joint(configs), residual)
-        return cls(tuple(configs), memory, room, time, needed, launch_sigma or 0.0)
-
-    def wins(self) -> np.ndarray:
-        """Per config, how many of DRAWS draws it wins (`wins`); their sum over DRAWS is the chance of a better
-        config."""
-        if not self.configs:
-            return np.zeros(0, dtype=int)
-        return wins(self.memory, self.room, self.time, self.needed, best_sd=self.best_sd)
+    room = math.log(budget_bytes) - np.log(np.array(peaks, dtype=float))
+    needed = math.log(best * (1 + margin)) - np.log(np.array(speeds))
+    time_model = evidenced(errors.time)
+    residual = per_config(time_model, launch_sigma or 0.0)
+    memory = Joint(*errors.memory.joint(configs), errors.memory.noise)
+    time = Joint(*time_model.joint(configs), residual)
+    return Convergence(chance_of_better(memory, room, time, needed, best_sd=launch_sigma or 0.0), margin, trials,
+                       len(configs))
 
 
 def per_config(model: ErrorModel, launch_sigma: float = 0.0) -> float:
@@ -236,31 +207,19 @@ def chance_of_better(memory: Joint, room: np.ndarray, time: Joint, needed: np.nd
     """P(some row has its memory log-ratio <= room and its time log-ratio > needed + d), the two models
     independent of each other; d ~ N(0, best_sd^2) is shared by every row: the best's own launch noise (the
     best is one launch, and its typical speed may lie below it, which every untried config is compared with)."""
-    return int(wins(memory, room, time, needed, draws, seed, best_sd).sum()) / draws
-
-
-def wins(memory: Joint, room: np.ndarray, time: Joint, needed: np.ndarray, draws: int = DRAWS, seed: int = SEED,
-         best_sd: float = 0.0) -> np.ndarray:
-    """Per row, how many of `draws` joint draws it wins: it fits, beats the best (as `chance_of_better`) and is
-    the fastest of those that do (by its margin over `needed`). The wins over `draws` sum to the chance of a
-    better config, so the row that wins most is the one the figure most hangs on."""
-    counts = np.zeros(len(room), dtype=int)
     m_mean, m_sd = memory.marginal()
     t_mean, t_sd = time.marginal()
     t_sd = np.sqrt(t_sd ** 2 + best_sd ** 2)
     marginal = ndtr((room - m_mean) / m_sd) * ndtr((t_mean - needed) / t_sd)
     keep = np.flatnonzero(marginal >= MIN_MARGINAL)
     if not len(keep):
-        return counts
+        return 0.0
     keep = keep[np.argsort(-marginal[keep], kind="stable")[:MAX_DRAWN]]
     rng = np.random.default_rng(seed)
     fits = memory.draws(keep, draws, rng) <= room[keep, None]
     shift = best_sd * rng.standard_normal(draws) if best_sd > 0 else np.zeros(draws)
-    lead = time.draws(keep, draws, rng) - (needed[keep, None] - shift[None, :])
-    lead = np.where(fits & (lead > 0), lead, -np.inf)
-    won = np.isfinite(lead).any(axis=0)
-    np.add.at(counts, keep[np.argmax(lead[:, won], axis=0)], 1)
-    return counts
+    beats = time.draws(keep, draws, rng) > needed[keep, None] - shift[None, :]
+    return float((fits & beats).any(axis=0).mean())
 
 
 def recorded(results: Sequence[Any]) -> Convergence | None:

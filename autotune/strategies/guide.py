@@ -9,13 +9,6 @@ what to measure to identify the estimator's error model, and what is worth runni
   rather than the best predicted config of each memory layout.
 - `most_valuable`: the untried config of the highest expected gain over the best found, weighed by its
   probability of fitting (probability x E[max(throughput - best, 0)], the throughput log-normal).
-- `likeliest_winner`: the untried config that most often wins the convergence figure's joint draws
-  (autotune.search.convergence: it fits, beats the best by the margin, and is the fastest that does). The
-  draws share the knob values' offsets, so it favours the config whose result moves most of the figure;
-  the expected gain of one config at a time counts a config whose upside rests on an unknown offset that
-  many share as if its chance were its own. Its candidates are those at least FIT_TO_RUN likely to fit
-  (optuna_search): at LIKELY it ran the tiny CPU surface's configs at its median peak out of memory in 3 of 21
-  launched trials (tests/test_uncertainty.py allows 2).
 - `nearby`: the same, among the neighbours of the best config found (one knob one step away): a local
   search beside the model, for the optimum the additive error model does not predict.
 """
@@ -28,9 +21,8 @@ from typing import Collection
 import numpy as np
 
 from autotune.values.config import KNOBS, Config
-from autotune.prediction.uncertainty import Forecast
-from autotune.search.convergence import Race
 from autotune.strategies import SearchContext
+from autotune.prediction.uncertainty import Forecast
 
 TARGETS = 8  # configs "predicted best" whose uncertainty the warm start shrinks
 # A guided pick is one at least this likely to fit, while there is one: even odds, as a config whose knob
@@ -133,18 +125,3 @@ def nearby(context: SearchContext, tried: Collection[Config], incumbent: Config,
     found = {c: context.forecast(c) for c in neighbours(context, incumbent) if c not in tried}
     near = [c for c, f in found.items() if f.fit_probability(budget) >= NEAR_LIKELY]
     return max(near, key=lambda c: (found[c].value(budget, best), found[c].throughput), default=None)
-
-
-def likeliest_winner(context: SearchContext, tried: Collection[Config], best: float,
-                     likely: float = 0.0) -> Config | None:
-    """The untried config at least `likely` (default LIKELY) to fit that most often wins the convergence
-    figure's joint draws (fits, beats `best` by the margin, fastest of those that do): the one whose trial the
-    figure hangs on most. The margin is MIN_MARGIN's (a strategy does not know the launch noise). None where no
-    draw has a winner."""
-    assert context.forecast is not None and context.uncertainty is not None, "a guided pick needs the forecast"
-    found = forecasts(context, tried, likely)
-    if not found or not best:
-        return None
-    race = Race.of(found, context.forecast, context.uncertainty(), context.budget_bytes, best, None)
-    counts = race.wins()
-    return race.configs[int(np.argmax(counts))] if len(counts) and counts.max() > 0 else None

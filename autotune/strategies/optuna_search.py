@@ -68,23 +68,21 @@ CONSTRAINTS_KEY = "constraints"  # the trial system attribute optuna-dashboard r
 MEASURES = ("throughput_samples_per_s", "tokens_per_s", "step_time_s", "peak_memory_bytes")
 REASON_CHARS = 500  # a failure's error, as a user attribute, is cut to this
 # With the sweep's forecast (SearchContext.forecast): the first IDENTIFY proposals identify the estimator's
-# error model (guide.identifying), then proposals take turns (TURNS): the likeliest winner (the config that
-# wins most of the convergence figure's draws, guide.likeliest_winner; where no draw has a winner, the most
-# valuable config: probability of fitting x expected gain, guide.most_valuable), the best neighbour of the best config found
+# error model (guide.identifying), then proposals take turns (TURNS): the most valuable config (probability
+# of fitting x expected gain, guide.most_valuable), the best neighbour of the best config found
 # (guide.nearby) and, after GUIDED_TURNS, TPE's; a TPE proposal less likely than
 # FIT_TO_RUN to fit is told as infeasible (its constraint: median predicted peak / budget - 1) and the
 # nearest untried config likely to fit runs instead.
 IDENTIFY = 4
 FIT_TO_RUN = 0.8
 STOP_GAIN = 0.002  # below this x best, no untried config's probability x expected gain is worth a trial
-# A likeliest winner or most valuable config less than FIT_TO_RUN likely to fit runs only if worth this x best
-# (`_gamble`): a gamble on an
+# A most valuable config less than FIT_TO_RUN likely to fit runs only if worth this x best: a gamble on an
 # out-of-memory for under 2% cannot move the search across the 98%-of-optimum mark (at 0.2% the real
 # small-llama surface at 1.19 GiB spent one trial in 14 out of memory after its optimum); TPE, whose
 # proposals are all likely to fit, takes that turn instead.
 GAMBLE_GAIN = 0.02
 GUIDED_TURNS = 4  # after the warm start, the first proposals are all guided ones
-# Guided turns take turns between the likeliest winner and the best untried neighbour of the best config
+# Guided turns take turns between the most valuable config and the best untried neighbour of the best config
 # found (guide.nearby): the error model is additive over knob values, so a combination that beats it (the
 # tiny CPU surface's fastest configs are 3% apart, one knob from each other) is found by stepping around the
 # best, not by its forecast. After GUIDED_TURNS, TPE has the third turn.
@@ -219,7 +217,7 @@ class OptunaStrategy:
 
     def _guided(self) -> Config | None:
         """The warm start's next config while the error model is being identified, then on every other
-        turn the likeliest winner (or the most valuable config); None: TPE's turn."""
+        turn the most valuable config; None: TPE's turn."""
         tried = set(self.outcomes) | set(self.pending)
         if not tried:  # the config predicted most valuable first: where the estimator is right, the answer
             picked = guide.most_valuable(self.context, tried, 0.0)
@@ -247,23 +245,18 @@ class OptunaStrategy:
             if near is not None:
                 return self._run_queued(near, "near the best")
             kind = VALUABLE
-        if kind != VALUABLE or self._gamble(picked, best):
+        if best and guide.fit_probability(self.context, picked) < FIT_TO_RUN \
+                and guide.worth(self.context, picked, best) < GAMBLE_GAIN * best:
             return None
-        winner = guide.likeliest_winner(self.context, tried, best, FIT_TO_RUN)
-        if winner is not None:
-            return self._run_queued(winner, "likeliest winner")
-        return self._run_queued(picked, "expected gain")
-
-    def _gamble(self, config: Config, best: float) -> bool:
-        """Under FIT_TO_RUN likely to fit and worth less than GAMBLE_GAIN x best: not worth an out-of-memory."""
-        return bool(best) and guide.fit_probability(self.context, config) < FIT_TO_RUN \
-            and guide.worth(self.context, config, best) < GAMBLE_GAIN * best
+        if kind == VALUABLE:
+            return self._run_queued(picked, "expected gain")
+        return None
 
     def _turns_taken(self, trials: list[optuna.trial.FrozenTrial]) -> int:
         """The guided turns a stored study took: each turn ends in one proposal of this search's own after the
         warm start (not the hybrid's policy, not a record), told COMPLETE or PRUNED (ran, or pruned by the
         sweep); a sampled proposal refused as unlikely to fit or invalid is part of the turn that follows it."""
-        own = {"likeliest winner", "expected gain", "near the best", "likeliest to fit", "nearest untried", self.name}
+        own = {"expected gain", "near the best", "likeliest to fit", "nearest untried", self.name}
         return sum(1 for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
                    and t.user_attrs.get("proposed_by") in own
                    and t.user_attrs.get("status") not in ("unlikely to fit", "invalid"))
