@@ -371,8 +371,9 @@ def test_real_deepspeed_confirmation(tmp_path, capsys):
     space.write_text(SPACE.replace("zero_stage: [0, 1]", "zero_stage: [0]"))
     out = tmp_path / "run"
     # One config: the search is done after one trial, and the second is its repeat, in a fresh process.
-    code = main(["tune", "--model", MICRO_FILE, "--backend", "deepspeed", "--space", str(space), "--memory-budget",
-                 "3GiB", "--strategy", "grid", "--trials", "2", "--confirm", "1", "--out", str(out)])
+    # (global batch 8: micro-batch 8 without accumulation, one micro-step a step)
+    code = main(["tune", "--model", MICRO_FILE, "--global-batch", "8", "--backend", "deepspeed", "--space", str(space),
+                 "--memory-budget", "3GiB", "--strategy", "grid", "--trials", "2", "--confirm", "1", "--out", str(out)])
     printed = capsys.readouterr().out
     assert code == 0, printed
     results = read_results(out / "trials.jsonl")

@@ -13,9 +13,9 @@ from autotune.worker.measure import MeasureSettings
 @pytest.mark.slow
 def test_real_episode_runs_trials_and_rewards_them(tmp_path):
     env = DeepSpeedMemoryEnv({
-        "backend": "deepspeed", "workload": "tiny", "hardware": "cpu", "memory_budget": "3GiB", "horizon": 4,
-        "start": "default",
-        # Big micro-batches: few micro-steps per optimizer step, so short trials.
+        "backend": "deepspeed", "workload": {"model": "tiny", "global_batch": 8}, "hardware": "cpu",
+        "memory_budget": "3GiB", "horizon": 4, "start": "default",
+        # Big micro-batches of a global batch of 8: few micro-steps per optimizer step, so short trials.
         "space": Choices(zero_stage=(0, 2), micro_batch=(4, 8), ckpt_interval=(0, 1), precision=("fp32",)),
         # Short trials: one warm-up step and two measured steps each.
         "backend_options": {"logs_dir": str(tmp_path / "logs"), "measure": MeasureSettings.fixed(1, 2)},
@@ -26,7 +26,7 @@ def test_real_episode_runs_trials_and_rewards_them(tmp_path):
     up = action_index("micro_batch+")
     assert observation["action_mask"][up] == 1 and observation["action_mask"][action_index("micro_batch-")] == 0
 
-    observation, reward, terminated, truncated, info = env.step(RUN)  # the start config: 4 micro-steps per step
+    observation, reward, terminated, truncated, info = env.step(RUN)  # the start config: 2 micro-steps per step
     first = info["result"]
     assert first["backend"] == "deepspeed" and first["status"] == "ok", first.get("error")
     assert first["config"] == start.to_dict()

@@ -171,7 +171,9 @@ def two_node_cluster(prefix: str, env: dict[str, str], head_ip: str, worker_ip: 
         assert not left, f"processes of the test cluster left behind: {[p.pid for p in left]}"
 
 
-@pytest.fixture(scope="session")
+# Module-scoped: only this module uses it, and two idle nodes kept until the session's end would take the cores'
+# time from every test after it.
+@pytest.fixture(scope="module")
 def cluster():
     env = dict(os.environ)
     env.pop(SLEEP_ENV, None)

@@ -1,7 +1,8 @@
 """Script mode on Ray (`autotune tune --script ... --ray-address`): what travels with a trial (the script's
 folder and the files its arguments name, autotune.script.ship), and real script sweeps on a private local
 Ray instance (`--ray-address local`): the trials run the shipped copy, with the local run's verdicts, and
-`--resume` goes on."""
+`--resume` goes on. (A script that cannot be tuned gets its verdict on Ray, from its shipped copy, in
+tests/test_sweeps_script.py's sweep on a local Ray instance.)"""
 
 from __future__ import annotations
 
@@ -242,19 +243,3 @@ def test_a_script_sweep_on_ray_resumes(ray_sweep):
     # The 4th: a new config, or a fresh run of the best to confirm a close call (autotune.drivers.sweep).
     assert len(results) == 4 and results[3].status == "ok" and results[3].extra["trial"] == 4
     assert Path(results[3].extra["script_copy"]).parent != src and LOG_FILES not in results[3].extra
-
-
-@pytest.mark.slow
-def test_a_script_that_cannot_be_tuned_gets_its_verdict_on_ray(tmp_path, capsys):
-    script = tmp_path / "train.py"
-    script.write_text("import deepspeed\nprint('I only evaluate')\n")
-    space = tmp_path / "space.yaml"
-    space.write_text(SPACE)
-    code = main(["tune", "--script", str(script), "--space", str(space), "--trials", "3", "--out", str(tmp_path / "run"),
-                 "--ray-address", "local"])
-    printed = capsys.readouterr().out
-    assert code == 1
-    results = read_results(tmp_path / "run" / "trials.jsonl")
-    assert len(results) == 1 and results[0].status == "crash"
-    assert results[0].extra["script_verdict"] == "never_initialized" and "script_copy" in results[0].extra
-    assert "the script cannot be tuned as it is: never_initialized" in printed

@@ -38,8 +38,10 @@ def space_file(tmp_path) -> Path:
 @pytest.mark.slow
 def test_real_sweep_writes_every_output(space_file, tmp_path, capsys):
     out = tmp_path / "run"
-    code = main(["tune", "--model", MICRO_FILE, "--backend", "deepspeed", "--space", str(space_file),
-                 "--memory-budget", "3GiB", "--strategy", "optuna", "--trials", "2", "--out", str(out)])
+    # Global batch 8: micro-batch 8 without accumulation, one micro-step a step (the outputs do not depend on it).
+    code = main(["tune", "--model", MICRO_FILE, "--global-batch", "8", "--backend", "deepspeed", "--space",
+                 str(space_file), "--memory-budget", "3GiB", "--strategy", "optuna", "--trials", "2", "--out",
+                 str(out)])
     printed = capsys.readouterr().out
     assert code == 0, printed
     results = read_results(out / "trials.jsonl")
