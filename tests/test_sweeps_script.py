@@ -111,8 +111,7 @@ workloads:
     assert best["optimizer"] == json.loads(config.read_text())["optimizer"]  # the script's own, tuned keys merged
     assert best["train_batch_size"] == 1 and "## Script mode" in (out / "plain" / "report.md").read_text()
     assert (out / "plain" / "script.json").is_file()
-    # The verdict on Ray: after one trial of its 2, run from the shipped copy (test_script_ray once ran a sweep of
-    # its own for this, the same script through `tune --ray-address local`).
+    # The verdict on Ray: after one trial of its 2, run from the shipped copy.
     (failed,) = read_results(out / "evaluates" / "trials.jsonl")
     assert failed.status == "crash" and failed.extra["script_verdict"] == "never_initialized"
     assert "script_copy" in failed.extra
