@@ -186,3 +186,31 @@ def test_untried_values_narrow_only_where_the_trials_show_small_offsets():
     values = sorted({getattr(c, "zero_stage") for c in load_surface(SMALL).results})
     wrong = evidenced(_model({("zero_stage", v): 0.4 * (-1) ** i for i, v in enumerate(values)}, 0.03))
     assert dict(wrong.value_prior)["precision"] > dict(right.value_prior)["precision"]
+
+
+def test_known_widths_are_held_and_a_known_per_config_spread_is_used():
+    """The hooks benchmarks/stop_bounds.py gives a figure the world's own spreads through: prior widths held as
+    given (no empirical Bayes) and the per-config spread as given, each moving the figure the way it should."""
+    from autotune.backends.replay import surface_space
+    from autotune.prediction.uncertainty import (NOISE_MEMORY, NOISE_TIME, PRIOR_MEMORY, PRIOR_TIME, Uncertainty,
+                                                 fit_error_model)
+    from autotune.search.convergence import assess, evidenced
+
+    fitted = _model({}, 0.03)
+    observed = [(c, 0.0) for c in list(surface_space(load_surface(SMALL)))[:24]]
+    held = fit_error_model(observed, PRIOR_TIME, NOISE_TIME, evidence_weight=None)
+    assert evidenced(held).value_prior == PRIOR_TIME[1] and evidenced(held).evidence_scale == 1.0
+    assert dict(evidenced(fitted).value_prior)["precision"] < dict(PRIOR_TIME[1])["precision"]  # EB narrows it
+    narrow = fit_error_model(observed, (PRIOR_TIME[0], tuple((k, 0.02) for k, _ in PRIOR_TIME[1])), NOISE_TIME,
+                             evidence_weight=None)
+    space = list(surface_space(load_surface(SMALL)))
+    untried = space[24:]
+    memory = fit_error_model([], PRIOR_MEMORY, NOISE_MEMORY)
+
+    def chance(time_model, residual):
+        forecast = Uncertainty(memory, time_model).forecast
+        return assess(untried, lambda c: forecast(c, 1, 100.0), Uncertainty(memory, time_model), 10, 100.0, 0.03,
+                      24, residual=residual).chance
+
+    assert chance(held, 0.0) > chance(narrow, 0.0)  # wider held widths: likelier that an untried one is faster
+    assert chance(narrow, 0.2) > chance(narrow, 0.0)  # a larger per-config spread: likelier too

@@ -141,6 +141,25 @@ def test_distortion_hides_a_truth_whose_optimum_is_exhausted():
     assert np.allclose(flat.throughput, nominal) and np.allclose(flat.peak, flat.landscape.peak)
 
 
+def test_distortion_widths_are_the_spreads_it_draws_and_its_knob_offsets_leave_the_per_config_term():
+    """Distortion.widths and knob_offsets (what benchmarks/stop_bounds.py tells a figure and a search): over many
+    draws a knob value's offset spreads as widths says, and the truth less the knob offsets is the per-config term."""
+    from autotune.backends.distorted import Distortion
+
+    task = Task(GPU_WORKLOAD, GPU, 20 * GiB, load_choices("default"))
+    space = Space(task.choices, task.workload, task.hardware)
+    draws = [Distortion.draw(space, 0.3, np.random.default_rng(seed)) for seed in range(400)]
+    for k, (knob, width) in enumerate(Distortion.widths(space, 0.3)):
+        offsets = np.array([d.throughput[k] for d in draws])  # draws x values
+        if knob.startswith("offload"):
+            offsets = offsets[:, np.asarray(space.choices.knob_values(knob)) != "none"]
+        assert np.sqrt((offsets ** 2).mean()) == pytest.approx(width, rel=0.15), knob
+    truth = distorted_task(task, 0.3, 0.0, seed=5)
+    codes = truth.landscape.codes
+    rest = np.log(truth.throughput / truth.landscape.throughput) - truth.distortion.knob_offsets(codes)
+    assert rest.std() == pytest.approx(truth.distortion.per_config_sigma, rel=0.2)
+
+
 def test_episode_info_judges_the_best_config_by_its_true_throughput():
     env = TrainingEnv({"samplers": SMALL_POOL, "noise": 0.3, "start": "estimator", "seed": 1})
     obs, info = env.reset(seed=2)

@@ -33,3 +33,31 @@ def test_auc_ranks_the_sweeps_already_there_lower():
     assert stop_floor.auc([0.1, 0.2], [0.5, 0.6]) == 1.0
     assert stop_floor.auc([0.5], [0.5]) == 0.5
     assert stop_floor.auc([], [0.5]) is None
+
+
+def _stop_bounds():
+    spec = importlib.util.spec_from_file_location(
+        "stop_bounds", Path(__file__).resolve().parents[1] / "benchmarks" / "stop_bounds.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_stop_bounds_traces_both_figures_and_the_search_with_the_offsets_known():
+    """benchmarks/stop_bounds.py: per launched trial the recommendation, the product's figure and the informed one;
+    and the knob-order search, which in a world without distortion runs the optimum first."""
+    from autotune.envs.sampler import Task
+    from autotune.rl.simulator import distorted_task
+    from autotune.search_spaces import load_choices
+    from autotune.values.hardware import PROFILES
+    from autotune.values.workload import make_workload
+
+    bounds = _stop_bounds()
+    task = Task(make_workload("gpt2-small", 32, 1), PROFILES["l4"], 6 * 2**30, load_choices("default"))
+    run = bounds.one_sweep(task, seed=0, noise=0.03, trials=7)
+    assert len(run["curve"]) == len(run["product"]) == len(run["informed"]) == 7
+    assert all(0.0 <= c <= 1.0 for c in run["product"] + run["informed"]) and 0 < run["curve"][-1] <= 1.0
+    assert run["product"] != run["informed"]  # two figures of the same trials, told different things
+    assert run["knob_order_reach"] >= 1
+    assert bounds.knob_order_reach(distorted_task(task, 0.0, 0.0, seed=0)) == 1

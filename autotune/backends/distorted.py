@@ -48,9 +48,27 @@ class Distortion:
         return cls(tuple(throughput), tuple(memory), float(rng.normal(0.0, spread / 3)), spread / 6,
                    int(rng.integers(2**31)))
 
+    @staticmethod
+    def widths(space: Space, spread: float) -> tuple[tuple[str, float], ...]:
+        """Per knob, the sd of a knob value's throughput offset as `draw` draws it (micro-batch: its trend and
+        its own term, root mean square over the space's values; an offload: its values other than none): what
+        a convergence figure that knew the world's spreads would take as its prior (benchmarks/stop_bounds.py)."""
+        out = []
+        for knob in KNOBS:
+            if knob == "micro_batch":
+                logs = np.log2(np.asarray(space.choices.knob_values(knob), dtype=float))
+                out.append((knob, float(np.sqrt(np.mean((spread / 4 * logs) ** 2) + (spread / 6) ** 2))))
+            else:
+                out.append((knob, spread / 4 if knob == "ckpt_interval" else spread / 2))
+        return tuple(out)
+
+    def knob_offsets(self, codes: np.ndarray) -> np.ndarray:
+        """The log throughput offset of each row of knob codes that its knob values explain (no per-config term)."""
+        return sum((table[codes[:, k]] for k, table in enumerate(self.throughput)), np.zeros(len(codes)))
+
     def factors(self, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(throughput factor, memory factor) per row of knob codes."""
-        log_t = sum(table[codes[:, k]] for k, table in enumerate(self.throughput))
+        log_t = self.knob_offsets(codes)
         log_m = self.memory_task + sum(table[codes[:, k]] for k, table in enumerate(self.memory))
         # Per-config term: a deterministic draw per config (hash of its codes), so that it does not
         # depend on which configs are in the array.
@@ -70,6 +88,7 @@ class DistortedBackend:
     def __init__(self, landscape: Landscape, codes: np.ndarray, budget_bytes: int, distortion: Distortion,
                  noise: float, rng: np.random.Generator, trial_overhead_s: float = 15.0, measured_steps: int = 10):
         t_factor, m_factor = distortion.factors(codes)
+        self.distortion = distortion  # the hidden truth, for benchmarks that ask what knowing it would give
         self.landscape = landscape
         self.workload = landscape.space.workload
         self.memory_budget_bytes = int(budget_bytes)

@@ -101,12 +101,22 @@ def calibrator(workload: Workload, hardware: Hardware):
     return fit
 
 
-def fit_uncertainty(results: Sequence[TrialResult], out_of_memory: Sequence[tuple[Config, int | None]],
-                    workload: Workload, hardware: Hardware, calibration: Calibration,
-                    budget_bytes: int) -> Uncertainty:
-    """The error models of the calibrated estimator: log(measured / predicted) of the peak of every result
-    with a measured peak (out-of-memory ones with a known peak too) and of the throughput of every result
-    with a measured step time; an out-of-memory with no peak is the bound "peak > `budget_bytes`"."""
+@dataclass(frozen=True)
+class ErrorObservations:
+    """What the error models are fitted on: log(measured / predicted) of peaks (`memory`) and throughputs
+    (`time`) per config, and the out-of-memory bounds log(budget / predicted peak) with no measured peak."""
+
+    memory: tuple[tuple[Config, float], ...]
+    time: tuple[tuple[Config, float], ...]
+    censored: tuple[tuple[Config, float], ...]
+
+
+def error_observations(results: Sequence[TrialResult], out_of_memory: Sequence[tuple[Config, int | None]],
+                       workload: Workload, hardware: Hardware, calibration: Calibration,
+                       budget_bytes: int) -> ErrorObservations:
+    """The calibrated estimator's log-ratios: the peak of every result with a measured peak (out-of-memory
+    ones with a known peak too) and the throughput of every result with a measured step time; an
+    out-of-memory with no peak is the bound "peak > `budget_bytes`"."""
     memory: list[tuple[Config, float]] = []
     time: list[tuple[Config, float]] = []
     censored: list[tuple[Config, float]] = []
@@ -131,8 +141,16 @@ def fit_uncertainty(results: Sequence[TrialResult], out_of_memory: Sequence[tupl
             memory.append((config, math.log(peak / predicted)))
         else:
             censored.append((config, math.log(budget_bytes / predicted)))
-    return Uncertainty(fit_error_model(memory, PRIOR_MEMORY, NOISE_MEMORY, censored),
-                       fit_error_model(time, PRIOR_TIME, NOISE_TIME))
+    return ErrorObservations(tuple(memory), tuple(time), tuple(censored))
+
+
+def fit_uncertainty(results: Sequence[TrialResult], out_of_memory: Sequence[tuple[Config, int | None]],
+                    workload: Workload, hardware: Hardware, calibration: Calibration,
+                    budget_bytes: int) -> Uncertainty:
+    """The error models of the calibrated estimator, fitted on `error_observations`."""
+    seen = error_observations(results, out_of_memory, workload, hardware, calibration, budget_bytes)
+    return Uncertainty(fit_error_model(seen.memory, PRIOR_MEMORY, NOISE_MEMORY, seen.censored),
+                       fit_error_model(seen.time, PRIOR_TIME, NOISE_TIME))
 
 
 def _memory_terms(result: TrialResult, workload: Workload, hardware: Hardware) -> tuple[float, float, float]:

@@ -149,10 +149,14 @@ EVIDENCE_STEPS = 12
 
 
 def fit_error_model(observed: Sequence[tuple[Config, float]], prior: tuple[float, tuple[tuple[str, float], ...]],
-                    noise: tuple[float, float, float], censored: Sequence[tuple[Config, float]] = ()) -> ErrorModel:
+                    noise: tuple[float, float, float], censored: Sequence[tuple[Config, float]] = (),
+                    evidence_weight: float | None = EVIDENCE_WEIGHT) -> ErrorModel:
     """The posterior given exact log-ratios `observed` and lower bounds `censored` (log-ratio > bound), with its
-    evidenced twin (EVIDENCE_WEIGHT) attached."""
+    evidenced twin attached (the prior's widths counted as `evidence_weight` knob values; None: the widths are
+    known, as where benchmarks/stop_bounds.py gives the figure a simulated world's own)."""
     model = _fit(observed, prior, noise, censored)
+    if evidence_weight is None:
+        return replace(model, evidenced=_fit(observed, prior, noise, censored, floored=False))
     widths = [w for k, w in prior[1] if any(col[0] == k for col in model.columns)]
     if not observed or not any(widths):
         return model
@@ -162,7 +166,7 @@ def fit_error_model(observed: Sequence[tuple[Config, float]], prior: tuple[float
         known = dict(evidenced.value_prior)
         ratios = [(m ** 2 + evidenced.cov[i][i]) / (known[k] / scale) ** 2
                   for i, ((k, _), m) in enumerate(zip(evidenced.columns, evidenced.mean[1:]), 1) if known.get(k)]
-        scale = math.sqrt((EVIDENCE_WEIGHT + sum(ratios)) / (EVIDENCE_WEIGHT + len(ratios)))
+        scale = math.sqrt((evidence_weight + sum(ratios)) / (evidence_weight + len(ratios)))
         evidenced = _fit(observed, (prior[0], tuple((k, w * scale) for k, w in prior[1])), noise, censored,
                          floored=False)
     return replace(model, evidenced=replace(evidenced, evidence_scale=scale), evidence_scale=scale)

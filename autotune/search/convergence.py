@@ -133,9 +133,10 @@ def margin_of(launch_sigma: float | None) -> float:
 
 def assess(untried: Iterable[Config], forecast: Callable[[Config], Forecast], errors: Uncertainty,
            budget_bytes: int, best: float | None, launch_sigma: float | None, trials: int,
-           min_fit: float = 0.0) -> Convergence:
+           min_fit: float = 0.0, residual: float | None = None) -> Convergence:
     """The figure of a sweep: `untried` configs, their forecasts and the error models behind them, the best
-    measured throughput (None: nothing fits yet, chance 1), the launch spread, the launched search trials."""
+    measured throughput (None: nothing fits yet, chance 1), the launch spread, the launched search trials;
+    `residual`: the per-config spread where it is known (a simulated world's), else estimated (`per_config`)."""
     margin = margin_of(launch_sigma)
     if not best:
         return Convergence(1.0, margin, trials)
@@ -151,7 +152,8 @@ def assess(untried: Iterable[Config], forecast: Callable[[Config], Forecast], er
     room = math.log(budget_bytes) - np.log(np.array(peaks, dtype=float))
     needed = math.log(best * (1 + margin)) - np.log(np.array(speeds))
     time_model = evidenced(errors.time)
-    residual = per_config(time_model, launch_sigma or 0.0)
+    if residual is None:
+        residual = per_config(time_model, launch_sigma or 0.0)
     memory = Joint(*errors.memory.joint(configs), errors.memory.noise)
     time = Joint(*time_model.joint(configs), residual)
     return Convergence(chance_of_better(memory, room, time, needed, best_sd=launch_sigma or 0.0), margin, trials,
