@@ -188,6 +188,20 @@ def test_untried_values_narrow_only_where_the_trials_show_small_offsets():
     assert dict(wrong.value_prior)["precision"] > dict(right.value_prior)["precision"]
 
 
+
+def test_each_knob_keeps_its_own_width_where_its_values_differ_and_the_others_narrow():
+    """The evidenced model's per-knob stage: offsets of 0.4 on ZeRO stages widen that knob's untried values past
+    the common scale while micro-batch, whose measured values agree, narrows below it."""
+    from autotune.search.convergence import evidenced
+    from autotune.prediction.uncertainty import PRIOR_TIME
+
+    values = sorted({getattr(c, "zero_stage") for c in load_surface(SMALL).results})
+    wrong = _model({("zero_stage", v): 0.4 * (-1) ** i for i, v in enumerate(values)}, 0.03)
+    widths, base = dict(evidenced(wrong).value_prior), dict(PRIOR_TIME[1])
+    common = wrong.evidence_scale
+    assert widths["zero_stage"] / base["zero_stage"] > 1.2 * common
+    assert widths["micro_batch"] / base["micro_batch"] < 0.9 * common
+
 def test_known_widths_are_held_and_a_known_per_config_spread_is_used():
     """The hooks benchmarks/stop_bounds.py gives a figure the world's own spreads through: prior widths held as
     given (no empirical Bayes) and the per-config spread as given, each moving the figure the way it should."""
