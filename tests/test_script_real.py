@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+import autotune
 from autotune.cli import main
+from autotune.values.config import ConfigError
 from autotune.values.dsconfig import validate
 from autotune.values.results import read_results
 from autotune.trials.runner import extensions_dir, free_port
@@ -64,14 +66,28 @@ def tune(out: Path, space: Path, script: Path, script_args: str, capsys, trials:
 
 @pytest.mark.slow
 def test_plain_script_with_a_config_path_is_tuned_and_its_recommendation_trains(space_file, tmp_path, capsys):
+    """Started from Python (`autotune.tune(TuneSpec.for_script(...))`, issue 26), resumed with `autotune tune
+    --script --resume`: both doors to one sweep, and the CLI's resume goes through the library's."""
     out = tmp_path / "run"
     script_args = f"--deepspeed_config {EXAMPLES / 'ds_config.json'} --steps 5"
-    code, printed = tune(out, space_file, EXAMPLES / "train_plain.py", script_args, capsys, trials=2)
-    assert code == 0, printed
-    # Resumed: the shape learned by the first trial is kept and the sweep goes on; another script is refused.
+    spec = autotune.TuneSpec.for_script(EXAMPLES / "train_plain.py", script_args.split(), memory_budget_bytes=6 * 2**30,
+                                        space=str(space_file), strategy="optuna", trials=2)
+    result = autotune.tune(spec, out)
+    assert [r.status for r in result.results] == ["ok", "ok"], [r.error for r in result.results]
+    assert all(r.backend == "script" for r in result.results) and result.best is not None
+    best = json.loads((out / "best_ds_config.json").read_text())
+    assert best["scheduler"]["type"] == "WarmupLR"  # the script's own config, tuned keys merged in
+    assert best["zero_optimization"]["stage"] == result.best.config.zero_stage
+    assert "## Script mode" in (out / "report.md").read_text()
+    # Resumed: the shape learned by the first trial is kept and the sweep goes on; another script (the same
+    # file with other arguments) is refused, from the command line and from Python.
     code, printed = tune(out, space_file, EXAMPLES / "train_plain.py", script_args, capsys, trials=3, resume=True)
     assert code == 0, printed
     assert tune(out, space_file, EXAMPLES / "train_plain.py", "--steps 5", capsys, trials=4, resume=True)[0] == 2
+    with pytest.raises(ConfigError, match="--resume: .* tuned .*train_plain.py"):
+        autotune.tune(autotune.TuneSpec.for_script(EXAMPLES / "train_plain.py", ["--steps", "5"],
+                                                   memory_budget_bytes=6 * 2**30, space=str(space_file),
+                                                   strategy="optuna", trials=4), out, resume=True)
     results = read_results(out / "trials.jsonl")
     assert [r.status for r in results] == ["ok"] * 3, [r.error for r in results]
     assert len({r.config for r in results}) == 3
@@ -86,6 +102,7 @@ def test_plain_script_with_a_config_path_is_tuned_and_its_recommendation_trains(
         assert r.extra["script_model"]["micro_batch_seen"] == r.config.micro_batch
     # What the estimator learned from the model handed to deepspeed.initialize, and what it did with it.
     settings = json.loads((out / "run.json").read_text())
+    assert settings["backend"] == "script"
     model = settings["workload"]["model"]
     assert (model["layers"], model["hidden"], model["vocab"], model["seq_len"]) == (2, 128, 1024, 64)
     assert settings["workload"]["global_batch"] == 16  # ds_config.json's train_batch_size, kept
