@@ -21,6 +21,7 @@ the estimator and the search strategies do on them.
 
     python benchmarks/gpu_validation.py [--minutes 6] [--seeds 5]         # on a CUDA machine
     python benchmarks/gpu_validation.py --cpu --out DIR [--configs 6]      # CI: DeepSpeed's CPU accelerator
+    python benchmarks/gpu_validation.py --cpu --out DIR --seq-len 64 --global-batch 4  # shorter steps (tests)
 
 Writes benchmarks/surfaces/<hardware>-<model>.jsonl (--cpu: <out>/surfaces/) and <out>/gpu_validation.md and
 .json (default out: benchmarks/results). Exit 0 with results, 1 when a trial found this machine unable to run
@@ -37,7 +38,7 @@ import statistics
 import sys
 import time
 from collections import Counter, defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -332,10 +333,13 @@ class Plan:
         return estimate(config, self.workload, self.hardware, calibration)
 
 
-def make_plans(mode: Mode, hardware: Hardware, models: Sequence[ModelShape], surfaces: Path, logs: Path) -> list[Plan]:
+def make_plans(mode: Mode, hardware: Hardware, models: Sequence[ModelShape], surfaces: Path, logs: Path,
+               seq_len: int | None = None) -> list[Plan]:
+    """A plan per model, each at `seq_len` tokens per sample (None: the model's own). A surface file holds one
+    workload: recording into one of another sequence length is refused (autotune.trials.recording)."""
     plans = []
     for shape in models:
-        workload = Workload(shape, mode.global_batch)
+        workload = Workload(replace(shape, seq_len=seq_len) if seq_len else shape, mode.global_batch)
         trial_budget = hardware.memory_bytes
         planning = trial_budget
         if mode.name == "cpu":  # the median predicted peak: about half the configs fit
@@ -621,6 +625,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-steps", type=positive_int, default=None,
                         help=f"measured optimizer steps at most per trial (default: {GPU_MODE.max_steps} on a GPU, "
                              f"{CPU_MODE.max_steps} with --cpu)")
+    parser.add_argument("--global-batch", type=positive_int, default=None,
+                        help=f"samples per optimizer step (default: {GPU_MODE.global_batch} on a GPU, "
+                             f"{CPU_MODE.global_batch} with --cpu); micro-batches that do not divide it leave the space")
+    parser.add_argument("--seq-len", type=positive_int, default=None,
+                        help="tokens per sample of every model (default: each model's own, e.g. 256 for the CPU "
+                             "check's tiny models): a shorter one makes each trial's steps shorter")
     parser.add_argument("--timeout", type=positive_float, default=None,
                         help=f"seconds per trial before it is ended (default: {GPU_MODE.timeout_s:g}; "
                              f"{CPU_MODE.timeout_s:g} with --cpu)")
@@ -638,6 +648,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="folder of the trials' logs (default: runs/gpu-validation; with --cpu: <out>/logs)")
     args = parser.parse_args(argv)
     mode = CPU_MODE if args.cpu else GPU_MODE
+    if args.global_batch is not None:
+        mode = replace(mode, global_batch=args.global_batch)
     args.mode = mode
     args.minutes = mode.minutes if args.minutes is None else args.minutes
     args.max_steps = args.max_steps or mode.max_steps
@@ -660,7 +672,8 @@ def detect(args: argparse.Namespace) -> tuple[Hardware, str, tuple[ModelShape, .
         raise ConfigError(f"no CUDA GPU found here ({machine.describe()}): run on a CUDA machine, or with --cpu "
                           "for the CPU check")
     hardware = auto_hardware(machine)
-    return hardware, machine.describe(), args.models or choose_gpu_models(hardware)
+    return hardware, machine.describe(), args.models or choose_gpu_models(hardware,
+                                                                          global_batch=args.mode.global_batch)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -672,8 +685,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         hardware, machine, models = detect(args)
         console.print(f"{machine}: profile {hardware.name}, {format_size(hardware.memory_bytes)} per device; "
-                      f"models {', '.join(f'{m.name} ({m.params / 1e9:.2f}B)' for m in models)}")
-        plans = make_plans(args.mode, hardware, models, args.surfaces, args.logs)
+                      f"models {', '.join(f'{m.name} ({m.params / 1e9:.2f}B)' for m in models)}"
+                      + (f", {args.seq_len} tokens per sample" if args.seq_len else ""))
+        plans = make_plans(args.mode, hardware, models, args.surfaces, args.logs, args.seq_len)
         args.surfaces.mkdir(parents=True, exist_ok=True)
         recording = {}
         deadline = started + args.minutes * 60

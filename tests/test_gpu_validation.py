@@ -243,7 +243,8 @@ def test_measured_budget_is_the_median_ok_peak():
 
 @pytest.mark.parametrize("flags, word", [(["--minutes", "-1"], "-1"), (["--models", "gpt5"], "gpt5"),
                                          (["--configs", "0"], "0"), (["--strategies", "best"], "best"),
-                                         (["--timeout", "soon"], "soon")])
+                                         (["--timeout", "soon"], "soon"), (["--seq-len", "0"], "0"),
+                                         (["--global-batch", "none"], "none")])
 def test_bad_flags_exit_2_with_one_line_naming_the_value(flags, word, capsys):
     with pytest.raises(SystemExit) as exit_:
         g.parse_args(["--cpu", *flags])
@@ -349,8 +350,11 @@ def test_gpu_validate_refuses_a_missing_bundle_and_one_for_another_python(tmp_pa
 
 @pytest.mark.slow
 def test_the_kit_records_and_analyses_two_surfaces_on_the_cpu_and_resumes(tmp_path):
+    # 64 tokens per sample (not the models' own 256) and a global batch of 4 (not 16): micro-batches 1 and 4,
+    # at most 4 micro-steps a step, so that a layout with an offloaded optimizer (~1.5 s a micro-step on a
+    # 2-core Xeon) takes seconds, not a minute.
     command = [sys.executable, str(KIT), "--cpu", "--out", str(tmp_path), "--configs", "4", "--max-steps", "1",
-               "--seeds", "1", "--trials", "4", "--minutes", "15"]
+               "--seeds", "1", "--trials", "4", "--minutes", "15", "--seq-len", "64", "--global-batch", "4"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "[1/4]" in done.stdout and "[4/4]" in done.stdout  # a progress line per trial
@@ -364,6 +368,8 @@ def test_the_kit_records_and_analyses_two_surfaces_on_the_cpu_and_resumes(tmp_pa
     assert report["accelerator"] == "cpu" and [s["model"] for s in report["surfaces"]] == ["tiny", "tiny-llama"]
     for s in report["surfaces"]:
         assert s["measured"] == 4 and sum(s["status_counts"].values()) == 4
+        assert (s["workload"]["model"]["seq_len"], s["workload"]["global_batch"]) == (64, 4)
+        assert all(r.extra["workload"] == s["workload"] for r in lines[f"cpu-{s['model']}.jsonl"])
         assert math.isfinite(s["memory"]["mape_uncalibrated"]) and s["memory"]["mape_uncalibrated"] >= 0
         assert math.isfinite(s["memory"]["mape_calibrated_all"])
         assert s["budget_bytes"] > 0 and len(s["cliffs"]) == 2

@@ -235,14 +235,6 @@ def check_tuned(ran: dict, run: Path, best: Config) -> None:
 
 
 @pytest.mark.slow
-def test_best_ds_config_trains_with_deepspeed_initialize(recommended, monkeypatch):
-    run, best = recommended
-    ran = train("deepspeed", run, monkeypatch)
-    check_tuned(ran, run, best)
-    assert ran["optimizer"]["params"]["lr"] == 1e-4 and len(ran["losses"]) == 2 * ran["accumulation"]
-
-
-@pytest.mark.slow
 def test_recommended_trainer_args_and_hf_config_train_with_the_trainer(recommended, monkeypatch, tmp_path):
     run, best = recommended
     assert json.loads((run / TRAINER_ARGS).read_text())["deepspeed"] == str(run.resolve() / HF_DS_CONFIG)
@@ -381,7 +373,9 @@ def test_trainer_args_follow_the_installed_transformers(tmp_path, monkeypatch, k
 @pytest.mark.slow
 def test_the_written_torchrun_form_trains_and_reuses_the_tuners_op_build(recommended, tmp_path):
     """`bash launch.sh torchrun ...` from an environment with none of the trials' settings (no venv on PATH, no
-    TORCH_EXTENSIONS_DIR): the file supplies them, DeepSpeed loads the ops the tuner built, rebuilds none."""
+    TORCH_EXTENSIONS_DIR): the file supplies them, DeepSpeed loads the ops the tuner built, rebuilds none. The
+    script's deepspeed mode: best_ds_config.json as written, through deepspeed.initialize (the optimizer and
+    the tuned batch, stage, precision, bucket size and checkpointing it ran with)."""
     run, best = recommended
     extensions = Path(extensions_dir(sys.executable))
     built = {p: p.stat().st_mtime_ns for p in extensions.rglob("*.so")}
@@ -398,7 +392,9 @@ def test_the_written_torchrun_form_trains_and_reuses_the_tuners_op_build(recomme
         remove_shm_buffers(MASTER_ADDR, port)
     lines = [line for line in done.stdout.splitlines() if line.startswith("HANDOFF ")]
     assert done.returncode == 0 and lines, (done.stdout[-2000:], done.stderr[-4000:])
-    check_tuned(json.loads(lines[-1].removeprefix("HANDOFF ")), run, best)
+    ran = json.loads(lines[-1].removeprefix("HANDOFF "))
+    check_tuned(ran, run, best)
+    assert ran["optimizer"]["params"]["lr"] == 1e-4 and len(ran["losses"]) == 2 * ran["accumulation"]
     after = {p: p.stat().st_mtime_ns for p in extensions.rglob("*.so")}
     assert after and all(after[p] == mtime for p, mtime in built.items())  # loaded from the tuner's dir, none rebuilt
     assert "Building extension module" not in done.stderr + done.stdout

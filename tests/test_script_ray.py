@@ -1,13 +1,14 @@
 """Script mode on Ray (`autotune tune --script ... --ray-address`): what travels with a trial (the script's
 folder and the files its arguments name, autotune.script.ship), and real script sweeps on a private local
-Ray instance (`--ray-address local`): the trials run the shipped copy, with the local run's verdicts, and
-`--resume` goes on. (A script that cannot be tuned gets its verdict on Ray, from its shipped copy, in
-tests/test_sweeps_script.py's sweep on a local Ray instance.)"""
+Ray instance (`--ray-address local`): the trials run the shipped copy, with the local run's verdicts. The sweep
+is of issue 18's plain DeepSpeed script, whose global batch of 1 is kept and whose recommendation trains the
+unchanged script. (A script that cannot be tuned gets its verdict on Ray, from its shipped copy, and a script
+sweep on Ray is resumed, in tests/test_sweeps_script.py's sweep on a local Ray instance.)"""
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 import io
 import shutil
 import tarfile
@@ -21,6 +22,7 @@ from autotune.drivers import ray_script
 from autotune.drivers.ray_script import LOG_FILES, ShippedScript, land_log_files, read_log_files
 from autotune.values.results import TrialResult, read_results
 from autotune.script.ship import OUTSIDE, SHIP_LIMIT_BYTES, pack, plan, unpack
+from test_script_real import run_unchanged
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "tests" / "scripts"
@@ -162,17 +164,19 @@ offload_param: [none]
 SCRIPT_ARGS = "--deepspeed --deepspeed_config plain_ds_config.json --steps 30"  # relative to the script's folder
 
 
-def tune(out: Path, space: Path, script: Path, trials: int, resume: bool = False) -> int:
+def tune(out: Path, space: Path, script: Path, trials: int, more: tuple[str, ...] = ()) -> int:
     return main(["tune", "--script", str(script), "--script-args", SCRIPT_ARGS, "--space", str(space),
                  "--strategy", "optuna", "--trials", str(trials), "--memory-budget", "6GiB", "--out", str(out),
-                 "--ray-address", "local"] + (["--resume"] if resume else []))
+                 "--ray-address", "local", *more])
 
 
 @pytest.fixture(scope="module")
 def ray_sweep(tmp_path_factory):
     """Issue 18's plain script, copied to a folder of its own and tuned from there (its config named relative
     to it) with 3 trials on a local Ray instance; the folder is renamed away once the sweep's trials have
-    their copy, so they can only run the shipped one. Returns the folder, the run directory, the console."""
+    their copy, so they can only run the shipped one (--backend deepspeed named, as a user may: a script's
+    trials are DeepSpeed's). Returns the exit code, the folder, the run directory and what the sweep
+    printed."""
     base = tmp_path_factory.mktemp("script_ray")
     src = base / "src"
     src.mkdir()
@@ -191,23 +195,30 @@ def ray_sweep(tmp_path_factory):
     mp.setattr(ray_script, "script_job", then_hidden)
     mp.chdir(src)
     out = base / "run"
+    printed = io.StringIO()
     try:
-        code = tune(out, space, src / "plain_ds_train.py", 3)
+        with contextlib.redirect_stdout(printed):
+            code = tune(out, space, src / "plain_ds_train.py", 3, more=("--backend", "deepspeed"))
     finally:
         mp.undo()
         if (base / "hidden").exists():
             (base / "hidden").rename(src)
-    return code, src, space, out
+    return code, src, out, printed.getvalue()
 
 
 @pytest.mark.slow
-def test_a_script_sweep_on_ray_runs_the_shipped_copy_with_the_local_verdicts(ray_sweep, capsys):
-    code, src, _, out = ray_sweep
-    assert code == 0
+def test_a_script_sweep_on_ray_runs_the_shipped_copy_with_the_local_verdicts(ray_sweep, tmp_path):
+    """Issue 18: micro-batch 1, no accumulation, 30 engine.step() calls. The tuner used to impose a global
+    batch of 16 (one optimizer step in 30 micro-steps: too_few_steps) and to recommend 16."""
+    code, src, out, printed = ray_sweep
+    assert code == 0, printed
+    assert "global batch 1 (micro-batch 1 x gradient accumulation 1 x 1 rank, from the DeepSpeed config): the " \
+           "script's own, kept" in printed
     results = read_results(out / "trials.jsonl")
-    # As tests/test_script_real.py's local sweep of this script: every trial ok, its global batch of 1 kept.
+    # Every trial ok, the script's global batch of 1 kept, still tuned: every stage at micro-batch 1.
     assert [r.status for r in results] == ["ok"] * 3, [r.error for r in results]
-    assert len({r.config for r in results}) == 3
+    assert len({r.config for r in results}) == 3 and {r.config.zero_stage for r in results} == {0, 1, 2}
+    assert results[0].extra["script_model"]["attention"] == "sdpa"  # MHA with need_weights=False: torch's SDPA
     for r in results:
         assert r.backend == "script" and r.config.micro_batch == 1 and r.extra["global_batch"] == 1
         assert "script_verdict" not in r.extra and LOG_FILES not in r.extra
@@ -224,22 +235,10 @@ def test_a_script_sweep_on_ray_runs_the_shipped_copy_with_the_local_verdicts(ray
     settings = json.loads((out / "run.json").read_text())
     assert settings["workload"]["global_batch"] == 1 and settings["space"]["micro_batch"] == [1]
     best = json.loads((out / "best_ds_config.json").read_text())
-    assert best["train_batch_size"] == 1
+    assert (best["train_batch_size"], best["train_micro_batch_size_per_gpu"], best["gradient_accumulation_steps"]) \
+        == (1, 1, 1)
     assert best["optimizer"] == json.loads((src / "plain_ds_config.json").read_text())["optimizer"]
-
-
-@pytest.mark.slow
-def test_a_script_sweep_on_ray_resumes(ray_sweep):
-    code, src, space, out = ray_sweep
-    before = (out / "trials.jsonl").read_text()
-    cwd = os.getcwd()
-    os.chdir(src)
-    try:
-        assert tune(out, space, src / "plain_ds_train.py", 4, resume=True) == 0
-    finally:
-        os.chdir(cwd)
-    assert (out / "trials.jsonl").read_text().startswith(before)  # nothing recorded is repeated
-    results = read_results(out / "trials.jsonl")
-    # The 4th: a new config, or a fresh run of the best to confirm a close call (autotune.drivers.sweep).
-    assert len(results) == 4 and results[3].status == "ok" and results[3].extra["trial"] == 4
-    assert Path(results[3].extra["script_copy"]).parent != src and LOG_FILES not in results[3].extra
+    assert "the script's own, kept" in (out / "report.md").read_text()
+    ran = run_unchanged(src / "plain_ds_train.py", ["--deepspeed", "--deepspeed_config", str(out / "best_ds_config.json"),
+                                                     "--steps", "3"], tmp_path)
+    assert ran.returncode == 0 and "training done: 3 steps, global batch 1" in ran.stdout, ran.stderr[-3000:]

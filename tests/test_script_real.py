@@ -1,5 +1,6 @@
 """Script mode against the real thing: the examples, unchanged, tuned with real DeepSpeed trials on the CPU
-(gloo, fp32, no offload), and the recommended config passed back to the same unchanged script."""
+(gloo, fp32, no offload), and the recommended config passed back to the same unchanged script. (Issue 18's
+plain script with its global batch of 1 is tuned in tests/test_script_ray.py, on a local Ray instance.)"""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+import autotune
 from autotune.cli import main
+from autotune.values.config import ConfigError
 from autotune.values.dsconfig import validate
 from autotune.values.results import read_results
 from autotune.trials.runner import extensions_dir, free_port
@@ -55,23 +58,37 @@ def run_unchanged(script: Path, args: list[str], cwd: Path) -> subprocess.Comple
 
 
 def tune(out: Path, space: Path, script: Path, script_args: str, capsys, trials: int = 3,
-         resume: bool = False, more: tuple[str, ...] = ()) -> tuple[int, str]:
+         resume: bool = False) -> tuple[int, str]:
     code = main(["tune", "--script", str(script), "--script-args", script_args, "--space", str(space),
-                 "--strategy", "optuna", "--trials", str(trials), "--memory-budget", "6GiB", "--out", str(out),
-                 *more] + (["--resume"] if resume else []))
+                 "--strategy", "optuna", "--trials", str(trials), "--memory-budget", "6GiB", "--out", str(out)]
+                + (["--resume"] if resume else []))
     return code, capsys.readouterr().out
 
 
 @pytest.mark.slow
 def test_plain_script_with_a_config_path_is_tuned_and_its_recommendation_trains(space_file, tmp_path, capsys):
+    """Started from Python (`autotune.tune(TuneSpec.for_script(...))`, issue 26), resumed with `autotune tune
+    --script --resume`: both doors to one sweep, and the CLI's resume goes through the library's."""
     out = tmp_path / "run"
     script_args = f"--deepspeed_config {EXAMPLES / 'ds_config.json'} --steps 5"
-    code, printed = tune(out, space_file, EXAMPLES / "train_plain.py", script_args, capsys, trials=2)
-    assert code == 0, printed
-    # Resumed: the shape learned by the first trial is kept and the sweep goes on; another script is refused.
+    spec = autotune.TuneSpec.for_script(EXAMPLES / "train_plain.py", script_args.split(), memory_budget_bytes=6 * 2**30,
+                                        space=str(space_file), strategy="optuna", trials=2)
+    result = autotune.tune(spec, out)
+    assert [r.status for r in result.results] == ["ok", "ok"], [r.error for r in result.results]
+    assert all(r.backend == "script" for r in result.results) and result.best is not None
+    best = json.loads((out / "best_ds_config.json").read_text())
+    assert best["scheduler"]["type"] == "WarmupLR"  # the script's own config, tuned keys merged in
+    assert best["zero_optimization"]["stage"] == result.best.config.zero_stage
+    assert "## Script mode" in (out / "report.md").read_text()
+    # Resumed: the shape learned by the first trial is kept and the sweep goes on; another script (the same
+    # file with other arguments) is refused, from the command line and from Python.
     code, printed = tune(out, space_file, EXAMPLES / "train_plain.py", script_args, capsys, trials=3, resume=True)
     assert code == 0, printed
     assert tune(out, space_file, EXAMPLES / "train_plain.py", "--steps 5", capsys, trials=4, resume=True)[0] == 2
+    with pytest.raises(ConfigError, match="--resume: .* tuned .*train_plain.py"):
+        autotune.tune(autotune.TuneSpec.for_script(EXAMPLES / "train_plain.py", ["--steps", "5"],
+                                                   memory_budget_bytes=6 * 2**30, space=str(space_file),
+                                                   strategy="optuna", trials=4), out, resume=True)
     results = read_results(out / "trials.jsonl")
     assert [r.status for r in results] == ["ok"] * 3, [r.error for r in results]
     assert len({r.config for r in results}) == 3
@@ -86,6 +103,7 @@ def test_plain_script_with_a_config_path_is_tuned_and_its_recommendation_trains(
         assert r.extra["script_model"]["micro_batch_seen"] == r.config.micro_batch
     # What the estimator learned from the model handed to deepspeed.initialize, and what it did with it.
     settings = json.loads((out / "run.json").read_text())
+    assert settings["backend"] == "script"
     model = settings["workload"]["model"]
     assert (model["layers"], model["hidden"], model["vocab"], model["seq_len"]) == (2, 128, 1024, 64)
     assert settings["workload"]["global_batch"] == 16  # ds_config.json's train_batch_size, kept
@@ -203,41 +221,6 @@ def test_a_script_that_cannot_be_tuned_stops_the_sweep_after_the_first_trial(ver
     if verdict == "crashed_before_initialize":
         assert "no data found" in results[0].error
     assert "cannot be tuned as it is" in (tmp_path / "run" / "report.md").read_text()
-
-
-@pytest.mark.slow
-def test_a_plain_deepspeed_script_keeps_its_global_batch_of_one(tmp_path, capsys):
-    """Issue 18: micro-batch 1, no accumulation, 30 engine.step() calls. The tuner used to impose a global
-    batch of 16 (one optimizer step in 30 micro-steps: too_few_steps) and to recommend 16."""
-    space = tmp_path / "space.yaml"
-    space.write_text(SPACE.replace("micro_batch: [4, 8]", "micro_batch: [1, 2, 4]").replace("[0, 1, 2]\nprecision",
-                                                                                             "[0]\nprecision"))
-    out = tmp_path / "run"
-    config = SCRIPTS / "plain_ds_config.json"
-    code, printed = tune(out, space, SCRIPTS / "plain_ds_train.py",
-                         f"--deepspeed --deepspeed_config {config} --steps 30", capsys, trials=3,
-                         more=("--backend", "deepspeed"))
-    assert code == 0, printed
-    assert "global batch 1 (micro-batch 1 x gradient accumulation 1 x 1 rank, from the DeepSpeed config): the " \
-           "script's own, kept" in printed
-    results = read_results(out / "trials.jsonl")
-    assert [r.status for r in results] == ["ok"] * 3, [r.error for r in results]
-    assert {r.config.zero_stage for r in results} == {0, 1, 2}  # still tuned: all at micro-batch 1
-    assert results[0].extra["script_model"]["attention"] == "sdpa"  # MHA with need_weights=False: torch's SDPA
-    for r in results:
-        assert r.config.micro_batch == 1 and r.extra["global_batch"] == 1 and "script_verdict" not in r.extra
-        used = json.loads((Path(r.extra["log_dir"]) / "ds_config.json").read_text())
-        assert (used["train_batch_size"], used["gradient_accumulation_steps"]) == (1, 1)
-    settings = json.loads((out / "run.json").read_text())
-    assert settings["workload"]["global_batch"] == 1 and settings["space"]["micro_batch"] == [1]
-    best = json.loads((out / "best_ds_config.json").read_text())
-    assert (best["train_batch_size"], best["train_micro_batch_size_per_gpu"], best["gradient_accumulation_steps"]) \
-        == (1, 1, 1)
-    assert best["optimizer"] == json.loads(config.read_text())["optimizer"]
-    assert "the script's own, kept" in (out / "report.md").read_text()
-    ran = run_unchanged(SCRIPTS / "plain_ds_train.py", ["--deepspeed", "--deepspeed_config", str(out / "best_ds_config.json"),
-                                                         "--steps", "3"], tmp_path)
-    assert ran.returncode == 0 and "training done: 3 steps, global batch 1" in ran.stdout, ran.stderr[-3000:]
 
 
 @pytest.mark.slow

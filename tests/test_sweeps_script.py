@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import main
+from autotune.drivers.ray_script import LOG_FILES
 from autotune.values.config import ConfigError
 from autotune.values.results import read_results
 from autotune.search.sweeps import load_sweep
@@ -128,4 +129,6 @@ workloads:
     results = read_results(out / "plain" / "trials.jsonl")
     assert (out / "plain" / "trials.jsonl").read_text().startswith(before) and len(results) == 3
     assert results[2].status == "ok" and results[2].extra["trial"] == 3 and "first trial of" not in printed.out
+    # Run from a fresh shipped copy, its log files landed on the driver (not carried in the result).
+    assert Path(results[2].extra["script_copy"]).parent != folder / "job" and LOG_FILES not in results[2].extra
     assert json.loads((out / "plain" / "run.json").read_text()) == settings
