@@ -6,11 +6,12 @@ search (when its recommendation first reaches 98%) and by the product's figure (
 script asks the two questions that remain, on hybrid sweeps of the distorted world of
 benchmarks/search_efficiency.py (its workloads, SPREAD, noise and seeds; the stop off, `--trials` each):
 
-- **Is it the figure?** Beside the product's figure, the same figure (autotune.search.convergence.assess) told
-  what only the simulation knows: the throughput error model's prior width per knob is the world's own
+- **Is it the width of the priors?** Beside the product's figure, the same figure (autotune.search.convergence.assess)
+  told what only the simulation knows: the throughput error model's prior width per knob is the world's own
   (Distortion.widths), held there (no empirical Bayes), and the per-config spread is the world's. Both read the
-  same trials. If even this *informed* figure cannot stop a median of 12 trials at 0.98 / 0.95, no honest
-  figure of these trials can, and what remains is what the trials teach: the search.
+  same trials. The informed figure keeps the product's model: independent offsets per knob value. The world's
+  micro-batch offsets are mostly one trend in log2(micro-batch), which that model cannot express, so its width
+  there is the root mean square over the values: wider than the product's learnt one between tried values.
 - **How much is there to learn?** Run the feasible configs in the order of their throughput as their knob
   values explain it (Distortion.knob_offsets: the truth less the per-config term), noise-free: the trials until
   98% of the optimum of a search that knew every knob value's offset and nothing else. Against it, the search's
