@@ -149,7 +149,7 @@ def fit_uncertainty(results: Sequence[TrialResult], out_of_memory: Sequence[tupl
                     budget_bytes: int) -> Uncertainty:
     """The error models of the calibrated estimator, fitted on `error_observations`."""
     seen = error_observations(results, out_of_memory, workload, hardware, calibration, budget_bytes)
-    return Uncertainty(fit_error_model(seen.memory, PRIOR_MEMORY, NOISE_MEMORY, seen.censored),
+    return Uncertainty(fit_error_model(seen.memory, PRIOR_MEMORY, NOISE_MEMORY, seen.censored, twin=False),
                        fit_error_model(seen.time, PRIOR_TIME, NOISE_TIME))
 
 

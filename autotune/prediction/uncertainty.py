@@ -157,11 +157,14 @@ EVIDENCE_STEPS = 12
 
 def fit_error_model(observed: Sequence[tuple[Config, float]], prior: tuple[float, tuple[tuple[str, float], ...]],
                     noise: tuple[float, float, float], censored: Sequence[tuple[Config, float]] = (),
-                    evidence_weight: float | None = EVIDENCE_WEIGHT) -> ErrorModel:
+                    evidence_weight: float | None = EVIDENCE_WEIGHT, twin: bool = True) -> ErrorModel:
     """The posterior given exact log-ratios `observed` and lower bounds `censored` (log-ratio > bound), with its
-    evidenced twin attached (the prior's widths counted as `evidence_weight` knob values; None: the widths are
-    known, as where benchmarks/stop_bounds.py gives the figure a simulated world's own)."""
+    evidenced twin attached unless `twin` is False (the prior's widths counted as `evidence_weight` knob values;
+    None: the widths are known, as where benchmarks/stop_bounds.py gives the figure a simulated world's own). The
+    twin costs ~30 times the plain fit, and the convergence figure draws only the time model's."""
     model = _fit(observed, prior, noise, censored)
+    if not twin:
+        return model
     if evidence_weight is None:
         return replace(model, evidenced=_fit(observed, prior, noise, censored, floored=False))
     widths = [w for k, w in prior[1] if any(col[0] == k for col in model.columns)]
