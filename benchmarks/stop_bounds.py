@@ -56,12 +56,12 @@ from stop_floor import GOOD, first_good, report  # noqa: E402
 STRATEGY = "hybrid"  # the default the goals are about
 
 
-def informed_chance(sweep: Sweep, backend, space, budget: int, launched: int) -> float:
-    """The convergence figure after the sweep's trials, with the world's own prior widths and per-config spread."""
-    pruner = sweep.pruner
-    best = confirm.recommend(sweep.results, budget)
+def informed_chance(sweep: Sweep, backend, space, budget: int, launched: int, best) -> float:
+    """The convergence figure after the sweep's trials (`best`: their recommendation, None if nothing fits), with
+    the world's own prior widths and per-config spread."""
     if best is None:
         return 1.0
+    pruner = sweep.pruner
     sigma = confirm.spread(confirm.candidates(sweep.results, budget), sweep.launch_sigma).sigma
     seen = error_observations(pruner.measured, pruner.oom_peaks, pruner.workload, pruner.hardware,
                               pruner.calibration, budget)
@@ -97,7 +97,7 @@ def one_sweep(task: Task, seed: int, noise: float, trials: int) -> dict:
         best = confirm.recommend(sweep.results, task.memory_budget_bytes)
         curve.append(backend.true_throughput(best.config) / backend.optimum if best else 0.0)
         product.append(sweep.convergence.chance if sweep.convergence else 1.0)
-        informed.append(informed_chance(sweep, backend, space, task.memory_budget_bytes, launched))
+        informed.append(informed_chance(sweep, backend, space, task.memory_budget_bytes, launched, best))
     return {"seed": seed, "curve": curve, "product": product, "informed": informed,
             "knob_order_reach": knob_order_reach(backend)}
 

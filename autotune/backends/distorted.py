@@ -18,6 +18,13 @@ from autotune.values.space import Space
 from autotune.values.units import format_size
 
 
+# The hidden throughput offsets' spreads, as `spread` divided by these: each knob value's own offset (an offload's
+# values other than none; none is 0), and micro-batch's trend per doubling besides.
+OWN_DIVISOR = {"zero_stage": 2, "micro_batch": 6, "ckpt_interval": 4, "precision": 2, "offload_optimizer": 2,
+               "offload_param": 2}
+TREND_DIVISOR = 4
+
+
 @dataclass(frozen=True)
 class Distortion:
     """Hidden log-offsets per knob value (tables indexed like the space's choices) and per config."""
@@ -35,15 +42,12 @@ class Distortion:
             values = space.choices.knob_values(knob)
             n = len(values)
             if knob == "micro_batch":
-                trend = rng.normal(0.0, spread / 4) * np.log2(np.asarray(values, dtype=float))
-                throughput.append(trend + rng.normal(0.0, spread / 6, n))
-            elif knob == "ckpt_interval":
-                throughput.append(rng.normal(0.0, spread / 4, n))
-            elif knob in ("offload_optimizer", "offload_param"):
-                offsets = rng.normal(0.0, spread / 2, n)
-                throughput.append(np.where(np.asarray(values) == "none", 0.0, offsets))
-            else:  # zero_stage, precision
-                throughput.append(rng.normal(0.0, spread / 2, n))
+                trend = rng.normal(0.0, spread / TREND_DIVISOR) * np.log2(np.asarray(values, dtype=float))
+                throughput.append(trend + rng.normal(0.0, spread / OWN_DIVISOR[knob], n))
+            else:
+                offsets = rng.normal(0.0, spread / OWN_DIVISOR[knob], n)
+                offload = knob in ("offload_optimizer", "offload_param")
+                throughput.append(np.where(np.asarray(values) == "none", 0.0, offsets) if offload else offsets)
             memory.append(rng.normal(0.0, spread / 8, n) if knob in ("zero_stage", "ckpt_interval") else np.zeros(n))
         return cls(tuple(throughput), tuple(memory), float(rng.normal(0.0, spread / 3)), spread / 6,
                    int(rng.integers(2**31)))
@@ -51,15 +55,15 @@ class Distortion:
     @staticmethod
     def widths(space: Space, spread: float) -> tuple[tuple[str, float], ...]:
         """Per knob, the sd of a knob value's throughput offset as `draw` draws it (micro-batch: its trend and
-        its own term, root mean square over the space's values; an offload: its values other than none): what
-        a convergence figure that knew the world's spreads would take as its prior (benchmarks/stop_bounds.py)."""
+        its own term, root mean square over the space's values): what a convergence figure that knew the
+        world's spreads would take as its prior (benchmarks/stop_bounds.py)."""
         out = []
         for knob in KNOBS:
+            own = spread / OWN_DIVISOR[knob]
             if knob == "micro_batch":
                 logs = np.log2(np.asarray(space.choices.knob_values(knob), dtype=float))
-                out.append((knob, float(np.sqrt(np.mean((spread / 4 * logs) ** 2) + (spread / 6) ** 2))))
-            else:
-                out.append((knob, spread / 4 if knob == "ckpt_interval" else spread / 2))
+                own = float(np.sqrt(np.mean((spread / TREND_DIVISOR * logs) ** 2) + own ** 2))
+            out.append((knob, own))
         return tuple(out)
 
     def knob_offsets(self, codes: np.ndarray) -> np.ndarray:
