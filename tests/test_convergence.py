@@ -228,3 +228,40 @@ def test_known_widths_are_held_and_a_known_per_config_spread_is_used():
 
     assert chance(held, 0.0) > chance(narrow, 0.0)  # wider held widths: likelier that an untried one is faster
     assert chance(narrow, 0.2) > chance(narrow, 0.0)  # a larger per-config spread: likelier too
+
+
+
+def test_the_figure_conditions_the_trials_at_its_own_noise(monkeypatch):
+    """The evidenced fit estimates one noise for the trials, its prior holding this CPU's 13% launch spread; the
+    figure splits it into a config's own residual and one launch's spread and conditions the trials at that: with
+    GPU-like launch noise the offsets come out narrower, and so does the chance of a better untried config."""
+    import math
+
+    from autotune.backends.replay import surface_space
+    from autotune.prediction.uncertainty import (NOISE_MEMORY, PRIOR_MEMORY, ErrorModel, Uncertainty,
+                                                 fit_error_model)
+    from autotune.search.convergence import assess, evidenced, per_config
+
+    space = list(surface_space(load_surface(SMALL)))
+    twin = _model({}, 0.01, trials=10)
+    fitted = evidenced(twin)
+    # The same fit back (within 1%: the fit's last step conditions at the noise its step before estimated).
+    again = fitted.conditioned_at(fitted.noise)
+    assert again.mean == pytest.approx(fitted.mean, rel=0.01, abs=1e-6)
+    assert np.array(again.cov) == pytest.approx(np.array(fitted.cov), rel=0.01, abs=1e-9)
+    own = math.hypot(per_config(fitted, 0.01), 0.01)
+    assert own < 0.7 * fitted.noise  # the prior's 0.15 still weighs in the fit's own noise after 10 trials
+    narrower = fitted.conditioned_at(own)
+    assert all(narrower.cov[i][i] < fitted.cov[i][i] for i in range(len(fitted.cov)))
+    censored = fit_error_model([(space[0], 0.0)], PRIOR_MEMORY, NOISE_MEMORY, [(space[1], 0.1)])
+    with pytest.raises(ValueError, match="censored"):
+        censored.conditioned_at(0.05)
+
+    errors = Uncertainty(fit_error_model([], PRIOR_MEMORY, NOISE_MEMORY), twin)
+
+    def chance() -> float:
+        return assess(space[10:], lambda c: errors.forecast(c, 1, 100.0), errors, 10, 100.0, 0.01, 10).chance
+
+    conditioned = chance()
+    monkeypatch.setattr(ErrorModel, "conditioned_at", lambda self, noise: self)  # the fit's own noise
+    assert conditioned < chance()

@@ -89,7 +89,9 @@ def test_replay_reaches_the_optimum_of_the_committed_surface_and_never_prunes_it
     budget = space.hardware.memory_bytes if where == "machine" else peaks[len(peaks) // 2]
     best = surface.best(budget)
     sweep = Sweep.in_memory(space, budget, name, "replay", seed=0)
-    run_local(sweep, ReplayBackend(surface, budget), Budget(25), QuietProgress())
+    # The search's own record over 25 trials, as benchmarks/search_efficiency.py judges it: the convergence stop
+    # off, so that its share of out-of-memory trials is not over a sweep the stop cut short.
+    run_local(sweep, ReplayBackend(surface, budget), Budget(25, stop_when=0), QuietProgress())
     assert sweep.best is not None
     if where == "machine":
         assert sweep.best.config == best.config

@@ -155,6 +155,7 @@ def assess(untried: Iterable[Config], forecast: Callable[[Config], Forecast], er
     time_model = evidenced(errors.time)
     if residual is None:
         residual = per_config(time_model, launch_sigma or 0.0)
+    time_model = time_model.conditioned_at(math.hypot(residual, launch_sigma or 0.0))
     memory = Joint(*errors.memory.joint(configs), errors.memory.noise)
     time = Joint(*time_model.joint(configs), residual)
     return Convergence(chance_of_better(memory, room, time, needed, best_sd=launch_sigma or 0.0), margin, trials,
