@@ -53,7 +53,7 @@ The rule (`StopRule`): stop the search once the chance is below the threshold (`
 DEFAULT_STOP_WHEN; 0 turns it off) after at least MIN_TRIALS launched search trials. The thresholds were
 chosen on benchmarks/search_efficiency.py (benchmarks/results/search_efficiency_stop.md); the minimum does not
 bind there (in no committed run is the figure under 0.27 in the first 5 trials, and in the simulated worlds
-raising it to 10 changes no stop at the default threshold). Why the stop takes a median 21.5-23 trials in the
+raising it to 10 changes no stop at the default threshold). Why the stop takes a median 21.5-24.5 trials in the
 simulated worlds rather than the issue's 12: benchmarks/stop_floor.py (results/stop_floor.md).
 """
 
