@@ -230,7 +230,6 @@ def test_known_widths_are_held_and_a_known_per_config_spread_is_used():
     assert chance(narrow, 0.2) > chance(narrow, 0.0)  # a larger per-config spread: likelier too
 
 
-
 def test_the_figure_conditions_the_trials_at_its_own_noise(monkeypatch):
     """The evidenced fit estimates one noise for the trials, its prior holding this CPU's 13% launch spread; the
     figure splits it into a config's own residual and one launch's spread and conditions the trials at that: with

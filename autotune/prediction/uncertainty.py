@@ -117,8 +117,8 @@ class ErrorModel:
         precision = np.diag(1.0 / np.array(self.prior_var)) + np.array(self.gram) / noise ** 2
         cov = np.linalg.inv(precision)
         mean = cov @ np.array(self.moment) / noise ** 2
-        return replace(self, mean=tuple(float(v) for v in mean), cov=tuple(tuple(float(v) for v in row) for row in cov),
-                       noise=noise)
+        return replace(self, mean=tuple(float(v) for v in mean),
+                       cov=tuple(tuple(float(v) for v in row) for row in cov), noise=noise)
 
     def uncovered(self, config: Config) -> tuple[str, ...]:
         """`config`'s knob values that no observation used, as 'knob=value'."""
@@ -248,7 +248,8 @@ def _fit(observed: Sequence[tuple[Config, float]], prior: tuple[float, tuple[tup
                       sigma, len(observed), len(censored), tuple(prior[1]), unexplained,
                       residual_ss=residual, residual_dof=max(len(ys) - effective, 0.0),
                       prior_var=tuple(float(v) for v in np.diag(prior_cov)),
-                      gram=tuple(tuple(float(v) for v in row) for row in xs.T @ xs), moment=tuple(float(v) for v in xs.T @ ys))
+                      gram=tuple(tuple(float(v) for v in row) for row in xs.T @ xs),
+                      moment=tuple(float(v) for v in xs.T @ ys))
 
 
 def _features(columns: tuple[tuple[str, Any], ...], config: Config) -> list[float]:
