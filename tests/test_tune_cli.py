@@ -211,7 +211,7 @@ def test_replay_backend_searches_the_surface_narrowed_by_space(surface_file, tmp
     out = tmp_path / "r"
     code, printed, _ = cli(["tune", "--backend", "replay", "--surface", str(surface_file), "--space", str(space),
                             "--memory-budget", "0.85GiB", "--strategy", "optuna", "--trials", "200",
-                            "--out", str(out)], capsys)
+                            "--stop-when", "0", "--out", str(out)], capsys)  # the stop off: the whole space
     assert code == 0, printed
     surface = load_surface(surface_file)
     measured_bf16 = {c for c in surface.configs if c.precision == "bf16"}
