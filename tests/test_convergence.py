@@ -13,7 +13,7 @@ import pytest
 
 import autotune
 from autotune.backends.replay import load_surface, replay_settings
-from autotune.values.config import ConfigError
+from autotune.values.config import KNOBS, ConfigError
 from autotune.search.convergence import Convergence, Joint, StopRule, chance_of_better, describe_trace, margin_of
 from autotune.drivers.stop import StopReason
 from cli_run import cli
@@ -147,14 +147,14 @@ def test_the_environment_exposes_the_chance_in_info():
         assert all(0.0 <= p <= 1.0 for p in seen)
 
 
-def _model(offsets: dict, noise: float, trials: int = 24):
-    """A time error model fitted on `trials` configs of the small-llama space whose log-ratios are `offsets` by
+def _model(offsets: dict, noise: float, trials: int = 24, surface: Path = SMALL):
+    """A time error model fitted on `trials` configs of `surface`'s space whose log-ratios are `offsets` by
     knob value plus launch noise `noise` (seeded)."""
     from autotune.backends.replay import surface_space
     from autotune.prediction.uncertainty import NOISE_TIME, PRIOR_TIME, fit_error_model
 
     rng = np.random.default_rng(0)
-    configs = list(surface_space(load_surface(SMALL)))[:trials]
+    configs = list(surface_space(load_surface(surface)))[:trials]
     observed = [(c, sum(offsets.get((k, getattr(c, k)), 0.0) for k in ("zero_stage", "micro_batch"))
                  + noise * rng.standard_normal()) for c in configs]
     return fit_error_model(observed, PRIOR_TIME, NOISE_TIME)
@@ -230,37 +230,74 @@ def test_known_widths_are_held_and_a_known_per_config_spread_is_used():
     assert chance(narrow, 0.2) > chance(narrow, 0.0)  # a larger per-config spread: likelier too
 
 
-def test_the_figure_conditions_the_trials_at_its_own_noise(monkeypatch):
-    """The evidenced fit estimates one noise for the trials, its prior holding this CPU's 13% launch spread; the
-    figure splits it into a config's own residual and one launch's spread and conditions the trials at that: with
-    GPU-like launch noise the offsets come out narrower, and so does the chance of a better untried config."""
+def test_the_process_is_the_knob_value_model_conditioned_at_its_own_noise_where_pairs_share_nothing():
+    """At pair share 0 the figure's process is the knob-value model with the trials conditioned at hypot(a config's
+    own residual, one launch's spread), where the fit estimated one noise for both, and each untried config's
+    residual its own: the same means and covariances as that model's weight-space posterior."""
     import math
 
     from autotune.backends.replay import surface_space
-    from autotune.prediction.uncertainty import (NOISE_MEMORY, PRIOR_MEMORY, ErrorModel, Uncertainty,
-                                                 fit_error_model)
-    from autotune.search.convergence import assess, evidenced, per_config
+    from autotune.prediction.uncertainty import _features, _posterior, columns_of
+    from autotune.search.convergence import Process, evidenced, per_config
 
-    space = list(surface_space(load_surface(SMALL)))
-    twin = _model({}, 0.01, trials=10)
-    fitted = evidenced(twin)
-    # The same fit back (within 1%: the fit's last step conditions at the noise its step before estimated).
-    again = fitted.conditioned_at(fitted.noise)
-    assert again.mean == pytest.approx(fitted.mean, rel=0.01, abs=1e-6)
-    assert np.array(again.cov) == pytest.approx(np.array(fitted.cov), rel=0.01, abs=1e-9)
-    own = math.hypot(per_config(fitted, 0.01), 0.01)
-    assert own < 0.7 * fitted.noise  # the prior's 0.15 still weighs in the fit's own noise after 10 trials
-    narrower = fitted.conditioned_at(own)
-    assert all(narrower.cov[i][i] < fitted.cov[i][i] for i in range(len(fitted.cov)))
+    space = list(surface_space(load_surface(TINY)))
+    model = evidenced(_model({}, 0.01, trials=10, surface=TINY))
+    residual = per_config(model, 0.01)
+    assert math.hypot(residual, 0.01) < 0.7 * model.noise  # the prior's 0.15 still weighs in the fit's own noise
+    untried = space[10:]
+    process = Process.conditioned(model, untried, residual, 0.01, pair_share=0.0)
+    columns = columns_of(space)
+    widths = dict(model.value_prior)
+    prior = np.diag([model.common_prior ** 2] + [widths[k] ** 2 for k, _ in columns])
+    xs = np.array([_features(columns, c) for c, _ in model.observed])
+    mean, cov = _posterior(prior, xs, np.array([y for _, y in model.observed]), math.hypot(residual, 0.01))
+    rows = np.array([_features(columns, c) for c in untried])
+    assert process.mean == pytest.approx(rows @ mean, abs=1e-9)
+    keep = np.arange(0, len(untried), 7)
+    drawn = np.cov(process.draws(keep, 20000, np.random.default_rng(0)))
+    exact = rows[keep] @ cov @ rows[keep].T + residual ** 2 * np.eye(len(keep))
+    assert drawn == pytest.approx(exact, abs=0.1 * exact.max())
+    assert process.sd == pytest.approx(np.sqrt(np.einsum("ij,jk,ik->i", rows, cov, rows) + residual ** 2))
+
+
+def test_pairs_of_knob_values_make_near_twins_move_together_and_lower_the_figure():
+    """With a share of the residual on pairs of knob values, an untried config that shares most pairs with a
+    trial measured above the knob values' fit follows it, two near-twins covary more than configs with little in
+    common, the marginal spread stays the prior's before any trial, and hundreds of near-twins of the tried
+    configs are fewer independent chances to beat the best: the figure is lower."""
+    from autotune.backends.replay import surface_space
+    from autotune.prediction.uncertainty import NOISE_MEMORY, NOISE_TIME, PRIOR_MEMORY, PRIOR_TIME, Uncertainty
+    from autotune.prediction.uncertainty import fit_error_model
+    from autotune.search.convergence import Process, assess, evidenced
+
+    space = list(surface_space(load_surface(TINY)))
+    lucky = space[0]
+    twin = next(c for c in space[1:] if sum(getattr(c, k) != getattr(lucky, k) for k in KNOBS) == 1)
+    observed = [(c, 0.0) for c in space[1:40] if c != twin] + [(lucky, 0.3)]
+    model = evidenced(fit_error_model(observed, PRIOR_TIME, NOISE_TIME))
+    far = next(c for c in space[100:] if all(getattr(c, k) != getattr(lucky, k) for k in ("micro_batch", "precision")))
+    alone, paired = (Process.conditioned(model, [twin, far], 0.2, 0.01, pair_share=s) for s in (0.0, 0.5))
+    # The twin follows the lucky trial through their shared pairs, the far config hardly.
+    assert paired.mean[0] - alone.mean[0] > max(0.01, 3 * abs(paired.mean[1] - alone.mean[1]))
+    prior_only = Process.conditioned(fit_error_model([], PRIOR_TIME, NOISE_TIME), [twin, far], 0.1, 0.01, 0.5)
+    assert prior_only.sd == pytest.approx(Process.conditioned(fit_error_model([], PRIOR_TIME, NOISE_TIME),
+                                                              [twin, far], 0.1, 0.01, 0.0).sd)
+    # Before the trials: near-twins covary more with pairs, configs with little in common no more; a config's own
+    # variance is the same.
+    codes = Process.conditioned(model, [lucky, twin, far], 0.2, 0.01).configs
+    with_pairs, without = paired.kernel(codes, codes), alone.kernel(codes, codes)
+    assert with_pairs[0, 1] > without[0, 1] + 0.01 and with_pairs[0, 2] < with_pairs[0, 1] - 0.01
+    assert np.diag(with_pairs) == pytest.approx(np.diag(without))
+
+    errors = Uncertainty(fit_error_model([], PRIOR_MEMORY, NOISE_MEMORY), fit_error_model(observed, PRIOR_TIME,
+                                                                                              NOISE_TIME))
+    untried = [c for c in space if c not in dict(observed)]
+
+    def chance(share: float) -> float:
+        return assess(untried, lambda c: errors.forecast(c, 1, 100.0), errors, 10, 125.0, 0.01, 40,
+                      residual=0.1, pair_share=share).chance
+
+    assert chance(0.5) < chance(0.0)
     censored = fit_error_model([(space[0], 0.0)], PRIOR_MEMORY, NOISE_MEMORY, [(space[1], 0.1)])
-    with pytest.raises(ValueError, match="censored"):
-        censored.conditioned_at(0.05)
-
-    errors = Uncertainty(fit_error_model([], PRIOR_MEMORY, NOISE_MEMORY), twin)
-
-    def chance() -> float:
-        return assess(space[10:], lambda c: errors.forecast(c, 1, 100.0), errors, 10, 100.0, 0.01, 10).chance
-
-    conditioned = chance()
-    monkeypatch.setattr(ErrorModel, "conditioned_at", lambda self, noise: self)  # the fit's own noise
-    assert conditioned < chance()
+    with pytest.raises(ValueError, match="out-of-memory bounds"):
+        Process.conditioned(censored, space[2:], 0.1, 0.01)

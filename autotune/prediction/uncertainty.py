@@ -85,13 +85,10 @@ class ErrorModel:
     # less the fit's effective parameters): what the convergence figure estimates the per-config spread from.
     residual_ss: float = 0.0
     residual_dof: float = 0.0
-    # What the posterior was computed from, to condition the same observations at another noise
-    # (`conditioned_at`): the prior's variances (common offset, then the columns), X'X and X'y of the exact
-    # observations. Arrays, not tuples: every fit keeps them (24 refits a trial for the evidenced twin), and the
-    # conversion cost ~15% of a fit.
-    prior_var: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False, compare=False)
-    gram: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)), repr=False, compare=False)
-    moment: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False, compare=False)
+    # The exact observations the posterior was computed from, and the common offset's prior sd: the convergence
+    # figure conditions its own process on them (autotune.search.convergence.Process).
+    observed: tuple[tuple[Config, float], ...] = field(default=(), repr=False, compare=False)
+    common_prior: float = 0.0
 
     @cached_property
     def _arrays(self) -> tuple[np.ndarray, np.ndarray, dict[str, float], frozenset[tuple[str, Any]]]:
@@ -106,19 +103,6 @@ class ErrorModel:
         var = float(x @ cov @ x) + self.noise ** 2 + sum(
             prior.get(k, 0.0) ** 2 for k in KNOBS if (k, getattr(config, k)) not in known)
         return mean, math.sqrt(max(var, 0.0))
-
-    def conditioned_at(self, noise: float) -> "ErrorModel":
-        """The same prior and observations with the observations' noise `noise` (the convergence figure's: a
-        config's own residual plus one launch's spread, where the fit estimated one noise for both). Out-of-memory
-        bounds are folded in after the fit and cannot be re-weighted: a model with any is refused."""
-        if self.censored:
-            raise ValueError("an error model with censored observations cannot be re-conditioned")
-        if not self.samples:
-            return self
-        cov = np.linalg.inv(np.diag(1.0 / self.prior_var) + self.gram / noise ** 2)
-        mean = cov @ self.moment / noise ** 2
-        return replace(self, mean=tuple(float(v) for v in mean),
-                       cov=tuple(tuple(float(v) for v in row) for row in cov), noise=noise)
 
     def uncovered(self, config: Config) -> tuple[str, ...]:
         """`config`'s knob values that no observation used, as 'knob=value'."""
@@ -247,7 +231,7 @@ def _fit(observed: Sequence[tuple[Config, float]], prior: tuple[float, tuple[tup
     return ErrorModel(columns, tuple(float(v) for v in mean), tuple(tuple(float(v) for v in row) for row in cov),
                       sigma, len(observed), len(censored), tuple(prior[1]), unexplained,
                       residual_ss=residual, residual_dof=max(len(ys) - effective, 0.0),
-                      prior_var=np.diag(prior_cov).copy(), gram=xs.T @ xs, moment=xs.T @ ys)
+                      observed=tuple(observed), common_prior=prior[0])
 
 
 def _features(columns: tuple[tuple[str, Any], ...], config: Config) -> list[float]:
