@@ -58,7 +58,7 @@ STRATEGY = "hybrid"  # the default the goals are about
 
 def informed_chance(sweep: Sweep, backend, space, budget: int, launched: int, best) -> float:
     """The convergence figure after the sweep's trials (`best`: their recommendation, None if nothing fits), with
-    the world's own prior widths and per-config spread."""
+    the world's own prior widths and per-config spread (independent per config, as the world draws it)."""
     if best is None:
         return 1.0
     pruner = sweep.pruner
@@ -69,7 +69,8 @@ def informed_chance(sweep: Sweep, backend, space, budget: int, launched: int, be
     errors = Uncertainty(pruner.uncertainty.memory, fit_error_model(seen.time, widths, NOISE_TIME, evidence_weight=None))
     tried = {r.config for r in sweep.results}
     return assess((c for c in space if c not in tried), pruner.forecast, errors, budget, best.throughput, sigma,
-                  launched, pruner.min_fit_probability, residual=backend.distortion.per_config_sigma).chance
+                  launched, pruner.min_fit_probability, residual=backend.distortion.per_config_sigma,
+                  pair_share=0.0).chance  # the world's per-config term is independent
 
 
 def knob_order_reach(backend) -> int:
