@@ -17,14 +17,15 @@ assert _SPEC is not None and _SPEC.loader is not None
 pair_share = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(pair_share)
 
-CONFIGS = [Config(z, mb, ck, p) for z, mb, ck, p in itertools.product((0, 1, 2, 3), (1, 2, 4, 8), (0, 1), ("fp32", "bf16"))]
+CONFIGS = [Config(z, mb, ck, p)
+           for z, mb, ck, p in itertools.product((0, 1, 2, 3), (1, 2, 4, 8), (0, 1), ("fp32", "bf16"))]
 
 
 def test_planted_pairs_are_found_and_their_absence_too():
     rng = np.random.default_rng(0)
     main = np.array([0.1 * c.zero_stage - 0.05 * np.log2(c.micro_batch) for c in CONFIGS])
-    pairs = np.array([0.2 * (c.zero_stage == 3 and c.micro_batch == 8) + 0.15 * (c.ckpt_interval and c.precision == "bf16")
-                      for c in CONFIGS])
+    pairs = np.array([0.2 * (c.zero_stage == 3 and c.micro_batch == 8)
+                      + 0.15 * (c.ckpt_interval == 1 and c.precision == "bf16") for c in CONFIGS])
     noise = 0.02 * rng.standard_normal(len(CONFIGS))
     knobs, rank = pair_share.residual_sd(pair_share.design(CONFIGS, False), main + pairs + noise)
     both, pair_rank = pair_share.residual_sd(pair_share.design(CONFIGS, True), main + pairs + noise)
@@ -36,7 +37,8 @@ def test_planted_pairs_are_found_and_their_absence_too():
     assert pair_share.residual_sd(pair_share.design(CONFIGS[:3], True), main[:3])[0] is None  # no dof left
 
 
-def test_the_committed_surfaces_have_the_quoted_shares(tmp_path):
-    rows = {r["surface"]: r for r in map(pair_share.measure, sorted((ROOT / "benchmarks" / "surfaces").glob("*.jsonl")))}
+def test_the_committed_surfaces_have_the_quoted_shares():
+    surfaces = sorted((ROOT / "benchmarks" / "surfaces").glob("*.jsonl"))
+    rows = {r["surface"]: r for r in map(pair_share.measure, surfaces)}
     assert rows["tiny-cpu.jsonl"]["share"] == pytest.approx(0.75, abs=0.03)
     assert rows["small-llama-cpu.jsonl"]["share"] == pytest.approx(0.25, abs=0.03)
