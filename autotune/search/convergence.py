@@ -249,6 +249,12 @@ class Kernel:
         return (self.common + agree @ self.weights + self.pair_var * shared * (shared - 1) / 2
                 + self.own_var * agree.all(axis=-1))
 
+    @property
+    def variance(self) -> float:
+        """A config's covariance with itself (the diagonal of __call__)."""
+        paired = int(self.paired.sum())
+        return self.common + float(self.weights.sum()) + self.pair_var * paired * (paired - 1) / 2 + self.own_var
+
 
 @dataclass(frozen=True)
 class Process:
@@ -289,8 +295,7 @@ class Process:
         cross = kernel(ours, tried)
         trials = kernel(tried, tried) + (launch_sigma ** 2 + 1e-12) * np.eye(len(tried))
         gain = np.linalg.solve(trials, cross.T).T if len(tried) else cross
-        prior = kernel.common + kernel.weights.sum() + residual ** 2
-        var = prior - np.einsum("ij,ij->i", gain, cross)
+        var = kernel.variance - np.einsum("ij,ij->i", gain, cross)
         return cls(kernel, ours, gain, cross, gain @ np.array([y for _, y in model.observed]),
                    np.sqrt(np.maximum(var, 1e-300)))
 
