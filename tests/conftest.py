@@ -12,11 +12,17 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+# Slow files that start no Ray and no second rank: a group of their own, run beside the others (in one group the
+# slow tests took 25 minutes on a 2-core AMD EPYC, the fast ones 10 beside them). Each trial picks its own free
+# port, so such a test beside another slow one measures slower, not wrong.
+BESIDE = {"test_gpu_kit.py", "test_gpu_validation.py", "test_script_real.py", "test_script_loops.py"}
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (scripts/test: --dist loadgroup)
 def pytest_collection_modifyitems(config, items):
-    """Every slow test in one xdist group, so they run one after another on one worker, as they would alone:
-    real trials, Ray clusters and RLlib each take a core or two, and two of them at once on a 2-core machine
-    would measure each other. The fast tests take the other worker meanwhile."""
+    """The slow tests in two xdist groups, each run one test after another on one worker: real trials, Ray
+    clusters and RLlib take a core or two each, and the Ray and two-rank ones stay together (`BESIDE` holds
+    the rest). The fast tests fill the workers meanwhile."""
     for item in items:
         if item.get_closest_marker("slow"):
-            item.add_marker(pytest.mark.xdist_group("slow"))
+            item.add_marker(pytest.mark.xdist_group("slow-beside" if item.path.name in BESIDE else "slow"))
