@@ -14,8 +14,12 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 # Slow files that start no Ray and no second rank: a group of their own, run beside the others (in one group the
 # slow tests took 25 minutes on a 2-core AMD EPYC, the fast ones 10 beside them). Each trial picks its own free
-# port, so such a test beside another slow one measures slower, not wrong.
-BESIDE = {"test_gpu_kit.py", "test_gpu_validation.py", "test_script_real.py", "test_script_loops.py"}
+# port, so such a test beside another slow one measures slower, not wrong. A new slow file joins the Ray group
+# until it is named here; a test here that does start Ray names its group itself (test_api.py's rl strategy).
+BESIDE = {"test_api.py", "test_confirm.py", "test_devices.py", "test_env_deepspeed.py", "test_gpu_kit.py",
+          "test_gpu_validation.py", "test_models.py", "test_ops.py", "test_progress.py", "test_report.py",
+          "test_resume.py", "test_scale.py", "test_script_loops.py", "test_script_real.py", "test_script_units.py",
+          "test_strategies.py", "test_trial_cli.py", "test_tune_cli.py", "test_tune_deepspeed.py", "test_worker.py"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (scripts/test: --dist loadgroup)
@@ -24,5 +28,5 @@ def pytest_collection_modifyitems(config, items):
     clusters and RLlib take a core or two each, and the Ray and two-rank ones stay together (`BESIDE` holds
     the rest). The fast tests fill the workers meanwhile."""
     for item in items:
-        if item.get_closest_marker("slow"):
+        if item.get_closest_marker("slow") and not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group("slow-beside" if item.path.name in BESIDE else "slow"))

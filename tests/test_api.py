@@ -72,7 +72,8 @@ def test_every_strategy_on_every_backend(strategy, backend, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", [pytest.param(s, marks=pytest.mark.xdist_group("slow")) if s == "rl" else s
+                                      for s in STRATEGIES])  # RLlib starts Ray: the Ray tests' group (conftest.py)
 def test_every_strategy_on_real_deepspeed_trials(strategy, tmp_path):
     # Global batch 4: at most 4 micro-steps a step (16 at micro-batch 1), so a trial is mostly its launch; the
     # strategies still choose among every stage, precision, offload and checkpointing of the CPU space.
