@@ -1,3 +1,4 @@
+import os
 import signal
 
 import pytest
@@ -10,6 +11,13 @@ import pytest
 # terminal (a Python handler, unlike SIG_IGN, is reset to the default in the processes it starts).
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+# Under pytest-xdist (scripts/test) the workers share the cores: each process's OpenMP threads, and each trial's
+# ranks (autotune.trials.runner.rank_threads honours the setting), take an even share instead of all of them, so
+# that two tests' threads do not spin against each other. A setting of the caller's own is kept.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ and "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 
 # Slow files that start no Ray and no second rank: a group of their own, run beside the others (in one group the

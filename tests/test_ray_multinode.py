@@ -232,7 +232,8 @@ def test_a_node_killed_mid_trial_the_trial_runs_again_and_no_rank_is_left(cluste
             driver.kill()
     assert driver.returncode == 0, stderr[-3000:]
     (result,) = read_results(out / "trials.jsonl")
-    assert result.status == "ok" and result.extra["attempts"] == 2, result.error
+    # At least one retry: on a loaded 2-core machine (the suite's two workers) it once took two.
+    assert result.status == "ok" and result.extra["attempts"] >= 2, result.error
     assert sorted(set(result.extra["node_ips"])) == [HEAD_IP, SPARE_IP]
     assert "its worker or node died" in stdout
     psutil.wait_procs([p for p in (_proc(pid) for pid in victim) if p is not None], timeout=20)
