@@ -79,20 +79,23 @@ class Cluster:
                              timeout=timeout + 60)
         assert out.stdout.strip().splitlines()[-1:] == [str(count)], out.stderr[-2000:]
 
-    def kill_node(self, name: str) -> list[str]:
-        """SIGKILL every process of a node, as if its machine died: the node's process group and all their
-        descendants (the raylet's workers, running trials); returns their names."""
+    def node_processes(self, name: str) -> list[psutil.Process]:
+        """A node's process group and all their descendants (the raylet's workers, running trials)."""
         group = self.nodes[name].pid
-        victims: dict[int, psutil.Process] = {}
+        found: dict[int, psutil.Process] = {}
         for proc in psutil.process_iter(["pid"]):
             try:
                 if os.getpgid(proc.pid) == group:
-                    victims[proc.pid] = proc
-                    victims.update({c.pid: c for c in proc.children(recursive=True)})
+                    found[proc.pid] = proc
+                    found.update({c.pid: c for c in proc.children(recursive=True)})
             except (ProcessLookupError, psutil.NoSuchProcess):
                 continue
+        return list(found.values())
+
+    def kill_node(self, name: str) -> list[str]:
+        """SIGKILL every process of a node, as if its machine died; returns their names."""
         names = []
-        for proc in victims.values():
+        for proc in self.node_processes(name):
             try:
                 names.append(proc.name())
                 proc.kill()
@@ -268,7 +271,7 @@ def test_worker_node_killed_mid_sweep_its_trial_runs_elsewhere(cluster, tmp_path
              "--trials", "6", "--backend", "simulated", "--out", str(out), "--ray-address", cluster.address],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         _wait_for(lambda: len(read_results(out / "trials.jsonl")) >= 1, 120)
-        time.sleep(1.0)  # the freed slot has its next trial: every node runs one (4 s each)
+        _wait_for(lambda: any("run_trial" in _name(p) for p in cluster.node_processes("victim")), 60)  # 4 s each
         killed = cluster.kill_node("victim")  # the machine dies: its raylet and the workers running trials
         assert "raylet" in killed and any("run_trial" in n for n in killed), killed
         stdout, stderr = driver.communicate(timeout=300)
@@ -337,6 +340,13 @@ def test_a_wrong_token_is_refused(cluster, tmp_path):
                                                                    f"at {cluster.address}")), last
     assert "RAY_AUTH_MODE=token" in last
     assert not (tmp_path / "refused" / "trials.jsonl").exists()
+
+
+def _name(proc: psutil.Process) -> str:
+    try:
+        return proc.name()
+    except psutil.NoSuchProcess:
+        return ""
 
 
 def _wait_for(condition, timeout: float) -> None:
