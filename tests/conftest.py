@@ -21,8 +21,8 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ and "OMP_NUM_THREADS" not in os.env
 
 
 # Slow files that start no Ray and no second rank: a group of their own, run beside the others (in one group the
-# slow tests took 25 minutes on a 2-core AMD EPYC, the fast ones 10 beside them). Each trial picks its own free
-# port, so such a test beside another slow one measures slower, not wrong. A new slow file joins the Ray group
+# slow tests alone set the suite's time). Each trial picks its own free port, so such a test beside another slow
+# one measures slower, not wrong. A new slow file joins the Ray group
 # until it is named here; a test here that does start Ray names its group itself (test_api.py's rl strategy).
 BESIDE = {"test_api.py", "test_confirm.py", "test_devices.py", "test_env_deepspeed.py", "test_gpu_kit.py",
           "test_gpu_validation.py", "test_models.py", "test_ops.py", "test_progress.py", "test_report.py",
