@@ -265,13 +265,14 @@ def test_worker_node_killed_mid_sweep_its_trial_runs_elsewhere(cluster, tmp_path
     try:
         cluster.wait_nodes(3)
         out = tmp_path / "killed"
-        env = {**cluster.env, SLEEP_ENV: "4"}
+        env = {**cluster.env, SLEEP_ENV: "6"}
         driver = subprocess.Popen(
             ["nice", "-n", "19", sys.executable, "-m", "autotune.cli", "tune", "--model", "tiny", "--strategy", "optuna",
              "--trials", "6", "--backend", "simulated", "--out", str(out), "--ray-address", cluster.address],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        _wait_for(lambda: len(read_results(out / "trials.jsonl")) >= 1, 120)
-        _wait_for(lambda: any("run_trial" in _name(p) for p in cluster.node_processes("victim")), 60)  # 4 s each
+        # As soon as a trial runs there (each sleeps 6 s): waiting for a first result instead raced the victim's
+        # own first trial, which had started with it and ended with it on a loaded machine.
+        _wait_for(lambda: any("run_trial" in _name(p) for p in cluster.node_processes("victim")), 120)
         killed = cluster.kill_node("victim")  # the machine dies: its raylet and the workers running trials
         assert "raylet" in killed and any("run_trial" in n for n in killed), killed
         stdout, stderr = driver.communicate(timeout=300)
