@@ -3,6 +3,8 @@ import signal
 
 import pytest
 
+from autotune.trials.runner import rank_threads
+
 # No DS_ACCELERATOR here: trials get theirs from the hardware profile (autotune.worker.device), and
 # tests/test_devices.py checks that nothing in the package sets it for the process.
 
@@ -13,17 +15,17 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-# Under pytest-xdist (scripts/test) the workers share the cores: each process's OpenMP threads, and each trial's
-# ranks (autotune.trials.runner.rank_threads honours the setting), take an even share instead of all of them, so
-# that two tests' threads do not spin against each other. A setting of the caller's own is kept.
-if "PYTEST_XDIST_WORKER_COUNT" in os.environ and "OMP_NUM_THREADS" not in os.environ:
-    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+# Under pytest-xdist (scripts/test) the workers share the cores as a trial's ranks do: each process's OpenMP
+# threads, and each trial's ranks, take an even share instead of all of them, so that two tests' threads do not
+# spin against each other (set before torch loads; a setting of the caller's own is kept).
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    os.environ["OMP_NUM_THREADS"] = rank_threads(os.environ, int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
 
 
 # Slow files that start no Ray and no second rank: a group of their own, run beside the others (in one group the
 # slow tests alone set the suite's time). Each trial picks its own free port, so such a test beside another slow
-# one measures slower, not wrong. A new slow file joins the Ray group
-# until it is named here; a test here that does start Ray names its group itself (test_api.py's rl strategy).
+# one measures slower, not wrong. A new slow file joins the Ray group until it is named here; a test here that
+# does start Ray names its group itself (test_api.py's rl strategy).
 BESIDE = {"test_api.py", "test_confirm.py", "test_devices.py", "test_env_deepspeed.py", "test_gpu_kit.py",
           "test_gpu_validation.py", "test_models.py", "test_ops.py", "test_progress.py", "test_report.py",
           "test_resume.py", "test_scale.py", "test_script_loops.py", "test_script_real.py", "test_script_units.py",
