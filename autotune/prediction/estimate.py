@@ -208,6 +208,17 @@ def _mlp_elements(m: ModelShape, width: int) -> int:
     return 2 * width if m.arch == "gpt" else 4 * width  # GELU in and out; gate, up, act, product
 
 
+def _norm_upcast_bytes(m: ModelShape, p: int) -> int:
+    """What RMSNorm computed in fp32 at 16-bit precision (autotune.worker.model.RMSNorm, as Hugging Face's) adds per
+    token and layer: backward keeps each norm's fp32 copy of its input instead of the 16-bit input, 2 bytes more
+    an element; the q/k norms' inputs are views of the fused projection, kept anyway (SDPA's value is a view of
+    it), so theirs add all 4 bytes. LayerNorm's kernel computes in fp32 inside and keeps its 16-bit input.
+    Measured on the built-in model with saved-tensor hooks (tests/test_worker.py)."""
+    if p != 2 or m.arch != "llama":
+        return 0
+    return 2 * m.hidden * m.norms_per_layer + (4 * (m.q_dim + m.kv_dim) if m.qk_norm else 0)
+
+
 def _activation_bytes(config: Config, workload: Workload) -> int:
     m = workload.model
     p = 2 if config.precision in ("fp16", "bf16") else 4
@@ -216,8 +227,9 @@ def _activation_bytes(config: Config, workload: Workload) -> int:
     # Norms' inputs and outputs (two norms: 4h; one shared by parallel attention and MLP: 2h; Gemma 2's
     # four: 6h) and the attention's own.
     per_token = 2 * h * min(m.norms_per_layer, 2) + h * max(m.norms_per_layer - 2, 0) + _attention_elements(m)
+    upcast = _norm_upcast_bytes(m, p)
     dense_width = m.dense_ffn_hidden or m.ffn_hidden
-    dense = tokens * (per_token + _mlp_elements(m, dense_width)) * p + _attention_bytes(config, m, p)
+    dense = tokens * ((per_token + _mlp_elements(m, dense_width)) * p + upcast) + _attention_bytes(config, m, p)
     layer, active_width = dense, dense_width
     if m.moe:
         # Each token through its routed experts only (a router picks experts_per_token of them): their MLPs,
@@ -226,14 +238,14 @@ def _activation_bytes(config: Config, workload: Workload) -> int:
         mlp = m.experts_per_token * (_mlp_elements(m, m.ffn_hidden) + 2 * h)
         if m.shared_ffn_hidden:
             mlp += _mlp_elements(m, m.shared_ffn_hidden) + (h if m.shared_gate else 0)
-        layer = tokens * (per_token + mlp) * p + _attention_bytes(config, m, p)
+        layer = tokens * ((per_token + mlp) * p + upcast) + _attention_bytes(config, m, p)
         active_width = m.ffn_hidden * m.experts_per_token + m.shared_ffn_hidden
         if m.dense_layers:
             active_width = max(active_width, dense_width)
     # The LM head at the start of backward: the fp32 log-softmax kept for backward, its gradient and the
     # gradient of its input, 12 bytes per logit in fp32 and in bf16 (measured on the built-in model: 12.0
     # and 12.3; the 16-bit logits and the fp32 upcast are freed in forward, nothing saves them).
-    head = tokens * m.vocab * 12
+    head = tokens * m.vocab * 12 + (tokens * 2 * h if upcast else 0)  # and the final norm's fp32 copy
     if not config.ckpt_interval:
         return (m.layers - m.dense_layers) * layer + m.dense_layers * dense + head
     # Checkpointed: the segment inputs stay; the head's peak is over before backward recomputes the first

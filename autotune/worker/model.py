@@ -26,6 +26,11 @@ from torch.utils.checkpoint import checkpoint
 from autotune.values.workload import ModelShape
 
 
+# What a trial's record says it trained (`model_revision`): 2 computes RMSNorm in fp32 (issue 40); records without
+# it (1) come from the model whose RMSNorm ran in the training dtype (autotune.prediction.estimate.norm_upcast_bytes).
+MODEL_REVISION = 2
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6) -> None:
         super().__init__()
@@ -36,7 +41,12 @@ class RMSNorm(nn.Module):
         nn.init.ones_(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+        # In fp32 whatever the training dtype, as Hugging Face's LlamaRMSNorm: in fp16 the backward of rsqrt of a
+        # small mean square (block 0's input is the raw embedding, std 0.02) exceeds 65504, so every fp16 step
+        # overflowed. Backward keeps the fp32 copy of x instead of x (autotune.prediction.estimate prices it).
+        y = x.float()
+        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * y.to(x.dtype)
 
 
 def _rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
