@@ -219,7 +219,13 @@ def _norm_upcast_bytes(m: ModelShape, p: int) -> int:
     return 2 * m.hidden * m.norms_per_layer + (4 * (m.q_dim + m.kv_dim) if m.qk_norm else 0)
 
 
-def _activation_bytes(config: Config, workload: Workload) -> int:
+def norm_upcast_bytes(config: Config, workload: Workload) -> int:
+    """The activation bytes of the fp32 RMSNorm (autotune.worker.model.MODEL_REVISION 2) in `config`'s estimate: what
+    a trial recorded before it (a record without `model_revision`) did not hold."""
+    return _activation_bytes(config, workload) - _activation_bytes(config, workload, fp32_norms=False)
+
+
+def _activation_bytes(config: Config, workload: Workload, fp32_norms: bool = True) -> int:
     m = workload.model
     p = 2 if config.precision in ("fp16", "bf16") else 4
     tokens = config.micro_batch * m.seq_len
@@ -227,7 +233,7 @@ def _activation_bytes(config: Config, workload: Workload) -> int:
     # Norms' inputs and outputs (two norms: 4h; one shared by parallel attention and MLP: 2h; Gemma 2's
     # four: 6h) and the attention's own.
     per_token = 2 * h * min(m.norms_per_layer, 2) + h * max(m.norms_per_layer - 2, 0) + _attention_elements(m)
-    upcast = _norm_upcast_bytes(m, p)
+    upcast = _norm_upcast_bytes(m, p) if fp32_norms else 0
     dense_width = m.dense_ffn_hidden or m.ffn_hidden
     dense = tokens * ((per_token + _mlp_elements(m, dense_width)) * p + upcast) + _attention_bytes(config, m, p)
     layer, active_width = dense, dense_width
