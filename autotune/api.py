@@ -37,7 +37,7 @@ from autotune.files import SQLITE_FULL, NoSpaceLeft, disk_full, make_dir
 from autotune.outputs.handoff import narrow_choices
 from autotune.values.hardware import Hardware, load_hardware
 from autotune.outputs.report import Outputs, write_outputs
-from autotune.values.results import TrialResult
+from autotune.values.results import TrialResult, relabel_note, relabelled
 from autotune.trials.runner import remove_stale_shm_at_start
 from autotune.search.rundir import STUDY, RunDir
 from autotune.values.settings import (DEFAULT_STACK, SETTINGS, RunSettings, check_budget, check_stack, masked,
@@ -363,6 +363,10 @@ def hold(stack: ExitStack, plan: RunPlan, progress: Progress, resume_hint: str =
         if plan.ended is not None:
             return plan
     begin(run_dir, plan.settings, plan.resume, resume_hint)
+    if plan.resume:  # records that do not show training are read as untrained: say so once
+        note = relabel_note(relabelled(run_dir.results()), run_dir.trials_path)
+        if note:
+            progress.message(note)
     return plan
 
 
@@ -488,6 +492,8 @@ def run_sweep(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budg
             backend = backend or make_backend(settings, run_dir,
                                               TrialOptions(sleep_s=simulated_sleep_s(settings.backend)))
             sweep.launch_sigma = prior_sigma(settings.backend, backend)  # a simulation's own noise, if it says
+            for note in getattr(backend, "notes", ()):  # what reading its records changed (a replay surface's)
+                progress.message(note)
             preflight_ops(sweep, space, backend, budget, progress.message)
             reason = run_local(sweep, backend, budget, progress)
         return close_run(run_dir, settings, sweep, tracker, reason, progress)

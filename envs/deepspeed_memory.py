@@ -183,7 +183,7 @@ class DeepSpeedMemoryEnv(gym.Env):
         vector[obs.CONFIG_AT:obs.RESULT_AT] = ep.static[cur]
         last = self._last
         vector[obs.RESULT_AT + obs.STATUS_SLOT["none" if last is None else last.status]] = 1.0
-        at = obs.RESULT_AT + len(obs.STATUS_SLOT)
+        at = obs.RESULT_AT + len(obs.OBSERVED_STATUSES)
         if last is not None:
             measured = last.throughput_samples_per_s or 0.0
             if self._best_throughput > 0:

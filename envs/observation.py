@@ -13,8 +13,6 @@ import math
 
 import numpy as np
 
-from autotune.values.results import STATUSES
-
 from autotune.envs.actions import ACTIONS
 from autotune.envs.landscape import CONFIG_FEATURES, Landscape
 from autotune.envs.sampler import Task
@@ -32,7 +30,11 @@ CONFIG_NAMES = ("zero_stage / 3", "log2 micro_batch / 6", "checkpointing on", "c
                 "offload_optimizer=cpu", "offload_optimizer=nvme", "offload_param=none", "offload_param=cpu",
                 "offload_param=nvme")
 PREDICTION_NAMES = ("predicted log2 peak / budget / 4", "predicted throughput / predicted best / 2")
-RESULT_NAMES = (*(f"last status {s}" for s in ("none", *STATUSES)), "last throughput / best so far",
+# The statuses the shipped policy was trained to see, one slot each; a later status shares the slot of the one the
+# policy should take it for (an untrained trial, like a crash, gave no measurement), so the layout stays its own.
+OBSERVED_STATUSES = ("none", "ok", "oom", "unsupported", "timeout", "crash", "pruned")
+SAME_SLOT_AS = {"untrained": "crash"}
+RESULT_NAMES = (*(f"last status {s}" for s in OBSERVED_STATUSES), "last throughput / best so far",
                 "last log2 peak / budget / 4", "last log2 measured / predicted throughput / 2",
                 "last log2 measured / predicted peak / 2")
 EPISODE_NAMES = ("steps left / horizon", "trials / horizon", "a feasible config found", "current config is the best",
@@ -59,7 +61,8 @@ RESULT_AT = ACTIONS_AT + len(ACTIONS) * len(PREDICTION_NAMES)
 EPISODE_AT = RESULT_AT + len(RESULT_NAMES)
 FIT_AT = EPISODE_AT + len(EPISODE_NAMES)
 SIZE = FIT_AT + len(ACTIONS)
-STATUS_SLOT = {status: i for i, status in enumerate(("none", *STATUSES))}
+STATUS_SLOT = {status: i for i, status in enumerate(OBSERVED_STATUSES)}
+STATUS_SLOT.update({status: STATUS_SLOT[like] for status, like in SAME_SLOT_AS.items()})
 
 
 def _clip(x: float) -> float:

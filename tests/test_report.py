@@ -61,7 +61,8 @@ def test_summary_follows_the_contract(results, settings):
         "best_trial_index": 3,
         "strategy": "optuna",
         "memory_budget_bytes": BUDGET,
-        "status_counts": {"ok": 4, "oom": 2, "unsupported": 0, "timeout": 0, "crash": 1, "pruned": 1},
+        "status_counts": {"ok": 4, "oom": 2, "unsupported": 0, "timeout": 0, "crash": 1, "pruned": 1,
+                          "untrained": 0},
     }
     assert list(summary["status_counts"]) == list(STATUSES)
 

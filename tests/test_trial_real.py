@@ -3,7 +3,8 @@
 One session fixture runs each trial once; the tests read its results. Together the trials cover ZeRO 0-3,
 fp32 and bf16, optimizer offload at stages 1, 2 and 3, parameter offload at stage 3, checkpointing on and
 off, two ranks, the compiled DeepSpeedCPUAdam (one trial), a real oom under a tiny budget, fp16 refused by
-the accelerator, and a rank killed mid-measurement. The global batch is 4 (not tiny's 16) to keep steps
+the accelerator, fp16 through DeepSpeed's loss scaler (settling after overflows, and overflowing every step), and a
+rank killed mid-measurement. The global batch is 4 (not tiny's 16) to keep steps
 short; a few measured steps suffice to check the measurements are there and sane.
 """
 
@@ -50,9 +51,10 @@ def _gone(pid):
         return True
 
 
-def _backend(tmp, ranks=1, options=RELAXED, global_batch=4, **kwargs):
-    return DeepSpeedBackend(make_workload("tiny", global_batch=global_batch, gpus=ranks), kwargs.pop("budget", None), CPU,
-                            options, tmp / "logs", timeout_s=900, measure=kwargs.pop("measure", MEASURE), **kwargs)
+def _backend(tmp, ranks=1, options=RELAXED, global_batch=4, seq_len=None, **kwargs):
+    return DeepSpeedBackend(make_workload("tiny", global_batch=global_batch, gpus=ranks, seq_len=seq_len),
+                            kwargs.pop("budget", None), CPU, options, tmp / "logs", timeout_s=900,
+                            measure=kwargs.pop("measure", MEASURE), **kwargs)
 
 
 def _kill_rank_when_measuring(logs: Path, rank: int, killed: list) -> None:
@@ -79,6 +81,11 @@ def real(tmp_path_factory):
                          if first.ok else 400 * 2**20)
     out["oom"] = _backend(tmp / "oom", budget=out["oom_budget"]).run(Config(0, 4, 0, "fp32"))
     out["fp16"] = _backend(tmp / "fp16", env=NO_FP16_CPU).run(Config(1, 4, 0, "fp16"))
+    # fp16 through DeepSpeed's own fp16 optimizer and loss scaler on the CPU (the overflow fault lets the CPU
+    # accelerator run it: autotune.worker.main), at 64 tokens a sample (fp16 is emulated on most CPUs): the first 3
+    # steps' gradients overflow, then it trains; in the other every step overflows.
+    for name, fault in (("fp16-settles", "overflow:3"), ("fp16-overflows", "overflow")):
+        out[name] = _backend(tmp / name, global_batch=2, seq_len=64, fault=fault).run(Config(0, 2, 0, "fp16"))
     killed: list[int] = []
     killer = threading.Thread(target=_kill_rank_when_measuring, args=(tmp / "killed" / "logs", 1, killed), daemon=True)
     killer.start()
@@ -109,6 +116,12 @@ def test_real_trial_measures_throughput_and_true_peak(real, name):
     assert r.extra["predicted_peak_bytes"] > 0 and r.extra["stop_reason"] in ("stable", "max_steps")
     assert Path(r.extra["log_dir"], "result.json").exists()
     assert r.extra["loss_last"] < 12  # trained on random tokens of a 4096 vocabulary: ln(4096) = 8.3
+    # It proves it trained: every step applied (one in warm-up, then each measured one), its loss fell on the
+    # repeated batch, and Adam's state (m and v: 8 bytes a parameter, on the ranks together) existed when the
+    # memory window opened.
+    assert r.extra["steps_skipped"] == 0 and r.extra["steps_applied"] == 1 + r.extra["steps_measured"]
+    assert r.extra["loss_last"] < r.extra["loss_first"] and r.extra["model_revision"] == 2
+    assert r.extra["optimizer_state_bytes"] * ranks >= 8 * make_workload("tiny").model.params
 
 
 def test_real_trials_used_the_configured_optimizers(real):
@@ -171,6 +184,26 @@ def test_fp16_refused_by_the_accelerator_is_unsupported(real):
     r = real["fp16"]
     assert r.status == "unsupported"
     assert "fp16" in r.error and "build_ops" in r.error  # refused before initialize, by the accelerator API
+
+
+def test_fp16_warm_up_lasts_until_the_scaler_settles_and_the_window_opens_after_a_real_step(real):
+    r = real["fp16-settles"]
+    assert r.status == "ok", r.error
+    e, params = r.extra, make_workload("tiny").model.params
+    assert e["optimizer"] == "FP16_Optimizer" and e["loss_scale"] < 2**16  # the scaler's search came down
+    assert e["steps_skipped"] == 3 and e["first_applied_step"] == 4 and e["steps_skipped_measuring"] == 0
+    assert e["steps_applied"] == 1 + e["steps_measured"] and len(e["step_times_s"]) == e["steps_measured"]
+    assert e["optimizer_state_bytes"] >= 8 * params  # m and v (fp32) before the first measured step
+    assert e["peak_memory_growth_bytes"] > (2 + 4 + 8) * params  # fp16 weights, fp32 master, m and v all held
+    assert e["loss_last"] < e["loss_first"]
+
+
+def test_fp16_whose_every_step_overflows_is_untrained_not_ok(real):
+    r = real["fp16-overflows"]
+    assert r.status == "untrained" and r.extra["fault"] == "overflow"
+    assert "every one of" in r.error and "overflowed" in r.error and "\n" not in r.error
+    assert r.extra["steps_applied"] == 0 and r.extra["steps_skipped"] >= 17 and r.extra["loss_scale"] == 1
+    assert r.throughput_samples_per_s is None and r.step_time_s is None
 
 
 def test_killed_rank_is_a_crash_with_its_signal_and_no_process_left(real):

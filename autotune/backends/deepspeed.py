@@ -12,14 +12,17 @@ Result (ARCHITECTURE.md section 3, plus extra keys written flat):
   profile), step_time_iqr_s, step_times_s, steps_measured, stop_reason, ranks, log_dir, master_port,
   launch_to_first_step_s, phases_s (where the launch-to-first-step time went), build (rank 0's model as built:
   dtype, device, the build's peak over the baseline, and what deepspeed.initialize cast, moved or kept of its
-  parameters: autotune.worker.main), expected_step_time_s (a step
+  parameters: autotune.worker.main), what its optimizer steps did (steps_applied, steps_skipped,
+  steps_skipped_measuring, first_applied_step, loss_first and loss_last of the applied steps, loss_scale,
+  optimizer_state_bytes when the memory window opened: autotune.worker.training), model_revision, expected_step_time_s (a step
   `slow_factor` times longer ends the measurement: stop_reason `slow`, autotune.worker.measure); on CUDA also
   peak_allocated_bytes, peak_reserved_bytes, cuda_context_bytes and outside_allocator_bytes.
 Trials run on the hardware profile's accelerator (`Hardware.accelerator`; CPU without a profile). A rank that
 finds another one (e.g. a GPU profile on a machine without CUDA) ends its trial `unsupported` and sets
 `fatal`, which stops the sweep: no other config would run either. A crash while loading DeepSpeed's C++ ops
 records its op, cause and fix (`extra["op_failure"]`, autotune.trials.ops.BuildFailure): the sweep stops when one op
-fails twice (autotune.drivers.loop). `preflight` loads the ops a set of configs needs before the first trial.
+fails twice (autotune.drivers.loop). A trial whose steps did not train (every step skipped by fp16's loss scaler, a
+loss not finite or never moving) is `untrained`, with its `fault` and the same step counts. `preflight` loads the ops a set of configs needs before the first trial.
 A config that cannot even be written as a DeepSpeed config (e.g. NVMe offload without a path) is
 `unsupported` without a launch. Failures are results; only the tuner's interruption (KeyboardInterrupt)
 propagates, after the trial's processes are gone.
@@ -45,6 +48,7 @@ from autotune.values.settings import check_budget
 from autotune.trials.runner import LaunchOptions, RunOutcome, run_worker, trial_environment
 from autotune.worker.measure import MeasureSettings
 from autotune.worker.protocol import WorkerSpec, current_phase, write_json_atomic
+from autotune.worker.training import TRAINING_EVIDENCE
 from autotune.values.workload import Workload
 
 
@@ -216,6 +220,9 @@ class DeepSpeedBackend:
             if outcome.status == "crash" and ops is not None:  # the environment's failure, not the config's
                 arch_list = trial_environment(self.launch, self.accelerator).get(ARCH_ENV)
                 extra["op_failure"] = BuildFailure.of(ops, arch_list, extra.get("log_dir")).to_dict()
+            untrained = next((r for r in outcome.reports if r and r.get("status") == "untrained"), None)
+            if outcome.status == "untrained" and untrained is not None:  # what its steps did, as rank 0 counted them
+                extra.update({k: untrained.get(k) for k in ("fault", *TRAINING_EVIDENCE)})
             # The highest resident set the runner saw (CPU): for an oom, how far past the budget it went.
             return TrialResult(config, outcome.status, error=outcome.error, extra=extra, memory_budget_bytes=budget,
                                wall_time_s=wall_time_s, backend=self.name,
@@ -235,8 +242,8 @@ class DeepSpeedBackend:
             launch_to_first_step_s=first["first_step_time"] - outcome.launch_time,
             phases_s=first["phases_s"], build=first.get("build"), optimizer=first["optimizer"],
             basic_optimizer=first.get("basic_optimizer"),
-            threads_per_rank=first["threads"],
-            loss_first=first["loss_first"], loss_last=first["loss_last"])
+            threads_per_rank=first["threads"], model_revision=first.get("model_revision"),
+            **{key: first.get(key) for key in TRAINING_EVIDENCE})
         for key in ("peak_allocated_bytes", "cuda_context_bytes", "outside_allocator_bytes", "peak_reserved_bytes"):
             if worst.get(key) is not None:
                 extra[key] = worst[key]

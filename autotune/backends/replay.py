@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from autotune.values.config import KNOBS, OFFLOADS, PRECISIONS, Config, ConfigError
 from autotune.files import is_file
 from autotune.values.hardware import Hardware, load_hardware
-from autotune.values.results import TrialResult, read_results
+from autotune.values.results import TrialResult, read_results, relabel_note, relabelled
 from autotune.values.space import Choices, Space
 from autotune.values.workload import Workload, make_workload
 
@@ -37,6 +37,7 @@ class Surface:
     results: Mapping[Config, TrialResult]
     workload: Workload | None  # None when the lines do not say, or disagree
     hardware: str | None
+    notes: tuple[str, ...] = ()  # what reading it changed (old records read as untrained), for the user
 
     def __len__(self) -> int:
         return len(self.results)
@@ -75,7 +76,8 @@ def load_surface(path: str | Path) -> Surface:
         workload = Workload.from_dict(lines[0].extra["workload"])
     hardware_names = {r.extra.get("hardware") for r in lines}
     hardware = hardware_names.pop() if len(hardware_names) == 1 else None
-    return Surface(str(path), results, workload, hardware)
+    note = relabel_note(relabelled(lines), path)
+    return Surface(str(path), results, workload, hardware, (note,) if note else ())
 
 
 def median_run(runs: list[TrialResult]) -> TrialResult:
@@ -96,6 +98,7 @@ class ReplayBackend:
     def __init__(self, surface: Surface | str | Path, memory_budget_bytes: int | None = None) -> None:
         self.surface = surface if isinstance(surface, Surface) else load_surface(surface)
         self.memory_budget_bytes = memory_budget_bytes
+        self.notes = self.surface.notes
         # Resolved once: replay is on the hot path of environment steps.
         self._replayed = {config: self._as_replay(result) for config, result in self.surface.results.items()}
 

@@ -151,6 +151,8 @@ def run_show(args: argparse.Namespace) -> int:
     console.print(f"{args.surface}: {len(results)} configs of {who} on {surface.hardware or 'unknown hardware'}; "
                   + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
                   + (f" under a budget of {format_size(budget)}" if budget else ""))
+    for note in surface.notes:
+        console.print(note)
     table = Table(title=f"Fastest {args.top} configs" + (f" within {format_size(budget)}" if budget else ""))
     for column in ("#", "config", "samples/s", "step s", "peak", "trial s"):
         table.add_column(column, justify="right" if column != "config" else "left")

@@ -30,7 +30,7 @@ from autotune.values.results import TrialResult
 from autotune.values.units import format_size
 
 STATUS_STYLE = {"ok": "green", "oom": "red", "crash": "red", "timeout": "yellow", "unsupported": "yellow",
-                "pruned": "dim"}
+                "pruned": "dim", "untrained": "red"}
 PhaseSource = Callable[[], "str | None"]
 
 

@@ -12,10 +12,9 @@ from matplotlib.ticker import MaxNLocator
 
 from autotune.prediction.estimate import MEMORY_TERMS, Estimate
 from autotune.files import atomic_output
-from autotune.values.results import TrialResult
+from autotune.values.results import FAILURES, TrialResult
 
 GiB = 2**30
-FAILED = ("oom", "crash", "timeout", "unsupported")
 
 
 def _save(fig: Figure, path: Path) -> None:
@@ -42,7 +41,7 @@ def throughput_vs_memory(results: Sequence[TrialResult], budget_bytes: int, best
     ok = [r for r in results if r.ok and r.peak_memory_bytes]
     ax.scatter([r.peak_bytes / GiB for r in ok], [r.throughput for r in ok],
                s=28, color="tab:blue", label=f"ran ({len(ok)})", zorder=3)
-    failed = [r for r in results if r.status in FAILED and r.peak_memory_bytes]
+    failed = [r for r in results if r.status in FAILURES and r.peak_memory_bytes]
     if failed:
         ax.scatter([r.peak_bytes / GiB for r in failed], [0] * len(failed), marker="x", color="tab:red",
                    label=f"failed, measured peak ({len(failed)})", zorder=3)

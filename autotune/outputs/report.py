@@ -436,6 +436,11 @@ def _limits(results: Sequence[TrialResult]) -> list[str]:
         lines.append(f"- Pruned (not run): {describe_causes(pruned, 'predicted over')}")
     if failed:
         lines.append(f"- Out of memory or space: {describe_causes(failed, 'trials ran out of', 'of')}")
+    untrained = [r for r in results if r.status == "untrained"]
+    if untrained:  # their figures are no measurement: named, so that nobody reads them as configs that lost
+        faults = ", ".join(f"{r.config.label()} ({r.extra.get('fault') or 'untrained'})" for r in untrained)
+        lines.append(f"- Did not train (every step skipped by the fp16 loss scaler, a loss not finite or never "
+                     f"moving; not measurements): {faults}")
     return lines
 
 

@@ -13,7 +13,9 @@ C++ ops the trial needs (as the built-in worker does), then replaces `deepspeed.
 - the engine that comes back is measured: every optimizer step (all micro-steps, data loading included) is
   timed between gradient-accumulation boundaries, the process's true peak memory is read as the worker
   reads it (autotune.worker.device), and after the measured steps (autotune.worker.measure) the rank writes
-  its report and ends the run.
+  its report and ends the run. As in the worker, the engine's steps are counted applied or skipped
+  (autotune.worker.training): warm-up lasts until one was applied, only applied steps are timed, and a run
+  whose steps did not train ends `untrained`.
 A Hugging Face `TrainingArguments` is patched when transformers is imported (transformers.training_args), so
 that the Trainer builds its data loader with the trial's micro-batch and checks its own arguments against
 the merged config: the Trainer then calls `deepspeed.initialize` through Accelerate, which the wrapper sees.
@@ -43,7 +45,8 @@ from typing import Any, Callable
 from autotune.worker.device import AcceleratorMismatch, open_device
 from autotune.worker.imports import mlflow_kept_out
 from autotune.worker.main import (Unsupported, agree, check_supported, classify, die_with_parent, oom_cause,
-                                  host_store_on_loopback, load_ops, prepared_ds_config)
+                                  host_store_on_loopback, load_ops, prepared_ds_config, untrained_evidence)
+from autotune.worker.training import Ledger, Untrained, state_bytes
 from autotune.worker.measure import iqr, median_rel_se, stop_reason
 from autotune.worker.protocol import WorkerSpec, record_phase, report_path, write_json_atomic
 from autotune.values.config import ConfigError
@@ -99,7 +102,8 @@ class Shim:
         self.script_batch: script_batch.ScriptBatch | None = None  # the batch the script asked for
         self.times: list[float] = []
         self.peaks: list[int] = []
-        self.losses: list[float] = []
+        self.ledger = Ledger(fp16=spec.config.precision == "fp16")  # what the optimizer steps did
+        self.measuring = False
         self.loss: Any = None
         self.mark = 0.0  # perf_counter at the end of the last optimizer step
         self.first_step = 0.0
@@ -255,7 +259,7 @@ class Shim:
         self.initialized = True
         self.attach(result[0])
         self.lap("initialize_s")
-        self.phase("warmup" if self.spec.measure.warmup_steps else "measure")
+        self.phase("warmup")  # at least one step: the measurement begins after an applied one
         return result
 
     def apply_checkpointing(self, model: Any) -> None:
@@ -279,11 +283,11 @@ class Shim:
         step, backward = engine.step, engine.backward
 
         def measured_step(*args: Any, **kwargs: Any) -> Any:
-            before = engine.global_steps
+            before, skipped_before = engine.global_steps, engine.skipped_steps
             self.micro_steps += 1
             out = step(*args, **kwargs)
             if engine.global_steps != before:  # a gradient-accumulation boundary: the optimizer stepped
-                self.optimizer_stepped()
+                self.optimizer_stepped(skipped_before)
             return out
 
         def kept_loss(loss: Any, *args: Any, **kwargs: Any) -> Any:
@@ -294,8 +298,6 @@ class Shim:
         self.hook = engine.register_forward_pre_hook(self.first_batch, with_kwargs=True)
         self.accel.synchronize()
         self.mark = time.perf_counter()
-        if not self.spec.measure.warmup_steps:
-            self.start_measuring()
 
     def first_batch(self, module: Any, args: tuple, kwargs: dict) -> None:
         self.hook.remove()
@@ -315,37 +317,49 @@ class Shim:
                 "deepspeed.initialize) so that the micro-batch can be tuned"))
 
     def start_measuring(self) -> None:
+        """After warm-up, which ends with an applied step: the optimizer's state exists when the window opens."""
+        self.measuring = True
+        self.ledger.optimizer_state_bytes = state_bytes(self.engine.basic_optimizer)
         self.startup_peak = self.memory.peak()
         self.memory.reset_peak()
         self.first_step = time.time()
         self.lap("warmup_s")
         self.phase("measure")
 
-    def optimizer_stepped(self) -> None:
+    def optimizer_stepped(self, skipped_before: int) -> None:
         self.accel.synchronize()
         now = time.perf_counter()
         elapsed, self.mark = now - self.mark, now
         self.steps += 1
-        if self.loss is not None and not self.losses:
-            self.losses.append(float(self.loss.detach().float().item()))
-        warmup = self.spec.measure.warmup_steps
-        if self.steps <= warmup:
-            if self.steps == warmup:
-                self.start_measuring()
+        applied = self.ledger.observe(self.engine, skipped_before, self.loss, self.measuring)
+        if not self.measuring:
+            try:
+                if self.ledger.warming(self.spec.measure.warmup_steps):  # until a step was applied (fp16's scale)
+                    return
+            except Untrained as err:
+                self.finish(self.failure(err), 1)
+            self.start_measuring()
             return
-        self.times.append(elapsed)
-        self.peaks.append(self.memory.peak() - self.baseline)
+        if applied:  # a skipped step skips the update: not a step of this config's training
+            self.times.append(elapsed)
+            self.peaks.append(self.memory.peak() - self.baseline)
         reason = agree(self.torch, self.world, self.engine.device,
-                       lambda: stop_reason(self.times, time.time() - self.first_step, self.spec.measure, self.peaks))
+                       lambda: stop_reason(self.times, time.time() - self.first_step, self.spec.measure, self.peaks,
+                                           self.ledger.skipped_measuring))
         self.phase("measure", step=len(self.times))  # for the live progress line: steps measured so far
         if reason is not None:
-            self.finish(self.measured(reason), 0)
+            self.finish_measured(reason)
+
+    def finish_measured(self, reason: str) -> None:
+        """End the run with the measurement, or as untrained when its steps do not show training."""
+        fault = self.ledger.verdict()
+        if fault is not None:
+            self.finish(self.failure(self.ledger.untrained(*fault)), 1)
+        self.finish(self.measured(reason), 0)
 
     # -- the end --------------------------------------------------------------------------------------
     def measured(self, reason: str) -> dict[str, Any]:
         self.lap("measure_s")
-        if self.loss is not None:
-            self.losses.append(float(self.loss.detach().float().item()))
         self.phase("done")
         if self.world > 1:
             self.torch.distributed.barrier()  # every rank is past its last collective before anyone exits
@@ -358,8 +372,7 @@ class Shim:
             "step_time_rel_se": median_rel_se(times) if len(times) > 1 else None, "stop_reason": reason,
             "baseline_memory_bytes": self.baseline, "peak_memory_bytes": self.memory.peak(),
             "startup_peak_bytes": self.startup_peak, "peak_allocated_bytes": self.memory.peak_allocated(),
-            "first_step_time": self.first_step, "phases_s": self.phases,
-            "loss_first": self.losses[0] if self.losses else None, "loss_last": self.losses[-1] if self.losses else None,
+            "first_step_time": self.first_step, "phases_s": self.phases, **self.ledger.evidence(),
             "optimizer": type(engine.optimizer).__name__, "basic_optimizer": type(engine.basic_optimizer).__name__,
             "threads": self.torch.get_num_threads(), "model": self.model, "checkpoint_switch": self.model_switch,
             **self.memory.details(),
@@ -369,14 +382,19 @@ class Shim:
         """The script returned on its own: measured enough, or one of the script's verdicts."""
         if not self.initialized:
             raise ScriptVerdict("never_initialized", "the script ended without calling deepspeed.initialize")
-        needed = self.spec.measure.warmup_steps + 1
+        needed = max(self.spec.measure.warmup_steps, 1) + 1
         if self.steps == 0 and self.micro_steps == 0:
             raise ScriptVerdict("never_stepped", "the script called deepspeed.initialize but ended before any "
                                 "optimizer step (engine.step() at a gradient-accumulation boundary)")
+        if self.steps and not self.ledger.applied:  # however many steps it ran, none trained
+            raise self.ledger.untrained(*(self.ledger.verdict() or ("overflow", "no optimizer step was applied")))
         if not self.times:  # counted in optimizer steps at this trial's accumulation, worded in the script's units
             raise ScriptVerdict("too_few_steps", script_batch.steps_needed(
                 self.micro_steps, self.steps, self.engine.gradient_accumulation_steps(), needed,
                 self.spec.extra.get("script_args", ())))
+        fault = self.ledger.verdict()
+        if fault is not None:
+            raise self.ledger.untrained(*fault)
         return self.measured(SCRIPT_ENDED)
 
     def failure(self, err: BaseException) -> dict[str, Any]:
@@ -395,7 +413,7 @@ class Shim:
             message = str(err)
         return {"status": status, "error": message, "exception": type(err).__name__, "phase": self.last_phase,
                 "rank": self.rank, "pid": os.getpid(), "verdict": verdict, "model": self.model or None,
-                "fatal": isinstance(err, AcceleratorMismatch),
+                "fatal": isinstance(err, AcceleratorMismatch), **untrained_evidence(err),
                 **({"cause": oom_cause(err, self.spec.accelerator)} if status == "oom" else {})}
 
     def finish(self, report: dict[str, Any], code: int) -> None:

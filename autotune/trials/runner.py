@@ -571,7 +571,7 @@ def judge(verdict: tuple[str, str] | None, ranks: Sequence[int], reports: Sequen
     if verdict is not None:
         return verdict
     failures = [(r, rep) for r, rep in zip(ranks, reports) if rep is not None and rep.get("status") != "ok"]
-    for wanted in ("oom", "unsupported"):  # definitive, whichever rank saw it
+    for wanted in ("oom", "unsupported", "untrained"):  # definitive, whichever rank saw it
         for rank, rep in failures:
             if rep["status"] == wanted:
                 return wanted, f"rank {rank} in {rep.get('phase')}: {rep.get('error')}"

@@ -21,8 +21,14 @@ from autotune.values.config import Config, ConfigError
 from autotune.files import append_line, parse_json, read_text, short, write_atomic
 from autotune.values.workload import Workload
 
-STATUSES = ("ok", "oom", "unsupported", "timeout", "crash", "pruned")
-FAILURES = ("oom", "unsupported", "timeout", "crash")
+# untrained: the trial ran but its record does not show training (every optimizer step skipped by fp16's loss
+# scaler, a loss not finite, or one that never moved): its figures measure no real training step (TRAINING_FAULTS).
+STATUSES = ("ok", "oom", "unsupported", "timeout", "crash", "pruned", "untrained")
+FAILURES = ("oom", "unsupported", "timeout", "crash", "untrained")
+OVERFLOW, NONFINITE, FLAT = "overflow", "nonfinite", "flat"
+TRAINING_FAULTS = (OVERFLOW, NONFINITE, FLAT)  # an untrained result's `fault`
+# DeepSpeed's DynamicLossScaler.update_scale, on an overflow at its minimum scale (raise_error_at_min_scale).
+SCALER_AT_MINIMUM = "Current loss scale already at minimum"
 MAX_BYTES = 2**63 - 1  # byte counts are int64 wherever they are stored (SQLite, numpy)
 # What steers the tuner's logic from a result's extra keys, typed (TrialResult.phase, .repeat_of, .cause) and
 # checked whenever a result is made, not only when one is read back. The JSON line is unchanged: they stay flat
@@ -272,6 +278,10 @@ _EXTRAS: dict[str, tuple[Any, str]] = {
     "recorded_backend": (_text, "a string or null"),
     "script_verdict": (_text, "a string or null"),
     "workload": (_workload, "a workload object {model, global_batch, gpus} or null"),
+    # What the trial's optimizer steps did (autotune.worker.training): every trial since issue 40 records them.
+    "steps_applied": (_count, "a whole number or null"),
+    "steps_skipped": (_count, "a whole number or null"),
+    "recorded_status": (_text, "a string or null"),
 }
 # Extra keys that steer logic (TrialResult.phase, .repeat_of, .cause, .global_batch, .script_model, .runs,
 # .throughput_runs): checked when a result is made.
@@ -282,6 +292,7 @@ _STEERING: dict[str, tuple[Any, str]] = {
     "global_batch": (lambda v: (v is None or (_count(v)[0] and v >= 1), v), "a global batch >= 1 or null"),
     "script_model": (lambda v: (v is None or isinstance(v, dict), v), "an object or null"),
     "runs": (lambda v: (v is None or (_count(v)[0] and v >= 1), v), "a number of launches >= 1 or null"),
+    "fault": (lambda v: (v is None or v in TRAINING_FAULTS, v), f"{', '.join(TRAINING_FAULTS)} or null"),
     "throughput_runs": (lambda v: (v is None or (isinstance(v, list)
                                                  and all(x is not None and _number(x)[0] for x in v)), v),
                         "a list of throughputs or null"),
@@ -294,15 +305,50 @@ def _finite(value: Any) -> Any:
     raise TypeError(f"{value!r} is not JSON serialisable")
 
 
+def as_recorded_proves(result: TrialResult) -> TrialResult:
+    """`result` as its own record shows it. An ok result written before trials counted their optimizer steps (no
+    `steps_applied`) whose loss never moved (`loss_first == loss_last`) skipped every step, as every fp16 trial on a
+    GPU did before issue 40 (benchmarks/gpu-runs): its throughput is that of steps without an update and its peak
+    lacks the optimizer's state. It is read as `untrained` (fault `overflow`), the recorded status kept beside it
+    (`recorded_status`), so that nothing replays, calibrates on or recommends it; anything else is returned as is."""
+    extra = result.extra
+    first, last = extra.get("loss_first"), extra.get("loss_last")
+    if "steps_applied" in extra:
+        return result
+    if result.ok and first is not None and first == last:
+        error = (f"recorded as ok before ds-autotune checked that trials train: its loss never moved ({first:g} at "
+                 "the first and the last step), so every optimizer step was skipped (an fp16 loss scaler's "
+                 "overflows) and its figures measure no training")
+    elif result.status == "crash" and SCALER_AT_MINIMUM in (result.error or ""):
+        error = f"recorded as a crash: every step overflowed until the fp16 loss scaler gave up ({SCALER_AT_MINIMUM})"
+    else:
+        return result
+    return replace(result, status="untrained", throughput_samples_per_s=None, tokens_per_s=None, error=error,
+                   extra={**extra, "fault": OVERFLOW, "recorded_status": result.status})
+
+
+def relabelled(results: Iterable[TrialResult]) -> int:
+    """How many of `results` were read as untrained though recorded otherwise (as_recorded_proves)."""
+    return sum(r.status == "untrained" and r.extra.get("recorded_status") is not None for r in results)
+
+
+def relabel_note(count: int, source: str | Path) -> str | None:
+    """The one line a reader of `source` tells the user when `count` of its results were relabelled, else None."""
+    if not count:
+        return None
+    return (f"{source}: {count} fp16 trial(s) recorded before ds-autotune checked training skipped every optimizer step "
+            "(the loss scaler's overflows): read as untrained, not as measurements")
+
+
 def read_results(path: str | Path) -> list[TrialResult]:
     """Every complete line of a JSONL file; a torn last line (a crash mid-write) is ignored."""
     return list(iter_results(path))
 
 
 def iter_results(path: str | Path) -> Iterator[TrialResult]:
-    """The results of a JSONL file (none if it does not exist). A last line without its newline that is not
-    complete JSON is a write cut short and is left out; any other bad line is a ConfigError naming
-    file:line and the field."""
+    """The results of a JSONL file (none if it does not exist), each as its record proves it (as_recorded_proves). A
+    last line without its newline that is not complete JSON is a write cut short and is left out; any other bad
+    line is a ConfigError naming file:line and the field."""
     path = Path(path)
     if not os.path.lexists(path):
         return
@@ -314,9 +360,10 @@ def iter_results(path: str | Path) -> Iterator[TrialResult]:
             return  # torn final write
         data = parse_json(line, f"{path}:{number}", "one JSON object per line (a trial result)")
         try:
-            yield TrialResult.from_dict(data)
+            result = TrialResult.from_dict(data)
         except ConfigError as err:
             raise ConfigError(f"{path}:{number}: not a trial result: {err}") from None
+        yield as_recorded_proves(result)
 
 
 def _complete_json(text: str) -> bool:

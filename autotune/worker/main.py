@@ -33,6 +33,8 @@ from autotune.worker.device import AcceleratorMismatch, open_device
 from autotune.worker.imports import without_mlflow
 from autotune.worker.measure import iqr, median_rel_se, stop_reason
 from autotune.worker.protocol import WorkerSpec, record_phase, report_path, write_json_atomic
+from autotune.worker.training import Ledger, Untrained, scaler_gave_up, state_bytes
+from autotune.values.results import OVERFLOW, SCALER_AT_MINIMUM
 
 PR_SET_PDEATHSIG = 1
 PARENT_ENV = "AUTOTUNE_PARENT_PID"  # set by the runner when it is this process's parent
@@ -50,6 +52,7 @@ ARCH_LIST_PARSERS = ("compute_capability_args", "_get_cuda_arch_flags")
 
 
 TRAINING_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # precision -> torch dtype name
+OVERFLOW_FACTOR = 1e30  # the overflow fault's: any loss times this is inf in fp16
 
 
 class Unsupported(Exception):
@@ -81,7 +84,8 @@ def main(argv: list[str]) -> int:
         status, message = classify(err)
         report = {"status": status, "error": message, "exception": type(err).__name__,
                   "phase": _last_phase, "rank": rank, "pid": os.getpid(),
-                  "fatal": isinstance(err, (AcceleratorMismatch, UnsupportedModel))}  # nor would any other config
+                  "fatal": isinstance(err, (AcceleratorMismatch, UnsupportedModel)),  # nor would any other config
+                  **untrained_evidence(err)}
         if status == "oom":
             report["cause"] = oom_cause(err, spec.accelerator)
         if _last_phase == "build_ops":  # the op, and whether TORCH_CUDA_ARCH_LIST is to blame (autotune.trials.ops)
@@ -111,6 +115,8 @@ def classify(err: BaseException) -> tuple[str, str]:
     message = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"[:500]
     if isinstance(err, (Unsupported, AcceleratorMismatch)):
         return "unsupported", str(err)
+    if isinstance(err, Untrained):
+        return "untrained", str(err)
     if isinstance(err, MemoryError):
         return "oom", message
     torch = sys.modules.get("torch")
@@ -119,6 +125,20 @@ def classify(err: BaseException) -> tuple[str, str]:
     if isinstance(err, RuntimeError) and (CPU_OOM in str(err) or any(m in str(err).lower() for m in DEVICE_OOM_MARKERS)):
         return "oom", message
     return "crash", message
+
+
+def untrained_evidence(err: BaseException) -> dict[str, Any]:
+    """An untrained trial's fault and its ledger (autotune.worker.training), for its report; else nothing."""
+    return {"fault": err.fault, **err.evidence} if isinstance(err, Untrained) else {}
+
+
+def _overflow_fault(fault: str | None) -> int:
+    """Test fault `overflow:N` (autotune.worker.protocol.FAULTS): the first N optimizer steps' losses are scaled past
+    fp16's range, so that their gradients overflow (`overflow` alone: every step). 0: no such fault."""
+    if not fault or not fault.startswith("overflow"):
+        return 0
+    _, _, count = fault.partition(":")
+    return int(count) if count else 10**9
 
 
 def oom_cause(err: BaseException, accelerator: str) -> str:
@@ -136,7 +156,7 @@ def run(spec: WorkerSpec, rank: int, started: float) -> dict[str, Any]:
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
-    from autotune.worker.model import GPT, build, synthetic_batch, unsupported_reason
+    from autotune.worker.model import GPT, MODEL_REVISION, build, synthetic_batch, unsupported_reason
 
     clock.lap("import_s")
     if unsupported_reason(spec.workload.model):
@@ -147,6 +167,10 @@ def run(spec: WorkerSpec, rank: int, started: float) -> dict[str, Any]:
     memory = open_device(spec.accelerator, accel, torch, local_rank, spec.memory_budget_bytes)
     _phase(spec, rank, "build_ops", device=device_name)
     ds = prepared_ds_config(spec.ds_config)
+    if _overflow_fault(spec.fault) and spec.accelerator == "cpu":
+        # DeepSpeed runs fp16 on the CPU where oneDNN has fp16 kernels; elsewhere it refuses, though its fp16
+        # optimizer and loss scaler work (slowly): the test fault exercises the real scaler on any CPU.
+        type(accel).is_fp16_supported = lambda self: True
     check_supported(spec, ds, accel)
     if spec.cpu_info:
         import cpuinfo
@@ -195,44 +219,60 @@ def run(spec: WorkerSpec, rank: int, started: float) -> dict[str, Any]:
 
     generator = torch.Generator().manual_seed(spec.seed + rank)
     device = engine.device
+    # The same batches every step: a model that trains lowers their loss, which the ledger checks.
     batches = [synthetic_batch(spec.workload.model, spec.config.micro_batch, generator, device)
                for _ in range(engine.gradient_accumulation_steps())]
+    ledger = Ledger(fp16=spec.config.precision == "fp16")
+    overflowing = _overflow_fault(spec.fault)
 
-    def optimizer_step() -> tuple[float, Any]:
+    def optimizer_step(measuring: bool = False) -> tuple[float, bool]:
         accel.synchronize()
+        skipped_before = engine.skipped_steps
         t0 = time.perf_counter()
-        for tokens, targets in batches:
-            loss = engine(tokens, targets)
-            engine.backward(loss)
-            engine.step()
+        try:
+            for tokens, targets in batches:
+                loss = engine(tokens, targets)
+                if ledger.steps < overflowing:  # test fault: gradients past fp16's range
+                    loss = loss * OVERFLOW_FACTOR
+                engine.backward(loss)
+                engine.step()
+        except Exception as err:
+            if scaler_gave_up(err):  # DeepSpeed's own end of an fp16 run whose every step overflows
+                ledger.record(False, None, ledger.loss_scale, measuring)
+                raise ledger.untrained(OVERFLOW, f"{ledger._overflow_message()} ({SCALER_AT_MINIMUM})") from err
+            raise
         accel.synchronize()
-        return time.perf_counter() - t0, loss
+        elapsed = time.perf_counter() - t0
+        return elapsed, ledger.observe(engine, skipped_before, loss, measuring)
 
     _phase(spec, rank, "warmup")
-    losses = []
-    for _ in range(spec.measure.warmup_steps):
-        _, loss = optimizer_step()
-        losses.append(loss.detach().item())
+    while ledger.warming(spec.measure.warmup_steps):  # until a step was applied: fp16's scale has settled
+        optimizer_step()
     clock.lap("warmup_s")
+    ledger.optimizer_state_bytes = state_bytes(engine.basic_optimizer)
     startup_peak = max(before_build_peak, memory.peak())
-    memory.reset_peak()
+    memory.reset_peak()  # the window opens after an applied step: the optimizer's state exists
 
     first_step = time.time()
     _phase(spec, rank, "measure")
-    times: list[float] = []
+    times: list[float] = []  # applied steps only: a skipped step skips the update, the costliest part
     peaks: list[int] = []  # growth of the peak over the baseline after each measured step
     reason = None
     while reason is None:
-        elapsed, loss = optimizer_step()
-        times.append(elapsed)
-        peaks.append(memory.peak() - baseline)
+        elapsed, applied = optimizer_step(measuring=True)
+        if applied:
+            times.append(elapsed)
+            peaks.append(memory.peak() - baseline)
         reason = agree(torch, world, device,
-                        lambda: stop_reason(times, time.time() - first_step, spec.measure, peaks))
+                       lambda: stop_reason(times, time.time() - first_step, spec.measure, peaks,
+                                           ledger.skipped_measuring))
         _phase(spec, rank, "measure", step=len(times))  # for the live progress line: steps measured so far
     memory.finish()
     peak = memory.peak()
     clock.lap("measure_s")
-    losses.append(loss.detach().item())
+    fault = ledger.verdict()
+    if fault is not None:
+        raise ledger.untrained(*fault)
     _phase(spec, rank, "done")
     if world > 1:
         torch.distributed.barrier()  # every rank is past its last collective before anyone exits
@@ -243,7 +283,7 @@ def run(spec: WorkerSpec, rank: int, started: float) -> dict[str, Any]:
         "step_time_rel_se": median_rel_se(times) if len(times) > 1 else None, "stop_reason": reason,
         "baseline_memory_bytes": baseline, "peak_memory_bytes": peak, "startup_peak_bytes": startup_peak,
         "peak_allocated_bytes": memory.peak_allocated(), "first_step_time": first_step,
-        "phases_s": phases, "build": build_report, "loss_first": losses[0], "loss_last": losses[-1],
+        "phases_s": phases, "build": build_report, **ledger.evidence(), "model_revision": MODEL_REVISION,
         "optimizer": type(engine.optimizer).__name__, "basic_optimizer": type(engine.basic_optimizer).__name__,
         "threads": torch.get_num_threads(), **memory.details(),
     }

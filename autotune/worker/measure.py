@@ -68,14 +68,15 @@ def median_rel_se(times: Sequence[float]) -> float:
 
 
 def stop_reason(times: Sequence[float], elapsed_s: float, settings: MeasureSettings,
-                peaks: Sequence[int] = ()) -> str | None:
+                peaks: Sequence[int] = (), skipped: int = 0) -> str | None:
     """Why to stop after these measured step times, or None to measure another step. `peaks`: the memory
-    peak's growth over the baseline after each measured step (empty: not known)."""
+    peak's growth over the baseline after each measured step (empty: not known); `skipped`: steps taken since
+    measurement began that the loss scaler skipped (not timed; they count towards `max_steps`)."""
     n = len(times)
     slow = settings.slow_step_s()
     if n >= 1 and slow is not None and statistics.median(times) > slow:
         return SLOW
-    if n >= settings.max_steps:
+    if n + skipped >= settings.max_steps:
         return MAX_STEPS
     if n >= 1 and elapsed_s >= settings.max_measure_s:
         return TIME_LIMIT

@@ -31,8 +31,10 @@ PHASE_LABELS = {"start": "starting", "build_ops": "loading ops", "dist_init": "i
                 "build": "initializing (model)", "initialize": "initializing (DeepSpeed engine)",
                 "script": "running the script", "warmup": "warming up", "measure": "measuring", "done": "finishing"}
 # Failure statuses a rank reports itself; `timeout` and the watchdog's `oom` are the runner's verdicts.
-RANK_FAILURES = ("oom", "unsupported", "crash")
-FAULTS = ("hang",)  # injected by tests: the rank (and a child it starts) hangs before importing torch
+RANK_FAILURES = ("oom", "unsupported", "crash", "untrained")
+# Injected by tests: `hang`: the rank (and a child it starts) hangs before importing torch; `overflow[:N]`: the first
+# N optimizer steps' gradients (every step's without N) overflow, as a model whose fp16 gradients overflow.
+FAULTS = ("hang", "overflow")
 
 
 @dataclass(frozen=True)

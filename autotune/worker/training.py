@@ -1,0 +1,144 @@
+"""Whether a trial's optimizer steps trained, as the engine shows it: each step applied or skipped (DeepSpeed's fp16
+loss scaler skips a step whose gradients overflowed, and halves its scale), the loss of each, and the verdict a
+measurement needs before it may be `ok` (issue 40: every fp16 trial on a GPU had skipped every step, recorded ok).
+
+The worker and the script shim keep one `Ledger` per rank: warm-up lasts until a step was applied (fp16's search for
+its scale, from 2^16 down, is warm-up), only applied steps are timed, the memory window opens after the first
+applied step (the optimizer's state exists), and at the end `verdict()` names what no measurement may hide: every step
+skipped, a loss that is not finite, or one that never moved. Overflow decisions are all-reduced inside DeepSpeed,
+so every rank's ledger agrees.
+"""
+
+from __future__ import annotations
+
+import math
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune.values.results import FLAT, NONFINITE, OVERFLOW, SCALER_AT_MINIMUM
+
+# More warm-up steps than DeepSpeed's dynamic scaler needs to go from 2^16 to its minimum of 1 (hysteresis 2, then
+# one halving an overflow: 18 steps), after which it raises SCALER_AT_MINIMUM on the next overflow.
+SETTLE_STEPS = 24
+MIN_LOSS_SCALE = 1.0  # autotune.values.dsconfig's min_loss_scale: a step that overflows there never trains
+
+
+# The keys of a rank's report, and of the trial's record, that show what its optimizer steps did (Ledger.evidence).
+TRAINING_EVIDENCE = ("steps_applied", "steps_skipped", "steps_skipped_measuring", "first_applied_step", "loss_first",
+                     "loss_last", "loss_scale", "optimizer_state_bytes")
+
+
+class Untrained(Exception):
+    """The trial's steps did not train (`fault`: autotune.values.results.TRAINING_FAULTS); `evidence` is the ledger."""
+
+    def __init__(self, fault: str, message: str, evidence: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.fault, self.evidence = fault, evidence
+
+
+@dataclass
+class Ledger:
+    """One rank's optimizer steps, in order."""
+
+    fp16: bool = False
+    applied: int = 0
+    skipped: int = 0
+    skipped_measuring: int = 0  # skipped steps after warm-up: not timed
+    losses: list[float] = field(default_factory=list)  # each applied step's loss (its last micro-step's)
+    first_applied: int | None = None  # 1-based step number of the first applied step
+    loss_scale: float | None = None  # fp16: the scaler's scale after the latest step
+    last_applied: bool = False
+    optimizer_state_bytes: int | None = None  # when measurement began (autotune.worker.training.state_bytes)
+
+    @property
+    def steps(self) -> int:
+        return self.applied + self.skipped
+
+    @property
+    def settled(self) -> bool:
+        """The latest step was applied: the scaler found a scale that trains, and the optimizer's state exists."""
+        return self.last_applied
+
+    def record(self, applied: bool, loss: float | None, loss_scale: float | None, measuring: bool = False) -> None:
+        """One optimizer step; `loss` None where it is not known (a script that never passed one to backward)."""
+        self.last_applied = applied
+        self.loss_scale = loss_scale
+        if applied:
+            self.applied += 1
+            if loss is not None:
+                self.losses.append(loss)
+            if self.first_applied is None:
+                self.first_applied = self.steps
+        else:
+            self.skipped += 1
+            self.skipped_measuring += measuring
+
+    def observe(self, engine: Any, skipped_before: int, loss: Any, measuring: bool = False) -> bool:
+        """Record the optimizer step a DeepSpeed `engine` just took (`skipped_before`: its `skipped_steps` before the
+        step, `loss`: the step's last loss tensor); returns whether it was applied."""
+        applied = engine.skipped_steps == skipped_before
+        scale = getattr(engine.optimizer, "loss_scale", None) if self.fp16 else None
+        value = float(loss.detach().float().item()) if loss is not None else None
+        self.record(applied, value, float(scale) if scale is not None else None, measuring)
+        return applied
+
+    def warming(self, warmup_steps: int) -> bool:
+        """Whether warm-up goes on: fewer than `warmup_steps` steps (at least one), or the latest skipped; raises
+        Untrained when the scaler still skips at its minimum scale, or after SETTLE_STEPS more steps."""
+        if self.steps < max(warmup_steps, 1):  # at least one step: the memory window opens after an applied one
+            return True
+        if self.settled:
+            return False
+        at_minimum = self.loss_scale is not None and self.loss_scale <= MIN_LOSS_SCALE
+        if self.steps >= warmup_steps + SETTLE_STEPS or at_minimum:
+            raise self.untrained(OVERFLOW, self._overflow_message())
+        return True
+
+    def verdict(self) -> tuple[str, str] | None:
+        """(fault, message) when the steps do not show training, else None."""
+        if not self.applied:
+            return OVERFLOW, self._overflow_message()
+        bad = next((i for i, loss in enumerate(self.losses) if not math.isfinite(loss)), None)
+        if bad is not None:
+            return NONFINITE, (f"the loss was {self.losses[bad]} at applied step {bad + 1} of {self.applied}: the "
+                               "steps did not train")
+        if len(self.losses) >= 2 and all(loss == self.losses[0] for loss in self.losses[1:]):
+            return FLAT, (f"the loss never moved over {self.applied} applied optimizer steps ({self.losses[0]:g}): "
+                          "the updates changed nothing")
+        return None
+
+    def untrained(self, fault: str, message: str) -> Untrained:
+        return Untrained(fault, message, self.evidence())
+
+    def _overflow_message(self) -> str:
+        scale = f", loss scale down to {self.loss_scale:g}" if self.loss_scale is not None else ""
+        kind = "fp16: " if self.fp16 else ""
+        return (f"{kind}every one of {self.steps} optimizer steps overflowed and was skipped{scale}: no step trained, "
+                "so no figure of this config would be a measurement")
+
+    def evidence(self) -> dict[str, Any]:
+        """The keys a rank's report (and the trial's record) carries: TRAINING_EVIDENCE."""
+        def finite(loss: float | None) -> float | None:  # JSON has no NaN: the message names a loss that was not
+            return loss if loss is not None and math.isfinite(loss) else None
+
+        values = (self.applied, self.skipped, self.skipped_measuring, self.first_applied,
+                  finite(self.losses[0] if self.losses else None), finite(self.losses[-1] if self.losses else None),
+                  self.loss_scale, self.optimizer_state_bytes)
+        return dict(zip(TRAINING_EVIDENCE, values))
+
+
+def scaler_gave_up(err: BaseException) -> bool:
+    """Whether `err` is DeepSpeed's loss scaler refusing to go below its minimum scale: every step overflowed."""
+    return SCALER_AT_MINIMUM in str(err) and any(f.name == "update_scale" for f in traceback.extract_tb(err.__traceback__))
+
+
+def state_bytes(optimizer: Any) -> int:
+    """Bytes of the optimizer state this rank holds (Adam's m and v, ...) in the torch optimizer DeepSpeed steps:
+    0 before its first applied step."""
+    total = 0
+    for state in getattr(optimizer, "state", {}).values():
+        for value in state.values() if isinstance(state, dict) else ():
+            if hasattr(value, "numel") and hasattr(value, "element_size"):
+                total += value.numel() * value.element_size()
+    return total

@@ -1,0 +1,189 @@
+"""Every trial proves it trained (issue 40): the ledger of a rank's optimizer steps and its verdicts, DeepSpeed's own
+loss scaler driven to its end, and the records of both H200 runs whose fp16 trials never stepped, recognized."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from autotune.backends.replay import ReplayBackend, load_surface
+from autotune.values.results import (FLAT, NONFINITE, OVERFLOW, TrialResult, as_recorded_proves, read_results,
+                                     relabel_note, relabelled)
+from autotune.worker.measure import MAX_STEPS, MeasureSettings, stop_reason
+from autotune.worker.training import SETTLE_STEPS, TRAINING_EVIDENCE, Ledger, Untrained, scaler_gave_up
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNS = ROOT / "benchmarks" / "gpu-runs"
+
+
+# -- the ledger ----------------------------------------------------------------------------------------------
+
+def test_warm_up_lasts_until_a_step_was_applied():
+    ledger = Ledger(fp16=True)
+    assert ledger.warming(1)  # no step yet
+    scale = 2.0**16
+    for _ in range(5):  # the scaler's search for its scale: skipped steps
+        ledger.record(False, 10.4, scale)
+        scale /= 2
+        assert ledger.warming(1)
+    ledger.record(True, 10.4, scale)
+    assert not ledger.warming(1) and ledger.first_applied == 6 and ledger.skipped == 5
+    ledger.record(True, 10.1, scale, measuring=True)
+    assert ledger.verdict() is None
+
+
+def test_warm_up_takes_at_least_one_step_even_when_none_is_asked():
+    ledger = Ledger()
+    assert ledger.warming(0)
+    ledger.record(True, 5.0, None)
+    assert not ledger.warming(0)
+
+
+def test_a_scaler_at_its_minimum_still_skipping_is_untrained():
+    ledger = Ledger(fp16=True)
+    ledger.record(False, 10.0, 2.0)
+    assert ledger.warming(1)
+    ledger.record(False, 10.0, 1.0)
+    with pytest.raises(Untrained) as caught:
+        ledger.warming(1)
+    assert caught.value.fault == OVERFLOW and "every one of 2 optimizer steps overflowed" in str(caught.value)
+    assert caught.value.evidence["steps_skipped"] == 2 and caught.value.evidence["steps_applied"] == 0
+
+
+def test_warm_up_is_bounded_when_the_scale_is_unknown():
+    ledger = Ledger()
+    for _ in range(1 + SETTLE_STEPS - 1):
+        ledger.record(False, 10.0, None)
+        assert ledger.warming(1)
+    ledger.record(False, 10.0, None)
+    with pytest.raises(Untrained):
+        ledger.warming(1)
+
+
+@pytest.mark.parametrize("losses, fault", [
+    ([], OVERFLOW), ([8.3, math.nan, 8.1], NONFINITE), ([8.3, math.inf], NONFINITE), ([8.3, 8.3, 8.3], FLAT),
+    ([8.3, 8.2], None), ([8.3], None)])
+def test_verdicts(losses, fault):
+    ledger = Ledger()
+    for loss in losses:
+        ledger.record(True, loss, None)
+    if not losses:
+        ledger.record(False, 8.3, None)
+    verdict = ledger.verdict()
+    assert (verdict[0] if verdict else None) == fault
+    if verdict:
+        assert "\n" not in verdict[1]
+
+
+def test_evidence_is_json_even_for_a_loss_that_is_not_finite():
+    ledger = Ledger(fp16=True)
+    ledger.record(True, math.nan, 1024.0)
+    evidence = ledger.evidence()
+    assert set(evidence) == set(TRAINING_EVIDENCE)
+    assert json.loads(json.dumps(evidence, allow_nan=False))["loss_first"] is None
+
+
+def test_a_loss_never_passed_is_not_judged():
+    """A script that never hands its loss to engine.backward: the steps count, no loss verdict is made."""
+    ledger = Ledger()
+    for _ in range(3):
+        ledger.record(True, None, None)
+    assert ledger.verdict() is None and ledger.evidence()["loss_first"] is None
+
+
+def test_skipped_steps_in_the_measurement_count_towards_its_limit():
+    settings = MeasureSettings(min_steps=3, max_steps=5, rel_tol=0.0)
+    assert stop_reason([1.0, 1.0], 2.0, settings, skipped=2) is None
+    assert stop_reason([1.0, 1.0], 2.0, settings, skipped=3) == MAX_STEPS
+
+
+def test_deepspeeds_own_scaler_driven_to_its_minimum_is_recognized(monkeypatch):
+    """DeepSpeed's DynamicLossScaler, from 2^16 as our configs start it (autotune.values.dsconfig), overflowing every
+    step: it halves to its minimum and then raises; the worker reads that as every step overflowed. (Its log lines
+    ask for the rank: rank 0, without a process group.)"""
+    from deepspeed.runtime.fp16 import loss_scaler
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler
+
+    monkeypatch.setattr(loss_scaler.dist, "get_rank", lambda: 0)
+
+    from autotune.values.dsconfig import FP16_LOSS_SCALING
+
+    scaling = FP16_LOSS_SCALING
+    scaler = DynamicLossScaler(init_scale=2.0**scaling["initial_scale_power"], scale_window=scaling["loss_scale_window"],
+                               min_scale=scaling["min_loss_scale"], delayed_shift=scaling["hysteresis"],
+                               consecutive_hysteresis=False)
+    ledger = Ledger(fp16=True)
+    with pytest.raises(Exception) as caught:
+        for _ in range(100):
+            scaler.update_scale(True)
+            ledger.record(False, 10.4, scaler.loss_scale)
+            if ledger.loss_scale > 1:
+                assert ledger.warming(1)
+    assert scaler_gave_up(caught.value)
+    # One overflow spends the hysteresis, 16 halve 2^16 to 1; the next raised. The worker stops at scale 1 already.
+    assert ledger.steps == scaling["hysteresis"] - 1 + scaling["initial_scale_power"] and ledger.loss_scale == 1
+    with pytest.raises(Untrained):
+        ledger.warming(1)
+    assert not scaler_gave_up(RuntimeError("Current loss scale already at minimum"))  # raised elsewhere: not it
+
+
+# -- old records -------------------------------------------------------------------------------------------
+
+def _ok(**extra):
+    return TrialResult.from_dict({"config": {"zero_stage": 2, "micro_batch": 2, "ckpt_interval": 0, "precision": "fp16"},
+                                  "status": "ok", "throughput_samples_per_s": 3.6, "step_time_s": 2.2,
+                                  "peak_memory_bytes": 22 * 10**9, "backend": "deepspeed", **extra})
+
+
+def test_an_old_record_whose_loss_never_moved_is_read_as_untrained():
+    old = as_recorded_proves(_ok(loss_first=10.43, loss_last=10.43))
+    assert old.status == "untrained" and old.extra["fault"] == OVERFLOW and old.extra["recorded_status"] == "ok"
+    assert old.throughput_samples_per_s is None and old.peak_memory_bytes == 22 * 10**9  # kept, for the record
+    assert "never moved" in old.error
+    assert as_recorded_proves(_ok(loss_first=10.43, loss_last=9.8)).ok  # it trained
+    assert as_recorded_proves(_ok()).ok  # no loss recorded (simulated, replayed): nothing to judge
+    # A record with step counts was judged by its own trial: left as it is.
+    assert as_recorded_proves(_ok(loss_first=10.4, loss_last=10.4, steps_applied=3, steps_skipped=0)).ok
+    assert json.loads(old.to_json())["status"] == "untrained"
+
+
+def test_the_h200_runs_fp16_trials_are_recognized_and_no_other():
+    """Both runs' files (benchmarks/gpu-runs): the 11-26 kit's two llama-3b fp16 trials and each tune's fp16 trial
+    were recorded ok with loss_first == loss_last; the 11-27 30-step fp16 trial crashed when the scaler gave up."""
+    found = {}
+    for path in sorted(RUNS.glob("h200-*/**/*.jsonl")):
+        if path.name.endswith("events.jsonl") or {"work", "logs"} & set(path.relative_to(RUNS).parts):
+            continue  # the kit's own copies and the ranks' event logs
+        results = read_results(path)
+        found[str(path.relative_to(RUNS))] = sorted((r.config.label(), r.extra.get("recorded_status"))
+                                                     for r in results if r.status == "untrained")
+        for r in results:
+            assert r.status != "ok" or r.config.precision != "fp16", (path, r.config.label())
+            if r.status == "ok":
+                assert r.extra["loss_first"] != r.extra["loss_last"]  # every remaining ok trial trained
+    assert found == {
+        "h200-2026-11-26/kit/surfaces/h200-llama-1b.jsonl": [],
+        "h200-2026-11-26/kit/surfaces/h200-llama-3b.jsonl": [("z3 mb16 ck1 fp16 oo=cpu op=cpu", "ok"),
+                                                             ("z3 mb32 ck1 fp16 oo=cpu op=cpu", "ok")],
+        "h200-2026-11-26/tune/trials.jsonl": [("z3 mb4 ck2 fp16 oo=cpu", "ok")],
+        "h200-2026-11-27/fp16-trial/trials.jsonl": [("z2 mb2 ck0 fp16", "crash")],
+        "h200-2026-11-27/kit/h200-llama-1b.jsonl": [],
+        "h200-2026-11-27/tune/trials.jsonl": [("z3 mb4 ck2 fp16 oo=cpu", "ok")],
+    }
+    single = json.loads((RUNS / "h200-2026-11-27" / "fp16-trial" / "trial-12-steps.json").read_text())["result"]
+    assert as_recorded_proves(TrialResult.from_dict(single)).status == "untrained"
+
+
+def test_a_replayed_surface_says_so_once_and_never_replays_them_as_measurements(tmp_path):
+    path = RUNS / "h200-2026-11-26" / "kit" / "surfaces" / "h200-llama-3b.jsonl"
+    surface = load_surface(path)
+    assert surface.notes == (relabel_note(2, path),) and "2 fp16 trial(s)" in surface.notes[0]
+    backend = ReplayBackend(surface)
+    assert backend.notes == surface.notes
+    fp16 = [c for c in surface.configs if c.precision == "fp16"]
+    assert len(fp16) == 2 and all(backend.run(c).status == "untrained" for c in fp16)
+    assert surface.best(None).config.precision == "bf16"  # the optimum of the table is a trial that trained
+    assert relabelled(surface.results.values()) == 2 and relabel_note(0, path) is None
