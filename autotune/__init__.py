@@ -11,12 +11,51 @@ trial processes, which import the package too.
 
 from __future__ import annotations
 
+import os
+import sys
 from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from importlib.machinery import ModuleSpec
+from importlib.util import spec_from_file_location
+from typing import TYPE_CHECKING, Any, Sequence
 
 from autotune.values.config import Config, ConfigError
 from autotune.values.results import TrialResult
 from autotune.values.workload import ModelShape, Workload, make_workload
+
+_MAPPED = ("envs", "search_spaces")  # top-level folders that pyproject.toml's package-dir installs inside autotune
+
+
+class _CheckoutFolders:
+    """A sys.meta_path finder: a checkout's envs/ and search_spaces/ as autotune.envs and autotune.search_spaces,
+    where the install puts them. `python -m autotune.cli` run from the repository root imports the checkout's
+    autotune/ ('' comes first on sys.path) whatever is installed, and there, without an editable install's import
+    hook, nothing else finds the two (issue 40: the GPU kit's tune). Duck-typed: importlib.abc costs an import."""
+
+    def __init__(self, package: str) -> None:
+        self.package = package  # this autotune/ folder: only its own sub-packages are served
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None, target: object = None) -> ModuleSpec | None:
+        parent, _, name = fullname.rpartition(".")
+        if parent != "autotune" or name not in _MAPPED or not path or self.package not in path:
+            return None
+        folder = os.path.join(os.path.dirname(self.package), name)
+        return spec_from_file_location(fullname, os.path.join(folder, "__init__.py"),
+                                       submodule_search_locations=[folder])
+
+
+def _serve_checkout_folders() -> None:
+    """The finder, once, when this package is a checkout's (installed, the folders are inside it), after every
+    other finder: an editable install's hook keeps precedence."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    if any(os.path.exists(os.path.join(package, name)) for name in _MAPPED) or not all(
+            os.path.isfile(os.path.join(os.path.dirname(package), name, "__init__.py")) for name in _MAPPED):
+        return
+    if not any(type(f).__name__ == "_CheckoutFolders" and getattr(f, "package", None) == package
+               for f in sys.meta_path):  # by name: a re-imported autotune has a class of its own
+        sys.meta_path.append(_CheckoutFolders(package))
+
+
+_serve_checkout_folders()
 
 if TYPE_CHECKING:
     from autotune.api import TuneResult, TuneSpec, tune
