@@ -101,6 +101,9 @@ def test_plain_script_with_a_config_path_is_tuned_and_its_recommendation_trains(
         assert used["train_micro_batch_size_per_gpu"] == r.config.micro_batch
         assert used["scheduler"]["type"] == "WarmupLR" and used["optimizer"]["params"]["lr"] == 3e-4
         assert r.extra["script_model"]["micro_batch_seen"] == r.config.micro_batch
+        # The engine's steps counted as the worker counts them (issue 40): all applied, the state there to measure.
+        assert r.extra["steps_skipped"] == 0 and r.extra["steps_applied"] == 1 + r.extra["steps_measured"]
+        assert r.extra["optimizer_state_bytes"] > 0 and r.extra["loss_first"] != r.extra["loss_last"]
     # What the estimator learned from the model handed to deepspeed.initialize, and what it did with it.
     settings = json.loads((out / "run.json").read_text())
     assert settings["backend"] == "script"

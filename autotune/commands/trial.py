@@ -197,6 +197,12 @@ def show(result: TrialResult, prediction: Estimate | None, calibration: Calibrat
         table.add_row("step time IQR (s)", f"{extra['step_time_iqr_s']:.3f}", "", "")
         table.add_row("measured steps", f"{extra['steps_measured']} ({extra['stop_reason']})", "", "")
         table.add_row("launch to first measured step (s)", f"{extra['launch_to_first_step_s']:.1f}", "", "")
+    if extra.get("steps_applied") is not None:  # what the optimizer steps did (autotune.worker.training)
+        scale = f", loss scale {extra['loss_scale']:g}" if extra.get("loss_scale") is not None else ""
+        loss = (f"; loss {extra['loss_first']:.4g} -> {extra['loss_last']:.4g}"
+                if extra.get("loss_first") is not None and extra.get("loss_last") is not None else "")
+        table.add_row("optimizer steps", f"{extra['steps_applied']} applied, {extra['steps_skipped']} skipped{scale}{loss}",
+                      "", "")
     table.add_row("trial wall time (s)", f"{result.wall_time_s:.1f}", "", "")
     console.print(table)
     if result.error:
