@@ -26,7 +26,7 @@ from typing import Any, BinaryIO, Iterator
 
 import yaml
 
-from autotune.values.config import ConfigError
+from autotune.errors import ConfigError
 
 _SHORT = reprlib.Repr()
 _SHORT.maxstring = 60

@@ -1,7 +1,8 @@
 import pytest
 
 from autotune.values.config import KNOBS, Config, ConfigError
-from autotune.values.dsconfig import RECIPE_AUTO, DsOptions, ds_config, hf_ds_config, validate
+from autotune.outputs.handoff import validate
+from autotune.values.dsconfig import RECIPE_AUTO, DsOptions, ds_config, hf_ds_config
 from autotune.values.hardware import PROFILES
 from autotune.search_spaces import load_choices
 from autotune.values.space import Choices, Space

@@ -15,7 +15,7 @@ import pytest
 import autotune
 from autotune.cli import main
 from autotune.values.config import ConfigError
-from autotune.values.dsconfig import validate
+from autotune.outputs.handoff import validate
 from autotune.values.results import read_results
 from autotune.trials.runner import extensions_dir, free_port
 

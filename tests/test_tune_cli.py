@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import main
-from autotune.values.dsconfig import validate
+from autotune.outputs.handoff import validate
 from autotune.prediction.estimate import estimate
 from autotune.values.hardware import PROFILES
 from autotune.values.results import STATUSES, read_results

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import main
-from autotune.values.dsconfig import validate
+from autotune.outputs.handoff import validate
 from autotune.values.results import read_results
 from micro import MICRO_FILE
 

@@ -316,5 +316,5 @@ def test_a_rank_imports_deepspeed_without_mlflow():
     then_import = "import mlflow; print(mlflow.__name__)"
     assert run("from autotune.worker.imports import mlflow_kept_out\nwith mlflow_kept_out(): import deepspeed\n"
                f"{report}; {then_import}") == ["False", "False", "mlflow"]  # script mode's shim
-    assert run("from autotune.values.dsconfig import validate; validate({'train_batch_size': 2}); "
+    assert run("from autotune.outputs.handoff import validate; validate({'train_batch_size': 2}); "
                f"print('mlflow' in sys.modules); {then_import}") == ["False", "mlflow"]  # the tuner

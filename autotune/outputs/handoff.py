@@ -19,6 +19,7 @@ with the trials' environment: autotune.outputs.launch).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import shlex
@@ -27,12 +28,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.values.config import Config, ConfigError
-from autotune.values.dsconfig import RECIPE_AUTO, DsOptions, ds_config, hf_ds_config, validate
+from autotune.values.dsconfig import RECIPE_AUTO, DsOptions, ds_config, hf_ds_config
 from autotune.values.hardware import Hardware
 from autotune.outputs.launch import LAUNCH_FILE, Launch, trials_environment
 from autotune.values.settings import DEFAULT_STACK, STACKS, RunSettings, check_stack  # noqa: F401  (the stacks' names are settings)
 from autotune.values.space import Choices
 from autotune.values.workload import Workload
+from autotune.worker.imports import mlflow_kept_out
 
 if TYPE_CHECKING:  # rundir reads the stack names from here
     from autotune.search.rundir import RunFolder
@@ -340,3 +342,18 @@ class Handoff:
                 "`gradient_accumulation_steps` beside it."
                 + (" Activation checkpointing: call `model.gradient_checkpointing_enable()` before `prepare`."
                    if self.config.ckpt_interval else ""), ""]
+
+
+def validate(ds: dict[str, Any], world_size: int = 1) -> Any:
+    """Parse with DeepSpeed's own `DeepSpeedConfig`; raises what DeepSpeed raises.
+
+    Without an initialised process group the parser assumes one rank, so the batch is checked per rank
+    (train_batch_size / world_size = micro-batch x accumulation) — the same arithmetic.
+    """
+    with mlflow_kept_out():  # 1-4 s of the tuner's start; autotune.outputs.tracking may still import MLflow later
+        from deepspeed.runtime.config import DeepSpeedConfig
+
+    checked = copy.deepcopy(ds)
+    if isinstance(checked.get("train_batch_size"), int):
+        checked["train_batch_size"] //= world_size
+    return DeepSpeedConfig(checked)

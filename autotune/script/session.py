@@ -26,9 +26,9 @@ from typing import Any, Callable
 from autotune.backends.factory import script_backend
 from autotune.backends.script import SCRIPT_FILE, Script, read_script_info, user_config
 from autotune.values.config import Config, ConfigError
-from autotune.values.dsconfig import DsOptions, ds_config, validate
+from autotune.values.dsconfig import DsOptions, ds_config
 from autotune.prediction.estimate import estimate
-from autotune.outputs.handoff import checkpointing_key
+from autotune.outputs.handoff import checkpointing_key, validate
 from autotune.values.results import TrialResult
 from autotune.search.rundir import RunDir
 from autotune.values.settings import RunSettings

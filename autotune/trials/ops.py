@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from autotune.worker.main import ARCH_LIST_PARSERS, PARENT_ENV, op_builders, prepared_ds_config
+from autotune.worker.main import ARCH_LIST_PARSERS, PARENT_ENV, needed_builders
 
 ARCH_ENV = "TORCH_CUDA_ARCH_LIST"
 # One entry as torch accepts it, with an arch-specific (`a`) or family (`f`) variant letter allowed.
@@ -206,25 +206,6 @@ def preflight(accelerator: str, ds_configs: Sequence[Mapping[str, Any]], env: Ma
     if record is not None and done.get("builds"):
         record.add(done["builds"])
     return tuple(done["ops"])
-
-
-def needed_builders(accelerator: str, ds_configs: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The op builders (class names) the trials of `ds_configs` load on `accelerator`, as the child decides."""
-    named = _Accelerator(accelerator)
-    names: list[str] = []
-    for ds in ds_configs:
-        names += [n for n in op_builders(prepared_ds_config(dict(ds)), named) if n not in names]
-    return names
-
-
-@dataclass(frozen=True)
-class _Accelerator:
-    """What autotune.worker.main.op_builders asks of DeepSpeed's accelerator, without importing DeepSpeed."""
-
-    name: str
-
-    def device_name(self) -> str:
-        return self.name
 
 
 @dataclass(frozen=True)

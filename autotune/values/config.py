@@ -6,14 +6,12 @@ import json
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from autotune.errors import ConfigError as ConfigError  # where the library's callers have always found it
+
 ZERO_STAGES = (0, 1, 2, 3)
 PRECISIONS = ("fp32", "fp16", "bf16")
 OFFLOADS = ("none", "cpu", "nvme")
 KNOBS = ("zero_stage", "micro_batch", "ckpt_interval", "precision", "offload_optimizer", "offload_param")
-
-
-class ConfigError(ValueError):
-    """A config, space or workload value that is not allowed; the message names it."""
 
 
 def first_line(err: BaseException) -> str:

@@ -132,20 +132,3 @@ def hf_ds_config(config: Config, workload: Workload, options: DsOptions = DsOpti
 
 RECIPE_AUTO = ("optimizer.params.lr", "optimizer.params.weight_decay", "gradient_clipping")
 """The only keys `hf_ds_config` leaves "auto"."""
-
-
-def validate(ds: dict[str, Any], world_size: int = 1) -> Any:
-    """Parse with DeepSpeed's own `DeepSpeedConfig`; raises what DeepSpeed raises.
-
-    Without an initialised process group the parser assumes one rank, so the batch is checked per rank
-    (train_batch_size / world_size = micro-batch x accumulation) — the same arithmetic.
-    """
-    from autotune.worker.imports import mlflow_kept_out
-
-    with mlflow_kept_out():  # 1-4 s of the tuner's start; autotune.outputs.tracking may still import MLflow later
-        from deepspeed.runtime.config import DeepSpeedConfig
-
-    checked = copy.deepcopy(ds)
-    if isinstance(checked.get("train_batch_size"), int):
-        checked["train_batch_size"] //= world_size
-    return DeepSpeedConfig(checked)

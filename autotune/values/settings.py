@@ -12,8 +12,7 @@ from typing import Any
 from autotune.values.config import ConfigError
 from autotune.files import short
 from autotune.values.hardware import Hardware, hardware_from_dict
-from autotune.search_spaces import parse_choices
-from autotune.values.space import Choices, Space
+from autotune.values.space import Choices, Space, parse_choices
 from autotune.values.workload import Workload
 
 SETTINGS = "run.json"  # the file a sweep's settings are written to, in its run directory

@@ -9,8 +9,9 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
+from autotune.files import short
 from autotune.values.config import KNOBS, OFFLOADS, PRECISIONS, ZERO_STAGES, Config, ConfigError
 from autotune.values.hardware import Hardware
 from autotune.values.workload import Workload, divisors
@@ -203,3 +204,47 @@ class Space:
 
 ALLOWED = {"zero_stage": list(ZERO_STAGES), "precision": list(PRECISIONS),
            "offload_optimizer": list(OFFLOADS), "offload_param": list(OFFLOADS)}
+
+
+_ALLOWED: dict[str, tuple[str, Any]] = {
+    "zero_stage": ("one of " + ", ".join(map(str, ZERO_STAGES)), lambda v: v in ZERO_STAGES),
+    "micro_batch": ("positive integers", lambda v: v >= 1),
+    "ckpt_interval": ("integers >= 0 (0 turns checkpointing off)", lambda v: v >= 0),
+    "precision": ("one of " + ", ".join(PRECISIONS), lambda v: v in PRECISIONS),
+    "offload_optimizer": ("one of " + ", ".join(OFFLOADS), lambda v: v in OFFLOADS),
+    "offload_param": ("one of " + ", ".join(OFFLOADS), lambda v: v in OFFLOADS),
+}
+_INT_KNOBS = {"zero_stage", "micro_batch", "ckpt_interval"}
+
+
+def parse_choices(data: Any, source: str = "<space>") -> Choices:
+    """Choices from a mapping of knob -> list of values (a search-space YAML's, a run.json's `space`); ConfigError naming
+    `source` and the first value not allowed."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping of knob -> list of values, got {type(data).__name__}")
+    unknown = set(data) - set(KNOBS) - {"nvme_path"}
+    if unknown:
+        key = sorted(unknown, key=str)[0]
+        raise ConfigError(f"{source}: unknown knob {key!r}: allowed {', '.join(KNOBS)}, nvme_path")
+    values: dict[str, Any] = {}
+    for knob, raw in data.items():
+        if knob == "nvme_path":
+            if raw is not None and not isinstance(raw, str):
+                raise ConfigError(f"{source}: nvme_path: {short(raw)} must be a directory path or null")
+            values[knob] = raw
+            continue
+        allowed, ok = _ALLOWED[knob]
+        if not isinstance(raw, list) or not raw:
+            raise ConfigError(f"{source}: {knob}: {short(raw)} must be a non-empty list of {allowed}")
+        for value in raw:
+            if knob in _INT_KNOBS:
+                good_type = isinstance(value, int) and not isinstance(value, bool)
+            else:
+                good_type = isinstance(value, str)
+            if not good_type or not ok(value):
+                raise ConfigError(f"{source}: {knob}: bad value {short(value)}: allowed {allowed}")
+        values[knob] = tuple(raw)
+    try:
+        return Choices(**values)
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from None

@@ -27,7 +27,8 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from autotune.worker.device import AcceleratorMismatch, open_device
 from autotune.worker.imports import without_mlflow
@@ -345,6 +346,25 @@ def op_builders(ds: dict[str, Any], accel: Any) -> list[str]:
         offload = ds.get("zero_optimization", {}).get("offload_optimizer", {}).get("device", "none") != "none"
         names.append("CPUAdamBuilder" if offload else "FusedAdamBuilder")
     return names
+
+
+def needed_builders(accelerator: str, ds_configs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The op builders (class names) the trials of `ds_configs` load on `accelerator`, as the child decides."""
+    named = _Accelerator(accelerator)
+    names: list[str] = []
+    for ds in ds_configs:
+        names += [n for n in op_builders(prepared_ds_config(dict(ds)), named) if n not in names]
+    return names
+
+
+@dataclass(frozen=True)
+class _Accelerator:
+    """What op_builders asks of DeepSpeed's accelerator, without importing DeepSpeed."""
+
+    name: str
+
+    def device_name(self) -> str:
+        return self.name
 
 
 def load_op(name: str, accel: Any, report: Callable[[str, bool], None] | None = None) -> None:

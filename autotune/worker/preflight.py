@@ -23,10 +23,9 @@ import sys
 import traceback
 from typing import Any
 
-from autotune.trials.ops import needed_builders
 from autotune.worker.device import AcceleratorMismatch, check_accelerator
 from autotune.worker.imports import without_mlflow
-from autotune.worker.main import build_failure, classify, die_with_parent, load_op
+from autotune.worker.main import build_failure, classify, die_with_parent, load_op, needed_builders
 
 
 def emit(event: str, **info: Any) -> None:
