@@ -1,0 +1,111 @@
+"""The package as the GPU machine runs it (issue 40): its wheel installed with `pip install --target` into a folder
+on PYTHONPATH, no editable install, and `python -m autotune.cli` started from the repository root, where '' comes
+first on sys.path and the checkout's autotune/ is the one imported; and the checkout with no install at all.
+
+The children run `python -S` with the virtualenv's site-packages as a PYTHONPATH entry: not a site directory, so
+its .pth files, the editable install's import hook among them, are not processed, as on the GPU machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SITE = sysconfig.get_paths()["purelib"]  # the virtualenv's packages: the dependencies
+SOURCES = ("pyproject.toml", "README.md", "autotune", "envs", "search_spaces")  # what the wheel is built from
+
+# What a child imported, and its import finders by name (the editable install's is _EditableFinder).
+PROBE = ("import json, sys, autotune, autotune.envs, autotune.search_spaces\n"
+         "print(json.dumps({'autotune': autotune.__file__, 'envs': autotune.envs.__file__,\n"
+         "                  'search_spaces': autotune.search_spaces.__file__,\n"
+         "                  'finders': [getattr(f, '__name__', type(f).__name__) for f in sys.meta_path]}))")
+
+
+def build_wheel(folder: Path) -> Path:
+    """ds-autotune's wheel in `folder`, built from a copy of the sources: setuptools writes build/ and the egg-info
+    beside them, and a build in the working tree could meet another test's."""
+    source = folder / "source"
+    source.mkdir(parents=True)
+    for name in SOURCES:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(ROOT / name, source / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "--no-deps",
+                    "--no-build-isolation", "-w", str(folder), str(source)], check=True, capture_output=True,
+                   timeout=300)
+    return next(folder.glob("ds_autotune-*.whl"))
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory) -> Path:
+    """The wheel installed as scripts/gpu-validate installs the bundle's: into a folder of its own."""
+    folder = tmp_path_factory.mktemp("installed")
+    wheel = build_wheel(folder / "wheel")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-index",
+                    "--no-deps", "--target", str(folder / "site"), str(wheel)], check=True, capture_output=True,
+                   timeout=300)
+    return folder / "site"
+
+
+def run(pythonpath: list[str], *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(pythonpath)}
+    return subprocess.run([sys.executable, "-S", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def probe(pythonpath: list[str], cwd: Path = ROOT) -> dict:
+    done = run(pythonpath, "-c", PROBE, cwd=cwd)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout)
+    assert not any("Editable" in name for name in seen["finders"]), seen["finders"]  # the GPU machine's path
+    return seen
+
+
+def the_checkouts(seen: dict) -> None:
+    """The checkout's package whole: its autotune/ with its own envs/ and search_spaces/."""
+    assert seen["autotune"] == str(ROOT / "autotune" / "__init__.py")
+    assert seen["envs"] == str(ROOT / "envs" / "__init__.py")
+    assert seen["search_spaces"] == str(ROOT / "search_spaces" / "__init__.py")
+    assert seen["finders"][-1] == "_CheckoutFolders"  # last: any other finder comes first
+
+
+def tune(pythonpath: list[str], out: Path) -> dict:
+    done = run(pythonpath, "-m", "autotune.cli", "tune", "--model", "tiny", "--backend", "simulated", "--trials", "3",
+               "--out", str(out))
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    return json.loads((out / "summary.json").read_text())
+
+
+def test_the_checkout_imports_whole_from_the_root_with_no_install():
+    the_checkouts(probe([SITE]))
+
+
+def test_with_the_wheel_installed_the_root_imports_the_checkout_whole_and_elsewhere_the_install(target, tmp_path):
+    the_checkouts(probe([str(target), SITE]))
+    elsewhere = probe([str(target), SITE], cwd=tmp_path)
+    assert elsewhere["autotune"] == str(target / "autotune" / "__init__.py")
+    assert elsewhere["envs"] == str(target / "autotune" / "envs" / "__init__.py")
+    assert elsewhere["search_spaces"] == str(target / "autotune" / "search_spaces" / "__init__.py")
+    assert "_CheckoutFolders" not in elsewhere["finders"]  # an installed package serves its own
+
+
+@pytest.mark.slow
+def test_tune_from_the_root_with_the_wheel_installed_into_a_folder_writes_a_summary(target, tmp_path):
+    the_checkouts(probe([str(target), SITE]))  # the path this run takes
+    summary = tune([str(target), SITE], tmp_path / "run")
+    assert summary["trials"] == 3 and summary["best"]
+
+
+@pytest.mark.slow
+def test_tune_from_the_root_with_no_install_writes_a_summary(tmp_path):
+    the_checkouts(probe([SITE]))
+    summary = tune([SITE], tmp_path / "run")
+    assert summary["trials"] == 3 and summary["best"]
