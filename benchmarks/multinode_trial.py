@@ -96,7 +96,8 @@ def main() -> None:
     args = parser.parse_args()
     import ray
 
-    from autotune.drivers.ray import connect, run_trial
+    from autotune.drivers.ray import run_trial
+    from autotune.trials.cluster import connect
     from autotune.drivers.ray_ranks import RankBundles, run_spanning_trial
 
     address, nodes = start_cluster()

@@ -23,7 +23,7 @@ import pytest
 
 from autotune.backends.factory import SLEEP_ENV
 from autotune.values.config import Config, ConfigError
-from autotune.drivers import ray as ray_driver
+from autotune.trials import cluster
 from autotune.values.dsconfig import ds_config
 from autotune.values.results import read_results
 from autotune.trials.runner import (OWNER_PREFIX, SHM_DIR, LaunchOptions, claim_port, release_port, remove_stale_shm,
@@ -219,9 +219,9 @@ def silent_server():
 def test_a_port_that_is_no_ray_server_is_refused(silent_server):
     with pytest.raises(ConfigError, match=rf"cannot reach Ray cluster at 127.0.0.2:{silent_server}: nothing there "
                                           "answered as a Ray server"):
-        ray_driver.check_reachable(f"127.0.0.2:{silent_server}", timeout_s=0.5)
+        cluster.check_reachable(f"127.0.0.2:{silent_server}", timeout_s=0.5)
     with pytest.raises(ConfigError, match="allowed local, auto, HOST:PORT"):
-        ray_driver.check_reachable("nohost")
+        cluster.check_reachable("nohost")
 
 
 def test_ray_init_that_never_returns_is_bounded():
@@ -232,7 +232,7 @@ def test_ray_init_that_never_returns_is_bounded():
             release.wait(60)
 
     try:
-        err = ray_driver._init_within(Stuck(), "10.0.0.1:6379", timeout_s=0.3)
+        err = cluster._init_within(Stuck(), "10.0.0.1:6379", timeout_s=0.3)
         assert isinstance(err, TimeoutError) and "0.3 s" in str(err)
     finally:
         release.set()
@@ -247,8 +247,8 @@ def http2_server():
 
 @pytest.mark.slow
 def test_real_ray_against_a_server_that_is_no_ray_cluster_gives_up_in_one_line(http2_server):
-    code = ("import sys\nfrom autotune.values.config import ConfigError\nfrom autotune.drivers import ray\n"
-            "ray.CONNECT_TIMEOUT_S = 3\ntry:\n    ray.connect(sys.argv[1])\nexcept ConfigError as err:\n"
+    code = ("import sys\nfrom autotune.values.config import ConfigError\nfrom autotune.trials import cluster\n"
+            "cluster.CONNECT_TIMEOUT_S = 3\ntry:\n    cluster.connect(sys.argv[1])\nexcept ConfigError as err:\n"
             "    print(err)\n    sys.exit(2)\n")
     run = subprocess.run([sys.executable, "-c", code, f"127.0.0.2:{http2_server}"], capture_output=True, text=True,
                          timeout=120)
@@ -267,7 +267,7 @@ LOCAL_RAY_SWEEP_SLEEP_S = "2"
 def test_ray_local_ignores_the_environment_and_listens_on_loopback_only(tmp_path):
     """`tune --ray-address local` with RAY_ADDRESS naming nothing and Ray's all-interfaces switch inherited:
     it starts its own instance, every process of which listens on loopback only."""
-    env = {**os.environ, "RAY_ADDRESS": "127.0.0.1:1", ray_driver.LOOPBACK_ENV: "1",
+    env = {**os.environ, "RAY_ADDRESS": "127.0.0.1:1", cluster.LOOPBACK_ENV: "1",
            SLEEP_ENV: LOCAL_RAY_SWEEP_SLEEP_S}
     out = tmp_path / "run"
     tuner = subprocess.Popen([sys.executable, "-m", "autotune.cli", "tune", "--model", "tiny", "--backend",

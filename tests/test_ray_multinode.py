@@ -123,7 +123,7 @@ def cluster():
 # The driver of the spanning trials: a process of its own (Ray reads the cluster's token settings once).
 SPANNING_DRIVER = """
 import functools, sys, ray
-from autotune.drivers.ray import connect
+from autotune.trials.cluster import connect
 from autotune.drivers.ray_ranks import run_spanning_trial
 from autotune.values.results import append_result
 import test_ray_multinode as t

@@ -240,11 +240,11 @@ def test_a_training_run_shares_the_run_folder_lock_and_atomic_files(tmp_path):
         pass
 
 
-def test_ray_is_joined_through_the_drivers_connect_and_local_training_sizes_its_instance(monkeypatch):
+def test_ray_is_joined_through_the_clusters_connect_and_local_training_sizes_its_instance(monkeypatch):
     import sys
     import types
 
-    import autotune.drivers.ray as ray_driver
+    import autotune.trials.cluster as ray_driver
     from autotune.rl.train import connect_ray
 
     calls = []

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import Mapping, Protocol
 from dataclasses import dataclass
 
 import numpy as np
 
 from autotune.values.config import KNOBS, Config
-from autotune.envs.landscape import Landscape
 from autotune.values.results import TrialResult
 from autotune.values.space import Space
 from autotune.values.units import format_size
@@ -80,6 +80,26 @@ class Distortion:
         unit = np.random.default_rng(self.seed).normal(0.0, 1.0, 4096)
         log_t = log_t + self.per_config_sigma * unit[(keys + self.seed) % 4096]
         return np.exp(log_t), np.exp(log_m)
+
+
+class Landscape(Protocol):
+    """What the backend reads of a task's landscape (autotune.envs.landscape.Landscape, built above this layer):
+    every config's predicted peak and throughput, whether its host memory fits, and where each config is."""
+
+    @property
+    def space(self) -> Space: ...
+
+    @property
+    def peak(self) -> np.ndarray: ...
+
+    @property
+    def throughput(self) -> np.ndarray: ...
+
+    @property
+    def host_fits(self) -> np.ndarray: ...
+
+    @property
+    def index(self) -> Mapping[Config, int]: ...
 
 
 class DistortedBackend:

@@ -17,7 +17,7 @@ import time
 from importlib import import_module
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from autotune.backends import Backend
 from autotune.values.config import Config, ConfigError
@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from autotune.backends.replay import ReplayBackend
     from autotune.backends.script import ScriptBackend
     from autotune.backends.simulated import SimulatedBackend
-    from autotune.search.rundir import RunDir
     from autotune.values.settings import RunSettings
     from autotune.worker.measure import MeasureSettings
 
@@ -44,7 +43,18 @@ class TrialOptions:
     sleep_s: float = 0.0  # tests and benchmarks: every trial also takes this long
 
 
-Builder = Callable[["RunSettings", "RunDir | None", TrialOptions], Backend]
+class RunHome(Protocol):
+    """What a builder reads of the sweep's run directory (autotune.search.rundir.RunDir, a layer above): the folder
+    (a script sweep's script.json) and where trial logs go."""
+
+    @property
+    def path(self) -> Path: ...
+
+    @property
+    def logs_dir(self) -> Path: ...
+
+
+Builder = Callable[["RunSettings", "RunHome | None", TrialOptions], Backend]
 
 
 @dataclass(frozen=True)
@@ -101,14 +111,14 @@ def backend_names(*, sweep: bool | None = True, measures: bool | None = None, en
                  if all(value is None or getattr(kind, flag) == value for flag, value in wanted.items()))
 
 
-def make_backend(settings: "RunSettings", run_dir: "RunDir | None" = None,
+def make_backend(settings: "RunSettings", run_dir: "RunHome | None" = None,
                  options: TrialOptions = TrialOptions()) -> Backend:
     """The backend of a sweep with these settings (trial logs under `run_dir`'s logs/ or options.logs_dir)."""
     backend = backend_kind(settings.backend).build(settings, run_dir, options)
     return SleepingBackend(backend, options.sleep_s) if options.sleep_s > 0 else backend
 
 
-def _logs_dir(run_dir: "RunDir | None", options: TrialOptions) -> Path:
+def _logs_dir(run_dir: "RunHome | None", options: TrialOptions) -> Path:
     if options.logs_dir is not None:
         return Path(options.logs_dir)
     if run_dir is None:
@@ -148,12 +158,12 @@ else:
 
 # The kinds' builders from a sweep's settings.
 
-def _simulated(settings: "RunSettings", run_dir: "RunDir | None", options: TrialOptions) -> Backend:
+def _simulated(settings: "RunSettings", run_dir: "RunHome | None", options: TrialOptions) -> Backend:
     return simulated_backend(settings.workload, settings.hardware, settings.memory_budget_bytes, seed=settings.seed,
                             nvme_path=settings.choices.nvme_path)
 
 
-def _replay(settings: "RunSettings", run_dir: "RunDir | None", options: TrialOptions) -> Backend:
+def _replay(settings: "RunSettings", run_dir: "RunHome | None", options: TrialOptions) -> Backend:
     if settings.surface is None:
         raise ConfigError("the replay backend needs a surface (a JSONL of measured results)")
     return replay_backend(settings.surface, settings.memory_budget_bytes)
@@ -164,7 +174,7 @@ def _deepspeed_options(options: TrialOptions) -> dict[str, Any]:
     return {k: v for k, v in chosen.items() if v is not None}
 
 
-def _deepspeed(settings: "RunSettings", run_dir: "RunDir | None", options: TrialOptions) -> Backend:
+def _deepspeed(settings: "RunSettings", run_dir: "RunHome | None", options: TrialOptions) -> Backend:
     from autotune.values.dsconfig import DsOptions
 
     return deepspeed_backend(settings.workload, settings.memory_budget_bytes, settings.hardware,
@@ -172,7 +182,7 @@ def _deepspeed(settings: "RunSettings", run_dir: "RunDir | None", options: Trial
                              **_deepspeed_options(options))
 
 
-def _script(settings: "RunSettings", run_dir: "RunDir | None", options: TrialOptions) -> Backend:
+def _script(settings: "RunSettings", run_dir: "RunHome | None", options: TrialOptions) -> Backend:
     from autotune.backends.script import Script, read_script_info
     from autotune.values.dsconfig import DsOptions
 

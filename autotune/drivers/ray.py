@@ -31,12 +31,6 @@ trials they leave RUNNING are taken over by the resumed study.
 
 from __future__ import annotations
 
-import logging
-import os
-import re
-import signal
-import socket
-import threading
 import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -45,7 +39,7 @@ from rich.console import Console
 
 from autotune.backends import Backend
 from autotune.backends.factory import TrialOptions, as_backend, backend_kind, make_backend, simulated_sleep_s
-from autotune.values.config import Config, ConfigError, first_line
+from autotune.values.config import Config, ConfigError
 from autotune.drivers.loop import Flight, Job, TrialReply, TrialResources, run_jobs
 from autotune.drivers.ray_ranks import NodeLost
 from autotune.drivers.stop import StopReason
@@ -53,23 +47,14 @@ from autotune.drivers.progress import STATUS_STYLE, LiveProgress, Progress, _hea
 from autotune.drivers.sweep import Budget, Sweep
 from autotune.values.results import TrialResult
 from autotune.values.units import format_size
+from autotune.trials.cluster import connect, disconnect
 
 if TYPE_CHECKING:
     from autotune.drivers.ray_ranks import RankBundles
     from autotune.search.rundir import RunDir
     from autotune.values.settings import RunSettings
 
-LOCAL = "local"  # --ray-address local: start a private single-node Ray instance for this run
 MAX_FAILURES = 3  # resubmissions of a trial whose worker or node died
-LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # Ray's switch for single-machine clusters (start_local)
-ADDRESS_ENV = "RAY_ADDRESS"  # the cluster ray.init joins when given no address
-LOOPBACK_IP = "127.0.0.1"
-PROBE_TIMEOUT_S = 5.0  # a cluster's address must accept a connection within this
-CONNECT_TIMEOUT_S = 20.0  # and Ray must have joined it within this
-CLIENT_PORT = 10001  # Ray Client's default port (ray://HOST)
-HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"  # RFC 9113 section 3.4
-HTTP2_EMPTY_SETTINGS = bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # length 0, type SETTINGS, no flags, stream 0
-HTTP2_SETTINGS = 4
 
 
 @dataclass(frozen=True)
@@ -93,166 +78,6 @@ def trial_resources(settings: "RunSettings", gpus_per_trial: int | None = None) 
     if settings.hardware.is_cpu:
         return TrialResources(cpus=float(ranks), ranks=ranks, per_rank=(("CPU", 1.0),))
     return TrialResources(cpus=1.0, gpus=float(gpus_per_trial or ranks), ranks=ranks, per_rank=(("GPU", 1.0),))
-
-
-def connect(address: str, num_cpus: int | None = None) -> None:
-    """Connect this process to a Ray cluster (or start a private local one of `num_cpus` CPUs, default every
-    core); one line (ConfigError) on failure, within PROBE_TIMEOUT_S + CONNECT_TIMEOUT_S at most."""
-    import ray
-
-    if ray.is_initialized():
-        return
-    if address == LOCAL:
-        start_local(ray, num_cpus)
-        return
-    check_reachable(address)
-    err = _init_within(ray, address, CONNECT_TIMEOUT_S)
-    # A cluster that wants a token Ray was not given also just never answers: the hint names both causes.
-    token = ("if it uses token authentication, are RAY_AUTH_MODE=token and its token (RAY_AUTH_TOKEN_PATH=FILE, "
-             "RAY_AUTH_TOKEN, or ~/.ray/auth_token) set in this environment?")
-    if isinstance(err, TimeoutError):
-        raise ConfigError(f"cannot reach Ray cluster at {address}: {err}; is it a Ray cluster's address "
-                          f"(the head's GCS port, or ray://HOST:PORT of its Ray Client server)? And {token}")
-    if err is not None:
-        raise ConfigError(f"--ray-address {address}: cannot connect to Ray: {first_line(err)}; is it running, and "
-                          f"{token}") from None
-
-
-def _init_within(ray: Any, address: str, timeout_s: float) -> BaseException | None:
-    """ray.init(address) in a helper thread, waited for at most `timeout_s`: against a server that accepts
-    the connection but is no Ray cluster, Ray retries for many minutes in calls no signal interrupts.
-    Returns the error (a TimeoutError if it took too long), or None once connected. Outside the main
-    thread Ray installs no SIGTERM handler of its own, so the caller's (SIGTERM as Ctrl-C) stays."""
-    failure: list[BaseException] = []
-
-    def init() -> None:
-        try:
-            ray.init(address=address, log_to_driver=False, configure_logging=False)
-        except BaseException as err:  # noqa: BLE001  (handed to the waiting thread)
-            failure.append(err)
-
-    worker_log = logging.getLogger("ray._private.worker")
-    quiet = _DropMessage("is not the main thread")  # Ray's note that it set no SIGTERM handler: as intended
-    worker_log.addFilter(quiet)
-    try:
-        thread = threading.Thread(target=init, name="ray-connect", daemon=True)
-        thread.start()
-        thread.join(timeout_s)
-    finally:
-        worker_log.removeFilter(quiet)
-    if thread.is_alive():  # left behind, daemonic: it ends with the process
-        return TimeoutError(f"no Ray cluster answered within {timeout_s:g} s")
-    return failure[0] if failure else None
-
-
-class _DropMessage(logging.Filter):
-    def __init__(self, text: str) -> None:
-        super().__init__()
-        self.text = text
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return self.text not in record.getMessage()
-
-
-def start_local(ray: Any, num_cpus: int | None) -> None:
-    """A private Ray instance on this machine that listens on loopback only, whatever the environment says.
-
-    Ray joins the cluster an inherited RAY_ADDRESS names unless told "local"; it binds its servers to
-    loopback only when the node's IP is literally 127.0.0.1, and resolves 127.0.0.1 to the routable address
-    unless its switch for single-machine clusters (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER, read at import into
-    ray_constants and again by every process it starts) is off. So the switch is turned off in this process
-    and in the environment the instance's processes inherit, and RAY_ADDRESS is left out of that
-    environment, for the start only: the caller's os.environ is as it was afterwards."""
-    from ray._private import ray_constants
-
-    saved_env = {name: os.environ.get(name) for name in (LOOPBACK_ENV, ADDRESS_ENV)}
-    saved_switch = ray_constants.ENABLE_RAY_CLUSTER
-    os.environ[LOOPBACK_ENV] = "0"
-    os.environ.pop(ADDRESS_ENV, None)
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    main = threading.current_thread() is threading.main_thread()
-    sigterm = signal.getsignal(signal.SIGTERM) if main else None
-    try:
-        ray.init(address=LOCAL, num_cpus=num_cpus, include_dashboard=False, _node_ip_address=LOOPBACK_IP,
-                 log_to_driver=False, configure_logging=False)
-    finally:
-        if sigterm is not None:  # Ray's own handler exits at once; the caller's (SIGTERM as Ctrl-C) ends trials
-            signal.signal(signal.SIGTERM, sigterm)
-        ray_constants.ENABLE_RAY_CLUSTER = saved_switch
-        for name, value in saved_env.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
-def check_reachable(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
-    """Fail in one line, within about `timeout_s`, when nothing accepts a connection at the cluster's
-    address: Ray itself retries an unreachable GCS for minutes without a word. "auto" (find the cluster
-    started on this machine) is left to Ray; a Ray Client address (ray://host:port) is probed as given."""
-    if address == "auto":
-        return
-    client = "://" in address
-    target = address.split("://", 1)[1] if client else address
-    if client and not re.search(r":\d*$", target):
-        target += f":{CLIENT_PORT}"
-    host, sep, port = target.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"--ray-address {address}: allowed local, auto, HOST:PORT or ray://HOST:PORT")
-    if not client:
-        host = _ray_host(address, host)
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
-            if _speaks_http2(sock):
-                return
-            why = f"nothing there answered as a Ray server (gRPC) within {timeout_s:g} s"
-    except socket.gaierror as err:
-        why = f"cannot resolve {host!r} ({err.strerror})"
-    except TimeoutError:
-        why = f"no answer within {timeout_s:g} s"
-    except OSError as err:
-        why = (err.strerror or type(err).__name__).lower()
-    raise ConfigError(f"cannot reach Ray cluster at {address}: {why}; is it running, and is its port reachable "
-                      "from here?")
-
-
-def _speaks_http2(sock: socket.socket) -> bool:
-    """Whether the server on `sock` answers an HTTP/2 client preface with its SETTINGS frame, as Ray's gRPC
-    servers do (a port that accepts connections but is no Ray server, or a proxy that accepts every
-    connection, does not). A cluster with TLS (RAY_USE_TLS) expects a TLS handshake first: not checked."""
-    if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
-        return True
-    try:
-        sock.sendall(HTTP2_PREFACE + HTTP2_EMPTY_SETTINGS)
-        header = b""
-        while len(header) < 9:
-            chunk = sock.recv(9 - len(header))
-            if not chunk:
-                return False
-            header += chunk
-    except OSError:  # a timeout included
-        return False
-    return header[3] == HTTP2_SETTINGS
-
-
-def _ray_host(address: str, host: str) -> str:
-    """The host Ray itself will connect to for `address` (it replaces a loopback address by this node's
-    routable one); the host as given if Ray cannot say."""
-    try:
-        from ray._private.services import canonicalize_bootstrap_address
-
-        resolved = canonicalize_bootstrap_address(address)
-    except Exception:  # noqa: BLE001  (a private helper: any failure means "as given")
-        return host
-    return resolved.rpartition(":")[0].strip("[]") if resolved else host
-
-
-def disconnect() -> None:
-    import ray
-
-    if ray.is_initialized():
-        ray.shutdown()
 
 
 def fits_some_node(resources: TrialResources) -> bool:

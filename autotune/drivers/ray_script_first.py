@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Callable
 
 from autotune.values.config import Config, ConfigError
 from autotune.drivers.loop import TrialReply, TrialResources
-from autotune.drivers.ray import RayOptions, connect, describe_cluster, disconnect, fits_some_node, run_trial, \
-    trial_resources
+from autotune.drivers.ray import RayOptions, describe_cluster, fits_some_node, run_trial, trial_resources
+from autotune.trials.cluster import connect, disconnect
 from autotune.drivers.ray_script import ShippedScript, land_log_files, shipment_of
 from autotune.values.results import TrialResult
 from autotune.script.ship import pack

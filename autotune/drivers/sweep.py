@@ -10,7 +10,7 @@ trial (marked `"phase": "confirm"`) but not told to the strategy, and `best` is 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, Collection, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Collection, Protocol, Sequence
 
 from autotune.search import confirm
 
@@ -23,7 +23,6 @@ from autotune.search.pruning import LivePruner, Pruner, cause_of
 from autotune.values.results import TrialResult
 from autotune.values.space import Space
 from autotune.strategies import SearchContext, Strategy, make_strategy
-from autotune.outputs.tracking import NO_TRACKING, Tracker
 
 if TYPE_CHECKING:
     from autotune.search.rundir import RunDir
@@ -42,6 +41,18 @@ class Budget:
     # The convergence stop (autotune/search/convergence.py): the search ends once the chance that an untried config
     # beats the best by more than the launch noise is below this; 0: off (the trials or time end it).
     stop_when: float = DEFAULT_STOP_WHEN
+
+
+class Listener(Protocol):
+    """What hears every result the sweep records, after the record (experiment tracking: autotune.outputs.tracking's
+    Tracker, a layer above)."""
+
+    def trial(self, result: TrialResult) -> None: ...
+
+
+class _Deaf:
+    def trial(self, result: TrialResult) -> None:
+        pass
 
 
 def measurable(result: TrialResult) -> bool:
@@ -78,7 +89,7 @@ class Sweep:
         self.max_idle = 2 * space_size + 10
         self.stalled = False
         self.on_pruned: Callable[[TrialResult], None] = lambda result: None
-        self.tracker: Tracker = NO_TRACKING  # experiment tracking hears every recorded result (autotune.outputs.tracking)
+        self.tracker: Listener = _Deaf()  # experiment tracking hears every recorded result (autotune.outputs.tracking)
         # The chance of a better config after the latest search trial (autotune.search.convergence); None until
         # computed (a resumed sweep computes it again from its record, once its launch spread is set).
         self.convergence: Convergence | None = None

@@ -376,7 +376,7 @@ def connect_ray(address: str | None, workers: int) -> bool:
     """Connect to Ray: the cluster at `address` (autotune.drivers.ray.connect), or, without one (or with
     "local"), a private local instance sized for the runners. True if this call connected (the caller
     then disconnects); False if this process already was."""
-    from autotune.drivers.ray import LOCAL, connect
+    from autotune.trials.cluster import LOCAL, connect
 
     imported = sys.modules.get("ray")  # not imported here: only connect() needs Ray
     if imported is not None and imported.is_initialized():
@@ -394,7 +394,7 @@ def train(out: str | Path, settings: TrainSettings, *, ray_address: str | None =
     """Train until `settings.iterations` (counted over resumed sessions), checkpointing every
     `checkpoint_every` iterations and at the end. Ctrl-C or SIGTERM raise KeyboardInterrupt after
     stopping the algorithm and the Ray instance this call started; the last checkpoint stays."""
-    from autotune.drivers.ray import disconnect
+    from autotune.trials.cluster import disconnect
     from autotune.rl.policy import layout
 
     with TrainingRun(out).locked():

@@ -298,11 +298,12 @@ def run_sweep(sweep_file: SweepFile, out: Path, address: str, resume: bool, conc
 
     from autotune.api import close_run, hold, open_sweep, plan_run
     from autotune.drivers import ray as ray_driver
+    from autotune.trials import cluster
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     console = console or Console(width=160)
-    if address == ray_driver.LOCAL:  # this machine runs the real trials: refuse what it cannot run, up front
+    if address == cluster.LOCAL:  # this machine runs the real trials: refuse what it cannot run, up front
         for spec in sweep_file.workloads:
             if backend_kind(spec.settings.backend).real:
                 try:
@@ -343,7 +344,7 @@ def run_sweep(sweep_file: SweepFile, out: Path, address: str, resume: bool, conc
                 progress[spec.name].message("no config of the space is predicted to fit: nothing runs for this workload")
         jobs = [spec for spec in sweep_file.workloads if spec.name in opened and spec.name not in reasons]
         if jobs:
-            ray_driver.connect(address)
+            cluster.connect(address)
             try:
                 console.print(f"Ray cluster {address}: {ray_driver.describe_cluster()}; {len(jobs)} workloads "
                               f"at once" + (f", at most {concurrency} trials in flight" if concurrency else ""),
@@ -355,7 +356,7 @@ def run_sweep(sweep_file: SweepFile, out: Path, address: str, resume: bool, conc
                                         ray_driver.trial_resources(by_name[spec.name].settings, spec.gpus_per_trial),
                                         progress[spec.name]) for spec in jobs], concurrency))
             finally:
-                ray_driver.disconnect()
+                cluster.disconnect()
                 for spec in jobs:
                     progress[spec.name].close()  # the last batch of pruned configs
         rows = {}
@@ -372,7 +373,7 @@ def run_sweep(sweep_file: SweepFile, out: Path, address: str, resume: bool, conc
 
 def _disconnect() -> None:
     if "ray" in sys.modules:  # connected only if imported
-        from autotune.drivers.ray import disconnect
+        from autotune.trials.cluster import disconnect
 
         disconnect()
 
