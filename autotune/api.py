@@ -14,19 +14,21 @@ one) or any object with `run(config) -> TrialResult` (a user's own objective, ru
 
 from __future__ import annotations
 
+import argparse
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 from autotune.backends import Backend
 from autotune.backends.replay import replay_space
-from autotune.backends.factory import TrialOptions, as_backend, backend_kind, make_backend, simulated_sleep_s
+from autotune.backends.factory import TrialOptions, as_backend, backend_kind, backend_names, make_backend, simulated_sleep_s
 from autotune.prediction.calibrate import quality, save_calibration
 from autotune.values.config import ConfigError
 from autotune.search.confirm import prior_sigma
-from autotune.values.allocator import check_allocator
+from autotune.values.allocator import ALLOCATORS, check_allocator
+from autotune.values.argtypes import duration, non_negative_int, positive_int, seed as seed_value, size, stop_probability
 from autotune.trials.devices import AUTO, resolve_hardware
 from autotune.search.convergence import DEFAULT_STOP_WHEN, Convergence, check_stop_when
 from autotune.drivers.local import run_local
@@ -40,12 +42,12 @@ from autotune.outputs.report import Outputs, write_outputs
 from autotune.values.results import TrialResult, relabel_note, relabelled
 from autotune.trials.runner import remove_stale_shm_at_start
 from autotune.search.rundir import STUDY, RunDir
-from autotune.values.settings import (DEFAULT_STACK, SETTINGS, RunSettings, check_budget, check_stack, masked,
+from autotune.values.settings import (DEFAULT_STACK, SETTINGS, STACKS, RunSettings, check_budget, check_stack, masked,
                                       memory_budget)
 from autotune.prediction.scale import check_target, narrow_choices as narrow_for_target
 from autotune.search_spaces import choices_for
 from autotune.values.space import Choices, Space
-from autotune.strategies import check_strategy, strategy_name
+from autotune.strategies import STRATEGIES, check_strategy, strategy_name
 from autotune.search.study_storage import canonical as canonical_storage, check_storage
 from autotune.outputs.tracking import Tracker, check_uri as check_tracking_uri, resolve_uri as tracking_uri, tracked
 from autotune.values.workload import Workload
@@ -55,51 +57,135 @@ if TYPE_CHECKING:
     from autotune.drivers.ray import RayOptions
 
 DEFAULT_STRATEGY = "hybrid"  # the trained policy's first proposals, then Optuna (strategies/hybrid.py)
+DEFAULT_TRIALS = 30
+
+
+OPTION = "option"  # the metadata key of a TuneSpec field that is an option of the sweep
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of a sweep as every front end offers it, declared once on its TuneSpec field (issue 42): `autotune
+    tune`'s flag, the sweep file's key (the flag's name with underscores: `--memory-budget` is `memory_budget`), the
+    parser of its text (the CLI's and the sweep file's), its help. A new option is a field declared with `option`,
+    plus the place it takes effect."""
+
+    flag: str
+    help: str
+    parse: Callable[[str], Any] = str
+    choices: Callable[[], Sequence[str]] | None = None  # asked when a front end is built (a registry's names)
+    metavar: str | None = None
+    path: bool = False  # a file's path: a sweep file's is relative to the sweep file's folder
+    workload: bool = False  # the CLI's flag is one of the workload flags `estimate` and `trial` share too
+
+    @property
+    def key(self) -> str:
+        return self.flag.removeprefix("--").replace("-", "_")
+
+    def value(self, text: Any) -> Any:
+        """The option's value from a text (a flag's, a sweep file's value as a string); ConfigError naming what is
+        allowed."""
+        if self.choices is not None:
+            allowed = list(self.choices())
+            if text not in allowed:
+                raise ConfigError(f"{self.key}: {text!r}: allowed {', '.join(map(str, allowed))}")
+            return text
+        try:
+            return self.parse(str(text))
+        except (argparse.ArgumentTypeError, ValueError, OverflowError) as err:
+            raise ConfigError(f"{self.key}: {text!r}: {err}") from None
+
+
+def option(default: Any, flag: str, help: str, parse: Callable[[str], Any] = str, **kwargs: Any) -> Any:
+    """A TuneSpec field that is an option of the sweep (Option's fields as keywords)."""
+    return field(default=default, metadata={OPTION: Option(flag, help, parse, **kwargs)})
+
+
+def spec_options() -> tuple[tuple[str, Option, Any], ...]:
+    """The options of a sweep, in TuneSpec's order: (field name, Option, default)."""
+    return tuple((f.name, f.metadata[OPTION], f.default) for f in fields(TuneSpec) if OPTION in f.metadata)
 
 
 @dataclass(frozen=True)
 class TuneSpec:
-    """What to tune: the workload on the hardware under a memory budget per device, and how to search."""
+    """What to tune: the workload on the hardware under a memory budget per device, and how to search. The fields
+    declared with `option` are the sweep's options: `autotune tune`'s flags and a sweep file's keys come from them."""
 
     workload: Workload
     # A profile, its name, "auto" (this machine's devices) or None: "auto" for real trials, a replay surface's
     # own, else cpu for tiny and a100-80gb for the other models (autotune.trials.devices.resolve_hardware).
     hardware: Hardware | str | None = None
-    memory_budget_bytes: int | None = None  # per device; default: the hardware's memory (settings.memory_budget)
+    # per device; default: the hardware's memory (settings.memory_budget)
+    memory_budget_bytes: int | None = option(
+        None, "--memory-budget", "memory budget per device, e.g. 2GiB (2**30) or 2GB (10**9) (default: the hardware's)",
+        size)
     # A registered name (autotune.strategies.STRATEGIES), or the user's own Strategy: an object with propose()
     # and observe(config, result), or a callable building one from the SearchContext (autotune.strategies says
     # what the sweep does with it, a resume included: pass the object again).
-    strategy: Any = DEFAULT_STRATEGY
-    trials: int = 30  # launched trials, over every session of a resumed sweep (pruned configs do not count)
-    time_budget_s: float | None = None  # no trial starts once the trials have taken this long
-    backend: Any = "deepspeed"  # a registered kind's name, or an object with run(config) -> TrialResult
-    space: Choices | str | None = None  # Choices, a preset name or a YAML path; default: cpu or default preset
-    seed: int = 0
-    surface: str | None = None  # replay: the surface file
+    strategy: Any = option(DEFAULT_STRATEGY, "--strategy", "search strategy (default: %(default)s)",
+                           choices=lambda: list(STRATEGIES))
+    trials: int = option(DEFAULT_TRIALS, "--trials",
+                         "trials to launch, over all sessions of a resumed sweep (default: %(default)s)", positive_int)
+    time_budget_s: float | None = option(
+        None, "--time-budget", "no trial starts once the trials have taken this long, e.g. 8h, 90m", duration)
+    # a registered kind's name, or an object with run(config) -> TrialResult
+    backend: Any = option("deepspeed", "--backend", "deepspeed: real trials; simulated: the estimator; replay: a "
+                          "measured surface (default: %(default)s)", choices=lambda: backend_names())
+    # Choices, a preset name or a YAML path; default: cpu or default preset
+    space: Choices | str | None = option(None, "--space", "search-space YAML, or a preset name: default, cpu (default: "
+                                         "cpu on CPU hardware)", path=True, workload=True)
+    seed: int = option(0, "--seed", "seed of the strategy, 0 to 2**32-1 (default: %(default)s)", seed_value)
+    surface: str | None = option(None, "--surface", "replay surface (JSONL of results), for --backend replay",
+                                 path=True)
     # Where the Optuna study lives (autotune.search.study_storage): an Optuna RDB URL (sqlite:///..., postgresql://...)
     # or a journal file's path; None: study.db in the run directory, which holds everything else either way.
-    storage: str | None = None
+    storage: str | None = option(
+        None, "--storage", "keep the Optuna study in this storage instead of study.db in --out (which holds "
+        "everything else): an Optuna RDB URL (sqlite:///PATH, postgresql://USER:PASS@HOST/DB, mysql+pymysql://...) or "
+        "a journal file's path; one study per run directory, named in report.md; repeat it with --resume",
+        metavar="URL")
     # Confirmation of close calls (autotune/search/confirm.py): after the search, the best config and those within
     # the launch spread of it run up to this many more times in fresh processes, and the recommendation is
     # the best median. The repeats count in `trials` (at most a quarter of them while the search could still
     # use them). None: 2 for backends whose trials run on devices (deepspeed, script), 0 otherwise.
-    confirm: int | None = None
+    confirm: int | None = option(
+        None, "--confirm", "confirmation of close calls: after the search, the best config and those within the "
+        "launch-to-launch spread of it (at most 3) run up to K more times each in fresh processes, and the "
+        "recommendation is the best median; the repeats count in --trials, at most a quarter of them while the search "
+        "could still use them; 0: off (default: 2 for real trials, deepspeed and --script; 0 for simulated and "
+        "replay)", non_negative_int, metavar="K")
     # MLflow tracking (autotune/outputs/tracking.py, the `tracking` extra): a tracking URI (sqlite:///PATH,
     # http://SERVER, ...), True for sqlite:///<run dir>/mlflow.db, None: off. Not a setting of the sweep: a
     # resumed sweep may add or change it (the parent run of each store is kept in the run directory).
-    mlflow_uri: str | bool | None = None
+    mlflow_uri: str | bool | None = option(
+        None, "--mlflow-uri", "log every trial and the recommendation to this MLflow tracking URI (http://SERVER:5000, "
+        "sqlite:///PATH, postgresql://...); a resumed sweep continues its parent run there", metavar="URI")
     # What will train with the recommendation (autotune/outputs/handoff.py): deepspeed (every knob), trainer or
     # accelerate (activation checkpointing on/off only: the space keeps ckpt_interval 0 and 1).
-    stack: str = DEFAULT_STACK
+    stack: str = option(DEFAULT_STACK, "--stack", "what will train with the recommendation: deepspeed (your loop "
+                        "around deepspeed.initialize: every knob), trainer (Hugging Face Trainer) or accelerate: these "
+                        "switch activation checkpointing on or off only, so the space keeps ckpt_interval 0 and 1 "
+                        "(default: %(default)s)", choices=lambda: list(STACKS))
     # Scale-down trials (autotune/prediction/scale.py): trials run at workload.gpus and the calibrated estimator predicts
     # each measured config at this many devices (same global batch); the recommendation is chosen for it.
-    target_gpus: int | None = None
+    target_gpus: int | None = option(
+        None, "--target-gpus", "tune for a job of M devices while the trials run on --gpus (fewer): the estimator, "
+        "calibrated on the trials, predicts each measured config's memory and throughput at M (same global batch); the "
+        "report shows both and the recommendation is chosen for M", positive_int, metavar="M")
     # The convergence stop (autotune/search/convergence.py): the search ends once the chance that an untried config
     # beats the best by more than the launch noise falls below this (after a few trials); 0: off.
-    stop_when: float = DEFAULT_STOP_WHEN
+    stop_when: float = option(
+        DEFAULT_STOP_WHEN, "--stop-when", "end the search once the chance that an untried config is faster than the "
+        "best by more than the launch noise falls below P (after a few trials; the estimator's error model gives the "
+        "chance, shown after each trial); then confirmation runs; --trials stays the upper bound; 0: off (default: "
+        "%(default)s)", stop_probability, metavar="P")
     # The CUDA caching allocator's mode (autotune.values.allocator: default or expandable); None: the profile's, else
     # what this process's PYTORCH_CUDA_ALLOC_CONF says. It lands in the sweep's hardware (Hardware.allocator).
-    allocator: str | None = None
+    allocator: str | None = option(
+        None, "--allocator", "the CUDA caching allocator's mode the trials run with and the estimator prices: default, "
+        "or expandable (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: its free blocks go back when an allocation "
+        "needs them; the recommendation's launch sets it) (default: the profile's, else what your "
+        "PYTORCH_CUDA_ALLOC_CONF says)", choices=lambda: list(ALLOCATORS), workload=True)
     # Script mode (autotune/script/session.py): the user's training script and its arguments instead of the
     # built-in model; build it with TuneSpec.for_script. Its first trial shows the tuner the model and the
     # script's global batch (kept unless `script_global_batch` names another), and the recommendation is the

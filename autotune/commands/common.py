@@ -12,11 +12,10 @@ from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, Callable, Iterator, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Iterator, TextIO
 
 from autotune.values.config import ConfigError
 from autotune.files import make_dir  # noqa: F401  (the commands create their output folders with it)
-from autotune.values.allocator import ALLOCATORS
 from autotune.trials.devices import AUTO, LocalMachine, gpus_found, require_here, resolve_hardware
 from autotune.values.hardware import PROFILES, Hardware, load_hardware
 from autotune.values.models import load_model
@@ -24,6 +23,9 @@ from autotune.values.space import Space
 from autotune.values.argtypes import gpu_count, positive_int, shown_path, size  # noqa: F401  (the commands' flags use them)
 from autotune.values.workload import PRESETS, Workload, make_workload
 from autotune.search_spaces import space_for
+
+if TYPE_CHECKING:
+    from autotune.api import Option
 
 
 def model_name(text: str) -> str:
@@ -58,13 +60,18 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, default_model: st
                         help="samples per optimizer step over all devices (default: 16 for tiny, else 32 x gpus; with "
                              "--script, the script's own: given, it changes the script's recipe)")
     parser.add_argument("--hardware", type=hardware_name, default=None, help=HARDWARE_HELP)
-    parser.add_argument("--allocator", choices=list(ALLOCATORS), default=None,
-                        help="the CUDA caching allocator's mode the trials run with and the estimator prices: "
-                             "default, or expandable (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: its free "
-                             "blocks go back when an allocation needs them; the recommendation's launch sets it) "
-                             "(default: the profile's, else what your PYTORCH_CUDA_ALLOC_CONF says)")
-    parser.add_argument("--space", default=None,
-                        help="search-space YAML, or a preset name: default, cpu (default: cpu on CPU hardware)")
+    for opt in (workload_option("allocator"), workload_option("space")):  # options of a sweep, declared on TuneSpec
+        if opt.choices is not None:
+            parser.add_argument(opt.flag, choices=list(opt.choices()), default=None, help=opt.help)
+        else:
+            parser.add_argument(opt.flag, type=opt.parse, default=None, help=opt.help)
+
+
+def workload_option(name: str) -> "Option":
+    """The Option of TuneSpec field `name` (autotune.api.spec_options)."""
+    from autotune.api import spec_options
+
+    return next(opt for field_name, opt, _ in spec_options() if field_name == name)
 
 
 MODEL_HELP = (f"a built-in preset ({', '.join(PRESETS)}), a Hugging Face config.json or model directory (read "

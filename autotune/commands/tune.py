@@ -6,19 +6,16 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import autotune
-from autotune.api import DEFAULT_STRATEGY, SweepStart, TuneResult, TuneSpec
-from autotune.values.argtypes import (duration, gpu_count, non_negative_int, output_dir, ray_address, seed,
-                                      stop_probability)
+from autotune.api import SweepStart, TuneResult, TuneSpec, spec_options
+from autotune.values.argtypes import (gpu_count, output_dir, ray_address)
 from autotune.backends.replay import replay_workload
-from autotune.backends.factory import backend_names
 from autotune.commands import script as script_command
 from autotune.commands.common import (add_json_argument, add_workload_arguments, emit_json, json_command, positive_int,
-                                      size, target_from)
+                                      target_from)
 from autotune.values.config import ConfigError
-from autotune.search.convergence import DEFAULT_STOP_WHEN
 from autotune.trials.interrupts import sigterm_as_interrupt
 from autotune.drivers.progress import ConsoleProgress
 from autotune.drivers.stop import StopReason
@@ -26,12 +23,11 @@ from autotune.drivers.sweep import Budget
 from autotune.outputs.handoff import Handoff
 from autotune.search.pruning import cause_counts, describe_causes
 from autotune.search.rundir import RunDir
-from autotune.values.settings import DEFAULT_STACK, STACKS, RunSettings, masked
+from autotune.values.settings import RunSettings, masked
 from autotune.prediction.scale import at_target
 from autotune.search_spaces import space_note
 from autotune.script.cli import add_arguments as script_arguments, script_from
 from autotune.values.space import Space
-from autotune.strategies import STRATEGIES
 from autotune.outputs import tracking
 from autotune.values.units import format_size
 
@@ -41,51 +37,34 @@ if TYPE_CHECKING:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_workload_arguments(parser, default_model=None)
-    parser.add_argument("--memory-budget", type=size, default=None,
-                        help="memory budget per device, e.g. 2GiB (2**30) or 2GB (10**9) (default: the hardware's)")
-    parser.add_argument("--strategy", choices=list(STRATEGIES), default=DEFAULT_STRATEGY,
-                        help="search strategy (default: %(default)s)")
-    parser.add_argument("--trials", type=positive_int, default=30,
-                        help="trials to launch, over all sessions of a resumed sweep (default: %(default)s)")
-    parser.add_argument("--time-budget", type=duration, default=None,
-                        help="no trial starts once the trials have taken this long, e.g. 8h, 90m")
-    parser.add_argument("--confirm", type=non_negative_int, default=None, metavar="K",
-                        help="confirmation of close calls: after the search, the best config and those within the "
-                             "launch-to-launch spread of it (at most 3) run up to K more times each in fresh "
-                             "processes, and the recommendation is the best median; the repeats count in --trials, "
-                             "at most a quarter of them while the search could still use them; 0: off (default: 2 "
-                             "for real trials, deepspeed and --script; 0 for simulated and replay)")
-    parser.add_argument("--stop-when", type=stop_probability, default=DEFAULT_STOP_WHEN, metavar="P",
-                        help="end the search once the chance that an untried config is faster than the best by "
-                             "more than the launch noise falls below P (after a few trials; the estimator's error "
-                             "model gives the chance, shown after each trial); then confirmation runs; --trials "
-                             "stays the upper bound; 0: off (default: %(default)s)")
-    parser.add_argument("--backend", choices=backend_names(), default="deepspeed",
-                        help="deepspeed: real trials; simulated: the estimator; replay: a measured surface "
-                             "(default: %(default)s)")
-    parser.add_argument("--surface", type=Path, default=None, help="replay surface (JSONL of results), for --backend replay")
-    parser.add_argument("--seed", type=seed, default=0, help="seed of the strategy, 0 to 2**32-1 (default: %(default)s)")
+    add_option_arguments(parser)
     parser.add_argument("--out", type=output_dir, default=None,
                         help="run directory (default: runs/<model>-<strategy>-<time>)")
     parser.add_argument("--resume", action="store_true", help="continue the sweep in --out")
-    parser.add_argument("--storage", default=None, metavar="URL",
-                        help="keep the Optuna study in this storage instead of study.db in --out (which holds "
-                             "everything else): an Optuna RDB URL (sqlite:///PATH, postgresql://USER:PASS@HOST/DB, "
-                             "mysql+pymysql://...) or a journal file's path; one study per run directory, named "
-                             "in report.md; repeat it with --resume")
-    parser.add_argument("--stack", choices=list(STACKS), default=DEFAULT_STACK,
-                        help="what will train with the recommendation: deepspeed (your loop around "
-                             "deepspeed.initialize: every knob), trainer (Hugging Face Trainer) or accelerate: these "
-                             "switch activation checkpointing on or off only, so the space keeps ckpt_interval 0 and 1 "
-                             "(default: %(default)s)")
-    parser.add_argument("--target-gpus", type=positive_int, default=None, metavar="M",
-                        help="tune for a job of M devices while the trials run on --gpus (fewer): the estimator, "
-                             "calibrated on the trials, predicts each measured config's memory and throughput at M "
-                             "(same global batch); the report shows both and the recommendation is chosen for M")
     add_tracking_arguments(parser)
     add_json_argument(parser)
     add_ray_arguments(parser)
     script_arguments(parser)
+
+
+def add_option_arguments(parser: argparse.ArgumentParser) -> None:
+    """A flag per option of the sweep, as TuneSpec declares it (autotune.api.spec_options); the workload flags that
+    `estimate` and `trial` share come from add_workload_arguments."""
+    for _, opt, default in spec_options():
+        if opt.workload or opt.flag == "--mlflow-uri":  # --mlflow-uri beside --mlflow: add_tracking_arguments
+            continue
+        if opt.choices is not None:
+            parser.add_argument(opt.flag, choices=list(opt.choices()), default=default, help=opt.help)
+        else:
+            parser.add_argument(opt.flag, type=opt.parse, default=default, metavar=opt.metavar, help=opt.help)
+
+
+def spec_options_from(args: argparse.Namespace) -> dict[str, Any]:
+    """The options of the sweep as the flags give them (TuneSpec's keywords)."""
+    values = {name: getattr(args, opt.key) for name, opt, _ in spec_options()}
+    values["mlflow_uri"] = mlflow_choice(args)
+    values["surface"] = None if args.surface is None else str(args.surface)
+    return values
 
 
 def add_tracking_arguments(parser: argparse.ArgumentParser) -> None:
@@ -158,11 +137,7 @@ def spec_from(args: argparse.Namespace) -> TuneSpec:
         here = args.ray_address in (None, "local")
         target = target_from(args, real=args.backend == "deepspeed", check=here)
         workload, hardware = target.workload, target.hardware
-    return TuneSpec(workload, hardware, memory_budget_bytes=args.memory_budget, strategy=args.strategy,
-                    trials=args.trials, time_budget_s=args.time_budget, backend=args.backend, space=args.space,
-                    seed=args.seed, surface=None if args.surface is None else str(args.surface),
-                    storage=args.storage, confirm=args.confirm, mlflow_uri=mlflow_choice(args), stack=args.stack,
-                    target_gpus=args.target_gpus, stop_when=args.stop_when, allocator=args.allocator)
+    return TuneSpec(workload, hardware, **spec_options_from(args))
 
 
 def script_spec_from(args: argparse.Namespace) -> TuneSpec:
@@ -179,10 +154,8 @@ def script_spec_from(args: argparse.Namespace) -> TuneSpec:
                           "is launched with)")
     script = script_from(args)  # the script exists and its arguments parse
     workload, hardware = script_command.script_target(args)
-    return TuneSpec(workload, hardware, memory_budget_bytes=args.memory_budget, strategy=args.strategy,
-                    trials=args.trials, time_budget_s=args.time_budget, space=args.space, seed=args.seed,
-                    storage=args.storage, confirm=args.confirm, mlflow_uri=mlflow_choice(args), stack=args.stack,
-                    stop_when=args.stop_when, allocator=args.allocator, script=script.path, script_args=script.args,
+    options = {**spec_options_from(args), "backend": "deepspeed"}
+    return TuneSpec(workload, hardware, **options, script=script.path, script_args=script.args,
                     script_global_batch=args.global_batch)
 
 
