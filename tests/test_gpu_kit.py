@@ -10,7 +10,6 @@ import subprocess
 import sys
 import tarfile
 import time
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -259,30 +258,53 @@ def test_bad_flags_exit_2_with_one_line(flags, word, capsys):
 
 # -- the whole call on the CPU -------------------------------------------------------------------------------
 
-def fake_bundle(folder: Path) -> Path:
-    """A bundle scripts/gpu-validate accepts: BUNDLE.txt for this interpreter and one small wheel (the real
-    packages come from the test's virtualenv; the install itself is what this exercises)."""
+def kit_bundle(folder: Path) -> Path:
+    """A bundle as scripts/gpu-bundle makes it, as far as the kit goes: BUNDLE.txt for this interpreter and
+    ds-autotune's wheel, which scripts/gpu-validate installs into its folder (the other packages come from the
+    test's virtualenv, on PYTHONPATH)."""
+    from tests.test_installed_package import build_wheel
+
     folder.mkdir()
     (folder / "BUNDLE.txt").write_text(f"python_version={sys.version_info[0]}.{sys.version_info[1]}\n")
-    with zipfile.ZipFile(folder / "kitprobe-1.0-py3-none-any.whl", "w") as wheel:
-        wheel.writestr("kitprobe/__init__.py", "")
-        wheel.writestr("kitprobe-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: kitprobe\nVersion: 1.0\n")
-        wheel.writestr("kitprobe-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
-                                                       "Tag: py3-none-any\n")
-        wheel.writestr("kitprobe-1.0.dist-info/RECORD", "")
+    build_wheel(folder)
     return folder
+
+
+def bare_python(folder: Path) -> Path:
+    """The GPU machine's kind of interpreter: a venv of the base interpreter, without the virtualenv's
+    site-packages and so without the editable install's import hook; its packages come from PYTHONPATH."""
+    base = getattr(sys, "_base_executable", sys.executable)
+    subprocess.run([base, "-m", "venv", "--without-pip", str(folder)], check=True, capture_output=True, timeout=120)
+    return folder / "bin" / "python"
 
 
 @pytest.mark.slow
 def test_the_cpu_form_runs_every_phase_in_one_call_and_writes_at_most_eight_files(tmp_path):
-    bundle = fake_bundle(tmp_path / "bundle")
-    out = tmp_path / "out"
-    env = {**os.environ, "PYTHON": sys.executable, "GPU_VALIDATE_TARGET": str(tmp_path / "site")}
+    """The GPU machine's path (issue 40): the kit's package from the bundle's wheel, installed into a folder, and its
+    tune started from the repository root, where the checkout's autotune/ comes first, by an interpreter without
+    the editable install's hook."""
+    from autotune.trials.runner import extensions_dir
+    from tests.test_installed_package import PROBE, SITE
+
+    bundle = kit_bundle(tmp_path / "bundle")
+    python, target, out = bare_python(tmp_path / "python"), tmp_path / "site", tmp_path / "out"
+    # The ops this virtualenv built and its ninja: the runner keys both on the interpreter, a new one would rebuild.
+    env = {**os.environ, "PYTHON": str(python), "GPU_VALIDATE_TARGET": str(target), "PYTHONPATH": SITE,
+           "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR") or extensions_dir(sys.executable),
+           "PATH": os.pathsep.join((os.path.dirname(sys.executable), os.environ.get("PATH", "")))}
     # 64 tokens a sample, not the models' own 256: the steps of its recording and tune trials a quarter as long;
     # the phases, files and checks asserted below do not depend on the models' size.
     done = subprocess.run(["bash", "scripts/gpu-validate", str(bundle), "--", "--cpu", "--seq-len", "64", "--out",
                            str(out)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=1500)
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    # What tune's child imported from the root: the checkout's package whole, with no editable hook; the kit itself
+    # (sys.path[0] is benchmarks/), as from any folder but the root: the installed one.
+    def probe(cwd: Path) -> dict:
+        return json.loads(subprocess.run([str(python), "-c", PROBE], capture_output=True, text=True, cwd=cwd, check=True,
+                                         env={**env, "PYTHONPATH": f"{target}{os.pathsep}{SITE}"}, timeout=60).stdout)
+    seen = probe(ROOT)
+    assert seen["envs"] == str(ROOT / "envs" / "__init__.py") and not any("Editable" in f for f in seen["finders"])
+    assert probe(tmp_path)["envs"] == str(target / "autotune" / "envs" / "__init__.py")
     files = sorted(p.name for p in out.iterdir())
     assert len(files) <= kit_pack.MAX_FILES and all(p.is_file() for p in out.iterdir())
     assert {"kit.md", "kit.json", "console.log", "logs.tar.gz", "tune-summary.json", "tune-report.md",

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -31,16 +32,16 @@ PROBE = ("import json, sys, autotune, autotune.envs, autotune.search_spaces\n"
 def build_wheel(folder: Path) -> Path:
     """ds-autotune's wheel in `folder`, built from a copy of the sources: setuptools writes build/ and the egg-info
     beside them, and a build in the working tree could meet another test's."""
-    source = folder / "source"
-    source.mkdir(parents=True)
-    for name in SOURCES:
-        if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(ROOT / name, source / name)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "--no-deps",
-                    "--no-build-isolation", "-w", str(folder), str(source)], check=True, capture_output=True,
-                   timeout=300)
+    with tempfile.TemporaryDirectory() as copy:
+        source = Path(copy)
+        for name in SOURCES:
+            if (ROOT / name).is_dir():
+                shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                shutil.copy2(ROOT / name, source / name)
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "--no-deps",
+                        "--no-build-isolation", "-w", str(folder), str(source)], check=True, capture_output=True,
+                       timeout=300)
     return next(folder.glob("ds_autotune-*.whl"))
 
 
