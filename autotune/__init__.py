@@ -67,7 +67,7 @@ if TYPE_CHECKING:
     from autotune.prediction.estimate import estimate as predict
     from autotune.prediction.ranking import Ranking, rank_configs
     from autotune.values.hardware import Hardware, load_hardware
-    from autotune.trials.recording import Recorded, record_surface
+    from autotune.drivers.recording import Recorded, record_surface
     from autotune.search.rundir import RunDir
     from autotune.values.settings import RunSettings
     from autotune.values.space import Choices, Space
@@ -83,7 +83,7 @@ _LAZY = {
     "Calibration": "autotune.prediction.estimate",
     "rank_configs": "autotune.prediction.ranking", "Ranking": "autotune.prediction.ranking",
     "Hardware": "autotune.values.hardware", "load_hardware": "autotune.values.hardware",
-    "record_surface": "autotune.trials.recording", "Recorded": "autotune.trials.recording",
+    "record_surface": "autotune.drivers.recording", "Recorded": "autotune.drivers.recording",
     "RunDir": "autotune.search.rundir", "RunSettings": "autotune.values.settings",
     "Choices": "autotune.values.space", "Space": "autotune.values.space",
 }

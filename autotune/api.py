@@ -15,6 +15,7 @@ one) or any object with `run(config) -> TrialResult` (a user's own objective, ru
 from __future__ import annotations
 
 import argparse
+import sys
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
@@ -35,7 +36,7 @@ from autotune.drivers.local import run_local
 from autotune.drivers.progress import Progress, QuietProgress
 from autotune.drivers.stop import StopReason
 from autotune.drivers.sweep import Budget, Sweep
-from autotune.files import SQLITE_FULL, NoSpaceLeft, disk_full, make_dir
+from autotune.files import SQLITE_FULL, NoSpaceLeft, disk_full, make_dir, short
 from autotune.outputs.handoff import narrow_choices
 from autotune.values.hardware import Hardware, load_hardware
 from autotune.outputs.report import Outputs, write_outputs
@@ -77,23 +78,24 @@ class Option:
     metavar: str | None = None
     path: bool = False  # a file's path: a sweep file's is relative to the sweep file's folder
     workload: bool = False  # the CLI's flag is one of the workload flags `estimate` and `trial` share too
+    allowed: str = ""  # what a value may be, for an error (options with choices list them)
 
     @property
     def key(self) -> str:
         return self.flag.removeprefix("--").replace("-", "_")
 
-    def value(self, text: Any) -> Any:
-        """The option's value from a text (a flag's, a sweep file's value as a string); ConfigError naming what is
-        allowed."""
+    def value(self, raw: Any) -> Any:
+        """The option's value from a sweep file's (its text parsed as the flag's); ConfigError naming what is
+        allowed (the caller names the key)."""
         if self.choices is not None:
             allowed = list(self.choices())
-            if text not in allowed:
-                raise ConfigError(f"{self.key}: {text!r}: allowed {', '.join(map(str, allowed))}")
-            return text
+            if not isinstance(raw, str) or raw not in allowed:
+                raise ConfigError(f"{short(raw)}: allowed {', '.join(map(str, allowed))}")
+            return raw
         try:
-            return self.parse(str(text))
-        except (argparse.ArgumentTypeError, ValueError, OverflowError) as err:
-            raise ConfigError(f"{self.key}: {text!r}: {err}") from None
+            return self.parse(str(raw))
+        except (argparse.ArgumentTypeError, ConfigError, ValueError, OverflowError) as err:
+            raise ConfigError(f"{short(raw)}: {err}" + (f" (allowed {self.allowed})" if self.allowed else "")) from None
 
 
 def option(default: Any, flag: str, help: str, parse: Callable[[str], Any] = str, **kwargs: Any) -> Any:
@@ -118,23 +120,26 @@ class TuneSpec:
     # per device; default: the hardware's memory (settings.memory_budget)
     memory_budget_bytes: int | None = option(
         None, "--memory-budget", "memory budget per device, e.g. 2GiB (2**30) or 2GB (10**9) (default: the hardware's)",
-        size)
+        size, allowed="a size such as 40GiB or 2GB")
     # A registered name (autotune.strategies.STRATEGIES), or the user's own Strategy: an object with propose()
     # and observe(config, result), or a callable building one from the SearchContext (autotune.strategies says
     # what the sweep does with it, a resume included: pass the object again).
     strategy: Any = option(DEFAULT_STRATEGY, "--strategy", "search strategy (default: %(default)s)",
                            choices=lambda: list(STRATEGIES))
     trials: int = option(DEFAULT_TRIALS, "--trials",
-                         "trials to launch, over all sessions of a resumed sweep (default: %(default)s)", positive_int)
+                         "trials to launch, over all sessions of a resumed sweep (default: %(default)s)", positive_int,
+                         allowed="a positive integer")
     time_budget_s: float | None = option(
-        None, "--time-budget", "no trial starts once the trials have taken this long, e.g. 8h, 90m", duration)
+        None, "--time-budget", "no trial starts once the trials have taken this long, e.g. 8h, 90m", duration,
+        allowed="a duration such as 8h, 90m, 45s")
     # a registered kind's name, or an object with run(config) -> TrialResult
     backend: Any = option("deepspeed", "--backend", "deepspeed: real trials; simulated: the estimator; replay: a "
                           "measured surface (default: %(default)s)", choices=lambda: backend_names())
     # Choices, a preset name or a YAML path; default: cpu or default preset
     space: Choices | str | None = option(None, "--space", "search-space YAML, or a preset name: default, cpu (default: "
                                          "cpu on CPU hardware)", path=True, workload=True)
-    seed: int = option(0, "--seed", "seed of the strategy, 0 to 2**32-1 (default: %(default)s)", seed_value)
+    seed: int = option(0, "--seed", "seed of the strategy, 0 to 2**32-1 (default: %(default)s)", seed_value,
+                       allowed="a non-negative integer")
     surface: str | None = option(None, "--surface", "replay surface (JSONL of results), for --backend replay",
                                  path=True)
     # Where the Optuna study lives (autotune.search.study_storage): an Optuna RDB URL (sqlite:///..., postgresql://...)
@@ -153,7 +158,7 @@ class TuneSpec:
         "launch-to-launch spread of it (at most 3) run up to K more times each in fresh processes, and the "
         "recommendation is the best median; the repeats count in --trials, at most a quarter of them while the search "
         "could still use them; 0: off (default: 2 for real trials, deepspeed and --script; 0 for simulated and "
-        "replay)", non_negative_int, metavar="K")
+        "replay)", non_negative_int, metavar="K", allowed="a whole number of repeats >= 0")
     # MLflow tracking (autotune/outputs/tracking.py, the `tracking` extra): a tracking URI (sqlite:///PATH,
     # http://SERVER, ...), True for sqlite:///<run dir>/mlflow.db, None: off. Not a setting of the sweep: a
     # resumed sweep may add or change it (the parent run of each store is kept in the run directory).
@@ -171,14 +176,15 @@ class TuneSpec:
     target_gpus: int | None = option(
         None, "--target-gpus", "tune for a job of M devices while the trials run on --gpus (fewer): the estimator, "
         "calibrated on the trials, predicts each measured config's memory and throughput at M (same global batch); the "
-        "report shows both and the recommendation is chosen for M", positive_int, metavar="M")
+        "report shows both and the recommendation is chosen for M", positive_int, metavar="M",
+        allowed="a positive integer")
     # The convergence stop (autotune/search/convergence.py): the search ends once the chance that an untried config
     # beats the best by more than the launch noise falls below this (after a few trials); 0: off.
     stop_when: float = option(
         DEFAULT_STOP_WHEN, "--stop-when", "end the search once the chance that an untried config is faster than the "
         "best by more than the launch noise falls below P (after a few trials; the estimator's error model gives the "
         "chance, shown after each trial); then confirmation runs; --trials stays the upper bound; 0: off (default: "
-        "%(default)s)", stop_probability, metavar="P")
+        "%(default)s)", stop_probability, metavar="P", allowed="a probability from 0 to 1; 0: off")
     # The CUDA caching allocator's mode (autotune.values.allocator: default or expandable); None: the profile's, else
     # what this process's PYTORCH_CUDA_ALLOC_CONF says. It lands in the sweep's hardware (Hardware.allocator).
     allocator: str | None = option(
@@ -186,7 +192,7 @@ class TuneSpec:
         "or expandable (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: its free blocks go back when an allocation "
         "needs them; the recommendation's launch sets it) (default: the profile's, else what your "
         "PYTORCH_CUDA_ALLOC_CONF says)", choices=lambda: list(ALLOCATORS), workload=True)
-    # Script mode (autotune/script/session.py): the user's training script and its arguments instead of the
+    # Script mode (autotune/outputs/script.py): the user's training script and its arguments instead of the
     # built-in model; build it with TuneSpec.for_script. Its first trial shows the tuner the model and the
     # script's global batch (kept unless `script_global_batch` names another), and the recommendation is the
     # script's own DeepSpeed config with the tuned keys.
@@ -253,7 +259,7 @@ class TuneSpec:
         """Tune the user's own script: `autotune.tune(TuneSpec.for_script("train.py", ["--epochs", "1"]))` as
         `autotune tune --script train.py --script-args '--epochs 1'` does. The workload is a placeholder until
         the first trial has shown the model; `global_batch` changes the script's recipe (None: its own)."""
-        from autotune.script.session import placeholder
+        from autotune.outputs.script import placeholder
 
         return cls(placeholder(global_batch, gpus), script=str(script), script_args=tuple(script_args),
                    script_global_batch=global_batch, **options)
@@ -367,24 +373,98 @@ def tune(spec: TuneSpec, out: str | Path | None = None, *, resume: bool = False,
     """Run the sweep `spec` describes into the run directory `out` (default runs/<model>-<strategy>-<time>),
     or continue it there (`resume`), on this machine or on a Ray cluster (`executor`). `callbacks` hears of
     every trial (autotune.drivers.progress.Progress; ConsoleProgress prints what `autotune tune` prints).
+    The one runner's case of one sweep (tune_many)."""
+    plan = Plan(spec, out, resume, gpus_per_trial=executor.gpus_per_trial if executor is not None else None)
+    return tune_many([plan], executor=executor, progress=lambda _: callbacks or QuietProgress())[0]
 
-    The one sweep runner, in phases that `autotune sweep` (autotune.search.sweeps) also runs once per workload:
-    `plan_run` (every check, nothing written), `hold` (the lock, a script's first trial, the settings written
-    or checked), `run_sweep` (open_sweep, the trials here or on Ray, close_run: the outputs)."""
+
+@dataclass(frozen=True)
+class Plan:
+    """One sweep of the runner: what to tune, its run directory (None: runs/<model>-<strategy>-<time>) and whether
+    it continues the sweep there; for one of many, its name, its resolution already checked (a sweep file's), the
+    GPUs one real trial asks for on Ray (None: the workload's ranks) and its tracking parent run's name."""
+
+    spec: TuneSpec
+    out: str | Path | None = None
+    resume: bool = False
+    name: str | None = None
+    resolved: Resolved | None = None
+    gpus_per_trial: int | None = None
+    tracking_name: str | None = None
+
+
+def tune_many(plans: Sequence[Plan], *, executor: "RayOptions | None" = None,
+              progress: Callable[[Plan], Progress] | None = None, say: Callable[[str], None] | None = None,
+              resume_hint: str | None = None, started: Callable[[], None] | None = None) -> list[TuneResult]:
+    """The one runner (issue 42): `autotune tune`, `autotune.tune()`, `autotune sweep` and script mode go through it.
+    Every plan's checks pass before any run directory is written (plan_run); then each is held (its lock, a
+    script's first trial, its settings written or checked: hold; `started()` once all are), opened (open_sweep),
+    its trials run (on this machine one sweep after another, each backend's op preflight and launch spread decided
+    here: run_here; on a Ray cluster all at once, one driver sharing it: drivers.ray.run_on_cluster), and its
+    outputs written (close_run). `progress(plan)` gives each sweep's display (default: quiet); `say` hears the
+    runner's own lines (default: the first sweep's display); `resume_hint`: what a resumed sweep whose settings
+    differ is told to do. Returns each plan's TuneResult, in order."""
     remove_stale_shm_at_start()  # what trials of a killed tuner left in /dev/shm, whatever its run
-    progress = callbacks or QuietProgress()
-    plan = plan_run(spec, out, resume, executor, progress)
+    shows = [progress(plan) if progress is not None else QuietProgress() for plan in plans]
+    runs = [plan_run(plan.spec, plan.out, plan.resume, executor, show, plan.resolved) for plan, show in zip(plans, shows)]
+    say = say or shows[0].message
     with ExitStack() as stack:
-        hold(stack, plan, progress)
-        if plan.ended is not None:  # a script's first trial showed it cannot be tuned as it is
-            return plan.ended
-        budget = spec.budget()
-        begun = getattr(progress, "begun", None)
-        if callable(begun):  # a display's headline (`autotune tune`), once the run directory is held
-            begun(SweepStart(plan.run_dir, plan.settings, plan.space, budget, resume))
-        own = None if isinstance(spec.strategy, str) else spec.strategy
-        return run_sweep(plan.run_dir, plan.settings, plan.space, budget, executor, progress, plan.objective,
-                         tracking=plan.tracking, strategy=own)
+        if executor is not None:
+            stack.callback(_disconnect)  # a script's first trial may have connected (drivers/ray_script_first)
+        for run, show in zip(runs, shows):
+            hold(stack, run, show, resume_hint or RESUME_HINT)
+        if started is not None:
+            started()
+        opened: dict[int, tuple[Sweep, Tracker]] = {}
+        reasons: dict[int, StopReason] = {}
+        for i, (plan, run, show) in enumerate(zip(plans, runs, shows)):
+            if run.ended is not None:  # a script's first trial showed it cannot be tuned as it is
+                continue
+            begun = getattr(show, "begun", None)
+            if callable(begun):  # a display's headline (`autotune tune`), once the run directory is held
+                begun(SweepStart(run.run_dir, run.settings, run.space, plan.spec.budget(), run.resume))
+            own = None if isinstance(plan.spec.strategy, str) else plan.spec.strategy
+            sweep, tracker, reason = open_sweep(stack, run.run_dir, run.settings, run.space, show, run.tracking, own,
+                                                plan.tracking_name)
+            opened[i] = sweep, tracker
+            if reason is not None:
+                reasons[i] = reason
+                if len(plans) > 1:
+                    show.message("no config of the space is predicted to fit: nothing runs for this workload")
+        todo = [i for i in opened if i not in reasons]
+        if executor is None:
+            for i in todo:
+                reasons[i] = run_here(opened[i][0], runs[i], plans[i].spec.budget(), shows[i])
+        elif todo:
+            from autotune.drivers.ray import ClusterRun, run_on_cluster
+
+            ran = run_on_cluster([ClusterRun(plans[i].name or runs[i].settings.workload.model.name, opened[i][0],
+                                             runs[i].settings, runs[i].run_dir, plans[i].spec.budget(), shows[i],
+                                             plans[i].gpus_per_trial) for i in todo], executor, say)
+            reasons.update(zip(todo, ran))
+        return [run.ended if run.ended is not None
+                else close_run(run.run_dir, run.settings, opened[i][0], opened[i][1], reasons[i], shows[i])
+                for i, run in enumerate(runs)]
+
+
+def run_here(sweep: Sweep, run: "RunPlan", budget: Budget, progress: Progress) -> StopReason:
+    """One open sweep's trials on this machine: its backend (the plan's own object, or the settings' kind), the
+    launch spread that backend's trials have, the ops it needs built first; returns why it stopped."""
+    settings = run.settings
+    backend = run.objective or make_backend(settings, run.run_dir,
+                                            TrialOptions(sleep_s=simulated_sleep_s(settings.backend)))
+    sweep.launch_sigma = prior_sigma(settings.backend, backend)  # a simulation's own noise, if it says
+    for note in getattr(backend, "notes", ()):  # what reading its records changed (a replay surface's)
+        progress.message(note)
+    preflight_ops(sweep, run.space, backend, budget, progress.message)
+    return run_local(sweep, backend, budget, progress)
+
+
+def _disconnect() -> None:
+    if "ray" in sys.modules:  # connected only if imported
+        from autotune.trials.cluster import disconnect
+
+        disconnect()
 
 
 @dataclass
@@ -458,11 +538,11 @@ def hold(stack: ExitStack, plan: RunPlan, progress: Progress, resume_hint: str =
 
 def _script_start(run_dir: RunDir, settings: RunSettings, space: Space, spec: TuneSpec, resume: bool,
                   progress: Progress, executor: "RayOptions | None") -> tuple[RunSettings, Space, "TuneResult | None"]:
-    """A script sweep before its search (autotune.script.session): resumed, the workload its first trial learned;
+    """A script sweep before its search (autotune.outputs.script): resumed, the workload its first trial learned;
     new, that first trial (on a Ray node with `executor`: autotune.drivers.ray_script_first), whose settings and
     space the sweep then uses. A first trial that shows the script cannot be tuned as it is ends the sweep: its
     outputs and a FATAL result."""
-    from autotune.script import session
+    from autotune.outputs import script as session
 
     script = spec.script_spec()
     if resume:
@@ -559,30 +639,6 @@ def begin(run_dir: RunDir, settings: RunSettings, resume: bool, hint: str = RESU
     differences = run_dir.read_settings().differences(settings)
     if differences:
         raise ConfigError(f"--resume: {run_dir.path} was started with other settings ({'; '.join(differences)}): {hint}")
-
-
-def run_sweep(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budget, executor: "RayOptions | None",
-              progress: Progress, backend: Backend | None = None, *, tracking: str | None = None,
-              strategy: Any = None) -> TuneResult:
-    """The loop of a run directory whose settings are written: trials until the budget or the strategy ends
-    it, then the outputs. The caller holds the run directory's lock. `tracking`: an MLflow tracking URI that
-    hears every trial and the recommendation (autotune.outputs.tracking), or None. `strategy`: the user's own
-    Strategy object or builder that `settings.strategy` names; None: the registered one."""
-    with ExitStack() as stack:
-        sweep, tracker, reason = open_sweep(stack, run_dir, settings, space, progress, tracking, strategy)
-        if reason is None and executor is not None:
-            from autotune.drivers.ray import run_one
-
-            reason = run_one(sweep, settings, run_dir, budget, executor, progress)
-        elif reason is None:
-            backend = backend or make_backend(settings, run_dir,
-                                              TrialOptions(sleep_s=simulated_sleep_s(settings.backend)))
-            sweep.launch_sigma = prior_sigma(settings.backend, backend)  # a simulation's own noise, if it says
-            for note in getattr(backend, "notes", ()):  # what reading its records changed (a replay surface's)
-                progress.message(note)
-            preflight_ops(sweep, space, backend, budget, progress.message)
-            reason = run_local(sweep, backend, budget, progress)
-        return close_run(run_dir, settings, sweep, tracker, reason, progress)
 
 
 def open_sweep(stack: ExitStack, run_dir: RunDir, settings: RunSettings, space: Space, progress: Progress,

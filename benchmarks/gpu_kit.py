@@ -325,7 +325,7 @@ def record(plans: Sequence[gv.Plan], groups: Sequence[kp.Group], mode: KitMode, 
     plus a grace (its timeout)."""
     from autotune.backends.deepspeed import DeepSpeedBackend
     from autotune.values.dsconfig import DsOptions
-    from autotune.trials.recording import record_surface
+    from autotune.drivers.recording import record_surface
     from autotune.worker.measure import MeasureSettings
 
     by_name = {p.name: p for p in plans}

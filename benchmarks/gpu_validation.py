@@ -336,7 +336,7 @@ class Plan:
 def make_plans(mode: Mode, hardware: Hardware, models: Sequence[ModelShape], surfaces: Path, logs: Path,
                seq_len: int | None = None) -> list[Plan]:
     """A plan per model, each at `seq_len` tokens per sample (None: the model's own). A surface file holds one
-    workload: recording into one of another sequence length is refused (autotune.trials.recording)."""
+    workload: recording into one of another sequence length is refused (autotune.drivers.recording)."""
     plans = []
     for shape in models:
         workload = Workload(replace(shape, seq_len=seq_len) if seq_len else shape, mode.global_batch)
@@ -377,7 +377,7 @@ class Timed:
 def record_plan(plan: Plan, available_s: float, args: argparse.Namespace, console: Any) -> dict[str, Any]:
     """Record as much of the plan's subset as `available_s` allows; what was chosen and done."""
     from autotune.backends.deepspeed import DeepSpeedBackend
-    from autotune.trials.recording import record_surface as record
+    from autotune.drivers.recording import record_surface as record
     from autotune.values.dsconfig import DsOptions
     from autotune.worker.measure import MeasureSettings
 

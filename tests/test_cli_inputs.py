@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import autotune.commands.estimate as estimate_command
-import autotune.api as tune_command  # run_sweep: the runner `autotune tune` reaches through autotune.tune() (issue 26)
+import autotune.api as tune_command  # open_sweep: a phase of the runner `autotune tune` reaches through autotune.tune()
 from autotune.commands.common import make_dir
 from autotune.values.config import ConfigError
 from cli_run import cli
@@ -113,23 +113,23 @@ def test_a_refused_seed_leaves_no_run_directory_and_the_corrected_command_works(
 def test_a_new_sweep_that_fails_before_its_first_trial_leaves_no_sweep_behind(workdir, capsys, monkeypatch):
     """An error after run.json is written (an unreachable Ray cluster, say) takes it back: otherwise the
     corrected command is refused with 'already holds a sweep'."""
-    real_run_sweep = tune_command.run_sweep
+    real_open_sweep = tune_command.open_sweep
 
-    def unreachable(run_dir, *args, **kwargs):
+    def unreachable(stack, run_dir, *args, **kwargs):
         assert run_dir.settings_path.is_file()  # the failure comes after the sweep's settings were written
         raise ConfigError("--ray-address 10.0.0.1:6379: cannot connect to Ray")
 
-    monkeypatch.setattr(tune_command, "run_sweep", unreachable)
+    monkeypatch.setattr(tune_command, "open_sweep", unreachable)
     code, _, err = cli(FAST_TUNE + ["--out", "run"], capsys)
     one_line_error(code, err, "autotune tune", "cannot connect to Ray")
     assert sorted(p.name for p in (workdir / "run").iterdir()) == [".lock"]  # no run.json, no study.db
-    monkeypatch.setattr(tune_command, "run_sweep", real_run_sweep)
+    monkeypatch.setattr(tune_command, "open_sweep", real_open_sweep)
     code, _, err = cli(FAST_TUNE + ["--out", "run"], capsys)
     assert code == 0, err
     settings = (workdir / "run" / "run.json").read_text()
 
     # A resumed sweep is never taken back, nor one with trials.
-    monkeypatch.setattr(tune_command, "run_sweep", unreachable)
+    monkeypatch.setattr(tune_command, "open_sweep", unreachable)
     code, _, err = cli(FAST_TUNE + ["--out", "run", "--resume"], capsys)
     one_line_error(code, err, "autotune tune", "cannot connect to Ray")
     assert (workdir / "run" / "run.json").read_text() == settings
@@ -295,7 +295,7 @@ def test_an_internal_error_of_a_sweep_is_logged_in_its_run_directory(workdir, ca
     def crash(*args, **kwargs):
         raise ZeroDivisionError("division by zero")
 
-    monkeypatch.setattr(tune_command, "run_sweep", crash)
+    monkeypatch.setattr(tune_command, "open_sweep", crash)
     code, _, err = cli(FAST_TUNE + ["--out", "run"], capsys)
     assert code == 1 and err.count("\n") == 1
     assert err.startswith("autotune tune: internal error: ZeroDivisionError: division by zero (traceback in run/logs/error-")

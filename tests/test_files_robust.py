@@ -20,7 +20,7 @@ from autotune.values.hardware import PROFILES, load_hardware
 from autotune.values.results import TrialResult, append_result, read_results
 from autotune.search.rundir import RunDir
 from autotune.search_spaces import load_choices
-from autotune.search.sweeps import load_sweep
+from autotune.commands.sweep_file import load_sweep
 from cli_run import cli
 
 ROOT = Path(__file__).resolve().parent.parent

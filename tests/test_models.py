@@ -18,7 +18,7 @@ from autotune.values.config import Config, ConfigError
 from autotune.prediction.estimate import estimate
 from autotune.values.hardware import PROFILES
 from autotune.values.models import DEFAULT_SEQ_LEN, HF_TYPES, load_model
-from autotune.search.sweeps import load_sweep
+from autotune.commands.sweep_file import load_sweep
 from autotune.worker.model import GPT, count_parameters, synthetic_batch, unsupported_reason
 from autotune.values.workload import PRESETS, ModelShape, Workload, make_workload
 

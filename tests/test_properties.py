@@ -26,7 +26,7 @@ from autotune.values.hardware import load_hardware
 from autotune.values.results import read_results
 from autotune.search.rundir import RunDir
 from autotune.search_spaces import load_choices
-from autotune.search.sweeps import load_sweep
+from autotune.commands.sweep_file import load_sweep
 
 sys.path.insert(0, str(Path(__file__).parent / "bad_inputs"))
 import corpus  # noqa: E402  (tests/bad_inputs/corpus.py: the corpus and its runner)

@@ -115,7 +115,7 @@ def test_tune_refuses_a_script_folder_over_the_limit_before_any_trial(project, t
 def test_a_shipped_backend_runs_the_copy_and_removes_it(tmp_path):
     from autotune.backends.script import ScriptBackend
     from autotune.search.rundir import RunSettings
-    from autotune.script.session import placeholder
+    from autotune.outputs.script import placeholder
     from autotune.values.hardware import load_hardware
     from autotune.values.space import Choices
 

@@ -20,7 +20,7 @@ from autotune.search.rundir import RunDir, RunSettings
 from autotune.script import batch, merge
 from autotune.script.inspect_model import checkpoint_switch, model_info, shape_from_info
 from autotune.outputs.report import write_outputs
-from autotune.script.session import first_config, narrowed, placeholder, save, with_global_batch
+from autotune.outputs.script import first_config, narrowed, placeholder, save, with_global_batch
 from autotune.script.shim import KEEP_SCRIPT_BATCH, Shim, ScriptVerdict
 from autotune.worker.protocol import WorkerSpec
 from autotune.values.workload import micro_batch_divisors

@@ -108,7 +108,7 @@ class CrashingFirst:
 
 
 def test_crashed_trials_are_run_again_and_every_attempt_kept(space_file, tmp_path):
-    from autotune.trials.recording import record_surface as record_space
+    from autotune.drivers.recording import record_surface as record_space
     from autotune.values.hardware import PROFILES
     from autotune.search_spaces import load_choices
     from autotune.values.space import Space

@@ -1,4 +1,4 @@
-"""Sweep files (autotune/search/sweeps.py): parsing, defaults, and one-line errors naming file, key, value and
+"""Sweep files (autotune/commands/sweep_file.py): parsing, defaults, and one-line errors naming file, key, value and
 what is allowed; the summary table; CLI usage errors of `autotune sweep` and of the Ray flags of `tune`."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import pytest
 
 from autotune.cli import main
 from autotune.values.config import ConfigError
-from autotune.search.sweeps import load_sweep, write_summary
+from autotune.commands.sweep_file import load_sweep
+from autotune.outputs.sweep import write_summary
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "sweep.yaml"
 

@@ -15,7 +15,7 @@ from autotune.cli import main
 from autotune.drivers.ray_script import LOG_FILES
 from autotune.values.config import ConfigError
 from autotune.values.results import read_results
-from autotune.search.sweeps import load_sweep
+from autotune.commands.sweep_file import load_sweep
 from tests.test_script_ray import SPACE  # the small fp32 space of real script trials
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"

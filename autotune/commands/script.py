@@ -1,16 +1,24 @@
-"""The command-line side of script mode (`--script` of `autotune tune` and `autotune trial`): the placeholder
-workload and the hardware, refused before any trial where this machine cannot run them. The sweep's settings
-are autotune.api.resolve's (TuneSpec.for_script); what script mode adds to a sweep is autotune.script.session's."""
+"""The command-line side of script mode (`--script` of `autotune tune` and `autotune trial`): its flags, the script
+and its arguments, the placeholder workload and the hardware, refused before any trial where this machine cannot
+run them. The sweep's settings are autotune.api.resolve's (TuneSpec.for_script); what script mode adds to a sweep
+is autotune.outputs.script's."""
 
 from __future__ import annotations
 
 import argparse
+import shlex
+from typing import TYPE_CHECKING
 
 from autotune.commands.common import hardware_of
 from autotune.trials.devices import gpus_found, require_here
 from autotune.values.hardware import Hardware
-from autotune.script.session import placeholder
+from autotune.outputs.script import placeholder
+from autotune.values.argtypes import input_file
+from autotune.values.config import ConfigError
 from autotune.values.workload import Workload
+
+if TYPE_CHECKING:
+    from autotune.backends.script import Script
 
 
 def script_target(args: argparse.Namespace) -> tuple[Workload, Hardware]:
@@ -21,3 +29,22 @@ def script_target(args: argparse.Namespace) -> tuple[Workload, Hardware]:
     if getattr(args, "ray_address", None) in (None, "local"):  # a remote cluster's devices are Ray's to place
         require_here(hardware, workload.gpus, args.memory_budget, machine)
     return workload, hardware
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("script mode (tune your own training script, unchanged)")
+    group.add_argument("--script", type=input_file, default=None,
+                       help="your DeepSpeed training script; each trial runs it with the trial's config applied at "
+                            "deepspeed.initialize (instead of the built-in --model)")
+    group.add_argument("--script-args", default="",
+                       help='the script\'s arguments as one string, e.g. "--deepspeed_config ds.json --steps 100"')
+
+
+def script_from(args: argparse.Namespace) -> "Script":
+    from autotune.backends.script import Script  # not at import: the CLI builds every command's parser at start
+
+    try:
+        script_args = tuple(shlex.split(args.script_args or ""))
+    except ValueError as err:
+        raise ConfigError(f"--script-args {args.script_args!r}: {err}") from None
+    return Script(str(args.script), script_args)

@@ -30,7 +30,7 @@ from autotune.commands.common import (add_json_argument, add_workload_arguments,
 from autotune.files import is_file
 from autotune.values.results import STATUSES
 from autotune.values.settings import RunSettings, memory_budget
-from autotune.trials.recording import describe_workload, record_surface
+from autotune.drivers.recording import describe_workload, record_surface
 from autotune.values.units import format_size
 from autotune.worker.measure import MeasureSettings
 

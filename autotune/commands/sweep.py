@@ -7,7 +7,10 @@ import argparse
 from datetime import datetime
 from pathlib import Path
 
+from autotune.backends.factory import backend_kind
+from autotune.trials.devices import require_here
 from autotune.values.argtypes import output_dir, positive_int, ray_address
+from autotune.values.config import ConfigError
 from autotune.commands.common import add_json_argument, emit_json, json_command
 from autotune.commands.tune import add_tracking_arguments, tracking_uri
 
@@ -28,21 +31,61 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 @json_command
 def run(args: argparse.Namespace) -> int:
+    """The sweep file's workloads -> the one runner (autotune.api.tune_many), on the Ray cluster -> the summary."""
+    import optuna
+    from rich.console import Console
+
+    from autotune.api import tune_many
+    from autotune.commands.sweep_file import load_sweep
+    from autotune.drivers.ray import LabelledProgress, RayOptions
+    from autotune.files import read_bytes, write_atomic
+    from autotune.outputs.sweep import SUMMARY_CSV, SUMMARY_MD, summary_row, write_summary
+    from autotune.search.rundir import RunDir
+    from autotune.trials.cluster import LOCAL
     from autotune.trials.interrupts import sigterm_as_interrupt
     from autotune.values.settings import masked
-    from autotune.search.sweeps import SUMMARY_CSV, SUMMARY_MD, load_sweep, run_sweep
 
     sweep_file = load_sweep(args.sweep_file)
     if args.resume and args.out is None:
-        from autotune.values.config import ConfigError
-
         raise ConfigError("--resume needs --out DIR (the sweep directory to continue)")
     out = args.out or Path("runs") / f"sweep-{args.sweep_file.stem}-{datetime.now():%Y%m%d-%H%M%S}"
     args._run_dir = out  # an internal error's traceback goes to its logs/ (autotune.cli), once it exists
     mlflow = tracking_uri(args, out)
+    if args.ray_address == LOCAL:  # this machine runs the real trials: refuse what it cannot run, up front
+        for spec in sweep_file.workloads:
+            if backend_kind(spec.settings.backend).real:
+                try:
+                    require_here(spec.settings.hardware, spec.settings.workload.gpus, spec.chosen_budget)
+                except ConfigError as err:
+                    raise ConfigError(f"{sweep_file.path}: workload {spec.name!r}: {err}") from None
+    held = [RunDir(out / spec.name).exists() for spec in sweep_file.workloads]
+    if not args.resume and any(held):
+        busy = sweep_file.workloads[held.index(True)].name
+        raise ConfigError(f"{out} already holds this sweep (workload {busy!r}): pass --resume to continue it, "
+                          "or choose another --out")
+    if args.resume and not any(held):
+        raise ConfigError(f"--resume: {out} holds no sweep of {sweep_file.path} to resume")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    console = Console(width=160)
+    plans = [spec.plan(out, mlflow) for spec in sweep_file.workloads]
+    names = [spec.name for spec in sweep_file.workloads]
+    shows = {name: LabelledProgress(name, plan.spec.trials, console) for name, plan in zip(names, plans)}
+    out.mkdir(parents=True, exist_ok=True)
+    executor = RayOptions(args.ray_address, args.concurrency or sweep_file.concurrency)
+
+    def started() -> None:  # every run directory held: what produced them
+        write_atomic(out / "sweep.yaml", read_bytes(sweep_file.path, "the sweep file"))
     with sigterm_as_interrupt():
-        rows = run_sweep(sweep_file, out, args.ray_address, args.resume, args.concurrency or sweep_file.concurrency,
-                         mlflow=mlflow)
+        try:
+            results = tune_many(plans, executor=executor, progress=lambda plan: shows[str(plan.name)],
+                                say=lambda line: console.print(line, highlight=False),
+                                resume_hint=f"restore {sweep_file.path} as it was", started=started)
+        finally:
+            for show in shows.values():
+                show.close()  # the last batch of pruned configs
+    rows = {name: summary_row(name, RunDir(result.run_dir).read_settings(), result.run_dir, out, result.best,
+                              result.summary, result.verdict, result.stopped) for name, result in zip(names, results)}
+    write_summary(out, list(rows.values()))
     print(f"sweep summary: {out / SUMMARY_MD} ({out / SUMMARY_CSV})")
     interrupted = any(r["stopped"] == "interrupted" for r in rows.values())
     if args.json:

@@ -27,10 +27,10 @@ from autotune.values.dsconfig import DsOptions
 from autotune.prediction.estimate import MEMORY_TERMS, Calibration, Estimate, estimate
 from autotune.values.hardware import PROFILES, Hardware
 from autotune.values.results import TrialResult, append_result, read_results
-from autotune.script.cli import add_arguments as script_arguments, script_from
+from autotune.commands.script import add_arguments as script_arguments, script_from
 from autotune.script.batch import settle
 from autotune.script.inspect_model import describe
-from autotune.script.session import learned_workload, script_batch_of
+from autotune.outputs.script import learned_workload, script_batch_of
 from autotune.values.space import invalid_reason
 from autotune.values.units import format_size
 from autotune.worker.measure import MeasureSettings
@@ -90,7 +90,7 @@ def measure_settings(args: argparse.Namespace) -> MeasureSettings:
 
 @json_command
 def run(args: argparse.Namespace) -> int:
-    if args.script:  # the user's own script instead of the built-in model (autotune.script.session)
+    if args.script:  # the user's own script instead of the built-in model (autotune.outputs.script)
         return run_script_trial(args)
     target = target_from(args, real=True)
     workload, hardware = target.workload, target.hardware

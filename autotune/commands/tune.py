@@ -26,7 +26,7 @@ from autotune.search.rundir import RunDir
 from autotune.values.settings import RunSettings, masked
 from autotune.prediction.scale import at_target
 from autotune.search_spaces import space_note
-from autotune.script.cli import add_arguments as script_arguments, script_from
+from autotune.commands.script import add_arguments as script_arguments, script_from
 from autotune.values.space import Space
 from autotune.outputs import tracking
 from autotune.values.units import format_size

@@ -305,20 +305,38 @@ class BackendSpec:
         return make_backend(self.settings, RunDir(self.run_dir), TrialOptions(sleep_s=self.sleep_s))
 
 
-def run_one(sweep: Sweep, settings: "RunSettings", run_dir: "RunDir", budget: Budget, options: RayOptions,
-            progress: Progress) -> StopReason:
-    """`autotune tune --ray-address`: one sweep's trials on the cluster; returns why it stopped."""
-    resources = trial_resources(settings, options.gpus_per_trial)
+@dataclass(frozen=True)
+class ClusterRun:
+    """One open sweep whose trials the cluster runs: a job of the driver (job_for)."""
+
+    name: str
+    sweep: Sweep
+    settings: "RunSettings"
+    run_dir: "RunDir"
+    budget: Budget
+    progress: Progress
+    gpus_per_trial: int | None = None  # None: the workload's ranks
+
+
+def run_on_cluster(runs: Sequence[ClusterRun], options: RayOptions, say: Callable[[str], None]) -> list[StopReason]:
+    """Every open sweep's trials at once on the cluster at `options.address` (connected here, disconnected at the
+    end), one driver sharing it fairly: `autotune tune --ray-address` (one sweep), `autotune sweep` (several).
+    Returns why each stopped, in order; ConfigError first when some trial fits no node."""
     connect(options.address)
     try:
-        check_placeable(resources)
-        progress.message(f"Ray cluster {options.address}: {describe_cluster()}; one trial asks for "
-                         f"{resources.describe()}"
-                         + (f", at most {options.concurrency} in flight" if options.concurrency else ""))
-        if isinstance(progress, LiveProgress):  # its ETA divides the trials left among the slots
-            progress.set_slots(trial_slots(resources, options.concurrency))
-        job = job_for(settings.workload.model.name, sweep, settings, run_dir, budget, resources, progress)
-        return run_ray([job], options.concurrency, options.max_failures)[job.name]
+        jobs = []
+        for run in runs:
+            resources = trial_resources(run.settings, run.gpus_per_trial)
+            check_placeable(resources)
+            if isinstance(run.progress, LiveProgress):  # its ETA divides the trials left among the slots
+                run.progress.set_slots(trial_slots(resources, options.concurrency))
+            jobs.append(job_for(run.name, run.sweep, run.settings, run.run_dir, run.budget, resources, run.progress))
+        limit = f", at most {options.concurrency} in flight" if options.concurrency else ""
+        shape = (f"one trial asks for {resources.describe()}" if len(runs) == 1 else
+                 f"{len(runs)} workloads at once")
+        say(f"Ray cluster {options.address}: {describe_cluster()}; {shape}{limit}")
+        reasons = run_ray(jobs, options.concurrency, options.max_failures)
+        return [reasons[job.name] for job in jobs]
     finally:
         disconnect()
 

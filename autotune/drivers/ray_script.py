@@ -2,7 +2,7 @@
 each trial (autotune.script.ship) and it runs from their copy on the node Ray picks, unchanged, through the
 same script backend as on this machine, so its verdicts, results and trial log are the same.
 
-- The first trial (the one that shows the tuner the script's model and global batch, autotune.script.session)
+- The first trial (the one that shows the tuner the script's model and global batch, autotune.outputs.script)
   runs on the cluster too (drivers/ray_script_first.py): the driver's machine need not have the trials' devices.
 - Every later trial is a task of the Ray driver (drivers/ray.py) whose backend builder is `ShippedScript`:
   the factory's `script` kind reads the script from the run directory, which a node without the driver's

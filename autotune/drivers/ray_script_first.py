@@ -1,5 +1,5 @@
 """The first trial of a script sweep on a Ray cluster (`autotune tune --script ... --ray-address`): the trial
-that shows the tuner the script's model and global batch (autotune.script.session.first_trial) runs as a Ray
+that shows the tuner the script's model and global batch (autotune.outputs.script.first_trial) runs as a Ray
 task from the shipped copy of the script (drivers/ray_script.py), as every later trial does, so the machine
 that runs `autotune` needs none of the trials' devices."""
 
@@ -25,8 +25,8 @@ FirstTrial = Callable[[Config, bool], "tuple[TrialResult, str | None]"]
 
 def first_trial_runner(options: RayOptions, run_dir: "RunDir", settings: "RunSettings", script: "Script",
                        timeout_s: float = 600.0) -> FirstTrial:
-    """Runs a script sweep's first trial as a Ray task (autotune.script.session.first_trial's `remote`): the
-    cluster stays connected for the sweep's trials (drivers/ray.run_one disconnects at its end) unless the
+    """Runs a script sweep's first trial as a Ray task (autotune.outputs.script.first_trial's `remote`): the
+    cluster stays connected for the sweep's trials (drivers/ray.run_on_cluster disconnects at its end) unless the
     trial ended the sweep or failed to run."""
 
     def run(config: Config, keep_script_batch: bool) -> tuple[TrialResult, str | None]:

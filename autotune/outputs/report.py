@@ -186,7 +186,7 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
     # other stacks, built from ours, would not be the script's), its report section and console lines.
     script = None
     if settings.backend == "script":
-        from autotune.script.session import outputs as script_outputs
+        from autotune.outputs.script import outputs as script_outputs
 
         script = script_outputs(run, settings, best)
         files += [run.write_json(name, document) for name, document in script.files]

@@ -52,7 +52,7 @@ TAG_LIMIT = 5000  # MLflow caps tag values (8000 characters in MLflow 3); an err
 
 class Tracker(Protocol):
     """What a sweep tells experiment tracking: each result as it is recorded (drivers/sweep.py), and the
-    outputs once the session ends (api.run_sweep, sweeps.run_sweep)."""
+    outputs once the session ends (api.close_run, once per sweep of the runner)."""
 
     def trial(self, result: TrialResult) -> None: ...
 

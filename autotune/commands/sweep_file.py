@@ -1,0 +1,284 @@
+"""Sweep files: a YAML file lists workloads, each turned into the TuneSpec `autotune tune` would build for it (beside
+the CLI's spec_from, with the same option table: autotune.api.spec_options). `autotune sweep` runs them all through
+the one runner (autotune.api.tune_many), at once on a Ray cluster, and writes the summary (autotune.outputs.sweep).
+
+```yaml
+defaults:                 # optional: every workload's keys unless it sets them
+  backend: simulated      # deepspeed | simulated | replay
+  strategy: optuna
+  trials: 20
+workloads:
+  - name: gpt2-xl-8gpu    # its run directory: <out>/<name>
+    model: gpt2-xl        # a preset, or a shape: {layers: 48, hidden: 1600, heads: 25, vocab: 50257, seq_len: 1024},
+                          # or a Hugging Face config.json / model directory / cached Hub id, or a shape file
+    gpus: 8
+    global_batch: 256
+    hardware: a100-40gb
+    memory_budget: 40GiB
+```
+Workload keys: name, model, script, script_args, gpus, global_batch, hardware, gpus_per_trial, and every option of
+`autotune tune` under its flag's name (memory_budget, strategy, trials, time_budget, backend, space, seed, surface,
+storage, confirm, mlflow_uri, stack, target_gpus, stop_when, allocator). Every error names the file, the key, the
+value and what is allowed.
+
+A workload may tune the user's own training script instead of a model, as `autotune tune --script` does:
+
+```yaml
+  - name: my-script
+    script: train.py      # relative to this file's folder
+    script_args: [--deepspeed_config, /data/ds_config.json, --epochs, "1"]  # passed as given, as --script-args
+    global_batch: 64      # optional: the recipe's override (default: the script's own)
+```
+Its first trial (on the cluster) shows the model and the script's global batch, then the search runs within the
+batch; the recommendation is the script's own DeepSpeed config with the tuned keys. Its trials are real runs:
+backend deepspeed (the default for a script); model and surface are not allowed with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from autotune.api import Plan, Resolved, TuneSpec, resolution, spec_options
+from autotune.backends.replay import replay_workload
+from autotune.files import exists, is_file, load_yaml, short
+from autotune.search.rundir import RunDir
+from autotune.trials.devices import AUTO
+from autotune.values.argtypes import positive_int
+from autotune.values.config import ConfigError
+from autotune.values.hardware import Hardware, load_hardware
+from autotune.values.models import SHAPE_KEYS, UnknownModel
+from autotune.values.workload import PRESETS, ModelShape, Workload, make_workload
+
+WORKLOAD_KEYS = ("name", "model", "script", "script_args", "gpus", "global_batch", "hardware", "gpus_per_trial",
+                 *(opt.key for _, opt, _ in spec_options()))
+TOP_KEYS = ("defaults", "workloads", "concurrency")
+# A sweep's own defaults where they differ from `autotune tune`'s: many workloads at once, simulated unless asked
+# (Optuna keeps several trials of each in flight).
+SWEEP_DEFAULTS = {"trials": 20, "strategy": "optuna", "backend": "simulated"}
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")  # a directory name, short enough for any file system
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """One workload of a sweep file: the TuneSpec `autotune tune` would build for it, resolved as the runner will
+    (its settings and space: a script's until its first trial has shown the model)."""
+
+    name: str
+    tune: TuneSpec
+    resolved: Resolved
+    gpus_per_trial: int | None = None
+
+    @property
+    def settings(self):  # noqa: ANN201  (RunSettings; read by the sweep command's checks and the tests)
+        return self.resolved.settings
+
+    @property
+    def space(self):  # noqa: ANN201
+        return self.resolved.space
+
+    @property
+    def budget(self):  # noqa: ANN201
+        return self.tune.budget()
+
+    @property
+    def chosen_budget(self) -> int | None:
+        """memory_budget as the file gives it (None: the hardware's, its default)."""
+        return self.tune.memory_budget_bytes
+
+    def plan(self, out: Path, mlflow: str | None) -> Plan:
+        """Its run in the sweep directory `out`: <out>/<name>, resumed if it holds one."""
+        run_dir = out / self.name
+        tune = self.tune if mlflow is None else replace(self.tune, mlflow_uri=mlflow)
+        return Plan(tune, run_dir, resume=RunDir(run_dir).exists(), name=self.name,
+                    resolved=self.resolved, gpus_per_trial=self.gpus_per_trial,
+                    tracking_name=f"{out.name}/{self.name}")
+
+
+@dataclass(frozen=True)
+class SweepFile:
+    path: Path
+    workloads: tuple[WorkloadSpec, ...]
+    concurrency: int | None = None
+
+
+def load_sweep(path: str | Path) -> SweepFile:
+    path = Path(path)
+    if not is_file(path):
+        raise ConfigError(f"sweep file {str(path)!r}: no such file")
+    data = load_yaml(path, f"a sweep file (YAML with {', '.join(TOP_KEYS)})")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping with keys {', '.join(TOP_KEYS)}, got {type(data).__name__}")
+    _check_keys(data, TOP_KEYS, str(path))
+    defaults = data.get("defaults") or {}
+    if not isinstance(defaults, dict):
+        raise ConfigError(f"{path}: defaults: expected a mapping of workload keys, got {short(defaults)}")
+    _check_keys(defaults, tuple(k for k in WORKLOAD_KEYS if k != "name"), f"{path}: defaults")
+    entries = data.get("workloads")
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(f"{path}: workloads: expected a non-empty list of workloads, got {short(entries)}")
+    specs, names = [], set()
+    for i, entry in enumerate(entries):
+        where = f"{path}: workloads[{i}]"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{where}: expected a mapping of {', '.join(WORKLOAD_KEYS)}, got {short(entry)}")
+        _check_keys(entry, WORKLOAD_KEYS, where)
+        spec = _workload({**defaults, **entry}, where, path.parent)
+        if spec.name in names:
+            raise ConfigError(f"{where}.name: {spec.name!r} is used twice: names must be unique (one run directory each)")
+        names.add(spec.name)
+        specs.append(spec)
+    concurrency = data.get("concurrency")
+    if concurrency is not None and (not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1):
+        raise ConfigError(f"{path}: concurrency: {short(concurrency)}: allowed a positive integer")
+    return SweepFile(path, tuple(specs), concurrency)
+
+
+def _check_keys(data: dict, allowed: tuple[str, ...], where: str) -> None:
+    unknown = [k for k in data if k not in allowed]
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {unknown[0]!r}: allowed {', '.join(allowed)}")
+
+
+def _options(entry: dict[str, Any], where: str, base: Path) -> dict[str, Any]:
+    """TuneSpec's options as the entry gives them (parsed as `autotune tune` parses its flags), else the sweep's
+    defaults where they differ from tune's."""
+    values: dict[str, Any] = {}
+    for name, opt, _ in spec_options():
+        raw = entry.get(opt.key, SWEEP_DEFAULTS.get(opt.key))
+        if raw is None:
+            continue
+        try:
+            values[name] = _path_or_name(raw, base) if opt.path else opt.value(raw)
+        except ConfigError as err:
+            raise ConfigError(f"{where}.{opt.key}: {err}") from None
+    return values
+
+
+def _workload(entry: dict[str, Any], where: str, base: Path) -> WorkloadSpec:
+    """Resolve one workload entry with the same parsers, defaults and checks as `autotune tune`."""
+    def parse(key: str, parser, allowed: str):
+        value = entry.get(key)
+        if value is None:
+            return None
+        try:
+            return parser(str(value))
+        except (argparse.ArgumentTypeError, ConfigError, ValueError, OverflowError) as err:
+            raise ConfigError(f"{where}.{key}: {short(value)}: {err} (allowed {allowed})") from None
+
+    name = entry.get("name")
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ConfigError(f"{where}.name: {short(name)}: allowed letters, digits, '.', '_' and '-', at most 100 (a directory name)")
+    script = entry.get("script")
+    model = entry.get("model", "tiny" if script is None else None)
+    if script is not None:
+        script_path, script_args = _script(entry, where, base)
+        if entry.get("backend", "deepspeed") != "deepspeed":
+            raise ConfigError(f"{where}.backend: {short(entry['backend'])}: a script's trials are real runs: allowed "
+                              "deepspeed (or no backend key)")
+        entry = {**entry, "backend": "deepspeed"}
+    elif entry.get("script_args") is not None:
+        raise ConfigError(f"{where}.script_args: {short(entry['script_args'])}: only with script (allowed: a "
+                          "workload that names a script)")
+    options = _options(entry, where, base)
+    backend = options["backend"]
+    gpus = parse("gpus", positive_int, "a positive integer")
+    global_batch = parse("global_batch", positive_int, "a positive integer")
+    gpus_per_trial = parse("gpus_per_trial", positive_int, "a positive integer")
+    hardware: Hardware | str | None = None
+    if entry.get("hardware") == AUTO:
+        hardware = AUTO
+    elif entry.get("hardware") is not None:
+        try:
+            hardware = load_hardware(_path_or_name(entry["hardware"], base))
+        except ConfigError as err:
+            raise ConfigError(f"{where}.hardware: {err}") from None
+    try:
+        if backend == "replay":
+            if options.get("surface") is None:
+                raise ConfigError("backend replay needs a surface (a JSONL of measured results)")
+            workload = replay_workload(options["surface"], model if isinstance(model, str) else None, global_batch, gpus)
+        elif options.get("surface") is not None:
+            raise ConfigError(f"surface is only for backend replay (got backend {backend})")
+        if script is not None:
+            # `autotune tune --script`'s spec: the first trial shows the model (global_batch: the recipe's override)
+            tune = TuneSpec.for_script(script_path, script_args, gpus=gpus or 1, global_batch=global_batch,
+                                       hardware=hardware, **options)
+        else:
+            if backend != "replay":
+                workload = _model_workload(model, global_batch, gpus or 1, where, base)
+            tune = TuneSpec(workload, hardware, **options)
+        # The library's own defaults (autotune.api.resolve). Real trials default to this machine's devices;
+        # whether they can run is checked by `autotune sweep`, which knows whether this machine or a cluster runs them.
+        resolved = resolution(tune)
+    except ConfigError as err:
+        message = str(err)
+        raise ConfigError(message if message.startswith(str(where)) else f"{where}: {message}") from None
+    return WorkloadSpec(name, tune, resolved, gpus_per_trial)
+
+
+def _script(entry: dict[str, Any], where: str, base: Path) -> tuple[str, tuple[str, ...]]:
+    """`script:` (a Python file, relative to the sweep file's folder) and `script_args:` (a list of strings) of
+    a workload that tunes the user's script, as `autotune tune --script FILE --script-args ARGS`."""
+    script, args = entry["script"], entry.get("script_args")
+    if entry.get("model") is not None:
+        raise ConfigError(f"{where}.model: {short(entry['model'])}: a workload tunes a model or a script, not both "
+                          "(allowed: one of model, script)")
+    if not isinstance(script, str) or not script.strip():
+        raise ConfigError(f"{where}.script: {short(script)}: allowed a Python script's path, relative to the sweep "
+                          "file's folder")
+    path = base / script
+    if not is_file(path):
+        raise ConfigError(f"{where}.script: {short(script)}: no such file {str(path)!r} (allowed a Python script's "
+                          "path, relative to the sweep file's folder)")
+    if args is None:
+        args = []
+    if not isinstance(args, list) or any(isinstance(a, (bool, dict, list)) or a is None for a in args):
+        raise ConfigError(f"{where}.script_args: {short(args)}: allowed a list of strings (the script's arguments, "
+                          "as --script-args splits them)")
+    return str(path), tuple(str(a) for a in args)
+
+
+def _model_workload(model: Any, global_batch: int | None, gpus: int, where: str,
+                    base: Path | None = None) -> Workload:
+    """`model:` as a preset, a Hugging Face config.json or model directory (relative to the sweep file's
+    folder), a cached Hub id, a YAML/JSON shape file (autotune.values.models), or a mapping of shape keys."""
+    if isinstance(model, str):
+        local = base / model if base is not None and model not in PRESETS else None
+        try:
+            return make_workload(str(local) if local is not None and exists(local) else model, global_batch, gpus)
+        except UnknownModel:
+            raise ConfigError(f"{where}.model: {short(model)}: {ALLOWED_MODELS}") from None
+        except ConfigError as err:
+            raise ConfigError(f"{where}.model: {err}") from None
+        except (OSError, ValueError) as err:  # a name the filesystem refuses to look up (too long)
+            raise ConfigError(f"{where}.model: {short(model)}: {err.strerror if isinstance(err, OSError) else err}; "
+                              f"{ALLOWED_MODELS}") from None
+    if isinstance(model, dict):
+        shape = {"name": "custom", **model}
+        unknown = [key for key in shape if key not in SHAPE_KEYS and key != "name"]
+        if unknown:
+            raise ConfigError(f"{where}.model: {short(model)}: unknown key {short(unknown[0])}; allowed keys "
+                              f"{', '.join(SHAPE_KEYS)}")
+        try:
+            return Workload(ModelShape(**shape), global_batch or 32 * gpus, gpus)
+        except TypeError as err:
+            raise ConfigError(f"{where}.model: {short(model)}: {err}; allowed keys "
+                              f"{', '.join(SHAPE_KEYS)}") from None
+        except ConfigError as err:
+            raise ConfigError(f"{where}.model: {err}") from None
+    raise ConfigError(f"{where}.model: {short(model)}: {ALLOWED_MODELS}")
+
+
+ALLOWED_MODELS = (f"allowed {', '.join(PRESETS)}, a Hugging Face config.json or model directory, a Hub id in the local "
+                  "Hugging Face cache, a YAML/JSON shape file, or a mapping of shape keys")
+
+
+def _path_or_name(value: Any, base: Path) -> str:
+    """A preset name as is; a relative file path relative to the sweep file's folder."""
+    text = str(value)
+    candidate = base / text
+    return str(candidate) if ("/" in text or text.endswith((".yaml", ".yml", ".jsonl"))) and exists(candidate) else text

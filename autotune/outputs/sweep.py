@@ -1,0 +1,60 @@
+"""The summary of a sweep of many workloads (`autotune sweep`): one row per workload, its recommended config,
+throughput, memory, why it stopped and a link to its report, as markdown and CSV in the sweep directory."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+from typing import Any, Mapping
+
+from autotune.files import write_atomic
+from autotune.values.results import TrialResult
+from autotune.values.settings import RunSettings
+from autotune.values.units import format_size
+
+SUMMARY_MD = "sweep_summary.md"
+SUMMARY_CSV = "sweep_summary.csv"
+CSV_COLUMNS = ("workload", "model", "gpus", "global_batch", "hardware", "memory_budget", "strategy", "backend",
+               "trials", "recommended", "throughput_samples_per_s", "peak_memory_bytes", "config_json", "stopped",
+               "verdict", "report")
+
+
+def summary_row(name: str, settings: RunSettings, run_dir: Path, out: Path, best: TrialResult | None,
+                summary: Mapping[str, Any], verdict: str, stopped: str) -> dict[str, Any]:
+    """One workload's row (`settings`: its run's, a script's as its first trial learned)."""
+    w = settings.workload
+    return {
+        "workload": name, "model": w.model.name, "gpus": w.gpus, "global_batch": w.global_batch,
+        "hardware": settings.hardware.name, "memory_budget": format_size(settings.memory_budget_bytes),
+        "strategy": settings.strategy, "backend": settings.backend,
+        "trials": summary["trials"],
+        "recommended": best.config.label() if best else "",
+        "config_json": best.config.to_json() if best else "",
+        "throughput_samples_per_s": round(best.throughput, 3) if best else "",
+        "peak_memory": format_size(best.peak_memory_bytes) if best and best.peak_memory_bytes else "",
+        "peak_memory_bytes": best.peak_memory_bytes if best else "",
+        "stopped": stopped,
+        "verdict": verdict,
+        "report": str((run_dir / "report.md").relative_to(out)),
+    }
+
+
+def write_summary(out: Path, rows: list[dict]) -> tuple[Path, Path]:
+    md, csv_path = out / SUMMARY_MD, out / SUMMARY_CSV
+    lines = ["# Sweep summary", "",
+             "| workload | model | gpus | global batch | budget | trials | recommended config | samples/s | "
+             "peak memory | stopped | report |",
+             "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- | --- |"]
+    for r in rows:
+        lines.append(f"| {r['workload']} | {r['model']} | {r['gpus']} | {r['global_batch']} | {r['memory_budget']} | "
+                     f"{r['trials']} | {r['recommended'] or 'none: ' + r['verdict']} | {r['throughput_samples_per_s']} | "
+                     f"{r['peak_memory']} | {r['stopped']} | [report]({r['report']}) |")
+    lines.append("")
+    write_atomic(md, "\n".join(lines))
+    table = io.StringIO(newline="")
+    writer = csv.DictWriter(table, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    write_atomic(csv_path, table.getvalue())
+    return md, csv_path
