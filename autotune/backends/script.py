@@ -33,7 +33,7 @@ from autotune.script.shim import KEEP_SCRIPT_BATCH, MODEL_FILE, SCRIPT_CWD, USER
 from autotune.worker.measure import MeasureSettings
 from autotune.values.workload import Workload
 
-SCRIPT_FILE = "script.json"  # in a script-mode run directory (autotune.script.session writes it)
+SCRIPT_FILE = "script.json"  # in a script-mode run directory (autotune.outputs.script writes it)
 
 SHIM = "autotune.script"
 
