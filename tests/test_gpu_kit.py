@@ -297,14 +297,6 @@ def test_the_cpu_form_runs_every_phase_in_one_call_and_writes_at_most_eight_file
     done = subprocess.run(["bash", "scripts/gpu-validate", str(bundle), "--", "--cpu", "--seq-len", "64", "--out",
                            str(out)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=1500)
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
-    # What tune's child imported from the root: the checkout's package whole, with no editable hook; the kit itself
-    # (sys.path[0] is benchmarks/), as from any folder but the root: the installed one.
-    def probe(cwd: Path) -> dict:
-        return json.loads(subprocess.run([str(python), "-c", PROBE], capture_output=True, text=True, cwd=cwd, check=True,
-                                         env={**env, "PYTHONPATH": f"{target}{os.pathsep}{SITE}"}, timeout=60).stdout)
-    seen = probe(ROOT)
-    assert seen["envs"] == str(ROOT / "envs" / "__init__.py") and not any("Editable" in f for f in seen["finders"])
-    assert probe(tmp_path)["envs"] == str(target / "autotune" / "envs" / "__init__.py")
     files = sorted(p.name for p in out.iterdir())
     assert len(files) <= kit_pack.MAX_FILES and all(p.is_file() for p in out.iterdir())
     assert {"kit.md", "kit.json", "console.log", "logs.tar.gz", "tune-summary.json", "tune-report.md",
@@ -327,3 +319,14 @@ def test_the_cpu_form_runs_every_phase_in_one_call_and_writes_at_most_eight_file
     assert any(n.endswith("tune/study.db") for n in names)  # tune kept its study in study.db
     assert any(n.endswith("tune/trials.jsonl") for n in names)
     assert "| tune |" in (out / "kit.md").read_text()
+    # What tune's child imported from the root: the checkout's package whole, with no editable hook; the kit itself
+    # (sys.path[0] is benchmarks/), as from any folder but the root: the installed one.
+    seen = {}
+    for cwd in (ROOT, tmp_path):
+        probe = subprocess.run([str(python), "-c", PROBE], capture_output=True, text=True, cwd=cwd, timeout=60,
+                               env={**env, "PYTHONPATH": f"{target}{os.pathsep}{SITE}"})
+        assert probe.returncode == 0, probe.stderr[-2000:]
+        seen[cwd] = json.loads(probe.stdout)
+    assert seen[ROOT]["envs"] == str(ROOT / "envs" / "__init__.py")
+    assert not any("Editable" in finder for finder in seen[ROOT]["finders"])
+    assert seen[tmp_path]["envs"] == str(target / "autotune" / "envs" / "__init__.py")
