@@ -35,7 +35,7 @@ from autotune.search.convergence import DEFAULT_STOP_WHEN, Convergence, check_st
 from autotune.drivers.local import run_local
 from autotune.drivers.progress import Progress, QuietProgress
 from autotune.drivers.stop import StopReason
-from autotune.drivers.sweep import Budget, Sweep
+from autotune.drivers.sweep import Budget, Hooks, Sweep
 from autotune.files import SQLITE_FULL, NoSpaceLeft, disk_full, make_dir, short
 from autotune.outputs.handoff import narrow_choices
 from autotune.values.hardware import Hardware, load_hardware
@@ -417,6 +417,7 @@ def tune_many(plans: Sequence[Plan], *, executor: "RayOptions | None" = None,
             started()
         opened: dict[int, tuple[Sweep, Tracker]] = {}
         reasons: dict[int, StopReason] = {}
+        backends: dict[int, Backend] = {}
         for i, (plan, run, show) in enumerate(zip(plans, runs, shows)):
             if run.ended is not None:  # a script's first trial showed it cannot be tuned as it is
                 continue
@@ -424,17 +425,23 @@ def tune_many(plans: Sequence[Plan], *, executor: "RayOptions | None" = None,
             if callable(begun):  # a display's headline (`autotune tune`), once the run directory is held
                 begun(SweepStart(run.run_dir, run.settings, run.space, plan.spec.budget(), run.resume))
             own = None if isinstance(plan.spec.strategy, str) else plan.spec.strategy
+            if executor is None:  # this machine runs the trials: the backend now, its launch spread known
+                backends[i] = run.objective or make_backend(  # closed by its loop (drivers/local.py)
+                    run.settings, run.run_dir, TrialOptions(sleep_s=simulated_sleep_s(run.settings.backend)))
+            sigma = prior_sigma(run.settings.backend, backends.get(i))  # a simulation's own noise, if it says
             sweep, tracker, reason = open_sweep(stack, run.run_dir, run.settings, run.space, show, run.tracking, own,
-                                                plan.tracking_name)
+                                                plan.tracking_name, sigma)
             opened[i] = sweep, tracker
             if reason is not None:
                 reasons[i] = reason
+                if i in backends:  # no loop will run it
+                    backends[i].close()
                 if len(plans) > 1:
                     show.message("no config of the space is predicted to fit: nothing runs for this workload")
         todo = [i for i in opened if i not in reasons]
         if executor is None:
             for i in todo:
-                reasons[i] = run_here(opened[i][0], runs[i], plans[i].spec.budget(), shows[i])
+                reasons[i] = run_here(opened[i][0], backends[i], runs[i].space, plans[i].spec.budget(), shows[i])
         elif todo:
             from autotune.drivers.ray import ClusterRun, run_on_cluster
 
@@ -447,16 +454,12 @@ def tune_many(plans: Sequence[Plan], *, executor: "RayOptions | None" = None,
                 for i, run in enumerate(runs)]
 
 
-def run_here(sweep: Sweep, run: "RunPlan", budget: Budget, progress: Progress) -> StopReason:
-    """One open sweep's trials on this machine: its backend (the plan's own object, or the settings' kind), the
-    launch spread that backend's trials have, the ops it needs built first; returns why it stopped."""
-    settings = run.settings
-    backend = run.objective or make_backend(settings, run.run_dir,
-                                            TrialOptions(sleep_s=simulated_sleep_s(settings.backend)))
-    sweep.launch_sigma = prior_sigma(settings.backend, backend)  # a simulation's own noise, if it says
+def run_here(sweep: Sweep, backend: Backend, space: Space, budget: Budget, progress: Progress) -> StopReason:
+    """One open sweep's trials on this machine: the ops its backend needs built first, then the loop; returns why it
+    stopped."""
     for note in getattr(backend, "notes", ()):  # what reading its records changed (a replay surface's)
         progress.message(note)
-    preflight_ops(sweep, run.space, backend, budget, progress.message)
+    preflight_ops(sweep, space, backend, budget, progress.message)
     return run_local(sweep, backend, budget, progress)
 
 
@@ -642,12 +645,15 @@ def begin(run_dir: RunDir, settings: RunSettings, resume: bool, hint: str = RESU
 
 
 def open_sweep(stack: ExitStack, run_dir: RunDir, settings: RunSettings, space: Space, progress: Progress,
-               tracking: str | None, strategy: Any = None, name: str | None = None) -> tuple[Sweep, Tracker, StopReason | None]:
+               tracking: str | None, strategy: Any = None, name: str | None = None,
+               launch_sigma: float | None = None) -> tuple[Sweep, Tracker, StopReason | None]:
     """The Sweep of a held run directory with its tracker (open for the rest of `stack`; `name`: the MLflow
-    parent run's), and StopReason.NOTHING_FITS when no config of the space is predicted to fit (nothing runs)."""
-    sweep = Sweep.open(run_dir, settings, space, strategy)
-    sweep.tracker = tracker = stack.enter_context(
-        tracked(tracking, run_dir, settings, sweep.results, progress.message, name=name))
+    parent run's), both given every hook when made: the tracker, `progress`'s lines, the launch spread of its
+    backend (`launch_sigma`; None: its kind's); and StopReason.NOTHING_FITS when no config of the space is
+    predicted to fit (nothing runs)."""
+    tracker = stack.enter_context(tracked(tracking, run_dir, settings, run_dir.results(), progress.message, name=name))
+    hooks = Hooks(tracker, progress.pruned, progress.message)
+    sweep = Sweep.open(run_dir, settings, space, strategy, hooks=hooks, launch_sigma=launch_sigma)
     return sweep, tracker, StopReason.NOTHING_FITS if sweep.nothing_fits(space) else None
 
 

@@ -179,8 +179,8 @@ def truths() -> list[Truth]:
 
 def sweep(truth: Truth, noise: Noise, seed: int, trials: int, repeats: int, strategy: str) -> Sweep:
     backend = Noisy(truth.make(), noise, seed)
-    s = Sweep.in_memory(truth.space, truth.budget, strategy, backend.name, seed)
-    s.launch_sigma = confirm.MACHINE_SIGMA  # as for real trials: this machine's spread until repeats measure it
+    # As for real trials: this machine's spread until repeats measure it.
+    s = Sweep.in_memory(truth.space, truth.budget, strategy, backend.name, seed, launch_sigma=confirm.MACHINE_SIGMA)
     run_local(s, backend, Budget(trials, confirm=repeats), QuietProgress())
     return s
 

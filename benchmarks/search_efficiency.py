@@ -213,8 +213,8 @@ def run_sweep(name: str, space: Space, backend, budget: int, trials: int, seed: 
     """One sweep with the stop off; with `repeat_backend` (fresh launches of the same truth), also what the
     tuner with the stop `stop` (threshold, minimum trials) and confirmation would have recommended."""
     start = time.perf_counter()
-    s = Sweep.in_memory(space, budget, name, backend.name, seed)
-    s.launch_sigma = prior_sigma(backend.name, backend)  # as tune sets it: a simulation's own noise
+    # As tune sets it: a simulation's own noise.
+    s = Sweep.in_memory(space, budget, name, backend.name, seed, launch_sigma=prior_sigma(backend.name, backend))
     # The stop off: the stopped sweep is a prefix of this one (Run.stop_at).
     run_local(s, backend, Budget(trials, stop_when=0), QuietProgress())
     confirmed = None

@@ -85,8 +85,8 @@ def knob_order_reach(backend) -> int:
 def one_sweep(task: Task, seed: int, noise: float, trials: int) -> dict:
     backend = distorted_task(task, SPREAD, noise, seed)
     space = backend.landscape.space
-    sweep = Sweep.in_memory(space, task.memory_budget_bytes, STRATEGY, backend.name, seed)
-    sweep.launch_sigma = prior_sigma(backend.name, backend)
+    sweep = Sweep.in_memory(space, task.memory_budget_bytes, STRATEGY, backend.name, seed,
+                            launch_sigma=prior_sigma(backend.name, backend))
     curve: list[float] = []
     product: list[float] = []
     informed: list[float] = []

@@ -91,8 +91,6 @@ class Job:
         self.reason: StopReason | None = None  # why it stopped, once it has
         self.fatal: str | None = None  # the backend said no config can succeed: propose nothing more
         self.build_failures: Counter[str | None] = Counter()  # op -> trials that crashed loading it (autotune.trials.ops)
-        sweep.on_pruned = progress.pruned
-        sweep.on_message = progress.message
 
     @property
     def devices_in_use(self) -> float:
@@ -110,7 +108,6 @@ class Job:
             return None
         flying = {f.config for f in self.in_flight}
         for _ in range(ASKS_PER_SLOT):
-            sweep.stalled = False
             config = sweep.next_config(budget, flying)
             if config is None:
                 self._stop(sweep.ended())  # converged, stalled or done

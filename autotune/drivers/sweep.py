@@ -55,6 +55,20 @@ class _Deaf:
         pass
 
 
+def _ignore(_: Any) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """Who hears what a sweep does, given when it is made: experiment tracking each recorded result (after the
+    record), a display each config pruned and each message (confirmation's finalists)."""
+
+    listener: Listener = _Deaf()
+    on_pruned: Callable[[TrialResult], None] = _ignore
+    on_message: Callable[[str], None] = _ignore
+
+
 def measurable(result: TrialResult) -> bool:
     return result.ok and bool(result.peak_memory_bytes) and bool(result.step_time_s)
 
@@ -63,8 +77,10 @@ class Sweep:
     def __init__(self, strategy: Strategy, pruner: Pruner, record: Callable[[TrialResult], None],
                  backend_name: str, history: Sequence[TrialResult] = (),
                  calibrate: Callable[[Sequence[TrialResult]], Calibration] | None = None,
-                 space_size: int = 0, live: LivePruner | None = None, space: Space | None = None) -> None:
+                 space_size: int = 0, live: LivePruner | None = None, space: Space | None = None, *,
+                 hooks: Hooks = Hooks(), launch_sigma: float | None = None) -> None:
         self.strategy = strategy
+        self.hooks = hooks
         self._space = space  # the configs the convergence stop weighs (None: no such stop)
         # The strategy's view of the pruner as it learns (SearchContext.forecast), when it was given one.
         self._live = live or LivePruner(pruner)
@@ -80,16 +96,13 @@ class Sweep:
         self.best = confirm.recommend(self.results, pruner.budget_bytes)
         self.repeats_run = sum(confirm.is_repeat(r) for r in history)
         # The launch spread assumed until this run's repeats measure it (the caller may know its backend's).
-        self.launch_sigma: float | None = confirm.prior_sigma(backend_name)
+        self.launch_sigma = confirm.prior_sigma(backend_name) if launch_sigma is None else launch_sigma
         self.search_ended: StopReason | None = None  # the strategy had nothing left (this session)
         self._announced: tuple[Config, ...] = ()
-        self.on_message: Callable[[str], None] = lambda text: None
         self.spent_s = sum(r.wall_time_s for r in history)
         # A strategy that only proposes known or pruned configs is stopped after this many in a row.
         self.max_idle = 2 * space_size + 10
-        self.stalled = False
-        self.on_pruned: Callable[[TrialResult], None] = lambda result: None
-        self.tracker: Listener = _Deaf()  # experiment tracking hears every recorded result (autotune.outputs.tracking)
+        self.stalled = False  # the latest search ran idle (max_idle proposals known or pruned)
         # The chance of a better config after the latest search trial (autotune.search.convergence); None until
         # computed (a resumed sweep computes it again from its record, once its launch spread is set).
         self.convergence: Convergence | None = None
@@ -103,10 +116,12 @@ class Sweep:
             self._learn()
 
     @classmethod
-    def open(cls, run_dir: "RunDir", settings: "RunSettings", space: Space, strategy: Any = None) -> "Sweep":
+    def open(cls, run_dir: "RunDir", settings: "RunSettings", space: Space, strategy: Any = None, *,
+             hooks: Hooks = Hooks(), launch_sigma: float | None = None) -> "Sweep":
         """The sweep of a run directory: its recorded history, strategy (its study in the run's storage), pruner.
         `strategy`: the user's own Strategy object or builder (autotune.strategies), which `settings.strategy`
-        names; None: the registered strategy `settings.strategy`."""
+        names; None: the registered strategy `settings.strategy`. `launch_sigma`: the spread its backend's launches
+        have (confirm.prior_sigma; None: its kind's)."""
         pruner = Pruner.for_settings(settings)
         live = LivePruner(pruner)
         context = SearchContext(space, settings.memory_budget_bytes, settings.seed, pruner.predict,
@@ -114,12 +129,13 @@ class Sweep:
                                 forecast=live.forecast, uncertainty=live.uncertainty)
         chosen = settings.strategy if strategy is None else strategy
         return cls(make_strategy(chosen, context), pruner, run_dir.append, settings.backend,
-                   run_dir.results(), calibrator(settings.workload, settings.hardware), len(space), live, space)
+                   run_dir.results(), calibrator(settings.workload, settings.hardware), len(space), live, space,
+                   hooks=hooks, launch_sigma=launch_sigma)
 
     @classmethod
     def in_memory(cls, space: Space, budget_bytes: int, strategy: str | Callable[[SearchContext], Strategy],
                   backend_name: str, seed: int = 0, *, record: Callable[[TrialResult], None] = lambda r: None,
-                  calibrate: bool = True, storage: Any = None) -> "Sweep":
+                  calibrate: bool = True, storage: Any = None, launch_sigma: float | None = None) -> "Sweep":
         """A sweep with no run directory (benchmarks, tests): `strategy` is a name or builds one from its context;
         `record` hears every result in order; `calibrate` refits the estimator on measured trials, as tune does."""
         pruner = Pruner(space.workload, space.hardware, budget_bytes)
@@ -128,7 +144,8 @@ class Sweep:
                                 uncertainty=live.uncertainty)
         built = make_strategy(strategy, context)
         return cls(built, pruner, record, backend_name, (),
-                   calibrator(space.workload, space.hardware) if calibrate else None, len(space), live, space)
+                   calibrator(space.workload, space.hardware) if calibrate else None, len(space), live, space,
+                   launch_sigma=launch_sigma)
 
     @property
     def pruner(self) -> Pruner:
@@ -242,11 +259,12 @@ class Sweep:
         self._announced = configs
         names = ", ".join(f"{c.config.label()} ({c.median:.3g} samples/s, {c.runs} run{'s' * (c.runs > 1)})"
                           for c in plan.finalists)
-        self.on_message(f"confirming the close calls in fresh processes, up to {1 + repeats} runs each: {names} "
+        self.hooks.on_message(f"confirming the close calls in fresh processes, up to {1 + repeats} runs each: {names} "
                         f"(within {plan.spread.typical:.0%} of the best, the launch spread from "
                         f"{plan.spread.source})")
 
     def _search(self) -> Config | None:
+        self.stalled = False
         idle = 0
         while idle < self.max_idle:
             config = self.strategy.propose()
@@ -260,7 +278,7 @@ class Sweep:
                 if pruned is None:
                     return config
                 pruned = self._add(pruned)
-                self.on_pruned(pruned)
+                self.hooks.on_pruned(pruned)
             idle += 1
         self.stalled = True
         return None
@@ -311,7 +329,7 @@ class Sweep:
         result = replace(result, extra={**result.extra, "trial": self.next_number})
         self._record(result)  # durable before the strategy hears of it: a crash in between is replayed
         self.results.append(result)
-        self.tracker.trial(result)  # after the record: a resumed sweep logs what a crash left unlogged
+        self.hooks.listener.trial(result)  # after the record: a resumed sweep logs what a crash left unlogged
         if not confirm.is_repeat(result):
             self.known[result.config] = result
             self.strategy.observe(result.config, result)
