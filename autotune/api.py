@@ -39,7 +39,7 @@ from autotune.drivers.sweep import Budget, Hooks, Sweep
 from autotune.files import SQLITE_FULL, NoSpaceLeft, disk_full, make_dir, short
 from autotune.outputs.handoff import narrow_choices
 from autotune.values.hardware import Hardware, load_hardware
-from autotune.outputs.report import Outputs, write_outputs
+from autotune.outputs.report import Outputs, OwnWriter, write_outputs
 from autotune.values.results import TrialResult, relabel_note, relabelled
 from autotune.trials.runner import remove_stale_shm_at_start
 from autotune.search.rundir import STUDY, RunDir
@@ -202,14 +202,7 @@ class TuneSpec:
 
     def __post_init__(self) -> None:
         check_stack(self.stack)
-        if self.script is not None:
-            self.script_spec()  # the file exists and is Python
-            if self.backend != "deepspeed":
-                raise ConfigError(f"backend {self.backend_name!r} with a script: a script's trials are real "
-                                  "runs (backend deepspeed)")
-            if self.target_gpus is not None:
-                raise ConfigError(f"target_gpus {self.target_gpus} with a script: a script runs at its launch's "
-                                  "scale (allowed: null)")
+        self.mode.check(self)
         if self.allocator is not None:
             check_allocator(self.allocator)
         check_target(self.target_gpus, self.workload)
@@ -264,13 +257,19 @@ class TuneSpec:
         return cls(placeholder(global_batch, gpus), script=str(script), script_args=tuple(script_args),
                    script_global_batch=global_batch, **options)
 
+    @property
+    def mode(self) -> "BuiltIn | ScriptRun":
+        """What it tunes, asked through one interface by the runner: the built-in model, or the user's script (the
+        one place a spec is asked which)."""
+        return BUILT_IN if self.script is None else ScriptRun(self.script, tuple(self.script_args),
+                                                             self.script_global_batch)
+
     def script_spec(self) -> "Script":
         """The script and its arguments (autotune.backends.script.Script); ConfigError without one."""
-        from autotune.backends.script import Script
-
-        if self.script is None:
+        mode = self.mode
+        if not isinstance(mode, ScriptRun):
             raise ConfigError("this sweep tunes the built-in model, not a script")
-        return Script(self.script, tuple(self.script_args))
+        return mode.script
 
 
 @dataclass(frozen=True)
@@ -294,8 +293,11 @@ def resolve(spec: TuneSpec) -> tuple[RunSettings, Space]:
 
 def resolution(spec: TuneSpec) -> Resolved:
     """resolve, with the notes."""
-    if spec.script is not None:
-        return _script_resolution(spec)
+    return spec.mode.resolution(spec)
+
+
+def _model_resolution(spec: TuneSpec) -> Resolved:
+    """The built-in model's settings and space (a replay surface's, where it replays one)."""
     if spec.backend == "replay":
         if spec.surface is None:
             raise ConfigError("the replay backend needs a surface (a JSONL of measured results)")
@@ -493,16 +495,14 @@ def plan_run(spec: TuneSpec, out: str | Path | None, resume: bool, executor: "Ra
     """Every check that can refuse a sweep, before anything is written to its run directory `out` (default
     runs/<model>-<strategy>-<time>): the spec resolved (or `resolved`, already), a script's shipment to Ray,
     the directory new or resumable, the study storage, the tracking URI."""
-    if spec.script is not None and executor is not None:  # its files travel with each trial: not too many
-        from autotune.script.ship import plan
-
-        plan(spec.script, spec.script_args, exclude=(out,) if out is not None else ())
+    mode = spec.mode
+    if executor is not None:
+        mode.check_shipping(out)
     resolved = resolved or resolution(spec)
     settings, space = resolved.settings, resolved.space
     for note in resolved.notes:  # what the stack or the target removed from the space
         progress.message(note)
-    name = settings.workload.model.name if spec.script is None else f"script-{Path(spec.script).stem}"
-    run_dir = RunDir(out if out is not None else default_run_dir(name, settings.strategy))
+    run_dir = RunDir(out if out is not None else default_run_dir(mode.run_name(settings), settings.strategy))
     check_out(run_dir, resume)
     check_storage(settings.storage, run_dir.study_name(settings.storage), resume)
     objective = None if isinstance(spec.backend, str) else as_backend(spec.backend)
@@ -526,11 +526,10 @@ def hold(stack: ExitStack, plan: RunPlan, progress: Progress, resume_hint: str =
     stack.enter_context(run_dir.locked())
     stack.enter_context(undone_unless_started(run_dir, plan.before))
     stack.enter_context(no_space_named(run_dir, plan.settings.storage))
-    if plan.spec.script is not None:  # the script shows its model in a first trial, or the resumed run kept it
-        plan.settings, plan.space, plan.ended = _script_start(run_dir, plan.settings, plan.space, plan.spec,
-                                                              plan.resume, progress, plan.executor)
-        if plan.ended is not None:
-            return plan
+    plan.settings, plan.space, plan.ended = plan.spec.mode.start(run_dir, plan.settings, plan.space, plan.resume,
+                                                                  progress, plan.executor)
+    if plan.ended is not None:
+        return plan
     begin(run_dir, plan.settings, plan.resume, resume_hint)
     if plan.resume:  # records that do not show training are read as untrained: say so once
         note = relabel_note(relabelled(run_dir.results()), run_dir.trials_path)
@@ -539,33 +538,102 @@ def hold(stack: ExitStack, plan: RunPlan, progress: Progress, resume_hint: str =
     return plan
 
 
-def _script_start(run_dir: RunDir, settings: RunSettings, space: Space, spec: TuneSpec, resume: bool,
-                  progress: Progress, executor: "RayOptions | None") -> tuple[RunSettings, Space, "TuneResult | None"]:
-    """A script sweep before its search (autotune.outputs.script): resumed, the workload its first trial learned;
-    new, that first trial (on a Ray node with `executor`: autotune.drivers.ray_script_first), whose settings and
-    space the sweep then uses. A first trial that shows the script cannot be tuned as it is ends the sweep: its
-    outputs and a FATAL result."""
-    from autotune.outputs import script as session
+class BuiltIn:
+    """The built-in model (autotune.worker.model): resolved from the spec alone, nothing runs before the search,
+    the handoff writes the recommendation."""
 
-    script = spec.script_spec()
-    if resume:
-        settings = session.resumed(run_dir, settings, script, spec.script_global_batch)
-        return settings, settings.space(), None
-    remote = None
-    if executor is not None:
-        from autotune.drivers.ray_script_first import first_trial_runner
+    def check(self, spec: TuneSpec) -> None:
+        """Nothing beyond the spec's own checks."""
 
-        remote = first_trial_runner(executor, run_dir, settings, script)
-    settings, space, fatal = session.first_trial(run_dir, settings, space, script, global_batch=spec.script_global_batch,
-                                                 remote=remote)
-    if fatal is None:
+    def resolution(self, spec: TuneSpec) -> Resolved:
+        return _model_resolution(spec)
+
+    def run_name(self, settings: RunSettings) -> str:
+        return settings.workload.model.name
+
+    def check_shipping(self, out: str | Path | None) -> None:
+        """Nothing travels: a node builds the model from the settings."""
+
+    def start(self, run_dir: RunDir, settings: RunSettings, space: Space, resume: bool, progress: Progress,
+              executor: "RayOptions | None") -> tuple[RunSettings, Space, "TuneResult | None"]:
         return settings, space, None
-    run_dir.write_settings(settings)
-    outputs = write_outputs(run_dir, settings)
-    for line in outputs.notes:
-        progress.message(line)
-    return settings, space, TuneResult(None, tuple(run_dir.results()), StopReason.FATAL, run_dir.path,
-                                       outputs.summary, fatal, outputs.files, notes=outputs.notes)
+
+
+BUILT_IN = BuiltIn()
+
+
+@dataclass(frozen=True)
+class ScriptRun:
+    """The user's own training script (autotune.outputs.script): its first trial shows the model and its global
+    batch (`global_batch`: the recipe's override), its files travel with each trial to a Ray node, and its own
+    DeepSpeed config with the tuned keys is the recommendation (own_outputs)."""
+
+    path: str
+    args: tuple[str, ...] = ()
+    global_batch: int | None = None
+
+    @property
+    def script(self) -> "Script":
+        from autotune.backends.script import Script
+
+        return Script(self.path, self.args)
+
+    def check(self, spec: TuneSpec) -> None:
+        self.script  # noqa: B018  (the file exists and is Python)
+        if spec.backend != "deepspeed":
+            raise ConfigError(f"backend {spec.backend_name!r} with a script: a script's trials are real runs (backend "
+                              "deepspeed)")
+        if spec.target_gpus is not None:
+            raise ConfigError(f"target_gpus {spec.target_gpus} with a script: a script runs at its launch's scale "
+                              "(allowed: null)")
+
+    def resolution(self, spec: TuneSpec) -> Resolved:
+        return _script_resolution(spec)
+
+    def run_name(self, settings: RunSettings) -> str:
+        return f"script-{Path(self.path).stem}"
+
+    def check_shipping(self, out: str | Path | None) -> None:
+        """Its files travel with each trial: not too many."""
+        from autotune.script.ship import plan
+
+        plan(self.path, self.args, exclude=(out,) if out is not None else ())
+
+    def start(self, run_dir: RunDir, settings: RunSettings, space: Space, resume: bool, progress: Progress,
+              executor: "RayOptions | None") -> tuple[RunSettings, Space, "TuneResult | None"]:
+        """Before its search: resumed, the workload its first trial learned; new, that first trial (on a Ray node
+        with `executor`: autotune.drivers.ray_script_first), whose settings and space the sweep then uses. A first
+        trial that shows the script cannot be tuned as it is ends the sweep: its outputs and a FATAL result."""
+        from autotune.outputs import script as session
+
+        if resume:
+            settings = session.resumed(run_dir, settings, self.script, self.global_batch)
+            return settings, settings.space(), None
+        remote = None
+        if executor is not None:
+            from autotune.drivers.ray_script_first import first_trial_runner
+
+            remote = first_trial_runner(executor, run_dir, settings, self.script)
+        settings, space, fatal = session.first_trial(run_dir, settings, space, self.script,
+                                                     global_batch=self.global_batch, remote=remote)
+        if fatal is None:
+            return settings, space, None
+        run_dir.write_settings(settings)
+        outputs = write_outputs(run_dir, settings, own=own_outputs(settings))
+        for line in outputs.notes:
+            progress.message(line)
+        return settings, space, TuneResult(None, tuple(run_dir.results()), StopReason.FATAL, run_dir.path,
+                                           outputs.summary, fatal, outputs.files, notes=outputs.notes)
+
+
+def own_outputs(settings: RunSettings) -> OwnWriter | None:
+    """What a sweep's run directory writes in place of the handoff's files: a script sweep's own config with the
+    tuned keys (autotune.outputs.script), else None (the one place a run directory's settings are asked which)."""
+    if settings.backend != "script":
+        return None
+    from autotune.outputs.script import outputs
+
+    return outputs
 
 
 @dataclass(frozen=True)
@@ -684,4 +752,4 @@ def close_sweep(run_dir: RunDir, settings: RunSettings, sweep: Sweep) -> Outputs
         measured = sweep.measured()
         save_calibration(run_dir.path, sweep.pruner.calibration, settings.workload, settings.hardware,
                          quality(measured, settings.workload, settings.hardware, sweep.pruner.calibration))
-    return write_outputs(run_dir, settings, sweep.results)
+    return write_outputs(run_dir, settings, sweep.results, own_outputs(settings))

@@ -310,3 +310,16 @@ def test_one_runner_for_every_front_end():
     assert "tune_many" in {call for _, call in called(paths["autotune.commands.sweep"])}
     tune = next(n for n in ast.parse(paths[runner].read_text()).body if isinstance(n, ast.FunctionDef) and n.name == "tune")
     assert "tune_many" in {c.func.id for c in ast.walk(tune) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
+
+
+SCRIPT_CHECK = re.compile(r'''== "script"|!= "script"|\.script is (not )?None|\bif\s+[\w.]*\.script\b''')
+
+
+def test_script_mode_is_asked_through_its_interface():
+    """Script mode is a mode of the runner (api.BuiltIn / api.ScriptRun: what it resolves, ships, starts, writes) and a
+    capability of its backend kind (`ships`), not a string compared across the package: a spec is asked which once
+    (TuneSpec.mode), a run directory's settings once (api.own_outputs)."""
+    found = [f"{path.relative_to(ROOT)}:{number}" for name, path in modules().items()
+             if not name.startswith("autotune.script")
+             for number, line in enumerate(path.read_text().splitlines(), 1) if SCRIPT_CHECK.search(line)]
+    assert len(found) <= 2 and all(place.startswith("autotune/api.py:") for place in found), found

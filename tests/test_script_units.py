@@ -19,6 +19,7 @@ from autotune.backends.script import Script
 from autotune.search.rundir import RunDir, RunSettings
 from autotune.script import batch, merge
 from autotune.script.inspect_model import checkpoint_switch, model_info, shape_from_info
+from autotune.api import own_outputs
 from autotune.outputs.report import write_outputs
 from autotune.outputs.script import first_config, narrowed, placeholder, save, with_global_batch
 from autotune.script.shim import KEEP_SCRIPT_BATCH, Shim, ScriptVerdict
@@ -239,7 +240,7 @@ def test_global_batch_given_overrides_the_scripts_and_says_the_recipe_changed(tm
     script.write_text("print('hi')\n")
     settings, settled, notes = with_global_batch(script_settings(), {"batch": ISSUE_BATCH}, 16)
     save(run_dir, Script(str(script)), None, notes, None, settled)
-    outputs = write_outputs(run_dir, settings)
+    outputs = write_outputs(run_dir, settings, own=own_outputs(settings))  # as the runner writes a script's
     assert outputs.notes[0] == notes[0]
     report = (tmp_path / "report.md").read_text()
     assert report.count("## Script mode") == 1

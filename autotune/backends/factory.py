@@ -66,6 +66,7 @@ class BackendKind:
     measures: bool = False  # it measures configs itself: `autotune surface record` offers it (not a replay)
     env: bool = False  # the Gymnasium environment offers it (`EnvConfig.backend`)
     train: bool = False  # RL training runs on it (`autotune rl train --backend`)
+    ships: bool = False  # its trials need the sweep's own files on a Ray node (script mode: drivers/ray_script.py)
 
 
 _REGISTRY: dict[str, BackendKind] = {}
@@ -197,7 +198,7 @@ def _script(settings: "RunSettings", run_dir: "RunHome | None", options: TrialOp
 for _kind in (BackendKind("deepspeed", _deepspeed, real=True, measures=True, env=True),
               BackendKind("simulated", _simulated, measures=True, env=True, train=True),
               BackendKind("replay", _replay, env=True, train=True),
-              BackendKind("script", _script, real=True, sweep=False)):  # `autotune tune --script`
+              BackendKind("script", _script, real=True, sweep=False, ships=True)):  # `autotune tune --script`
     register_backend(_kind)
 
 

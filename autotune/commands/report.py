@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from autotune.values.argtypes import existing_dir
 from autotune.commands.common import add_json_argument, emit_json, json_command
+from autotune.api import own_outputs
 from autotune.outputs.report import write_outputs
 from autotune.search.rundir import RunDir
 
@@ -19,7 +20,7 @@ def run(args: argparse.Namespace) -> int:
     run_dir = RunDir(args.run_dir)
     args._run_dir = args.run_dir  # an internal error's traceback goes to its logs/ (autotune.cli)
     settings = run_dir.read_settings()
-    outputs = write_outputs(run_dir, settings)
+    outputs = write_outputs(run_dir, settings, own=own_outputs(settings))
     if args.json:
         emit_json(args, outputs.to_dict(run_dir.path))
         return 0 if outputs.best is not None else 1

@@ -345,7 +345,7 @@ def job_for(name: str, sweep: Sweep, settings: "RunSettings", run_dir: "RunDir",
             resources: TrialResources, progress: Progress) -> Job:
     """The Ray driver's job for one open sweep (the cluster is connected): each trial's backend built on its
     node from the settings, or, for a script, from its shipped files (drivers/ray_script.py)."""
-    if settings.backend == "script":
+    if backend_kind(settings.backend).ships:
         from autotune.drivers.ray_script import script_job
 
         return script_job(sweep, settings, run_dir, budget, resources, progress, name=name)

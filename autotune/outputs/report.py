@@ -10,7 +10,7 @@ import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from autotune.search import convergence
 from autotune.values.config import Config, ConfigError
@@ -169,7 +169,27 @@ def _cause_list(counts: Counter[str]) -> str:
     return ", ".join(f"{CAUSES[c]} ({n})" for c, n in counts.most_common())
 
 
-def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialResult] | None = None) -> Outputs:
+class OwnOutputs(Protocol):
+    """What a mode writes in place of the handoff's files (script mode's: autotune.outputs.script.ScriptOutputs):
+    JSON documents by file name, the report's section, lines for the console."""
+
+    @property
+    def files(self) -> tuple[tuple[str, Any], ...]: ...
+
+    @property
+    def section(self) -> tuple[str, ...]: ...
+
+    @property
+    def notes(self) -> tuple[str, ...]: ...
+
+
+OwnWriter = Callable[[RunDir, RunSettings, "TrialResult | None"], OwnOutputs]
+
+
+def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialResult] | None = None,
+                  own: OwnWriter | None = None) -> Outputs:
+    """Summary, plots, report and the recommendation as each stack takes it (the handoff), or what `own` writes
+    in their place (a mode's own recommendation: autotune.api.own_outputs decides)."""
     from autotune.outputs import plots  # matplotlib takes a second or two to import: only when writing outputs
 
     results = run.results() if results is None else list(results)
@@ -182,13 +202,10 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
     files.append(plots.throughput_vs_memory(results, settings.memory_budget_bytes, best,
                                             run.plots_dir / "throughput_vs_memory.png"))
     files.append(plots.best_so_far(results, settings.memory_budget_bytes, run.plots_dir / "best_so_far.png"))
-    # Script mode: the script's own config with the tuned keys instead of the handoff's files (files for the
-    # other stacks, built from ours, would not be the script's), its report section and console lines.
-    script = None
-    if settings.backend == "script":
-        from autotune.outputs.script import outputs as script_outputs
-
-        script = script_outputs(run, settings, best)
+    # A mode's own outputs (script mode: the script's own config with the tuned keys) instead of the handoff's
+    # files (files for the other stacks, built from ours, would not be the script's), its report section and lines.
+    script = own(run, settings, best) if own is not None else None
+    if script is not None:
         files += [run.write_json(name, document) for name, document in script.files]
     if best is not None:
         if script is None:
