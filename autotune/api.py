@@ -185,6 +185,10 @@ class TuneSpec:
         "best by more than the launch noise falls below P (after a few trials; the estimator's error model gives the "
         "chance, shown after each trial); then confirmation runs; --trials stays the upper bound; 0: off (default: "
         "%(default)s)", stop_probability, metavar="P", allowed="a probability from 0 to 1; 0: off")
+    # A trial's wall-clock limit (its clock paused while DeepSpeed's C++ ops build); None: the backend's (600 s).
+    trial_timeout_s: float | None = option(
+        None, "--trial-timeout", "end a trial that has not finished within this long, e.g. 20m (default: 600 s; the "
+        "clock pauses while a trial builds DeepSpeed's C++ ops)", duration, allowed="a duration such as 20m or 900s")
     # The CUDA caching allocator's mode (autotune.values.allocator: default or expandable); None: the profile's, else
     # what this process's PYTORCH_CUDA_ALLOC_CONF says. It lands in the sweep's hardware (Hardware.allocator).
     allocator: str | None = option(
@@ -429,7 +433,8 @@ def tune_many(plans: Sequence[Plan], *, executor: "RayOptions | None" = None,
             own = None if isinstance(plan.spec.strategy, str) else plan.spec.strategy
             if executor is None:  # this machine runs the trials: the backend now, its launch spread known
                 backends[i] = run.objective or make_backend(  # closed by its loop (drivers/local.py)
-                    run.settings, run.run_dir, TrialOptions(sleep_s=simulated_sleep_s(run.settings.backend)))
+                    run.settings, run.run_dir, TrialOptions(timeout_s=plan.spec.trial_timeout_s,
+                                                            sleep_s=simulated_sleep_s(run.settings.backend)))
             sigma = prior_sigma(run.settings.backend, backends.get(i))  # a simulation's own noise, if it says
             sweep, tracker, reason = open_sweep(stack, run.run_dir, run.settings, run.space, show, run.tracking, own,
                                                 plan.tracking_name, sigma)
@@ -449,7 +454,8 @@ def tune_many(plans: Sequence[Plan], *, executor: "RayOptions | None" = None,
 
             ran = run_on_cluster([ClusterRun(plans[i].name or runs[i].settings.workload.model.name, opened[i][0],
                                              runs[i].settings, runs[i].run_dir, plans[i].spec.budget(), shows[i],
-                                             plans[i].gpus_per_trial) for i in todo], executor, say)
+                                             plans[i].gpus_per_trial, plans[i].spec.trial_timeout_s) for i in todo],
+                                  executor, say)
             reasons.update(zip(todo, ran))
         return [run.ended if run.ended is not None
                 else close_run(run.run_dir, run.settings, opened[i][0], opened[i][1], reasons[i], shows[i])

@@ -132,3 +132,25 @@ def test_a_hub_id_names_one_run_folder():
 
     path = default_run_dir("meta-llama/Meta-Llama-3-8B", "optuna")
     assert path.parent.name == "runs" and path.name.startswith("meta-llama--Meta-Llama-3-8B-optuna-")
+
+
+def test_the_trial_timeout_reaches_each_trials_backend_from_the_cli_and_a_sweep_file(tmp_path, monkeypatch):
+    """An option added once (TuneSpec.trial_timeout_s, issue 42): `autotune tune --trial-timeout` and a sweep file's
+    `trial_timeout` parse it as one, and the runner builds the trials' backend with it."""
+    import autotune.api as api
+    from autotune.cli import main
+    from autotune.commands.sweep_file import load_sweep
+
+    built = []
+    real = api.make_backend
+    monkeypatch.setattr(api, "make_backend", lambda settings, run_dir, options: built.append(options) or
+                        real(settings, run_dir, options))
+    assert main(["tune", "--backend", "simulated", "--trials", "1", "--trial-timeout", "20m",
+                 "--out", str(tmp_path / "run")]) == 0
+    assert [options.timeout_s for options in built] == [1200.0]
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("workloads:\n  - {name: a, model: tiny, trial_timeout: 90s}\n  - {name: b, model: tiny}\n")
+    assert [w.tune.trial_timeout_s for w in load_sweep(sweep).workloads] == [90.0, None]
+    sweep.write_text("workloads:\n  - {name: a, trial_timeout: soon}\n")
+    with pytest.raises(ConfigError, match=r"workloads\[0\]\.trial_timeout: 'soon': .*allowed a duration"):
+        load_sweep(sweep)
