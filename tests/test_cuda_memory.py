@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from autotune.values.config import Config
-from autotune.prediction.cuda_memory import (MEASURED_CONTEXT, allocator_reserve_bytes, cuda_context_bytes, nccl_bytes,
-                                  outside_allocator_bytes, zero3_live_params_bytes)
+from autotune.prediction.cuda_memory import (MEASURED_CONTEXT, ZERO3_OUTSIDE, allocator_reserve_bytes,
+                                             cuda_context_bytes, nccl_bytes, offload_staging_bytes,
+                                             outside_allocator_bytes, zero3_live_params_bytes,
+                                             zero3_step_allocated_bytes, zero3_step_cached_bytes,
+                                             zero3_step_excess_bytes, zero3_step_gradient_bytes)
 from autotune.prediction.estimate import MEMORY_TERMS, estimate
 from autotune.values.hardware import PROFILES
 from autotune.values.workload import PRESETS, Workload
@@ -35,9 +38,65 @@ def test_nccl_buffers_only_with_several_ranks_and_more_across_nodes():
     assert outside_allocator_bytes(c, eight, H200) - outside_allocator_bytes(c, one, H200) == nccl_bytes(eight, H200)
 
 
-def test_zero3_costs_more_outside_the_allocator():
+def test_zero3_costs_more_outside_the_allocator_only_with_an_offload():
+    """11-26's ZeRO-3 trials, all offloaded, held 0.40 GiB more; 11-27's z3 mb8 ck0 bf16 on one rank as ZeRO 0 did."""
     w = Workload(LLAMA, 32)
-    assert outside_allocator_bytes(cfg(zero_stage=3), w, H200) > outside_allocator_bytes(cfg(zero_stage=2), w, H200)
+    assert outside_allocator_bytes(cfg(zero_stage=3), w, H200) == outside_allocator_bytes(cfg(zero_stage=2), w, H200)
+    for offload in ({"offload_optimizer": "cpu"}, {"offload_param": "cpu"}):
+        assert (outside_allocator_bytes(cfg(zero_stage=3, **offload), w, H200)
+                - outside_allocator_bytes(cfg(zero_stage=2, offload_optimizer="cpu"), w, H200) == ZERO3_OUTSIDE)
+
+
+def test_zero3_step_gradient_is_a_cached_segment_on_cuda():
+    """ZeRO-3's fp32 sub-group gradient lives in step(), after backward: on CUDA it moves from the allocated buffers
+    to the reserve (same total); the CPU profile keeps it a buffer, as before."""
+    w = Workload(LLAMA, 32)
+    z3 = cfg(zero_stage=3, ckpt_interval=0)
+    grad = 4 * min(10**9, LLAMA.params)
+    assert zero3_step_gradient_bytes(z3, w) == grad
+    assert zero3_step_gradient_bytes(z3, Workload(LLAMA, 32, gpus=8)) == 4 * (LLAMA.params // 8)
+    for other in (cfg(zero_stage=2), cfg(zero_stage=3, offload_optimizer="cpu")):  # offloaded: the host's gradients
+        assert zero3_step_gradient_bytes(other, w) == 0
+    assert zero3_step_cached_bytes(z3, w, H200) == grad
+    assert allocator_reserve_bytes(z3, w, H200) - allocator_reserve_bytes(cfg(zero_stage=2, ckpt_interval=0), w,
+                                                                          H200) == grad
+    cuda, cpu = estimate(z3, w, H200).memory, estimate(z3, w, CPU).memory
+    assert cpu.buffers - cuda.buffers == grad  # the rest of the buffers is the same on both
+    assert cuda.allocator_reserve >= grad
+
+
+def test_zero3_step_above_small_activations_is_allocated():
+    """Where the step's gradient and its 16-bit flattened copy outgrow the backward's activations, the step is the
+    allocated peak: its excess is a buffer and no longer a cached segment."""
+    w = Workload(LLAMA, 32)
+    sub = min(10**9, LLAMA.params)
+    z3, z3_fp32 = cfg(zero_stage=3), cfg(zero_stage=3, precision="fp32")
+    assert zero3_step_excess_bytes(z3, w, H200, activations=10**12) == 0
+    assert zero3_step_excess_bytes(z3, w, H200, activations=0) == 6 * sub  # fp32 gradient + bf16 flat copy
+    assert zero3_step_excess_bytes(z3_fp32, w, H200, activations=0) == 4 * sub  # .to(fp32) of fp32 is the copy
+    assert zero3_step_cached_bytes(z3, w, H200, activations=4 * sub) == 2 * sub
+    assert zero3_step_cached_bytes(z3, w, H200, activations=0) == 0
+    # Expandable segments: no reserve, and the gradient stays allocated until a GPU measures that freed pages
+    # serve the activations (the optimistic side); the CPU profile counts it as a buffer too.
+    expandable = H200.with_(allocator="expandable")
+    assert estimate(z3, w, expandable).memory.allocator_reserve == 0
+    assert zero3_step_allocated_bytes(z3, w, expandable, activations=10**12) == 4 * sub
+    assert zero3_step_allocated_bytes(z3, w, CPU, activations=10**12) == 4 * sub
+    assert zero3_step_allocated_bytes(z3, w, H200, activations=10**12) == 0
+
+
+def test_offload_staging_buffer_of_zero1_and_2():
+    """stage_1_and_2.py's temp_grad_buffer_for_gpu_offload: the largest parameter, in the training dtype."""
+    w = Workload(LLAMA, 32)
+    for stage in (1, 2):
+        assert offload_staging_bytes(cfg(zero_stage=stage, offload_optimizer="cpu"), w, H200) == \
+            2 * LLAMA.largest_module_params
+        assert offload_staging_bytes(cfg(zero_stage=stage), w, H200) == 0
+    assert offload_staging_bytes(cfg(zero_stage=2, offload_optimizer="cpu", precision="fp32"), w, H200) == \
+        4 * LLAMA.largest_module_params
+    assert offload_staging_bytes(cfg(zero_stage=3, offload_optimizer="cpu"), w, H200) == 0
+    on, off = (estimate(cfg(offload_optimizer=o), w, H200).memory.buffers for o in ("cpu", "none"))
+    assert on - off == 2 * LLAMA.largest_module_params
 
 
 def test_reserve_grows_with_the_logits_of_a_micro_batch():
@@ -62,9 +121,11 @@ def test_zero0_16_bit_flattening_and_zero3_gathers_add_to_the_reserve():
 
 def test_every_term_is_zero_on_the_cpu_profile():
     w = Workload(PRESETS["tiny"], 16, gpus=2)
-    for c in (cfg(), cfg(zero_stage=0), cfg(zero_stage=3, offload_optimizer="cpu", offload_param="cpu")):
+    for c in (cfg(), cfg(zero_stage=0), cfg(zero_stage=3, offload_optimizer="cpu", offload_param="cpu"),
+              cfg(zero_stage=3), cfg(zero_stage=2, offload_optimizer="cpu")):
         assert outside_allocator_bytes(c, w, CPU) == allocator_reserve_bytes(c, w, CPU) == 0
-        assert zero3_live_params_bytes(c, w, CPU) == 0
+        assert zero3_live_params_bytes(c, w, CPU) == offload_staging_bytes(c, w, CPU) == 0
+        assert zero3_step_excess_bytes(c, w, CPU, activations=0) == zero3_step_cached_bytes(c, w, CPU) == 0
         mem = estimate(c, w, CPU).memory
         assert mem.allocator_reserve == mem.outside_allocator == 0 and mem.overhead == CPU.runtime_overhead_bytes
 

@@ -1,11 +1,15 @@
 """Device memory a CUDA trial holds beyond its tensors: the caching allocator's reserve, and the memory outside
 that allocator. The product's peak on CUDA is the allocator's reserved peak plus what lies outside it
 (autotune.worker.device); the tensor terms of autotune.prediction.estimate predict the allocated peak, so these two
-terms make the prediction the peak the product measures. Pure arithmetic; never used for the CPU profile.
+terms make the prediction the peak the product measures. Pure arithmetic; the CPU profile has none of these terms
+(ZeRO-3's step gradient, which it counts as a buffer, is sized here for both).
 
-Sources: the first real GPU run (one H200, torch 2.11 + CUDA 13, DeepSpeed 0.19.8,
-benchmarks/gpu-runs/h200-2026-11-26/, 7 ok trials with allocated / reserved / outside figures) and how
-DeepSpeed and PyTorch's caching allocator allocate. What the H200 could not tell apart is said where it is used.
+Sources: two real GPU runs on one H200 (torch 2.11 + CUDA 13, DeepSpeed 0.19.8; benchmarks/gpu-runs/h200-2026-11-26/
+and h200-2026-11-27/, allocated / reserved / outside figures per trial) and how DeepSpeed and PyTorch's caching
+allocator allocate. Only trials that trained count as measurements: every fp16 trial of both runs skipped every
+optimizer step (autotune.values.results reads them as untrained), which leaves 6 valid trials (ZeRO 0 x 2, ZeRO-1
+and ZeRO-2 with the optimizer offloaded, ZeRO-3 on one rank; the ZeRO-2 offload config twice). What the H200 could
+not tell apart is said where it is used; benchmarks/gpu_memory_accuracy.py names the trials each term rests on.
 
 Outside the allocator (`outside_allocator_bytes`):
 - CUDA context: measured 0.514 GiB on the H200 before the model (cuda_context_bytes, every trial). About half
@@ -15,8 +19,13 @@ Outside the allocator (`outside_allocator_bytes`):
 - Libraries: kernel images of cuBLAS/cuBLASLt, PyTorch, flash attention and DeepSpeed's ops loaded on first use
   (their workspaces come from the caching allocator and count as allocated): measured 0.78 GiB beyond the
   context with ZeRO 0 (both trials), 0.82-0.83 with ZeRO 1-2.
-- ZeRO-3: 0.40 GiB more (1.69-1.74 GiB outside against 1.29-1.34 for stages 0-2, all three ZeRO-3 trials).
-  Those three were also the only fp16 ones, so the H200 data cannot say whether ZeRO-3 or fp16 costs it.
+- ZeRO-3 with an offload: 0.40 GiB more (1.69-1.74 GiB outside against 1.29-1.34 for stages 0-2 in the three
+  ZeRO-3 trials of 11-26, all with the optimizer offloaded, all fp16). Not ZeRO-3 itself: on one rank without
+  offload it held 1.389 GB outside, as ZeRO 0 did (11-27, z3 mb8 ck0 bf16); not fp16 either: z2 mb2 fp16 held
+  1.389 GB too (11-27 fp16-trial). Those ZeRO-3 trials are untrained, but what lies outside the allocator
+  (kernel images, context) does not depend on the optimizer's state; no valid trial checks it. Mechanism unknown.
+- ZeRO-1/2 with the optimizer offloaded: 42-48 MB more (1.431 and 1.437 GB; the pinned host buffers' mappings,
+  most likely): 0.3% of those peaks, left out as block rounding is below.
 - NCCL, when a trial has several ranks: buffers per channel and connection (NCCL's defaults: 4 MiB Simple +
   ~4.5 MiB LL128 + 0.25 MiB LL), 16 channels x 2 ring connections inside a node, as many again for the
   network when ranks span nodes. Not measured here (every H200 trial had one rank).
@@ -31,6 +40,18 @@ cached but not in use. Measured 0.55-15.9 GiB; what it follows:
 - ZeRO 0 in 16-bit (DeepSpeed's FP16_Optimizer, also for bf16): flattening the weights clones them, so the
   weights' and the clones' per-parameter blocks are freed and cached; the 16-bit gradients reuse one set, the
   other (2 bytes x parameters) stays cached (fused_optimizer.py, __init__).
+- ZeRO-3's optimizer step without optimizer offload: the fp32 gradient of the sub-group being stepped (4 bytes x
+  min(sub_group_size, partition); stage3.py `_prepare_fp32_grad_for_sub_group`, freed in `_release_sub_group`) is
+  allocated in step(), after backward freed the activations, so it does not add to the allocated peak
+  (`zero3_step_excess_bytes`: only what the step holds above the activations, its 16-bit flattened copy included).
+  No freed activation block is that large, so it gets a segment of its own, and the next micro-steps'
+  activations, served best-fit from their own blocks, leave that segment idle: cached at the backward peak
+  (`zero3_step_cached_bytes`). Either way the peak counts the backward's activations plus that segment, or the
+  step's own peak where it is larger. Measured on z3 mb8 ck0 bf16 (11-27, the one valid ZeRO-3 trial): reserve
+  5.06 GB against 1.57 for the head's half, allocated 36.0 GB against 38.5 predicted with the gradient counted as
+  allocated; its out-of-memory twin (mb16, in its first step: no optimizer step yet) reported 2.93 GiB reserved
+  but unallocated, the head's half exactly. With expandable segments the gradient stays allocated, as before
+  (`zero3_step_allocated_bytes`): freed pages could serve the activations, but that is not measured.
 - ZeRO-3 with gathered parameters (parameter offload, or several ranks): each module's parameters are
   fetched into blocks of their own sizes three times per micro-step (forward, recomputation, backward) between
   activations; about one live window of them (below) stays cached as freed blocks. On one rank without
@@ -42,6 +63,11 @@ cached but not in use. Measured 0.55-15.9 GiB; what it follows:
   20 MiB pages, below 1% as above, left out). The peak a trial shows can still be higher when memory is
   plentiful (pages stay mapped until an allocation needs them); the prediction is what must fit. Not measured
   on a GPU yet: the GPU kit runs configs in both modes side by side (benchmarks/gpu_kit.py).
+
+ZeRO-Offload's device staging buffer (`offload_staging_bytes`, allocated, so a buffer): ZeRO-1/2 with the optimizer
+offloaded keep one buffer of the largest parameter's size, in the training dtype, on the device for the whole run
+(stage_1_and_2.py, `temp_grad_buffer_for_gpu_offload`: gradients accumulated on the host come back through it).
+0.13 GB for llama-1b (its 65.5M-element embedding); from the source, not fitted.
 
 The live window of ZeRO-3 (`zero3_live_params_bytes`, allocated, so a buffer): with the reuse distance and live
 parameters autotune.values.dsconfig writes (1e9 each), DeepSpeed releases no parameter that comes back within 1e9
@@ -100,7 +126,8 @@ def outside_allocator_bytes(config: Config, workload: Workload, hardware: Hardwa
     """Device memory of one rank that the caching allocator does not hold."""
     if hardware.is_cpu:
         return 0
-    zero3 = ZERO3_OUTSIDE if config.zero_stage == 3 else 0
+    offloaded = config.offload_optimizer != "none" or config.offload_param != "none"
+    zero3 = ZERO3_OUTSIDE if config.zero_stage == 3 and offloaded else 0  # not on one rank without offload (11-27)
     return cuda_context_bytes(hardware) + LIBRARIES + zero3 + nccl_bytes(workload, hardware)
 
 
@@ -118,8 +145,64 @@ def zero3_live_params_bytes(config: Config, workload: Workload, hardware: Hardwa
     return min(workload.model.params, window) * p
 
 
-def allocator_reserve_bytes(config: Config, workload: Workload, hardware: Hardware) -> int:
-    """Bytes the caching allocator holds cached but unused at the peak (module docstring)."""
+def _precision_bytes(config: Config) -> int:
+    return 2 if config.precision in ("fp16", "bf16") else 4
+
+
+def _sub_group_params(workload: Workload) -> int:
+    """Parameters of one ZeRO-3 optimizer sub-group on a rank (sub_group_size, at most its partition)."""
+    return min(Buckets.for_hidden(workload.model.hidden).sub_group, workload.model.params // workload.gpus)
+
+
+def zero3_step_gradient_bytes(config: Config, workload: Workload) -> int:
+    """ZeRO-3's fp32 gradient of the sub-group being stepped; none with the optimizer offloaded (its gradients go to
+    the host). The CPU profile counts it as a buffer; on CUDA it is a cached segment (module docstring)."""
+    if config.zero_stage != 3 or config.offload_optimizer != "none":
+        return 0
+    return 4 * _sub_group_params(workload)
+
+
+def zero3_step_excess_bytes(config: Config, workload: Workload, hardware: Hardware, activations: int) -> int:
+    """What ZeRO-3's optimizer step holds on CUDA above the backward's `activations`, which it outlives: the fp32
+    sub-group gradient and the 16-bit flattened copy it is converted from (the same tensor in fp32). Allocated."""
+    step = 0 if hardware.is_cpu else zero3_step_gradient_bytes(config, workload)
+    if not step:
+        return 0
+    p = _precision_bytes(config)
+    flat = p * _sub_group_params(workload) if p == 2 else 0
+    return max(0, step + flat - activations)
+
+
+def zero3_step_allocated_bytes(config: Config, workload: Workload, hardware: Hardware, activations: int) -> int:
+    """The part of ZeRO-3's step gradient the estimate counts as allocated (a buffer): all of it on the CPU profile
+    and with expandable segments (their freed pages could serve the activations, but no GPU has measured it, and
+    that is the side that launches configs that do not fit), else what the step holds above the activations."""
+    if hardware.is_cpu or hardware.allocator == "expandable":
+        return zero3_step_gradient_bytes(config, workload)
+    return zero3_step_excess_bytes(config, workload, hardware, activations)
+
+
+def zero3_step_cached_bytes(config: Config, workload: Workload, hardware: Hardware,
+                            activations: int | None = None) -> int:
+    """The step's fp32 gradient segment, cached at the backward's peak (module docstring), less what the step itself
+    holds above the activations (then it is allocated, at the step's peak). Without `activations` (the estimate
+    passes them) the step is taken to stay below them."""
+    step = 0 if hardware.is_cpu else zero3_step_gradient_bytes(config, workload)
+    excess = 0 if activations is None else zero3_step_excess_bytes(config, workload, hardware, activations)
+    return max(0, step - excess)
+
+
+def offload_staging_bytes(config: Config, workload: Workload, hardware: Hardware) -> int:
+    """ZeRO-1/2 optimizer offload's device buffer of the largest parameter (module docstring)."""
+    if hardware.is_cpu or config.zero_stage not in (1, 2) or config.offload_optimizer == "none":
+        return 0
+    return _precision_bytes(config) * workload.model.largest_module_params
+
+
+def allocator_reserve_bytes(config: Config, workload: Workload, hardware: Hardware,
+                            activations: int | None = None) -> int:
+    """Bytes the caching allocator holds cached but unused at the peak (module docstring); `activations`, the
+    estimate's, decide how much of ZeRO-3's step is cached rather than allocated."""
     if hardware.is_cpu or hardware.allocator == "expandable":
         return 0
     m = workload.model
@@ -129,4 +212,5 @@ def allocator_reserve_bytes(config: Config, workload: Workload, hardware: Hardwa
     if config.zero_stage == 0 and p == 2:
         reserve += p * m.params  # FP16_Optimizer's flattening: one 16-bit copy of per-parameter blocks
     reserve += zero3_live_params_bytes(config, workload, hardware)  # fetched-parameter blocks, one window
+    reserve += zero3_step_cached_bytes(config, workload, hardware, activations)  # idle in backward
     return int(reserve)

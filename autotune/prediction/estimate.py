@@ -16,8 +16,9 @@ Sources, per term (see also ARCHITECTURE.md section 5):
   built-in model's measured peaks (autotune.worker.model; benchmarks/memory_accuracy.py): with
   checkpointing the head's peak and a segment's recomputation come one after the other, not together.
 - Buffers: the ZeRO bucket sizes written by autotune.values.dsconfig (Buckets), ZeRO-3's gathered largest
-  module and prefetch bucket, the fp32 gradient of one optimizer sub-group during a ZeRO-3 step; on CUDA also
-  ZeRO-3's live window of gathered parameters (autotune.prediction.cuda_memory).
+  module and prefetch bucket, the fp32 gradient of one optimizer sub-group during a ZeRO-3 step (on CUDA with the
+  default allocator only what that step holds above the activations it outlives); on CUDA also ZeRO-3's live
+  window of gathered parameters and ZeRO-Offload's device staging buffer (autotune.prediction.cuda_memory).
 - On CUDA, the peak the product measures is the caching allocator's reserved peak plus the memory outside it:
   `allocator_reserve` and `outside_allocator` (autotune.prediction.cuda_memory, from the H200 run) replace the profile's
   flat `runtime_overhead_bytes`, which only the CPU profile uses (`overhead` is 0 on CUDA unless calibrated).
@@ -35,7 +36,8 @@ from typing import Any
 
 from autotune.prediction.comm import STAGE0_ALLREDUCE_BUCKET, comm_time
 from autotune.values.config import Config
-from autotune.prediction.cuda_memory import allocator_reserve_bytes, outside_allocator_bytes, zero3_live_params_bytes
+from autotune.prediction.cuda_memory import (allocator_reserve_bytes, offload_staging_bytes, outside_allocator_bytes,
+                                             zero3_live_params_bytes, zero3_step_allocated_bytes)
 from autotune.values.dsconfig import Buckets
 from autotune.values.hardware import Hardware
 from autotune.values.workload import ModelShape, Workload
@@ -301,6 +303,7 @@ def estimate(config: Config, workload: Workload, hardware: Hardware,
         # On the CPU accelerator, "offloaded" state lives in the same RAM as everything else.
         weights, optim, host_weights, host_optim = weights + host_weights, optim + host_optim, 0, 0
 
+    activations = int(_activation_bytes(config, workload) * calibration.activation_scale)
     buffers = 0
     if stage == 0 and dp > 1:
         buffers += min(n, STAGE0_ALLREDUCE_BUCKET) * p
@@ -308,10 +311,11 @@ def estimate(config: Config, workload: Workload, hardware: Hardware,
         buffers += buckets.reduce * p * (2 if stage == 2 else 1) + buckets.allgather * p
     elif stage == 3:
         buffers += (buckets.reduce + buckets.prefetch + m.largest_module_params) * p
-        if config.offload_optimizer == "none":
-            buffers += 4 * min(buckets.sub_group, n_local)  # fp32 gradient of the sub-group being stepped
+        # The fp32 gradient of the sub-group being stepped. On CUDA the step comes after backward freed the
+        # activations: only what it holds above them counts, its segment is in the reserve (cuda_memory).
+        buffers += zero3_step_allocated_bytes(config, workload, hardware, activations)
         buffers += zero3_live_params_bytes(config, workload, hardware)  # 0 on the CPU profile
-    activations = int(_activation_bytes(config, workload) * calibration.activation_scale)
+    buffers += offload_staging_bytes(config, workload, hardware)  # ZeRO-Offload's device buffer; 0 on the CPU profile
 
     scale = calibration.memory_scale
     # On CUDA the reserve and the memory outside the allocator are modeled (autotune.prediction.cuda_memory) and replace
@@ -321,7 +325,7 @@ def estimate(config: Config, workload: Workload, hardware: Hardware,
     memory = MemoryBreakdown(weights=int(weights * scale), gradients=int(grads * scale),
                              optimizer_states=int(optim * scale), activations=activations,
                              buffers=int(buffers * scale), overhead=int(overhead),
-                             allocator_reserve=int(allocator_reserve_bytes(config, workload, hardware)
+                             allocator_reserve=int(allocator_reserve_bytes(config, workload, hardware, activations)
                                                    * calibration.reserve_scale),
                              outside_allocator=outside_allocator_bytes(config, workload, hardware))
 
