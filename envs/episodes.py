@@ -31,6 +31,7 @@ from autotune.trials.devices import resolve_hardware
 from autotune.prediction.estimate import Estimate, estimate
 from autotune.values.hardware import Hardware, load_hardware
 from autotune.values.results import TrialResult
+from autotune.values.settings import memory_budget
 from autotune.search_spaces import default_choices
 from autotune.values.space import Choices, Space
 from autotune.values.workload import Workload
@@ -135,7 +136,7 @@ class TaskSource:
         if config.kind == "replay":
             surface = self.surfaces[int(rng.integers(len(self.surfaces)))]
             hardware = config.hardware or load_hardware(surface.hardware or "cpu")
-            budget = self._pick_budget(rng, hardware.memory_bytes)
+            budget = self._pick_budget(rng, hardware)
             episode = self.episodes.get(("replay", surface.path, budget),
                                         lambda: self._replay_episode(surface, hardware, budget))
         else:
@@ -171,11 +172,10 @@ class TaskSource:
 
     # -- tasks
 
-    def _pick_budget(self, rng: np.random.Generator, default: int) -> int:
+    def _pick_budget(self, rng: np.random.Generator, hardware: Hardware) -> int:
+        """One of the configured budgets, drawn; none configured: the sweep's own default (settings.memory_budget)."""
         budgets = self.config.memory_budget
-        if not budgets:
-            return default
-        return budgets[int(rng.integers(len(budgets)))]
+        return memory_budget(budgets[int(rng.integers(len(budgets)))] if budgets else None, hardware)
 
     def _fixed_task(self, rng: np.random.Generator) -> Task:
         workload = self.config.workload
@@ -183,7 +183,7 @@ class TaskSource:
         hardware, _ = resolve_hardware(self.config.hardware, real=False, model=workload.model.name)
         if self._choices is None:
             self._choices = default_choices(hardware)
-        return Task(workload, hardware, self._pick_budget(rng, hardware.memory_bytes), self._choices)
+        return Task(workload, hardware, self._pick_budget(rng, hardware), self._choices)
 
     # -- episodes per backend
 

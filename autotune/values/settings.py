@@ -60,9 +60,9 @@ class RunSettings:
 
     def __post_init__(self) -> None:
         # Every builder of settings gets the same one-line refusal, naming the value and what is allowed.
-        if isinstance(self.memory_budget_bytes, bool) or not isinstance(self.memory_budget_bytes, int) \
-                or self.memory_budget_bytes <= 0:
+        if not isinstance(self.memory_budget_bytes, int):  # a whole number of bytes, as run.json keeps it
             raise ConfigError(f"memory budget {self.memory_budget_bytes!r}: must be a positive number of bytes")
+        check_budget(self.memory_budget_bytes)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= 2**63 - 1:
             raise ConfigError(f"seed {short(self.seed)}: allowed a whole number >= 0")
         for key in ("strategy", "backend"):  # a user's own strategy or backend object is named, not listed
