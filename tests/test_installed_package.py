@@ -110,3 +110,16 @@ def test_tune_from_the_root_with_no_install_writes_a_summary(tmp_path):
     the_checkouts(probe([SITE]))
     summary = tune([SITE], tmp_path / "run")
     assert summary["trials"] == 3 and summary["best"]
+
+
+@pytest.mark.slow
+def test_setup_says_what_it_is_doing(tmp_path):
+    """scripts/setup (which scripts/demo and scripts/test run first) names each step on stderr instead of minutes of
+    quiet pip (issue 43); here the virtualenv exists, so it only checks the install and says so."""
+    venv = Path(sys.prefix)
+    done = subprocess.run(["bash", "scripts/setup"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "AUTOTUNE_VENV": str(venv), "AUTOTUNE_EXTRAS": ""})
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [line for line in done.stderr.splitlines() if line.startswith("setup: ")]
+    assert lines[0] == "setup: installing ds-autotune and its dependencies" and lines[-1].startswith("setup: ready in ")
+    assert "[WARNING]" not in done.stdout  # DeepSpeed's log line of the import check stays out of the output
