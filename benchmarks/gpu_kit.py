@@ -64,7 +64,7 @@ GiB = 2**30
 # tune's space: no optimizer offload on the GPU, so that its ops are the recording's (fused_adam) and no trial
 # waits for DeepSpeedCPUAdam's first build (37 s on the H200); offload is measured in the recording.
 TUNE_GPU_CHOICES = Choices(zero_stage=(0, 1, 2, 3), micro_batch=(1, 2, 4, 8, 16, 32), ckpt_interval=(0, 1),
-                           precision=("bf16",))
+                           precision=("bf16", "fp16"))  # fp16 too: no fp16 trial had trained before issue 40
 TUNE_CPU_CHOICES = Choices(zero_stage=(0, 2), micro_batch=(1, 4, 16), ckpt_interval=(0, 1), precision=("fp32",))
 # The CPU check records fp32 only: bf16 is emulated on most CPUs (~30x slower, issue 24).
 RECORD_CPU_CHOICES = Choices(zero_stage=(0, 2), micro_batch=(1, 4, 16), ckpt_interval=(0, 1), precision=("fp32",),
@@ -448,8 +448,35 @@ def analysis(plans: Sequence[gv.Plan], mode: KitMode, clock: Clock, deadline_s: 
 
 # -- the results --------------------------------------------------------------------------------------------
 
-def checks(mode: KitMode, plan: kp.CallPlan, recording: dict, tune: dict, seconds: float, files: int) -> dict:
+def training(paths: Sequence[Path]) -> list[dict[str, Any]]:
+    """What each real trial's optimizer steps did (issue 40: every fp16 trial had skipped every step), from the
+    recorded surfaces and tune's trials: its status, steps applied and skipped, loss first and last."""
+    rows = []
+    for path in paths:
+        for r in read_results(path) if path.exists() else []:
+            if r.backend != "deepspeed" or r.status == "pruned":
+                continue
+            e = r.extra
+            rows.append({"source": path.parent.name if path.name == "trials.jsonl" else path.stem,
+                         "config": r.config.label(), "status": r.status, "fault": e.get("fault"),
+                         "steps_applied": e.get("steps_applied"), "steps_skipped": e.get("steps_skipped"),
+                         "loss_first": e.get("loss_first"), "loss_last": e.get("loss_last"),
+                         "loss_scale": e.get("loss_scale")})
+    return rows
+
+
+def trained(row: dict[str, Any]) -> bool:
+    """An ok trial whose applied steps (not counted before issue 40: None) lowered the loss of its repeated batch."""
+    first, last = row["loss_first"], row["loss_last"]
+    return row["status"] == "ok" and row["steps_applied"] != 0 and first is not None and last is not None \
+        and last < first
+
+
+def checks(mode: KitMode, plan: kp.CallPlan, recording: dict, tune: dict, seconds: float, files: int,
+           steps: Sequence[dict[str, Any]] = ()) -> dict:
     configs = recording.get("configs", 0)
+    fp16 = [row for row in steps if " fp16" in f" {row['config']}"]
+    fp16_trained = sum(trained(row) for row in fp16)
     target = kp.MIN_CONFIGS if mode.name == "cuda" else min(kp.MIN_CONFIGS, mode.max_configs or kp.MIN_CONFIGS)
     share = recording.get("trial_share")
     return {
@@ -463,6 +490,12 @@ def checks(mode: KitMode, plan: kp.CallPlan, recording: dict, tune: dict, second
                               "met": tune.get("fit_share") is not None and 0 < tune["fit_share"] < 1},
         "call_seconds": {"value": round(seconds, 1), "target": f"<= {plan.limit_s:.0f}", "met": seconds <= plan.limit_s},
         "result_files": {"value": files, "target": f"<= {MAX_FILES}", "met": files <= MAX_FILES},
+        # Every ok trial trained; on a GPU, an fp16 one among them (the CPU check runs fp32 only).
+        "ok_trials_trained": {"value": sum(trained(r) for r in steps if r["status"] == "ok"),
+                              "target": f"= {sum(r['status'] == 'ok' for r in steps)} (every ok trial)",
+                              "met": all(trained(r) for r in steps if r["status"] == "ok")},
+        "fp16_trained": {"value": fp16_trained, "target": ">= 1" if mode.name == "cuda" else "- (fp32 on the CPU)",
+                         "met": fp16_trained >= 1 or mode.name != "cuda"},
     }
 
 
@@ -513,6 +546,16 @@ def kit_markdown(report: dict[str, Any]) -> str:
                              f"{row['throughput_tuned']:.3g} |")
     elif tune:
         lines += ["", f"tune: not run ({tune.get('note', '')})."]
+    if report.get("training"):
+        lines += ["", "What each trial's optimizer steps did (a trial that did not train is `untrained`, not a "
+                  "measurement):", "", "| source | config | status | steps applied | skipped | loss first -> last | "
+                  "loss scale |", "| --- | --- | --- | ---: | ---: | --- | ---: |"]
+        for row in report["training"]:
+            loss = (f"{row['loss_first']:.4g} -> {row['loss_last']:.4g}"
+                    if row["loss_first"] is not None and row["loss_last"] is not None else "-")
+            status = row["status"] + (f" ({row['fault']})" if row["fault"] else "")
+            lines.append(f"| {row['source']} | {row['config']} | {status} | {row['steps_applied']} | "
+                         f"{row['steps_skipped']} | {loss} | {row['loss_scale'] if row['loss_scale'] else '-'} |")
     if report.get("analysis"):
         lines += ["", gv.markdown(report["analysis"]).replace("# GPU validation", "## Surfaces", 1)]
     return "\n".join(lines) + "\n"
@@ -671,7 +714,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     report["seconds"] = clock.now()
     phases.append(PhaseRecord("pack", call.deadline("pack"), start, clock.now(), f"{files} files"))
     report["phases"] = [p.to_dict() for p in phases]
-    report["checks"] = checks(mode, call, report["recording"], report["tune"], report["seconds"], files)
+    report["training"] = training([*(p.path for p in plans), args.work / "tune" / "trials.jsonl"])
+    report["checks"] = checks(mode, call, report["recording"], report["tune"], report["seconds"], files,
+                              report["training"])
     texts = {"kit.json": json.dumps(gv.finite(report), indent=1) + "\n", "kit.md": kit_markdown(report)}
     written = pack(args.out, copies, texts, args.work, reserved=1)
     log(kit_markdown(report))

@@ -187,3 +187,25 @@ def test_a_replayed_surface_says_so_once_and_never_replays_them_as_measurements(
     assert len(fp16) == 2 and all(backend.run(c).status == "untrained" for c in fp16)
     assert surface.best(None).config.precision == "bf16"  # the optimum of the table is a trial that trained
     assert relabelled(surface.results.values()) == 2 and relabel_note(0, path) is None
+
+
+def test_the_gpu_kit_reports_what_each_trials_steps_did_and_wants_an_fp16_trial_that_trained():
+    """The kit (benchmarks/gpu_kit.py) tunes fp16 beside bf16 on a GPU and reports each trial's steps; on the 11-27
+    run's tune it finds the fp16 trial untrained and the bf16 one trained, so its fp16 check is not met."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_kit
+    import kit_plan
+
+    assert "fp16" in gpu_kit.TUNE_GPU_CHOICES.precision
+    rows = gpu_kit.training([RUNS / "h200-2026-11-27" / "tune" / "trials.jsonl"])
+    assert [(r["config"], r["status"], gpu_kit.trained(r)) for r in rows] == [
+        ("z2 mb8 ck4 bf16 oo=cpu", "ok", True), ("z3 mb4 ck2 fp16 oo=cpu", "untrained", False)]
+    plan = kit_plan.plan_call(540, kit_plan.GPU_OVERHEADS, [], tune_trial_s=25)
+    checks = gpu_kit.checks(gpu_kit.GPU_KIT, plan, {}, {}, 500.0, 8, rows)
+    assert not checks["fp16_trained"]["met"] and checks["ok_trials_trained"]["met"]
+    table = gpu_kit.kit_markdown({"command": "c", "machine": "m", "hardware": "h200", "seconds": 1.0, "limit_s": 9.0,
+                                  "phases": [], "checks": checks, "plan": plan.to_dict(), "recording": {},
+                                  "tune": {}, "training": rows})
+    assert "| 11-27 |" not in table and "| tune | z3 mb4 ck2 fp16 oo=cpu | untrained (overflow) | None |" in table
