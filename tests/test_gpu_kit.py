@@ -240,7 +240,8 @@ def test_checks_hold_the_issue_targets():
     plan = kp.plan_call(540, kp.GPU_OVERHEADS, groups("a", 40), tune_trial_s=25)
     recording = {"configs": 10, "per_model": {"a": 6, "b": 4}, "trial_share": 0.8}
     tune = {"confirm_repeats": 1, "fit_share": 0.5}
-    checks = k.checks(k.GPU_KIT, plan, recording, tune, 500.0, 8)
+    fp16 = {"config": "z1 mb4 ck0 fp16", "status": "ok", "steps_applied": 4, "loss_first": 10.4, "loss_last": 10.1}
+    checks = k.checks(k.GPU_KIT, plan, recording, tune, 500.0, 8, [fp16])
     assert all(c["met"] for c in checks.values())
     short = k.checks(k.GPU_KIT, plan, {**recording, "configs": 9, "trial_share": 0.6}, {}, 560.0, 9)
     assert not any(short[name]["met"] for name in ("recorded_configs", "recording_trial_share", "tune_confirmed",
