@@ -1,0 +1,69 @@
+"""DeepSpeed's own "autotuning" block read as ds-autotune's options where it maps (autotune/values/ds_autotuning.py,
+issue 43), one line per key it cannot apply, one-line errors for values it cannot read."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.values.config import ConfigError
+from autotune.values.ds_autotuning import read_autotuning
+from autotune.values.space import Choices
+
+# As DeepSpeed's autotuning tutorial writes it, with the stages to try in the config's own zero section.
+DEEPSPEED_EXAMPLE = {
+    "train_micro_batch_size_per_gpu": "auto",
+    "zero_optimization": {"stage": [1, 2]},
+    "autotuning": {"enabled": True, "fast": False, "metric": "throughput", "tuner_type": "model_based",
+                   "tuner_num_trials": 24, "tuner_early_stopping": 5, "min_train_micro_batch_size_per_gpu": 2,
+                   "max_train_micro_batch_size_per_gpu": 16, "num_tuning_micro_batch_sizes": 3,
+                   "results_dir": "autotuning_results", "arg_mappings": {"train_micro_batch_size_per_gpu": "--mb"}},
+}
+SPACE = Choices(zero_stage=(0, 1, 2, 3), micro_batch=(1, 2, 4, 8, 16, 32))
+
+
+def test_what_maps_is_taken_and_every_other_key_is_one_line():
+    block = read_autotuning(DEEPSPEED_EXAMPLE, "ds_config.json")
+    assert block is not None and dict(block.options) == {"strategy": "optuna", "trials": 24}
+    narrowed = block.narrowed(SPACE)
+    assert narrowed.zero_stage == (1, 2) and narrowed.micro_batch == (2, 8, 16)  # 3 of 2..16, both ends kept
+    keys = [note.split(":")[1].strip().split(" ")[0] for note in block.notes]
+    assert keys == ["autotuning.tuner_early_stopping", "autotuning.fast", "autotuning.arg_mappings",
+                    "autotuning.results_dir"]
+    assert all(note.startswith("ds_config.json: autotuning.") and "not applied" in note and "\n" not in note
+               for note in block.notes)
+
+
+def test_no_block_or_a_disabled_one_changes_nothing():
+    assert read_autotuning({"train_batch_size": 8}) is None
+    assert read_autotuning({"autotuning": {"enabled": False, "tuner_num_trials": 3}}) is None
+
+
+def test_a_single_stage_is_the_scripts_own_and_all_is_every_stage():
+    for stage in (2, "all", ["all"]):
+        block = read_autotuning({"zero_optimization": {"stage": stage}, "autotuning": {"enabled": True}})
+        assert block is not None and block.zero_stages is None and block.narrowed(SPACE).zero_stage == SPACE.zero_stage
+
+
+def test_latency_ranks_as_throughput_and_says_so():
+    block = read_autotuning({"autotuning": {"metric": "latency"}})
+    assert block is not None and block.metric == "latency" and "ranked as throughput" in block.notes[0]
+
+
+@pytest.mark.parametrize("block, expected", [
+    ({"tuner_type": "bayes"}, "autotuning.tuner_type: 'bayes': allowed gridsearch, random, model_based"),
+    ({"tuner_num_trials": 0}, "autotuning.tuner_num_trials: 0: allowed a whole number >= 1"),
+    ({"metric": "speed"}, "autotuning.metric: 'speed': allowed throughput, latency, flops"),
+    ({"min_train_micro_batch_size_per_gpu": 8, "max_train_micro_batch_size_per_gpu": 4}, "allowed min <= max"),
+    ("yes", "autotuning: 'yes': allowed an object"),
+])
+def test_values_it_cannot_read_are_one_line_errors(block, expected):
+    with pytest.raises(ConfigError) as err:
+        read_autotuning({"autotuning": block}, "ds.json")
+    assert expected in str(err.value) and str(err.value).startswith("ds.json: ") and "\n" not in str(err.value)
+
+
+def test_a_range_that_leaves_nothing_is_refused():
+    block = read_autotuning({"autotuning": {"min_train_micro_batch_size_per_gpu": 64}})
+    assert block is not None
+    with pytest.raises(ConfigError, match="no micro-batch of the space"):
+        block.narrowed(SPACE)
