@@ -38,6 +38,7 @@ from autotune.prediction.comm import STAGE0_ALLREDUCE_BUCKET, comm_time
 from autotune.values.config import Config
 from autotune.prediction.cuda_memory import (allocator_reserve_bytes, offload_staging_bytes, outside_allocator_bytes,
                                              zero3_live_params_bytes, zero3_step_allocated_bytes)
+from autotune.prediction.trial_time import DEFAULT_MEASURE, Measure, TrialTime, TrialTimeModel, trial_time
 from autotune.values.dsconfig import Buckets
 from autotune.values.hardware import Hardware
 from autotune.values.workload import ModelShape, Workload
@@ -144,6 +145,16 @@ def host_need_bytes(est: Estimate, workload: Workload, hardware: Hardware) -> in
 def nvme_need_bytes(est: Estimate, workload: Workload, hardware: Hardware) -> int:
     """NVMe space the offloaded state of all ranks of one node needs (they share the node's path)."""
     return est.nvme_bytes * min(workload.gpus, hardware.gpus_per_node)
+
+
+def trial_time_of(est: Estimate, workload: Workload, hardware: Hardware, *, budget_bytes: int,
+                  ops_built: frozenset[str] | set[str] = frozenset(), measure: Measure = DEFAULT_MEASURE,
+                  model: TrialTimeModel | None = None) -> TrialTime:
+    """What running `est`'s config as a trial would take (autotune.prediction.trial_time), at its predicted step time
+    (calibrated where `est` is): a trial whose predicted peak is over the sweep's `budget_bytes` dies out of memory in
+    its first step. `ops_built`: the ops the sweep has built; `model`: calibrated terms."""
+    return trial_time(est.config, workload, hardware, est.step_time_s, fits=est.fits(budget_bytes),
+                      ops_built=ops_built, measure=measure, model=model)
 
 
 def model_states(config: Config, workload: Workload) -> tuple[int, int, int]:
