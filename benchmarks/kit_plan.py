@@ -7,8 +7,9 @@ start), and a phase that ends early leaves its time to the next one. Recording t
 layout's two micro-batches on either side of its predicted cliff) round-robin over the models, while their
 expected time fits what is left of its window; tune gets a fixed share after it.
 
-Measured figures (the first GPU run, benchmarks/gpu-runs/h200-2026-11-26, `phases_s` of its 6 trials and its
-console) are marked as such; the other figures are the plan's.
+A trial's expected time is the product's (autotune/prediction/trial_time.py, fitted on both GPU runs' `phases_s`);
+the phases' overheads below are measured where marked (the first GPU run, benchmarks/gpu-runs/h200-2026-11-26, its
+console), the other figures are the plan's.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Sequence
 
+from autotune.prediction.trial_time import (CPU, CPU_ADAM, CUDA, FUSED_ADAM, JobSize, Steps, TrialTimeModel,
+                                            trial_time_at)
 from autotune.values.config import Config
 
 PHASES = ("install", "preflight", "recording", "tune", "analysis", "pack")
@@ -30,43 +33,33 @@ class PlanError(ValueError):
 
 @dataclass(frozen=True)
 class TrialTimes:
-    """What one trial's wall time is made of beyond its steps, in seconds."""
+    """A kit trial's expected wall time: the product's trial-time model (autotune.prediction.trial_time, the one place
+    it is decided) at the recording's measurement (`warmup_steps`, then exactly `measure_steps`), with the ops the
+    kit's preflight built before the first trial."""
 
-    launch_s: float  # launcher, importing torch and DeepSpeed
-    build_s_per_b: float  # the model built in fp32 on the CPU, then moved (ZeRO 0-2), per 1e9 parameters
-    build_z3_s_per_b: float  # the same under ZeRO-3's zero.Init
-    initialize_s: float  # deepspeed.initialize: fixed part
-    initialize_s_per_b: float  # and per 1e9 parameters
-    offload_optimizer_s: float  # initialize's extra with the optimizer offloaded (pinned host buffers)
-    offload_param_s_per_b: float  # and with the parameters offloaded, per 1e9 parameters
-    first_step_factor: float  # the warm-up step over a steady one (lazy allocations, ZeRO-3's first trace)
+    model: TrialTimeModel
     warmup_steps: int
     measure_steps: int
 
+    @property
+    def launch_s(self) -> float:
+        """Launch and imports: the overhead gpu_validation's Mode charges every trial."""
+        return self.model.launch_s
+
     def seconds(self, config: Config, params: float, step_s: float, fits: bool) -> float:
-        """Expected wall time of `config`'s trial: a config that does not fit fails in its first step."""
-        billions = params / 1e9
-        build = (self.build_z3_s_per_b if config.zero_stage == 3 else self.build_s_per_b) * billions
-        init = self.initialize_s + self.initialize_s_per_b * billions
-        init += self.offload_optimizer_s if config.offload_optimizer != "none" else 0.0
-        init += self.offload_param_s_per_b * billions if config.offload_param != "none" else 0.0
-        first = self.first_step_factor * step_s
-        steps = (first + max(0, self.warmup_steps - 1) * step_s + self.measure_steps * step_s) if fits else first
-        return self.launch_s + build + init + steps
+        """Expected wall time of `config`'s trial: a config that does not fit fails in its first step. The kit's
+        cap on measuring (8 s) cuts only configs slower than 4 s a step: planned uncut, the safe side."""
+        measure = Steps(self.warmup_steps, self.measure_steps, self.measure_steps, UNCAPPED_S)
+        return trial_time_at(config, JobSize(params), step_s, self.model, fits=fits, ops_built=PREFLIGHT_OPS,
+                             measure=measure).total_s
 
 
-# Measured on the H200 (phases_s): launch 3.5-4.1 s; the CPU build 9.7 s for 1.1B and 25.8 s for 3.0B parameters
-# (8.6 s per 1e9), 7.2 s for 3.0B under zero.Init; initialize 7.1 s (1.1B) and 8.4 s (3.0B) at ZeRO-0, 17.3-17.4 s
-# with optimizer offload, 34.5 s with both offloads (3.0B); warm-up 2.5 step times (2.6 s for a 1.05 s step).
-# Checked against the wall times less the op builds: 25.5 s (1.1B z0 mb16) against 25.3 s planned, 48.4 s (3.0B
-# z0 mb8) against 52 s, 20.7 s (1.1B z0 mb32, oom in warm-up) against 23 s.
-GPU_TIMES = TrialTimes(launch_s=4.0, build_s_per_b=8.6, build_z3_s_per_b=2.4, initialize_s=6.0,
-                       initialize_s_per_b=1.0, offload_optimizer_s=10.0, offload_param_s_per_b=5.0,
-                       first_step_factor=2.5, warmup_steps=1, measure_steps=2)
-# The CPU check (ARCHITECTURE.md section 4: a 10M-parameter trial 13-16 s, imports 2.6 s, initialize 4-7 s).
-CPU_TIMES = TrialTimes(launch_s=3.0, build_s_per_b=10.0, build_z3_s_per_b=10.0, initialize_s=6.0,
-                       initialize_s_per_b=0.0, offload_optimizer_s=2.0, offload_param_s_per_b=0.0,
-                       first_step_factor=2.0, warmup_steps=1, measure_steps=1)
+UNCAPPED_S = 1e9
+PREFLIGHT_OPS = frozenset({FUSED_ADAM, CPU_ADAM})  # the preflight builds every op of the space before trial 1
+# Fitted on both H200 runs' phases and the CPU surfaces: autotune/prediction/trial_time.py names the data per term,
+# benchmarks/trial_time.py checks each trial.
+GPU_TIMES = TrialTimes(CUDA, warmup_steps=1, measure_steps=2)
+CPU_TIMES = TrialTimes(CPU, warmup_steps=1, measure_steps=1)
 
 
 @dataclass(frozen=True)

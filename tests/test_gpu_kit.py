@@ -39,22 +39,32 @@ def groups(model: str, *seconds: float) -> list[kp.Group]:
 
 
 def test_trial_times_reproduce_the_h200_trials_without_their_op_builds():
-    # (config, parameters, predicted step s, fits, measured wall less build_ops): benchmarks/gpu-runs/h200-2026-11-26
-    rows = [(Config(0, 16, 0, "bf16"), 1.10e9, 1.05, True, 56.3 - 30.5),
-            (Config(0, 8, 0, "bf16"), 3.02e9, 2.96, True, 49.2 - 0.8),
-            (Config(0, 32, 0, "bf16"), 1.10e9, 1.02, False, 20.7)]
+    # The kit's expected trial time is the product's (autotune.prediction.trial_time) for today's trials, which build
+    # the model on the device: (config, parameters, predicted step s, fits, measured wall less its op build and, on
+    # 11-26, less the build on the host that today's trials skip (its rank events)): benchmarks/gpu-runs. 20%: the
+    # 11-27 ZeRO-3 trial's step ran 1.30 s against 0.58 s predicted (-15% from that alone); the terms before issue 41
+    # (the host build priced) were 57% high on the first row and 30% low on that one.
+    rows = [(Config(0, 16, 0, "bf16"), 1.10e9, 1.05, True, 56.3 - 30.5 - 9.7),
+            (Config(0, 8, 0, "bf16"), 3.02e9, 2.96, True, 49.2 - 25.8),
+            (Config(0, 32, 0, "bf16"), 1.10e9, 1.02, False, 20.7 - 8.9),
+            (Config(0, 16, 0, "bf16"), 3.02e9, 2.79, False, 40.0 - 26.5),
+            (Config(3, 8, 0, "bf16"), 1.10e9, 0.58, True, 23.2),  # 11-27, seq 1024
+            (Config(3, 16, 0, "bf16"), 1.10e9, 0.52, False, 16.0)]
     for config, params, step, fits, wall in rows:
-        assert kp.GPU_TIMES.seconds(config, params, step, fits) == pytest.approx(wall, rel=0.15)
+        assert kp.GPU_TIMES.seconds(config, params, step, fits) == pytest.approx(wall, rel=0.2)
 
 
 def test_offload_and_zero3_change_the_expected_trial_time_as_measured():
+    # The H200 runs at 1.1e9 parameters: offloading the optimizer added 10.2-22.1 s to deepspeed.initialize and
+    # 1.6-5.1 s to the rank's exit; on the device ZeRO-3's zero.Init build and initialize took 0.4-0.6 s and
+    # 8.8-10.4 s, ZeRO 0-2's build and initialize 0.04-0.07 s and 6.4-9.3 s.
     times = kp.GPU_TIMES
     plain = times.seconds(Config(1, 2, 1, "bf16"), 1.1e9, 0.5, True)
     offload = times.seconds(Config(1, 2, 1, "bf16", "cpu"), 1.1e9, 0.5, True)
-    assert offload - plain == pytest.approx(times.offload_optimizer_s)
-    z3 = times.seconds(Config(3, 2, 1, "bf16"), 3.0e9, 0.5, True)
-    z0 = times.seconds(Config(0, 2, 1, "bf16"), 3.0e9, 0.5, True)
-    assert z0 - z3 == pytest.approx((times.build_s_per_b - times.build_z3_s_per_b) * 3.0)
+    assert 10.2 + 1.6 <= offload - plain <= 22.1 + 5.1
+    z3 = times.seconds(Config(3, 2, 1, "bf16"), 1.1e9, 0.5, True)
+    z0 = times.seconds(Config(0, 2, 1, "bf16"), 1.1e9, 0.5, True)
+    assert 0.0 < z3 - z0 <= (0.6 - 0.04) + (10.4 - 6.4)
 
 
 def test_the_plan_ends_every_phase_in_order_within_the_limit_less_its_margin():
