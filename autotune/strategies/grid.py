@@ -17,6 +17,7 @@ from autotune.values.config import KNOBS, Config
 from autotune.prediction.estimate import estimate
 from autotune.values.results import TrialResult
 from autotune.strategies import SearchContext
+from autotune.strategies.optuna_search import StudyRecord
 
 EARLY_STOP = 5  # DeepSpeed's tuner_early_stopping default
 
@@ -29,8 +30,10 @@ class GridStrategy:
         self.known: dict[Config, TrialResult] = {}
         self._plan = self._walk()
         self._waiting: Config | None = None
+        self.study = StudyRecord(context, self.name)
 
     def propose(self) -> Config | None:
+        self.study.follow_record()
         if self._waiting is not None and self._waiting not in self.known:
             return self._waiting  # asked again before the last proposal's result came back
         try:
@@ -41,6 +44,7 @@ class GridStrategy:
 
     def observe(self, config: Config, result: TrialResult) -> None:
         self.known[config] = result
+        self.study.observe(config, result, self.name)
 
     def stage_config(self, stage: int, micro_batch: int) -> Config | None:
         """The valid config of this stage and micro-batch closest to the space's defaults."""

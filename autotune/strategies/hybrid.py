@@ -44,7 +44,7 @@ class HybridStrategy:
     def __init__(self, context: SearchContext, policy: Any = None, policy_trials: int = POLICY_TRIALS,
                  interleave: bool | None = None) -> None:
         self.policy = RLStrategy(context, policy, max_trials=policy_trials)
-        self.search = tpe(context)
+        self.search = tpe(context, self.name)  # its study says `strategy: hybrid`
         # With the sweep's forecast, the policy takes turns with Optuna's most valuable configs and TPE.
         self.interleave = self.search.guided if interleave is None else interleave
         self.in_policy = True
@@ -52,6 +52,7 @@ class HybridStrategy:
         self.proposed: set[Config] = set()  # configs the policy proposed, so the study can say whose they were
 
     def propose(self) -> Config | None:
+        self.search.follow_record()  # the record told, before the policy's first proposal too
         if self.search.exhausted:
             return None  # nothing left is worth a trial, by the sweep's forecast
         if self.search.guided and (len(self.search.outcomes) + len(self.search.pending) < IDENTIFY

@@ -44,11 +44,13 @@ trials still waiting in the queue), so the config that was in flight runs again 
 from __future__ import annotations
 
 import random
+import time
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
+from optuna.study import get_all_study_names
 from optuna.trial import TrialState
 
 from autotune.values.config import KNOBS, Config, ConfigError
@@ -90,12 +92,13 @@ VALUABLE, LOCAL, SAMPLED = "valuable", "local", "sampled"
 TURNS = (VALUABLE, LOCAL, SAMPLED)
 
 
-def tpe(context: SearchContext) -> "OptunaStrategy":
+def tpe(context: SearchContext, strategy: str = "optuna") -> "OptunaStrategy":
+    """TPE over the space; `strategy`: the sweep's strategy as the study names it (the hybrid's is `hybrid`)."""
     # constant_liar: trials still running (several in flight on a Ray cluster) count as bad, so that
     # concurrent proposals spread out instead of repeating one guess.
     sampler = optuna.samplers.TPESampler(seed=context.seed, multivariate=True, n_startup_trials=STARTUP_TRIALS,
                                          constant_liar=True)
-    return OptunaStrategy(context, sampler, "optuna")
+    return OptunaStrategy(context, sampler, "optuna", strategy)
 
 
 def gp(context: SearchContext) -> "OptunaStrategy":
@@ -104,8 +107,10 @@ def gp(context: SearchContext) -> "OptunaStrategy":
 
 
 class OptunaStrategy:
-    def __init__(self, context: SearchContext, sampler: optuna.samplers.BaseSampler, name: str) -> None:
-        self.name = name
+    def __init__(self, context: SearchContext, sampler: optuna.samplers.BaseSampler, name: str,
+                 strategy: str | None = None) -> None:
+        self.name = name  # who proposes (user attribute proposed_by)
+        self.strategy = strategy or name  # the sweep's strategy, the study's user attribute `strategy`
         self.context = context
         self.space = context.space
         self.rng = random.Random(context.seed)
@@ -118,6 +123,8 @@ class OptunaStrategy:
         self.report_trials: dict[Config, int] = {}  # config -> its trial number in trials.jsonl
         self.pending: dict[Config, optuna.trial.Trial] = {}  # asked, not yet told
         self.resumed: list[Config] = []  # in flight when an earlier tuner was killed: proposed first
+        self.record = Record()  # what the sweep told of its record, until the study follows it (follow_record)
+        self.notes: list[str] = []  # what following the record changed in the study, for the sweep to say
         trials = self.study.get_trials(deepcopy=False)
         for trial in trials:
             config = self.config_of(trial.params)
@@ -148,33 +155,12 @@ class OptunaStrategy:
 
     def _describe(self) -> None:
         """What a reader of the study (optuna CLI, optuna-dashboard) needs to read it without the run directory."""
-        with warnings.catch_warnings():  # set_metric_names is "experimental" in Optuna 5
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            self.study.set_metric_names([METRIC])
-        w, space = self.space.workload, self.space
-        described = {
-            "workload": f"{w.model.name}, global batch {w.global_batch}, {w.gpus} x {space.hardware.name}",
-            "memory_budget_bytes": self.context.budget_bytes,
-            "strategy": self.name,
-            "space": {knob: list(space.choices.knob_values(knob)) for knob in KNOBS},
-            "parameters": "one per knob, over the values of `space`; each trial's user attributes hold them "
-                          "too (trials of a study begun before 2026-11-26 hold " + ", ".join(
-                              f"{k}{INDEX}" for k in ORDERED) + ": the index of the value in `space`)",
-            "constraints": "one: memory, peak / budget - 1 (<= 0 fits); 1.0 for an invalid combination or a "
-                           "failure with no memory figure",
-            "states": "COMPLETE: ran and fit (its throughput); PRUNED: never ran (pruned, invalid, unlikely to "
-                      "fit) or ran and failed (user attribute status: oom, crash, ...), infeasible; FAIL: a repeat",
-            "trial numbers": "user attribute report_trial is the trial's number in trials.jsonl and the report "
-                             "(from 1); Optuna's numbers (from 0) also count proposals that never ran",
-        }
-        current = self.study.user_attrs
-        for key, value in described.items():
-            if current.get(key) != value:
-                self.study.set_user_attr(key, value)
+        describe(self.study, self.context, self.strategy)
 
     # -- the Strategy interface
 
     def propose(self) -> Config | None:
+        self.follow_record()
         while self.resumed:
             resumed = self.resumed.pop(0)
             if resumed in self.pending:  # not already told from the recorded history
@@ -335,6 +321,7 @@ class OptunaStrategy:
     def observe(self, config: Config, result: TrialResult, proposed_by: str = "record") -> None:
         """Tell the study `result`; a config it never asked for (a resumed sweep's record, the hybrid's
         policy) is added as a finished trial, `proposed_by` saying whose it was."""
+        self.record.told(config, result)
         state, value, constraint = self.outcome_state(result)
         learnt = self.outcome(result)[0]  # what the samplers see (sampler_view): PENALTY for a failure
         ran = state == TrialState.PRUNED and result.status != "pruned"
@@ -342,12 +329,8 @@ class OptunaStrategy:
             self._finish(self.pending.pop(config), state, value, constraint, self._result_attrs(result, constraint),
                          learnt if ran else None)
         elif config not in self.outcomes:
-            attrs = {**config.to_dict(), "config": config.label(), "proposed_by": proposed_by,
-                     **self._result_attrs(result, constraint)}
-            system = {CONSTRAINTS_KEY: [constraint], **({SAMPLER_VALUE_KEY: learnt} if ran else {})}
-            self.study.add_trial(optuna.trial.create_trial(
-                state=state, params=self.params_of(config), distributions=self.distributions,
-                value=value, user_attrs=attrs, system_attrs=system))
+            self.study.add_trial(recorded_trial(config, result, self.context.budget_bytes, self.distributions,
+                                                proposed_by))
         self.outcomes.setdefault(config, (PENALTY if value is None else value, constraint))
         if isinstance(result.extra.get("trial"), int):
             self.report_trials.setdefault(config, result.extra["trial"])
@@ -388,22 +371,31 @@ class OptunaStrategy:
 
     def outcome(self, result: TrialResult) -> tuple[float, float]:
         """(value, memory constraint) the sampler learns from a result."""
-        budget = self.context.budget_bytes
-        if result.fits(budget):
-            peak = result.peak_memory_bytes
-            return float(result.throughput_samples_per_s or 0.0), (peak / budget - 1.0) if peak else 0.0
-        peak = result.peak_memory_bytes or result.extra.get("predicted_peak_bytes")
-        if result.status in ("oom", "pruned") and peak:
-            return PENALTY, max(peak / budget - 1.0, 0.01)
-        return PENALTY, INVALID_CONSTRAINT
+        return outcome(result, self.context.budget_bytes)
 
     def outcome_state(self, result: TrialResult) -> tuple[TrialState, float | None, float]:
-        """(state, value, constraint) of a result's trial: PRUNED with no value for a config that never ran or
-        did not fit (module doc)."""
-        value, constraint = self.outcome(result)
-        if result.status == "pruned" or not result.fits(self.context.budget_bytes):
-            return TrialState.PRUNED, None, constraint
-        return TrialState.COMPLETE, value, constraint
+        """(state, value, constraint) of a result's trial (module doc)."""
+        return outcome_state(result, self.context.budget_bytes)
+
+    def follow_record(self) -> None:
+        """Once the sweep has told its record (a resumed sweep tells all of it before the first proposal): a
+        trial of the study that claims a report_trial the record does not hold (a line removed from trials.jsonl
+        by hand) leaves the study, so that the study follows the record (the study as it was is kept as a copy);
+        its config is untried again."""
+        if self.record.followed:
+            return
+        followed = self.record.follow(self.study, self.config_of, self.distributions, self.context.budget_bytes)
+        if followed is None:
+            return
+        self.study, untried, note = followed
+        self.notes.append(note)
+        for config in untried:
+            self.outcomes.pop(config, None)
+            self.report_trials.pop(config, None)
+        for trial in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            running = self.config_of(trial.params)  # the resumed trial in flight, as the new study holds it
+            if running is not None and running in self.pending:
+                self.pending[running] = optuna.trial.Trial(self.study, trial._trial_id)
 
     def warm_start(self) -> list[Config]:
         """The configs the estimator predicts fastest among those predicted to fit, one per structure
@@ -445,17 +437,7 @@ class OptunaStrategy:
             trial.set_user_attr(key, value)
 
     def _result_attrs(self, result: TrialResult, constraint: float) -> dict[str, Any]:
-        attrs: dict[str, Any] = {"status": result.status, "feasible": constraint <= 0}
-        if isinstance(result.extra.get("trial"), int):
-            attrs["report_trial"] = result.extra["trial"]
-        for key in MEASURES:
-            if getattr(result, key) is not None:
-                attrs[key] = getattr(result, key)
-        if result.status == "pruned" and result.extra.get("predicted_peak_bytes"):
-            attrs["predicted_peak_bytes"] = result.extra["predicted_peak_bytes"]
-        if result.error:
-            attrs["reason"] = result.error[:REASON_CHARS]
-        return attrs
+        return result_attrs(result, constraint)
 
     def _finish(self, trial: optuna.trial.Trial, state: TrialState, value: float | None, constraint: float | None,
                 attrs: dict[str, Any], learnt: float | None = None) -> None:
@@ -468,6 +450,189 @@ class OptunaStrategy:
         if learnt is not None:
             trial.storage.set_trial_system_attr(trial._trial_id, SAMPLER_VALUE_KEY, learnt)
         self.study.tell(trial, value, state=state)
+
+
+def outcome(result: TrialResult, budget: int) -> tuple[float, float]:
+    """(value, memory constraint) the sampler learns from a result."""
+    if result.fits(budget):
+        peak = result.peak_memory_bytes
+        return float(result.throughput_samples_per_s or 0.0), (peak / budget - 1.0) if peak else 0.0
+    peak = result.peak_memory_bytes or result.extra.get("predicted_peak_bytes")
+    if result.status in ("oom", "pruned") and peak:
+        return PENALTY, max(peak / budget - 1.0, 0.01)
+    return PENALTY, INVALID_CONSTRAINT
+
+
+def outcome_state(result: TrialResult, budget: int) -> tuple[TrialState, float | None, float]:
+    """(state, value, constraint) of a result's trial: PRUNED with no value for a config that never ran or did not
+    fit (module doc)."""
+    value, constraint = outcome(result, budget)
+    if result.status == "pruned" or not result.fits(budget):
+        return TrialState.PRUNED, None, constraint
+    return TrialState.COMPLETE, value, constraint
+
+
+def result_attrs(result: TrialResult, constraint: float) -> dict[str, Any]:
+    """A told trial's user attributes: its status, feasibility, report_trial and measures."""
+    attrs: dict[str, Any] = {"status": result.status, "feasible": constraint <= 0}
+    if isinstance(result.extra.get("trial"), int):
+        attrs["report_trial"] = result.extra["trial"]
+    for key in MEASURES:
+        if getattr(result, key) is not None:
+            attrs[key] = getattr(result, key)
+    if result.status == "pruned" and result.extra.get("predicted_peak_bytes"):
+        attrs["predicted_peak_bytes"] = result.extra["predicted_peak_bytes"]
+    if result.error:
+        attrs["reason"] = result.error[:REASON_CHARS]
+    return attrs
+
+
+def recorded_trial(config: Config, result: TrialResult, budget: int, distributions: dict[str, BaseDistribution],
+                   proposed_by: str) -> optuna.trial.FrozenTrial:
+    """A recorded result as a finished trial of the study (`add_trial`), encoded as a told proposal is."""
+    state, value, constraint = outcome_state(result, budget)
+    ran = state == TrialState.PRUNED and result.status != "pruned"
+    attrs = {**config.to_dict(), "config": config.label(), "proposed_by": proposed_by, **result_attrs(result, constraint)}
+    system = {CONSTRAINTS_KEY: [constraint], **({SAMPLER_VALUE_KEY: outcome(result, budget)[0]} if ran else {})}
+    return optuna.trial.create_trial(state=state, params={knob: getattr(config, knob) for knob in KNOBS},
+                                     distributions=distributions, value=value, user_attrs=attrs, system_attrs=system)
+
+
+def describe(study: optuna.Study, context: SearchContext, strategy: str) -> None:
+    """What a reader of the study (optuna CLI, optuna-dashboard) needs to read it without the run directory."""
+    with warnings.catch_warnings():  # set_metric_names is "experimental" in Optuna 5
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names([METRIC])
+    w, space = context.space.workload, context.space
+    described = {
+        "workload": f"{w.model.name}, global batch {w.global_batch}, {w.gpus} x {space.hardware.name}",
+        "memory_budget_bytes": context.budget_bytes,
+        "strategy": strategy,
+        "space": {knob: list(space.choices.knob_values(knob)) for knob in KNOBS},
+        "parameters": "one per knob, over the values of `space`; each trial's user attributes hold them "
+                      "too (trials of a study begun before 2026-11-26 hold " + ", ".join(
+                          f"{k}{INDEX}" for k in ORDERED) + ": the index of the value in `space`)",
+        "constraints": "one: memory, peak / budget - 1 (<= 0 fits); 1.0 for an invalid combination or a "
+                       "failure with no memory figure",
+        "states": "COMPLETE: ran and fit (its throughput); PRUNED: never ran (pruned, invalid, unlikely to "
+                  "fit) or ran and failed (user attribute status: oom, crash, ...), infeasible; FAIL: a repeat",
+        "trial numbers": "user attribute report_trial is the trial's number in trials.jsonl and the report "
+                         "(from 1); Optuna's numbers (from 0) also count proposals that never ran",
+    }
+    current = study.user_attrs
+    for key, value in described.items():
+        if current.get(key) != value:
+            study.set_user_attr(key, value)
+
+
+class Record:
+    """What a sweep told a study's keeper of its record (trials.jsonl): each result by (report_trial, config), so
+    that the study can follow the record once all of it is told (`follow`)."""
+
+    def __init__(self) -> None:
+        self.pairs: dict[tuple[int, Config], TrialResult] = {}
+        self.followed = False
+
+    def told(self, config: Config, result: TrialResult) -> None:
+        if not self.followed and isinstance(result.extra.get("trial"), int):
+            self.pairs.setdefault((result.extra["trial"], config), result)
+
+    def follow(self, study: optuna.Study, config_of: Callable[[dict[str, Any]], Config | None],
+               distributions: dict[str, BaseDistribution],
+               budget: int) -> tuple[optuna.Study, list[Config], str] | None:
+        """Make `study` follow the record: trials claiming a report_trial the record does not hold (by number and
+        config) are left out of a new study of the same name, the study as it was kept as a copy (nothing is
+        lost), and recorded results the study lacked under their number are added. Returns (the new study, the
+        configs removed, a line saying so), or None when the study already follows the record (or lives in
+        memory). Done once: later results are told as they come."""
+        self.followed = True
+        pairs, self.pairs = self.pairs, {}
+        storage = study._storage
+        if isinstance(storage, optuna.storages.InMemoryStorage):
+            return None
+        trials = study.get_trials(deepcopy=False)
+        claimed = {t.number: (t.user_attrs["report_trial"], config_of(t.params)) for t in trials
+                   if isinstance(t.user_attrs.get("report_trial"), int)}
+        stale = {n for n, pair in claimed.items() if pair not in pairs}
+        if not stale:
+            return None
+        name, when = study.study_name, time.strftime("%Y-%m-%d %H:%M:%S")
+        kept_as = f"{name} (before following trials.jsonl, {when})"
+        optuna.copy_study(from_study_name=name, from_storage=storage, to_storage=storage, to_study_name=kept_as)
+        attrs = dict(study.user_attrs)
+        optuna.delete_study(study_name=name, storage=storage)
+        followed = optuna.create_study(storage=storage, study_name=name, direction="maximize", sampler=study.sampler)
+        for key, value in attrs.items():
+            followed.set_user_attr(key, value)
+        followed.add_trials([t for t in trials if t.number not in stale])
+        kept = {pair for n, pair in claimed.items() if n not in stale}
+        for (number, config), result in pairs.items():  # recorded, but under another number in the study
+            if (number, config) not in kept:
+                followed.add_trial(recorded_trial(config, result, budget, distributions, "record"))
+        removed = sorted((claimed[n] for n in stale), key=lambda pair: pair[0])
+        names = ", ".join(f"{number} ({config.label() if config is not None else '?'})" for number, config in removed)
+        note = (f"the Optuna study {name!r} followed trials.jsonl: it held report_trial {names}, which the record "
+                f"does not; the study as it was is kept as {kept_as!r}")
+        followed.set_user_attr("followed_record", note)
+        recorded = {config for _, config in pairs}
+        return followed, [c for _, c in removed if c is not None and c not in recorded], note
+
+
+class StudyRecord:
+    """The study of a strategy that samples none of its own (random, grid; the report writes the record of any
+    other into it): every recorded result as a finished trial, encoded as the optuna strategy's study holds it,
+    so that optuna-dashboard, the `optuna` CLI and optuna.load_study read every strategy's sweep alike. A result
+    already in the study (same report_trial and config) is not added twice; the study follows the record
+    (Record.follow) at the first proposal. No storage (a sweep in memory): nothing is kept."""
+
+    def __init__(self, context: SearchContext, strategy: str) -> None:
+        self.context = context
+        self.distributions = _distributions(context.space)
+        self.record = Record()
+        self.notes: list[str] = []
+        self.study: optuna.Study | None = None
+        self.there: set[tuple[int, Config | None]] = set()
+        if context.storage is None:
+            return
+        storage, name = context.storage, context.study_name
+        # Loaded when there (create_study(load_if_exists=True) would log that it found one, at every close).
+        self.study = (optuna.load_study(study_name=name, storage=storage) if name in get_all_study_names(storage)
+                      else optuna.create_study(storage=storage, study_name=name, direction="maximize"))
+        describe(self.study, context, strategy)
+        self.there = self._there()
+
+    def _there(self) -> set[tuple[int, Config | None]]:
+        assert self.study is not None
+        return {(t.user_attrs["report_trial"], self.config_of(t.params)) for t in self.study.get_trials(deepcopy=False)
+                if isinstance(t.user_attrs.get("report_trial"), int)}
+
+    def config_of(self, params: dict[str, Any]) -> Config | None:
+        try:
+            config = Config(**{knob: params[knob] for knob in KNOBS if knob in params})
+        except (TypeError, ConfigError):
+            return None
+        return config if self.context.space.is_valid(config) else None
+
+    def observe(self, config: Config, result: TrialResult, proposed_by: str = "record") -> None:
+        number = result.extra.get("trial")
+        if self.study is None or not isinstance(number, int):
+            return
+        self.record.told(config, result)
+        if (number, config) in self.there:
+            return
+        self.study.add_trial(recorded_trial(config, result, self.context.budget_bytes, self.distributions,
+                                            proposed_by))
+        self.there.add((number, config))
+
+    def follow_record(self) -> None:
+        """At the first proposal: the study follows the record told so far (Record.follow)."""
+        if self.study is None or self.record.followed:
+            return
+        followed = self.record.follow(self.study, self.config_of, self.distributions, self.context.budget_bytes)
+        if followed is not None:
+            self.study, _, note = followed
+            self.notes.append(note)
+            self.there = self._there()
 
 
 def _distributions(space) -> dict[str, BaseDistribution]:
