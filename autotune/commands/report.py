@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from autotune.values.argtypes import existing_dir
+from autotune.values.config import ConfigError
 from autotune.commands.common import add_json_argument, emit_json, json_command
 from autotune.api import own_outputs
 from autotune.outputs.report import write_outputs
@@ -19,8 +20,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     run_dir = RunDir(args.run_dir)
     args._run_dir = args.run_dir  # an internal error's traceback goes to its logs/ (autotune.cli)
+    holder = run_dir.busy()
+    if holder is not None:  # its tuner writes the outputs when it ends: two writers would race on them
+        raise ConfigError(f"{run_dir.path} is in use by pid {holder}: its report is written when the sweep ends "
+                          "(run autotune report then)")
     settings = run_dir.read_settings()
-    outputs = write_outputs(run_dir, settings, own=own_outputs(settings))
+    with run_dir.locked():  # no tuner starts on it while the outputs are rewritten
+        outputs = write_outputs(run_dir, settings, own=own_outputs(settings))
     if args.json:
         emit_json(args, outputs.to_dict(run_dir.path))
         return 0 if outputs.best is not None else 1

@@ -11,7 +11,8 @@ alternative: it survives a crash too, but its file lock (a symlink or an exclusi
 outlives a SIGKILLed holder, and the next tuner has to wait out a grace period or have it removed.
 
 Lock: `fcntl.flock` on `.lock`, held for the whole sweep. The kernel drops it when the holder dies,
-so a killed tuner never leaves the directory locked, and a second live tuner is refused at once. The lock
+so a killed tuner never leaves the directory locked, and a second live tuner is refused at once; `busy()` asks
+without taking it (a shared lock for an instant), so that a command can name the holder before it does anything. The lock
 file is opened without following a symlink and never through a second hard link (autotune.files.open_lock):
 a planted `.lock -> victim` is refused, the victim untouched. Taking the lock repairs the end of
 `trials.jsonl` (autotune.values.results.repair_tail) before anything is appended; `notes` says what was repaired.
@@ -84,6 +85,23 @@ class RunFolder:
         finally:
             os.close(fd)
 
+    def busy(self) -> str | None:
+        """The pid of the process that holds the directory now ('unknown' if it wrote none), or None when no process
+        holds it. Nothing is created or written: a folder without a lock file is free."""
+        try:
+            fd = os.open(self.path / LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:  # absent (never held), or not a file a lock can be: locked() says which when it is taken
+            return None
+        try:
+            try:  # shared, for an instant: a holder's exclusive lock refuses it; nobody else's is held
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return os.pread(fd, 64, 0).decode("utf-8", "replace").strip() or "unknown"
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        finally:
+            os.close(fd)
+
     def repair(self) -> None:
         """Make the directory's append-only files whole before anything is appended (under the lock)."""
 
@@ -136,6 +154,36 @@ def check_study_file(path: Path) -> None:
                           "study; move it aside to resume without it")
 
 
+READ_ONLY = "attempt to write a readonly database"  # SQLite's words (SQLITE_READONLY)
+
+
+def check_study_writable(path: Path) -> None:
+    """A run directory's study.db, its SQLite journal files and its folder writable by this process (SQLite writes
+    -wal and -shm files beside it), before a sweep's first write: else a one-line ConfigError naming the file, not
+    SQLite's "attempt to write a readonly database" wrapped by Optuna mid-sweep. An absent file is fine."""
+    for name in (path.name, f"{path.name}-wal", f"{path.name}-shm"):
+        target = path.with_name(name)
+        if os.path.lexists(target) and not os.access(target, os.W_OK, effective_ids=True):
+            raise ConfigError(f"{target}: read-only ({READ_ONLY}): the sweep writes its Optuna study there; make it "
+                              f"writable (chmod u+w {target}) or move {path.name} aside to resume without it")
+    if not os.access(path.parent, os.W_OK | os.X_OK, effective_ids=True):
+        raise ConfigError(f"{path.parent}: read-only folder ({READ_ONLY}): SQLite writes {path.name}'s journal "
+                          "beside it; make the run directory writable")
+
+
+def read_only_named(err: BaseException, path: str) -> ConfigError | None:
+    """The one-line ConfigError of a write refused by a read-only database (SQLite's words anywhere in `err`'s
+    chain: Optuna wraps them as "An exception is raised during the commit"), naming `path`; None for another
+    error."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if READ_ONLY in str(seen):
+            return ConfigError(f"{path}: read-only ({READ_ONLY}): the sweep writes its Optuna study there; make it "
+                               "writable, or move it aside to resume without it")
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 class RunDir(RunFolder):
     """A sweep's run directory."""
 
@@ -156,6 +204,8 @@ class RunDir(RunFolder):
             return open_storage(url)
 
         check_study_file(self.study_path)
+        if self.path.exists():  # a new run directory is made below
+            check_study_writable(self.study_path)
         path = self.study_path.resolve()
 
         def connect() -> sqlite3.Connection:
