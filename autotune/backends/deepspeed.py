@@ -194,17 +194,30 @@ class DeepSpeedBackend:
         return self._cpu_info or None
 
     def _new_log_dir(self, config: Config) -> Path:
-        """`<logs_dir>/<NNNN>-<config label>`, numbered after the trials already there (resume-safe)."""
+        """`<logs_dir>/<NNNN>-<config label>`, NNNN the trial's number in the sweep's record: the complete lines of
+        the run directory's trials.jsonl beside logs/ + 1 (pruned configs are recorded before the next launch; on
+        this machine trials run one at a time), the number the trial is recorded under. A second attempt at that
+        number (the trial was interrupted, then resumed) gets `-attempt<k>`. Logs outside a run directory (no
+        record beside them) are numbered after the folders already there."""
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         label = re.sub(r"[^A-Za-z0-9.-]+", "_", config.label())
-        number = sum(1 for p in self.logs_dir.iterdir() if p.is_dir()) + 1
+        record = self.logs_dir.parent / "trials.jsonl"  # autotune.search.rundir.TRIALS, a layer above
+        try:
+            with open(record, "rb") as handle:
+                number = sum(chunk.count(b"\n") for chunk in iter(lambda: handle.read(1 << 20), b"")) + 1
+        except FileNotFoundError:
+            number = sum(1 for p in self.logs_dir.iterdir() if p.is_dir()) + 1
+        except OSError as err:
+            raise ConfigError(f"{record}: cannot be read ({err.strerror or err}): a trial's log folder is numbered "
+                              "after it") from None
+        attempt = 1
         while True:
-            path = self.logs_dir / f"{number:04d}-{label}"
+            path = self.logs_dir / (f"{number:04d}-{label}" + (f"-attempt{attempt}" if attempt > 1 else ""))
             try:
                 path.mkdir()
                 return path
             except FileExistsError:
-                number += 1
+                attempt += 1
 
     def _result(self, config: Config, outcome: RunOutcome, extra: dict[str, Any]) -> TrialResult:
         budget, wall_time_s = self.memory_budget_bytes, outcome.wall_time_s
