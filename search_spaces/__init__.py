@@ -12,6 +12,7 @@ from pathlib import Path
 from autotune.values.config import ConfigError
 from autotune.files import is_file, load_yaml
 from autotune.values.hardware import Hardware, bf16_note
+from autotune.values.models import did_you_mean
 from autotune.values.space import Choices, Space, parse_choices as parse_choices  # its parser, re-exported
 from autotune.values.workload import Workload
 
@@ -27,7 +28,8 @@ def load_choices(name_or_path: str | Path) -> Choices:
     text = str(name_or_path)
     path = preset_path(text) if text in PRESETS else Path(text)
     if not is_file(path):
-        raise ConfigError(f"search space {text!r}: no such file; presets are {list(PRESETS)}")
+        hint = did_you_mean(text, PRESETS)  # defualt -> default
+        raise ConfigError(f"search space {text!r}{hint}: no such file; presets are {list(PRESETS)}")
     data = load_yaml(path, "a search space (YAML: knob -> list of values)")
     return parse_choices(data, str(path))
 

@@ -28,6 +28,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 from autotune.values.config import Config, ConfigError
 from autotune.prediction.estimate import Estimate
 from autotune.files import short
+from autotune.values.models import did_you_mean
 from autotune.values.results import TrialResult
 from autotune.values.space import Space
 from autotune.prediction.uncertainty import Forecast, Uncertainty
@@ -88,7 +89,8 @@ def check_strategy(strategy: Any) -> None:
     naming what is missing."""
     if isinstance(strategy, str):
         if strategy not in STRATEGIES:
-            raise ConfigError(f"strategy {strategy!r}: allowed {', '.join(STRATEGIES)}")
+            hint = did_you_mean(strategy, STRATEGIES)
+            raise ConfigError(f"strategy {strategy!r}{hint}: allowed {', '.join(STRATEGIES)}")
     elif not (_is_strategy_object(strategy) or callable(strategy)):
         raise _not_a_strategy(strategy)
 
@@ -111,7 +113,8 @@ def make_strategy(strategy: Any, context: SearchContext) -> Strategy:
     builds from `context`."""
     if isinstance(strategy, str):
         if strategy not in STRATEGIES:
-            raise ConfigError(f"unknown strategy {strategy!r}: allowed {', '.join(STRATEGIES)}")
+            hint = did_you_mean(strategy, STRATEGIES)
+            raise ConfigError(f"unknown strategy {strategy!r}{hint}: allowed {', '.join(STRATEGIES)}")
         module_name, factory = STRATEGIES[strategy].split(":")
         return getattr(importlib.import_module(module_name), factory)(context)
     if _is_strategy_object(strategy):

@@ -15,6 +15,7 @@ from typing import Any
 from autotune.values.allocator import ALLOCATORS, DEFAULT_ALLOCATOR
 from autotune.values.config import PRECISIONS, ConfigError
 from autotune.files import is_file, load_yaml, short
+from autotune.values.models import did_you_mean
 from autotune.values.units import parse_size
 
 GB = 10**9
@@ -264,8 +265,9 @@ def load_hardware(name_or_path: str) -> Hardware:
         return PROFILES[name_or_path]
     path = Path(name_or_path)
     if path.suffix not in (".yaml", ".yml") or not is_file(path):
+        hint = did_you_mean(name_or_path, PROFILES)  # h100 -> h100-80gb
         raise ConfigError(
-            f"unknown hardware {name_or_path!r}: allowed {sorted(PROFILES)} or a YAML file of profile keys")
+            f"unknown hardware {name_or_path!r}{hint}: allowed {sorted(PROFILES)} or a YAML file of profile keys")
     data = load_yaml(path, "a hardware profile (YAML keys of autotune.values.hardware.Hardware)")
     data = {} if data is None else data
     if not isinstance(data, dict):

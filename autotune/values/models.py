@@ -19,12 +19,13 @@ Every error is a ConfigError of one line naming the value and what is allowed.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
 from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import yaml
 
@@ -64,10 +65,26 @@ def load_model(spec: str, seq_len: int | None = None) -> ModelShape:
         cached = cached_config(spec, cache)
         if cached is not None:
             return _from_hf(_read_json(cached), str(cached), spec, seq_len)
-        raise UnknownModel(f"unknown model {spec!r}: not a preset ({', '.join(PRESETS)}), no such file or directory, "
-                           f"and not in the local Hugging Face cache ({cache / _cache_folder(spec)}): pass a config.json "
-                           "path, a model directory or a YAML/JSON shape file (nothing is downloaded)")
-    raise UnknownModel(f"model {spec}: no such file or directory; {ALLOWED}")
+        hint = did_you_mean(spec, PRESETS)  # llama-7 -> llama-7b
+        raise UnknownModel(f"unknown model {spec!r}{hint}: not a preset ({', '.join(PRESETS)}), no such file or "
+                           f"directory, and not in the local Hugging Face cache ({cache / _cache_folder(spec)}): pass a "
+                           "config.json path, a model directory or a YAML/JSON shape file (nothing is downloaded)")
+    raise UnknownModel(f"model {spec}{did_you_mean(spec, PRESETS)}: no such file or directory; {ALLOWED}")
+
+
+def did_you_mean(word: Any, names: Iterable[Any]) -> str:
+    """' (did you mean NAME?)' for a mistyped name: the names it begins (h100 -> h100-80gb; gpt2 -> its four
+    sizes), else difflib's closest (llama-7 -> llama-7b); '' when none is close. Every name a user types gets it:
+    models, hardware profiles, strategies, space presets, the command line's choices. Here because this module is
+    the lightest of the values every one of them imports."""
+    if not isinstance(word, str) or not word:
+        return ""
+    texts = [name for name in names if isinstance(name, str)]
+    close = [name for name in texts if name.startswith(word) and name != word][:4]
+    close = close or difflib.get_close_matches(word, texts, n=1)
+    if not close:
+        return ""
+    return f" (did you mean {close[0] if len(close) == 1 else ', '.join(close[:-1]) + ' or ' + close[-1]}?)"
 
 
 ALLOWED = ("allowed: a preset (" + ", ".join(PRESETS) + "), a Hugging Face config.json or model directory, "
