@@ -155,7 +155,8 @@ HOST_BUILD_S_PER_B = 8.6
 # Models of a few million parameters: the terms are fixed, the per-1e9 ones the host's.
 # - launch: median 2.3 s quiet, 7.1 s under load; each extra rank's imports share the cores (+2.5 s a rank), gloo's
 #   process group 0.3-2.0 s;
-# - op load 0.07-0.3 s; first builds as autotune.trials.ops.FIRST_BUILD_S has them: fused_adam 130 s, cpu_adam 200 s;
+# - op load 0.07-0.3 s; first builds one after the other on the 2-core machine under a load average of 2-5 (a
+#   preflight of all three: 405 s; 11 s once built): fused_adam 130 s, cpu_adam 200 s;
 # - build 0.05-0.34 s;
 # - initialize, medians: quiet 0.9 s at ZeRO 0 and 1.8-2.2 s at ZeRO 1-3 (offloads within 0.3 s of it); under load
 #   3.0 s at ZeRO 0, 5.8 s at ZeRO-3, 7.4 s with the optimizer offloaded: 2.4 s priced, ZeRO-3 +0.8, offload +0.6;

@@ -32,16 +32,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from autotune.prediction import trial_time
 from autotune.worker.main import ARCH_LIST_PARSERS, PARENT_ENV, needed_builders
 
 ARCH_ENV = "TORCH_CUDA_ARCH_LIST"
 # One entry as torch accepts it, with an arch-specific (`a`) or family (`f`) variant letter allowed.
 _ARCH_ENTRY = re.compile(r"(\d+)\.(\d+)[a-z]?(\+PTX)?")
-# A first build's time, measured (seconds): fused_adam and cpu_adam on the H200 host (16 cores,
-# benchmarks/gpu-runs/h200-2026-11-26); the CPU accelerator's ops one after the other on the 2-core development
-# machine under a load average of 2-5 (a preflight of all three: 405 s; 11 s once built).
-FIRST_BUILD_S = {("cuda", "fused_adam"): 30, ("cuda", "cpu_adam"): 37,
-                 ("cpu", "fused_adam"): 130, ("cpu", "cpu_adam"): 200}
+# A first build's time, measured (seconds): the trial-time model's (autotune.prediction.trial_time, which names the
+# measurements), per accelerator and op.
+FIRST_BUILD_S = {(accelerator, op): seconds for accelerator, model in (("cuda", trial_time.CUDA), ("cpu", trial_time.CPU))
+                 for op, seconds in model.op_build_s}
 PREFLIGHT_TIMEOUT_S = 1800.0 + 120.0  # the runner's longest build pause, plus importing torch and DeepSpeed
 REPEATED_BUILD_FAILURES = 2  # crashes of one op while loading it after which a sweep stops
 
@@ -287,7 +287,7 @@ def building_line(op: str, accelerator: str, capability: str | None) -> str:
     target = (f"sm_{capability.replace('.', '')}" if capability else "the CPU" if accelerator == "cpu"
               else f"DeepSpeed's {accelerator} accelerator")
     seconds = FIRST_BUILD_S.get((accelerator, op))
-    return f"building DeepSpeed's {op} for {target}, first use: {f'~{seconds} s' if seconds else 'a minute or more'}"
+    return f"building DeepSpeed's {op} for {target}, first use: {f'~{seconds:.0f} s' if seconds else 'a minute or more'}"
 
 
 def arch_note(before: Mapping[str, str], after: Mapping[str, str]) -> str | None:
