@@ -93,8 +93,10 @@ def test_bad_numbers_are_one_line_exit_2_and_write_nothing(argv, fragment, workd
 
 
 def test_values_at_the_limits_are_accepted(workdir, capsys):
+    # a budget is at most the device's memory (autotune.values.settings.memory_budget): a device of 1024 TiB
+    (workdir / "huge.yaml").write_text("base: a100-80gb\nmemory_bytes: 1024TiB\n")
     code, out, _ = cli(["estimate", "--gpus", "4096", "--global-batch", "4096", "--gpu-memory", "1024TiB",
-                        "--top", "1", "--json"], capsys)
+                        "--hardware", "huge.yaml", "--top", "1", "--json"], capsys)
     assert code == 0 and '"memory_budget_bytes": 1125899906842624' in out
 
 

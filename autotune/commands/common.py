@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, TextIO
 
 from autotune.values.config import ConfigError
 from autotune.files import make_dir  # noqa: F401  (the commands create their output folders with it)
-from autotune.trials.devices import AUTO, LocalMachine, gpus_found, require_here, resolve_hardware
+from autotune.trials.devices import AUTO, LocalMachine, check_auto_ranks, gpus_found, require_here, resolve_hardware
 from autotune.values.hardware import PROFILES, Hardware, load_hardware
 from autotune.values.models import load_model
 from autotune.values.space import Space
@@ -104,6 +104,8 @@ def target_from(args: argparse.Namespace, *, real: bool, check: bool = True) -> 
     here, before any trial: ConfigError naming the profile and what the machine has."""
     hardware, machine = hardware_of(args, real=real)
     gpus = args.gpus or gpus_found(machine)
+    if machine is not None and not real:  # a prediction for this machine (estimate --hardware auto)
+        check_auto_ranks(machine, gpus)
     workload = make_workload(args.model, args.global_batch, gpus, getattr(args, "seq_len", None))
     if real and check:
         require_here(hardware, gpus, getattr(args, "memory_budget", None), machine)

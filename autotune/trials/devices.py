@@ -248,6 +248,19 @@ def _resolve_profile(choice: Hardware | str | None, *, real: bool,
     return PROFILES["cpu" if model == "tiny" else "a100-80gb"], None
 
 
+def check_auto_ranks(machine: LocalMachine, ranks: int) -> None:
+    """A prediction (estimate, the simulated backend) for `--hardware auto`: on a machine without a GPU, auto is
+    the cpu profile with one rank per core, and more ranks than cores is a question about GPUs this machine
+    cannot answer ("8 x cpu"): refused in one line naming what auto found and what to pass. Real trials on the
+    CPU keep any rank count (DeepSpeed's CPU accelerator runs them, their threads shared: runner.rank_threads)."""
+    if machine.gpus or ranks <= machine.cpu_count:
+        return
+    gpu_profiles = ", ".join(name for name, profile in PROFILES.items() if not profile.is_cpu)
+    raise ConfigError(f"--gpus {ranks} with --hardware auto: auto found {machine.describe()}, whose cpu profile runs "
+                      f"1 to {machine.cpu_count} ranks; to predict {ranks} GPUs pass --hardware <a GPU profile> "
+                      f"({gpu_profiles}) or a YAML file")
+
+
 def gpus_found(machine: LocalMachine | None) -> int:
     """--gpus's default: every GPU that `auto` found, else one rank."""
     return len(machine.gpus) if machine is not None and machine.gpus else 1

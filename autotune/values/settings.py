@@ -13,6 +13,7 @@ from autotune.values.config import ConfigError
 from autotune.files import short
 from autotune.values.hardware import Hardware, hardware_from_dict
 from autotune.values.space import Choices, Space, parse_choices
+from autotune.values.units import format_size
 from autotune.values.workload import Workload
 
 SETTINGS = "run.json"  # the file a sweep's settings are written to, in its run directory
@@ -38,7 +39,17 @@ def check_budget(value: Any) -> int:
 def memory_budget(chosen: int | None, hardware: Hardware) -> int:
     """The sweep's memory budget per device: the one chosen, else the hardware's memory. The only place this
     default is decided (tests/test_architecture.py holds it)."""
-    return hardware.memory_bytes if chosen is None else check_budget(chosen)
+    return hardware.memory_bytes if chosen is None else within_device(check_budget(chosen), hardware)
+
+
+def within_device(budget: int, hardware: Hardware) -> int:
+    """A chosen budget is at most the device's memory: no config could use more, and a recommendation
+    "peak 88 GiB of 200 GiB" on an 80 GiB device would not run (one-line ConfigError)."""
+    if budget > hardware.memory_bytes:
+        device = format_size(hardware.memory_bytes)
+        raise ConfigError(f"memory budget {format_size(budget)} exceeds {hardware.name}'s {device} per device: allowed "
+                          f"up to {device} (the device's memory)")
+    return budget
 
 
 @dataclass(frozen=True)
