@@ -13,6 +13,10 @@ runner.rank_threads), less what only a trial needs (its rendezvous on loopback, 
   their build log as stale and rebuilds them too);
 - DS_ACCELERATOR, OMP_NUM_THREADS, TORCH_CUDA_ARCH_LIST (as autotune.trials.ops rewrites it) and the caching
   allocator's settings (PYTORCH_CUDA_ALLOC_CONF and its kin), when the trials had them.
+A sweep whose trials ran in no environment (the simulated backend predicts, the replay backend reads a surface
+measured elsewhere: template_reason) gets a template for its target instead: this machine's Python, ops folder,
+thread count and CUDA archs are left for the user to set; only the hardware profile's accelerator and the
+sweep's allocator settings are exported.
 
     bash launch.sh torchrun train.py [args]     torchrun --nnodes 1 --nproc_per_node N train.py [args]
     bash launch.sh deepspeed train.py [args]    deepspeed --num_gpus N train.py [args]
@@ -30,6 +34,8 @@ from autotune.values.allocator import DEFAULT_ALLOCATOR
 
 LAUNCH_FILE = "launch.sh"
 ALLOCATOR_ENV = re.compile(r"PYTORCH_(CUDA_|HIP_)?ALLOC_CONF")  # the caching allocator's settings
+# This machine's, not the target's: a template leaves them out (the accelerator and allocator are the profile's).
+MACHINE_ENV = ("TORCH_EXTENSIONS_DIR", "OMP_NUM_THREADS", "TORCH_CUDA_ARCH_LIST")
 _WHY = {"TORCH_EXTENSIONS_DIR": "DeepSpeed's C++ ops as the tuner built them: loaded, not rebuilt (minutes)",
         "DS_ACCELERATOR": "DeepSpeed's accelerator of the trials",
         "OMP_NUM_THREADS": "OpenMP threads per rank, as the trials' ranks had them",
@@ -63,6 +69,18 @@ def trials_environment(accelerator: str, ranks_per_node: int,
                           for name in names if name in env)
 
 
+def template_reason(backend: str) -> str:
+    """Why `launch.sh` is a template for the target rather than the environment trials ran in: the backend's
+    trials ran nowhere (simulated: predicted; replay: measured elsewhere, when its surface was recorded); '' for
+    a backend whose trials ran here (deepspeed, script)."""
+    from autotune.backends.factory import backend_kind
+
+    if backend_kind(backend).real:
+        return ""
+    return (f"no trial of this sweep ran in an environment ({backend} backend): the target's Python, ops folder and "
+            "threads are yours to set")
+
+
 @dataclass(frozen=True)
 class Launch:
     """The recommendation's launch: `processes` ranks, `per_node` on each of its machines, started with `settings`
@@ -77,6 +95,7 @@ class Launch:
     accelerate_config: str = ""
     trainer_flags: tuple[str, ...] = ()
     title: str = ""  # what is launched, for the file's first line
+    template: str = ""  # why no trial ran in this environment ('' when they did): a template for the target
 
     @property
     def nodes(self) -> int:
@@ -84,6 +103,10 @@ class Launch:
 
     def env(self) -> dict[str, str]:
         return {s.name: s.value for s in self.settings}
+
+    def exported(self) -> tuple[Setting, ...]:
+        """The settings the file exports: a template only the profile's accelerator and allocator settings."""
+        return tuple(s for s in self.settings if not (self.template and s.name in MACHINE_ENV))
 
     def launchers(self) -> dict[str, str]:
         """Each launcher's command line before the user's script (shell text: a multi-machine launch reads the
@@ -111,17 +134,27 @@ class Launch:
         """The text of `launch.sh`."""
         n, p = self.nodes, self.per_node
         where = f"{self.processes} process(es)" + (f" on {n} machines of {p}" if n > 1 else "")
-        lines = ["#!/usr/bin/env bash", f"# ds-autotune: {self.title} on {where}, in the environment its trials ran in.",
-                 "# `python train.py` alone fails: DeepSpeed needs a launcher's RANK, WORLD_SIZE and MASTER_ADDR/PORT",
-                 "# (without them it looks for MPI: No module named 'mpi4py'). Launch your script with one of:"]
+        if self.template:
+            lines = ["#!/usr/bin/env bash", f"# ds-autotune: TEMPLATE for {self.title} on {where}.",
+                     f"# {self.template[0].upper()}{self.template[1:]}.",
+                     "# It exports no PATH, TORCH_EXTENSIONS_DIR, OMP_NUM_THREADS or TORCH_CUDA_ARCH_LIST of the tuner's "
+                     "machine;", "# a real sweep on the target (--backend deepspeed) writes them."]
+        else:
+            lines = ["#!/usr/bin/env bash",
+                     f"# ds-autotune: {self.title} on {where}, in the environment its trials ran in."]
+        lines += ["# `python train.py` alone fails: DeepSpeed needs a launcher's RANK, WORLD_SIZE and MASTER_ADDR/PORT",
+                  "# (without them it looks for MPI: No module named 'mpi4py'). Launch your script with one of:"]
         lines += [f"#   bash {LAUNCH_FILE} {line}" for line in self.usage()]
         lines += self._notes()
-        lines += ["set -euo pipefail", "",
-                  "# The tuner's Python environment first, as its trials had it: its torch built the ops below and its",
-                  "# ninja reads their build log (another ninja rebuilds them).",
-                  f'export PATH={shlex.quote(self.bin_dir)}:"$PATH"']
-        for setting in self.settings:
-            lines += [f"# {setting.why}", setting.export()]
+        lines += ["set -euo pipefail", ""]
+        if not self.template:
+            lines += ["# The tuner's Python environment first, as its trials had it: its torch built the ops below and "
+                      "its", "# ninja reads their build log (another ninja rebuilds them).",
+                      f'export PATH={shlex.quote(self.bin_dir)}:"$PATH"']
+        for setting in self.exported():
+            why = "DeepSpeed's accelerator of the hardware profile" if self.template and setting.name == "DS_ACCELERATOR" \
+                else setting.why
+            lines += [f"# {why}", setting.export()]
         lines += ["", 'launcher="${1-}"', "shift || true", 'case "$launcher" in']
         lines += [f'  {name}) exec {form} "$@" ;;' for name, form in self.launchers().items()]
         lines += [f'  *) echo "usage: bash $0 {"|".join(self.launchers())} train.py [arguments]" >&2; exit 2 ;;',
@@ -147,7 +180,8 @@ class Launch:
 
     def commands(self) -> list[str]:
         """What the file runs, written out: the exports, then each launcher's command."""
-        lines = [f'export PATH={shlex.quote(self.bin_dir)}:"$PATH"', *(s.export() for s in self.settings)]
+        path = [] if self.template else [f'export PATH={shlex.quote(self.bin_dir)}:"$PATH"']
+        lines = [*path, *(s.export() for s in self.exported())]
         forms = self.launchers()
         for i, name in enumerate(forms):
             script = "train.py" + (" " + shlex.join(self.trainer_flags) if self.trainer_flags else "")
@@ -156,9 +190,13 @@ class Launch:
 
     def console_lines(self, path: str) -> list[str]:
         names = list(self.launchers())
+        first = (f"launch: bash {path} {names[0]} train.py (or {' | '.join(names[1:])}): {self.processes} process(es) "
+                 + ("(a template: " + self.template + ")" if self.template else "with the trials' environment")
+                 + "; `python train.py` alone fails (DeepSpeed needs a launcher)")
+        set_ = ", ".join(f"{s.name}={s.value}" for s in self.exported() if s.name != "TORCH_EXTENSIONS_DIR")
+        if self.template:
+            return [first, f"  it sets {set_ or 'nothing'}: the Python environment, ops folder and threads are the target's "
+                           "to set"]
         extensions = self.env().get("TORCH_EXTENSIONS_DIR")
-        set_ = ", ".join(f"{s.name}={s.value}" for s in self.settings if s.name != "TORCH_EXTENSIONS_DIR")
-        return [f"launch: bash {path} {names[0]} train.py (or {' | '.join(names[1:])}): {self.processes} process(es) "
-                "with the trials' environment; `python train.py` alone fails (DeepSpeed needs a launcher)",
-                f"  it sets TORCH_EXTENSIONS_DIR={extensions} (DeepSpeed's ops as the tuner built them: your run reuses "
-                f"them, no rebuild), {set_}, and the tuner's Python first on PATH ({self.bin_dir})"]
+        return [first, f"  it sets TORCH_EXTENSIONS_DIR={extensions} (DeepSpeed's ops as the tuner built them: your run "
+                       f"reuses them, no rebuild), {set_}, and the tuner's Python first on PATH ({self.bin_dir})"]

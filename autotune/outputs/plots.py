@@ -1,6 +1,7 @@
 """PNG plots of a sweep (matplotlib's object API, no pyplot state): throughput against peak memory with
 the budget line and the Pareto front, the best result so far by trial, and the estimator's memory
-breakdown of the recommended config."""
+breakdown of the recommended config. `figures` names what the trials' figures are: `measured`, or `predicted`
+(the simulated backend) or `replayed` (a recorded surface), so that no plot calls a prediction measured."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def pareto_front(results: Sequence[TrialResult]) -> list[TrialResult]:
 
 
 def throughput_vs_memory(results: Sequence[TrialResult], budget_bytes: int, best: TrialResult | None,
-                         path: Path) -> Path:
+                         path: Path, figures: str = "measured") -> Path:
     fig = Figure(figsize=(8, 5), layout="constrained")
     ax = fig.subplots()
     ok = [r for r in results if r.ok and r.peak_memory_bytes]
@@ -44,7 +45,7 @@ def throughput_vs_memory(results: Sequence[TrialResult], budget_bytes: int, best
     failed = [r for r in results if r.status in FAILURES and r.peak_memory_bytes]
     if failed:
         ax.scatter([r.peak_bytes / GiB for r in failed], [0] * len(failed), marker="x", color="tab:red",
-                   label=f"failed, measured peak ({len(failed)})", zorder=3)
+                   label=f"failed, {figures} peak ({len(failed)})", zorder=3)
     pruned = [r for r in results if r.status == "pruned" and r.extra.get("predicted_peak_bytes")]
     if pruned:
         ax.scatter([r.extra["predicted_peak_bytes"] / GiB for r in pruned], [0] * len(pruned), marker="v",
@@ -59,7 +60,7 @@ def throughput_vs_memory(results: Sequence[TrialResult], budget_bytes: int, best
     ax.axvline(budget_bytes / GiB, color="tab:red", linestyle="--", label=f"budget {budget_bytes / GiB:.3g} GiB")
     ax.set_xlabel("peak memory per device (GiB)")
     ax.set_ylabel("throughput (samples/s)")
-    ax.set_title("Throughput against peak memory, every trial")
+    ax.set_title("Throughput against peak memory, every trial" + ("" if figures == "measured" else f" ({figures})"))
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small", loc="best")
@@ -91,7 +92,8 @@ def best_so_far(results: Sequence[TrialResult], budget_bytes: int, path: Path) -
     return path
 
 
-def memory_breakdown(est: Estimate, budget_bytes: int, measured_bytes: int | None, path: Path) -> Path:
+def memory_breakdown(est: Estimate, budget_bytes: int, measured_bytes: int | None, path: Path,
+                     figures: str = "measured") -> Path:
     fig = Figure(figsize=(8, 3.6), layout="constrained")
     ax = fig.subplots()
     left = 0.0
@@ -102,7 +104,7 @@ def memory_breakdown(est: Estimate, budget_bytes: int, measured_bytes: int | Non
         left += width
     ax.axvline(budget_bytes / GiB, color="tab:red", linestyle="--", label="budget")
     if measured_bytes:
-        ax.axvline(measured_bytes / GiB, color="black", linestyle=":", label=f"measured peak {measured_bytes / GiB:.3g} GiB")
+        ax.axvline(measured_bytes / GiB, color="black", linestyle=":", label=f"{figures} peak {measured_bytes / GiB:.3g} GiB")
     ax.set_yticks([0], [est.config.label()])
     ax.set_xlabel("GiB per device")
     ax.set_title("Estimator's memory breakdown of the recommended config")

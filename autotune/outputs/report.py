@@ -12,10 +12,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
+from autotune.drivers.stop import StopReason
 from autotune.search import convergence
 from autotune.values.config import Config, ConfigError
 from autotune.outputs.handoff import ACCELERATE_CONFIG, DS_CONFIG, HF_DS_CONFIG, TRAINER_ARGS, Handoff, stack_line
-from autotune.outputs.launch import LAUNCH_FILE
+from autotune.outputs.launch import LAUNCH_FILE, template_reason
 from autotune.search.confirm import (DEFAULT_REPEATS, Confirmation, confidence_words, confirmation, is_repeat,
                                      prior_sigma, recommend)
 from autotune.prediction.estimate import estimate
@@ -31,6 +32,54 @@ from autotune.values.units import format_size
 
 TOP = 10
 OPTUNA_STRATEGIES = ("optuna", "optuna-gp", "hybrid")  # the strategies that keep an Optuna study
+RESUME = "continue it with the same command and --resume"
+DASHBOARD_EXTRA = "pip install 'ds-autotune[dashboard]'"  # optuna-dashboard (pyproject.toml's extra)
+# What a backend's figures are, where they are no measurement of this sweep: (the word for them, why).
+FIGURES = {"simulated": ("predicted", "the simulated backend predicts every figure (with simulated noise): no trial ran"),
+           "replay": ("replayed", "the replay backend reads every figure from a recorded surface: measured then, "
+                                  "not by this sweep")}
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """Why the sweep's last session ended (summary.json's `stop_reason` and `stopped`): the runner says it when it
+    writes the outputs; `autotune report` keeps what summary.json recorded for the same trials."""
+
+    reason: str | None  # a StopReason's value; None: not recorded
+    text: str
+
+    @property
+    def interrupted(self) -> bool:
+        return self.reason == StopReason.INTERRUPTED.value
+
+    def to_dict(self, run: RunDir) -> dict[str, Any]:
+        """summary.json's keys, the resume hint first for an interrupted sweep."""
+        hint = {"resume": f"{RESUME} --out {run.path}"} if self.interrupted else {}
+        return {**hint, "stop_reason": self.reason, "stopped": self.text}
+
+
+NOT_RECORDED = ("not recorded: the sweep's last session ended without writing its outputs (killed?), or before "
+                "stop reasons were recorded")
+
+
+def stopped(run: RunDir, results: Sequence[TrialResult], reason: str | None) -> Stopped:
+    """Why the sweep stopped: `reason` (a StopReason's value, from the runner), else what summary.json recorded
+    while it described these same trials, else not recorded."""
+    if reason is None:
+        try:
+            previous = run.read_json("summary.json")
+        except ConfigError:  # a damaged summary is rewritten below: its stop reason is unknown
+            previous = None
+        if not isinstance(previous, dict) or previous.get("trials") != len(results):
+            return Stopped(None, NOT_RECORDED)
+        reason = previous.get("stop_reason")
+        if reason is None:
+            return Stopped(None, NOT_RECORDED)
+    try:
+        why = StopReason(reason)
+    except ValueError:
+        raise ConfigError(f"stop reason {reason!r}: allowed {', '.join(r.value for r in StopReason)}") from None
+    return Stopped(why.value, why.describe(convergence.recorded(results)))
 
 
 @dataclass(frozen=True)
@@ -187,20 +236,23 @@ OwnWriter = Callable[[RunDir, RunSettings, "TrialResult | None"], OwnOutputs]
 
 
 def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialResult] | None = None,
-                  own: OwnWriter | None = None) -> Outputs:
+                  own: OwnWriter | None = None, stop_reason: str | None = None) -> Outputs:
     """Summary, plots, report and the recommendation as each stack takes it (the handoff), or what `own` writes
-    in their place (a mode's own recommendation: autotune.api.own_outputs decides)."""
+    in their place (a mode's own recommendation: autotune.api.own_outputs decides). `stop_reason`: why the sweep's
+    session ended (a StopReason), from the runner; None (`autotune report`): what summary.json recorded."""
     from autotune.outputs import plots  # matplotlib takes a second or two to import: only when writing outputs
 
     results = run.results() if results is None else list(results)
     check_output_paths(run)
+    stop = stopped(run, results, stop_reason)
     best, scaled = recommendation(results, settings)
-    summary = _summary(results, settings, best, scaled)
+    summary = {**stop.to_dict(run), **_summary(results, settings, best, scaled)}
     files = [run.write_json("summary.json", summary)]
+    figures = FIGURES.get(settings.backend, ("measured", ""))[0]
     usage: list[str] = []  # the report's section on using the recommendation (autotune/outputs/handoff.py)
     run.plots_dir.mkdir(parents=True, exist_ok=True)
     files.append(plots.throughput_vs_memory(results, settings.memory_budget_bytes, best,
-                                            run.plots_dir / "throughput_vs_memory.png"))
+                                            run.plots_dir / "throughput_vs_memory.png", figures=figures))
     files.append(plots.best_so_far(results, settings.memory_budget_bytes, run.plots_dir / "best_so_far.png"))
     # A mode's own outputs (script mode: the script's own config with the tuned keys) instead of the handoff's
     # files (files for the other stacks, built from ours, would not be the script's), its report section and lines.
@@ -211,10 +263,14 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
         if script is None:
             handoff = Handoff.of(best.config, at_target(settings), run.path)  # for the target's devices
             files += handoff.write(run)  # best_ds_config.json, best_hf_ds_config.json, trainer args, accelerate config
+            launch = handoff.launch()
+            why = template_reason(settings.backend)
+            if why and not launch.template:  # no trial ran in this environment: launch.sh is the target's template
+                run.write_text(LAUNCH_FILE, replace(launch, template=why).script())
             usage = handoff.markdown()
         est = estimate(best.config, settings.workload, settings.hardware)
         files.append(plots.memory_breakdown(est, settings.memory_budget_bytes, best.peak_memory_bytes,
-                                            run.plots_dir / "memory_breakdown.png"))
+                                            run.plots_dir / "memory_breakdown.png", figures=figures))
         runs = best.runs
         verdict = (f"recommended {best.config.label()}: {best.throughput_samples_per_s:.3g} samples/s"
                    + (f" (median of {runs} runs)" if runs else "") + ", "
@@ -225,12 +281,52 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
     if scaled is not None:
         if scaled.rows:  # else no trial fits even here: the verdict above says why
             verdict = target_verdict(scaled, settings)
+    if stop.interrupted:  # what to do first, then the best so far: no recommendation of an unfinished sweep
+        verdict = interrupted_verdict(verdict, results, run)
+    keep_study(run, settings, results)
     report = run.path / "report.md"
     text = markdown(results, settings, summary, best, verdict, study=study_line(run, settings), usage=usage,
-                    scaled=scaled)
+                    scaled=scaled, stop=stop)
     run.write_text("report.md", text + ("\n".join(script.section) if script is not None else ""))
     files.append(report)
     return Outputs(best, summary, tuple(files), verdict, script.notes if script is not None else ())
+
+
+def keep_study(run: RunDir, settings: RunSettings, results: Sequence[TrialResult]) -> None:
+    """The record in the sweep's Optuna study, for a strategy that keeps no study of its own (rl, a user's; random
+    and grid write theirs as they go: optuna_search.StudyRecord), so that every strategy's study loads and reads
+    alike. A storage that cannot be opened for writing (a read-only copy of a run) is left as it is."""
+    if settings.strategy in OPTUNA_STRATEGIES:
+        return
+    import optuna
+
+    from autotune.strategies import SearchContext
+    from autotune.strategies.optuna_search import StudyRecord
+
+    try:
+        storage = run.storage(settings.storage)
+    except ConfigError:
+        return
+    try:
+        context = SearchContext(settings.space(), settings.memory_budget_bytes, settings.seed, storage=storage,
+                                study_name=run.study_name(settings.storage))
+        study = StudyRecord(context, settings.strategy)
+        for result in results:
+            if not is_repeat(result):  # as the sweep tells a strategy its record
+                study.observe(result.config, result)
+        study.follow_record()
+    finally:
+        if isinstance(storage, optuna.storages.RDBStorage):
+            storage.engine.dispose()
+
+
+def interrupted_verdict(verdict: str, results: Sequence[TrialResult], run: RunDir) -> str:
+    """The verdict of an interrupted sweep: that it is unfinished and how to continue it first, then the best so
+    far (not called a recommendation)."""
+    launched = sum(r.status != "pruned" for r in results)
+    best = re.sub(r"^recommended\b", "best so far", verdict) if verdict.startswith("recommended") else verdict
+    return (f"interrupted after {launched} launched trial{'s' * (launched != 1)}, unfinished: {RESUME} --out "
+            f"{run.path}; {best}")
 
 
 def scale_report(results: Sequence[TrialResult], settings: RunSettings) -> ScaleReport | None:
@@ -304,27 +400,30 @@ def check_output_paths(run: RunDir) -> None:
             raise ConfigError(f"{run.path / name} is a directory: the report writes a file there (remove or rename it)")
 
 
-def study_line(run: RunDir, settings: RunSettings) -> str | None:
-    """Where the Optuna study is and how its trial numbers map to this report's (strategies/optuna_search.py)."""
-    if settings.strategy not in OPTUNA_STRATEGIES:
-        return None
+def study_line(run: RunDir, settings: RunSettings) -> str:
+    """Where the Optuna study is and how its trial numbers map to this report's (strategies/optuna_search.py); a
+    strategy that samples no study of its own has its recorded trials written there too (StudyRecord)."""
     where = (f"`{masked(settings.storage)}`" if settings.storage else
              f"`{STUDY}` here (`optuna-dashboard sqlite:///{STUDY}` in this directory)")
-    return (f"- Optuna study: `{run.study_name(settings.storage)}` in {where}; optuna-dashboard and the `optuna` "
-            "CLI read it. Optuna numbers its trials from 0 and also keeps proposals that never ran (invalid "
-            "combinations, repeats: PRUNED or FAIL); each trial's user attribute `report_trial` is its trial "
+    return (f"- Optuna study: `{run.study_name(settings.storage)}` in {where}; optuna-dashboard (`{DASHBOARD_EXTRA}`) "
+            "and the `optuna` CLI read it. Optuna numbers its trials from 0 and also keeps proposals that never ran "
+            "(invalid combinations, repeats: PRUNED or FAIL); each trial's user attribute `report_trial` is its trial "
             "number in this report and trials.jsonl, and its knobs' values are user attributes under their names")
 
 
 def markdown(results: Sequence[TrialResult], settings: RunSettings, summary: dict, best: TrialResult | None,
              verdict: str, study: str | None = None, usage: Sequence[str] = (),
-             scaled: ScaleReport | None = None) -> str:
+             scaled: ScaleReport | None = None, stop: Stopped | None = None) -> str:
     w, budget = settings.workload, settings.memory_budget_bytes
     launched = [r for r in results if r.status != "pruned"]
     counts = ", ".join(f"{n} {s}" for s, n in summary["status_counts"].items() if n)
+    bold = [f"**{verdict[0].upper() + verdict[1:]}.**", ""]
+    first = stop is not None and stop.interrupted  # an unfinished sweep says so, and how to go on, first
+    figures, why = FIGURES.get(settings.backend, ("measured", ""))
     lines = [
         f"# ds-autotune report: {w.model.name}",
         "",
+        *(bold if first else []),
         f"- Workload: {w.model.name} ({w.model.params / 1e6:,.1f}M parameters, seq {w.model.seq_len}), "
         f"global batch {w.global_batch}, {w.gpus} x {settings.hardware.name}",
         f"- Memory budget: {format_size(budget)} per device",
@@ -332,20 +431,25 @@ def markdown(results: Sequence[TrialResult], settings: RunSettings, summary: dic
         *([f"- Target: {settings.target_gpus} devices, predicted from the trials on {w.gpus} (--target-gpus)"]
           if settings.target_gpus is not None else []),
         f"- Strategy: {settings.strategy}, backend: {settings.backend}, seed {settings.seed}",
+        *([f"- Figures {figures}: {why}; throughput, step time, peak memory and trial time below are not "
+           "measurements of this sweep"] if why else []),
         f"- Trials: {len(results)} recorded, {len(launched)} launched ({counts or 'none'}); "
-        f"trial time {sum(r.wall_time_s for r in results) / 60:.1f} min",
+        f"{'' if figures == 'measured' else figures + ' '}trial time {sum(r.wall_time_s for r in results) / 60:.1f} min",
+        *([f"- Stopped: {stop.text}"] if stop is not None else []),
         *([study] if study else []),
         *([f"- Stack: {line}"] if (line := stack_line(settings.stack)) else []),
         *_limits(results),
         *_convergence(results),
         "",
-        f"**{verdict[0].upper() + verdict[1:]}.**",
-        "",
+        *([] if first else bold),
     ]
     if best is not None:
-        lines += ["Use it with DeepSpeed (`best_ds_config.json`), the Hugging Face Trainer (`recommended_trainer_args.json` "
-                  "with `best_hf_ds_config.json`) or Accelerate (`best_accelerate_config.yaml`), launched by "
-                  "`launch.sh` (torchrun or deepspeed, with the trials' environment): see "
+        template = template_reason(settings.backend)
+        how = f"a template for the target: {template}" if template else "with the trials' environment"
+        use = "The files hold the best so far, not a recommendation: use them" if first else "Use it"
+        lines += [f"{use} with DeepSpeed (`best_ds_config.json`), the Hugging Face "
+                  "Trainer (`recommended_trainer_args.json` with `best_hf_ds_config.json`) or Accelerate "
+                  f"(`best_accelerate_config.yaml`), launched by `launch.sh` (torchrun or deepspeed, {how}): see "
                   "[Using the recommendation](#using-the-recommendation).", ""]
     lines += _top_table(results, budget)
     lines += target_table(scaled)
