@@ -9,6 +9,7 @@ import argparse
 from pathlib import Path
 
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 from autotune.values.allocator import describe as describe_allocator
@@ -25,9 +26,10 @@ from autotune.values.units import format_size
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_workload_arguments(parser)
-    parser.add_argument("--gpu-memory", type=size, default=None,
-                        help="memory budget per device, e.g. 32GiB (2**30), 32GB or 32000MB (10**9, 10**6)"
-                             " (default: the hardware's memory)")
+    # tune's name for the same idea; --gpu-memory, its first name here, still works
+    parser.add_argument("--memory-budget", "--gpu-memory", dest="memory_budget", type=size, default=None,
+                        help="memory budget per device, e.g. 32GiB (2**30), 32GB or 32000MB (10**9, 10**6), at most the"
+                             " hardware's memory (default: the hardware's memory)")
     parser.add_argument("--top", type=positive_int, default=10, help="rows of the ranking to show (default: 10)")
     parser.add_argument("--calibration", type=Path, default=None, metavar="PATH",
                         help="a run directory (its calibration.json and trials) or a calibration file: predict with "
@@ -39,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     target = target_from(args, real=False)
     workload, hardware = target.workload, target.hardware
-    budget = memory_budget(args.gpu_memory, hardware)
+    budget = memory_budget(args.memory_budget, hardware)
     pruner = Pruner.from_run(args.calibration, workload, hardware, budget) if args.calibration else None
     space = space_from(args, workload, hardware)
     ranking = rank_configs(space, budget, pruner.calibration if pruner else Calibration())
@@ -52,11 +54,11 @@ def run(args: argparse.Namespace) -> int:
             out["note"] = note
         emit_json(args, out)
     else:
-        console = Console(width=max(Console().width, 180))
-        for line in (target.detected(), note):
+        console = Console()  # the terminal's width (COLUMNS where set): a narrow one folds the table's columns
+        for line in () if getattr(args, "quiet", False) else (target.detected(), note):  # notes; the tables: results
             if line:
-                console.print(line)
-        show(ranking, hardware, args.top, pruner)
+                console.print(line, soft_wrap=True)  # prose: one line each, the terminal folds it
+        show(ranking, hardware, args.top, pruner, console)
     return 0
 
 
@@ -98,33 +100,56 @@ def _short(term: str) -> str:
     return names.get(term, term)
 
 
-def show(ranking: Ranking, hardware: Hardware, top: int, pruner: Pruner | None = None) -> None:
-    console = Console(width=max(Console().width, 180))
+# The knobs' columns: full names, or the config label's own abbreviations (z2 mb4 ck1 oo=cpu op=cpu) where narrow.
+KNOB_COLUMNS = {True: ("stage", "micro", "accum", "ckpt", "prec", "off opt", "off par"),
+                False: ("z", "mb", "acc", "ck", "prec", "oo", "op")}
+
+
+def fit_table(ranking: Ranking, top: int, pruner: Pruner | None, *, terms: bool) -> Table:
+    """The configs predicted to fit, fastest first: each memory term a column too (`terms`), else only the peak,
+    the host memory and the throughput, with short headers: 80 columns wide. A column too narrow folds, never cut."""
     workload = ranking.space.workload
-    model = workload.model
-    console.print(f"{model.name}: {model.params / 1e6:,.1f}M parameters, global batch {workload.global_batch}, "
-                  f"{workload.gpus} x {hardware.name}, budget {format_size(ranking.budget_bytes)} per device; "
-                  f"{len(ranking.space)} valid configs, {len(ranking.fits)} predicted to fit")
-    if not hardware.is_cpu:  # the reserve column depends on it (autotune.prediction.cuda_memory)
-        console.print(f"allocator: {describe_allocator(hardware.allocator)}")
-    table = Table(title=f"Top {min(top, len(ranking.fits))} configs predicted to fit, fastest first")
-    for column in ("#", "stage", "micro", "accum", "ckpt", "prec", "off opt", "off par", "peak",
-                   *(_short(t) for t in MEMORY_TERMS),
-                   "host", "step s", "samples/s", *(("peak 90%", "fits") if pruner else ())):
-        table.add_column(column, justify="right")
+    title = f"Top {min(top, len(ranking.fits))} configs predicted to fit, fastest first"
+    table = Table(title=title, show_edge=False)
+    for column in ("#", *KNOB_COLUMNS[terms], "peak", *(_short(t) for t in MEMORY_TERMS if terms), "host",
+                   *(("step s",) if terms else ()), "samples/s", *(("peak 90%", "fits") if pruner else ())):
+        table.add_column(column, justify="right", overflow="fold")
     for i, est in enumerate(ranking.fits[:top], 1):
         c, mem = est.config, est.memory
         table.add_row(str(i), str(c.zero_stage), str(c.micro_batch), str(workload.grad_accumulation(c.micro_batch)),
                       str(c.ckpt_interval), c.precision, c.offload_optimizer, c.offload_param,
-                      format_size(est.peak_bytes), *(format_size(getattr(mem, t)) for t in MEMORY_TERMS),
-                      format_size(est.host_bytes), f"{est.step_time_s:.3g}", f"{est.throughput_samples_per_s:.3g}",
-                      *_interval_cells(pruner, est))
+                      format_size(est.peak_bytes), *(format_size(getattr(mem, t)) for t in MEMORY_TERMS if terms),
+                      format_size(est.host_bytes), *((f"{est.step_time_s:.3g}",) if terms else ()),
+                      f"{est.throughput_samples_per_s:.3g}", *_interval_cells(pruner, est))
+    return table
+
+
+def natural_width(console: Console, table: Table) -> int:
+    """The width the table takes unwrapped (rich's own measure is capped at the console's width)."""
+    return Measurement.get(console, console.options.update(max_width=2**16), table).maximum
+
+
+def show(ranking: Ranking, hardware: Hardware, top: int, pruner: Pruner | None = None,
+         console: Console | None = None) -> None:
+    console = console or Console()
+    workload = ranking.space.workload
+    model = workload.model
+    console.print(f"{model.name}: {model.params / 1e6:,.1f}M parameters, global batch {workload.global_batch}, "
+                  f"{workload.gpus} x {hardware.name}, budget {format_size(ranking.budget_bytes)} per device; "
+                  f"{len(ranking.space)} valid configs, {len(ranking.fits)} predicted to fit", soft_wrap=True)
+    if not hardware.is_cpu:  # the reserve column depends on it (autotune.prediction.cuda_memory)
+        console.print(f"allocator: {describe_allocator(hardware.allocator)}", soft_wrap=True)
+    table = fit_table(ranking, top, pruner, terms=True)
+    if natural_width(console, table) > console.width:  # too wide for this terminal: a column for each config
+        table = fit_table(ranking, top, pruner, terms=False)
+        table.caption = "memory terms and step times: --json, or a wider terminal (COLUMNS=200)"
     console.print(table)
     if not ranking.too_big:
         return
-    groups = Table(title=f"{len(ranking.too_big)} configs predicted not to fit, by the term that breaks the budget")
+    groups = Table(title=f"{len(ranking.too_big)} configs predicted not to fit, by the term that breaks the budget",
+                   show_edge=False)
     for column in ("dominant term", "configs", "smallest peak", "its config"):
-        groups.add_column(column)
+        groups.add_column(column, overflow="fold")
     for term, group in ranking.groups():
         best = group[0]
         groups.add_row(term, str(len(group)), format_size(best.peak_bytes), best.config.label())

@@ -161,7 +161,7 @@ def _recalibrate(run_dir: Path, workload: Workload, hardware: Hardware) -> Calib
 
 def show(result: TrialResult, prediction: Estimate | None, calibration: Calibration, workload: Workload,
          hardware: Hardware, run_dir: Path) -> None:
-    console = Console(width=max(Console().width, 100))
+    console = Console()  # the terminal's width (COLUMNS where set), never forced wider
     extra = result.extra
     model = workload.model
     console.print(f"{model.name}: {model.params / 1e6:,.1f}M parameters, global batch {workload.global_batch}, "
