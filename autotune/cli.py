@@ -5,21 +5,30 @@ type functions in autotune.values.argtypes, and ConfigError from the library); a
 cannot be built (autotune.trials.ops.OpBuildFailed) is one line naming the fix, exit 1; Ctrl-C is exit 130; anything else is a
 bug or a fault of the machine, reported as one line naming the exception and the file its traceback was
 written to, exit 1 (`--debug` prints the traceback too); a full disk (autotune.files.disk_full) is one line naming
-the path and "no space left", exit 1. Never a bare traceback."""
+the path and "no space left", exit 1. Never a bare traceback.
+
+The habits of other command lines (issue 43): bare `autotune` prints the commands and exits 2, `--version`; a
+mistyped choice or flag gets its closest name; a reader that leaves early (`| head -1`) ends the command quietly,
+exit 0; DeepSpeed's log lines go to stderr, so that stdout holds only the command's output; `--quiet` / `--verbose`
+before or after the command (the displays read `args.quiet` / `args.verbose`)."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import os
 import sys
 import tempfile
 import traceback
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import NoReturn, Sequence
+from typing import Any, Iterator, NoReturn, Sequence
 
+from autotune import __version__
 from autotune.values.config import ConfigError
+from autotune.values.models import did_you_mean
 from autotune.files import NoSpaceLeft, disk_full
 from autotune.trials.ops import OpBuildFailed
 
@@ -36,41 +45,90 @@ COMMANDS = {
 # Commands that run sweeps or trials: at their start, the shared-memory segments of dead tuners' trials go
 CLEANS_SHM = frozenset({"tune", "trial", "surface", "sweep"})
 ERROR_LOG = "last-error.log"  # under the user's cache directory when no run directory is known
-DEBUG_HELP = "on an internal error, print its traceback (it is always written to a log file)"
+# Flags of every command, before or after its name: (flag, help).
+GLOBAL_FLAGS = (
+    ("--debug", "on an internal error, print its traceback (it is always written to a log file)"),
+    ("--quiet", "print only the results and errors: no progress, live line or notes (warnings still go to stderr)"),
+    ("--verbose", "also print DeepSpeed's INFO log lines and each trial's phases as they change, on stderr"),
+)
+DEEPSPEED_LOGGING = "deepspeed.utils.logging"  # creates the logger "DeepSpeed" with a handler on sys.stdout
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """Bad input is one line naming the value, and exit code 2."""
+    """Bad input is one line naming the value, and exit code 2; a mistyped choice gets its closest name."""
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {one_line(message)}\n")
 
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        try:
+            super()._check_value(action, value)
+        except argparse.ArgumentError:
+            hint = did_you_mean(value, action.choices or ())
+            if not hint:
+                raise
+            choices = ", ".join(map(repr, action.choices or ()))
+            raise argparse.ArgumentError(action, f"invalid choice: {value!r}{hint}: choose from {choices}") from None
+
 
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog="autotune", description="Find the fastest DeepSpeed memory config that fits.")
-    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
+    parser.add_argument("--version", action="version", version=f"autotune {__version__}")
+    for flag, help_text in GLOBAL_FLAGS:
+        parser.add_argument(flag, action="store_true", help=help_text)
+    # Not required by argparse: bare `autotune` prints the commands (main), not only argparse's one line.
+    sub = parser.add_subparsers(dest="command", metavar="command", parser_class=ArgumentParser)
     for name, help_text in COMMANDS.items():
         module = importlib.import_module(f"autotune.commands.{name.replace('-', '_')}")
         command = sub.add_parser(name, help=help_text, description=help_text)
         module.add_arguments(command)
-        # also after the command's name; SUPPRESS keeps `autotune --debug tune` from being reset to False
-        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
+        for flag, flag_help in GLOBAL_FLAGS:  # SUPPRESS keeps `autotune --debug tune` from being reset to False
+            command.add_argument(flag, action="store_true", default=argparse.SUPPRESS, help=flag_help)
         # _run_dir: where the internal-error log goes; a command sets it once it knows its run directory
         command.set_defaults(_run=module.run, _prog=command.prog, _run_dir=None)
     return parser
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line parsed, or SystemExit(2) after one line: an unrecognized argument is named by the
+    command that does not know it (with its closest flag), bare `autotune` prints the commands on stdout."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.command is None and not extra:
+        parser.print_help(sys.stdout)  # the commands, as `git` alone prints them; the error line on stderr
+        parser.error(f"a command is required: one of {', '.join(COMMANDS)} ({parser.prog} COMMAND --help)")
+    owner = parsers_by_prog(parser).get(getattr(args, "_prog", parser.prog), parser)
+    if extra:  # argparse would name `autotune`, whichever command did not know them
+        flag = next((a.split("=")[0] for a in extra if a.startswith("-")), "")
+        owner.error(f"unrecognized arguments: {' '.join(extra)}{did_you_mean(flag, owner._option_string_actions)}")
+    if args.quiet and args.verbose:
+        owner.error("--quiet and --verbose: choose one")
+    return args
+
+
+def parsers_by_prog(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """Every parser of the command line (subcommands' too) by its program name ("autotune surface show")."""
+    found = {parser.prog: parser}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found.update(parsers_by_prog(sub))
+    return found
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = argparse.Namespace(_prog="autotune", _run_dir=None,
                               debug="--debug" in (sys.argv[1:] if argv is None else argv))
     try:
-        args = build_parser().parse_args(argv)  # argparse's own errors: one line, SystemExit(2)
-        if args.command in CLEANS_SHM:
-            from autotune.trials.runner import remove_stale_shm_at_start
+        args = parse(argv)  # argparse's own errors: one line, SystemExit(2)
+        with deepspeed_logs_to_stderr(verbose=args.verbose):
+            if args.command in CLEANS_SHM:
+                from autotune.trials.runner import remove_stale_shm_at_start
 
-            remove_stale_shm_at_start()  # what trials of a killed tuner left in /dev/shm, whatever its run
-        return int(args._run(args) or 0)
+                remove_stale_shm_at_start()  # what trials of a killed tuner left in /dev/shm, whatever its run
+            code = int(args._run(args) or 0)
+            sys.stdout.flush()  # here, not at exit: a reader that left is a BrokenPipeError this guard handles
+            return code
     except ConfigError as err:
         print(f"{args._prog}: error: {one_line(str(err))}", file=sys.stderr)
         return 2
@@ -80,9 +138,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{args._prog}: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # `autotune estimate --json | head`: the reader left, nothing to report
+    except BrokenPipeError:  # `autotune estimate | head -1`: the reader had what it wanted, as `git log | head`
         _silence_stdout()
-        return 1
+        return 0
+    except SystemExit as done:
+        if done.code == 1 and _stdout_silenced():  # rich's own answer to a reader that left (on_broken_pipe)
+            return 0
+        raise
     except Exception as err:  # noqa: BLE001  the guard: anything else is one line and a log, not a traceback
         full = disk_full(err)
         if full is not None:  # a full disk, wherever it was met: the machine's fault, named (no log: no room)
@@ -145,6 +207,85 @@ def one_line(text: str) -> str:
     with spaces), a value typed may hold a carriage return (escaped: '\\r')."""
     joined = " ".join(part.strip() for part in text.strip().split("\n"))
     return "".join(_BREAKS.get(c, c) for c in joined)
+
+
+@contextmanager
+def deepspeed_logs_to_stderr(*, verbose: bool) -> Iterator[None]:
+    """While a command runs, DeepSpeed's logger writes to stderr (at INFO under --verbose), whenever the
+    command imports DeepSpeed: stdout holds only the command's output."""
+    hook = DeepSpeedLogs(verbose=verbose)
+    if DEEPSPEED_LOGGING in sys.modules:  # imported by an earlier command of this process
+        hook.to_stderr()
+    sys.meta_path.insert(0, hook)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(hook)
+
+
+class DeepSpeedLogs:
+    """An import hook: right after `deepspeed.utils.logging` has made the logger "DeepSpeed" (its handler on
+    sys.stdout: "[WARNING] ... Setting accelerator to CPU" amid a table), its handlers write to stderr instead.
+    Only that one module is found here (by the finder that would have found it); nothing is imported for it."""
+
+    def __init__(self, *, verbose: bool) -> None:
+        self.verbose = verbose
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != DEEPSPEED_LOGGING:
+            return None
+        for finder in sys.meta_path:  # the finder that would have found it without this hook
+            find = getattr(finder, "find_spec", None)
+            spec = find(name, path, target) if finder is not self and find is not None else None
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _ThenCall(spec.loader, self.to_stderr)
+                return spec
+        return None
+
+    def to_stderr(self) -> None:
+        ds_logger = logging.getLogger("DeepSpeed")
+        level = logging.INFO if self.verbose else logging.WARNING  # DeepSpeed's own default: WARNING
+        ds_logger.setLevel(level)
+        for handler in ds_logger.handlers:
+            if type(handler) is logging.StreamHandler:  # DeepSpeed's own: not a file's, not a test's capture
+                handler.setStream(_Stderr())
+                handler.setLevel(level)
+
+
+class _ThenCall:
+    """A module loader that calls `after()` once the module has run (anything else is the loader's own)."""
+
+    def __init__(self, loader: Any, after: Any) -> None:
+        self._loader, self._after = loader, after
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self._loader.exec_module(module)
+        self._after()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+
+class _Stderr:
+    """sys.stderr as it is when written to (a test's capture, rich's live display), not when a handler was made."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
+def _stdout_silenced() -> bool:
+    """Whether stdout now points at /dev/null (as rich's Console.on_broken_pipe leaves it before SystemExit(1))."""
+    try:
+        return os.path.samestat(os.fstat(sys.stdout.fileno()), os.stat(os.devnull))
+    except (OSError, ValueError, AttributeError):  # no real file descriptor (e.g. captured by a test)
+        return False
 
 
 def _silence_stdout() -> None:

@@ -51,8 +51,12 @@ def hardware_name(text: str) -> Hardware | str:
         raise argparse.ArgumentTypeError(f"hardware {shown_path(text)}: {err.strerror or err}") from None
 
 
-def add_workload_arguments(parser: argparse.ArgumentParser, *, default_model: str | None = "tiny") -> None:
-    parser.add_argument("--model", type=model_name, default=default_model, help=MODEL_HELP)
+def add_workload_arguments(parser: argparse.ArgumentParser, *, default_model: str | None = "tiny",
+                           shown_default: str | None = None) -> None:
+    """The workload's flags; `shown_default`: what --help says the model's default is, where the command decides
+    it later (tune: tiny, unless a replay surface or --script brings one)."""
+    model_help = MODEL_HELP if shown_default is None else MODEL_HELP.replace("%(default)s", shown_default)
+    parser.add_argument("--model", type=model_name, default=default_model, help=model_help)
     parser.add_argument("--seq-len", type=positive_int, default=None, help=SEQ_LEN_HELP)
     parser.add_argument("--gpus", type=gpu_count, default=None,
                         help="data-parallel devices, 1 to 4096 (default: the GPUs found with --hardware auto, else 1)")

@@ -35,8 +35,15 @@ if TYPE_CHECKING:
     from autotune.drivers.ray import RayOptions
 
 
+DEFAULT_MODEL = "tiny"  # when neither --model nor --script names one (a replay surface names its own)
+DEFAULT_MODEL_NOTE = f"model: {DEFAULT_MODEL} (the default; --model to choose)"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_workload_arguments(parser, default_model=None)
+    # None in args: --model given or not (--script refuses it, a replay surface brings its own)
+    add_workload_arguments(parser, default_model=None,
+                           shown_default=f"{DEFAULT_MODEL}; with --backend replay, the surface's; with --script, the "
+                                         "script's")
     add_option_arguments(parser)
     parser.add_argument("--out", type=output_dir, default=None,
                         help="run directory (default: runs/<model>-<strategy>-<time>)")
@@ -100,9 +107,12 @@ def run(args: argparse.Namespace) -> int:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress display says what matters
     # Every check that can refuse the command comes before anything is written to the run directory.
+    defaulted = args.model is None and not args.script and args.backend != "replay"
     spec = script_spec_from(args) if args.script else spec_from(args)
     ray = ray_options(args)
     progress = TuneConsole(args, spec.trials)
+    if defaulted:
+        progress.message(DEFAULT_MODEL_NOTE)
     with sigterm_as_interrupt():
         try:
             result = autotune.tune(spec, args.out, resume=args.resume, executor=ray, callbacks=progress)
@@ -110,8 +120,8 @@ def run(args: argparse.Namespace) -> int:
             progress.close()  # the last batch of pruned configs, before the summary; the live line ends on any error
     start = progress.start
     if start is None:  # a script's first trial showed it cannot be tuned as it is: tune() ended before the search
-        print(f"stopped after the first trial; recorded in {result.run_dir / 'trials.jsonl'}; report: "
-              f"{result.run_dir / 'report.md'}")
+        progress.result(f"stopped after the first trial; recorded in {result.run_dir / 'trials.jsonl'}; report: "
+                        f"{result.run_dir / 'report.md'}")
         if args.json:
             emit_json(args, result.to_dict())
         return 1
@@ -132,7 +142,7 @@ def spec_from(args: argparse.Namespace) -> TuneSpec:
     else:
         if args.surface is not None:
             raise ConfigError(f"--surface {args.surface} is only for --backend replay (got --backend {args.backend})")
-        args.model = args.model or "tiny"
+        args.model = args.model or DEFAULT_MODEL
         # Real trials run here unless a remote Ray cluster runs them (its nodes' GPUs are Ray's to place).
         here = args.ray_address in (None, "local")
         target = target_from(args, real=args.backend == "deepspeed", check=here)
@@ -164,7 +174,7 @@ class TuneConsole(ConsoleProgress):
     directory locked, its settings written or checked)."""
 
     def __init__(self, args: argparse.Namespace, trials: int) -> None:
-        super().__init__(trials)
+        super().__init__(trials, quiet=getattr(args, "quiet", False), verbose=getattr(args, "verbose", False))
         self.args = args
         self.start: SweepStart | None = None
 
@@ -210,20 +220,24 @@ def headline(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budge
 
 def conclude(progress: ConsoleProgress, run_dir: RunDir, settings: RunSettings, result: TuneResult, budget: Budget,
              mlflow: str | None, emit: Callable[[dict], None] | None) -> int:
-    """The console's account of a finished sweep (and --json's document); the exit code."""
+    """The console's account of a finished sweep (and --json's document); the exit code. Its results are said
+    under --quiet too (progress.result), the rest is a note (progress.message)."""
     pruned = [r for r in result.results if r.status == "pruned"]
     if len(pruned) > 1:
         progress.message(f"pruned {len(pruned)} configs in all: {describe_causes(cause_counts(pruned), 'predicted over')}"
                          " (each with its reason in trials.jsonl and report.md)")
-    progress.message(f"stopped: {result.stopped}; {result.launched} trials launched, "
-                     f"{len(result.results)} recorded in {run_dir.trials_path}")
-    progress.message(result.verdict)
-    if result.best is not None and not result.notes:  # a script's own lines (Outputs.notes) came from tune()
+    progress.result(f"stopped: {result.stopped}; {result.launched} trials launched, "
+                    f"{len(result.results)} recorded in {run_dir.trials_path}")
+    progress.result(result.verdict)
+    if result.best is not None and not result.notes:
         for line in Handoff.of(result.best.config, at_target(settings), run_dir.path).console_lines():
-            progress.message(line)
-    progress.message(f"report: {run_dir.path / 'report.md'}")
+            progress.result(line)
+    elif progress.quiet:  # a script's own lines (Outputs.notes) came from tune() as notes, unsaid under --quiet
+        for line in result.notes:
+            progress.result(line)
+    progress.result(f"report: {run_dir.path / 'report.md'}")
     if mlflow is not None:
-        progress.message(f"MLflow: {masked(mlflow)} (experiment and parent run in {run_dir.path / tracking.STATE})")
+        progress.result(f"MLflow: {masked(mlflow)} (experiment and parent run in {run_dir.path / tracking.STATE})")
     if emit is not None:
         emit({**result.to_dict(), "budget": {"trials": budget.trials, "time_s": budget.time_s, "confirm": budget.confirm,
                                              "stop_when": budget.stop_when},
@@ -231,7 +245,7 @@ def conclude(progress: ConsoleProgress, run_dir: RunDir, settings: RunSettings, 
               "mlflow": None if mlflow is None else {"uri": masked(mlflow),
                                                      **tracking.parent_of(run_dir, mlflow)}})
     if result.stop_reason == StopReason.INTERRUPTED:
-        progress.message(f"interrupted: continue with the same command and --resume --out {run_dir.path}")
+        progress.result(f"interrupted: continue with the same command and --resume --out {run_dir.path}")
         return 130
     return 0 if result.best is not None else 1
 

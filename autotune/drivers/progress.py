@@ -10,12 +10,17 @@ that run at once (`set_slots`: 1 locally, the Ray executor's slots); it says not
 has finished. Times are this process's clock, not the results' `wall_time_s` (a simulated trial's is the
 time a real one would take): a trial started here runs from `started` to `finished`; a trial the Ray
 executor ran (no `started`) counts the time since the previous result, times the slots.
+
+How much it says (`autotune --quiet` / `--verbose`): quiet, only what `result` is given (the command's results),
+no trial lines, pruned lines, live line or messages; verbose, also each phase of the running trial as it changes,
+on stderr, from a thread that reads the phase as the live line does (`PhaseWatch`).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence, runtime_checkable
@@ -107,11 +112,43 @@ class _Running:
     since: float
 
 
+class PhaseWatch:
+    """Under --verbose: a thread that reads the running trial's phase every `every_s` and says each new one."""
+
+    def __init__(self, phase: PhaseSource, say: Callable[[str], None], every_s: float) -> None:
+        self._phase, self._say, self._every_s = phase, say, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="autotune-phases", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5.0)
+
+    def _watch(self) -> None:
+        last = None
+        while True:
+            try:
+                phase = self._phase()
+            except OSError:  # a trial's directory going away as it ends
+                phase = None
+            if phase is not None and phase != last:
+                self._say(phase)
+                last = phase
+            if self._stop.wait(self._every_s):
+                return
+
+
 class ConsoleProgress:
     def __init__(self, total_trials: int, console: Console | None = None, *,
-                 clock: Callable[[], float] = time.monotonic, slots: int = 1, phase_every_s: float = 0.5) -> None:
+                 clock: Callable[[], float] = time.monotonic, slots: int = 1, phase_every_s: float = 0.5,
+                 quiet: bool = False, verbose: bool = False, errors: Console | None = None) -> None:
         self.total = total_trials
-        self.console = console or Console(width=max(Console().width, 160))  # one line per trial, unwrapped
+        # soft_wrap: one line per trial, as long as it is, whatever the terminal's width (a terminal folds it)
+        self.console = console or Console(soft_wrap=True)
+        self.quiet, self.verbose = quiet, verbose
+        self.errors = errors or Console(stderr=True, soft_wrap=True, highlight=False)  # --verbose's phases
+        self._watch: PhaseWatch | None = None
         self.clock = clock
         self.slots = slots
         self.durations: list[float] = []  # wall time of each trial finished in this session
@@ -141,6 +178,10 @@ class ConsoleProgress:
         self.running[config] = _Running(number, launched, config, self.clock())
         self._phase_read = (-math.inf, None)
         self._show()
+        if self.verbose and self._phase is not None and self._watch is None:
+            label = f"trial {launched}/{self.total} (#{number}) {config.label()}"
+            self._watch = PhaseWatch(self._phase, lambda phase: self.errors.print(f"{label}: {phase}"),
+                                     self._phase_every_s)
 
     def finished(self, result: TrialResult, launched: int, best: TrialResult | None) -> None:
         run = self.running.pop(result.config, None)
@@ -151,6 +192,8 @@ class ConsoleProgress:
         self._flush_pruned()
         if not self.running:
             self._stop()
+        if self.quiet:
+            return
         style = STATUS_STYLE.get(result.status, "")
         throughput = f"{result.throughput_samples_per_s:8.2f} samples/s" if result.throughput_samples_per_s else " " * 18
         best_text = (f"best {best.throughput_samples_per_s:.2f} (#{best.extra.get('trial', '?')})" if best
@@ -173,6 +216,15 @@ class ConsoleProgress:
         self._show()
 
     def message(self, text: str) -> None:
+        """A note (what the sweep is, what it repaired, where it stands): not under --quiet."""
+        self._flush_pruned()
+        if not self.running:
+            self._stop()
+        if not self.quiet:
+            self.console.print(text, highlight=False)
+
+    def result(self, text: str) -> None:
+        """A line of the command's result (the recommendation, where the files are): always said."""
         self._flush_pruned()
         if not self.running:
             self._stop()
@@ -224,18 +276,21 @@ class ConsoleProgress:
         return phase
 
     def _show(self) -> None:
-        if self._status is None:
+        if self._status is None and not self.quiet:
             self._status = self.console.status(self)  # re-rendered on every refresh: elapsed time and phase
             self._status.start()
 
     def _stop(self) -> None:
+        if self._watch is not None:
+            self._watch.stop()
+            self._watch = None
         if self._status is not None:
             self._status.stop()
             self._status = None
 
     def _flush_pruned(self) -> None:
         batch, self._pruned = self._pruned, []
-        if batch:
+        if batch and not self.quiet:
             self.console.print(pruned_line(batch), highlight=False)
 
 
