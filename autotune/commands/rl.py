@@ -128,7 +128,7 @@ def run_train(args: argparse.Namespace) -> int:
         epochs=args.epochs, pool_size=args.pool_size, hiddens=args.hiddens, checkpoint_every=args.checkpoint_every)
     out = args.out or Path("runs") / f"policy-{datetime.now():%Y%m%d-%H%M%S}"
     args._run_dir = out  # an internal error's traceback goes to its logs/ (autotune.cli), once it exists
-    console = Console(width=max(Console().width, 200))  # one line per iteration
+    console = Console(soft_wrap=True)  # one line per iteration, wrapped by the terminal (COLUMNS where set)
     resuming = RunDir(out).latest_checkpoint()
     console.print(f"{'resuming' if resuming else 'training'} a policy in {out}: PPO, {settings.iterations} iterations "
                   f"of {settings.train_batch} steps, {settings.backend} backend, seed {settings.seed}, "

@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     if args.resume and not any(held):
         raise ConfigError(f"--resume: {out} holds no sweep of {sweep_file.path} to resume")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    console = Console(width=160)
+    console = Console(soft_wrap=True)  # one line per event, wrapped by the terminal (COLUMNS where set)
     plans = [spec.plan(out, mlflow) for spec in sweep_file.workloads]
     names = [spec.name for spec in sweep_file.workloads]
     shows = {name: LabelledProgress(name, plan.spec.trials, console) for name, plan in zip(names, plans)}

@@ -172,7 +172,7 @@ def show(result: TrialResult, prediction: Estimate | None, calibration: Calibrat
     columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("", "left"), ("measured", "right"), ("predicted", "right"), ("predicted / measured", "right"))
     for column, justify in columns:
-        table.add_column(column, justify=justify, no_wrap=True)
+        table.add_column(column, justify=justify, overflow="fold")  # a narrow terminal folds cells, never cuts them
 
     def row(name: str, measured: float | None, predicted: float | None, fmt) -> None:
         ratio = f"{predicted / measured:.2f}" if measured and predicted is not None else ""
