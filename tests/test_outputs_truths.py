@@ -129,18 +129,21 @@ def test_a_simulated_runs_figures_are_called_predicted(simulated, monkeypatch):
     assert not any("measured" in t for t in breakdown + legends["throughput_vs_memory.png"])
 
 
-def test_launch_sh_is_a_template_where_no_trial_ran_in_this_environment(tmp_path, capsys):
+def test_launch_sh_is_a_template_where_no_trial_ran_in_this_environment(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("autotune.trials.devices.nvidia_driver_present", lambda: False)  # as on this CPU machine
     run = tmp_path / "a100"
     tune(run, "random", 2, hardware="a100-80gb", model="gpt2-small")
     text = (run / LAUNCH_FILE).read_text()
     assert "# ds-autotune: TEMPLATE for " in text.splitlines()[1]
-    assert "# No trial of this sweep ran in an environment (simulated backend): " in text
+    assert "# No trial of this sweep ran (simulated backend) and this machine has no a100-80gb's accelerator: " in text
     exports = [line for line in text.splitlines() if line.startswith("export ")]
     assert exports == ["export DS_ACCELERATOR=cuda"]  # the profile's; nothing of this CPU machine
     assert sys.prefix not in text and "OMP_NUM_THREADS=" not in text and "TORCH_EXTENSIONS_DIR=" not in text
     report = (run / "report.md").read_text()
-    assert "a template for the target: no trial of this sweep ran in an environment (simulated backend)" in report
-    assert template_reason("deepspeed") == "" and template_reason("script") == ""  # real trials: their environment
+    assert "a template for the target: no trial of this sweep ran (simulated backend)" in report
+    a100, cpu = autotune.load_hardware("a100-80gb"), autotune.load_hardware("cpu")
+    assert template_reason("deepspeed", a100) == "" and template_reason("script", a100) == ""  # where trials ran
+    assert template_reason("simulated", cpu) == ""  # this machine gives a CPU profile's trials this environment
 
 
 # ---- every strategy's study

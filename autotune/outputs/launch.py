@@ -13,10 +13,10 @@ runner.rank_threads), less what only a trial needs (its rendezvous on loopback, 
   their build log as stale and rebuilds them too);
 - DS_ACCELERATOR, OMP_NUM_THREADS, TORCH_CUDA_ARCH_LIST (as autotune.trials.ops rewrites it) and the caching
   allocator's settings (PYTORCH_CUDA_ALLOC_CONF and its kin), when the trials had them.
-A sweep whose trials ran in no environment (the simulated backend predicts, the replay backend reads a surface
-measured elsewhere: template_reason) gets a template for its target instead: this machine's Python, ops folder,
-thread count and CUDA archs are left for the user to set; only the hardware profile's accelerator and the
-sweep's allocator settings are exported.
+A sweep whose trials ran nowhere (the simulated backend predicts, the replay backend reads a surface measured
+elsewhere) for an accelerator this machine lacks (template_reason: a GPU profile tuned on a CPU machine) gets a
+template for its target instead: this machine's Python, ops folder, thread count and CUDA archs are left for the
+user to set; only the hardware profile's accelerator and the sweep's allocator settings are exported.
 
     bash launch.sh torchrun train.py [args]     torchrun --nnodes 1 --nproc_per_node N train.py [args]
     bash launch.sh deepspeed train.py [args]    deepspeed --num_gpus N train.py [args]
@@ -31,6 +31,7 @@ import shlex
 from dataclasses import dataclass
 
 from autotune.values.allocator import DEFAULT_ALLOCATOR
+from autotune.values.hardware import Hardware
 
 LAUNCH_FILE = "launch.sh"
 ALLOCATOR_ENV = re.compile(r"PYTORCH_(CUDA_|HIP_)?ALLOC_CONF")  # the caching allocator's settings
@@ -69,16 +70,19 @@ def trials_environment(accelerator: str, ranks_per_node: int,
                           for name in names if name in env)
 
 
-def template_reason(backend: str) -> str:
-    """Why `launch.sh` is a template for the target rather than the environment trials ran in: the backend's
-    trials ran nowhere (simulated: predicted; replay: measured elsewhere, when its surface was recorded); '' for
-    a backend whose trials ran here (deepspeed, script)."""
+def template_reason(backend: str, hardware: Hardware) -> str:
+    """Why `launch.sh` is a template for the target rather than the environment its trials get: no trial of the
+    sweep ran (simulated: predicted; replay: measured elsewhere) and this machine cannot run the target's accelerator
+    (a GPU profile on a machine without an NVIDIA driver), so that what the runner would give a trial here is not
+    the target's environment. '' where trials ran (deepspeed, script) or would run here as the file says (a CPU
+    profile: any machine runs its trials)."""
     from autotune.backends.factory import backend_kind
+    from autotune.trials.devices import nvidia_driver_present
 
-    if backend_kind(backend).real:
+    if backend_kind(backend).real or hardware.is_cpu or nvidia_driver_present():
         return ""
-    return (f"no trial of this sweep ran in an environment ({backend} backend): the target's Python, ops folder and "
-            "threads are yours to set")
+    return (f"no trial of this sweep ran ({backend} backend) and this machine has no {hardware.name}'s accelerator: the "
+            "target's Python, ops folder and threads are yours to set")
 
 
 @dataclass(frozen=True)
@@ -141,7 +145,7 @@ class Launch:
                      "machine;", "# a real sweep on the target (--backend deepspeed) writes them."]
         else:
             lines = ["#!/usr/bin/env bash",
-                     f"# ds-autotune: {self.title} on {where}, in the environment its trials ran in."]
+                     f"# ds-autotune: {self.title} on {where}, in the environment the tuner gives its trials here."]
         lines += ["# `python train.py` alone fails: DeepSpeed needs a launcher's RANK, WORLD_SIZE and MASTER_ADDR/PORT",
                   "# (without them it looks for MPI: No module named 'mpi4py'). Launch your script with one of:"]
         lines += [f"#   bash {LAUNCH_FILE} {line}" for line in self.usage()]

@@ -264,7 +264,7 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
             handoff = Handoff.of(best.config, at_target(settings), run.path)  # for the target's devices
             files += handoff.write(run)  # best_ds_config.json, best_hf_ds_config.json, trainer args, accelerate config
             launch = handoff.launch()
-            why = template_reason(settings.backend)
+            why = template_reason(settings.backend, settings.hardware)
             if why and not launch.template:  # no trial ran in this environment: launch.sh is the target's template
                 run.write_text(LAUNCH_FILE, replace(launch, template=why).script())
             usage = handoff.markdown()
@@ -444,7 +444,7 @@ def markdown(results: Sequence[TrialResult], settings: RunSettings, summary: dic
         *([] if first else bold),
     ]
     if best is not None:
-        template = template_reason(settings.backend)
+        template = template_reason(settings.backend, settings.hardware)
         how = f"a template for the target: {template}" if template else "with the trials' environment"
         use = "The files hold the best so far, not a recommendation: use them" if first else "Use it"
         lines += [f"{use} with DeepSpeed (`best_ds_config.json`), the Hugging Face "
