@@ -42,6 +42,11 @@ class GridStrategy:
             self._waiting = None
         return self._waiting
 
+    @property
+    def notes(self) -> list[str]:
+        """What following the record changed in its study (optuna_search.Record.follow), for the sweep to say."""
+        return self.study.notes
+
     def observe(self, config: Config, result: TrialResult) -> None:
         self.known[config] = result
         self.study.observe(config, result, self.name)

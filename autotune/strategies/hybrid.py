@@ -85,6 +85,11 @@ class HybridStrategy:
                 return config
             self.policy.observe(config, TrialResult(config, "pruned", error=f"unlikely to fit (probability {p:.0%})"))
 
+    @property
+    def notes(self) -> list[str]:
+        """What following the record changed in its study (optuna_search.Record.follow), for the sweep to say."""
+        return self.search.notes
+
     def observe(self, config: Config, result: TrialResult) -> None:
         if self.in_policy:
             self.policy.observe(config, result)

@@ -32,6 +32,11 @@ class RandomStrategy:
         self._next += 1
         return self.order[self._next - 1]
 
+    @property
+    def notes(self) -> list[str]:
+        """What following the record changed in its study (optuna_search.Record.follow), for the sweep to say."""
+        return self.study.notes
+
     def observe(self, config: Config, result: TrialResult) -> None:
         self.known.add(config)
         self.study.observe(config, result, self.name)
