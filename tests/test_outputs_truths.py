@@ -73,10 +73,13 @@ def test_report_and_summary_say_why_the_sweep_stopped_and_the_chance_of_a_better
     assert summary["stop_reason"] == "trials" and summary["stopped"] == "trial budget spent"
     chance = summary["convergence"]["chance_of_better"]
     assert 0 <= chance <= 1 and "- Chance of a better config" in report
-    # `autotune report` of the same trials keeps the recorded reason...
-    code, out, err = cli(["report", str(simulated)], capsys)
+    # `autotune report` of the same trials keeps the recorded reason (stop.json), from the run directory alone...
+    copy = simulated.parent / "copy"
+    shutil.copytree(simulated, copy, ignore=shutil.ignore_patterns("summary.json", "report.md", "plots", "best_*"))
+    code, out, err = cli(["report", str(copy)], capsys)
     assert code == 0, err
-    assert json.loads((simulated / "summary.json").read_text())["stop_reason"] == "trials"
+    assert json.loads((copy / "summary.json").read_text()) == json.loads((simulated / "summary.json").read_text())
+    assert (copy / "report.md").read_text() == report
     # ...and says it is not known once the record holds trials the recorded outputs did not describe.
     rd = RunDir(simulated)
     results = rd.results()

@@ -40,10 +40,14 @@ FIGURES = {"simulated": ("predicted", "the simulated backend predicts every figu
                                   "not by this sweep")}
 
 
+STOP_FILE = "stop.json"  # why the sweep's last session ended, with the trials it had recorded then
+
+
 @dataclass(frozen=True)
 class Stopped:
     """Why the sweep's last session ended (summary.json's `stop_reason` and `stopped`): the runner says it when it
-    writes the outputs; `autotune report` keeps what summary.json recorded for the same trials."""
+    writes the outputs, and it is kept in stop.json, so that `autotune report` (outputs from the run directory
+    alone) says it again while the record holds the same trials."""
 
     reason: str | None  # a StopReason's value; None: not recorded
     text: str
@@ -62,23 +66,31 @@ NOT_RECORDED = ("not recorded: the sweep's last session ended without writing it
                 "stop reasons were recorded")
 
 
-def stopped(run: RunDir, results: Sequence[TrialResult], reason: str | None) -> Stopped:
-    """Why the sweep stopped: `reason` (a StopReason's value, from the runner), else what summary.json recorded
-    while it described these same trials, else not recorded."""
-    if reason is None:
-        try:
-            previous = run.read_json("summary.json")
-        except ConfigError:  # a damaged summary is rewritten below: its stop reason is unknown
-            previous = None
-        if not isinstance(previous, dict) or previous.get("trials") != len(results):
-            return Stopped(None, NOT_RECORDED)
-        reason = previous.get("stop_reason")
-        if reason is None:
-            return Stopped(None, NOT_RECORDED)
+def stop_reason_of(reason: str) -> StopReason:
     try:
-        why = StopReason(reason)
+        return StopReason(reason)
     except ValueError:
         raise ConfigError(f"stop reason {reason!r}: allowed {', '.join(r.value for r in StopReason)}") from None
+
+
+def record_stop(run: RunDir, results: Sequence[TrialResult], reason: str) -> Path:
+    """stop.json: why the session ended (a StopReason's value, from the runner) and how many trials were recorded."""
+    return run.write_json(STOP_FILE, {"stop_reason": stop_reason_of(reason).value, "trials": len(results)})
+
+
+def stopped(run: RunDir, results: Sequence[TrialResult]) -> Stopped:
+    """Why the sweep stopped, as stop.json recorded it while the record held these same trials; else not recorded
+    (a killed session, a record grown since, a stop.json unreadable: the outputs are written all the same)."""
+    try:
+        recorded = run.read_json(STOP_FILE)
+    except ConfigError:
+        recorded = None
+    if not isinstance(recorded, dict) or recorded.get("trials") != len(results):
+        return Stopped(None, NOT_RECORDED)
+    try:
+        why = stop_reason_of(str(recorded.get("stop_reason")))
+    except ConfigError:
+        return Stopped(None, NOT_RECORDED)
     return Stopped(why.value, why.describe(convergence.recorded(results)))
 
 
@@ -239,12 +251,14 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
                   own: OwnWriter | None = None, stop_reason: str | None = None) -> Outputs:
     """Summary, plots, report and the recommendation as each stack takes it (the handoff), or what `own` writes
     in their place (a mode's own recommendation: autotune.api.own_outputs decides). `stop_reason`: why the sweep's
-    session ended (a StopReason), from the runner; None (`autotune report`): what summary.json recorded."""
+    session ended (a StopReason), from the runner, kept in stop.json; None (`autotune report`): what it recorded."""
     from autotune.outputs import plots  # matplotlib takes a second or two to import: only when writing outputs
 
     results = run.results() if results is None else list(results)
     check_output_paths(run)
-    stop = stopped(run, results, stop_reason)
+    if stop_reason is not None:
+        record_stop(run, results, stop_reason)
+    stop = stopped(run, results)
     best, scaled = recommendation(results, settings)
     summary = {**stop.to_dict(run), **_summary(results, settings, best, scaled)}
     files = [run.write_json("summary.json", summary)]
@@ -395,7 +409,8 @@ def check_output_paths(run: RunDir) -> None:
     one: the outputs are replaced as a set, never half of them."""
     if run.plots_dir.exists() and not run.plots_dir.is_dir():
         raise ConfigError(f"{run.plots_dir} is not a directory: the report's plots go there (remove or rename it)")
-    for name in ("summary.json", "report.md", DS_CONFIG, HF_DS_CONFIG, TRAINER_ARGS, ACCELERATE_CONFIG, LAUNCH_FILE):
+    for name in ("summary.json", "report.md", STOP_FILE, DS_CONFIG, HF_DS_CONFIG, TRAINER_ARGS, ACCELERATE_CONFIG,
+                 LAUNCH_FILE):
         if (run.path / name).is_dir():
             raise ConfigError(f"{run.path / name} is a directory: the report writes a file there (remove or rename it)")
 
