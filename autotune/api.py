@@ -42,7 +42,7 @@ from autotune.values.hardware import Hardware, load_hardware
 from autotune.outputs.report import Outputs, OwnWriter, write_outputs
 from autotune.values.results import TrialResult, relabel_note, relabelled
 from autotune.trials.runner import remove_stale_shm_at_start
-from autotune.search.rundir import STUDY, RunDir
+from autotune.search.rundir import STUDY, RunDir, RunDirBusy, read_only_named
 from autotune.values.settings import (DEFAULT_STACK, SETTINGS, STACKS, RunSettings, check_budget, check_stack, masked,
                                       memory_budget)
 from autotune.prediction.scale import check_target, narrow_choices as narrow_for_target
@@ -625,7 +625,7 @@ class ScriptRun:
         if fatal is None:
             return settings, space, None
         run_dir.write_settings(settings)
-        outputs = write_outputs(run_dir, settings, own=own_outputs(settings))
+        outputs = write_outputs(run_dir, settings, own=own_outputs(settings), stop_reason=StopReason.FATAL)
         for line in outputs.notes:
             progress.message(line)
         return settings, space, TuneResult(None, tuple(run_dir.results()), StopReason.FATAL, run_dir.path,
@@ -660,7 +660,12 @@ def default_run_dir(name: str, strategy: str) -> Path:
 
 
 def check_out(run_dir: RunDir, resume: bool) -> None:
-    """A new sweep needs a directory that holds none; a resumed one, the directory of one."""
+    """A new sweep needs a directory that holds none; a resumed one, the directory of one; neither one that a live
+    tuner holds (named first: its pid, not "pass --resume")."""
+    holder = run_dir.busy()
+    if holder is not None:
+        raise RunDirBusy(f"{run_dir.path} is in use by another tuner (pid {holder}); wait for it to finish or choose "
+                         "another --out")
     if resume and not run_dir.exists():
         raise ConfigError(f"--resume: {run_dir.path} holds no sweep to resume")
     if not resume and run_dir.exists():
@@ -695,10 +700,13 @@ def no_space_named(run_dir: RunDir, storage: str | None) -> Iterator[None]:
     except NoSpaceLeft:
         raise
     except Exception as err:
+        database = (masked(storage) or storage) if storage is not None else str(run_dir.study_path)
         full = disk_full(err)
         if full is None:
-            raise
-        database = (masked(storage) or storage) if storage is not None else str(run_dir.study_path)
+            read_only = read_only_named(err, database)  # SQLite's "attempt to write a readonly database", named
+            if read_only is None:
+                raise
+            raise read_only from err
         raise NoSpaceLeft(full[0] or (database if full[1] == SQLITE_FULL else str(run_dir.path)), full[1]) from err
 
 
@@ -735,9 +743,9 @@ def close_run(run_dir: RunDir, settings: RunSettings, sweep: Sweep, tracker: Tra
               progress: Progress) -> TuneResult:
     """The outputs of a sweep whose trials have ended (close_sweep), told to its tracker; `progress` hears a
     script sweep's lines on its own config."""
-    outputs = close_sweep(run_dir, settings, sweep)
+    outputs = close_sweep(run_dir, settings, sweep, reason)
     tracker.finish(outputs.best, outputs.summary, outputs.files, outputs.verdict, reason.value)
-    for line in outputs.notes:
+    for line in [*getattr(sweep.strategy, "notes", ()), *outputs.notes]:  # what following trials.jsonl changed
         progress.message(line)
     return TuneResult(outputs.best, tuple(sweep.results), reason, run_dir.path, outputs.summary, outputs.verdict,
                       outputs.files, sweep.convergence, outputs.notes)
@@ -752,10 +760,11 @@ def preflight_ops(sweep: Sweep, space: Space, backend: Backend, budget: Budget, 
         check([c for c in space if sweep.pruner.check(c, sweep.backend_name) is None], say)
 
 
-def close_sweep(run_dir: RunDir, settings: RunSettings, sweep: Sweep) -> Outputs:
-    """Save the calibration and write the outputs (summary, recommended configs, report, plots)."""
+def close_sweep(run_dir: RunDir, settings: RunSettings, sweep: Sweep, reason: StopReason | None = None) -> Outputs:
+    """Save the calibration and write the outputs (summary, recommended configs, report, plots; `reason`: why the
+    session ended, recorded in summary.json and said in report.md)."""
     if sweep.pruner.calibration.samples:
         measured = sweep.measured()
         save_calibration(run_dir.path, sweep.pruner.calibration, settings.workload, settings.hardware,
                          quality(measured, settings.workload, settings.hardware, sweep.pruner.calibration))
-    return write_outputs(run_dir, settings, sweep.results, own_outputs(settings))
+    return write_outputs(run_dir, settings, sweep.results, own_outputs(settings), stop_reason=reason)

@@ -38,7 +38,9 @@ def test_simulated_tune_writes_every_output(simulated_run):
         assert (simulated_run / "plots" / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     results = read_results(simulated_run / "trials.jsonl")
     summary = json.loads((simulated_run / "summary.json").read_text())
-    assert set(summary) == SUMMARY_KEYS | {"convergence"}  # the chance of a better config as the sweep went
+    # the chance of a better config as the sweep went, and why it stopped (api.close_sweep's reason)
+    assert set(summary) == SUMMARY_KEYS | {"convergence", "stop_reason", "stopped"}
+    assert summary["stop_reason"] == "trials"
     assert summary["trials"] == len(results)
     assert sum(r.status != "pruned" for r in results) == 8
     assert summary["strategy"] == "optuna" and summary["memory_budget_bytes"] == int(0.85 * GiB)

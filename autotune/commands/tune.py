@@ -110,9 +110,7 @@ def run(args: argparse.Namespace) -> int:
     defaulted = args.model is None and not args.script and args.backend != "replay"
     spec = script_spec_from(args) if args.script else spec_from(args)
     ray = ray_options(args)
-    progress = TuneConsole(args, spec.trials)
-    if defaulted:
-        progress.message(DEFAULT_MODEL_NOTE)
+    progress = TuneConsole(args, spec.trials, DEFAULT_MODEL_NOTE if defaulted else None)
     with sigterm_as_interrupt():
         try:
             result = autotune.tune(spec, args.out, resume=args.resume, executor=ray, callbacks=progress)
@@ -173,15 +171,17 @@ class TuneConsole(ConsoleProgress):
     """`autotune tune`'s display: ConsoleProgress, and the sweep's headline once it has begun (the run
     directory locked, its settings written or checked)."""
 
-    def __init__(self, args: argparse.Namespace, trials: int) -> None:
+    def __init__(self, args: argparse.Namespace, trials: int, note: str | None = None) -> None:
         super().__init__(trials, quiet=getattr(args, "quiet", False), verbose=getattr(args, "verbose", False))
         self.args = args
+        self.note = note  # said first in the headline: after every check passed, nothing before a refusal
         self.start: SweepStart | None = None
 
     def begun(self, start: SweepStart) -> None:
         self.start = start
         self.args._run_dir = start.run_dir.path  # an internal error's traceback goes to its logs/ (autotune.cli)
-        for line in headline(start.run_dir, start.settings, start.space, start.budget, start.resumed):
+        for line in ([self.note] if self.note else []) + headline(start.run_dir, start.settings, start.space,
+                                                                  start.budget, start.resumed):
             self.message(line)
 
 

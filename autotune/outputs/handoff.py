@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.values.config import Config, ConfigError
 from autotune.values.dsconfig import RECIPE_AUTO, DsOptions, ds_config, hf_ds_config
 from autotune.values.hardware import Hardware
-from autotune.outputs.launch import LAUNCH_FILE, Launch, trials_environment
+from autotune.outputs.launch import LAUNCH_FILE, Launch, template_reason, trials_environment
 from autotune.values.settings import DEFAULT_STACK, STACKS, RunSettings, check_stack  # noqa: F401  (the stacks' names are settings)
 from autotune.values.space import Choices
 from autotune.values.workload import Workload
@@ -100,11 +100,12 @@ class Handoff:
     stack: str
     folder: Path
     options: DsOptions = DsOptions()
+    template: str = ""  # why launch.sh is a template for the target (autotune.outputs.launch.template_reason)
 
     @classmethod
     def of(cls, config: Config, settings: RunSettings, folder: Path) -> "Handoff":
         return cls(config, settings.workload, settings.hardware, settings.stack, folder.resolve(),
-                   DsOptions(nvme_path=settings.choices.nvme_path))
+                   DsOptions(nvme_path=settings.choices.nvme_path), template_reason(settings.backend, settings.hardware))
 
     @property
     def accumulation(self) -> int:
@@ -181,7 +182,8 @@ class Handoff:
         bin_dir, settings = trials_environment(self.hardware.accelerator, per_node, self.hardware.allocator)
         return Launch(self.workload.gpus, per_node, bin_dir, settings, self.stack, str(self.folder / ACCELERATE_CONFIG),
                       tuple(self.trainer_flags()) if self.stack == "trainer" else (),
-                      f"{self.config.label()} for {self.workload.model.name}, global batch {self.workload.global_batch}")
+                      f"{self.config.label()} for {self.workload.model.name}, global batch {self.workload.global_batch}",
+                      template=self.template)
 
     def write(self, run: RunFolder) -> list[Path]:
         """Write the five files (the DeepSpeed config checked with DeepSpeed's own parser first)."""
@@ -245,7 +247,8 @@ class Handoff:
                 "a launcher with the recommendation's process count and the environment the trials ran in:", "",
                 "```", *(f"bash {LAUNCH_FILE} {line}" for line in launch.usage()), "```", "",
                 "It runs, written out (one of the forms):", "", "```bash", *launch.commands(), "```", "",
-                f"`TORCH_EXTENSIONS_DIR={extensions}` is where the tuner built DeepSpeed's C++ ops (cpu_adam, "
+                f"A template for the target: {launch.template}; a sweep of real trials there writes them." if launch.template
+                else f"`TORCH_EXTENSIONS_DIR={extensions}` is where the tuner built DeepSpeed's C++ ops (cpu_adam, "
                 "fused_adam, as the trials needed them): with it, and the tuner's Python first on `PATH` (its "
                 "ninja), your first run loads them instead of rebuilding them under `~/.cache/torch_extensions` "
                 "(minutes). Another Python environment or machine builds its own once.", ""]

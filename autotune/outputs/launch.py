@@ -76,10 +76,12 @@ def template_reason(backend: str, hardware: Hardware) -> str:
     (a GPU profile on a machine without an NVIDIA driver), so that what the runner would give a trial here is not
     the target's environment. '' where trials ran (deepspeed, script) or would run here as the file says (a CPU
     profile: any machine runs its trials)."""
-    from autotune.backends.factory import backend_kind
+    from autotune.backends.factory import backend_kind, backend_names
     from autotune.trials.devices import nvidia_driver_present
 
-    if backend_kind(backend).real or hardware.is_cpu or nvidia_driver_present():
+    # A user's own objective (a name no kind registers) ran in this process: as a real trial, here.
+    own = backend not in backend_names(sweep=None)
+    if own or backend_kind(backend).real or hardware.is_cpu or nvidia_driver_present():
         return ""
     return (f"no trial of this sweep ran ({backend} backend) and this machine has no {hardware.name}'s accelerator: the "
             "target's Python, ops folder and threads are yours to set")
