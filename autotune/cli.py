@@ -93,7 +93,11 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line parsed, or SystemExit(2) after one line: an unrecognized argument is named by the
     command that does not know it (with its closest flag), bare `autotune` prints the commands on stdout."""
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # After `--`, the script's own arguments as the shell split them (`tune --script train.py -- --deepspeed ...`).
+    script_argv = argv[argv.index("--") + 1:] if "--" in argv else None
+    args, extra = parser.parse_known_args(argv[:argv.index("--")] if script_argv is not None else argv)
+    args.script_argv = script_argv
     if args.command is None and not extra:
         parser.print_help(sys.stdout)  # the commands, as `git` alone prints them; the error line on stderr
         parser.error(f"a command is required: one of {', '.join(COMMANDS)} ({parser.prog} COMMAND --help)")
@@ -103,6 +107,10 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         owner.error(f"unrecognized arguments: {' '.join(extra)}{did_you_mean(flag, owner._option_string_actions)}")
     if args.quiet and args.verbose:
         owner.error("--quiet and --verbose: choose one")
+    if script_argv is not None and not getattr(args, "script", None):
+        owner.error(f"arguments after --: {' '.join(script_argv) or 'none'}: only with --script (they are the script's)")
+    if script_argv is not None and vars(args).get("script_args"):
+        owner.error("--script-args and arguments after --: choose one way to give the script's arguments")
     return args
 
 

@@ -67,3 +67,56 @@ def test_a_range_that_leaves_nothing_is_refused():
     assert block is not None
     with pytest.raises(ConfigError, match="no micro-batch of the space"):
         block.narrowed(SPACE)
+
+
+# -- `autotune tune --script train.py -- --deepspeed ds_config.json`: the block read from the script's own config --
+
+def _tune_args(tmp_path, *flags, block=DEEPSPEED_EXAMPLE["autotuning"], after=True):
+    import json
+    from pathlib import Path
+
+    from autotune.cli import parse
+
+    scripts = Path(__file__).parent / "scripts"
+    config = tmp_path / "ds_config.json"
+    config.write_text(json.dumps({**json.loads((scripts / "plain_ds_config.json").read_text()),
+                                  "zero_optimization": {"stage": [0, 2]}, "autotuning": block}))
+    script = ["--deepspeed_config", str(config), "--steps", "5"]
+    argv = ["tune", "--script", str(scripts / "plain_ds_train.py"), "--hardware", "cpu", *flags]
+    return parse(argv + (["--", *script] if after else ["--script-args", " ".join(script)]))
+
+
+@pytest.mark.parametrize("after", [True, False], ids=["after --", "--script-args"])
+def test_the_scripts_autotuning_block_sets_what_no_flag_set(tmp_path, after):
+    from autotune.commands.tune import script_spec_from
+
+    args = _tune_args(tmp_path, "--trials", "6", after=after)
+    spec = script_spec_from(args)
+    assert spec.script_args[0] == "--deepspeed_config" and spec.script_args[-2:] == ("--steps", "5")
+    assert spec.strategy == "optuna" and spec.trials == 6  # tuner_type taken; --trials given on the command line wins
+    assert spec.space.zero_stage == (0, 2) and set(spec.space.micro_batch) <= {2, 4, 8, 16}
+    notes = args._notes
+    assert notes[0].endswith("autotuning block read: strategy optuna, the space narrowed to its micro-batches and "
+                             "ZeRO stages")
+    assert any("tuner_early_stopping 5: not applied" in note for note in notes[1:])
+
+
+def test_arguments_after_the_separator_are_only_for_a_script(capsys):
+    from autotune.cli import main
+
+    with pytest.raises(SystemExit) as done:  # argparse's own exit, one line
+        main(["estimate", "--", "--deepspeed", "x.json"])
+    err = capsys.readouterr().err
+    assert done.value.code == 2
+    assert err.count("\n") == 1 and "arguments after --: --deepspeed x.json: only with --script" in err
+
+
+def test_the_scripts_arguments_are_given_one_way(tmp_path, capsys):
+    from pathlib import Path
+
+    from autotune.cli import main
+
+    script = Path(__file__).parent / "scripts" / "plain_ds_train.py"
+    with pytest.raises(SystemExit) as done:
+        main(["tune", "--script", str(script), "--script-args", "--steps 5", "--", "--steps", "5"])
+    assert done.value.code == 2 and "--script-args and arguments after --: choose one" in capsys.readouterr().err

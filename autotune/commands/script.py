@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autotune.commands.common import hardware_of
@@ -37,14 +38,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="your DeepSpeed training script; each trial runs it with the trial's config applied at "
                             "deepspeed.initialize (instead of the built-in --model)")
     group.add_argument("--script-args", default="",
-                       help='the script\'s arguments as one string, e.g. "--deepspeed_config ds.json --steps 100"')
+                       help='the script\'s arguments as one string, e.g. "--deepspeed_config ds.json --steps 100"; or '
+                            'give them after --, as the shell splits them: --script train.py -- --deepspeed ds.json')
 
 
 def script_from(args: argparse.Namespace) -> "Script":
     from autotune.backends.script import Script  # not at import: the CLI builds every command's parser at start
 
+    if getattr(args, "script_argv", None) is not None:  # after `--`: as the shell split them
+        return Script(str(args.script), tuple(args.script_argv))
     try:
         script_args = tuple(shlex.split(args.script_args or ""))
     except ValueError as err:
         raise ConfigError(f"--script-args {args.script_args!r}: {err}") from None
     return Script(str(args.script), script_args)
+
+
+CONFIG_FLAGS = ("--deepspeed_config", "--deepspeed", "--deepscale_config")  # how scripts name their ds_config.json
+
+
+def script_ds_config(script_args: tuple[str, ...]) -> Path | None:
+    """The DeepSpeed config file the script's arguments name (`--deepspeed_config FILE`, `--deepspeed FILE`, or
+    `=FILE`), if it is a JSON file there; None otherwise (the script may build its config itself)."""
+    for i, arg in enumerate(script_args):
+        flag, eq, value = arg.partition("=")
+        if flag in CONFIG_FLAGS:
+            path = Path(value if eq else script_args[i + 1] if i + 1 < len(script_args) else "")
+            if path.suffix == ".json" and path.is_file():
+                return path
+    return None

@@ -25,11 +25,14 @@ from autotune.search.pruning import cause_counts, describe_causes
 from autotune.search.rundir import RunDir
 from autotune.values.settings import RunSettings, masked
 from autotune.prediction.scale import at_target
-from autotune.search_spaces import space_note
+from autotune.search_spaces import choices_for, space_note
 from autotune.commands.script import add_arguments as script_arguments, script_from
 from autotune.values.space import Space
 from autotune.outputs import tracking
 from autotune.values.units import format_size
+from autotune.values.ds_autotuning import read_autotuning
+from autotune.files import load_json
+from autotune.values.hardware import Hardware
 
 if TYPE_CHECKING:
     from autotune.drivers.ray import RayOptions
@@ -110,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
     defaulted = args.model is None and not args.script and args.backend != "replay"
     spec = script_spec_from(args) if args.script else spec_from(args)
     ray = ray_options(args)
-    progress = TuneConsole(args, spec.trials, DEFAULT_MODEL_NOTE if defaulted else None)
+    notes = ([DEFAULT_MODEL_NOTE] if defaulted else []) + getattr(args, "_notes", [])
+    progress = TuneConsole(args, spec.trials, notes)
     with sigterm_as_interrupt():
         try:
             result = autotune.tune(spec, args.out, resume=args.resume, executor=ray, callbacks=progress)
@@ -163,25 +167,42 @@ def script_spec_from(args: argparse.Namespace) -> TuneSpec:
     script = script_from(args)  # the script exists and its arguments parse
     workload, hardware = script_command.script_target(args)
     options = {**spec_options_from(args), "backend": "deepspeed"}
+    options.update(autotuning_options(args, script.args, hardware))
     return TuneSpec(workload, hardware, **options, script=script.path, script_args=script.args,
                     script_global_batch=args.global_batch)
+
+
+def autotuning_options(args: argparse.Namespace, script_args: tuple[str, ...], hardware: Hardware) -> dict[str, Any]:
+    """What the `"autotuning"` block of the script's ds_config.json asks (DeepSpeed's own autotuner's), as options
+    where no flag set them (autotune.values.ds_autotuning): the strategy, the trials, the space's micro-batches and
+    ZeRO stages; each key it cannot apply is a line of the headline (args._notes)."""
+    path = script_command.script_ds_config(script_args)
+    block = None if path is None else read_autotuning(load_json(path, "the script's DeepSpeed config"), str(path))
+    if block is None:
+        return {}
+    defaults = {name: default for name, _, default in spec_options()}
+    options = {name: value for name, value in block.options.items() if getattr(args, name) == defaults[name]}
+    taken = ", ".join(f"{name} {value}" for name, value in options.items())
+    args._notes = [*getattr(args, "_notes", []), f"{path}: autotuning block read: {taken or 'no option taken'}"
+                   + (", the space narrowed to its micro-batches and ZeRO stages" if block.micro_batch or
+                      block.micro_batches or block.zero_stages else ""), *block.notes]
+    return {**options, "space": block.narrowed(choices_for(args.space, hardware))}
 
 
 class TuneConsole(ConsoleProgress):
     """`autotune tune`'s display: ConsoleProgress, and the sweep's headline once it has begun (the run
     directory locked, its settings written or checked)."""
 
-    def __init__(self, args: argparse.Namespace, trials: int, note: str | None = None) -> None:
+    def __init__(self, args: argparse.Namespace, trials: int, notes: list[str] | None = None) -> None:
         super().__init__(trials, quiet=getattr(args, "quiet", False), verbose=getattr(args, "verbose", False))
         self.args = args
-        self.note = note  # said first in the headline: after every check passed, nothing before a refusal
+        self.notes = notes or []  # said first in the headline: after every check passed, nothing before a refusal
         self.start: SweepStart | None = None
 
     def begun(self, start: SweepStart) -> None:
         self.start = start
         self.args._run_dir = start.run_dir.path  # an internal error's traceback goes to its logs/ (autotune.cli)
-        for line in ([self.note] if self.note else []) + headline(start.run_dir, start.settings, start.space,
-                                                                  start.budget, start.resumed):
+        for line in self.notes + headline(start.run_dir, start.settings, start.space, start.budget, start.resumed):
             self.message(line)
 
 
