@@ -301,3 +301,24 @@ def test_the_built_in_model_builds_q_k_norms_and_refuses_latent_attention():
         GPT(replace(dense_mla, layers=1, hidden=64, heads=2, kv_heads=2, head_dim=32, rope_head_dim=16,
                     kv_lora_rank=16, v_head_dim=16, ffn_hidden=32, vocab=64))
     assert "mixture of experts" in (unsupported_reason(lite) or "")
+
+
+def test_a_multimodal_config_is_refused_naming_its_text_config(tmp_path):
+    """Gemma 3's multimodal config.json (model_type gemma3) holds its language model in text_config: the one-line
+    refusal says to pass that (issue 43), which loads."""
+    text = {**json.loads((CONFIGS / "gemma-3-4b-text.json").read_text()), "model_type": "gemma3_text"}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "gemma3", "text_config": text, "vision_config": {"hidden_size": 1152}}))
+    with pytest.raises(ConfigError) as err:
+        load_model(str(path))
+    assert "pass its text_config (model_type 'gemma3_text') as a config.json of its own" in str(err.value)
+    (tmp_path / "text.json").write_text(json.dumps(text))
+    assert load_model(str(tmp_path / "text.json")).params > 3e9
+
+
+def test_estimate_shows_a_mixture_of_experts_active_parameters(capsys):
+    assert main(["estimate", "--model", str(CONFIGS / "qwen3-30b-a3b.json"), "--gpus", "8", "--hardware", "h100-80gb",
+                 "--seq-len", "2048", "--top", "1"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    shape = load_model(str(CONFIGS / "qwen3-30b-a3b.json"))
+    assert f"{shape.params / 1e6:,.1f}M parameters ({shape.active_params / 1e6:,.1f}M active per token)" in first

@@ -399,6 +399,11 @@ def _from_hf(data: dict[str, Any], where: str, name: str, seq_len: int | None) -
     reader = HF_TYPES.get(model_type) if isinstance(model_type, str) else None
     if reader is None:
         what = f"model_type {model_type!r} is not supported" if model_type is not None else "no model_type"
+        text = data.get("text_config")
+        inner = text.get("model_type") if isinstance(text, dict) else None
+        if inner in HF_TYPES:  # a multimodal config (gemma3, llava, ...): its language model is what trains here
+            what += (f" (a multimodal config): pass its text_config (model_type {inner!r}) as a config.json of its "
+                     "own, which is supported")
         raise ConfigError(f"{where}: {what}: supported {', '.join(sorted(HF_TYPES))}")
     values = reader(_Config(data, where))
     context = values.pop("context") or DEFAULT_SEQ_LEN
