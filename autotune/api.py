@@ -51,6 +51,7 @@ from autotune.values.space import Choices, Space
 from autotune.strategies import STRATEGIES, check_strategy, strategy_name
 from autotune.search.study_storage import canonical as canonical_storage, check_storage
 from autotune.outputs.tracking import Tracker, check_uri as check_tracking_uri, resolve_uri as tracking_uri, tracked
+from autotune.outputs.wandb_tracking import check_project
 from autotune.values.workload import Workload
 
 if TYPE_CHECKING:
@@ -189,6 +190,12 @@ class TuneSpec:
     trial_timeout_s: float | None = option(
         None, "--trial-timeout", "end a trial that has not finished within this long, e.g. 20m (default: 600 s; the "
         "clock pauses while a trial builds DeepSpeed's C++ ops)", duration, allowed="a duration such as 20m or 900s")
+    # Weights & Biases tracking (autotune/outputs/wandb_tracking.py, the `wandb` extra): a project; None: off. As MLflow
+    # tracking, not a setting of the sweep.
+    wandb: str | None = option(
+        None, "--wandb", "log every trial and the recommendation to this Weights & Biases project, a run per trial in "
+        "a group per sweep (offline with WANDB_MODE=offline: `wandb sync` uploads them; needs the wandb extra: pip "
+        "install 'ds-autotune[wandb]')", metavar="PROJECT")
     # The CUDA caching allocator's mode (autotune.values.allocator: default or expandable); None: the profile's, else
     # what this process's PYTORCH_CUDA_ALLOC_CONF says. It lands in the sweep's hardware (Hardware.allocator).
     allocator: str | None = option(
@@ -224,6 +231,7 @@ class TuneSpec:
             raise ConfigError(f"confirm {self.confirm!r}: must be a whole number of repeats >= 0 (0: no "
                               "confirmation; None: the backend's default)")
         check_tracking_uri(self.mlflow_uri)
+        check_project(self.wandb)
         check_stop_when(self.stop_when)
 
     @property
@@ -437,7 +445,7 @@ def tune_many(plans: Sequence[Plan], *, executor: "RayOptions | None" = None,
                                                             sleep_s=simulated_sleep_s(run.settings.backend)))
             sigma = prior_sigma(run.settings.backend, backends.get(i))  # a simulation's own noise, if it says
             sweep, tracker, reason = open_sweep(stack, run.run_dir, run.settings, run.space, show, run.tracking, own,
-                                                plan.tracking_name, sigma)
+                                                plan.tracking_name, sigma, plan.spec.wandb)
             opened[i] = sweep, tracker
             if reason is not None:
                 reasons[i] = reason
@@ -728,12 +736,13 @@ def begin(run_dir: RunDir, settings: RunSettings, resume: bool, hint: str = RESU
 
 def open_sweep(stack: ExitStack, run_dir: RunDir, settings: RunSettings, space: Space, progress: Progress,
                tracking: str | None, strategy: Any = None, name: str | None = None,
-               launch_sigma: float | None = None) -> tuple[Sweep, Tracker, StopReason | None]:
+               launch_sigma: float | None = None, wandb: str | None = None) -> tuple[Sweep, Tracker, StopReason | None]:
     """The Sweep of a held run directory with its tracker (open for the rest of `stack`; `name`: the MLflow
     parent run's), both given every hook when made: the tracker, `progress`'s lines, the launch spread of its
     backend (`launch_sigma`; None: its kind's); and StopReason.NOTHING_FITS when no config of the space is
     predicted to fit (nothing runs)."""
-    tracker = stack.enter_context(tracked(tracking, run_dir, settings, run_dir.results(), progress.message, name=name))
+    tracker = stack.enter_context(tracked(tracking, run_dir, settings, run_dir.results(), progress.message, name=name,
+                                          wandb=wandb))
     hooks = Hooks(tracker, progress.pruned, progress.message)
     sweep = Sweep.open(run_dir, settings, space, strategy, hooks=hooks, launch_sigma=launch_sigma)
     return sweep, tracker, StopReason.NOTHING_FITS if sweep.nothing_fits(space) else None

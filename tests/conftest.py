@@ -30,7 +30,7 @@ BESIDE = {"test_api.py", "test_confirm.py", "test_devices.py", "test_env_deepspe
           "test_gpu_validation.py", "test_installed_package.py", "test_models.py", "test_ops.py", "test_progress.py",
           "test_report.py", "test_resume.py", "test_scale.py", "test_script_loops.py", "test_script_real.py",
           "test_script_units.py", "test_strategies.py", "test_trial_cli.py", "test_tune_cli.py",
-          "test_tune_deepspeed.py", "test_worker.py"}
+          "test_tune_deepspeed.py", "test_wandb_tracking.py", "test_worker.py"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (scripts/test: --dist loadgroup)

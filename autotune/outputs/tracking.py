@@ -74,6 +74,22 @@ class NoTracking:
 NO_TRACKING = NoTracking()
 
 
+class Trackers:
+    """Several trackers hearing the same sweep (MLflow and W&B)."""
+
+    def __init__(self, trackers: tuple[Tracker, ...]) -> None:
+        self.trackers = trackers
+
+    def trial(self, result: TrialResult) -> None:
+        for tracker in self.trackers:
+            tracker.trial(result)
+
+    def finish(self, best: TrialResult | None, summary: Mapping[str, Any], files: Sequence[Path], verdict: str,
+               stop_reason: str) -> None:
+        for tracker in self.trackers:
+            tracker.finish(best, summary, files, verdict, stop_reason)
+
+
 def local_uri(folder: str | Path) -> str:
     """The default store: a SQLite database in `folder` (the run or sweep directory)."""
     return f"sqlite:///{(Path(folder) / LOCAL_DB).resolve()}"
@@ -147,16 +163,22 @@ _MISSING = f"MLflow tracking needs mlflow: pip install 'ds-autotune[{EXTRA}]' (i
 
 @contextmanager
 def tracked(uri: str | None, run_dir: "RunFolder", settings: "RunSettings", history: Sequence[TrialResult],
-            warn: Callable[[str], None], name: str | None = None) -> Iterator[Tracker]:
-    """The sweep's tracker for one session (NO_TRACKING when `uri` is None): the parent run opened or
-    continued, the history not yet logged logged now. The parent ends FINISHED (KILLED when the sweep was
-    interrupted, or on Ctrl-C), FAILED on an error."""
+            warn: Callable[[str], None], name: str | None = None, wandb: str | None = None) -> Iterator[Tracker]:
+    """The sweep's tracker for one session: MLflow at `uri` and W&B project `wandb` (autotune.outputs.wandb_tracking),
+    either, both or none (NO_TRACKING); each one's parent run opened or continued, the history not yet logged logged
+    now. MLflow's parent ends FINISHED (KILLED when the sweep was interrupted, or on Ctrl-C), FAILED on an error."""
+    trackers: list[Tracker] = []
+    if wandb is not None:
+        from autotune.outputs.wandb_tracking import WandbTracker
+
+        trackers.append(WandbTracker.open(wandb, run_dir, settings, history, warn=warn, name=name))
     if uri is None:
-        yield NO_TRACKING
+        yield Trackers(tuple(trackers)) if trackers else NO_TRACKING
         return
     tracker = MlflowTracker.open(uri, run_dir, settings, history, warn=warn, name=name)
+    trackers.append(tracker)
     try:
-        yield tracker
+        yield Trackers(tuple(trackers)) if len(trackers) > 1 else tracker
     except KeyboardInterrupt:
         tracker.end("KILLED")
         raise

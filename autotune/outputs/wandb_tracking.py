@@ -1,0 +1,160 @@
+"""Experiment tracking with Weights & Biases (the optional `wandb` extra), beside MLflow (autotune.outputs.tracking), in
+the same layout: a sweep is a group whose parent is a run of job type `sweep` (the settings as config; at the end of
+each session the recommendation, the status counts and the stop reason as summary, the outputs as files), and every
+trial it launches is a run of job type `trial` in that group (its knobs as config, its throughput, tokens/s, peak
+memory, step time, wall time and the predictions it launched on as summary, its status, phase, trial number and
+error). Pruned configs never ran: counted on the parent, not logged one by one.
+
+Offline where WANDB_MODE=offline (W&B's own variable) or no API key is configured: the runs stay in
+`<run dir>/wandb/` and `wandb sync` uploads them later. Resume: the parent's id and the trial numbers already logged
+are kept in the run directory (`wandb.json`, per project), so a resumed sweep continues the same parent and logs
+only what is missing. A W&B failure mid-sweep stops tracking for the session with one warning, never the sweep.
+wandb is imported only when asked for (seconds).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+from autotune.values.config import ConfigError
+from autotune.values.results import TrialResult
+
+if TYPE_CHECKING:
+    from autotune.search.rundir import RunFolder
+    from autotune.values.settings import RunSettings
+
+EXTRA = "wandb"  # pip install 'ds-autotune[wandb]'
+STATE = "wandb.json"  # in the run directory: per project, the parent run's id and the trials logged
+SUMMARY = ("throughput_samples_per_s", "tokens_per_s", "peak_memory_bytes", "step_time_s", "wall_time_s",
+           "predicted_peak_bytes", "predicted_throughput_samples_per_s", "chance_of_better")
+
+
+def check_project(project: str | None) -> None:
+    """A W&B project name and the wandb package there to log to it; ConfigError naming what to do."""
+    if project is None:
+        return
+    if not isinstance(project, str) or not project.strip() or "/" in project:
+        raise ConfigError(f"W&B project {project!r}: allowed a project name (letters, digits, - and _; no /)")
+    try:
+        found = importlib.util.find_spec("wandb") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise ConfigError(f"--wandb {project}: W&B tracking needs wandb: pip install 'ds-autotune[{EXTRA}]'")
+
+
+class WandbTracker:
+    """One sweep's group in a W&B project: its parent run (job type `sweep`) and a run per launched trial."""
+
+    def __init__(self, project: str, run_dir: "RunFolder", group: str, parent_id: str, logged: set[int],
+                 warn: Callable[[str], None], config: Mapping[str, Any] | None = None) -> None:
+        self.project, self.run_dir, self.group, self.parent_id = project, run_dir, group, parent_id
+        self.config = dict(config or {})  # the parent's: the sweep's settings
+        self.logged = logged
+        self.warn = warn
+        self.broken: str | None = None
+
+    @classmethod
+    def open(cls, project: str, run_dir: "RunFolder", settings: "RunSettings", history: Sequence[TrialResult], *,
+             warn: Callable[[str], None], name: str | None = None) -> "WandbTracker":
+        """The group of `run_dir` in `project` (continued if `wandb.json` names it, else started; its parent run is
+        written at `finish`, with the settings as config), every launched trial of `history` not yet logged logged
+        now."""
+        import secrets
+
+        state = _read_state(run_dir)
+        entry = state.get(project) or {}
+        group = entry.get("group") or name or run_dir.path.name
+        parent_id = entry.get("parent_id") or secrets.token_hex(4)  # W&B's run ids: 8 lowercase characters
+        state[project] = {"group": group, "parent_id": parent_id, "logged": sorted(entry.get("logged", []))}
+        run_dir.write_json(STATE, state)
+        tracker = cls(project, run_dir, group, parent_id, set(state[project]["logged"]), warn, settings.to_dict())
+        for number, result in enumerate(history, 1):  # a session without tracking, or a crash in between
+            if "trial" not in result.extra:
+                result = replace(result, extra={**result.extra, "trial": number})
+            tracker.trial(result)
+        return tracker
+
+    @staticmethod
+    def _init(project: str, run_dir: "RunFolder", group: str, job: str, name: str, run_id: str | None,
+              config: Mapping[str, Any]) -> Any:
+        import wandb
+
+        return wandb.init(project=project, group=group, job_type=job, name=name, id=run_id, resume="allow",
+                          config=dict(config), dir=str(run_dir.path), reinit="create_new",
+                          settings=wandb.Settings(silent=True, console="off"))
+
+    def trial(self, result: TrialResult) -> None:
+        """Log a launched trial as a run of the group, once (pruned configs are counted at `finish`)."""
+        number = result.extra.get("trial")
+        if self.broken or result.status == "pruned" or not isinstance(number, int) or number in self.logged:
+            return
+        try:
+            run = self._init(self.project, self.run_dir, self.group, "trial", f"#{number} {result.config.label()}",
+                             None, result.config.to_dict())
+            line = result.to_dict()
+            run.summary.update({key: line[key] for key in SUMMARY if line.get(key) is not None})
+            run.summary.update({"trial": number, "status": result.status, "phase": result.phase,
+                                "backend": result.backend, **({"error": result.error} if result.error else {}),
+                                **({"repeat_of": result.repeat_of} if result.repeat_of is not None else {})})
+            run.finish(exit_code=0 if result.ok else 1)
+        except Exception as err:  # noqa: BLE001  a tracker that fails must not end a sweep of real trials
+            self._broke(err)
+            return
+        self.logged.add(number)
+        self._save()
+
+    def finish(self, best: TrialResult | None, summary: Mapping[str, Any], files: Sequence[Path], verdict: str,
+               stop_reason: str) -> None:
+        """The recommendation, the status counts, the stop reason and the outputs on the parent run."""
+        if self.broken:
+            return
+        values: dict[str, Any] = {f"trials_{status}": n for status, n in summary.get("status_counts", {}).items()}
+        values.update(trials_recorded=int(summary.get("trials") or 0), verdict=verdict, stop_reason=str(stop_reason))
+        if summary.get("convergence"):
+            values["chance_of_better"] = summary["convergence"]["chance_of_better"]
+        if best is not None:
+            values.update({f"best_{key}": getattr(best, key) for key in
+                           ("throughput_samples_per_s", "tokens_per_s", "peak_memory_bytes", "step_time_s")})
+            values.update({f"best.{knob}": value for knob, value in best.config.to_dict().items()},
+                          **{"best.config": best.config.label(), "best.trial": summary.get("best_trial_index")})
+        try:
+            parent = self._init(self.project, self.run_dir, self.group, "sweep", f"sweep {self.group}",
+                                self.parent_id, self.config)
+            parent.summary.update(values)
+            for path in files:
+                if Path(path).is_file():
+                    parent.save(str(path), base_path=str(self.run_dir.path), policy="now")
+            parent.finish(exit_code=1 if str(stop_reason) == "interrupted" else 0)
+        except Exception as err:  # noqa: BLE001  as in trial(): the outputs are in the run directory anyway
+            self._broke(err)
+
+    def _save(self) -> None:
+        state = _read_state(self.run_dir)
+        state[self.project] = {"group": self.group, "parent_id": self.parent_id, "logged": sorted(self.logged)}
+        self.run_dir.write_json(STATE, state)
+
+    def _broke(self, err: Exception) -> None:
+        if self.broken is None:
+            self.broken = _one_line(err)
+            self.warn(f"W&B tracking stopped for this session (project {self.project}): {self.broken}; the trials "
+                      "are recorded in the run directory, and --resume logs those missing")
+
+
+def _read_state(run_dir: "RunFolder") -> dict[str, Any]:
+    data = run_dir.read_json(STATE)
+    if data is None:
+        return {}
+    if not isinstance(data, dict) or not all(isinstance(v, dict) and isinstance(v.get("parent_id"), str)
+                                             and isinstance(v.get("logged", []), list) for v in data.values()):
+        raise ConfigError(f"{run_dir.path / STATE}: expected an object of W&B project -> {{group, parent_id, logged}}; "
+                          "remove it to start a new group")
+    return data
+
+
+def _one_line(err: BaseException) -> str:
+    text = f"{type(err).__name__}: {err}".strip()
+    return text.splitlines()[0] if text else type(err).__name__

@@ -1,0 +1,111 @@
+"""Weights & Biases tracking beside MLflow (autotune/outputs/wandb_tracking.py, issue 43), offline so that it runs here:
+a sweep is a group of runs, its parent (job type sweep) holding the settings and the recommendation, a run per
+launched trial; a resumed sweep logs only what is missing. The runs are read back from W&B's own offline files."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from autotune.cli import main
+from autotune.values.config import ConfigError
+
+pytest.importorskip("wandb")  # the wandb extra, which the suite installs (scripts/test)
+
+BLOCK = 32768  # W&B's .wandb files are LevelDB logs: 32 KiB blocks of records, each a protobuf Record
+
+
+def records(path: Path):
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    pos, chunks = 7, []
+    while pos + 7 <= len(data):
+        if BLOCK - pos % BLOCK < 7:  # a block's tail too short for a record header is padding
+            pos += BLOCK - pos % BLOCK
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        chunks.append(data[pos + 7:pos + 7 + length])
+        pos += 7 + length
+        if kind in (1, 4):  # a full record, or the last piece of one
+            record = pb.Record()
+            record.ParseFromString(b"".join(chunks))
+            chunks = []
+            yield record
+
+
+def offline_runs(run_dir: Path) -> list[dict]:
+    """Each offline run folder's run: its id, group, job type, name, config and summary as recorded."""
+    runs = []
+    for folder in sorted((run_dir / "wandb").glob("offline-run-*")):
+        run: dict = {"config": {}, "summary": {}}
+        for record in records(next(folder.glob("*.wandb"))):
+            kind = record.WhichOneof("record_type")
+            if kind == "run":
+                r = record.run
+                run.update(id=r.run_id, group=r.run_group, job=r.job_type, name=r.display_name)
+                run["config"].update({u.key: json.loads(u.value_json) for u in r.config.update})
+            elif kind == "config":
+                run["config"].update({u.key: json.loads(u.value_json) for u in record.config.update})
+            elif kind == "summary":
+                run["summary"].update({(u.key or ".".join(u.nested_key)): json.loads(u.value_json)
+                                       for u in record.summary.update})
+        runs.append(run)
+    return runs
+
+
+@pytest.mark.slow  # two simulated sweeps and eight W&B runs: ~9 s
+def test_a_sweep_is_a_group_of_a_parent_and_its_trials_and_a_resume_logs_only_the_new_ones(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run = tmp_path / "run"
+    argv = ["tune", "--backend", "simulated", "--strategy", "random", "--seed", "3", "--wandb", "proj", "--out", str(run)]
+    assert main([*argv, "--trials", "3"]) == 0
+    runs = offline_runs(run)
+    trials = [r for r in runs if r["job"] == "trial"]
+    (parent,) = [r for r in runs if r["job"] == "sweep"]
+    assert len(trials) == 3 and {r["group"] for r in runs} == {"run"}
+    recorded = [json.loads(line) for line in (run / "trials.jsonl").read_text().splitlines()]
+    launched = [r for r in recorded if r["status"] != "pruned"]
+    assert sorted(r["summary"]["trial"] for r in trials) == [r["trial"] for r in launched]
+    first = next(r for r in trials if r["summary"]["trial"] == launched[0]["trial"])
+    assert first["config"]["zero_stage"] == launched[0]["config"]["zero_stage"]
+    assert first["summary"]["throughput_samples_per_s"] == pytest.approx(launched[0]["throughput_samples_per_s"])
+    summary = json.loads((run / "summary.json").read_text())
+    assert parent["config"]["strategy"] == "random" and parent["summary"]["stop_reason"] == "trials"
+    assert parent["summary"]["best.config"] == config_label(summary) and parent["summary"]["trials_recorded"] == 3
+    assert (run / "wandb" / parent_folder(run, parent["id"]) / "files" / "report.md").is_file()  # the outputs
+    # Resumed to 5 trials: the two new ones logged, none again; the parent continues (the same id).
+    assert main([*argv, "--trials", "5", "--resume"]) == 0
+    again = offline_runs(run)
+    assert len([r for r in again if r["job"] == "trial"]) == 5
+    assert {r["id"] for r in again if r["job"] == "sweep"} == {parent["id"]}
+    assert json.loads((run / "wandb.json").read_text())["proj"]["logged"] == [
+        r["trial"] for r in map(json.loads, (run / "trials.jsonl").read_text().splitlines()) if r["status"] != "pruned"]
+
+
+def config_label(summary: dict) -> str:
+    from autotune.values.config import Config
+
+    return Config.from_dict(summary["best"]["config"]).label()
+
+
+def parent_folder(run: Path, run_id: str) -> str:
+    return sorted(p.name for p in (run / "wandb").glob(f"offline-run-*-{run_id}"))[-1]
+
+
+def test_a_project_name_is_checked_and_a_missing_wandb_named(monkeypatch):
+    import importlib.util
+
+    from autotune.outputs.wandb_tracking import check_project
+
+    with pytest.raises(ConfigError, match="W&B project 'a/b': allowed a project name"):
+        check_project("a/b")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"--wandb proj: W&B tracking needs wandb: pip install 'ds-autotune\[wandb\]'"):
+        check_project("proj")
