@@ -228,7 +228,8 @@ def test_calibration_from_real_trials_improves_their_prediction(real):
     assert fit.time_after < fit.time_before
 
 
-def test_trial_table_shows_measured_and_predicted_side_by_side(real, capsys, tmp_path):
+def test_trial_table_shows_measured_and_predicted_side_by_side(real, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # the table takes the terminal's width: wide enough for one line a row
     r = real["z0-fp32"]
     show(r, _backend(tmp_path).predict(r.config), Calibration(), make_workload("tiny", global_batch=4), CPU, tmp_path)
     out = capsys.readouterr().out
