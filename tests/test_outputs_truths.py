@@ -192,7 +192,7 @@ def test_the_extras_are_declared_and_named_where_people_read_them():
     assert extras["dashboard"] == ["optuna-dashboard>=0.21"]
     assert extras["tracking-ui"] == ["mlflow>=3.0"]  # the full mlflow: `mlflow ui` runs
     assert extras["tracking"] == ["mlflow-skinny>=3.0"]  # logging only (CI)
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    readme = " ".join((ROOT / "docs" / "tune.md").read_text().split())  # tune's MLflow and study docs (issue 43)
     assert "`mlflow ui --backend-store-uri sqlite:///<out>/mlflow.db` shows it, with `pip install -e '.[tracking-ui]'`" \
         in readme
     assert "optuna-dashboard: `pip install -e '.[dashboard]'`" in readme
