@@ -1,7 +1,13 @@
 """The distorted simulation's backend: the true landscape of one task (the estimator's, with a hidden
 distortion drawn per episode) run like the simulated backend, with the noise-free optimum known.
 `autotune.rl.simulator` draws the distortions and trains on it (its docstring says how they are drawn);
-it is built through the factory (`autotune.backends.factory.distorted_backend`)."""
+it is built through the factory (`autotune.backends.factory.distorted_backend`).
+
+A result's `wall_time_s` is a flat `trial_overhead_s + measured_steps * step` by default; with `trial_times=True` a
+GPU-like trial time (autotune.backends.simulated.TrialClock, issue 41): the trial-time model at the config's true
+(distorted, noise-free) step time, `fits` from its true peak against the budget and the host's memory, each op's
+first build once per run (a new noise seed is a new run), and the world's noise on it from a stream of its own
+(the throughput noise draws are unchanged)."""
 
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autotune.backends.simulated import TrialClock, side_stream
 from autotune.values.config import KNOBS, Config
 from autotune.values.results import TrialResult
 from autotune.values.space import Space
@@ -110,7 +117,8 @@ class DistortedBackend:
     fatal: str | None = None  # no config can succeed here (Backend protocol)
 
     def __init__(self, landscape: Landscape, codes: np.ndarray, budget_bytes: int, distortion: Distortion,
-                 noise: float, rng: np.random.Generator, trial_overhead_s: float = 15.0, measured_steps: int = 10):
+                 noise: float, rng: np.random.Generator, trial_overhead_s: float = 15.0, measured_steps: int = 10,
+                 *, trial_times: bool = False):
         t_factor, m_factor = distortion.factors(codes)
         self.distortion = distortion  # the hidden truth, for benchmarks that ask what knowing it would give
         self.landscape = landscape
@@ -123,12 +131,22 @@ class DistortedBackend:
         self.rng = rng
         self.trial_overhead_s = trial_overhead_s
         self.measured_steps = measured_steps
+        # GPU-like wall times, their noise drawn beside the distortion's seed (the same for the same truth).
+        self.clock = TrialClock(self.workload, landscape.space.hardware, noise, side_stream(distortion.seed)) \
+            if trial_times else None
 
     def with_noise_seed(self, seed: int) -> "DistortedBackend":
-        """The same truth with its own stream of step-time noise."""
+        """The same truth with its own stream of step-time noise (and of wall-time noise: a new run)."""
         other = copy.copy(self)
         other.rng = np.random.default_rng(seed)
+        if self.clock is not None:
+            other.clock = self.clock.new_run(side_stream(seed))
         return other
+
+    def _clocked(self, config: Config, index: int, fits: bool) -> float:
+        """The trial's GPU-like seconds at the config's true step time (self.clock set)."""
+        assert self.clock is not None
+        return self.clock.seconds(config, self.workload.global_batch / float(self.throughput[index]), fits)
 
     @property
     def optimum(self) -> float | None:
@@ -151,13 +169,15 @@ class DistortedBackend:
         if not self.feasible[index]:
             why = (f"peak {format_size(peak)} exceeds the budget {format_size(budget)}" if peak > budget
                    else "offloaded state exceeds the node's host memory")
+            wall = self.trial_overhead_s if self.clock is None else self._clocked(config, index, False)
             return TrialResult(config, "oom", peak_memory_bytes=peak, memory_budget_bytes=budget,
-                               wall_time_s=self.trial_overhead_s, backend=self.name, error=why)
+                               wall_time_s=wall, backend=self.name, error=why)
         samples = float(self.throughput[index])
         if self.noise:
             samples /= math.exp(self.noise * self.rng.standard_normal())
         step = self.workload.global_batch / samples
+        wall = self.trial_overhead_s + self.measured_steps * step if self.clock is None \
+            else self._clocked(config, index, True)
         return TrialResult(config, "ok", throughput_samples_per_s=samples,
                            tokens_per_s=samples * self.workload.model.seq_len, step_time_s=step,
-                           peak_memory_bytes=peak, memory_budget_bytes=budget,
-                           wall_time_s=self.trial_overhead_s + self.measured_steps * step, backend=self.name)
+                           peak_memory_bytes=peak, memory_budget_bytes=budget, wall_time_s=wall, backend=self.name)

@@ -11,9 +11,16 @@ What a result holds:
   node's host memory is an `oom` too.
 - a config the workload or hardware cannot run (e.g. fp16 where the profile has no fp16) is
   `unsupported`, with the reason.
-- `wall_time_s` is the duration a real trial of this config would take (launch overhead plus measured
-  steps): deterministic for a seed, so drivers with time budgets and Ray's scale tests can use it.
-  Nothing sleeps.
+- `wall_time_s` is the duration a real trial of this config would take, deterministic for a seed, so drivers
+  with time budgets and Ray's scale tests can use it. Nothing sleeps. By default a flat launch overhead plus
+  the measured steps (`trial_overhead_s + measured_steps * step`); with `trial_times=True` a GPU-like trial time
+  (`TrialClock`, issue 41): autotune.prediction.trial_time's phases at the config's noise-free step time
+  (launch, op load, model build, deepspeed.initialize with ZeRO-3's and optimizer offload's longer ones,
+  warm-up with fp16's expected skipped steps, measurement, exit), a config over the budget or the host's
+  memory dying in its first step (`fits=False`), the first trial of the run that uses an op (FusedAdam,
+  DeepSpeedCPUAdam) paying its build once, and the world's noise on the whole (exp(noise * N(0, 1)), drawn
+  from a stream of its own, so the step-time noise draws are the same with and without it). Off by default:
+  tests pin the flat figure, and the environment's reward reads no wall time.
 
 Predictions are cached per config (compactly): a run after the first costs a dictionary lookup and one
 noise draw; without noise, the whole result is reused.
@@ -23,18 +30,79 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import replace
 from typing import NamedTuple
 
 import numpy as np
 
 from autotune.values.config import Config, ConfigError
 from autotune.prediction.estimate import Calibration, Estimate, estimate, host_need_bytes
+from autotune.prediction.trial_time import (CPU_ADAM, DEFAULT_MEASURE, FUSED_ADAM, JobSize, Measure, TrialTimeModel,
+                                            model_for, op_for, trial_time_at)
 from autotune.values.hardware import Hardware
 from autotune.values.results import TrialResult
 from autotune.values.settings import check_budget
 from autotune.values.space import invalid_reason
 from autotune.values.units import format_size
 from autotune.values.workload import Workload
+
+
+ALL_OPS = frozenset({FUSED_ADAM, CPU_ADAM})
+WALL_STREAM = 41  # the wall-time noise's stream beside a seed's own (issue 41): [WALL_STREAM, seed]
+
+
+def side_stream(seed: int | np.random.Generator | None) -> np.random.Generator:
+    """A generator of its own for `seed` that leaves the seed's stream as it was: [WALL_STREAM, seed] for an int,
+    a child of a generator's seed sequence (drawing nothing from it), fresh entropy otherwise."""
+    if isinstance(seed, np.random.Generator):
+        sequence = getattr(seed.bit_generator, "seed_seq", None)
+        return np.random.default_rng(sequence.spawn(1)[0] if isinstance(sequence, np.random.SeedSequence) else None)
+    return np.random.default_rng(None if seed is None else [WALL_STREAM, int(seed)])
+
+
+class TrialClock:
+    """A simulated world's GPU-like trial times (issue 41), one clock per run: what
+    autotune.prediction.trial_time predicts for a config at its true step time, the first trial of the run that
+    loads an op paying its build (once per op and run, out of memory or not: the op loads before the model is
+    built), and the world's multiplicative noise exp(noise * N(0, 1)) on the whole, from `rng`."""
+
+    def __init__(self, workload: Workload, hardware: Hardware, noise: float, rng: np.random.Generator,
+                 measure: Measure = DEFAULT_MEASURE, model: TrialTimeModel | None = None) -> None:
+        self.size = JobSize.of(workload, hardware)
+        self.model = model or model_for(hardware)
+        self.noise = float(noise)
+        self.rng = rng
+        self.measure = measure
+        self.ops_built: set[str] = set()
+        self._seconds: dict[tuple[Config, bool], float] = {}  # without op builds and noise, per (config, fits)
+
+    def new_run(self, rng: np.random.Generator) -> "TrialClock":
+        """The same world's clock for another run: no op built yet, noise from `rng` (the cache is shared)."""
+        other = copy.copy(self)
+        other.rng, other.ops_built = rng, set()
+        return other
+
+    def expected_s(self, config: Config, step_time_s: float, fits: bool) -> float:
+        """The trial's predicted seconds with every op built and no noise."""
+        key = (config, fits)
+        seconds = self._seconds.get(key)
+        if seconds is None:
+            seconds = trial_time_at(config, self.size, step_time_s, self.model, fits=fits, ops_built=ALL_OPS,
+                                    measure=self.measure).total_s
+            self._seconds[key] = seconds
+        return seconds
+
+    def seconds(self, config: Config, step_time_s: float, fits: bool) -> float:
+        """A trial of `config` now: its expected seconds, the op's first build if this run has not built it,
+        noise."""
+        seconds = self.expected_s(config, step_time_s, fits)
+        op = op_for(config)
+        if op is not None and op not in self.ops_built:
+            self.ops_built.add(op)
+            seconds += self.model.op_build(op)
+        if self.noise:
+            seconds *= math.exp(self.noise * self.rng.standard_normal())
+        return seconds
 
 
 class _Prediction(NamedTuple):
@@ -53,7 +121,8 @@ class SimulatedBackend:
 
     def __init__(self, workload: Workload, hardware: Hardware, memory_budget_bytes: int, noise: float = 0.0,
                  seed: int | np.random.Generator | None = None, calibration: Calibration = Calibration(), *,
-                 nvme_path: str | None = None, trial_overhead_s: float = 15.0, measured_steps: int = 10) -> None:
+                 nvme_path: str | None = None, trial_overhead_s: float = 15.0, measured_steps: int = 10,
+                 trial_times: bool = False, measure: Measure = DEFAULT_MEASURE) -> None:
         check_budget(memory_budget_bytes)
         if not math.isfinite(noise) or noise < 0:
             raise ConfigError(f"noise={noise!r}: must be >= 0 (0 turns noise off; 0.1 is ~10% step-time spread)")
@@ -66,6 +135,8 @@ class SimulatedBackend:
         self.trial_overhead_s = trial_overhead_s
         self.measured_steps = measured_steps
         self._rng = np.random.default_rng(seed)
+        # GPU-like wall times (trial_times), their noise from a stream of their own.
+        self._clock = TrialClock(workload, hardware, self.noise, side_stream(seed), measure) if trial_times else None
         self._cache: dict[Config, _Prediction] = {}  # shared by with_budget() copies
         self._results: dict[Config, TrialResult] = {}  # outcomes that involve no noise, for this budget
 
@@ -76,11 +147,16 @@ class SimulatedBackend:
         other = copy.copy(self)
         other.memory_budget_bytes = int(memory_budget_bytes)
         other._results = {}
+        if self._clock is not None:  # another run: its ops not built yet
+            other._clock = self._clock.new_run(self._clock.rng)
         return other
 
     def reseed(self, seed: int | np.random.Generator | None) -> None:
-        """Restart the noise stream from a seed, or draw from a given generator (an environment passes its own)."""
+        """Restart the noise stream from a seed, or draw from a given generator (an environment passes its own);
+        with trial times, a new run: no op built yet, the wall-time noise from the seed's side stream."""
         self._rng = np.random.default_rng(seed)
+        if self._clock is not None:
+            self._clock = self._clock.new_run(side_stream(seed))
 
     def estimate(self, config: Config) -> Estimate:
         """The noise-free prediction for `config` (ConfigError if the config cannot run here). The backend
@@ -109,6 +185,13 @@ class SimulatedBackend:
         """Nothing held between trials."""
 
     def run(self, config: Config) -> TrialResult:
+        result = self._outcome(config)
+        if self._clock is None or result.status == "unsupported":
+            return result
+        step = self._lookup(config).step_time_s  # noise-free: the config's true step time
+        return replace(result, wall_time_s=self._clock.seconds(config, step, result.status == "ok"))
+
+    def _outcome(self, config: Config) -> TrialResult:
         result = self._results.get(config)
         if result is not None:  # deterministic outcomes are built once
             return result

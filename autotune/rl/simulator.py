@@ -14,8 +14,10 @@ So each task gets a hidden *distortion*, drawn per episode and never observed:
 - memory: one factor for the task (sigma s/3), one per ZeRO stage and per checkpointing interval (s/8):
   the out-of-memory cliff moves, mostly as a whole;
 and trials also carry the backend's multiplicative step-time noise. The observation keeps the nominal
-estimator's predictions, exactly as on real hardware. The optimum (best feasible true throughput,
-noise-free) is known by exhausting the space.
+estimator's predictions, exactly as on real hardware. Trials take GPU-like wall times (issue 41: the distorted
+backend's `trial_times`, autotune.prediction.trial_time at the config's true step time, each op's first build
+once per episode, the same noise level): the reward and the observation read none of it. The optimum (best
+feasible true throughput, noise-free) is known by exhausting the space.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def distorted_task(task: Task, spread: float, noise: float, seed: int) -> Distor
         raise ConfigError(f"the space has no valid config for {task.workload.model.name}")
     rng = np.random.default_rng(seed)
     return distorted_backend(landscape, landscape.codes, task.memory_budget_bytes,
-                             Distortion.draw(space, spread, rng), noise, rng)
+                             Distortion.draw(space, spread, rng), noise, rng, trial_times=True)
 
 
 class DistortedSource:
@@ -84,7 +86,7 @@ class DistortedSource:
         # A fresh hidden truth every episode (the base source caches episodes per task).
         distortion = Distortion.draw(land.space, self.spread, rng)
         backend = distorted_backend(land, land.codes, episode.task.memory_budget_bytes, distortion,
-                                    self.base.config.noise, rng)
+                                    self.base.config.noise, rng, trial_times=True)
         optimum = backend.optimum
         return replace(episode, backend=backend, optimum=optimum,
                        reference=optimum if optimum else episode.reference)
