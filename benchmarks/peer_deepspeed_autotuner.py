@@ -14,12 +14,17 @@ autotuner fails on this machine, the table says how (its exit code and the log l
     python benchmarks/peer_deepspeed_autotuner.py [--trials 12]
 
 Writes benchmarks/results/peer_deepspeed_autotuner.md and .json.
+
+`DeepSpeedSchedule` is the order DeepSpeed's autotuner runs its experiments in, as a strategy (propose/observe) that
+the search benchmarks run through the tuner's loop beside ours (benchmarks/search_efficiency.py, rl_evaluation.py,
+search_seconds.py; issue 41's `deepspeed` schedule). Its docstring says what is emulated and how.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import shutil
@@ -28,10 +33,184 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any, Generator
 
 ROOT = Path(__file__).resolve().parent
 REPO = ROOT.parent
 MICRO_BATCHES = (1, 2, 4, 8)
+# deepspeed/autotuning/constants.py (0.19.8): a gain under this share is a plateau (METRIC_PERCENT_DIFF_CONST), and
+# the micro-batches tuned after the search for the largest (AUTOTUNING_NUM_TUNING_MICRO_BATCH_SIZES_DEFAULT).
+PLATEAU = 0.05
+NUM_TUNING_MICRO_BATCH_SIZES = 3
+
+Walk = Generator[Any, None, Any]  # yields configs to run; results arrive in DeepSpeedSchedule.known
+
+
+class DeepSpeedSchedule:
+    """DeepSpeed's autotuner's order in its fast mode (`deepspeed --autotuning tune` with `"fast": true`, its default;
+    deepspeed/autotuning/autotuner.py of DeepSpeed 0.19.8: `tune`, `tune_space`, `get_min_max_micro_batch_size`,
+    `get_tuning_micro_batch_size_list`, `run_tuning_micro_batch_sizes`), as a strategy over a space's configs:
+
+    1. the model-info profile run: ZeRO-3 at the smallest micro-batch (DEFAULT_MIN_MEM_CONFIG: the space's
+       smallest at ZeRO-3; none where the space holds no ZeRO-3 config); tuning ends where it did not run (out of
+       memory, a crash, or pruned: it needs the model's figures, not a trained step);
+    2. ZeRO stages 0, 1, 2, 3 in turn; a stage whose model states plus one micro-batch's activations are predicted
+       not to fit is skipped, and so is one whose largest micro-batch predicted to fit is smaller than the largest
+       the tuning so far settled on (DeepSpeed's own estimate from the profile run: here the estimator's,
+       `SearchContext.predict`);
+    3. within a stage, its micro-batch search: the smallest micro-batch on the first stage tuned (the user's, 1),
+       the previous stage's largest on the later ones (the stage ends where it fails); then the largest predicted
+       to fit, 1.05x and 0.95x of it (where the space holds them), the first that runs is the stage's largest;
+       where none runs, a binary search between the two that stops at a failure's bound or where throughput gains
+       under 5% (a plateau);
+    4. the stage's list to tune: micro-batches from half the largest up to it at a stride of a third of the range,
+       those whose gradient accumulation differs from the largest's, and the largest (on a space of doubling
+       micro-batches: half the largest, and the largest); then smaller ones with the largest's accumulation,
+       downwards while each gains 5% (none on such a space);
+    5. fast mode ends the stage there (no other ZeRO knob tuned); the next stage starts from this one's largest
+       micro-batch when its best micro-batch is bigger than the best so far.
+
+    Only the stage and the micro-batch are searched: every other knob stays at the space's default (its first
+    value; the valid config nearest the defaults where that one is not valid), no offload, precision or
+    checkpointing. A config already run is not run again (DeepSpeed skips an experiment whose results exist).
+    Micro-batches are the space's: DeepSpeed's integers that the space does not hold are not tried. A run counts as
+    failed (metric 0) when it did not fit, failed or was pruned by the tuner's loop it runs in. The recommendation
+    is the best measured config, as DeepSpeed's `ds_config_optimal.json`."""
+
+    name = "deepspeed"
+
+    def __init__(self, context: Any) -> None:
+        self.context = context
+        self.known: dict[Any, Any] = {}
+        self.order: list[Any] = []  # the configs proposed, in order
+        self._plan = self._walk()
+        self._waiting: Any = None
+
+    def propose(self) -> Any:
+        if self._waiting is not None and self._waiting not in self.known:
+            return self._waiting  # asked again before the last proposal's result came back
+        try:
+            self._waiting = next(self._plan)
+            self.order.append(self._waiting)
+        except StopIteration:
+            self._waiting = None
+        return self._waiting
+
+    def observe(self, config: Any, result: Any) -> None:
+        self.known[config] = result
+
+    def config(self, stage: int, micro_batch: int) -> Any:
+        """The valid config of this stage and micro-batch nearest the space's defaults (None: there is none)."""
+        from autotune.values.config import KNOBS
+
+        space = self.context.space
+        defaults = space.choices.default()
+        candidates = [c for c in space if c.zero_stage == stage and c.micro_batch == micro_batch]
+        return min(candidates, key=lambda c: sum(getattr(c, k) != defaults[k] for k in KNOBS), default=None)
+
+    def predicted_fit(self, config: Any) -> bool:
+        from autotune.prediction.estimate import estimate
+
+        space = self.context.space
+        predict = self.context.predict or (lambda c: estimate(c, space.workload, space.hardware))
+        return bool(predict(config).fits(self.context.budget_bytes))
+
+    def _metric(self, config: Any, records: dict[int, float] | None = None) -> Walk:
+        """Runs `config` (unless known) and returns its throughput within the budget, 0 where it did not fit or
+        run; kept in the stage's `records` by micro-batch."""
+        if config not in self.known:
+            yield config
+        result = self.known[config]
+        metric = float(result.throughput_samples_per_s or 0.0) if result.fits(self.context.budget_bytes) else 0.0
+        if records is not None:
+            records.setdefault(config.micro_batch, metric)
+        return metric
+
+    def _walk(self) -> Walk:
+        space = self.context.space
+        stages = sorted(space.choices.zero_stage)
+        profile = next((c for mb in sorted(space.choices.micro_batch) if (c := self.config(3, mb)) is not None), None)
+        if profile is not None:
+            if profile not in self.known:
+                yield profile
+            if self.known[profile].status not in ("ok", "untrained"):
+                return  # the model-info profile run failed: DeepSpeed tunes nothing
+        best_mbs, max_mbs = 0, 0
+        for stage in stages:
+            ladder = [mb for mb in sorted(space.choices.micro_batch) if self.config(stage, mb) is not None]
+            fitting = [mb for mb in ladder if self.predicted_fit(self.config(stage, mb))]
+            if not fitting or max(fitting) < max_mbs:
+                continue  # not runnable at this stage, or no bigger micro-batch than the stages before
+            records: dict[int, float] = {}
+            bounds = yield from self._min_max(stage, ladder, max_mbs, max(fitting), records)
+            if bounds is None or bounds[1] < max_mbs:
+                continue
+            low, high = bounds
+            tuned = tuning_list(ladder, low, high)
+            for mb in tuned:
+                yield from self._metric(self.config(stage, mb), records)
+            yield from self._smaller_same_accumulation(stage, ladder, tuned, low, high, records)
+            stage_best = max(records, key=lambda mb: records[mb])  # the first of equals, as DeepSpeed's records
+            if stage_best > best_mbs:
+                best_mbs, max_mbs = stage_best, high
+
+    def _min_max(self, stage: int, ladder: list[int], previous_max: int, calculated_max: int,
+                 records: dict[int, float]) -> Walk:
+        """get_min_max_micro_batch_size: (smallest, largest) micro-batch that runs at this stage, or None."""
+        start = ladder[0] if previous_max < 1 else next((mb for mb in ladder if mb >= previous_max), None)
+        if start is None or not (yield from self._metric(self.config(stage, start), records)):
+            return None
+        used = [start]
+        for mb in (math.ceil(1.05 * calculated_max), calculated_max, int(0.95 * calculated_max)):
+            if mb not in ladder:
+                continue
+            if mb in used:
+                return start, mb
+            if (yield from self._metric(self.config(stage, mb), records)):
+                return start, mb
+        previous = records[start]
+        low, high = ladder.index(start), ladder.index(calculated_max) if calculated_max in ladder else len(ladder) - 1
+        while low <= high:  # binary search until low is the smallest that fails
+            mid = (low + high) // 2
+            mb = ladder[mid]
+            if mb in used:
+                low = mid + 1
+                continue
+            metric = yield from self._metric(self.config(stage, mb), records)
+            if metric:
+                low = mid + 1
+                used.append(mb)
+                if previous and (metric - previous) / previous < PLATEAU:
+                    break  # performance plateaus
+                previous = metric
+            else:
+                high = mid - 1
+        return start, ladder[max(low - 1, 0)]
+
+    def _smaller_same_accumulation(self, stage: int, ladder: list[int], tuned: list[int], low: int, high: int,
+                                   records: dict[int, float]) -> Walk:
+        """run_tuning_micro_batch_sizes' second part: below the largest, with its gradient accumulation, downwards
+        while each gains PLATEAU over the best so far."""
+        start = tuned[-2] + 1 if len(tuned) > 1 else low
+        stride = max((high - start) // 3, 1)
+        best = records.get(high, 0.0)
+        for mb in reversed(range(start, high, stride)):
+            if mb not in ladder:
+                continue
+            metric = yield from self._metric(self.config(stage, mb), records)
+            if not (metric and metric > best * (1 + PLATEAU)):
+                break
+            best = metric
+
+
+def tuning_list(ladder: list[int], low: int, high: int) -> list[int]:
+    """get_tuning_micro_batch_size_list (one gradient-accumulation step asked, as the peer run's config): from half
+    the largest (or the smallest, if larger) up to the largest at a stride of a third of that range, those whose
+    accumulation differs from the largest's, and the largest, kept where the space holds them; ascending."""
+    start = max(low, high // 2)
+    stride = max((high - start) // NUM_TUNING_MICRO_BATCH_SIZES, 1)
+    values = [mb for mb in range(start, high, stride) if high // mb != 1] + [high]
+    return sorted(mb for mb in dict.fromkeys(values) if mb in ladder)
 
 
 def worker(argv: list[str]) -> None:
