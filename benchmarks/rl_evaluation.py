@@ -8,12 +8,20 @@ never saw in training:
 - the committed real replay surfaces (benchmarks/surfaces/*.jsonl), at the device's memory and at a
   budget that cuts through the surface's measured peaks.
 
-Every strategy (rl, hybrid, optuna, random, grid) runs through the same sweep loop as `autotune tune`
-(estimator pruning included) for up to --trials launched trials, >= 5 seeds each. Figures per strategy
-(those of the search-efficiency benchmark): median trials to reach 98% of the optimum (runs that never
+Every strategy (rl, hybrid, optuna, random, grid, and `deepspeed`: DeepSpeed's autotuner's own order in its fast
+mode, benchmarks/peer_deepspeed_autotuner.py's DeepSpeedSchedule) runs through the same sweep loop as
+`autotune tune` (estimator pruning included) for up to --trials launched trials, >= 5 seeds each. Figures per
+strategy (those of the search-efficiency benchmark): median trials to reach 98% of the optimum (runs that never
 reach it count as infinite), median best/optimum after 5 and 10 trials, mean OOM trials per run, and
 the share of runs within 5% of the optimum after 5 trials. A simulated run's best config is judged by
 its true, noise-free throughput; the optimum is the best feasible true throughput of the space.
+
+In seconds (issue 41): simulated trials take GPU-like wall times (the distorted backend's `trial_times`:
+autotune.prediction.trial_time at the config's true step time, each op's first build once per run, the world's
+noise on them), replayed ones their recorded wall times; per strategy the trial-seconds (launched trials' wall
+times summed) to 95% and 98% of the optimum (median, 5th and 95th percentile) and at the convergence stop
+(search_efficiency's rule on the figure each trial recorded), and the median's ratio to optuna's and to the
+deepspeed schedule's.
 
     python benchmarks/rl_evaluation.py [--seeds 5] [--tasks 16] [--trials 25] [--policy DIR]
 
@@ -37,7 +45,8 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune.backends.replay import ReplayBackend, load_surface, surface_space
-from search_efficiency import finite, machine, source_state  # beside this script
+from search_efficiency import (FAR, finite, machine, quantile, ratio, seconds_to, source_state,  # beside this script
+                               strategy_arg)
 from autotune.drivers.local import run_local
 from autotune.drivers.progress import QuietProgress
 from autotune.drivers.sweep import Budget, Sweep
@@ -50,9 +59,11 @@ from autotune.strategies import SearchContext, make_strategy
 from autotune.strategies.hybrid import HybridStrategy
 from autotune.strategies.rl import RLStrategy
 from autotune.policies import policy_path
+from autotune.api import DEFAULT_TRIALS
+from autotune.search.convergence import DEFAULT_STOP_WHEN, MIN_TRIALS
 
 ROOT = Path(__file__).resolve().parent
-STRATEGIES = ("rl", "hybrid", "optuna", "random", "grid")
+STRATEGIES = ("rl", "hybrid", "optuna", "random", "grid", "deepspeed")
 EXTRA = {"hybrid-interleaved": lambda c, p: HybridStrategy(c, p, interleave=True)}  # design comparisons
 NEAR = 0.98
 
@@ -71,9 +82,26 @@ class Run:
     proposal_ms: list[float] = field(default_factory=list)
     # The convergence stop's figure (autotune.search.convergence) after the run's last trial: for rl, at its own stop.
     chance_at_end: float = math.nan
+    walls: list[float] = field(default_factory=list)  # each launched trial's wall seconds
+    chances: list[float] = field(default_factory=list)  # the convergence figure after each launched trial
 
     def trials_to(self, level: float) -> float:
         return next((i + 1 for i, v in enumerate(self.curve) if v >= level), math.inf)
+
+    def seconds_to(self, level: float) -> float:
+        """Trial-seconds until best/optimum reached `level` (inf: never)."""
+        return seconds_to(self.curve, self.walls, level)
+
+    def stop_at(self) -> int:
+        """Launched trials until the convergence stop (the tuner's threshold and minimum trials) would have ended
+        the run, within the tuner's default trial budget; else the run's own end."""
+        for i, p in enumerate(self.chances[:DEFAULT_TRIALS]):
+            if i + 1 >= MIN_TRIALS and p < DEFAULT_STOP_WHEN:
+                return i + 1
+        return min(len(self.curve), DEFAULT_TRIALS)
+
+    def seconds_at_stop(self) -> float:
+        return sum(self.walls[:self.stop_at()])
 
     def after(self, n: int) -> float:
         if not self.curve:
@@ -104,21 +132,25 @@ def strategy_for(name: str, context: SearchContext, policy: Policy):
         return RLStrategy(context, policy)
     if name == "hybrid":
         return HybridStrategy(context, policy)
-    return make_strategy(name, context)
+    return make_strategy(strategy_arg(name), context)
 
 
 def run_one(name: str, space: Space, backend, budget: int, optimum: float, trials: int, seed: int, policy: Policy,
-            true_value) -> tuple[list[float], int, int, int, list[float], float]:
+            true_value) -> tuple[list[float], int, int, int, list[float], float, list[float], list[float]]:
+    """(curve, OOM trials, pruned, launched, proposal ms, chance at the end, each launched trial's wall seconds and
+    convergence figure)."""
     # Calibrated from the measured trials as `autotune tune` does: the pruner's margin adapts.
     sweep = Sweep.in_memory(space, budget, lambda context: Timed(strategy_for(name, context, policy)),
                             backend.name, seed)
     strategy = sweep.strategy
     # The convergence stop off: each strategy ends by its own rule (rl's stop action) or the trial budget.
     run_local(sweep, backend, Budget(trials, stop_when=0), QuietProgress())
-    curve, best_measured, best_true = [], 0.0, 0.0
+    curve, walls, chances, best_measured, best_true = [], [], [], 0.0, 0.0
     for result in sweep.results:
         if result.status == "pruned":
             continue
+        walls.append(float(result.wall_time_s))
+        chances.append(float(result.extra.get("chance_of_better", math.nan)))
         if result.fits(budget) and result.throughput_samples_per_s > best_measured:
             # The tuner recommends its best measured config; judge that config by its true throughput.
             best_measured = result.throughput_samples_per_s
@@ -127,7 +159,7 @@ def run_one(name: str, space: Space, backend, budget: int, optimum: float, trial
     oom = sum(r.status == "oom" for r in sweep.results)
     pruned = sum(r.status == "pruned" for r in sweep.results)
     chance = sweep.convergence.chance if sweep.convergence is not None else math.nan
-    return curve, oom, pruned, len(curve), strategy.ms, chance
+    return curve, oom, pruned, len(curve), strategy.ms, chance, walls, chances
 
 
 def simulated_tasks(count: int, seed: int) -> list[tuple[str, Task, tuple[str, ...]]]:
@@ -169,10 +201,11 @@ def evaluate(args: argparse.Namespace, console: Console) -> list[Run]:
             space = truth.landscape.space
             for name in names:
                 backend = truth.with_noise_seed(seed)  # the same truth and noise draws for every strategy
-                curve, oom, pruned, launched, ms, chance = run_one(
+                curve, oom, pruned, launched, ms, chance, walls, chances = run_one(
                     name, space, backend, task.memory_budget_bytes, truth.optimum, args.trials, seed, policy,
                     lambda r, t=truth: t.true_throughput(r.config))
-                runs.append(Run(kind, task_name(task), name, seed, curve, oom, pruned, launched, held, ms, chance))
+                runs.append(Run(kind, task_name(task), name, seed, curve, oom, pruned, launched, held, ms, chance,
+                                walls, chances))
                 done += 1
             console.print(f"[{done}/{jobs}] {kind} {task_name(task)} seed {seed} "
                           + "  ".join(f"{r.strategy} {r.after(5):.2f}/{r.trials_to(NEAR)}" for r in runs[-len(names):]),
@@ -189,11 +222,11 @@ def evaluate(args: argparse.Namespace, console: Console) -> list[Run]:
             optimum = best.throughput_samples_per_s
             for seed in range(args.seeds):
                 for name in names:
-                    curve, oom, pruned, launched, ms, chance = run_one(
+                    curve, oom, pruned, launched, ms, chance, walls, chances = run_one(
                         name, space, ReplayBackend(surface, budget), budget, optimum, args.trials, seed, policy,
                         lambda r: r.throughput_samples_per_s)
                     runs.append(Run("replay", f"{path.name} ({len(surface)} configs) {budget / 2**30:.2f}GiB", name, seed, curve, oom, pruned,
-                                    launched, ("surface",), ms, chance))
+                                    launched, ("surface",), ms, chance, walls, chances))
             console.print(f"replay {path.name} at {budget / 2**30:.2f}GiB: {args.seeds} seeds done", highlight=False)
     return runs
 
@@ -262,8 +295,26 @@ def summary(runs: list[Run], kind: str | None) -> list[dict]:
             "best_at_end_where_under_5pct": median([r.after(len(r.curve)) for r in mine if r.chance_at_end < 0.05]),
             "end_under_5pct_below_98": sum(r.chance_at_end < 0.05 and r.after(len(r.curve)) < NEAR for r in mine)
             / len(mine),
+            **seconds_figures(mine),
         })
+    by_name = {row["strategy"]: row for row in rows}
+    for row in rows:
+        for ref in ("optuna", "deepspeed"):
+            if ref in by_name:
+                row[f"trial_s_to_98_over_{ref}"] = ratio(row["median_trial_s_to_98"],
+                                                         by_name[ref]["median_trial_s_to_98"])
     return rows
+
+
+def seconds_figures(runs: list[Run]) -> dict:
+    """Issue 41's trial-seconds over `runs` (search_efficiency.seconds_row's figures)."""
+    to_95 = [r.seconds_to(FAR) for r in runs]
+    to_98 = [r.seconds_to(NEAR) for r in runs]
+    return {"median_trial_s_to_95": median(to_95), "median_trial_s_to_98": median(to_98),
+            "p5_trial_s_to_98": quantile(to_98, 0.05), "p95_trial_s_to_98": quantile(to_98, 0.95),
+            "median_trials_to_stop": median([r.stop_at() for r in runs]),
+            "median_trial_s_at_stop": median([r.seconds_at_stop() for r in runs]),
+            "median_trial_s_per_trial": median([w for r in runs for w in r.walls])}
 
 
 def fmt(x: float, pattern: str) -> str:
@@ -282,6 +333,14 @@ COLUMNS = (("strategy", "strategy", "s"), ("runs", "runs", "d"), ("median trials
            ("ended under 5%", "chance_below_5pct_at_end", ".0%"), ("best/opt at end", "best_over_optimum_at_end", ".3f"),
            ("best/opt at end, under 5%", "best_at_end_where_under_5pct", ".3f"),
            ("under 5% but < 98%", "end_under_5pct_below_98", ".0%"))
+# Issue 41: the same runs in trial-seconds.
+SECONDS_COLUMNS = (("strategy", "strategy", "s"), ("runs", "runs", "d"), ("trials to 98%", "median_trials_to_98pct", "g"),
+                   ("trial-s to 95%", "median_trial_s_to_95", ",.0f"), ("trial-s to 98%", "median_trial_s_to_98", ",.0f"),
+                   ("p5", "p5_trial_s_to_98", ",.0f"), ("p95", "p95_trial_s_to_98", ",.0f"),
+                   ("trials to stop", "median_trials_to_stop", "g"), ("trial-s at stop", "median_trial_s_at_stop", ",.0f"),
+                   ("s/trial", "median_trial_s_per_trial", ",.0f"),
+                   ("98% s / optuna's", "trial_s_to_98_over_optuna", ".2f"),
+                   ("98% s / deepspeed's", "trial_s_to_98_over_deepspeed", ".2f"))
 CLASSES = (("gpu", "held-out simulated GPU tasks"), ("cpu", "held-out simulated CPU tasks"),
            ("replay", "real replay surfaces"), (None, "all"))
 
@@ -307,6 +366,11 @@ def markdown(runs: list[Run], args: argparse.Namespace, policy: Policy, seconds:
                   "|" + "---|" * len(COLUMNS)]
         for row in rows:
             lines.append("| " + " | ".join(fmt(row[k], p) for _, k, p in COLUMNS) + " |")
+        lines += ["", "In trial-seconds (launched trials' wall times summed; median, and 5th / 95th percentile over "
+                  "runs; the ratios are of the medians to 98%):", "",
+                  "| " + " | ".join(c for c, _, _ in SECONDS_COLUMNS) + " |", "|" + "---|" * len(SECONDS_COLUMNS)]
+        for row in rows:
+            lines.append("| " + " | ".join(fmt(row.get(k, math.nan), p) for _, k, p in SECONDS_COLUMNS) + " |")
         lines.append("")
     ms = [m for r in runs if r.strategy == "rl" for m in r.proposal_ms]
     if ms:
@@ -342,6 +406,12 @@ def show(runs: list[Run], console: Console) -> None:
         for row in rows:
             table.add_row(*(fmt(row[k], p) for _, k, p in COLUMNS))
         console.print(table)
+        seconds = Table(title=f"{title}: trial-seconds")
+        for column, _, _ in SECONDS_COLUMNS:
+            seconds.add_column(column, justify="right")
+        for row in rows:
+            seconds.add_row(*(fmt(row.get(k, math.nan), p) for _, k, p in SECONDS_COLUMNS))
+        console.print(seconds)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,10 +1,13 @@
 """Search efficiency of the tuner's strategies, side by side in one run.
 
-Every strategy (grid = DeepSpeed's autotuner's behaviour, random, optuna = TPE, optuna-gp) runs through
-the same loop as `autotune tune` (estimator pruning, calibration from measured trials, the run's budget
-of launched trials) on:
+Every strategy (grid = DeepSpeed's autotuner's behaviour, random, optuna = TPE, optuna-gp, rl, hybrid, and
+`deepspeed`: DeepSpeed's autotuner's own order in its fast mode, benchmarks/peer_deepspeed_autotuner.py's
+DeepSpeedSchedule) runs through the same loop as `autotune tune` (estimator pruning, calibration from measured
+trials, the run's budget of launched trials) on:
   (a) the committed replay surfaces (benchmarks/surfaces/*.jsonl, real measurements of this machine),
-      at the device's memory and at a budget through the middle of the surface's measured peaks;
+      at the device's memory and at a budget through the middle of the surface's measured peaks; and
+      (`replay-gpu`) the shared H200 runs' surfaces (GPU_SURFACES: 2-4 configs each) at the budgets they were
+      recorded with;
   (b) 12 simulated GPU workloads (GPT-2 and Llama presets, 1 to 32 GPUs, five hardware profiles,
       budgets from a quarter of the card to all of it), in two worlds:
       - `estimator`: the simulated backend, i.e. the estimator itself plus step-time noise (--noise). The
@@ -15,6 +18,13 @@ of launched trials) on:
         cliff; spread 0.3) plus the same noise. This is the world the figures are about.
   with 5 seeds each (the seed drives the strategy, the noise and the distortion alike; every strategy
   sees the same truth for a seed).
+
+Trials take seconds (issue 41): simulated trials GPU-like wall times (autotune.prediction.trial_time at the
+config's true step time, each op's first build once per run, the world's noise on them: the simulated and
+distorted backends' `trial_times`), replayed ones the wall times their surface recorded. Per strategy besides
+the trial counts: the trial-seconds (launched trials' wall times summed, pruned configs costing nothing) until
+the recommendation is within 95% and 98% of the optimum (median, 5th and 95th percentile) and until the
+convergence stop, and each median's ratio to optuna's and to the deepspeed schedule's (`seconds` table).
 
 Per strategy: median launched trials until the recommended config (best measured within budget) is
 within 95% and 98% of the optimum (the best feasible true throughput of the whole space, by exhaustion;
@@ -69,6 +79,7 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune.backends.replay import ReplayBackend, load_surface, surface_space
+from peer_deepspeed_autotuner import DeepSpeedSchedule  # beside this script
 from autotune.backends.simulated import SimulatedBackend
 from autotune.search import confirm
 from autotune.search.confirm import prior_sigma
@@ -91,7 +102,14 @@ NEAR = 0.98
 FAR = 0.95  # the looser level reported beside NEAR
 GOAL_STRATEGIES = ("hybrid", "optuna")  # issue 17's done-when is about these two
 GOAL_TRIALS = 8  # ... reaching NEAR in a median of at most this many launched trials
-STRATEGIES = ("grid", "random", "optuna", "optuna-gp", "rl", "hybrid")
+STRATEGIES = ("grid", "random", "optuna", "optuna-gp", "rl", "hybrid", "deepspeed")
+# Strategies of these benchmarks that are no strategy of the tuner: DeepSpeed's autotuner's own order.
+SCHEDULES = {"deepspeed": DeepSpeedSchedule}
+# The shared H200 runs' surfaces (benchmarks/gpu-runs): replayed at the budgets they were recorded with.
+GPU_SURFACES = ("gpu-runs/h200-2026-11-26/kit/surfaces/h200-llama-1b.jsonl",
+                "gpu-runs/h200-2026-11-26/kit/surfaces/h200-llama-3b.jsonl",
+                "gpu-runs/h200-2026-11-27/kit/h200-llama-1b.jsonl")
+WORLDS = ("replay", "replay-gpu", "distorted", "estimator")
 STOP_TRIALS = 12  # issue 28: median launched trials until the convergence stop, at most
 STOP_MEDIAN = 0.98  # ... best/opt at the stop, in the median
 STOP_TAIL = 0.95  # ... and in 95% of runs
@@ -137,6 +155,16 @@ class Run:
     chances: list[float] | None = None
     # The tuner's run with the stop on and confirmation of close calls as for real trials (`Confirmed`).
     confirmed: "Confirmed | None" = None
+    # The wall seconds of each launched trial, in order (issue 41: what the search spent).
+    walls: list[float] | None = None
+
+    def seconds_to(self, level: float = NEAR) -> float:
+        """Trial-seconds until the recommendation is within `level` of the optimum (inf: never)."""
+        return seconds_to(self.curve, self.walls or [], level)
+
+    def seconds_at_stop(self, threshold: float = DEFAULT_STOP_WHEN, min_trials: int = MIN_TRIALS) -> float:
+        """Trial-seconds until the convergence stop would have ended the run (`stop_at`)."""
+        return sum((self.walls or [])[:self.stop_at(threshold, min_trials)])
 
     def stop_at(self, threshold: float = DEFAULT_STOP_WHEN, min_trials: int = MIN_TRIALS) -> int:
         """Launched trials until the convergence stop would have ended this run under the default trial budget
@@ -168,6 +196,24 @@ class Run:
     @property
     def final(self) -> float:
         return self.after(len(self.curve))
+
+
+def seconds_to(curve: list[float], walls: list[float], level: float = NEAR) -> float:
+    """The trial-seconds a run spent until its recommendation was within `level` of the optimum: the wall times of
+    its launched trials (`walls`, beside `curve`: best/optimum after each) summed up to the first that got there;
+    inf where none did."""
+    spent = 0.0
+    for value, wall in zip(curve, walls):
+        spent += wall
+        if value >= level - 1e-9:
+            return spent
+    return math.inf
+
+
+def strategy_arg(name: str):
+    """What Sweep.in_memory takes for a strategy of these benchmarks: a tuner's registered name, or a schedule's
+    class (SCHEDULES)."""
+    return SCHEDULES.get(name, name)
 
 
 def grid_subspace(space: Space) -> set[Config]:
@@ -204,6 +250,7 @@ class Outcome:
     optimum_pruned: bool  # a config of the optimum was recorded `pruned` (never run) at some point
     chances: list[float]  # the chance of a better config after each launched trial
     confirmed: Confirmed | None = None
+    walls: list[float] | None = None  # each launched trial's wall seconds
 
 
 def run_sweep(name: str, space: Space, backend, budget: int, trials: int, seed: int,
@@ -214,14 +261,15 @@ def run_sweep(name: str, space: Space, backend, budget: int, trials: int, seed: 
     tuner with the stop `stop` (threshold, minimum trials) and confirmation would have recommended."""
     start = time.perf_counter()
     # As tune sets it: a simulation's own noise.
-    s = Sweep.in_memory(space, budget, name, backend.name, seed, launch_sigma=prior_sigma(backend.name, backend))
+    s = Sweep.in_memory(space, budget, strategy_arg(name), backend.name, seed,
+                        launch_sigma=prior_sigma(backend.name, backend))
     # The stop off: the stopped sweep is a prefix of this one (Run.stop_at).
     run_local(s, backend, Budget(trials, stop_when=0), QuietProgress())
     confirmed = None
     if repeat_backend is not None and s.launch_sigma > 0:
         confirmed = confirm_after_stop(s.results, repeat_backend, budget, min(trials, DEFAULT_TRIALS),
                                        s.launch_sigma, truth, optimum, *stop)
-    curve, chances, best_measured, best_true = [], [], 0.0, 0.0
+    curve, chances, walls, best_measured, best_true = [], [], [], 0.0, 0.0
     for r in s.results:
         if r.status == "pruned":
             continue
@@ -229,10 +277,11 @@ def run_sweep(name: str, space: Space, backend, budget: int, trials: int, seed: 
             best_measured, best_true = r.throughput_samples_per_s, truth(r.config)
         curve.append(best_true / optimum)
         chances.append(float(r.extra.get("chance_of_better", math.nan)))
+        walls.append(float(r.wall_time_s))
     oom = sum(r.status == "oom" for r in s.results)
     pruned = sum(r.status == "pruned" for r in s.results)
     optimum_pruned = any(r.status == "pruned" and r.config in optimum_configs for r in s.results)
-    return Outcome(curve, oom, pruned, time.perf_counter() - start, optimum_pruned, chances, confirmed)
+    return Outcome(curve, oom, pruned, time.perf_counter() - start, optimum_pruned, chances, confirmed, walls)
 
 
 def confirm_after_stop(results, backend, budget: int, trials: int, sigma: float, truth: Callable[[Config], float],
@@ -295,7 +344,7 @@ def simulated_runs(args, console: Console) -> list[Run]:
             distorted = distorted_task(task, SPREAD, args.noise, seed)
             space = distorted.landscape.space
             grid_space = grid_subspace(space)
-            exact = SimulatedBackend(workload, hardware, budget)
+            exact = SimulatedBackend(workload, hardware, budget)  # the truth: throughput and peaks only
             fits = [c for c in space if exact.run(c).fits(budget)]
             plain_optimum = max(exact.run(c).throughput_samples_per_s for c in fits)
             feasible = [c for c in space if c in distorted.landscape.index
@@ -304,11 +353,13 @@ def simulated_runs(args, console: Console) -> list[Run]:
             def repeat_backend(world: str, seed: int):
                 """The same truth with launches of its own (confirmation's repeats)."""
                 if world == "estimator":
-                    return SimulatedBackend(workload, hardware, budget, noise=args.noise, seed=REPEAT_SEED + seed)
+                    return SimulatedBackend(workload, hardware, budget, noise=args.noise, seed=REPEAT_SEED + seed,
+                                            trial_times=True)
                 return distorted_task(task, SPREAD, args.noise, seed).with_noise_seed(REPEAT_SEED + seed)
 
             worlds = {
-                "estimator": (lambda: SimulatedBackend(workload, hardware, budget, noise=args.noise, seed=seed),
+                "estimator": (lambda: SimulatedBackend(workload, hardware, budget, noise=args.noise, seed=seed,
+                                                       trial_times=True),
                               lambda c: exact.run(c).throughput_samples_per_s, plain_optimum,
                               max((exact.run(c).throughput_samples_per_s for c in fits if c in grid_space),
                                   default=0.0) / plain_optimum),
@@ -324,7 +375,7 @@ def simulated_runs(args, console: Console) -> list[Run]:
                                   best_configs, repeat_backend(world, seed),
                                   (args.stop_when, args.min_trials))
                     runs.append(Run(world, name, strategy, seed, o.curve, o.oom, o.pruned, len(o.curve), reach,
-                                    o.seconds, o.optimum_pruned, o.chances, o.confirmed))
+                                    o.seconds, o.optimum_pruned, o.chances, o.confirmed, o.walls))
                 line = "  ".join(f"{r.strategy} {r.trials_to()}/{r.final:.2f}" for r in runs[-len(args.strategies):])
                 console.print(f"{world:9} {name:32} seed {seed}: {line}", highlight=False)
     return runs
@@ -336,13 +387,19 @@ def _grid_reach(distorted, grid_space: set[Config]) -> float:
                default=0.0) / distorted.optimum
 
 
-def replay_runs(args, console: Console) -> list[Run]:
+def replay_runs(args, console: Console, world: str = "replay") -> list[Run]:
+    """Every strategy on the committed CPU surfaces (`replay`: at the device's memory and the median measured peak)
+    or the shared H200 surfaces (`replay-gpu`: at the budgets their trials were recorded with)."""
     runs = []
-    for path in sorted((ROOT / "surfaces").glob("*.jsonl")):
+    gpu = world == "replay-gpu"
+    paths = [ROOT / p for p in GPU_SURFACES] if gpu else sorted((ROOT / "surfaces").glob("*.jsonl"))
+    for path in paths:
         surface = load_surface(path)
         space = surface_space(surface)
         peaks = sorted(r.peak_memory_bytes for r in surface.results.values() if r.ok and r.peak_memory_bytes)
         budgets = sorted({space.hardware.memory_bytes, *([peaks[len(peaks) // 2]] if peaks else [])})
+        if gpu:
+            budgets = sorted({r.memory_budget_bytes or space.hardware.memory_bytes for r in surface.results.values()})
         for budget in budgets:
             best = surface.best(budget)
             if best is None:
@@ -351,7 +408,8 @@ def replay_runs(args, console: Console) -> list[Run]:
             seen = [surface.results[c].under_budget(budget) for c in grid_space]
             reach = max((r.throughput_samples_per_s or 0.0 for r in seen if r.fits(budget)), default=0.0) \
                 / best.throughput_samples_per_s
-            name = f"{path.stem} {budget / GiB:.2f}GiB ({len(space)} configs)"
+            stem = f"{path.relative_to(ROOT / 'gpu-runs').parts[0]}/{path.stem}" if gpu else path.stem
+            name = f"{stem} {budget / GiB:.2f}GiB ({len(space)} configs)"
 
             def truth(c: Config, b: int = budget) -> float:
                 return surface.results[c].under_budget(b).throughput_samples_per_s or 0.0
@@ -361,10 +419,10 @@ def replay_runs(args, console: Console) -> list[Run]:
                 for strategy in args.strategies:
                     o = run_sweep(strategy, space, ReplayBackend(surface, budget), budget, args.trials, seed, truth,
                                   best.throughput_samples_per_s, best_configs)
-                    runs.append(Run("replay", name, strategy, seed, o.curve, o.oom, o.pruned, len(o.curve), reach,
-                                    o.seconds, o.optimum_pruned, o.chances, o.confirmed))
+                    runs.append(Run(world, name, strategy, seed, o.curve, o.oom, o.pruned, len(o.curve), reach,
+                                    o.seconds, o.optimum_pruned, o.chances, o.confirmed, o.walls))
                 line = "  ".join(f"{r.strategy} {r.trials_to()}/{r.final:.2f}" for r in runs[-len(args.strategies):])
-                console.print(f"replay    {name:32} seed {seed}: {line}", highlight=False)
+                console.print(f"{world:9} {name:32} seed {seed}: {line}", highlight=False)
     return runs
 
 
@@ -439,7 +497,37 @@ def strategy_row(rs: list[Run], threshold: float = DEFAULT_STOP_WHEN, min_trials
         "optimum_pruned_runs": sum(r.optimum_pruned for r in rs),
         "optimum_pruned_share": sum(r.optimum_pruned for r in rs) / len(rs),
         "median_seconds_per_run": median(r.seconds for r in rs),
+        **seconds_row(rs, threshold, min_trials),
     }
+
+
+def seconds_row(rs: list[Run], threshold: float = DEFAULT_STOP_WHEN, min_trials: int = MIN_TRIALS) -> dict:
+    """Issue 41's figures in seconds over runs `rs`: trial-seconds to 95% and 98% of the optimum (median, 5th and
+    95th percentile, nearest rank; a run that never got there counts as infinite) and at the convergence stop."""
+    to_95 = [r.seconds_to(FAR) for r in rs]
+    to_98 = [r.seconds_to(NEAR) for r in rs]
+    return {"median_trial_s_to_95": median(to_95), "p5_trial_s_to_95": quantile(to_95, 0.05),
+            "p95_trial_s_to_95": quantile(to_95, 0.95),
+            "median_trial_s_to_98": median(to_98), "p5_trial_s_to_98": quantile(to_98, 0.05),
+            "p95_trial_s_to_98": quantile(to_98, 0.95),
+            "median_trial_s_at_stop": median(r.seconds_at_stop(threshold, min_trials) for r in rs),
+            "median_trial_s_per_trial": median(w for r in rs for w in (r.walls or [])),
+            "median_trial_s_all": median(sum(r.walls or []) for r in rs)}
+
+
+def ratio(value: float, reference: float) -> float:
+    """value / reference, where either may be infinite (never reached): inf / inf and 0 / 0 are nan."""
+    if math.isnan(value) or math.isnan(reference) or (math.isinf(value) and math.isinf(reference)):
+        return math.nan
+    if reference == 0:
+        return math.nan if value == 0 else math.inf
+    return value / reference
+
+
+def seconds_ratios(rows: dict, key: str = "median_trial_s_to_98") -> dict:
+    """Per strategy, its median `key` over optuna's and over the deepspeed schedule's (where they ran)."""
+    return {s: {f"over_{ref}": ratio(row[key], rows[ref][key]) for ref in ("optuna", "deepspeed") if ref in rows}
+            for s, row in rows.items()}
 
 
 def issue17_goals(rows: dict) -> dict:
@@ -464,7 +552,7 @@ def issue17_goals(rows: dict) -> dict:
 def summary(runs: list[Run], strategies: tuple[str, ...], threshold: float = DEFAULT_STOP_WHEN,
             min_trials: int = MIN_TRIALS) -> dict:
     out = {}
-    for world in ("replay", "distorted", "estimator"):
+    for world in WORLDS:
         mine = [r for r in runs if r.world == world]
         if not mine:
             continue
@@ -485,7 +573,7 @@ def summary(runs: list[Run], strategies: tuple[str, ...], threshold: float = DEF
             goals["optuna_better_than_grid_where_it_cannot_reach"] = sum(o.final > g.final + 1e-9 for o, g in far)
             goals["optuna_oom_share_below_5pct"] = rows["optuna"]["oom_share"] < 0.05
         tasks = sorted({r.task for r in mine})
-        data: dict = {"strategies": rows, "goals": goals, "tasks": tasks,
+        data: dict = {"strategies": rows, "goals": goals, "tasks": tasks, "seconds_ratios": seconds_ratios(rows),
                       "stop_goals": {s: stop_goals(row) for s, row in rows.items()},
                       "confirmed_goals": {s: confirmed_goals(row) for s, row in rows.items() if "confirmed_runs" in row}}
         if world == "replay":
@@ -574,6 +662,37 @@ def md_table(rows: dict) -> list[str]:
             *("| " + " | ".join(cells(s, row)) + " |" for s, row in rows.items())]
 
 
+SECONDS_COLUMNS = ("strategy", "runs", "trials to 98%", "trial-s to 95%", "trial-s to 98%", "p5", "p95",
+                   "trials to stop", "trial-s at stop", "s/trial", "98% s / optuna's", "98% s / deepspeed's")
+
+
+def seconds_cells(s: str, row: dict, ratios: dict) -> list[str]:
+    def sec(v: float) -> str:
+        return "never" if math.isinf(v) else ("-" if math.isnan(v) else f"{v:,.0f}")
+
+    def times(v: float | None) -> str:
+        return "-" if v is None or math.isnan(v) else ("inf" if math.isinf(v) else f"{v:.2f}")
+
+    return [s, str(row["runs"]), fmt(row["median_trials_to_98"]), sec(row["median_trial_s_to_95"]),
+            sec(row["median_trial_s_to_98"]), sec(row["p5_trial_s_to_98"]), sec(row["p95_trial_s_to_98"]),
+            fmt(row["median_trials_to_stop"]), sec(row["median_trial_s_at_stop"]), sec(row["median_trial_s_per_trial"]),
+            times(ratios.get("over_optuna")), times(ratios.get("over_deepspeed"))]
+
+
+def md_seconds_table(rows: dict, ratios: dict) -> list[str]:
+    return ["| " + " | ".join(SECONDS_COLUMNS) + " |", "| --- |" + " ---: |" * (len(SECONDS_COLUMNS) - 1),
+            *("| " + " | ".join(seconds_cells(s, row, ratios.get(s, {}))) + " |" for s, row in rows.items())]
+
+
+def seconds_table(title: str, rows: dict, ratios: dict) -> Table:
+    t = Table(title=title)
+    for col in SECONDS_COLUMNS:
+        t.add_column(col, justify="right")
+    for s, row in rows.items():
+        t.add_row(*seconds_cells(s, row, ratios.get(s, {})))
+    return t
+
+
 def goal_line(goals: dict) -> str:
     return "; ".join(f"{k} = {v}" for k, v in goals.items())
 
@@ -592,6 +711,10 @@ def markdown(result: dict, args) -> str:
     stop = f"--stop-when {args.stop_when:g}, at least {args.min_trials} trials, at most {min(args.trials, DEFAULT_TRIALS)}"
     for world, data in result["worlds"].items():
         lines += [f"## {world}", "", *md_table(data["strategies"]), "",
+                  "Trial-seconds (issue 41: launched trials' wall times summed, pruned configs costing nothing; "
+                  "median, and 5th / 95th percentile over runs, `never` where that run did not get there; the "
+                  "ratios are of the medians to 98%):", "", *md_seconds_table(data["strategies"], data["seconds_ratios"]),
+                  "",
                   f"Convergence stop ({stop}; goals: median trials until the stop <= {STOP_TRIALS}, best/opt at "
                   f"the stop >= {STOP_MEDIAN} in the median and >= {STOP_TAIL} in 95% of runs):", "",
                   *md_stop_table(data["strategies"], data["stop_goals"]), ""]
@@ -630,7 +753,7 @@ def main() -> None:
                         help="seeds first-seed .. first-seed + seeds - 1 (held-out seeds for a rule chosen on others)")
     parser.add_argument("--trials", type=int, default=50)
     parser.add_argument("--strategies", default=",".join(STRATEGIES))
-    parser.add_argument("--worlds", default="replay,distorted,estimator")
+    parser.add_argument("--worlds", default=",".join(WORLDS))
     parser.add_argument("--surfaces-only", action="store_true",
                         help="the replay surfaces only (--worlds replay; seconds, not minutes), written to "
                              "results/search_efficiency_surfaces unless --out")
@@ -651,7 +774,7 @@ def main() -> None:
     console = Console(width=180)
     start = time.perf_counter()
     source = source_state()  # as the run begins: other sessions may commit while it runs
-    runs = replay_runs(args, console) if "replay" in args.worlds else []
+    runs = [r for world in ("replay", "replay-gpu") if world in args.worlds for r in replay_runs(args, console, world)]
     runs += simulated_runs(args, console)
     result = {"command": shlex.join(["python", "benchmarks/search_efficiency.py", *sys.argv[1:]]),
               "machine": machine(), "source": source, "seconds": time.perf_counter() - start,
@@ -661,6 +784,7 @@ def main() -> None:
         if data["goals"]:
             console.print("goals: " + goal_line(data["goals"]), highlight=False)
         console.print(stop_table(f"{world}: convergence stop", data["strategies"], data["stop_goals"]))
+        console.print(seconds_table(f"{world}: trial-seconds", data["strategies"], data["seconds_ratios"]))
         for task, t in data.get("per_task", {}).items():
             console.print(table(f"{world}: {task}", t["strategies"]))
             console.print("issue 17 goals: " + goal_line(t["goals"]), highlight=False)
