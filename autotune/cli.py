@@ -257,7 +257,7 @@ class DeepSpeedLogs:
         ds_logger.setLevel(level)
         for handler in ds_logger.handlers:
             if type(handler) is logging.StreamHandler:  # DeepSpeed's own: not a file's, not a test's capture
-                handler.setStream(_Stderr())
+                handler.stream = _Stderr()  # not setStream: it flushes the old stream, perhaps closed (a test's)
                 handler.setLevel(level)
 
 

@@ -6,7 +6,7 @@ cluster is left.
 
 Nodes take 127.0.0.2 and 127.0.0.3 (loopback: the traffic never leaves the machine; Ray 2.60 binds its
 gRPC servers to all interfaces unless a node's IP is exactly 127.0.0.1, which only a lone head can have,
-so token authentication is what guards them, see README "Running on a Ray cluster")."""
+so token authentication is what guards them, see docs/ray.md)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ Optuna study, which then continues"), and on the held-out tasks of benchmarks/rl
 issue 17 it reached 98% of the optimum in a median of 10 trials at 3% step-time noise, against 16.5 for
 Optuna alone. With the sweep's forecast both now open with the same guided trials (the warm start that
 identifies the estimator's error, then its most valuable configs and steps around the best), and they mostly
-tie (README's RL section has the current figures).
+tie (docs/search.md's RL section has the current figures).
 
 On a Ray cluster, with several trials in flight, Optuna proposes whenever the policy waits for its result.
 
