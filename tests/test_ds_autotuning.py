@@ -44,9 +44,25 @@ def test_a_single_stage_is_the_scripts_own_and_all_is_every_stage():
         assert block is not None and block.zero_stages is None and block.narrowed(SPACE).zero_stage == SPACE.zero_stage
 
 
-def test_latency_ranks_as_throughput_and_says_so():
-    block = read_autotuning({"autotuning": {"metric": "latency"}})
-    assert block is not None and block.metric == "latency" and "ranked as throughput" in block.notes[0]
+@pytest.mark.parametrize("metric", ["latency", "flops"])
+def test_latency_and_flops_rank_as_throughput_and_say_so(metric):
+    block = read_autotuning({"autotuning": {"metric": metric}})
+    assert block is not None and block.metric == metric and f"metric {metric}: ranked as throughput" in block.notes[0]
+    assert "report.md gives the recommendation's latency per step and model FLOPS beside it" in block.notes[0]
+
+
+def test_the_report_gives_the_recommendations_latency_and_model_flops(tmp_path):
+    from autotune.api import TuneSpec, tune
+    from autotune.outputs.report import model_flops_per_token
+    from autotune.values.hardware import load_hardware
+    from autotune.values.workload import make_workload
+
+    spec = TuneSpec(make_workload("tiny", global_batch=16), load_hardware("cpu"), strategy="random", trials=2,
+                    backend="simulated")
+    best = tune(spec, tmp_path / "run").best
+    tflops = model_flops_per_token(spec.workload.model) * best.tokens_per_s / 1e12
+    assert (f"- Its other measures: latency {best.step_time_s:.3g} s per optimizer step (global batch 16), model FLOPS "
+            f"{tflops:.3g} TFLOP/s per device") in (tmp_path / "run" / "report.md").read_text()
 
 
 @pytest.mark.parametrize("block, expected", [

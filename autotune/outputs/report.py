@@ -426,6 +426,21 @@ def study_line(run: RunDir, settings: RunSettings) -> str:
             "number in this report and trials.jsonl, and its knobs' values are user attributes under their names")
 
 
+def model_flops_per_token(m: Any) -> float:
+    """Training FLOPs a token costs the model, recomputation not counted (6N plus attention's 12 x layers x seq x
+    hidden: PaLM's model-FLOPS utilization, arXiv 2204.02311 appendix B)."""
+    return 6.0 * m.params + 12.0 * m.layers * m.seq_len * m.hidden
+
+
+def best_measures(best: TrialResult, settings: RunSettings) -> str:
+    """The recommendation in the measures other than throughput a user may rank by (DeepSpeed's autotuning metric:
+    latency, flops): at a fixed model and global batch each is throughput in other units, so the ranking is the same."""
+    w = settings.workload
+    tflops = model_flops_per_token(w.model) * (best.tokens_per_s or 0.0) / w.gpus / 1e12
+    return (f"latency {best.step_time_s:.3g} s per optimizer step (global batch {w.global_batch}), model FLOPS "
+            f"{tflops:.3g} TFLOP/s per device (recomputation not counted)")
+
+
 def markdown(results: Sequence[TrialResult], settings: RunSettings, summary: dict, best: TrialResult | None,
              verdict: str, study: str | None = None, usage: Sequence[str] = (),
              scaled: ScaleReport | None = None, stop: Stopped | None = None) -> str:
@@ -459,6 +474,7 @@ def markdown(results: Sequence[TrialResult], settings: RunSettings, summary: dic
         *([] if first else bold),
     ]
     if best is not None:
+        lines[-1:-1] = [f"- Its other measures: {best_measures(best, settings)}"]
         template = template_reason(settings.backend, settings.hardware)
         how = f"a template for the target: {template}" if template else "with the trials' environment"
         use = "The files hold the best so far, not a recommendation: use them" if first else "Use it"

@@ -79,9 +79,10 @@ def read_autotuning(ds_config: Mapping[str, Any], source: str = "ds_config.json"
     metric = block.get("metric", "throughput")
     if metric not in METRICS:
         raise ConfigError(f"{where}.metric: {short(metric)}: allowed {', '.join(METRICS)}")
-    if metric == "latency":
-        notes.append(f"{where}.metric latency: ranked as throughput (at a fixed global batch the fastest step is the "
-                     "highest throughput); the step time is reported beside it")
+    if metric != "throughput":  # each is throughput in other units at a fixed model and global batch
+        notes.append(f"{where}.metric {metric}: ranked as throughput (at a fixed model and global batch the fastest "
+                     "step is the highest throughput and the most model FLOPS); report.md gives the recommendation's "
+                     "latency per step and model FLOPS beside it")
     low = block.get("min_train_micro_batch_size_per_gpu")
     high = block.get("max_train_micro_batch_size_per_gpu")
     micro = None
