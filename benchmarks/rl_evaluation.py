@@ -423,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--noise", type=float, default=0.1, help="step-time noise sigma (as in training)")
     parser.add_argument("--policy", type=Path, default=policy_path(), help="policy directory (default: the shipped one)")
     parser.add_argument("--strategies", type=lambda t: t.split(","), default=list(STRATEGIES),
-                        help=f"comma-separated, from {', '.join((*STRATEGIES, *EXTRA))} (default: the first five)")
+                        help=f"comma-separated, from {', '.join((*STRATEGIES, *EXTRA))} (default: the first six)")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "rl_evaluation")
     args = parser.parse_args(argv)
     unknown = set(args.strategies) - set(STRATEGIES) - set(EXTRA)
