@@ -75,7 +75,9 @@ def test_warm_start_covers_checkpointing_on_and_off_and_both_precisions(surface)
         sweep.finish(config, backend.run(config))
     assert {c.ckpt_interval > 0 for c in first} == {True, False}
     assert {c.precision for c in first} == {"bf16", "fp32"}
-    assert {c.offload_optimizer for c in first} == {"none", "cpu"}
+    # Not offload: nothing needs it to fit at the machine's memory, and its trial would build cpu_adam first
+    # (200 s on this CPU): information per second (issue 41) learns it only where it may win.
+    assert {c.offload_optimizer for c in first} == {"none"}
     assert len(set(first)) == 4
 
 

@@ -126,7 +126,7 @@ class Sweep:
         live = LivePruner(pruner)
         context = SearchContext(space, settings.memory_budget_bytes, settings.seed, pruner.predict,
                                 run_dir.storage(settings.storage), run_dir.study_name(settings.storage),
-                                forecast=live.forecast, uncertainty=live.uncertainty)
+                                forecast=live.forecast, uncertainty=live.uncertainty, trial_seconds=live.trial_seconds)
         chosen = settings.strategy if strategy is None else strategy
         return cls(make_strategy(chosen, context), pruner, run_dir.append, settings.backend,
                    run_dir.results(), calibrator(settings.workload, settings.hardware), len(space), live, space,
@@ -141,7 +141,7 @@ class Sweep:
         pruner = Pruner(space.workload, space.hardware, budget_bytes)
         live = LivePruner(pruner)
         context = SearchContext(space, budget_bytes, seed, pruner.predict, storage, forecast=live.forecast,
-                                uncertainty=live.uncertainty)
+                                uncertainty=live.uncertainty, trial_seconds=live.trial_seconds)
         built = make_strategy(strategy, context)
         return cls(built, pruner, record, backend_name, (),
                    calibrator(space.workload, space.hardware) if calibrate else None, len(space), live, space,

@@ -30,11 +30,13 @@ import os
 import shutil
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
 from autotune.values.config import Config, ConfigError
 from autotune.prediction.estimate import Calibration, Estimate, estimate, host_need_bytes, nvme_need_bytes
+from autotune.prediction.trial_time import TrialTimeModel, calibrated, model_for, op_for, trial_time
 from autotune.values.hardware import Hardware
 from autotune.values.results import DEVICE_MEMORY, HOST_MEMORY, NVME_SPACE, VALUE, TrialResult
 from autotune.prediction.uncertainty import PRIOR_MEMORY, PRIOR_UNCERTAINTY, Forecast, Uncertainty, normal_cdf
@@ -156,6 +158,27 @@ class Pruner:
     def fit_probability(self, config: Config) -> float:
         return self.forecast(config).fit_probability(self.budget_bytes)
 
+    @cached_property
+    def trial_time_model(self) -> TrialTimeModel:
+        """The trial-time terms of this machine, their scales fitted on the measured trials that recorded phases."""
+        return calibrated(model_for(self.hardware), self.measured, self.workload, self.hardware)
+
+    @cached_property
+    def ops_used(self) -> frozenset[str]:
+        """The ops this sweep's trials have loaded (built once, then only loaded)."""
+        configs = [r.config for r in self.measured] + sorted(self.out_of_memory)
+        return frozenset(op for op in map(op_for, configs) if op is not None)
+
+    def trial_seconds(self, config: Config, forecast: Forecast | None = None) -> float:
+        """The expected wall seconds of `config`'s trial (autotune.prediction.trial_time at its calibrated step
+        time): its whole run weighed by its probability of fitting, its death in the first step by the rest, and
+        the first build of an op no trial of this sweep has loaded yet."""
+        est = self.predict(config)
+        p = (forecast or self.forecast(config)).fit_probability(self.budget_bytes)
+        seconds = [trial_time(config, self.workload, self.hardware, est.step_time_s, fits=fits,
+                              ops_built=self.ops_used, model=self.trial_time_model).total_s for fits in (True, False)]
+        return p * seconds[0] + (1 - p) * seconds[1]
+
     def check(self, config: Config, backend: str, best_throughput: float | None = None) -> TrialResult | None:
         """A `pruned` result if `config` is unlikely to fit, or cannot beat `best_throughput` (the best
         measured so far) even at the optimistic end of its throughput; else None."""
@@ -261,11 +284,12 @@ class Pruner:
 
 class LivePruner:
     """The pruner of a sweep as it learns (the sweep replaces it after each result): what a strategy reads
-    through `SearchContext.forecast`."""
+    through `SearchContext.forecast` and `SearchContext.trial_seconds`."""
 
     def __init__(self, pruner: Pruner) -> None:
         self._pruner = pruner
         self._forecasts: dict[Config, Forecast] = {}  # of the current pruner: strategies ask for every config
+        self._seconds: dict[Config, float] = {}
 
     @property
     def pruner(self) -> Pruner:
@@ -274,7 +298,7 @@ class LivePruner:
     @pruner.setter
     def pruner(self, pruner: Pruner) -> None:
         if pruner is not self._pruner:
-            self._pruner, self._forecasts = pruner, {}
+            self._pruner, self._forecasts, self._seconds = pruner, {}, {}
 
     def forecast(self, config: Config) -> Forecast:
         found = self._forecasts.get(config)
@@ -284,6 +308,12 @@ class LivePruner:
 
     def uncertainty(self) -> Uncertainty:
         return self.pruner.uncertainty
+
+    def trial_seconds(self, config: Config) -> float:
+        found = self._seconds.get(config)
+        if found is None:
+            found = self._seconds[config] = self._pruner.trial_seconds(config, self.forecast(config))
+        return found
 
 
 def layout(config: Config) -> tuple:

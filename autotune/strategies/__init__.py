@@ -61,6 +61,9 @@ class SearchContext:
     # probability of fitting, throughput interval, expected gain. None: no sweep (the estimator alone).
     forecast: Callable[[Config], Forecast] | None = None
     uncertainty: Callable[[], Uncertainty] | None = None  # the error models behind `forecast`, as they are now
+    # A config's trial's expected wall seconds as the sweep predicts them now (autotune.prediction.trial_time,
+    # weighed by the probability of fitting): what a guided pick divides its worth by. None: every trial alike.
+    trial_seconds: Callable[[Config], float] | None = None
 
 
 # strategy name -> "module:factory", factory(context) -> Strategy. Later strategies (rl, hybrid) add entries.

@@ -4,13 +4,19 @@ what to measure to identify the estimator's error model, and what is worth runni
 - `identifying`: the warm start. The untried config whose measurement shrinks most the variance of the
   predictions of the configs predicted best (Bayesian linear regression's exact variance reduction on the
   knob-value offsets of autotune.prediction.uncertainty, memory and throughput), weighed by its probability of
-  fitting (an out-of-memory teaches only a bound). Its first picks therefore cover the knob values the best
-  candidates share but no trial used (checkpointing on and off, each precision, offload on and off),
-  rather than the best predicted config of each memory layout.
+  fitting (an out-of-memory teaches only a bound), per second of its trial. Its first picks therefore cover the
+  knob values the best candidates share but no trial used (checkpointing on and off, each precision, offload
+  on and off), rather than the best predicted config of each memory layout, and the cheapest config that
+  teaches it (an offloaded optimizer's trial takes twice a GPU trial's seconds).
 - `most_valuable`: the untried config of the highest expected gain over the best found, weighed by its
-  probability of fitting (probability x E[max(throughput - best, 0)], the throughput log-normal).
+  probability of fitting (probability x E[max(throughput - best, 0)], the throughput log-normal), per second
+  of its trial once a best was found (the first pick is the likeliest best, whatever it costs).
 - `nearby`: the same, among the neighbours of the best config found (one knob one step away): a local
   search beside the model, for the optimum the additive error model does not predict.
+
+Seconds (issue 41): a trial's expected wall seconds (SearchContext.trial_seconds: autotune.prediction.trial_time
+at the calibrated step time, out-of-memory deaths and first op builds weighed in) divide what it is worth, so that
+a search under a time budget buys the most gain, or information, per second; without them every trial costs one.
 """
 
 from __future__ import annotations
@@ -55,6 +61,13 @@ def forecasts(context: SearchContext, tried: Collection[Config], likely: float =
     return {c: f for c, f in found.items() if fit[c] >= floor}
 
 
+def seconds(context: SearchContext, configs: Collection[Config]) -> np.ndarray:
+    """Each config's trial's expected seconds (ones where the sweep predicts none)."""
+    if context.trial_seconds is None:
+        return np.ones(len(configs))
+    return np.array([max(context.trial_seconds(c), 1e-9) for c in configs])
+
+
 def identifying(context: SearchContext, tried: Collection[Config]) -> Config | None:
     assert context.uncertainty is not None, "a guided pick needs the sweep's error models"
     found = forecasts(context, tried, IDENTIFY_LIKELY)
@@ -69,14 +82,23 @@ def identifying(context: SearchContext, tried: Collection[Config]) -> Config | N
     weights = worth[order] / max(float(worth[order].max()), 1e-300)
     errors = context.uncertainty()
     info = errors.time.information(configs, targets, weights) + errors.memory.information(configs, targets, weights)
-    return configs[int(np.argmax(fit * info))]
+    return configs[int(np.argmax(fit * info / seconds(context, configs)))]
 
 
 def most_valuable(context: SearchContext, tried: Collection[Config], best: float) -> Config | None:
     found = forecasts(context, tried)
     if not found:
         return None
-    return max(found, key=lambda c: found[c].value(context.budget_bytes, best))
+    configs = list(found)
+    value = np.array([found[c].value(context.budget_bytes, best) for c in configs])
+    per = seconds(context, configs) if best > 0 else np.ones(len(configs))
+    return configs[int(np.argmax(value / per))]
+
+
+def most_worth(context: SearchContext, tried: Collection[Config], best: float) -> float:
+    """The largest probability x expected gain over `best` of an untried config (samples/s), whatever it costs."""
+    found = forecasts(context, tried)
+    return max((f.value(context.budget_bytes, best) for f in found.values()), default=0.0)
 
 
 def worth(context: SearchContext, config: Config, best: float) -> float:
@@ -119,9 +141,10 @@ def neighbours(context: SearchContext, config: Config) -> list[Config]:
 
 def nearby(context: SearchContext, tried: Collection[Config], incumbent: Config, best: float) -> Config | None:
     """The untried neighbour of `incumbent` (the best config found) at least NEAR_LIKELY to fit that is worth
-    most (probability x expected gain; among equals the fastest forecast), or None."""
+    most a second (probability x expected gain / trial seconds; among equals the fastest forecast), or None."""
     assert context.forecast is not None, "a guided pick needs the sweep's forecast"
     budget = context.budget_bytes
     found = {c: context.forecast(c) for c in neighbours(context, incumbent) if c not in tried}
     near = [c for c, f in found.items() if f.fit_probability(budget) >= NEAR_LIKELY]
-    return max(near, key=lambda c: (found[c].value(budget, best), found[c].throughput), default=None)
+    cost = dict(zip(near, seconds(context, near)))
+    return max(near, key=lambda c: (found[c].value(budget, best) / cost[c], found[c].throughput), default=None)

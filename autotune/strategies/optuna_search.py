@@ -216,7 +216,7 @@ class OptunaStrategy:
         picked = guide.most_valuable(self.context, tried, best)
         if picked is None:
             return None
-        if best and guide.worth(self.context, picked, best) < STOP_GAIN * best:
+        if best and guide.most_worth(self.context, tried, best) < STOP_GAIN * best:
             # Nothing left is worth a trial: the trials left go to the configs likeliest to fit (the
             # pruner drops those that cannot gain), not to out-of-memory failures.
             likeliest = guide.likeliest(self.context, tried)

@@ -1,0 +1,95 @@
+"""Issue 41's cost-aware search: a guided pick weighs what a trial teaches or may gain against the seconds it
+would take (SearchContext.trial_seconds: autotune.prediction.trial_time at the calibrated step time, weighed by
+the probability of fitting, first op builds included). Simulated GPU worlds with GPU-like trial times."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.backends.simulated import SimulatedBackend
+from autotune.drivers.local import run_local
+from autotune.drivers.progress import QuietProgress
+from autotune.drivers.sweep import Budget, Sweep
+from autotune.prediction.estimate import Calibration
+from autotune.prediction.trial_time import CPU_ADAM, FUSED_ADAM, model_for, trial_time
+from autotune.search.pruning import Pruner
+from autotune.search_spaces import load_choices
+from autotune.values.config import Config
+from autotune.values.hardware import PROFILES
+from autotune.values.results import TrialResult
+from autotune.values.space import Space
+from autotune.values.workload import make_workload
+
+GiB = 2**30
+TRUTH = Calibration(activation_scale=1.3, flops_scale=0.7)  # the simulated machine is not the estimator's
+
+
+def world(model: str, batch: int, gpus: int, profile: str, budget_gib: int):
+    workload, hardware = make_workload(model, batch, gpus), PROFILES[profile]
+    space = Space(load_choices("default"), workload, hardware)
+    backend = SimulatedBackend(workload, hardware, budget_gib * GiB, seed=1, calibration=TRUTH, trial_times=True)
+    return space, backend, budget_gib * GiB
+
+
+def run(space: Space, backend, budget: int, trials: int, strategy: str = "hybrid") -> list[TrialResult]:
+    sweep = Sweep.in_memory(space, budget, strategy, backend.name, seed=0)
+    run_local(sweep, backend, Budget(trials, stop_when=0), QuietProgress())
+    return [r for r in sweep.results if r.status != "pruned"]
+
+
+def offloads(config: Config) -> bool:
+    return config.offload_optimizer != "none" or config.offload_param != "none"
+
+
+def best_of(space: Space, backend, budget: int) -> TrialResult:
+    return max((r for r in map(backend.run, space) if r.fits(budget)), key=lambda r: r.throughput_samples_per_s)
+
+
+def test_where_offload_never_wins_no_offload_trial_is_among_the_first_five():
+    space, backend, budget = world("llama-1b", 64, 1, "h100-80gb", 60)
+    assert not offloads(best_of(space, backend, budget).config)  # the world: its optimum keeps everything on the GPU
+    first = run(space, backend, budget, 5)
+    assert len(first) == 5
+    assert not any(offloads(r.config) for r in first), [r.config.label() for r in first]
+
+
+def test_where_nothing_fits_without_offload_the_search_launches_offload_and_finds_a_fitting_config():
+    space, backend, budget = world("llama-7b", 16, 1, "a100-80gb", 80)
+    fitting = [r for r in map(backend.run, space) if r.fits(budget)]
+    assert fitting and all(offloads(r.config) for r in fitting)  # the world: only offloaded configs fit
+    ran = run(space, backend, budget, 6)
+    assert offloads(ran[0].config)  # the first trial is likely to fit, so it offloads
+    assert any(r.ok and r.fits(budget) for r in ran)
+
+
+def test_a_trial_costs_its_seconds_weighed_by_its_chance_of_fitting_and_its_first_op_build():
+    space, _, budget = world("llama-1b", 64, 1, "h100-80gb", 60)
+    pruner = Pruner(space.workload, space.hardware, budget)
+    on_gpu = Config(1, 4, 0, "bf16", "none", "none")
+    offloaded = Config(1, 4, 0, "bf16", "cpu", "none")
+    model = model_for(space.hardware)
+    # Its whole trial (the op's first build included) weighed by its chance of fitting, its death in the first
+    # step by the rest; the offloaded one about twice as long.
+    step = pruner.predict(on_gpu).step_time_s
+    whole, dies = (trial_time(on_gpu, space.workload, space.hardware, step, model=model, fits=fits).total_s
+                   for fits in (True, False))
+    p = pruner.fit_probability(on_gpu)
+    assert 0.5 < p < 1 and dies < whole
+    assert pruner.trial_seconds(on_gpu) == pytest.approx(p * whole + (1 - p) * dies)
+    assert model.op_build(FUSED_ADAM) < whole
+    assert pruner.trial_seconds(offloaded) > 1.5 * pruner.trial_seconds(on_gpu)
+    # Once a trial loaded FusedAdam, the next one does not build it again; cpu_adam is still to build.
+    est = pruner.predict(on_gpu)  # measured as predicted
+    ran = TrialResult(on_gpu, "ok", step_time_s=step, throughput_samples_per_s=est.throughput_samples_per_s,
+                      peak_memory_bytes=est.peak_bytes, memory_budget_bytes=budget)
+    taught = pruner.recalibrated(pruner.calibration, [ran])
+    assert taught.ops_used == {FUSED_ADAM}
+    same_odds = pruner.forecast(on_gpu)  # what the trial taught of memory aside
+    assert pruner.trial_seconds(on_gpu) - taught.trial_seconds(on_gpu, same_odds) == pytest.approx(
+        model.op_build(FUSED_ADAM))
+    assert CPU_ADAM not in taught.ops_used
+    # Unlikely to fit: mostly a death in its first step, far shorter than a whole trial.
+    huge = Config(0, 64, 0, "fp32", "none", "none")
+    assert pruner.fit_probability(huge) < 0.01
+    assert taught.trial_seconds(huge) < 0.5 * trial_time(huge, space.workload, space.hardware,
+                                                         pruner.predict(huge).step_time_s, model=model).total_s
