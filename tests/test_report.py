@@ -63,6 +63,8 @@ def test_summary_follows_the_contract(results, settings):
         "memory_budget_bytes": BUDGET,
         "status_counts": {"ok": 4, "oom": 2, "unsupported": 0, "timeout": 0, "crash": 1, "pruned": 1,
                           "untrained": 0},
+        "trial_seconds": 55.0,  # 4 trials of 10 s, 3 failures of 5 s, the pruned config none
+        "trial_seconds_to_best": 25.0,  # trials 1-3
     }
     assert list(summary["status_counts"]) == list(STATUSES)
 

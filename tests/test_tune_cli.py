@@ -126,6 +126,20 @@ def test_time_budget_stops_starting_trials(tmp_path, capsys):
     assert sum(times[:-1]) < 120 <= sum(times)
 
 
+def test_a_resumed_sweep_keeps_its_seconds(tmp_path, capsys):
+    # The first session spends its 1 minute; resumed with 2, the second counts the first's seconds.
+    args = ["tune", "--backend", "simulated", "--strategy", "random", "--memory-budget", "2GiB", "--trials", "50",
+            "--out", str(tmp_path / "r")]
+    assert cli(args + ["--time-budget", "1m"], capsys)[0] == 0
+    first = read_results(tmp_path / "r" / "trials.jsonl")
+    code, out, _ = cli(args + ["--time-budget", "2m", "--resume"], capsys)
+    assert code == 0 and "time budget spent" in out
+    times = [r.wall_time_s for r in read_results(tmp_path / "r" / "trials.jsonl")]
+    assert len(times) > len(first) and sum(times[:-1]) < 120 <= sum(times)
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["trial_seconds"] == pytest.approx(sum(times), abs=0.06)
+
+
 def test_a_second_tuner_on_the_same_directory_is_refused(simulated_run, capsys):
     with RunDir(simulated_run).locked():
         code, _, err = cli(["tune", "--model", "tiny", "--strategy", "optuna", "--memory-budget", "0.85GiB", "--trials", "9",

@@ -151,6 +151,10 @@ def _summary(results: Sequence[TrialResult], settings: RunSettings, best: TrialR
         "strategy": settings.strategy,
         "memory_budget_bytes": budget,
         "status_counts": {status: counts.get(status, 0) for status in STATUSES},
+        # What the sweep's trials took (each trial's wall time, a pruned config none): in all, and until the
+        # recommendation's first run ended (issue 41: a search is judged in seconds).
+        "trial_seconds": round(sum(r.wall_time_s for r in results), 1),
+        "trial_seconds_to_best": None if index is None else round(sum(r.wall_time_s for r in results[:index]), 1),
     }
     if best is not None and best.runs is not None:
         summary["best"].update(runs=best.runs, throughput_runs=list(best.throughput_runs))
@@ -464,7 +468,9 @@ def markdown(results: Sequence[TrialResult], settings: RunSettings, summary: dic
         *([f"- Figures {figures}: {why}; throughput, step time, peak memory and trial time below are not "
            "measurements of this sweep"] if why else []),
         f"- Trials: {len(results)} recorded, {len(launched)} launched ({counts or 'none'}); "
-        f"{'' if figures == 'measured' else figures + ' '}trial time {sum(r.wall_time_s for r in results) / 60:.1f} min",
+        f"{'' if figures == 'measured' else figures + ' '}trial time {summary['trial_seconds'] / 60:.1f} min"
+        + (f" ({summary['trial_seconds_to_best'] / 60:.1f} min to the recommendation's first run)"
+           if summary["trial_seconds_to_best"] is not None else ""),
         *([f"- Stopped: {stop.text}"] if stop is not None else []),
         *([study] if study else []),
         *([f"- Stack: {line}"] if (line := stack_line(settings.stack)) else []),
