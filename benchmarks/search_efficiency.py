@@ -93,6 +93,7 @@ from autotune.envs.sampler import Task
 from autotune.values.hardware import PROFILES
 from autotune.rl.simulator import distorted_task
 from autotune.search_spaces import load_choices
+from autotune.strategies import SearchContext, Strategy, make_strategy
 from autotune.values.space import Space
 from autotune.values.workload import make_workload
 
@@ -103,8 +104,17 @@ FAR = 0.95  # the looser level reported beside NEAR
 GOAL_STRATEGIES = ("hybrid", "optuna")  # issue 17's done-when is about these two
 GOAL_TRIALS = 8  # ... reaching NEAR in a median of at most this many launched trials
 STRATEGIES = ("grid", "random", "optuna", "optuna-gp", "rl", "hybrid", "deepspeed")
-# Strategies of these benchmarks that are no strategy of the tuner: DeepSpeed's autotuner's own order.
-SCHEDULES = {"deepspeed": DeepSpeedSchedule}
+
+
+def flat(name: str) -> Callable[[SearchContext], Strategy]:
+    """The tuner's strategy `name` as it was before issue 41's cost-aware picks: every trial costing alike."""
+    return lambda context: make_strategy(name, replace(context, trial_seconds=None))
+
+
+# Strategies of these benchmarks that are no strategy of the tuner: DeepSpeed's autotuner's own order, and the
+# tuner's guided strategies blind to a trial's seconds (`-flat`), the baseline of issue 41's cost-awareness.
+SCHEDULES: dict[str, Callable[[SearchContext], Strategy]] = {
+    "deepspeed": DeepSpeedSchedule, "optuna-flat": flat("optuna"), "hybrid-flat": flat("hybrid")}
 # The shared H200 runs' surfaces (benchmarks/gpu-runs): replayed at the budgets they were recorded with.
 GPU_SURFACES = ("gpu-runs/h200-2026-11-26/kit/surfaces/h200-llama-1b.jsonl",
                 "gpu-runs/h200-2026-11-26/kit/surfaces/h200-llama-3b.jsonl",

@@ -13,6 +13,7 @@ import pytest
 
 from autotune.backends.replay import ReplayBackend, load_surface, surface_space
 from autotune.backends.simulated import SimulatedBackend
+from autotune.drivers.sweep import Sweep
 from autotune.envs.sampler import Task
 from autotune.prediction.estimate import estimate
 from autotune.prediction.trial_time import CPU_ADAM, CUDA, FUSED_ADAM, trial_time
@@ -250,3 +251,14 @@ def test_replay_sweeps_spend_their_surfaces_recorded_wall_times():
                            best.throughput_samples_per_s)
     recorded = sorted(r.wall_time_s for r in surface.results.values())
     assert outcome.walls is not None and sorted(outcome.walls) == pytest.approx(recorded)
+
+
+def test_the_flat_baselines_are_the_same_strategies_blind_to_seconds():
+    space = Space(load_choices("default"), MEDIUM, H100)
+    for name in ("optuna", "hybrid"):
+        aware = Sweep.in_memory(space, BUDGET, se.strategy_arg(name), "simulated").strategy
+        blind = Sweep.in_memory(space, BUDGET, se.strategy_arg(f"{name}-flat"), "simulated").strategy
+        assert type(aware) is type(blind)
+        # The hybrid's Optuna half holds the context its guided picks read.
+        aware, blind = getattr(aware, "search", aware), getattr(blind, "search", blind)
+        assert aware.context.trial_seconds is not None and blind.context.trial_seconds is None
