@@ -119,7 +119,7 @@ class DeepSpeedMemoryEnv(gym.Env):
         if action == STOP:
             return spec.stop(self._best_throughput, ep.reference, self.horizon - self._steps + 1)
         assert result is not None
-        return spec.trial(result, ep.task.memory_budget_bytes, ep.reference, self._best_before)
+        return spec.trial(result, ep.task.memory_budget_bytes, ep.reference, self._best_before, ep.seconds_unit)
 
     def render(self) -> str | None:  # type: ignore[override]  # an "ansi" frame is a string
         if self.render_mode != "ansi" or self._episode is None:

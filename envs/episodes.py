@@ -29,6 +29,7 @@ from autotune.backends.simulated import SimulatedBackend
 from autotune.values.config import Config, ConfigError
 from autotune.trials.devices import resolve_hardware
 from autotune.prediction.estimate import Estimate, estimate
+from autotune.prediction.trial_time import CPU_ADAM, FUSED_ADAM, trial_time
 from autotune.values.hardware import Hardware, load_hardware
 from autotune.values.results import TrialResult
 from autotune.values.settings import memory_budget
@@ -55,6 +56,10 @@ class Episode:
     static: np.ndarray  # per config: the observation's config, prediction and per-action blocks
     task_features: np.ndarray
     task_info: dict[str, Any]
+    # The reward's unit of trial time (envs/reward.py `second_cost`): the predicted wall seconds of a trial of the
+    # config predicted best (autotune.prediction.trial_time, every op built), so that a trial's price in seconds
+    # reads alike for a 1M and a 70B model.
+    seconds_unit: float = 1.0
 
 
 def episode_of(task: Task, backend: Backend, land: Landscape, reference: float, optimum: float | None) -> Episode:
@@ -66,7 +71,18 @@ def episode_of(task: Task, backend: Backend, land: Landscape, reference: float, 
     share = float(land.feasible(budget).mean())
     return Episode(task, backend, land, reference, optimum, predicted_best,
                    obs.config_blocks(land, budget, predicted_best), obs.task_features(task, share),
-                   {**task.to_dict(), "backend": backend.name})
+                   {**task.to_dict(), "backend": backend.name}, seconds_unit(task, land))
+
+
+def seconds_unit(task: Task, land: Landscape) -> float:
+    """The predicted wall seconds of a trial of the config predicted best within the budget (of all, if none fits)."""
+    fits = land.feasible(task.memory_budget_bytes)
+    throughput = np.where(fits, land.throughput, -np.inf) if fits.any() else land.throughput
+    best = int(np.argmax(throughput))
+    step_s = task.workload.global_batch / max(float(land.throughput[best]), 1e-30)
+    seconds = trial_time(land.configs[best], task.workload, task.hardware, step_s,
+                         ops_built=frozenset({FUSED_ADAM, CPU_ADAM})).total_s
+    return max(seconds, 1e-6)
 
 
 class EpisodeSource(Protocol):

@@ -15,6 +15,10 @@ Per trial (`mode="throughput"`, the default):
     oom (incl. over budget):   -oom_penalty - over_budget_coef * min(over_budget_cap, peak / budget - 1) - trial_cost
     crash, timeout, unsupported: -failure_penalty - trial_cost
     pruned:                    -trial_cost
+`trial_cost` is a trial's price whatever it takes; `second_cost` (issue 41, 0 by default) adds a price per
+trial-second, in units of the episode's `seconds_unit` (the predicted seconds of a trial of the config predicted
+best): a trial that takes twice as long (an offloaded optimizer's) costs twice as much, an out-of-memory trial
+the seconds it burnt before dying, a pruned config none.
 A peak over budget is counted wherever the result carries one (the simulated backend reports the
 predicted need, replay the measured peak; a real OOM may carry none, then only the fixed penalty applies).
 
@@ -54,6 +58,7 @@ class Reward:
     over_budget_cap: float = 2.0
     failure_penalty: float = 0.5
     trial_cost: float = 0.01
+    second_cost: float = 0.0
     invalid_action_penalty: float = 1.0
 
     def __post_init__(self) -> None:
@@ -74,20 +79,23 @@ class Reward:
             raise ConfigError(f"unknown reward key(s) {unknown}: allowed {allowed}")
         return cls(**data)
 
-    def trial(self, result: TrialResult, budget_bytes: int, reference: float, best_before: float) -> float:
-        """Reward of one trial seen under `budget_bytes` (`best_before`: best feasible throughput so far, 0 if none)."""
+    def trial(self, result: TrialResult, budget_bytes: int, reference: float, best_before: float,
+              seconds_unit: float = 1.0) -> float:
+        """Reward of one trial seen under `budget_bytes` (`best_before`: best feasible throughput so far, 0 if none;
+        `seconds_unit`: the episode's unit of trial time)."""
+        cost = self.trial_cost + self.second_cost * result.wall_time_s / seconds_unit
         if result.status == "ok" and result.fits(budget_bytes):
             throughput = result.throughput_samples_per_s or 0.0
             gain = throughput if self.mode == "throughput" else max(0.0, throughput - best_before)
-            return gain / reference - self.trial_cost
+            return gain / reference - cost
         if result.status in ("oom", "ok"):  # an ok result over budget is an oom for this search
             over = 0.0
             if result.peak_memory_bytes is not None:
                 over = min(self.over_budget_cap, max(0.0, result.peak_memory_bytes / budget_bytes - 1.0))
-            return -self.oom_penalty - self.over_budget_coef * over - self.trial_cost
+            return -self.oom_penalty - self.over_budget_coef * over - cost
         if result.status == "pruned":
-            return -self.trial_cost
-        return -self.failure_penalty - self.trial_cost
+            return -cost
+        return -self.failure_penalty - cost
 
     def stop(self, best: float, reference: float, steps_left: int) -> float:
         """Reward of `stop` with `steps_left` steps of the horizon left, counting the stop step."""

@@ -254,6 +254,27 @@ def test_improvement_mode_and_coefficients():
         Reward(mode="best")
 
 
+def test_a_price_per_trial_second_charges_each_trial_its_seconds_in_the_episodes_unit():
+    # Issue 41: a trial twice as long (an offloaded optimizer's) costs twice as much, a pruned config nothing.
+    cfg = Config(0, 1, 0, "bf16")
+    results = [replace(ok(50.0), wall_time_s=10.0), replace(ok(60.0), wall_time_s=20.0),
+               TrialResult(cfg, "oom", backend="deepspeed", error="OOM", wall_time_s=4.0),
+               TrialResult(cfg, "pruned", backend="deepspeed", error="unlikely to fit")]
+    env, _ = scripted_env(results, reward={"mode": "improvement", "trial_cost": 0.001, "second_cost": 0.01,
+                                           "oom_penalty": 0.2})
+    unit = env._episode.seconds_unit
+    # The unit: the predicted seconds of a trial of the tiny model's config predicted best on the CPU.
+    assert 1.0 < unit < 60.0
+    rewards = []
+    for _ in results:
+        mask = env._mask_now
+        rewards.append(env.step(RUN if mask[RUN] else int(np.flatnonzero(mask[2:])[0] + 2))[1])
+    assert rewards[0] == pytest.approx(0.5 - 0.001 - 0.01 * 10 / unit)
+    assert rewards[1] == pytest.approx(0.1 - 0.001 - 0.01 * 20 / unit)
+    assert rewards[2] == pytest.approx(-0.2 - 0.001 - 0.01 * 4 / unit)
+    assert rewards[3] == pytest.approx(-0.001)
+
+
 def test_simulated_reward_is_one_at_the_optimum():
     env = DeepSpeedMemoryEnv({"workload": "tiny", "memory_budget": "800MiB", "start": "estimator"})
     _, info = env.reset(seed=0)

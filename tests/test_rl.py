@@ -215,6 +215,11 @@ def test_training_settings_are_checked_and_a_run_resumes_only_with_the_same_ones
     with pytest.raises(ConfigError, match=r"other settings \(seed=4 there, 5 here\)"):
         prepare(tmp_path, TrainSettings(iterations=10, seed=5))
     assert TrainSettings.from_dict(settings.to_dict()) == settings
+    # A price per trial-second (issue 41) reaches the environment's reward and the command that trains again.
+    priced = TrainSettings(trial_cost=0.0, second_cost=0.005)
+    assert priced.env_config()["reward"]["second_cost"] == 0.005 and "--second-cost 0.005" in priced.command("o")
+    old = {k: v for k, v in priced.to_dict().items() if k != "second_cost"}  # a run from before the setting
+    assert TrainSettings.from_dict(old).second_cost == 0.0
 
 
 def test_a_training_run_shares_the_run_folder_lock_and_atomic_files(tmp_path):

@@ -70,6 +70,9 @@ class TrainSettings:
     # 0.003 rather than 0.01: a cheaper trial lets the policy search ~9 trials before it stops instead of ~5
     # (autotune/policies/default/PROVENANCE.md).
     trial_cost: float = 0.003
+    # A price per trial-second in units of the task's trial at its predicted best (envs/reward.py; 0: every trial
+    # alike). With the simulated worlds' GPU-like trial times, an offloaded optimizer's trial costs ~2x.
+    second_cost: float = 0.0
     # An out-of-memory trial costs a trial and a little more: with the environment's default penalty
     # (0.5 + 0.5 x overshoot, against gains of at most 1 per episode) the policy learnt to stop early
     # rather than approach the memory cliff where the fast configs are.
@@ -123,6 +126,7 @@ class TrainSettings:
             flags += ["--surface", surface]
         for flag, key in (("--workers", "workers"), ("--seed", "seed"), ("--horizon", "horizon"), ("--noise", "noise"),
                           ("--randomize", "randomize"), ("--trial-cost", "trial_cost"),
+                          ("--second-cost", "second_cost"),
                           ("--oom-penalty", "oom_penalty"), ("--train-batch", "train_batch"), ("--minibatch", "minibatch"),
                           ("--epochs", "epochs"), ("--pool-size", "pool_size"), ("--envs-per-worker", "envs_per_worker"),
                           ("--checkpoint-every", "checkpoint_every")):
@@ -133,6 +137,7 @@ class TrainSettings:
     def env_config(self) -> dict[str, Any]:
         config: dict[str, Any] = {"backend": self.backend, "horizon": self.horizon, "start": self.start,
                                   "reward": {"mode": self.reward, "trial_cost": self.trial_cost,
+                                             "second_cost": self.second_cost,
                                              "oom_penalty": self.oom_penalty, "over_budget_coef": self.oom_penalty,
                                              "failure_penalty": self.oom_penalty},
                                   "cache_size": self.pool_size + max(1, self.pool_size // 4) + 8}
