@@ -54,6 +54,8 @@ class EnvConfig:
     flat_info       info as numbers and strings with the same keys at every step (the TrialResult and the
                     configs as JSON strings, NaN where unknown), as gymnasium's vector environments and
                     RLlib need (they merge infos key by key); default False
+    chance_info     info carries `chance_of_better` (default True); ~16 ms a step of Monte Carlo draws, so
+                    training, which never reads it, turns it off (autotune.rl.train)
     reference_throughput  object/deepspeed backends: the reward's normaliser instead of the estimator's best
     backend_options deepspeed: keyword arguments of DeepSpeedBackend
     cache_size      landscapes kept per environment (default 256)
@@ -77,6 +79,7 @@ class EnvConfig:
     reward: Reward = Reward()
     mask_revisits: bool = False
     flat_info: bool = False
+    chance_info: bool = True
     reference_throughput: float | None = None
     backend_options: Mapping[str, Any] = field(default_factory=dict, hash=False)
     cache_size: int = 256
@@ -92,6 +95,7 @@ class EnvConfig:
         put("reward", self.reward if isinstance(self.reward, Reward) else Reward.from_dict(self.reward))
         put("mask_revisits", bool(self.mask_revisits))
         put("flat_info", bool(self.flat_info))
+        put("chance_info", bool(self.chance_info))
         put("calibration", _calibration(self.calibration))
         _positive_int(self.cache_size, "cache_size")
         backend = self.backend

@@ -21,7 +21,7 @@ Reward: envs/reward.py. `info`: `result` (the TrialResult as a dict, None when n
 (current), `best` (the episode's best feasible config, throughput, peak and step, or None), `trials`,
 `action`, `invalid_action`, `task`, `reference_throughput` (the reward's normaliser),
 `optimum_throughput` (the task's true best where known: simulated without noise, replay; else None) and
-`chance_of_better` (the sweep's convergence stop's figure, autotune.search.convergence: the chance that an unmeasured
+`chance_of_better` (unless `chance_info` is off: the sweep's convergence stop's figure, autotune.search.convergence: the chance that an unmeasured
 config fits and is more than 2% faster than the best, from the episode's corrected predictions);
 with `flat_info`, numbers and strings with the same keys at every step (`_flat_info`). A source may
 rewrite the info (the training simulator's flat info judges the best config by its hidden truth).
@@ -247,7 +247,9 @@ class DeepSpeedMemoryEnv(gym.Env):
                     "best": None if self._best is None else dict(self._best),
                     "trials": self._trials, "action": action, "invalid_action": invalid,
                     "task": ep.task_info, "reference_throughput": ep.reference,
-                    "optimum_throughput": ep.optimum, "chance_of_better": self._chance_of_better()}
+                    "optimum_throughput": ep.optimum}
+        if self.config.chance_info:  # the same key at every step, flat or not
+            info["chance_of_better"] = self._chance_of_better()
         return self.source.info(ep, info, result)
 
     def _chance_of_better(self) -> float:
@@ -271,8 +273,7 @@ class DeepSpeedMemoryEnv(gym.Env):
                 "best_throughput": self._best_throughput,
                 "best_config": "" if best is None else json.dumps(best["config"]),
                 "reference_throughput": float(ep.reference),
-                "optimum_throughput": nan if ep.optimum is None else float(ep.optimum),
-                "chance_of_better": self._chance_of_better()}
+                "optimum_throughput": nan if ep.optimum is None else float(ep.optimum)}
 
 
 RESULT_FIELDS = tuple(f.name for f in fields(TrialResult) if f.name not in ("config", "extra"))

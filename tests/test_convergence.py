@@ -145,6 +145,12 @@ def test_the_environment_exposes_the_chance_in_info():
             if terminated or truncated:
                 break
         assert all(0.0 <= p <= 1.0 for p in seen)
+    # Training never reads it: its environments leave it out (autotune.rl.train; ~16 ms a step).
+    quiet = DeepSpeedMemoryEnv({"backend": "replay", "surface": str(SMALL), "memory_budget": int(1.19 * GiB),
+                                "horizon": 6, "flat_info": True, "chance_info": False})
+    obs, info = quiet.reset(seed=0)
+    assert "chance_of_better" not in info
+    assert "chance_of_better" not in quiet.step(int(np.flatnonzero(obs["action_mask"][:-1])[0]))[4]
 
 
 def _model(offsets: dict, noise: float, trials: int = 24, surface: Path = SMALL):
