@@ -29,7 +29,7 @@ from autotune.backends.simulated import SimulatedBackend
 from autotune.values.config import Config, ConfigError
 from autotune.trials.devices import resolve_hardware
 from autotune.prediction.estimate import Estimate, estimate
-from autotune.prediction.trial_time import CPU_ADAM, FUSED_ADAM, trial_time
+from autotune.prediction.trial_time import ALL_OPS, trial_time
 from autotune.values.hardware import Hardware, load_hardware
 from autotune.values.results import TrialResult
 from autotune.values.settings import memory_budget
@@ -81,7 +81,7 @@ def seconds_unit(task: Task, land: Landscape) -> float:
     best = int(np.argmax(throughput))
     step_s = task.workload.global_batch / max(float(land.throughput[best]), 1e-30)
     seconds = trial_time(land.configs[best], task.workload, task.hardware, step_s,
-                         ops_built=frozenset({FUSED_ADAM, CPU_ADAM})).total_s
+                         ops_built=ALL_OPS).total_s
     return max(seconds, 1e-6)
 
 

@@ -37,7 +37,7 @@ import numpy as np
 
 from autotune.values.config import Config, ConfigError
 from autotune.prediction.estimate import Calibration, Estimate, estimate, host_need_bytes
-from autotune.prediction.trial_time import (CPU_ADAM, DEFAULT_MEASURE, FUSED_ADAM, JobSize, Measure, TrialTimeModel,
+from autotune.prediction.trial_time import (ALL_OPS, DEFAULT_MEASURE, JobSize, Measure, TrialTimeModel,
                                             model_for, op_for, trial_time_at)
 from autotune.values.hardware import Hardware
 from autotune.values.results import TrialResult
@@ -47,7 +47,6 @@ from autotune.values.units import format_size
 from autotune.values.workload import Workload
 
 
-ALL_OPS = frozenset({FUSED_ADAM, CPU_ADAM})
 WALL_STREAM = 41  # the wall-time noise's stream beside a seed's own (issue 41): [WALL_STREAM, seed]
 
 

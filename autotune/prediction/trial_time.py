@@ -34,6 +34,7 @@ from autotune.values.results import TrialResult
 from autotune.values.workload import Workload
 
 FUSED_ADAM, CPU_ADAM = "fused_adam", "cpu_adam"  # DeepSpeed's op names, as the preflight reports them
+ALL_OPS = frozenset({FUSED_ADAM, CPU_ADAM})
 BILLION = 1e9
 # fp16's dynamic loss scaler (DeepSpeed's DynamicLossScaler, initial_scale_power 16, hysteresis 2, min scale 1):
 # one skipped step spends the hysteresis, each further one halves the scale, so every step overflowing skips
@@ -332,7 +333,7 @@ def calibrated(model: TrialTimeModel, results: Sequence[TrialResult], workload: 
     ratios: dict[str, list[float]] = {"fixed": [], "initialize": [], "steps": []}
     for result, phases in rows:
         predicted = trial_time(result.config, workload, hardware, result.step_time, measure=measure, model=base,
-                               ops_built=frozenset({FUSED_ADAM, CPU_ADAM}))
+                               ops_built=ALL_OPS)
         for group, (recorded, ours) in _groups(result, phases, predicted).items():
             if recorded > 0 and ours > 0:
                 ratios[group].append(math.log(recorded / ours))
