@@ -18,7 +18,8 @@ from autotune.values.workload import make_workload
 from cli_run import cli
 
 GiB = 2**30
-SUMMARY_KEYS = {"best", "trials", "best_trial_index", "strategy", "memory_budget_bytes", "status_counts"}
+SUMMARY_KEYS = {"best", "trials", "best_trial_index", "strategy", "memory_budget_bytes", "status_counts", "trial_seconds",
+                "trial_seconds_to_best"}
 PLOTS = ("throughput_vs_memory.png", "best_so_far.png", "memory_breakdown.png")
 
 
