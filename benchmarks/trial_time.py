@@ -129,20 +129,29 @@ def _trial(run: Path, folder: Path, data: dict[str, Any], spec: dict[str, Any], 
                     spec["ds_config"].get("zero_force_ds_cpu_optimizer", True) is not False)
 
 
+RAN = ("ok", "oom")  # ran to their end or died out of memory
+
+
+def ran(data: dict[str, Any]) -> bool:
+    """As recorded when it ran: an untrained fp16 trial recorded ok ran to its end (its time was spent all the same;
+    benchmarks/prove_gpu_runs.py keeps that status as `recorded_status`)."""
+    return data.get("recorded_status", data["status"]) in RAN
+
+
 def gpu_trials(runs: Sequence[Path] = RUNS) -> list[GpuTrial]:
     """Every trial of the runs that ran to its end or died out of memory, in run, sweep and trial order."""
     out = []
     for run in runs:
         for path in sorted(run.rglob("result.json")):
             data = json.loads(path.read_text())
-            if data["status"] in ("ok", "oom"):
+            if ran(data):
                 sweep = "/".join(p for p in path.parent.parent.relative_to(run).parts if p not in ("logs", "work"))
                 out.append(_trial(run, path.parent, data, json.loads((path.parent / "spec.json").read_text()), sweep))
         for path in sorted(run.rglob("trial-*-steps.json")):
             data = json.loads(path.read_text())["result"]
             spec = json.loads(next(path.parent.glob("logs/*/spec.json")).read_text())  # the same config's
             spec["measure"] = Steps().__dict__  # run with the default steps (the README)
-            if data["status"] in ("ok", "oom"):
+            if ran(data):
                 out.append(_trial(run, path.parent / path.stem, data, spec, path.stem))
     return out
 

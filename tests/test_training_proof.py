@@ -209,3 +209,49 @@ def test_the_gpu_kit_reports_what_each_trials_steps_did_and_wants_an_fp16_trial_
                                   "phases": [], "checks": checks, "plan": plan.to_dict(), "recording": {},
                                   "tune": {}, "training": rows})
     assert "| 11-27 |" not in table and "| tune | z3 mb4 ck2 fp16 oo=cpu | untrained (overflow) | None |" in table
+
+
+def _records(data):
+    """Every result or rank record in a JSON value (a record, or one under `result`)."""
+    if isinstance(data, dict):
+        if "status" in data:
+            yield data
+        if isinstance(data.get("result"), dict):
+            yield from _records(data["result"])
+
+
+def test_no_committed_gpu_record_holds_a_trial_that_never_stepped_as_a_measurement(tmp_path, capsys):
+    import shutil
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import prove_gpu_runs
+
+    files = [p for p in RUNS.rglob("*") if p.suffix in (".json", ".jsonl") and not p.name.endswith(".events.jsonl")]
+    for path in files:
+        values = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] \
+            if path.suffix == ".jsonl" else [json.loads(path.read_text())]
+        for record in (r for v in values for r in _records(v)):
+            moved = record.get("loss_first") is None or record.get("loss_first") != record.get("loss_last")
+            assert record["status"] != "ok" or moved or "steps_applied" in record, path
+    # The committed copies are already as they prove themselves: the rewrite changes nothing there.
+    copy = tmp_path / "runs"
+    shutil.copytree(RUNS, copy)
+    assert prove_gpu_runs.main([str(copy)]) == 0 and f"0 of {len(files)} record files" in capsys.readouterr().out
+    # A raw record and a rank's report, as the runs wrote them: rewritten, every other key kept.
+    raw = _ok(loss_first=10.77, loss_last=10.77).to_dict()
+    rank = {"status": "ok", "rank": 0, "loss_first": 10.77, "loss_last": 10.77, "peak_memory_bytes": 22 * 10**9}
+    trained = _ok(loss_first=10.77, loss_last=9.1).to_dict()
+    folder = tmp_path / "raw"
+    folder.mkdir()
+    (folder / "t.jsonl").write_text(json.dumps(raw) + "\n" + json.dumps(trained) + "\n")
+    (folder / "rank0.json").write_text(json.dumps(rank))
+    assert prove_gpu_runs.main([str(folder)]) == 0
+    first, second = (json.loads(line) for line in (folder / "t.jsonl").read_text().splitlines())
+    assert first["status"] == "untrained" and first["recorded_status"] == "ok" and first["fault"] == OVERFLOW
+    assert first["throughput_samples_per_s"] is None and "never moved" in first["error"]
+    assert {k: v for k, v in first.items() if k not in prove_gpu_runs.PROVEN} == \
+        {k: v for k, v in raw.items() if k not in prove_gpu_runs.PROVEN}
+    assert second == trained
+    assert json.loads((folder / "rank0.json").read_text()) == {**rank, "status": "untrained", "fault": OVERFLOW,
+                                                                   "recorded_status": "ok"}
