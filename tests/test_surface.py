@@ -129,6 +129,42 @@ def test_crashed_trials_are_run_again_and_every_attempt_kept(space_file, tmp_pat
     assert record_space(space, CrashingFirst(), out2, retries=1, progress=lambda _: None).recorded == 4
 
 
+
+class StopsAfter(CrashingFirst):
+    """Succeeds `n` times, then says no config can succeed (`fatal`) or is interrupted (Ctrl-C)."""
+
+    def __init__(self, n, interrupt=False):
+        super().__init__()
+        self.n, self.interrupt, self.fatal = n, interrupt, None
+
+    def run(self, config):
+        self.runs.append(config)
+        if len(self.runs) > self.n:
+            if self.interrupt:
+                raise KeyboardInterrupt
+            self.fatal = "every trial fails the same way"
+        return self.inner.run(config)
+
+
+def test_a_fatal_backend_stops_the_recording_and_an_interrupted_one_resumes(space_file, tmp_path, capsys):
+    """The recording runs on the sweeps' trial loop: a backend's fatal verdict stops it with its line (exit 1), and
+    Ctrl-C keeps every finished trial for the resume."""
+    from autotune.drivers.recording import record_surface as record_space
+    from autotune.values.hardware import PROFILES
+    from autotune.search_spaces import load_choices
+    from autotune.values.space import Space
+
+    space = Space(load_choices(space_file), make_workload("tiny"), PROFILES["cpu"])
+    out = tmp_path / "fatal.jsonl"
+    done = record_space(space, StopsAfter(1), out, progress=lambda _: None)
+    assert (done.recorded, done.fatal, len(read_results(out))) == (2, "every trial fails the same way", 2)
+    out = tmp_path / "interrupted.jsonl"
+    with pytest.raises(KeyboardInterrupt):
+        record_space(space, StopsAfter(2, interrupt=True), out, progress=lambda _: None)
+    assert len(read_results(out)) == 2
+    assert record_space(space, StopsAfter(9), out, progress=lambda _: None).recorded == 2
+    assert len({r.config for r in read_results(out)}) == 4
+
 def test_repeats_measure_again_in_passes_and_replay_takes_the_median(space_file, tmp_path, capsys):
     out = tmp_path / "surface.jsonl"
     assert record(space_file, out) == 0

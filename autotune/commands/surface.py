@@ -107,11 +107,13 @@ def run_record(args: argparse.Namespace) -> int:
     done = record_surface(space, backend, args.out, order_seed=args.seed, limit=args.limit, retries=args.retries,
                           repeats=args.repeats, only=only, progress=console.print)
     console.print(f"{args.out}: {done.recorded} configs recorded now, {done.total_measured} of {len(space)} measured")
+    if done.fatal:
+        console.print(f"stopped: {done.fatal}")
     if args.json:
         emit_json(args, {"surface": str(args.out), "workload": workload.to_dict(), "hardware": hardware.name,
                          "backend": args.backend, **done.to_dict(), "configs": len(space),
                          "logs": str(logs) if args.backend == "deepspeed" else None})
-    return 0
+    return 1 if done.fatal else 0
 
 
 def configs_in(path: Path, space) -> list[Config]:

@@ -17,13 +17,13 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Collection, Protocol, Sequence
 
 from autotune.backends import Backend
 from autotune.values.config import Config
 from autotune.drivers.progress import Progress, QuietProgress
 from autotune.drivers.stop import StopReason
-from autotune.drivers.sweep import Budget, Sweep
+from autotune.drivers.sweep import Budget
 from autotune.trials.ops import REPEATED_BUILD_FAILURES, build_failure
 from autotune.values.results import TrialResult
 
@@ -74,11 +74,38 @@ class Flight:
     submitted: float = field(default_factory=time.monotonic)
 
 
+class Trials(Protocol):
+    """What the loop asks of what it runs trials for: a sweep (drivers/sweep.py's Sweep) or a surface being
+    recorded (drivers/recording.py's Recording)."""
+
+    best: TrialResult | None
+
+    @property
+    def launched(self) -> int: ...
+
+    @property
+    def next_number(self) -> int:
+        """1-based position of the next result in its record."""
+        ...
+
+    def budget_spent(self, budget: Budget, in_flight: int = 0) -> StopReason | None: ...
+
+    def next_config(self, budget: Budget | None = None, in_flight: Collection[Config] = ()) -> Config | None: ...
+
+    def ended(self) -> StopReason:
+        """Why next_config proposes nothing more."""
+        ...
+
+    def finish(self, config: Config, result: TrialResult) -> TrialResult:
+        """Record a launched trial's result; returns it as recorded."""
+        ...
+
+
 class Job:
-    """One sweep under the loop: its Sweep, budget, what a trial asks for, and how a worker builds its backend
+    """One sweep (or recording) under the loop: what it runs trials for, budget, what a trial asks for, and how a worker builds its backend
     (a picklable callable; None where the executor holds the backend)."""
 
-    def __init__(self, name: str, sweep: Sweep, budget: Budget, resources: TrialResources = TrialResources(),
+    def __init__(self, name: str, sweep: Trials, budget: Budget, resources: TrialResources = TrialResources(),
                  make_backend: Callable[[], Backend] | None = None, progress: Progress = QuietProgress()) -> None:
         self.name = name
         self.sweep = sweep

@@ -1,7 +1,9 @@
 """Recording a replay surface: every config of a space run through a backend, each result appended (fsync'd)
 to a JSONL file as soon as it is known, resumable (configs already in the file are skipped), in a shuffled
-order fixed by a seed so that a partial surface covers the space evenly. `autotune surface record` and the
-GPU validation kit call it; the replay backend (autotune.backends.replay) reads what it writes.
+order fixed by a seed so that a partial surface covers the space evenly; its trials run on the sweeps' trial loop
+and local executor (drivers/loop.py, drivers/local.py: a backend's fatal verdict stops it, Ctrl-C keeps what
+finished). `autotune surface record` and the GPU validation kit call it; the replay backend
+(autotune.backends.replay) reads what it writes.
 """
 
 from __future__ import annotations
@@ -14,6 +16,11 @@ from pathlib import Path
 from typing import Callable, Collection
 
 from autotune.backends import Backend
+from autotune.backends.factory import as_backend
+from autotune.drivers.local import LocalExecutor
+from autotune.drivers.loop import Job, run_jobs
+from autotune.drivers.stop import StopReason
+from autotune.drivers.sweep import Budget
 from autotune.values.config import Config, ConfigError
 from autotune.values.results import TrialResult, append_result, read_results, repair_tail
 from autotune.values.space import Space
@@ -24,9 +31,10 @@ from autotune.values.units import format_size
 class Recorded:
     recorded: int  # configs run by this call
     total_measured: int  # configs of the space now in the file
+    fatal: str | None = None  # the backend's (or a repeated op build failure's) line that stopped the recording
 
-    def to_dict(self) -> dict[str, int]:
-        return {"recorded": self.recorded, "total_measured": self.total_measured}
+    def to_dict(self) -> dict[str, int | str | None]:
+        return {"recorded": self.recorded, "total_measured": self.total_measured, "fatal": self.fatal}
 
 
 def record_surface(space: Space, backend: Backend, out: Path, *, order_seed: int = 0, limit: int | None = None,
@@ -78,24 +86,63 @@ def record_surface(space: Space, backend: Backend, out: Path, *, order_seed: int
     progress(f"{out}: {len(space)} configs in the space{f', {len(configs)} to record' if only is not None else ''}"
              f", {total} already measured{f' {repeats} times' if repeats > 1 else ''}, {len(todo)} to run "
              f"on the {backend.name} backend")
-    extra = {"workload": workload.to_dict(), "hardware": hardware.name}
-    started = time.monotonic()
-    for n, config in enumerate(todo, 1):
-        while True:
-            result = backend.run(config)
-            result = replace(result, extra={**result.extra, **extra})
-            append_result(out, result)
-            elapsed = time.monotonic() - started
-            eta = elapsed / n * (len(todo) - n)
-            progress(f"[{n}/{len(todo)}] {config.label():<28} {_outcome(result)}  "
-                     f"{result.wall_time_s:5.1f}s  elapsed {_clock(elapsed)}  left ~{_clock(eta)}")
-            crashes[config] += result.status == "crash"
-            measured[config] += result.status != "crash"
-            if result.status != "crash" or crashes[config] > retries:
-                break
-            progress(f"[{n}/{len(todo)}] {config.label():<28} crashed: running it again "
-                     f"(attempt {crashes[config] + 1} of {retries + 1})")
-    return Recorded(len(todo), sum(1 for c in configs if missing(c) == 0))
+    recording = Recording(out, todo, {"workload": workload.to_dict(), "hardware": hardware.name}, crashes, retries,
+                          progress)
+    job = Job("record", recording, Budget(trials=len(todo) * (retries + 1)))
+    # The one trial loop and its local executor, as a sweep's trials run (drivers/loop.py, drivers/local.py).
+    reason = run_jobs([job], LocalExecutor(as_backend(backend)))[job.name]
+    if reason is StopReason.INTERRUPTED:  # every finished trial is in the file; a resume runs the rest
+        raise KeyboardInterrupt
+    for config, result in recording.results:
+        measured[config] += result.status != "crash"
+    return Recorded(recording.done, sum(1 for c in configs if missing(c) == 0), job.fatal)
+
+
+class Recording:
+    """A surface being recorded, as the trial loop drives it (drivers/loop.py's `Trials`): the configs to run in
+    order, a crashed one proposed again at once while it has retries left, each result appended (fsync'd) to
+    the surface with what it was recorded for, and a progress line per trial."""
+
+    def __init__(self, out: Path, todo: list[Config], extra: dict, crashes: Counter, retries: int,
+                 progress: Callable[[str], None]) -> None:
+        self.out, self.todo, self.extra, self.crashes, self.retries, self.say = out, todo, extra, crashes, retries, progress
+        self.results: list[tuple[Config, TrialResult]] = []
+        self.done = 0  # configs of `todo` run to an end (a result that is not a crash, or out of retries)
+        self.best: TrialResult | None = None
+        self.started = time.monotonic()
+
+    @property
+    def launched(self) -> int:
+        return len(self.results)
+
+    @property
+    def next_number(self) -> int:
+        return len(self.results) + 1
+
+    def budget_spent(self, budget: Budget, in_flight: int = 0) -> StopReason | None:
+        return StopReason.TRIALS if self.launched + in_flight >= budget.trials else None
+
+    def next_config(self, budget: Budget | None = None, in_flight: Collection[Config] = ()) -> Config | None:
+        return self.todo[self.done] if self.done < len(self.todo) else None
+
+    def ended(self) -> StopReason:
+        return StopReason.DONE
+
+    def finish(self, config: Config, result: TrialResult) -> TrialResult:
+        result = replace(result, extra={**result.extra, **self.extra})
+        append_result(self.out, result)
+        self.results.append((config, result))
+        n, total = self.done + 1, len(self.todo)
+        elapsed = time.monotonic() - self.started
+        self.say(f"[{n}/{total}] {config.label():<28} {_outcome(result)}  {result.wall_time_s:5.1f}s  "
+                 f"elapsed {_clock(elapsed)}  left ~{_clock(elapsed / n * (total - n))}")
+        self.crashes[config] += result.status == "crash"
+        if result.status == "crash" and self.crashes[config] <= self.retries:
+            self.say(f"[{n}/{total}] {config.label():<28} crashed: running it again "
+                     f"(attempt {self.crashes[config] + 1} of {self.retries + 1})")
+        else:
+            self.done += 1
+        return result
 
 
 def _outcome(result: TrialResult) -> str:
