@@ -258,6 +258,11 @@ class TuneSpec:
     def budget(self) -> Budget:
         return Budget(self.trials, self.time_budget_s, self.confirm, self.stop_when)
 
+    def trial_options(self) -> TrialOptions:
+        """How each trial runs, wherever it runs (this machine, a Ray node): the options that take effect in a trial's
+        backend, not in the search."""
+        return TrialOptions(timeout_s=self.trial_timeout_s, sleep_s=simulated_sleep_s(self.backend_name))
+
     @classmethod
     def for_script(cls, script: str | Path, script_args: Iterable[str] = (), *, gpus: int = 1,
                    global_batch: int | None = None, **options: Any) -> "TuneSpec":
@@ -441,8 +446,7 @@ def tune_many(plans: Sequence[Plan], *, executor: "RayOptions | None" = None,
             own = None if isinstance(plan.spec.strategy, str) else plan.spec.strategy
             if executor is None:  # this machine runs the trials: the backend now, its launch spread known
                 backends[i] = run.objective or make_backend(  # closed by its loop (drivers/local.py)
-                    run.settings, run.run_dir, TrialOptions(timeout_s=plan.spec.trial_timeout_s,
-                                                            sleep_s=simulated_sleep_s(run.settings.backend)))
+                    run.settings, run.run_dir, plan.spec.trial_options())
             sigma = prior_sigma(run.settings.backend, backends.get(i))  # a simulation's own noise, if it says
             sweep, tracker, reason = open_sweep(stack, run.run_dir, run.settings, run.space, show, run.tracking, own,
                                                 plan.tracking_name, sigma, plan.spec.wandb)
@@ -462,7 +466,7 @@ def tune_many(plans: Sequence[Plan], *, executor: "RayOptions | None" = None,
 
             ran = run_on_cluster([ClusterRun(plans[i].name or runs[i].settings.workload.model.name, opened[i][0],
                                              runs[i].settings, runs[i].run_dir, plans[i].spec.budget(), shows[i],
-                                             plans[i].gpus_per_trial, plans[i].spec.trial_timeout_s) for i in todo],
+                                             plans[i].gpus_per_trial, plans[i].spec.trial_options()) for i in todo],
                                   executor, say)
             reasons.update(zip(todo, ran))
         return [run.ended if run.ended is not None

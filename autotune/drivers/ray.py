@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from rich.console import Console
 
 from autotune.backends import Backend
-from autotune.backends.factory import TrialOptions, as_backend, backend_kind, make_backend, simulated_sleep_s
+from autotune.backends.factory import TrialOptions, as_backend, backend_kind, make_backend
 from autotune.values.config import Config, ConfigError
 from autotune.drivers.loop import Flight, Job, TrialReply, TrialResources, run_jobs
 from autotune.drivers.ray_ranks import NodeLost
@@ -297,14 +297,12 @@ class BackendSpec:
 
     settings: "RunSettings"
     run_dir: str
-    sleep_s: float = 0.0  # test and benchmark hook: every trial also sleeps this long
-    timeout_s: float | None = None  # a trial's limit; None: the backend's
+    options: TrialOptions = TrialOptions()  # how each trial runs (TuneSpec.trial_options)
 
     def __call__(self) -> Backend:
         from autotune.search.rundir import RunDir
 
-        return make_backend(self.settings, RunDir(self.run_dir), TrialOptions(timeout_s=self.timeout_s,
-                                                                              sleep_s=self.sleep_s))
+        return make_backend(self.settings, RunDir(self.run_dir), self.options)
 
 
 @dataclass(frozen=True)
@@ -318,7 +316,7 @@ class ClusterRun:
     budget: Budget
     progress: Progress
     gpus_per_trial: int | None = None  # None: the workload's ranks
-    timeout_s: float | None = None  # a trial's limit; None: the backend's
+    options: TrialOptions = TrialOptions()  # how each trial runs (TuneSpec.trial_options)
 
 
 def run_on_cluster(runs: Sequence[ClusterRun], options: RayOptions, say: Callable[[str], None]) -> list[StopReason]:
@@ -334,7 +332,7 @@ def run_on_cluster(runs: Sequence[ClusterRun], options: RayOptions, say: Callabl
             if isinstance(run.progress, LiveProgress):  # its ETA divides the trials left among the slots
                 run.progress.set_slots(trial_slots(resources, options.concurrency))
             jobs.append(job_for(run.name, run.sweep, run.settings, run.run_dir, run.budget, resources, run.progress,
-                                run.timeout_s))
+                                run.options))
         limit = f", at most {options.concurrency} in flight" if options.concurrency else ""
         shape = (f"one trial asks for {resources.describe()}" if len(runs) == 1 else
                  f"{len(runs)} workloads at once")
@@ -346,16 +344,14 @@ def run_on_cluster(runs: Sequence[ClusterRun], options: RayOptions, say: Callabl
 
 
 def job_for(name: str, sweep: Sweep, settings: "RunSettings", run_dir: "RunDir", budget: Budget,
-            resources: TrialResources, progress: Progress, timeout_s: float | None = None) -> Job:
+            resources: TrialResources, progress: Progress, options: TrialOptions = TrialOptions()) -> Job:
     """The Ray driver's job for one open sweep (the cluster is connected): each trial's backend built on its
     node from the settings, or, for a script, from its shipped files (drivers/ray_script.py)."""
     if backend_kind(settings.backend).ships:
         from autotune.drivers.ray_script import script_job
 
-        return script_job(sweep, settings, run_dir, budget, resources, progress, name=name, timeout_s=timeout_s)
-    return Job(name, sweep, budget, resources,
-               BackendSpec(settings, str(run_dir.path.resolve()), simulated_sleep_s(settings.backend), timeout_s),
-               progress)
+        return script_job(sweep, settings, run_dir, budget, resources, progress, name=name, timeout_s=options.timeout_s)
+    return Job(name, sweep, budget, resources, BackendSpec(settings, str(run_dir.path.resolve()), options), progress)
 
 
 def describe_cluster() -> str:
