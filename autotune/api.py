@@ -186,6 +186,13 @@ class TuneSpec:
         "best by more than the launch noise falls below P (after a few trials; the estimator's error model gives the "
         "chance, shown after each trial); then confirmation runs; --trials stays the upper bound; 0: off (default: "
         "%(default)s)", stop_probability, metavar="P", allowed="a probability from 0 to 1; 0: off")
+    # The stop in seconds (autotune/search/convergence.py StopRule.train_s): how long the recommendation will train;
+    # the search also ends once no untried config is expected to save that run more seconds than its trial costs.
+    train_for_s: float | None = option(
+        None, "--train-for", "how long the recommended config will train, e.g. 6h: the search also ends once no untried "
+        "config is expected to save that run more time than its own trial costs (its expected gain over the best x "
+        "this, against its predicted trial seconds) (default: off)", duration, metavar="DURATION",
+        allowed="a duration such as 6h or 90m")
     # A trial's wall-clock limit (its clock paused while DeepSpeed's C++ ops build); None: the backend's (600 s).
     trial_timeout_s: float | None = option(
         None, "--trial-timeout", "end a trial that has not finished within this long, e.g. 20m (default: 600 s; the "
@@ -222,8 +229,9 @@ class TuneSpec:
             raise ConfigError(f"trials {self.trials!r}: must be a positive integer")
         if self.memory_budget_bytes is not None:
             check_budget(self.memory_budget_bytes)
-        if self.time_budget_s is not None and self.time_budget_s <= 0:
-            raise ConfigError(f"time budget {self.time_budget_s!r}: must be a positive number of seconds")
+        for name, seconds in (("time budget", self.time_budget_s), ("train for", self.train_for_s)):
+            if seconds is not None and not seconds > 0:
+                raise ConfigError(f"{name} {seconds!r}: must be a positive number of seconds")
         if self.storage is not None:
             canonical_storage(self.storage)
         if self.confirm is not None and (isinstance(self.confirm, bool) or not isinstance(self.confirm, int)
@@ -256,7 +264,7 @@ class TuneSpec:
         return resolution(self).settings
 
     def budget(self) -> Budget:
-        return Budget(self.trials, self.time_budget_s, self.confirm, self.stop_when)
+        return Budget(self.trials, self.time_budget_s, self.confirm, self.stop_when, self.train_for_s)
 
     def trial_options(self) -> TrialOptions:
         """How each trial runs, wherever it runs (this machine, a Ray node): the options that take effect in a trial's

@@ -14,7 +14,8 @@ import pytest
 import autotune
 from autotune.backends.replay import load_surface, replay_settings
 from autotune.values.config import KNOBS, ConfigError
-from autotune.search.convergence import Convergence, Joint, StopRule, chance_of_better, describe_trace, margin_of
+from autotune.search.convergence import (Convergence, Joint, StopRule, chance_of_better, describe_trace, expected_gains,
+                                         margin_of)
 from autotune.drivers.stop import StopReason
 from cli_run import cli
 
@@ -117,6 +118,63 @@ def test_rule_needs_a_few_trials_and_a_threshold():
     assert margin_of(0.0) == 0.02 and round(margin_of(0.1), 3) == 0.1
     assert describe_trace([(1, 0.41), (5, 0.08), (9, 0.03)]) == "41% (#1) ... 8% (#5) ... 3% (#9)"
 
+
+
+def test_the_rule_in_seconds_weighs_the_expected_gain_against_a_trials_seconds():
+    """--train-for: stop once no untried config's expected gain x the training run's seconds pays for its trial."""
+    figure = Convergence(0.5, 0.02, 6, 10, expected_gain=0.01, gain_per_trial_s=0.01 / 30)  # 1% for a 30 s trial
+    assert StopRule(0.05, 6, train_s=2 * 3600).met(figure) is False  # 72 s saved > 30 s spent: go on
+    assert StopRule(0.05, 6, train_s=1800).met(figure) is True  # 18 s saved < 30 s
+    assert StopRule(0.0, 6, train_s=1800).met(figure) is True  # the chance's threshold off, the seconds' on
+    assert not StopRule(0.05, 6, train_s=1800).met(Convergence(0.5, 0.02, 5, 10, 0.01, 0.01 / 30))  # too early
+    assert not StopRule(0.05, 6).met(figure)  # off without a training length
+    assert Convergence(0.5, 0.02, 6, 0, 0.0123456789, 4.2e-7).to_extra() == {
+        "chance_of_better": 0.5, "better_margin": 0.02, "expected_gain": 0.0123457, "gain_per_trial_s": 4.2e-7}
+
+
+def test_expected_gain_is_the_log_normal_partial_expectation():
+    """Each row's expected gain over the best, P(fit) x E[(e^X - 1)+], against a Monte Carlo of the same model."""
+    memory = Joint(np.zeros((3, 1)), np.zeros(1), np.eye(1) * 0.01, 0.05)
+    time = Joint(np.eye(3), np.array([0.0, 0.05, -0.2]), np.eye(3) * 0.02, 0.03)
+    room = np.array([0.2, -0.05, 0.0])
+    below = np.array([0.0, 0.1, 0.0])  # log(best) - log(predicted speed)
+    got = expected_gains(memory, room, time, below, best_sd=0.02)
+    rng = np.random.default_rng(0)
+    n = 400_000
+    for i in range(3):
+        m_mean, m_sd = memory.marginal()
+        t_mean, t_sd = time.marginal()
+        fits = (m_mean[i] + m_sd[i] * rng.standard_normal(n)) <= room[i]
+        x = t_mean[i] - below[i] + np.sqrt(t_sd[i] ** 2 + 0.02 ** 2) * rng.standard_normal(n)
+        want = float(np.mean(fits)) * float(np.mean(np.maximum(np.exp(x) - 1, 0.0)))
+        assert got[i] == pytest.approx(want, rel=0.03, abs=1e-5)
+    assert got[2] < got[0]  # slower by its prediction: less to expect
+
+
+def test_train_for_stops_a_short_training_runs_search_sooner_and_records_its_figures(tmp_path):
+    """A training run of a minute is not worth many trials; one of ten hours is (the committed tiny-cpu surface,
+    its recorded trial seconds); every search trial records the figures the rule read, and a resume reads them."""
+    short = autotune.tune(spec(TINY, 24.0, stop_when=0, train_for_s=60), tmp_path / "short")
+    long = autotune.tune(spec(TINY, 24.0, stop_when=0, train_for_s=36000), tmp_path / "long")
+    assert short.stop_reason == long.stop_reason == StopReason.NOT_WORTH
+    assert short.stopped == "no untried config is expected to save the training run (--train-for) more time than its trial costs"
+    assert 6 <= short.launched < long.launched < 30
+    ran = [r for r in long.results if r.status != "pruned"]
+    assert all(r.extra["gain_per_trial_s"] >= 0 and r.extra["expected_gain"] >= 0 for r in ran)
+    last = ran[-1].extra
+    assert last["gain_per_trial_s"] * 36000 < 1 <= min(r.extra["gain_per_trial_s"] for r in ran[5:-1]) * 36000
+    cut = autotune.tune(spec(TINY, 24.0, stop_when=0, train_for_s=36000, trials=long.launched - 1), tmp_path / "cut")
+    resumed = autotune.tune(spec(TINY, 24.0, stop_when=0, train_for_s=36000), tmp_path / "cut", resume=True)
+    assert cut.stop_reason == StopReason.TRIALS and resumed.launched == long.launched
+
+
+def test_bad_train_for_is_one_line_exit_2(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli(["tune", "--backend", "simulated", "--model", "tiny", "--trials", "2", "--train-for", "soon"],
+                       capsys)
+    assert code == 2 and err.count("\n") == 1 and "--train-for" in err and "soon" in err, err
+    with pytest.raises(ConfigError, match="train for -5.0: must be a positive number of seconds"):
+        spec(SMALL, 1.19, train_for_s=-5.0)
 
 def test_correlated_configs_are_not_independent_chances():
     # 50 configs sharing one unknown offset (sd 0.2), each needing +0.3 to beat the best: one chance of

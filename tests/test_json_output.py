@@ -64,7 +64,7 @@ def test_tune_json_holds_the_recommendation_budget_counts_and_files(tuned):
     assert set(doc["status_counts"]) == set(STATUSES)
     assert doc["recorded"] == len(results) and doc["launched"] == sum(r.status != "pruned" for r in results) == 5
     assert doc["memory_budget_bytes"] == int(0.85 * 2**30)
-    assert doc["budget"] == {"trials": 5, "time_s": None, "confirm": None, "stop_when": 0.05}
+    assert doc["budget"] == {"trials": 5, "time_s": None, "confirm": None, "stop_when": 0.05, "train_s": None}
     assert doc["strategy"] == "optuna" and doc["backend"] == "simulated" and doc["mlflow"] is None
     best = doc["best"]
     assert best["config"] == summary["best"]["config"]

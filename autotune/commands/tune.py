@@ -261,7 +261,7 @@ def conclude(progress: ConsoleProgress, run_dir: RunDir, settings: RunSettings, 
         progress.result(f"MLflow: {masked(mlflow)} (experiment and parent run in {run_dir.path / tracking.STATE})")
     if emit is not None:
         emit({**result.to_dict(), "budget": {"trials": budget.trials, "time_s": budget.time_s, "confirm": budget.confirm,
-                                             "stop_when": budget.stop_when},
+                                             "stop_when": budget.stop_when, "train_s": budget.train_s},
               "strategy": settings.strategy, "backend": settings.backend,
               "mlflow": None if mlflow is None else {"uri": masked(mlflow),
                                                      **tracking.parent_of(run_dir, mlflow)}})

@@ -14,6 +14,7 @@ class StopReason(str, Enum):
     TIME = "time"
     DONE = "done"
     CONVERGED = "converged"  # little chance that an untried config beats the best (autotune/search/convergence.py)
+    NOT_WORTH = "not worth a trial"  # no untried config is expected to pay for its trial on the run (--train-for)
     STALLED = "stalled"
     INTERRUPTED = "interrupted"
     FATAL = "fatal"  # the backend says no config can succeed (e.g. a user's script that never steps)
@@ -39,6 +40,8 @@ _TEXT = {
     StopReason.TIME: "time budget spent",
     StopReason.DONE: "the strategy has nothing left to try",
     StopReason.CONVERGED: "search converged: little chance that an untried config is faster",
+    StopReason.NOT_WORTH: "no untried config is expected to save the training run (--train-for) more time than its "
+                          "trial costs",
     StopReason.STALLED: "the strategy kept proposing known or pruned configs",
     StopReason.INTERRUPTED: "interrupted",
     StopReason.FATAL: "a failure no other config can avoid (above)",

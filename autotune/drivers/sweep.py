@@ -29,6 +29,9 @@ if TYPE_CHECKING:
     from autotune.values.settings import RunSettings
 
 
+EARLY = (StopReason.CONVERGED, StopReason.NOT_WORTH)  # the convergence stop's reasons: the search ended itself
+
+
 @dataclass(frozen=True)
 class Budget:
     trials: int  # trials launched (pruned configs cost nothing and do not count)
@@ -41,6 +44,9 @@ class Budget:
     # The convergence stop (autotune/search/convergence.py): the search ends once the chance that an untried config
     # beats the best by more than the launch noise is below this; 0: off (the trials or time end it).
     stop_when: float = DEFAULT_STOP_WHEN
+    # How long the recommendation will train (StopRule.train_s): the search also stops once no untried config is
+    # expected to save that run more than its trial costs; None: off.
+    train_s: float | None = None
 
 
 class Listener(Protocol):
@@ -194,10 +200,10 @@ class Sweep:
         to fit are recorded as pruned here; configs already known are answered from the record. With a
         budget that confirms, the search stops once the trials left are the confirmation's reserve."""
         repeats = self.repeats(budget)
-        if self.search_ended is None and self._converged(budget):
-            self.search_ended = StopReason.CONVERGED
+        if self.search_ended is None:
+            self.search_ended = self._converged(budget)
         if not repeats:
-            return None if self.search_ended == StopReason.CONVERGED else self._search()
+            return None if self.search_ended in EARLY else self._search()
         assert budget is not None
         if self.search_ended is None and not self._search_over(budget, repeats, in_flight):
             config = self._search()
@@ -213,18 +219,21 @@ class Sweep:
         return plan.next
 
     def ended(self) -> StopReason:
-        """Why the search proposes nothing more: converged, stalled or done."""
-        if self.search_ended == StopReason.CONVERGED:
-            return StopReason.CONVERGED
+        """Why the search proposes nothing more: converged (or not worth another trial), stalled or done."""
+        if self.search_ended in EARLY:
+            return self.search_ended
         return StopReason.STALLED if self.stalled else StopReason.DONE
 
-    def _converged(self, budget: Budget | None) -> bool:
-        """The convergence stop is met (autotune/search/convergence.py)."""
-        if budget is None or not budget.stop_when or self._space is None:
-            return False
+    def _converged(self, budget: Budget | None) -> StopReason | None:
+        """Which of the convergence stop's rules is met (autotune/search/convergence.py), if one is."""
+        if budget is None or not (budget.stop_when or budget.train_s) or self._space is None:
+            return None
         if self.convergence is None and self.results:  # a resumed sweep: the state its record kept
             self.convergence = recorded(self.results) or self._assess(self.results, set(self.known))
-        return StopRule(budget.stop_when).met(self.convergence)
+        rule = StopRule(budget.stop_when, train_s=budget.train_s)
+        if rule.chance_met(self.convergence):
+            return StopReason.CONVERGED
+        return StopReason.NOT_WORTH if rule.seconds_met(self.convergence) else None
 
     def _assess(self, results: Sequence[TrialResult], tried: Collection[Config]) -> Convergence:
         """The chance that an untried config beats the best of `results` (the recommendation's throughput)."""
@@ -236,7 +245,7 @@ class Sweep:
         # Every untried config's forecast (~0.2 ms each; the strategy's picks reuse them, LivePruner's cache).
         return assess((c for c in self._space if c not in tried), self._live.forecast, self.pruner.uncertainty,
                       budget, best.throughput if best is not None else None, sigma, search,
-                      self.pruner.min_fit_probability)
+                      self.pruner.min_fit_probability, seconds=self._live.trial_seconds)
 
     def _search_over(self, budget: Budget, repeats: int, in_flight: Collection[Config]) -> bool:
         """The trials (or time) left are what confirmation needs."""

@@ -105,6 +105,12 @@ class Convergence:
     margin: float  # relative: 0.02 is 2%
     trials: int  # launched search trials it was computed after
     candidates: int = 0
+    # The most any one untried config is expected to add: max over configs of P(fit) x E[(its speed / best - 1)+],
+    # each from its marginal (one-step expected improvement, as Bayesian optimisation's stopping rules use); None:
+    # not computed (nothing measured yet, or an older record).
+    expected_gain: float | None = None
+    # The same per second of the config's trial, the best such ratio (`--train-for`'s stop); None: not computed.
+    gain_per_trial_s: float | None = None
 
     def describe(self) -> str:
         """'3% chance an untried config is >2% faster'."""
@@ -112,7 +118,9 @@ class Convergence:
 
     def to_extra(self) -> dict[str, Any]:
         """What a trial's record carries (trials.jsonl `extra`)."""
-        return {"chance_of_better": round(self.chance, 6), "better_margin": round(self.margin, 6)}
+        gains = {k: float(f"{v:.6g}") for k, v in (("expected_gain", self.expected_gain),
+                                                    ("gain_per_trial_s", self.gain_per_trial_s)) if v is not None}
+        return {"chance_of_better": round(self.chance, 6), "better_margin": round(self.margin, 6), **gains}
 
 
 def percent(p: float) -> str:
@@ -129,13 +137,25 @@ class StopRule:
 
     threshold: float = DEFAULT_STOP_WHEN
     min_trials: int = MIN_TRIALS
+    # How long the recommendation will train (`--train-for`); None: off. With it, the search also stops once no
+    # untried config is expected to save its training run more seconds than its own trial costs (gain x train_s <
+    # trial seconds; the devices count on both sides alike).
+    train_s: float | None = None
 
     def __post_init__(self) -> None:
         check_stop_when(self.threshold)
 
     def met(self, state: Convergence | None) -> bool:
+        return self.chance_met(state) or self.seconds_met(state)
+
+    def chance_met(self, state: Convergence | None) -> bool:
         return (self.threshold > 0 and state is not None and state.trials >= self.min_trials
                 and state.chance < self.threshold)
+
+    def seconds_met(self, state: Convergence | None) -> bool:
+        """No untried config pays for its trial on the training run (`train_s`)."""
+        return (self.train_s is not None and state is not None and state.trials >= self.min_trials
+                and state.gain_per_trial_s is not None and state.gain_per_trial_s * self.train_s < 1.0)
 
 
 def check_stop_when(value: Any, name: str = "stop_when") -> float:
@@ -153,11 +173,13 @@ def margin_of(launch_sigma: float | None) -> float:
 
 def assess(untried: Iterable[Config], forecast: Callable[[Config], Forecast], errors: Uncertainty,
            budget_bytes: int, best: float | None, launch_sigma: float | None, trials: int,
-           min_fit: float = 0.0, residual: float | None = None, pair_share: float = PAIR_SHARE) -> Convergence:
+           min_fit: float = 0.0, residual: float | None = None, pair_share: float = PAIR_SHARE,
+           seconds: Callable[[Config], float] | None = None) -> Convergence:
     """The figure of a sweep: `untried` configs, their forecasts and the error models behind them, the best
     measured throughput (None: nothing fits yet, chance 1), the launch spread, the launched search trials;
     `residual`: the per-config spread where it is known (a simulated world's), else estimated (`per_config`), and
-    `pair_share` the part of it that pairs of knob values share (`Process`)."""
+    `pair_share` the part of it that pairs of knob values share (`Process`); `seconds`: a config's expected trial
+    seconds (the gain per trial-second is then computed too)."""
     margin = margin_of(launch_sigma)
     if not best:
         return Convergence(1.0, margin, trials)
@@ -168,8 +190,8 @@ def assess(untried: Iterable[Config], forecast: Callable[[Config], Forecast], er
             configs.append(c)
             peaks.append(max(f.predicted_peak_bytes, 1))
             speeds.append(max(f.predicted_throughput, 1e-300))
-    if not configs:
-        return Convergence(0.0, margin, trials)
+    if not configs:  # nothing left to gain
+        return Convergence(0.0, margin, trials, 0, 0.0, None if seconds is None else 0.0)
     room = math.log(budget_bytes) - np.log(np.array(peaks, dtype=float))
     needed = math.log(best * (1 + margin)) - np.log(np.array(speeds))
     time_model = evidenced(errors.time)
@@ -177,8 +199,24 @@ def assess(untried: Iterable[Config], forecast: Callable[[Config], Forecast], er
         residual = per_config(time_model, launch_sigma or 0.0)
     memory = Joint(*errors.memory.joint(configs), errors.memory.noise)
     time = Process.conditioned(time_model, configs, residual, launch_sigma or 0.0, pair_share)
-    return Convergence(chance_of_better(memory, room, time, needed, best_sd=launch_sigma or 0.0), margin, trials,
-                       len(configs))
+    best_sd = launch_sigma or 0.0
+    gains = expected_gains(memory, room, time, needed - math.log1p(margin), best_sd)
+    per_s = None if seconds is None else float(np.max(gains / np.array([max(seconds(c), 1e-9) for c in configs])))
+    return Convergence(chance_of_better(memory, room, time, needed, best_sd=best_sd), margin, trials, len(configs),
+                       float(np.max(gains)), per_s)
+
+
+def expected_gains(memory: LogRatios, room: np.ndarray, time: LogRatios, below_best: np.ndarray,
+                   best_sd: float = 0.0) -> np.ndarray:
+    """Per row, P(memory log-ratio <= room) x E[(exp(time log-ratio - below_best + d) - 1)+], d ~ N(0, best_sd^2):
+    the relative gain over the best that config alone is expected to bring (one-step expected improvement, as
+    Bayesian optimisation's stopping rules use), from the marginals (a log-normal's partial expectation)."""
+    m_mean, m_sd = memory.marginal()
+    t_mean, t_sd = time.marginal()
+    sd = np.sqrt(t_sd ** 2 + best_sd ** 2)
+    mu = t_mean - below_best
+    gain = np.exp(mu + sd ** 2 / 2) * ndtr((mu + sd ** 2) / sd) - ndtr(mu / sd)
+    return ndtr((room - m_mean) / m_sd) * np.maximum(gain, 0.0)
 
 
 def per_config(model: ErrorModel, launch_sigma: float = 0.0) -> float:
@@ -344,7 +382,10 @@ def recorded(results: Sequence[Any]) -> Convergence | None:
     if not search or not isinstance(search[-1].extra.get("chance_of_better"), (int, float)):
         return None
     extra = search[-1].extra
-    return Convergence(float(extra["chance_of_better"]), float(extra.get("better_margin") or MIN_MARGIN), len(search))
+    gains = [float(v) if isinstance(v, (int, float)) else None for v in (extra.get("expected_gain"),
+                                                                         extra.get("gain_per_trial_s"))]
+    return Convergence(float(extra["chance_of_better"]), float(extra.get("better_margin") or MIN_MARGIN), len(search),
+                       0, *gains)
 
 
 def trace(results: Sequence[Any]) -> list[tuple[int, float]]:
