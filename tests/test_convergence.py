@@ -175,6 +175,19 @@ def test_bad_train_for_is_one_line_exit_2(tmp_path, monkeypatch, capsys):
     assert code == 2 and err.count("\n") == 1 and "--train-for" in err and "soon" in err, err
     with pytest.raises(ConfigError, match="train for -5.0: must be a positive number of seconds"):
         spec(SMALL, 1.19, train_for_s=-5.0)
+    from autotune.commands.sweep_file import load_sweep
+
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("workloads:\n  - {name: a, model: tiny, train_for: 2h}\n")
+    assert [w.tune.train_for_s for w in load_sweep(sweep).workloads] == [7200.0]
+
+
+def test_the_cli_says_why_a_search_was_not_worth_another_trial(tmp_path, capsys):
+    code, out, _ = cli(["tune", "--backend", "replay", "--surface", str(TINY), "--memory-budget", "24GiB",
+                        "--stop-when", "0", "--train-for", "1m", "--out", str(tmp_path / "run"), "--json"], capsys)
+    doc = json.loads(out)
+    assert code == 0 and doc["stop_reason"] == "not worth a trial" and doc["budget"]["train_s"] == 60.0
+    assert doc["launched"] < 30 and "more time than its trial costs" in doc["stopped"]
 
 def test_correlated_configs_are_not_independent_chances():
     # 50 configs sharing one unknown offset (sd 0.2), each needing +0.3 to beat the best: one chance of

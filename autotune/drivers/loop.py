@@ -81,6 +81,11 @@ class Trials(Protocol):
     best: TrialResult | None
 
     @property
+    def backend_name(self) -> str:
+        """The backend a result the executor makes up (a trial its worker lost) is recorded for."""
+        ...
+
+    @property
     def launched(self) -> int: ...
 
     @property

@@ -86,11 +86,12 @@ def record_surface(space: Space, backend: Backend, out: Path, *, order_seed: int
     progress(f"{out}: {len(space)} configs in the space{f', {len(configs)} to record' if only is not None else ''}"
              f", {total} already measured{f' {repeats} times' if repeats > 1 else ''}, {len(todo)} to run "
              f"on the {backend.name} backend")
+    backend = as_backend(backend)
     recording = Recording(out, todo, {"workload": workload.to_dict(), "hardware": hardware.name}, crashes, retries,
-                          progress)
+                          progress, backend.name)
     job = Job("record", recording, Budget(trials=len(todo) * (retries + 1)))
     # The one trial loop and its local executor, as a sweep's trials run (drivers/loop.py, drivers/local.py).
-    reason = run_jobs([job], LocalExecutor(as_backend(backend)))[job.name]
+    reason = run_jobs([job], LocalExecutor(backend))[job.name]
     if reason is StopReason.INTERRUPTED:  # every finished trial is in the file; a resume runs the rest
         raise KeyboardInterrupt
     for config, result in recording.results:
@@ -104,8 +105,9 @@ class Recording:
     the surface with what it was recorded for, and a progress line per trial."""
 
     def __init__(self, out: Path, todo: list[Config], extra: dict, crashes: Counter, retries: int,
-                 progress: Callable[[str], None]) -> None:
+                 progress: Callable[[str], None], backend_name: str) -> None:
         self.out, self.todo, self.extra, self.crashes, self.retries, self.say = out, todo, extra, crashes, retries, progress
+        self.backend_name = backend_name
         self.results: list[tuple[Config, TrialResult]] = []
         self.done = 0  # configs of `todo` run to an end (a result that is not a crash, or out of retries)
         self.best: TrialResult | None = None
