@@ -52,6 +52,9 @@ def test_stops_early_where_little_is_left(tmp_path):
     assert data["stop_reason"] == "converged" and data["chance_of_better"] == chances(result)[-1]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert [c for _, c in summary["convergence"]["trace"]] == chances(result)
+    last = [r for r in result.results if r.status != "pruned"][-1].extra
+    assert summary["convergence"]["expected_gain"] == last["expected_gain"] >= 0
+    assert summary["convergence"]["gain_per_trial_s"] == last["gain_per_trial_s"] >= 0
     assert "Chance of a better config" in (tmp_path / "run" / "report.md").read_text()
 
 

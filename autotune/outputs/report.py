@@ -165,6 +165,8 @@ def _summary(results: Sequence[TrialResult], settings: RunSettings, best: TrialR
     if points:  # the chance of a better config after each search trial (autotune.search.convergence)
         last = convergence.recorded(results)
         summary["convergence"] = {"chance_of_better": points[-1][1], "margin": last.margin if last else None,
+                                  "expected_gain": last.expected_gain if last else None,
+                                  "gain_per_trial_s": last.gain_per_trial_s if last else None,
                                   "trace": [list(p) for p in points]}
     if scaled is not None:
         summary["target"] = scaled.to_dict()
