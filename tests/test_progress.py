@@ -98,6 +98,28 @@ def test_eta_divides_the_trials_left_among_parallel_slots():
     assert [format_duration(s) for s in (4, 42, 420, 7500)] == ["4 s", "40 s", "7 min", "2 h 05 min"]
 
 
+
+def test_with_a_time_budget_the_eta_counts_the_trials_it_still_lets_start():
+    """--time-budget 5 min of 60 s trials (their recorded wall times, a simulated GPU's, not this clock's): after two,
+    three more may start, whatever the trial budget says; the live line says what is spent. A resumed sweep's earlier
+    trials count."""
+    out = io.StringIO()
+    clock = FakeClock()
+    progress = ConsoleProgress(30, Console(file=out, width=200), clock=clock, time_budget_s=300)
+    for number in (1, 2):
+        progress.started(number, number, Config(0, number, 0, "fp32"))
+        clock.now += 10  # this clock's 10 s; the trial's recorded wall time is 60 s
+        progress.finished(ok(Config(0, number, 0, "fp32"), number, wall=60.0), number, None)
+    assert progress.eta() == pytest.approx(3 * 10)  # 3 trials may start (120 of 300 s spent), 10 s each here
+    progress.started(3, 3, CONFIG)
+    assert progress.live_line().endswith("· 2 min of the 5 min time budget spent · sweep ETA 30 s")
+    progress.close()
+    resumed = ConsoleProgress(30, Console(file=io.StringIO()), clock=FakeClock(), time_budget_s=300)
+    resumed.resumed_with([ok(CONFIG, n, wall=60.0) for n in range(1, 5)] + [pruned(5, "device_memory")])
+    resumed.started(6, 5, Config(0, 6, 0, "fp32"))
+    resumed.durations.append(20.0)
+    assert resumed.eta() == pytest.approx(20.0)  # 240 of 300 s spent: the running trial is the last to start
+
 def test_ray_results_count_the_time_between_results_times_the_slots():
     progress, clock, out = console_progress(total=10)
     progress.set_slots(4)

@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     spec = script_spec_from(args) if args.script else spec_from(args)
     ray = ray_options(args)
     notes = ([DEFAULT_MODEL_NOTE] if defaulted else []) + getattr(args, "_notes", [])
-    progress = TuneConsole(args, spec.trials, notes)
+    progress = TuneConsole(args, spec.trials, notes, spec.time_budget_s)
     with sigterm_as_interrupt():
         try:
             result = autotune.tune(spec, args.out, resume=args.resume, executor=ray, callbacks=progress)
@@ -193,8 +193,10 @@ class TuneConsole(ConsoleProgress):
     """`autotune tune`'s display: ConsoleProgress, and the sweep's headline once it has begun (the run
     directory locked, its settings written or checked)."""
 
-    def __init__(self, args: argparse.Namespace, trials: int, notes: list[str] | None = None) -> None:
-        super().__init__(trials, quiet=getattr(args, "quiet", False), verbose=getattr(args, "verbose", False))
+    def __init__(self, args: argparse.Namespace, trials: int, notes: list[str] | None = None,
+                 time_budget_s: float | None = None) -> None:
+        super().__init__(trials, quiet=getattr(args, "quiet", False), verbose=getattr(args, "verbose", False),
+                         time_budget_s=time_budget_s)
         self.args = args
         self.notes = notes or []  # said first in the headline: after every check passed, nothing before a refusal
         self.start: SweepStart | None = None
@@ -202,6 +204,8 @@ class TuneConsole(ConsoleProgress):
     def begun(self, start: SweepStart) -> None:
         self.start = start
         self.args._run_dir = start.run_dir.path  # an internal error's traceback goes to its logs/ (autotune.cli)
+        if start.resumed:
+            self.resumed_with(start.run_dir.results())
         for line in self.notes + headline(start.run_dir, start.settings, start.space, start.budget, start.resumed):
             self.message(line)
 

@@ -142,8 +142,14 @@ class PhaseWatch:
 class ConsoleProgress:
     def __init__(self, total_trials: int, console: Console | None = None, *,
                  clock: Callable[[], float] = time.monotonic, slots: int = 1, phase_every_s: float = 0.5,
-                 quiet: bool = False, verbose: bool = False, errors: Console | None = None) -> None:
+                 quiet: bool = False, verbose: bool = False, errors: Console | None = None,
+                 time_budget_s: float | None = None) -> None:
         self.total = total_trials
+        # --time-budget: no trial starts once the recorded trials' wall times reach it, so the ETA is the sooner of
+        # the trials left and the trials that budget still lets start; `walls` are those recorded wall times (a
+        # simulated trial's is a GPU's, not this clock's), every session's (`resumed_with`).
+        self.time_budget_s = time_budget_s
+        self.walls: list[float] = []
         # soft_wrap: one line per trial, as long as it is, whatever the terminal's width (a terminal folds it)
         self.console = console or Console(soft_wrap=True)
         self.quiet, self.verbose = quiet, verbose
@@ -183,8 +189,13 @@ class ConsoleProgress:
             self._watch = PhaseWatch(self._phase, lambda phase: self.errors.print(f"{label}: {phase}"),
                                      self._phase_every_s)
 
+    def resumed_with(self, results: Sequence[TrialResult]) -> None:
+        """A resumed sweep's earlier trials, whose wall times count in its time budget."""
+        self.walls = [r.wall_time_s for r in results if r.status != "pruned"]
+
     def finished(self, result: TrialResult, launched: int, best: TrialResult | None) -> None:
         run = self.running.pop(result.config, None)
+        self.walls.append(result.wall_time_s)
         now = self.clock()
         self.durations.append(now - run.since if run is not None else (now - self._last_result) * self.slots)
         self._last_result = now
@@ -237,8 +248,12 @@ class ConsoleProgress:
 
     # -- the live line -------------------------------------------------------------------------------
     def eta(self) -> float | None:
-        """Seconds until the sweep's trial budget is spent, at the median trial time so far."""
+        """Seconds until the sweep's trial budget (or its time budget) is spent, at the median trial time so far."""
         remaining = self.total - self.done
+        if self.time_budget_s is not None and self.walls:
+            left_s = self.time_budget_s - sum(self.walls)
+            may_start = math.ceil(max(left_s, 0.0) / max(statistics.median(self.walls), 1e-9))
+            remaining = min(remaining, max(may_start, len(self.running)))
         running = max((self.clock() - r.since for r in self.running.values()), default=0.0)
         return eta_s(self.durations, remaining, self.slots, running)
 
@@ -249,6 +264,9 @@ class ConsoleProgress:
             return f"pruning: {len(self._pruned)} configs predicted not to fit so far"
         eta = self.eta()
         eta_text = f" · sweep ETA {format_duration(eta)}" if eta is not None else ""
+        if self.time_budget_s is not None and self.walls:
+            eta_text = (f" · {format_duration(sum(self.walls))} of the {format_duration(self.time_budget_s)} time "
+                        f"budget spent{eta_text}")
         if self.chance is not None:
             eta_text = f" · chance of a better config {percent(self.chance)}{eta_text}"
         if len(self.running) == 1:
