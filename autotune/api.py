@@ -189,9 +189,9 @@ class TuneSpec:
     # The stop in seconds (autotune/search/convergence.py StopRule.train_s): how long the recommendation will train;
     # the search also ends once no untried config is expected to save that run more seconds than its trial costs.
     train_for_s: float | None = option(
-        None, "--train-for", "how long the recommended config will train, e.g. 6h: the search also ends once no untried "
-        "config is expected to save that run more time than its own trial costs (its expected gain over the best x "
-        "this, against its predicted trial seconds) (default: off)", duration, metavar="DURATION",
+        None, "--train-for", "how long the recommended config will train, e.g. 6h: the search also ends once no "
+        "untried config is expected to save that run more time than its own trial costs (the share of the run it is "
+        "expected to save x this, against its predicted trial seconds) (default: off)", duration, metavar="DURATION",
         allowed="a duration such as 6h or 90m")
     # A trial's wall-clock limit (its clock paused while DeepSpeed's C++ ops build); None: the backend's (600 s).
     trial_timeout_s: float | None = option(

@@ -312,17 +312,17 @@ def test_one_runner_for_every_front_end():
     assert "tune_many" in {c.func.id for c in ast.walk(tune) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
 
 
-
 def test_every_trial_runs_through_the_one_loop():
-    """Sweeps on this machine (run_local), on a Ray cluster (run_ray, under run_on_cluster) and `surface record` (record_surface) run
-    their trials through the one trial loop (drivers/loop.py's run_jobs) and its executors; the recording calls no
-    backend itself."""
+    """Sweeps on this machine (run_local), on a Ray cluster (run_ray, under run_on_cluster) and `surface record`
+    (record_surface) run their trials through the one trial loop (drivers/loop.py's run_jobs) and its executors; the
+    recording calls no backend itself."""
     paths = modules()
     for module, function in (("autotune.drivers.local", "run_local"), ("autotune.drivers.ray", "run_ray"),
                              ("autotune.drivers.recording", "record_surface")):
         body = next(n for n in ast.parse(paths[module].read_text()).body
                     if isinstance(n, ast.FunctionDef) and n.name == function)
-        assert "run_jobs" in {c.func.id for c in ast.walk(body) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
+        calls = {c.func.id for c in ast.walk(body) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
+        assert "run_jobs" in calls, function
     assert not [call for _, call in called(paths["autotune.drivers.recording"]) if call.endswith(".run")]
 
 # A check of which mode a sweep is in (the CLI reading its own --script flag, `args.script`, is the flag's parse).

@@ -98,7 +98,6 @@ def test_eta_divides_the_trials_left_among_parallel_slots():
     assert [format_duration(s) for s in (4, 42, 420, 7500)] == ["4 s", "40 s", "7 min", "2 h 05 min"]
 
 
-
 def test_with_a_time_budget_the_eta_counts_the_trials_it_still_lets_start():
     """--time-budget 5 min of 60 s trials (their recorded wall times, a simulated GPU's, not this clock's): after two,
     three more may start, whatever the trial budget says; the live line says what is spent. A resumed sweep's earlier

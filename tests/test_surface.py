@@ -6,7 +6,7 @@ import pytest
 
 from autotune.backends.replay import ReplayBackend, load_surface
 from autotune.cli import main
-from autotune.values.config import Config
+from autotune.values.config import Config, ConfigError
 from autotune.values.results import read_results
 from autotune.values.workload import make_workload
 
@@ -129,7 +129,6 @@ def test_crashed_trials_are_run_again_and_every_attempt_kept(space_file, tmp_pat
     assert record_space(space, CrashingFirst(), out2, retries=1, progress=lambda _: None).recorded == 4
 
 
-
 class StopsAfter(CrashingFirst):
     """Succeeds `n` times, then says no config can succeed (`fatal`) or is interrupted (Ctrl-C)."""
 
@@ -147,8 +146,8 @@ class StopsAfter(CrashingFirst):
 
 
 def test_a_fatal_backend_stops_the_recording_and_an_interrupted_one_resumes(space_file, tmp_path, capsys):
-    """The recording runs on the sweeps' trial loop: a backend's fatal verdict stops it with its line (exit 1), and
-    Ctrl-C keeps every finished trial for the resume."""
+    """The recording runs on the sweeps' trial loop: a backend's fatal verdict stops it with its line, and Ctrl-C keeps
+    every finished trial for the resume; negative retries are refused."""
     from autotune.drivers.recording import record_surface as record_space
     from autotune.values.hardware import PROFILES
     from autotune.search_spaces import load_choices
@@ -164,6 +163,8 @@ def test_a_fatal_backend_stops_the_recording_and_an_interrupted_one_resumes(spac
     assert len(read_results(out)) == 2
     assert record_space(space, StopsAfter(9), out, progress=lambda _: None).recorded == 2
     assert len({r.config for r in read_results(out)}) == 4
+    with pytest.raises(ConfigError, match="retries -1, repeats 1: need retries >= 0"):
+        record_space(space, StopsAfter(9), out, retries=-1, progress=lambda _: None)
 
 def test_repeats_measure_again_in_passes_and_replay_takes_the_median(space_file, tmp_path, capsys):
     out = tmp_path / "surface.jsonl"

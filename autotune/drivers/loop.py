@@ -107,8 +107,8 @@ class Trials(Protocol):
 
 
 class Job:
-    """One sweep (or recording) under the loop: what it runs trials for, budget, what a trial asks for, and how a worker builds its backend
-    (a picklable callable; None where the executor holds the backend)."""
+    """One sweep (or recording) under the loop: what it runs trials for, budget, what a trial asks for, and how a
+    worker builds its backend (a picklable callable; None where the executor holds the backend)."""
 
     def __init__(self, name: str, sweep: Trials, budget: Budget, resources: TrialResources = TrialResources(),
                  make_backend: Callable[[], Backend] | None = None, progress: Progress = QuietProgress()) -> None:

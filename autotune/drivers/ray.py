@@ -350,7 +350,7 @@ def job_for(name: str, sweep: Sweep, settings: "RunSettings", run_dir: "RunDir",
     if backend_kind(settings.backend).ships:
         from autotune.drivers.ray_script import script_job
 
-        return script_job(sweep, settings, run_dir, budget, resources, progress, name=name, timeout_s=options.timeout_s)
+        return script_job(sweep, settings, run_dir, budget, resources, progress, name=name, options=options)
     return Job(name, sweep, budget, resources, BackendSpec(settings, str(run_dir.path.resolve()), options), progress)
 
 

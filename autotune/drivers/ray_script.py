@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.backends import Backend
+from autotune.backends.factory import TrialOptions
 from autotune.values.config import Config
 from autotune.drivers.loop import Flight, Job, TrialReply, TrialResources
 from autotune.drivers.progress import Progress
@@ -149,7 +150,7 @@ def shipment_of(script: "Script", run_dir: "RunDir") -> Shipment:
 
 
 def script_job(sweep: Sweep, settings: "RunSettings", run_dir: "RunDir", budget: Budget, resources: TrialResources,
-               progress: Progress, name: str | None = None, timeout_s: float | None = None) -> Job:
+               progress: Progress, name: str | None = None, options: TrialOptions = TrialOptions()) -> Job:
     """The Ray driver's job for a script sweep (the cluster is connected): its files put once in the object
     store, each trial's backend built from them on its node. `name`: the job's (default: the model's)."""
     import ray
@@ -162,6 +163,6 @@ def script_job(sweep: Sweep, settings: "RunSettings", run_dir: "RunDir", budget:
     for note in shipment.notes:
         progress.message(note)
     spec = ShippedScript(settings, str(run_dir.path.resolve()), shipment, ray.put(pack(shipment)))
-    if timeout_s is not None:
-        spec = replace(spec, timeout_s=timeout_s)
+    if options.timeout_s is not None:  # how a script trial runs beyond its settings: its limit (TuneSpec.trial_options)
+        spec = replace(spec, timeout_s=options.timeout_s)
     return ScriptJob(name or settings.workload.model.name, sweep, budget, resources, spec, progress)

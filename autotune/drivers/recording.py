@@ -47,8 +47,12 @@ def record_surface(space: Space, backend: Backend, out: Path, *, order_seed: int
     shuffled order), so that a config's measurements see the machine at different times. A `crash` is
     re-run up to `retries` times (now, or on a later resume): on a shared machine a trial can fail for
     reasons that are not its config's (e.g. a port taken between choosing and binding it). Every attempt
-    stays in the file; the replay backend uses the median of a config's measurements.
+    stays in the file; the replay backend uses the median of a config's measurements. The trials run on the sweeps'
+    loop: a backend's fatal verdict, or a DeepSpeed op failing to build in a second trial, stops the recording
+    (`Recorded.fatal` says why); Ctrl-C raises KeyboardInterrupt once every finished trial is in the file.
     """
+    if retries < 0 or repeats < 1:
+        raise ConfigError(f"retries {retries!r}, repeats {repeats!r}: need retries >= 0 and repeats >= 1")
     workload, hardware = space.workload, space.hardware
     repaired = repair_tail(out)  # before the first append: a torn last line is moved aside, not merged into
     if repaired:
@@ -106,8 +110,8 @@ class Recording:
 
     def __init__(self, out: Path, todo: list[Config], extra: dict, crashes: Counter, retries: int,
                  progress: Callable[[str], None], backend_name: str) -> None:
-        self.out, self.todo, self.extra, self.crashes, self.retries, self.say = out, todo, extra, crashes, retries, progress
-        self.backend_name = backend_name
+        self.out, self.todo, self.extra, self.crashes, self.retries = out, todo, extra, crashes, retries
+        self.say, self.backend_name = progress, backend_name
         self.results: list[tuple[Config, TrialResult]] = []
         self.done = 0  # configs of `todo` run to an end (a result that is not a crash, or out of retries)
         self.best: TrialResult | None = None

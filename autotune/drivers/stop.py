@@ -32,6 +32,8 @@ class StopReason(str, Enum):
         """The text, with the convergence stop's figure where it ended the search."""
         if self is StopReason.CONVERGED and convergence is not None:
             return f"search converged: {convergence.describe()}"
+        if self is StopReason.NOT_WORTH and convergence is not None and convergence.expected_gain is not None:
+            return f"{self.text} (the most any is expected to save: {convergence.expected_gain:.2%} of the run)"
         return self.text
 
 

@@ -229,7 +229,9 @@ class Sweep:
         if budget is None or not (budget.stop_when or budget.train_s) or self._space is None:
             return None
         if self.convergence is None and self.results:  # a resumed sweep: the state its record kept
-            self.convergence = recorded(self.results) or self._assess(self.results, set(self.known))
+            self.convergence = recorded(self.results)
+            if self.convergence is None or (budget.train_s and self.convergence.gain_per_trial_s is None):
+                self.convergence = self._assess(self.results, set(self.known))  # a record older than the figure
         rule = StopRule(budget.stop_when, train_s=budget.train_s)
         if rule.chance_met(self.convergence):
             return StopReason.CONVERGED

@@ -105,9 +105,9 @@ class Convergence:
     margin: float  # relative: 0.02 is 2%
     trials: int  # launched search trials it was computed after
     candidates: int = 0
-    # The most any one untried config is expected to add: max over configs of P(fit) x E[(its speed / best - 1)+],
-    # each from its marginal (one-step expected improvement, as Bayesian optimisation's stopping rules use); None:
-    # not computed (nothing measured yet, or an older record).
+    # The most any one untried config is expected to save of a training run at the best's speed: max over configs
+    # of P(fit) x E[(1 - best / its speed)+], from its marginal (a one-step expected improvement, as Bayesian
+    # optimisation's stopping rules use, in the run's time); None: not computed (nothing measured yet, an older record).
     expected_gain: float | None = None
     # The same per second of the config's trial, the best such ratio (`--train-for`'s stop); None: not computed.
     gain_per_trial_s: float | None = None
@@ -132,8 +132,8 @@ def percent(p: float) -> str:
 
 @dataclass(frozen=True)
 class StopRule:
-    """Stop the search once the chance of a better config is below `threshold` (0: never) after at least
-    `min_trials` launched search trials."""
+    """Stop the search once the chance of a better config is below `threshold` (0: never), or with `train_s` once no
+    untried config pays for its trial on the training run, after at least `min_trials` launched search trials."""
 
     threshold: float = DEFAULT_STOP_WHEN
     min_trials: int = MIN_TRIALS
@@ -144,6 +144,8 @@ class StopRule:
 
     def __post_init__(self) -> None:
         check_stop_when(self.threshold)
+        if self.train_s is not None and not self.train_s > 0:
+            raise ConfigError(f"train_s {self.train_s!r}: must be a positive number of seconds, or None (off)")
 
     def met(self, state: Convergence | None) -> bool:
         return self.chance_met(state) or self.seconds_met(state)
@@ -208,15 +210,16 @@ def assess(untried: Iterable[Config], forecast: Callable[[Config], Forecast], er
 
 def expected_gains(memory: LogRatios, room: np.ndarray, time: LogRatios, below_best: np.ndarray,
                    best_sd: float = 0.0) -> np.ndarray:
-    """Per row, P(memory log-ratio <= room) x E[(exp(time log-ratio - below_best + d) - 1)+], d ~ N(0, best_sd^2):
-    the relative gain over the best that config alone is expected to bring (one-step expected improvement, as
-    Bayesian optimisation's stopping rules use), from the marginals (a log-normal's partial expectation)."""
+    """Per row, P(memory log-ratio <= room) x E[(1 - exp(-Y))+], Y = time log-ratio - below_best + d, d ~ N(0,
+    best_sd^2) (Y: the config's log speed over the best's): the share of a training run at the best's speed that
+    running this config instead is expected to save, from the marginals (a log-normal's partial expectation:
+    Phi(mu/s) - exp(-mu + s^2/2) Phi((mu - s^2)/s))."""
     m_mean, m_sd = memory.marginal()
     t_mean, t_sd = time.marginal()
-    sd = np.sqrt(t_sd ** 2 + best_sd ** 2)
+    sd = np.maximum(np.sqrt(t_sd ** 2 + best_sd ** 2), 1e-12)
     mu = t_mean - below_best
-    gain = np.exp(mu + sd ** 2 / 2) * ndtr((mu + sd ** 2) / sd) - ndtr(mu / sd)
-    return ndtr((room - m_mean) / m_sd) * np.maximum(gain, 0.0)
+    saved = ndtr(mu / sd) - np.exp(-mu + sd ** 2 / 2) * ndtr((mu - sd ** 2) / sd)
+    return ndtr((room - m_mean) / np.maximum(m_sd, 1e-12)) * np.maximum(saved, 0.0)
 
 
 def per_config(model: ErrorModel, launch_sigma: float = 0.0) -> float:

@@ -265,6 +265,8 @@ _EXTRAS: dict[str, tuple[Any, str]] = {
     "trial": (_count, "a trial number or null"),
     "chance_of_better": (_number, _NUMBER),  # autotune.search.convergence: after this search trial
     "better_margin": (_number, _NUMBER),
+    "expected_gain": (_number, _NUMBER),  # and the stop in seconds' (--train-for)
+    "gain_per_trial_s": (_number, _NUMBER),
     "predicted_peak_bytes": (_number, _NUMBER),
     "peak_memory_growth_bytes": (lambda v: (v is None or _number(abs(v))[0], v), "a number or null"),
     "baseline_memory_bytes": (_number, _NUMBER),
