@@ -9,7 +9,8 @@ replayed on the records: the convergence stop (`--stop-when 0.05`, the default),
 (`--stop-when 0`) and both (the default with `--train-for H`), at least 6 trials, at most 30. Per rule and H: trials
 and trial-seconds until the stop, the recommendation's true throughput over the optimum (median, 5th percentile,
 share under 98%), and what the user pays in all, the search's trial-seconds plus H at the recommendation's speed
-(H / (best/opt)), in hours, mean over runs, beside an oracle that stopped each run at its cheapest trial.
+(H / (best/opt), H being the run at the optimum's speed; the rule is told the same H), in hours, mean over runs,
+beside an oracle that stopped each run at its cheapest trial.
 (Search and training count the same devices: a trial runs on the workload's GPUs, as the training does.)
 
     python benchmarks/train_for.py [--seeds 5] [--first-seed 0] [--tasks 16] [--noise 0.03] [--jobs 2]

@@ -17,9 +17,9 @@ workloads:
     memory_budget: 40GiB
 ```
 Workload keys: name, model, script, script_args, gpus, global_batch, hardware, gpus_per_trial, and every option of
-`autotune tune` under its flag's name (memory_budget, strategy, trials, time_budget, backend, space, seed, surface,
-storage, confirm, mlflow_uri, stack, target_gpus, stop_when, allocator). Every error names the file, the key, the
-value and what is allowed.
+`autotune tune` under its flag's name (api.spec_options: memory_budget, strategy, trials, time_budget, backend,
+space, seed, surface, storage, confirm, mlflow_uri, stack, target_gpus, stop_when, train_for, trial_timeout, wandb,
+allocator). Every error names the file, the key, the value and what is allowed.
 
 A workload may tune the user's own training script instead of a model, as `autotune tune --script` does:
 

@@ -61,7 +61,10 @@ space of thousands of configs costs one eigendecomposition of at most that many 
 seed: the figure is a function of the recorded trials, so a resumed sweep computes the same one.
 
 The rule (`StopRule`): stop the search once the chance is below the threshold (`--stop-when`, default
-DEFAULT_STOP_WHEN; 0 turns it off) after at least MIN_TRIALS launched search trials. The thresholds were
+DEFAULT_STOP_WHEN; 0 turns it off) after at least MIN_TRIALS launched search trials. With the length of the
+training run (`--train-for`, issue 41), also once no untried config's expected saving of that run (`expected_gains`:
+the share of it a config is expected to save, from the same marginals) pays for its predicted trial seconds: the
+chance says whether a better config is likely, this whether finding it pays (benchmarks/train_for.py). The thresholds were
 chosen on benchmarks/search_efficiency.py (benchmarks/results/search_efficiency_stop.md); the minimum does not
 bind there (in no committed run is the figure under 0.27 in the first 5 trials, and in the simulated worlds
 raising it to 10 changes no stop at the default threshold). Why the stop takes a median 20-23 trials in the
