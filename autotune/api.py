@@ -31,7 +31,7 @@ from autotune.search.confirm import prior_sigma
 from autotune.values.allocator import ALLOCATORS, check_allocator
 from autotune.values.argtypes import duration, non_negative_int, positive_int, seed as seed_value, size, stop_probability
 from autotune.trials.devices import AUTO, resolve_hardware
-from autotune.search.convergence import DEFAULT_STOP_WHEN, Convergence, check_stop_when
+from autotune.search.convergence import DEFAULT_STOP_WHEN, Convergence, check_stop_when, check_seconds
 from autotune.drivers.local import run_local
 from autotune.drivers.progress import Progress, QuietProgress
 from autotune.drivers.stop import StopReason
@@ -229,9 +229,8 @@ class TuneSpec:
             raise ConfigError(f"trials {self.trials!r}: must be a positive integer")
         if self.memory_budget_bytes is not None:
             check_budget(self.memory_budget_bytes)
-        for name, seconds in (("time budget", self.time_budget_s), ("train for", self.train_for_s)):
-            if seconds is not None and not seconds > 0:
-                raise ConfigError(f"{name} {seconds!r}: must be a positive number of seconds")
+        check_seconds(self.time_budget_s, "time budget")
+        check_seconds(self.train_for_s, "train for")
         if self.storage is not None:
             canonical_storage(self.storage)
         if self.confirm is not None and (isinstance(self.confirm, bool) or not isinstance(self.confirm, int)

@@ -91,15 +91,13 @@ def record_surface(space: Space, backend: Backend, out: Path, *, order_seed: int
              f", {total} already measured{f' {repeats} times' if repeats > 1 else ''}, {len(todo)} to run "
              f"on the {backend.name} backend")
     backend = as_backend(backend)
-    recording = Recording(out, todo, {"workload": workload.to_dict(), "hardware": hardware.name}, crashes, retries,
-                          progress, backend.name)
+    recording = Recording(out, todo, {"workload": workload.to_dict(), "hardware": hardware.name}, crashes, measured,
+                          retries, progress, backend.name)
     job = Job("record", recording, Budget(trials=len(todo) * (retries + 1)))
     # The one trial loop and its local executor, as a sweep's trials run (drivers/loop.py, drivers/local.py).
     reason = run_jobs([job], LocalExecutor(backend))[job.name]
     if reason is StopReason.INTERRUPTED:  # every finished trial is in the file; a resume runs the rest
         raise KeyboardInterrupt
-    for config, result in recording.results:
-        measured[config] += result.status != "crash"
     return Recorded(recording.done, sum(1 for c in configs if missing(c) == 0), job.fatal)
 
 
@@ -108,22 +106,19 @@ class Recording:
     order, a crashed one proposed again at once while it has retries left, each result appended (fsync'd) to
     the surface with what it was recorded for, and a progress line per trial."""
 
-    def __init__(self, out: Path, todo: list[Config], extra: dict, crashes: Counter, retries: int,
+    def __init__(self, out: Path, todo: list[Config], extra: dict, crashes: Counter, measured: Counter, retries: int,
                  progress: Callable[[str], None], backend_name: str) -> None:
-        self.out, self.todo, self.extra, self.crashes, self.retries = out, todo, extra, crashes, retries
+        self.out, self.todo, self.extra, self.retries = out, todo, extra, retries
+        self.crashes, self.measured = crashes, measured  # per config, the file's attempts so far (updated here)
         self.say, self.backend_name = progress, backend_name
-        self.results: list[tuple[Config, TrialResult]] = []
+        self.launched = 0  # trials run by this call
         self.done = 0  # configs of `todo` run to an end (a result that is not a crash, or out of retries)
         self.best: TrialResult | None = None
         self.started = time.monotonic()
 
     @property
-    def launched(self) -> int:
-        return len(self.results)
-
-    @property
     def next_number(self) -> int:
-        return len(self.results) + 1
+        return self.launched + 1
 
     def budget_spent(self, budget: Budget, in_flight: int = 0) -> StopReason | None:
         return StopReason.TRIALS if self.launched + in_flight >= budget.trials else None
@@ -137,12 +132,13 @@ class Recording:
     def finish(self, config: Config, result: TrialResult) -> TrialResult:
         result = replace(result, extra={**result.extra, **self.extra})
         append_result(self.out, result)
-        self.results.append((config, result))
+        self.launched += 1
         n, total = self.done + 1, len(self.todo)
         elapsed = time.monotonic() - self.started
         self.say(f"[{n}/{total}] {config.label():<28} {_outcome(result)}  {result.wall_time_s:5.1f}s  "
                  f"elapsed {_clock(elapsed)}  left ~{_clock(elapsed / n * (total - n))}")
         self.crashes[config] += result.status == "crash"
+        self.measured[config] += result.status != "crash"
         if result.status == "crash" and self.crashes[config] <= self.retries:
             self.say(f"[{n}/{total}] {config.label():<28} crashed: running it again "
                      f"(attempt {self.crashes[config] + 1} of {self.retries + 1})")

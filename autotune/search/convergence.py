@@ -64,9 +64,9 @@ The rule (`StopRule`): stop the search once the chance is below the threshold (`
 DEFAULT_STOP_WHEN; 0 turns it off) after at least MIN_TRIALS launched search trials. With the length of the
 training run (`--train-for`, issue 41), also once no untried config's expected saving of that run (`expected_gains`:
 the share of it a config is expected to save, from the same marginals) pays for its predicted trial seconds: the
-chance says whether a better config is likely, this whether finding it pays (benchmarks/train_for.py). The thresholds were
-chosen on benchmarks/search_efficiency.py (benchmarks/results/search_efficiency_stop.md); the minimum does not
-bind there (in no committed run is the figure under 0.27 in the first 5 trials, and in the simulated worlds
+chance says whether a better config is likely, this whether finding it pays (benchmarks/train_for.py). The
+thresholds were chosen on benchmarks/search_efficiency.py (benchmarks/results/search_efficiency_stop.md); the minimum
+does not bind there (in no committed run is the figure under 0.27 in the first 5 trials, and in the simulated worlds
 raising it to 10 changes no stop at the default threshold). Why the stop takes a median 20-23 trials in the
 simulated worlds rather than the issue's 12: benchmarks/stop_floor.py (results/stop_floor.md).
 """
@@ -147,8 +147,7 @@ class StopRule:
 
     def __post_init__(self) -> None:
         check_stop_when(self.threshold)
-        if self.train_s is not None and not self.train_s > 0:
-            raise ConfigError(f"train_s {self.train_s!r}: must be a positive number of seconds, or None (off)")
+        check_seconds(self.train_s, "train_s")
 
     def met(self, state: Convergence | None) -> bool:
         return self.chance_met(state) or self.seconds_met(state)
@@ -169,6 +168,13 @@ def check_stop_when(value: Any, name: str = "stop_when") -> float:
         raise ConfigError(f"{name} {value!r}: must be a probability from 0 to 1 (e.g. 0.05; 0 turns the "
                           "convergence stop off)")
     return float(value)
+
+
+def check_seconds(value: float | None, name: str = "train_s") -> float | None:
+    """`value` (None: off) as a positive number of seconds (a time budget, a training run), or ConfigError naming it."""
+    if value is not None and not value > 0:
+        raise ConfigError(f"{name} {value!r}: must be a positive number of seconds")
+    return value
 
 
 def margin_of(launch_sigma: float | None) -> float:
