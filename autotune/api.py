@@ -467,7 +467,7 @@ def tune_many(plans: Sequence[Plan], *, executor: "RayOptions | None" = None,
         todo = [i for i in opened if i not in reasons]
         if executor is None:
             for i in todo:
-                reasons[i] = run_here(opened[i][0], backends[i], runs[i].space, plans[i].spec.budget(), shows[i])
+                reasons[i] = run_here(opened[i][0], backends[i], plans[i].spec.budget(), shows[i])
         elif todo:
             from autotune.drivers.ray import ClusterRun, run_on_cluster
 
@@ -481,12 +481,11 @@ def tune_many(plans: Sequence[Plan], *, executor: "RayOptions | None" = None,
                 for i, run in enumerate(runs)]
 
 
-def run_here(sweep: Sweep, backend: Backend, space: Space, budget: Budget, progress: Progress) -> StopReason:
-    """One open sweep's trials on this machine: the ops its backend needs built first, then the loop; returns why it
-    stopped."""
+def run_here(sweep: Sweep, backend: Backend, budget: Budget, progress: Progress) -> StopReason:
+    """One open sweep's trials on this machine (each op its backend's trials load built before the first trial that
+    loads it: drivers/local.py); returns why it stopped."""
     for note in getattr(backend, "notes", ()):  # what reading its records changed (a replay surface's)
         progress.message(note)
-    preflight_ops(sweep, space, backend, budget, progress.message)
     return run_local(sweep, backend, budget, progress)
 
 
@@ -769,15 +768,6 @@ def close_run(run_dir: RunDir, settings: RunSettings, sweep: Sweep, tracker: Tra
         progress.message(line)
     return TuneResult(outputs.best, tuple(sweep.results), reason, run_dir.path, outputs.summary, outputs.verdict,
                       outputs.files, sweep.convergence, outputs.notes)
-
-
-def preflight_ops(sweep: Sweep, space: Space, backend: Backend, budget: Budget, say: Callable[[str], None]) -> None:
-    """Before the first trial, a backend with a preflight (deepspeed) builds the C++ ops of the configs the sweep
-    may launch; one that cannot be built is autotune.trials.ops.OpBuildFailed (one line), with nothing recorded. A
-    resumed sweep whose budget is spent launches nothing: no preflight."""
-    check = getattr(backend, "preflight", None)
-    if check is not None and sweep.budget_spent(budget) is None:
-        check([c for c in space if sweep.pruner.check(c, sweep.backend_name) is None], say)
 
 
 def close_sweep(run_dir: RunDir, settings: RunSettings, sweep: Sweep, reason: StopReason | None = None) -> Outputs:

@@ -30,7 +30,7 @@ from autotune.values.results import TrialResult, read_results
 from autotune.trials.runner import LaunchOptions, RunOutcome, trial_environment
 from autotune.search_spaces import load_choices
 from autotune.values.space import Space
-from autotune.worker.main import build_failure as worker_build_failure
+from autotune.worker.main import build_failure as worker_build_failure, needed_builders
 
 CRASH = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu-runs" / "h200-2026-11-26" / "kit-first-crash"
 REAL_ERROR = CRASH.joinpath("rank0.stderr").read_text().strip().splitlines()[-1]  # the ValueError's own line
@@ -491,3 +491,101 @@ def test_build_ops_names_the_ops_it_can_build_in_one_line():
                               env=env)
         assert done.returncode == 1
         assert done.stderr.strip().splitlines()[-1] == f"build-ops: {named}: allowed fused_adam, cpu_adam"
+
+
+# -- each op built at its first use (issue 41) ---------------------------------------------------------------
+
+@pytest.fixture
+def preflights(monkeypatch):
+    """What the deepspeed backend's trials ask of the preflight, in order with the trials themselves (no child, no
+    trial launched: a trial's result is the simulated backend's); `fail` names a builder whose build fails."""
+    import autotune.backends.deepspeed as backend_module
+    from autotune.backends.simulated import SimulatedBackend
+
+    events: list[tuple[str, object]] = []
+    fail: set[str] = set()
+
+    def preflighted(accelerator, ds_configs, env, python, log, say, **options):
+        builders = needed_builders(accelerator, ds_configs)
+        events.append(("preflight", tuple(builders)))
+        if fail & set(builders):
+            raise OpBuildFailed(f"DeepSpeed's {sorted(fail)[0]} cannot be built or loaded: a test's failure")
+        return tuple(builders)
+
+    simulated = SimulatedBackend(autotune.make_workload("tiny"), autotune.load_hardware("cpu"), 2**34, seed=0)
+
+    def ran(self, config):
+        events.append(("run", config))
+        return replace(simulated.run(config), backend="deepspeed")
+
+    monkeypatch.setattr(backend_module, "preflight", preflighted)
+    monkeypatch.setattr(DeepSpeedBackend, "run", ran)
+    return events, fail
+
+
+def builders_of(config: Config) -> set[str]:
+    from autotune.values.dsconfig import ds_config
+
+    return set(needed_builders("cpu", [ds_config(config, autotune.make_workload("tiny"))]))
+
+
+def test_a_trials_ops_are_built_before_its_first_trial_that_loads_them_and_only_once(tmp_path, preflights):
+    events, _ = preflights
+    backend = DeepSpeedBackend(autotune.make_workload("tiny"), logs_dir=tmp_path / "logs")
+    plain, plain2 = Config(0, 2, 0, "fp32", "none", "none"), Config(1, 4, 0, "fp32", "none", "none")
+    offloaded, offloaded2 = Config(1, 2, 0, "fp32", "cpu", "none"), Config(2, 2, 0, "fp32", "cpu", "none")
+    said: list[str] = []
+    for config in (plain, plain2, offloaded, plain, offloaded2):
+        backend.prepare(config, said.append)
+    assert events == [("preflight", ("FusedAdamBuilder",)), ("preflight", ("CPUAdamBuilder",))]
+    again = DeepSpeedBackend(autotune.make_workload("tiny"), logs_dir=tmp_path / "logs2")
+    again.preflight([plain, offloaded], said.append)  # `autotune surface record`'s, of every config at once
+    again.prepare(offloaded2, said.append)
+    again.prepare(plain2, said.append)
+    assert events[2:] == [("preflight", ("FusedAdamBuilder", "CPUAdamBuilder"))]
+
+
+def deepspeed_spec(strategy) -> autotune.TuneSpec:
+    return autotune.TuneSpec(autotune.make_workload("tiny", global_batch=16), autotune.load_hardware("cpu"),
+                             strategy=strategy, trials=6, backend="deepspeed", stop_when=0.0)
+
+
+def test_a_sweep_builds_each_op_just_before_the_first_trial_that_loads_it(tmp_path, preflights):
+    """Real sweeps, their trials faked: no op is built that no trial loads (a sweep that never offloads its optimizer
+    never builds cpu_adam), none twice, each before the first trial that loads it."""
+    from test_user_strategy import FixedOrder
+
+    events, _ = preflights
+    offloaded, plain = Config(1, 4, 0, "fp32", "cpu", "none"), Config(1, 4, 0, "fp32", "none", "none")
+    autotune.tune(deepspeed_spec(FixedOrder([offloaded, plain, Config(2, 4, 0, "fp32", "none", "none")])),
+                  out=tmp_path / "s")
+    ran = [c for kind, c in events if kind == "run"]
+    assert ran[:2] == [offloaded, plain]
+    assert events[:4] == [("preflight", ("CPUAdamBuilder",)), ("run", offloaded),
+                          ("preflight", ("FusedAdamBuilder",)), ("run", plain)]
+    assert [e for e in events[4:] if e[0] == "preflight"] == []
+
+    events.clear()
+    autotune.tune(deepspeed_spec(FixedOrder([plain, Config(1, 2, 0, "fp32", "none", "none")])), out=tmp_path / "p")
+    assert [e for e in events if e[0] == "preflight"] == [("preflight", ("FusedAdamBuilder",))]
+
+
+def test_an_op_that_cannot_be_built_mid_sweep_ends_it_and_keeps_its_trials(tmp_path, preflights):
+    """The build's one line (autotune.cli prints it, exit 1: test_autotune_tune_stops_before_the_first_trial), the
+    trials before it recorded, and the sweep resumes once the op builds."""
+    from test_user_strategy import FixedOrder
+
+    events, fail = preflights
+    fail.add("CPUAdamBuilder")
+    order = [Config(1, 1, 0, "fp32", "none", "none"), Config(1, 4, 0, "fp32", "cpu", "none"),
+             Config(1, 4, 0, "fp32", "none", "none")]
+    with pytest.raises(OpBuildFailed, match="CPUAdamBuilder cannot be built"):
+        autotune.tune(deepspeed_spec(FixedOrder(order)), out=tmp_path / "s")
+    recorded = read_results(tmp_path / "s" / "trials.jsonl")
+    assert [r.config for r in recorded] == order[:1] and [c for kind, c in events if kind == "run"] == order[:1]
+    fail.clear()  # fixed: the sweep resumes where it stopped, nothing run twice
+    events.clear()
+    autotune.tune(deepspeed_spec(FixedOrder(order)), out=tmp_path / "s", resume=True)
+    again = read_results(tmp_path / "s" / "trials.jsonl")
+    assert again[:1] == recorded and [r.config for r in again if r.phase != "confirm"] == order
+    assert [c for kind, c in events if kind == "run"][0] == order[1]

@@ -22,7 +22,10 @@ finds another one (e.g. a GPU profile on a machine without CUDA) ends its trial 
 `fatal`, which stops the sweep: no other config would run either. A crash while loading DeepSpeed's C++ ops
 records its op, cause and fix (`extra["op_failure"]`, autotune.trials.ops.BuildFailure): the sweep stops when one op
 fails twice (autotune.drivers.loop). A trial whose steps did not train (every step skipped by fp16's loss scaler, a
-loss not finite or never moving) is `untrained`, with its `fault` and the same step counts. `preflight` loads the ops a set of configs needs before the first trial.
+loss not finite or never moving) is `untrained`, with its `fault` and the same step counts. `preflight` loads the ops
+a set of configs needs; `prepare` those of one config before its trial, where no earlier preflight loaded them: a
+sweep builds an op when its first trial that loads it is about to start, not before the search (issue 41: a sweep
+that never launches an offloaded optimizer never builds cpu_adam, 36 s on an H200, 200 s on the 2-core CPU).
 A config that cannot even be written as a DeepSpeed config (e.g. NVMe offload without a path) is
 `unsupported` without a launch. Failures are results; only the tuner's interruption (KeyboardInterrupt)
 propagates, after the trial's processes are gone.
@@ -46,6 +49,7 @@ from autotune.trials.ops import ARCH_ENV, PREFLIGHT_TIMEOUT_S, BuildFailure, arc
 from autotune.values.results import TrialResult
 from autotune.values.settings import check_budget
 from autotune.trials.runner import LaunchOptions, RunOutcome, run_worker, trial_environment
+from autotune.worker.main import needed_builders
 from autotune.worker.measure import MeasureSettings
 from autotune.worker.protocol import WorkerSpec, current_phase, write_json_atomic
 from autotune.worker.training import TRAINING_EVIDENCE
@@ -79,6 +83,8 @@ class DeepSpeedBackend:
         self._cpu_info: dict[str, Any] | None = None
         self._running: Path | None = None  # the log directory of the trial in flight
         self._fastest_step_s: float | None = None  # of this backend's ok trials: a config far behind it stops early
+        self._ops_ready: set[str] = set()  # the op builders a preflight of this backend loaded (or left to a trial)
+        self._arch_said = False  # the arch list's note, said at the first preflight only
         self.launch = LaunchOptions(ranks=workload.gpus, timeout_s=timeout_s, memory_budget_bytes=memory_budget_bytes,
                                     launcher=launcher, env=dict(env or {}),
                                     allocator=hardware.allocator if hardware is not None else None)
@@ -100,6 +106,17 @@ class DeepSpeedBackend:
         of `configs` load, building those not built yet (autotune.trials.ops.preflight; `say` hears what it does).
         Raises autotune.trials.ops.OpBuildFailed (one line) when one cannot be, or when it takes over `timeout_s` (a
         time-boxed caller: benchmarks/gpu_kit.py); returns the ops loaded."""
+        return self._preflight(self._ds_configs(configs), say, timeout_s)
+
+    def prepare(self, config: Config, say: Callable[[str], None]) -> None:
+        """Before `config`'s trial (drivers/local.py): the ops it loads, unless a preflight of this backend loaded
+        them already; a build is said (`say`) and its failure is OpBuildFailed, as the preflight's."""
+        found = self._ds_configs([config])
+        if found and not set(needed_builders(self.accelerator, found)) <= self._ops_ready:
+            self.preflight([config], say)
+
+    def _ds_configs(self, configs: Iterable[Config]) -> list[dict[str, Any]]:
+        """The distinct DeepSpeed configs of `configs` (one that cannot be written is never launched either)."""
         configs_ds: dict[str, dict[str, Any]] = {}
         for config in configs:
             try:
@@ -107,14 +124,21 @@ class DeepSpeedBackend:
             except ConfigError:
                 continue  # never launched either (`unsupported` without a launch)
             configs_ds.setdefault(json.dumps(ds, sort_keys=True), ds)
+        return list(configs_ds.values())
+
+    def _preflight(self, configs_ds: list[dict[str, Any]], say: Callable[[str], None], timeout_s: float) -> tuple[str, ...]:
         if not configs_ds:
             return ()
         env = trial_environment(self.launch, self.accelerator)
         note = arch_note(os.environ, env)
-        if note:
+        if note and not self._arch_said:
             say(note)
-        return preflight(self.accelerator, list(configs_ds.values()), env, self.launch.python,
-                         self.logs_dir / "preflight.stderr", say, cpu_info=self.cpu_info(), timeout_s=timeout_s)
+            self._arch_said = True
+        loaded = preflight(self.accelerator, configs_ds, env, self.launch.python, self.logs_dir / "preflight.stderr",
+                           say, cpu_info=self.cpu_info(), timeout_s=timeout_s)
+        # Ready, loaded or not: where the child found no device for them (a GPU profile here), the trial says so.
+        self._ops_ready.update(needed_builders(self.accelerator, configs_ds))
+        return loaded
 
     def phase(self) -> str | None:
         """Where the trial in flight is (rank 0's latest phase, e.g. 'building ops (cpu_adam)'); None between

@@ -3,6 +3,10 @@
 Ctrl-C (KeyboardInterrupt) or SIGTERM during a trial: the backend ends the trial's processes (the
 deepspeed runner kills its process group before the interrupt leaves `run`), the loop stops, and the
 unfinished trial is not recorded, so `--resume` runs it again.
+
+Before a trial, a backend with `prepare` (deepspeed) builds the C++ ops it loads if none of its trials loaded them
+yet: an op that cannot be built ends the sweep with its one line (autotune.trials.ops.OpBuildFailed), the trials
+before it recorded and resumable.
 """
 
 from __future__ import annotations
@@ -31,6 +35,9 @@ class LocalExecutor:
     def wait(self) -> tuple[Flight, TrialReply | None]:
         flight, self.pending = self.pending, None
         assert flight is not None, "wait() with nothing submitted"
+        prepare = getattr(self.backend, "prepare", None)
+        if prepare is not None:  # the ops the trial loads, built at their first use (the deepspeed backend's)
+            prepare(flight.config, flight.job.progress.message)
         return flight, TrialReply(self.backend.run(flight.config), self.backend.fatal)
 
     def in_flight(self) -> int:

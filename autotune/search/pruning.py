@@ -172,11 +172,11 @@ class Pruner:
     def trial_seconds(self, config: Config, forecast: Forecast | None = None) -> float:
         """The expected wall seconds of `config`'s trial (autotune.prediction.trial_time at its calibrated step
         time): its whole run weighed by its probability of fitting, its death in the first step by the rest, and
-        the first build of an op no trial of this sweep has loaded yet. (The deepspeed backend's preflight builds
-        every op a config may need before the first trial, so there the build is a price rather than a wall time:
-        it keeps cpu_adam's configs from being launched only to learn. Pricing trials whole and ops built instead
-        was tried: the warm start then launched an offloaded optimizer where offload never wins, and the replay
-        surface at its median peak ran 3 out-of-memory trials in 25, not 2.)"""
+        the first build of an op no trial of this sweep has loaded yet (the deepspeed backend builds an op just before
+        the first trial that loads it; where an earlier sweep of the environment built it, the price stays: it
+        keeps cpu_adam's configs from being launched only to learn. Pricing such ops as built was tried: the warm
+        start then launched an offloaded optimizer where offload never wins, and the replay surface at its median
+        peak ran 3 out-of-memory trials in 25, not 2.)"""
         est = self.predict(config)
         p = (forecast or self.forecast(config)).fit_probability(self.budget_bytes)
         seconds = [trial_time(config, self.workload, self.hardware, est.step_time_s, fits=fits,
