@@ -45,6 +45,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import optuna
 from rich.console import Console
 
@@ -65,6 +66,7 @@ REFERENCES = ("optuna", "optuna-flat", "deepspeed")
 # schedule's, at most these; no worse in trials.
 GOAL_WORLD, GOAL_NOISE = "held-out GPU", 0.03
 GOAL_OVER = {"optuna-flat": 0.6, "deepspeed": 0.5}
+BOOTSTRAP = 2000  # resamples of the goal world's paired runs for the ratio's interval
 
 
 def run_record(world: str, noise: float | None, task: str, strategy: str, seed: int, curve: list[float],
@@ -209,8 +211,29 @@ def match_deepspeed(runs: list[dict]) -> dict[int, float]:
     return out
 
 
-def goals(result: dict) -> dict:
-    """Issue 41's done-when on the default strategy."""
+def paired(runs: list[dict], mine: str, ref: str, draws: int = BOOTSTRAP, seed: int = 41) -> dict:
+    """`mine` against `ref` on the goal world's runs both made (same task and seed): how many got to 98% in fewer
+    trial-seconds (wins) and in more (losses), and the 90% bootstrap interval of the ratio of their medians (the
+    pairs drawn with replacement): how firmly the done-when's ratio sits where it does on these worlds."""
+    goal = [r for r in runs if r["world"] == GOAL_WORLD and r["noise"] == GOAL_NOISE]
+    seconds = {name: {(r["task"], r["seed"]): se.seconds_to(r["curve"], r["walls"], se.NEAR)
+                      for r in goal if r["strategy"] == name} for name in (mine, ref)}
+    keys = sorted(set(seconds[mine]) & set(seconds[ref]))
+    if not keys:
+        return {}
+    x, y = (np.array([seconds[name][k] for k in keys]) for name in (mine, ref))
+    rng = np.random.default_rng(seed)
+    ratios = []
+    for _ in range(draws):
+        i = rng.integers(0, len(keys), len(keys))
+        ratios.append(se.ratio(float(np.median(x[i])), float(np.median(y[i]))))
+    low, high = np.nanpercentile(np.array(ratios), [5, 95])
+    return {"runs": len(keys), "wins": int(np.sum(x < y)), "losses": int(np.sum(x > y)),
+            "ratio_low": float(low), "ratio_high": float(high)}
+
+
+def goals(result: dict, runs: list[dict]) -> dict:
+    """Issue 41's done-when on the default strategy, each ratio with its paired comparison (`paired`)."""
     data = result["tables"].get(title(GOAL_WORLD, GOAL_NOISE))
     if not data or DEFAULT_STRATEGY not in data["strategies"]:
         return {}
@@ -223,6 +246,7 @@ def goals(result: dict) -> dict:
         out[f"trial_s_to_98_over_{ref}"] = over
         out[f"at_most_{limit}x_{ref}"] = bool(over <= limit)
         out[f"trials_no_worse_than_{ref}"] = bool(mine["median_trials_to_98"] <= data["strategies"][ref]["median_trials_to_98"])
+        out[f"paired_{ref}"] = paired(runs, DEFAULT_STRATEGY, ref)
     if "deepspeed" in data["strategies"]:
         out["trial_s_to_deepspeed_final_over_deepspeed"] = mine["trial_s_to_deepspeed_final_over_deepspeed"]
     return out
@@ -284,8 +308,12 @@ def markdown(result: dict) -> str:
                 over = g[f"trial_s_to_98_over_{ref}"]
                 said = f"{over:.2f}x {ref}'s" if math.isfinite(over) and over > 0 else \
                     (f"{ref}'s median run never got there (ratio {over:g})" if over == 0 else f"ratio {over}")
+                pair = g.get(f"paired_{ref}") or {}
+                spread = (f"; paired over {pair['runs']} runs: faster in {pair['wins']}, slower in {pair['losses']}, "
+                          f"the ratio's 90% bootstrap interval {times(pair['ratio_low'])}-{times(pair['ratio_high'])}"
+                          if pair else "")
                 parts.append(f"{said} (goal <= {limit}: {'met' if g[f'at_most_{limit}x_{ref}'] else 'not met'}; "
-                             f"trials no worse: {'yes' if g[f'trials_no_worse_than_{ref}'] else 'no'})")
+                             f"trials no worse: {'yes' if g[f'trials_no_worse_than_{ref}'] else 'no'}{spread})")
         lines += [f"**Issue 41's done-when** ({g['strategy']}, the default strategy, on {g['world']}): "
                   f"median trial-seconds to 98% " + "; ".join(parts) + ".", ""]
         if "trial_s_to_deepspeed_final_over_deepspeed" in g:
@@ -364,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
              "chances": [math.nan if c is None else c for c in r["chances"]]} for p in parts for r in p["runs"]]
     result: dict = {"command": command, "parts": [{k: v for k, v in p.items() if k != "runs"} for p in parts],
                     "tables": tables(runs, strategies)}
-    result["goals"] = goals(result)
+    result["goals"] = goals(result, runs)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".md").write_text(markdown(result))
     args.out.with_suffix(".json").write_text(json.dumps(se.finite({**result, "runs": runs}), indent=1) + "\n")

@@ -240,6 +240,22 @@ def test_search_seconds_rows_take_medians_and_percentiles_over_runs_and_match_th
     assert optuna["median_trial_s_at_stop"] == 30.0  # no stop before the runs' ends
 
 
+def test_the_done_when_ratio_comes_with_its_paired_wins_and_bootstrap_interval():
+    def record(strategy: str, seed: int, seconds: float) -> dict:
+        reached = math.isfinite(seconds)
+        return ss.run_record("held-out GPU", 0.03, "task", strategy, seed, [0.99 if reached else 0.5],
+                             [seconds if reached else 50.0], [0.5], 0, 0)
+
+    mine = [10.0, 20.0, 30.0, 40.0, math.inf]
+    ref = [20.0, 20.0, 60.0, 80.0, math.inf]
+    runs = [record("hybrid", i, s) for i, s in enumerate(mine)] + [record("optuna-flat", i, s) for i, s in enumerate(ref)]
+    runs.append(record("hybrid", 9, 1.0))  # no pair: left out
+    pair = ss.paired(runs, "hybrid", "optuna-flat")
+    assert (pair["runs"], pair["wins"], pair["losses"]) == (5, 3, 0)
+    assert pair["ratio_low"] <= 30.0 / 60.0 <= pair["ratio_high"] and pair["ratio_high"] <= 1.0
+    assert ss.paired(runs, "hybrid", "deepspeed") == {}
+
+
 def test_replay_sweeps_spend_their_surfaces_recorded_wall_times():
     surface = load_surface(BENCHMARKS / se.GPU_SURFACES[0])  # the 11-26 H200 run: llama-1b, 2 configs
     space = surface_space(surface)
