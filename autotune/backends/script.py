@@ -89,6 +89,9 @@ class ScriptBackend(DeepSpeedBackend):
         (a crash loading them stops the sweep at its second, autotune.drivers.loop)."""
         return ()
 
+    def prepare(self, config: Config, say: Callable[[str], None]) -> None:
+        """Nothing before a trial, as `preflight`: the script's first trial shows what it loads."""
+
     def _measure_for(self, predicted: Estimate | None) -> MeasureSettings:
         # The estimator does not see the script's own loop (data, logging): only the fastest step measured so
         # far says that a config is far behind.
