@@ -249,6 +249,9 @@ def goals(result: dict, runs: list[dict]) -> dict:
         out[f"paired_{ref}"] = paired(runs, DEFAULT_STRATEGY, ref)
     if "deepspeed" in data["strategies"]:
         out["trial_s_to_deepspeed_final_over_deepspeed"] = mine["trial_s_to_deepspeed_final_over_deepspeed"]
+    if "optuna" in data["strategies"]:  # the same search without the policy's turns: what the policy's role adds
+        out["trial_s_to_98_over_optuna"] = mine["trial_s_to_98_over_optuna"]
+        out["paired_optuna"] = paired(runs, DEFAULT_STRATEGY, "optuna")
     return out
 
 
@@ -316,6 +319,13 @@ def markdown(result: dict) -> str:
                              f"trials no worse: {'yes' if g[f'trials_no_worse_than_{ref}'] else 'no'}{spread})")
         lines += [f"**Issue 41's done-when** ({g['strategy']}, the default strategy, on {g['world']}): "
                   f"median trial-seconds to 98% " + "; ".join(parts) + ".", ""]
+        pair = g.get("paired_optuna") or {}
+        if pair:
+            lines += [f"The RL policy's role in {g['strategy']} (its turns after the guided ones; `optuna` is the same "
+                      f"search without them): median trial-seconds to 98% {times(g['trial_s_to_98_over_optuna'])}x "
+                      f"optuna's; paired over {pair['runs']} runs: faster in {pair['wins']}, slower in "
+                      f"{pair['losses']}, the ratio's 90% bootstrap interval {times(pair['ratio_low'])}-"
+                      f"{times(pair['ratio_high'])}.", ""]
         if "trial_s_to_deepspeed_final_over_deepspeed" in g:
             lines += [f"Where the deepspeed schedule never gets within 98%, the comparison that holds is to its own final "
                       f"recommendation: {g['strategy']} is as good as it after "
