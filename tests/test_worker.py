@@ -17,11 +17,12 @@ from autotune.values.config import Config
 from autotune.values.dsconfig import DsOptions, ds_config
 from autotune.worker import procmem
 from autotune.worker.main import CPU_OOM, Unsupported, classify, prepared_ds_config
-from autotune.worker.measure import (MAX_STEPS, REASONS, SLOW, STABLE, TIME_LIMIT, MeasureSettings, iqr, median_rel_se,
+from autotune.worker.measure import (BEHIND, MAX_STEPS, REASONS, SLOW, STABLE, TIME_LIMIT, MeasureSettings, iqr, median_rel_se,
                                      stop_reason)
 from autotune.worker.model import GPT, build, count_parameters, synthetic_batch
 from autotune.worker.protocol import WorkerSpec, events_path, read_events, record_phase
 from autotune.values.workload import PRESETS, ModelShape, make_workload
+from autotune.backends.deepspeed import DeepSpeedBackend
 
 SMALL_GPT = ModelShape("small-gpt", layers=4, hidden=64, heads=4, vocab=128, seq_len=32)
 SMALL_LLAMA = ModelShape("small-llama", layers=2, hidden=64, heads=4, vocab=128, seq_len=32, ffn_hidden=172,
@@ -159,6 +160,27 @@ def test_a_config_far_behind_stops_after_its_first_measured_step():
     assert stop_reason([20.0], 20.0, MeasureSettings(min_steps=3)) is None  # nothing expected yet
     assert stop_reason([20.0], 20.0, replace(expected, slow_factor=None)) is None  # the rule off
     assert SLOW in REASONS  # every rank learns it from rank 0 (worker.main.agree)
+
+
+def test_a_config_behind_the_best_stops_at_its_minimum_of_steps(tmp_path):
+    mib = 2**20
+    behind = MeasureSettings(min_steps=3, max_steps=20, best_step_s=1.0)  # margin 10%: every step over 1.1 s
+    spread = [1.3, 1.6, 1.2]  # too spread for `stable` (the median's error 12%)
+    assert stop_reason(spread[:2], 2.9, behind) is None  # below min_steps
+    assert stop_reason(spread, 4.1, behind) == BEHIND
+    assert stop_reason([1.3, 1.6, 1.05], 4.0, behind) is None  # one step near the best: measured on
+    assert stop_reason(spread, 4.1, behind, [300 * mib, 330 * mib, 360 * mib]) is None  # its peak still growing
+    assert stop_reason([1.3, 1.31, 1.29], 3.9, behind) == STABLE  # steady: measured as any config
+    assert stop_reason(spread, 4.1, MeasureSettings(min_steps=3)) is None  # nothing measured before it
+    assert stop_reason(spread, 4.1, replace(behind, behind_margin=None)) is None  # the rule off
+    assert MeasureSettings.fixed(2, 5).behind_margin is None and BEHIND in REASONS
+    with pytest.raises(ValueError):
+        MeasureSettings(behind_margin=-0.1)
+    # The backend sets it from its trials: the fastest median step measured so far.
+    backend = DeepSpeedBackend(make_workload("tiny"), logs_dir=tmp_path)
+    assert backend._measure_for(None).best_step_s is None
+    backend._fastest_step_s = 0.25
+    assert backend._measure_for(None).best_step_s == 0.25
 
 
 def test_spread_statistics():

@@ -179,11 +179,13 @@ class DeepSpeedBackend:
     def _measure_for(self, predicted: Estimate | None) -> MeasureSettings:
         """This trial's measurement: once a config has been measured, a step is expected to take the larger of
         the fastest step so far and this config's prediction; one many times longer than both is far behind
-        (MeasureSettings.slow_factor). Before any measurement nothing is known to be behind: full measurement."""
+        (MeasureSettings.slow_factor), and one whose every measured step is slower than the fastest so far stops at
+        its minimum of steps (MeasureSettings.behind_margin). Before any measurement nothing is known to be behind:
+        full measurement."""
         if self._fastest_step_s is None:
             return self.measure
         expected = max(self._fastest_step_s, predicted.step_time_s if predicted is not None else 0.0)
-        return replace(self.measure, expected_step_s=expected)
+        return replace(self.measure, expected_step_s=expected, best_step_s=self._fastest_step_s)
 
     # Hooks for backends that run another worker through the same launch (backends/script.py).
 

@@ -10,6 +10,12 @@ stops early; `stop_reason` records which. A config far behind stops after its fi
 its step took `slow_factor` times what the tuner expected (`expected_step_s`: the larger of the estimator's
 prediction and the fastest step measured so far; unset before any config was measured), so more steps would
 only refine a throughput already known to lose (on a CPU that emulates bf16 a step takes ~30x its fp32 time: minutes per trial).
+A config behind the best stops at `min_steps` (`behind`, issue 41: a measurement ends once its figure is good
+enough for the decision at hand): every measured step slower than the fastest step time any trial of the sweep
+measured (`best_step_s`, a median) by more than `behind_margin`, so its median cannot come near the best's
+however many steps follow, its memory peak settled as for `stable`. Its throughput is then known to 3 steps, not
+to `rel_tol`: enough to rank it behind, and for calibration. Where steps spread (fp16's skipped steps, a loaded
+host) this is what saves steps: `stable` already stops a steady config at `min_steps`.
 """
 
 from __future__ import annotations
@@ -19,9 +25,12 @@ import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
-STABLE, MAX_STEPS, TIME_LIMIT, SLOW = "stable", "max_steps", "time_limit", "slow"
-REASONS = (STABLE, MAX_STEPS, TIME_LIMIT, SLOW)
+STABLE, MAX_STEPS, TIME_LIMIT, SLOW, BEHIND = "stable", "max_steps", "time_limit", "slow", "behind"
+REASONS = (STABLE, MAX_STEPS, TIME_LIMIT, SLOW, BEHIND)
 SLOW_FACTOR = 5.0
+# "Behind" means every step at least this much slower than the best median: above the median step-to-step spread of
+# a CPU trial (10% interquartile range, ARCHITECTURE.md section 4), far above a GPU's (3%).
+BEHIND_MARGIN = 0.1
 
 
 @dataclass(frozen=True)
@@ -34,6 +43,8 @@ class MeasureSettings:
     mem_rel_tol: float | None = 0.01  # None: the memory peak does not hold measurement back
     slow_factor: float | None = SLOW_FACTOR  # None: never stop a slow config early
     expected_step_s: float | None = None  # set per trial by the backend (None: nothing expected)
+    behind_margin: float | None = BEHIND_MARGIN  # None: a config behind the best is measured in full
+    best_step_s: float | None = None  # the fastest step time the sweep measured, set per trial by the backend
 
     def __post_init__(self) -> None:
         if self.warmup_steps < 0:
@@ -42,7 +53,9 @@ class MeasureSettings:
             raise ValueError(f"min_steps={self.min_steps}, max_steps={self.max_steps}: need 1 <= min <= max")
         if self.rel_tol < 0 or self.max_measure_s <= 0:
             raise ValueError(f"rel_tol={self.rel_tol}, max_measure_s={self.max_measure_s}: must be positive")
-        for name in ("slow_factor", "expected_step_s"):
+        if self.behind_margin is not None and self.behind_margin < 0:
+            raise ValueError(f"behind_margin={self.behind_margin}: must be >= 0, or None")
+        for name in ("slow_factor", "expected_step_s", "best_step_s"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"{name}={value}: must be positive, or None")
@@ -50,13 +63,19 @@ class MeasureSettings:
     @classmethod
     def fixed(cls, warmup_steps: int, steps: int) -> "MeasureSettings":
         """Exactly `steps` measured steps (no early stop), e.g. to compare with a fixed-step run."""
-        return cls(warmup_steps, steps, steps, 0.0, 1e9, None, None)
+        return cls(warmup_steps, steps, steps, 0.0, 1e9, None, None, behind_margin=None)
 
     def slow_step_s(self) -> float | None:
         """A step time past which the config is far behind (None: no such limit for this trial)."""
         if self.slow_factor is None or self.expected_step_s is None:
             return None
         return self.slow_factor * self.expected_step_s
+
+    def behind_step_s(self) -> float | None:
+        """A step time every measured step exceeding it puts the config behind the best (None: no such limit)."""
+        if self.behind_margin is None or self.best_step_s is None:
+            return None
+        return (1 + self.behind_margin) * self.best_step_s
 
 
 def median_rel_se(times: Sequence[float]) -> float:
@@ -80,8 +99,13 @@ def stop_reason(times: Sequence[float], elapsed_s: float, settings: MeasureSetti
         return MAX_STEPS
     if n >= 1 and elapsed_s >= settings.max_measure_s:
         return TIME_LIMIT
-    if n >= settings.min_steps and median_rel_se(times) <= settings.rel_tol and not memory_growing(peaks, settings):
+    if n < settings.min_steps or memory_growing(peaks, settings):
+        return None
+    if median_rel_se(times) <= settings.rel_tol:
         return STABLE
+    behind = settings.behind_step_s()
+    if behind is not None and min(times) > behind:
+        return BEHIND
     return None
 
 
