@@ -25,7 +25,8 @@ fails twice (autotune.drivers.loop). A trial whose steps did not train (every st
 loss not finite or never moving) is `untrained`, with its `fault` and the same step counts. `preflight` loads the ops
 a set of configs needs; `prepare` those of one config before its trial, where no earlier preflight loaded them: a
 sweep builds an op when its first trial that loads it is about to start, not before the search (issue 41: a sweep
-that never launches an offloaded optimizer never builds cpu_adam, 36 s on an H200, 200 s on the 2-core CPU).
+that never launches an offloaded optimizer never builds cpu_adam: 36 s on an H200, ~75 s on the 2-core CPU,
+benchmarks/results/ops_first_use.md).
 A config that cannot even be written as a DeepSpeed config (e.g. NVMe offload without a path) is
 `unsupported` without a launch. Failures are results; only the tuner's interruption (KeyboardInterrupt)
 propagates, after the trial's processes are gone.
