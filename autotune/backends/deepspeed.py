@@ -114,7 +114,7 @@ class DeepSpeedBackend:
         them already; a build is said (`say`) and its failure is OpBuildFailed, as the preflight's."""
         found = self._ds_configs([config])
         if found and not set(needed_builders(self.accelerator, found)) <= self._ops_ready:
-            self.preflight([config], say)
+            self._preflight(found, say, PREFLIGHT_TIMEOUT_S)
 
     def _ds_configs(self, configs: Iterable[Config]) -> list[dict[str, Any]]:
         """The distinct DeepSpeed configs of `configs` (one that cannot be written is never launched either)."""
