@@ -50,6 +50,8 @@ class EnvConfig:
     noise           simulated: step-time noise sigma (default 0)
     calibration     Calibration or dict of its fields, for the simulated backend and the predictions
     reward          Reward or dict of envs/reward.py Reward fields
+    observe_seconds the observation also carries each action's predicted trial seconds (envs/observation.py
+                    SECONDS_FEATURES, after the base layout); a policy trained with it needs it (default False)
     mask_revisits   also mask edits to configs measured earlier in the episode (default False)
     flat_info       info as numbers and strings with the same keys at every step (the TrialResult and the
                     configs as JSON strings, NaN where unknown), as gymnasium's vector environments and
@@ -77,6 +79,7 @@ class EnvConfig:
     noise: float = 0.0
     calibration: Calibration = Calibration()
     reward: Reward = Reward()
+    observe_seconds: bool = False
     mask_revisits: bool = False
     flat_info: bool = False
     chance_info: bool = True
@@ -94,6 +97,7 @@ class EnvConfig:
             raise ConfigError(f"start={self.start!r}: allowed {list(STARTS)}")
         put("reward", self.reward if isinstance(self.reward, Reward) else Reward.from_dict(self.reward))
         put("mask_revisits", bool(self.mask_revisits))
+        put("observe_seconds", bool(self.observe_seconds))
         put("flat_info", bool(self.flat_info))
         put("chance_info", bool(self.chance_info))
         put("calibration", _calibration(self.calibration))

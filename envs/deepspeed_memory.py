@@ -68,7 +68,7 @@ class DeepSpeedMemoryEnv(gym.Env):
 
         self.action_space = gym.spaces.Discrete(len(ACTIONS))
         self.observation_space = gym.spaces.Dict({
-            "observations": gym.spaces.Box(-1.0, 1.0, (obs.SIZE,), np.float32),
+            "observations": gym.spaces.Box(-1.0, 1.0, (obs.size(config.observe_seconds),), np.float32),
             "action_mask": gym.spaces.Box(0.0, 1.0, (len(ACTIONS),), np.float32),
         })
         self._episode: Episode | None = None
@@ -90,6 +90,7 @@ class DeepSpeedMemoryEnv(gym.Env):
         self._best: dict[str, Any] | None = None
         self._best_index = -1
         self._last: TrialResult | None = None
+        self._ops_built: set[str | None] = {None}  # the ops this episode's trials have loaded (None: no op)
         self._residuals = Residuals(land)
         self.allowed = np.ones(len(land), dtype=bool)  # configs `jump` may go to (a caller may narrow them)
         return self._observation(), self._info(None, "reset", False)
@@ -150,6 +151,8 @@ class DeepSpeedMemoryEnv(gym.Env):
         result = ep.backend.run(config).under_budget(budget)
         self._residuals.observe(index, result, budget)
         self._measured[index] = True
+        if result.status != "pruned":  # a trial that ran loaded its op, out of memory or not
+            self._ops_built.add(ep.landscape.trial_ops[index])
         self._trials += 1
         self._last = result
         self._best_before = self._best_throughput
@@ -178,7 +181,7 @@ class DeepSpeedMemoryEnv(gym.Env):
         ep = self._episode
         assert ep is not None
         land, budget, cur = ep.landscape, ep.task.memory_budget_bytes, self._current
-        vector = np.zeros(obs.SIZE, dtype=np.float32)
+        vector = np.zeros(obs.size(self.config.observe_seconds), dtype=np.float32)
         vector[obs.TASK_AT:obs.CONFIG_AT] = ep.task_features
         vector[obs.CONFIG_AT:obs.RESULT_AT] = ep.static[cur]
         last = self._last
@@ -202,6 +205,8 @@ class DeepSpeedMemoryEnv(gym.Env):
         vector[e + 5] = float(self._measured[cur])
         self._jump_features(vector)
         self._fit_features(vector)
+        if self.config.observe_seconds:
+            self._seconds_features(vector)
         self._mask_now = self._mask()
         return {"observations": vector, "action_mask": self._mask_now.copy()}
 
@@ -231,6 +236,20 @@ class DeepSpeedMemoryEnv(gym.Env):
         targets[RUN], targets[JUMP] = self._current, self._jump
         leads = np.flatnonzero(targets >= 0)
         vector[obs.FIT_AT + leads] = self._residuals.fit_probability(targets[leads], ep.task.memory_budget_bytes)
+
+    def _seconds_features(self, vector: np.ndarray) -> None:
+        """Per action, the predicted seconds of a trial of the config it leads to, in the episode's unit (0 where it
+        leads nowhere): its op's first build counted while no trial of this episode has loaded that op."""
+        ep = self._episode
+        assert ep is not None
+        land = ep.landscape
+        targets = land.moves[self._current].copy()
+        targets[RUN], targets[JUMP] = self._current, self._jump
+        leads = np.flatnonzero(targets >= 0)
+        to = targets[leads]
+        built = np.array([land.trial_ops[i] in self._ops_built for i in to], dtype=bool)
+        seconds = land.trial_seconds[to] + np.where(built, 0.0, land.first_build_s[to])
+        vector[obs.SECONDS_AT + leads] = obs.seconds_feature(seconds, ep.seconds_unit)
 
     # -- info -------------------------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ import numpy as np
 from autotune.backends.simulated import host_need_bytes
 from autotune.values.config import KNOBS, OFFLOADS, PRECISIONS, Config
 from autotune.prediction.estimate import Estimate
+from autotune.prediction.trial_time import ALL_OPS, JobSize, model_for, op_for, trial_time_at
 from autotune.values.space import Space
 
 from autotune.envs.actions import ACTIONS, EDITS, FIRST_EDIT, ORDERED_KNOBS
@@ -102,6 +103,27 @@ class Landscape:
     @cached_property
     def log_peak(self) -> np.ndarray:
         return np.log(np.maximum(self.peak, 1.0))
+
+    @cached_property
+    def trial_seconds(self) -> np.ndarray:
+        """(configs,): each config's predicted trial seconds at its predicted step time, its op built
+        (autotune.prediction.trial_time; an op's first build is `first_build_s`, paid once per run)."""
+        workload, hardware = self.space.workload, self.space.hardware
+        size, model = JobSize.of(workload, hardware), model_for(hardware)
+        return np.array([trial_time_at(config, size, workload.global_batch / max(float(t), 1e-30), model,
+                                       ops_built=ALL_OPS).total_s
+                         for config, t in zip(self.configs, self.throughput)], dtype=np.float64)
+
+    @cached_property
+    def trial_ops(self) -> tuple[str | None, ...]:
+        """Per config, the op its optimizer loads (None: none)."""
+        return tuple(op_for(config) for config in self.configs)
+
+    @cached_property
+    def first_build_s(self) -> np.ndarray:
+        """(configs,): the predicted first build of each config's op (0 where it loads none)."""
+        model = model_for(self.space.hardware)
+        return np.array([model.op_build(op) if op else 0.0 for op in self.trial_ops], dtype=np.float64)
 
     def feasible(self, budget_bytes: int) -> np.ndarray:
         """Predicted to run within the budget (and the host's memory)."""

@@ -41,6 +41,10 @@ EPISODE_NAMES = ("steps left / horizon", "trials / horizon", "a feasible config 
                  "best so far / predicted best / 2", "current config measured",
                  "log2 jump target's corrected throughput / best so far / 2")
 FIT_NAME = "probability its config fits (memory error model, envs/residuals.py; 0: leads nowhere)"
+# Issue 41: a trial's price in seconds differs by config (an offloaded optimizer's initialize ~2x, an op's first
+# build), so a policy trained on `second_cost` can see it; appended, so that the base layout's offsets stay.
+SECONDS_NAME = ("log2 predicted trial seconds / the task's trial at its predicted best / 3, an op's first build in "
+                "this episode included (autotune.prediction.trial_time; 0: leads nowhere)")
 FEATURES = (
     *(f"task: {n}" for n in TASK_FEATURES),
     *(f"config: {n}" for n in CONFIG_NAMES),
@@ -61,8 +65,24 @@ RESULT_AT = ACTIONS_AT + len(ACTIONS) * len(PREDICTION_NAMES)
 EPISODE_AT = RESULT_AT + len(RESULT_NAMES)
 FIT_AT = EPISODE_AT + len(EPISODE_NAMES)
 SIZE = FIT_AT + len(ACTIONS)
+SECONDS_AT = SIZE  # the seconds block, where the environment observes seconds (EnvConfig.observe_seconds)
+SECONDS_FEATURES = tuple(f"action {a}: {SECONDS_NAME}" for a in ACTIONS)
 STATUS_SLOT = {status: i for i, status in enumerate(OBSERVED_STATUSES)}
 STATUS_SLOT.update({status: STATUS_SLOT[like] for status, like in SAME_SLOT_AS.items()})
+
+
+def features(seconds: bool = False) -> tuple[str, ...]:
+    """The observation's feature names: the base layout, and the seconds block after it where observed."""
+    return (*FEATURES, *SECONDS_FEATURES) if seconds else FEATURES
+
+
+def size(seconds: bool = False) -> int:
+    return len(features(seconds))
+
+
+def seconds_feature(seconds: np.ndarray, unit: float) -> np.ndarray:
+    """log2(seconds / unit) / 3, clipped: 0 at the unit, -1 at 1/8 of it, +1 at 8 times it."""
+    return np.clip(np.log2(np.maximum(seconds, 1e-9) / unit) / 3, -1.0, 1.0)
 
 
 def _clip(x: float) -> float:

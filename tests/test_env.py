@@ -62,6 +62,7 @@ def test_registered_on_import_and_made_by_id():
     {"workload": "tiny", "memory_budget": "1GiB", "noise": 0.1},
     {"sampler": {"pool_size": 8}},
     {"workload": {"model": "llama-7b", "global_batch": 64, "gpus": 8}, "hardware": "a100-80gb", "start": "estimator"},
+    {"workload": "llama-1b", "hardware": "h100-80gb", "memory_budget": "29GiB", "observe_seconds": True},
 ])
 def test_check_env_simulated(config):
     check_env(gym.make(ENV_ID, env_config=config).unwrapped, skip_render_check=True)
@@ -273,6 +274,37 @@ def test_a_price_per_trial_second_charges_each_trial_its_seconds_in_the_episodes
     assert rewards[1] == pytest.approx(0.1 - 0.001 - 0.01 * 20 / unit)
     assert rewards[2] == pytest.approx(-0.2 - 0.001 - 0.01 * 4 / unit)
     assert rewards[3] == pytest.approx(-0.001)
+
+
+def test_the_seconds_block_prices_each_move_and_an_ops_first_build_until_a_trial_loaded_it():
+    # Issue 41: with observe_seconds, each action's predicted trial seconds follow the base layout, unchanged.
+    config = {"workload": {"model": "gpt2-xl", "global_batch": 64, "gpus": 8}, "hardware": "a100-40gb",
+              "memory_budget": "20GiB", "start": "estimator", "seed": 0}
+    plain, _ = DeepSpeedMemoryEnv(config).reset(seed=0)
+    env = DeepSpeedMemoryEnv({**config, "observe_seconds": True})
+    seen, _ = env.reset(seed=0)
+    vector = seen["observations"]
+    assert env.observation_space["observations"].shape == (obs.size(True),) == (obs.SIZE + len(ACTIONS),)
+    assert np.array_equal(vector[:obs.SIZE], plain["observations"])
+    assert len(set(obs.features(True))) == obs.size(True)
+    ep, cur = env._episode, env._current
+    land = ep.landscape
+    seconds = vector[obs.SECONDS_AT:]
+    assert seconds[STOP] == 0.0
+    # No trial yet: every move pays its op's first build.
+    run_s = land.trial_seconds[cur] + land.first_build_s[cur]
+    assert land.first_build_s[cur] > 0 and seconds[RUN] == pytest.approx(obs.seconds_feature(run_s, ep.seconds_unit))
+    offload = action_index("offload_optimizer=cpu")
+    target = land.moves[cur, offload]
+    assert land.configs[cur].offload_optimizer == "none" and target >= 0
+    assert seconds[offload] > seconds[RUN]  # an offloaded optimizer's initialize and cpu_adam's build cost more
+    for action in np.flatnonzero(land.moves[cur] < 0):
+        if action not in (RUN, JUMP):
+            assert seconds[action] == 0.0  # leads nowhere
+    after, *_ = env.step(RUN)  # loads fused_adam: its first build is paid
+    assert after["observations"][obs.SECONDS_AT + RUN] == pytest.approx(
+        obs.seconds_feature(land.trial_seconds[cur], ep.seconds_unit))
+    assert after["observations"][obs.SECONDS_AT + offload] == pytest.approx(seconds[offload])  # cpu_adam not built
 
 
 def test_simulated_reward_is_one_at_the_optimum():

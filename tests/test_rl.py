@@ -46,13 +46,14 @@ GPU = PROFILES["a100-40gb"]
 SMALL_POOL = samplers("train", 8, 0, 0.25)
 
 
-def random_policy(folder: Path, seed: int = 0, horizon: int = 16) -> Policy:
-    """A policy with random weights, saved and loaded as a trained one would be."""
+def random_policy(folder: Path, seed: int = 0, horizon: int = 16, seconds: bool = False) -> Policy:
+    """A policy with random weights, saved and loaded as a trained one would be (`seconds`: trained on the
+    observation with each action's predicted trial seconds)."""
     torch.manual_seed(seed)
-    spec = NetSpec(N_FEATURES, N_ACTIONS, (32, 32))
+    spec = NetSpec(len(layout(seconds)["features"]), N_ACTIONS, (32, 32))
     net = policy_net(spec)
     torch.nn.init.normal_(net[-1].weight, std=1.0)  # not near-uniform: choices differ between actions
-    save_policy(folder, spec, net.state_dict(), {**layout(), "training": {"settings": {"horizon": horizon}}})
+    save_policy(folder, spec, net.state_dict(), {**layout(seconds), "training": {"settings": {"horizon": horizon}}})
     return Policy.load(folder)
 
 
@@ -81,6 +82,7 @@ def test_policy_round_trips_through_its_files(tmp_path, policy):
     again = Policy.load(policy.path)
     assert np.array_equal(again.logits(obs), policy.logits(obs))
     assert json.loads((policy.path / "policy.json").read_text())["actions"] == layout()["actions"]
+    assert not policy.observes_seconds
     other = random_policy(tmp_path / "other", seed=1)
     assert not np.allclose(other.logits(obs), policy.logits(obs))
 
@@ -218,8 +220,10 @@ def test_training_settings_are_checked_and_a_run_resumes_only_with_the_same_ones
     # A price per trial-second (issue 41) reaches the environment's reward and the command that trains again.
     priced = TrainSettings(trial_cost=0.0, second_cost=0.005)
     assert priced.env_config()["reward"]["second_cost"] == 0.005 and "--second-cost 0.005" in priced.command("o")
-    old = {k: v for k, v in priced.to_dict().items() if k != "second_cost"}  # a run from before the setting
-    assert TrainSettings.from_dict(old).second_cost == 0.0
+    old = {k: v for k, v in priced.to_dict().items() if k not in ("second_cost", "observe_seconds")}  # from before
+    assert TrainSettings.from_dict(old).second_cost == 0.0 and not TrainSettings.from_dict(old).observe_seconds
+    observing = TrainSettings(observe_seconds=True)
+    assert observing.env_config()["observe_seconds"] and observing.command("o").endswith("--observe-seconds")
 
 
 def test_a_training_run_shares_the_run_folder_lock_and_atomic_files(tmp_path):
@@ -330,12 +334,18 @@ def test_rl_walks_from_the_estimators_best_and_never_repeats(gpu_space, policy):
     assert [r.config for r in again.results] == configs
 
 
-def test_rl_proposals_follow_the_policys_greedy_masked_actions(gpu_space, policy):
+@pytest.mark.parametrize("seconds", [False, True])
+def test_rl_proposals_follow_the_policys_greedy_masked_actions(gpu_space, policy, seconds, tmp_path):
+    # A policy trained on each action's predicted trial seconds (issue 41) gets them from the strategy's environment.
+    if seconds:
+        policy = random_policy(tmp_path / "seconds", seconds=True)
+        assert policy.observes_seconds and policy.spec.obs_dim == N_FEATURES + N_ACTIONS
     budget = 20 * GiB
     strategy = RLStrategy(SearchContext(gpu_space, budget, 0), policy)
     backend = SimulatedBackend(GPU_WORKLOAD, GPU, budget)
     shadow = DeepSpeedMemoryEnv({"workload": GPU_WORKLOAD, "hardware": GPU, "memory_budget": budget,
-                                 "space": load_choices("default"), "start": "estimator", "mask_revisits": True})
+                                 "space": load_choices("default"), "start": "estimator", "mask_revisits": True,
+                                 "observe_seconds": seconds})
     obs, _ = shadow.reset(seed=0)
     for _ in range(16):
         config = strategy.propose()

@@ -76,6 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--second-cost", type=non_negative_float, default=defaults.second_cost,
                        help="reward paid per trial-second, in trials of the config predicted best: a trial twice as "
                             "long costs twice as much (default: %(default)s, every trial alike)")
+    train.add_argument("--observe-seconds", action="store_true",
+                       help="observe each action's predicted trial seconds (a policy trained so needs them; "
+                            "pair with --second-cost)")
     train.add_argument("--oom-penalty", type=non_negative_float, default=defaults.oom_penalty,
                        help="reward lost per out-of-memory trial, plus as much times the overshoot "
                             "(default: %(default)s)")
@@ -127,7 +130,7 @@ def run_train(args: argparse.Namespace) -> int:
         iterations=args.iterations, backend=args.backend, surfaces=tuple(str(p.resolve()) for p in args.surface),
         seed=args.seed, workers=args.workers, envs_per_worker=args.envs_per_worker, horizon=args.horizon,
         noise=args.noise, randomize=args.randomize, trial_cost=args.trial_cost, second_cost=args.second_cost,
-        oom_penalty=args.oom_penalty,
+        observe_seconds=args.observe_seconds, oom_penalty=args.oom_penalty,
         train_batch=args.train_batch, minibatch=args.minibatch,
         epochs=args.epochs, pool_size=args.pool_size, hiddens=args.hiddens, checkpoint_every=args.checkpoint_every)
     out = args.out or Path("runs") / f"policy-{datetime.now():%Y%m%d-%H%M%S}"

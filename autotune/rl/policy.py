@@ -22,12 +22,13 @@ META = "policy.json"
 FORMAT = 1
 
 
-def layout() -> dict[str, list[str]]:
-    """The environment's action names and observation feature names: a policy only fits this layout."""
+def layout(seconds: bool = False) -> dict[str, list[str]]:
+    """The environment's action names and observation feature names (with the seconds block where `seconds`,
+    EnvConfig.observe_seconds): a policy only fits the layout it was trained on."""
     from autotune.envs.actions import ACTIONS
-    from autotune.envs.observation import FEATURES
+    from autotune.envs.observation import features
 
-    return {"actions": list(ACTIONS), "features": list(FEATURES)}
+    return {"actions": list(ACTIONS), "features": list(features(seconds))}
 
 
 @dataclass(frozen=True)
@@ -51,16 +52,19 @@ class Policy:
         if not isinstance(meta, dict) or meta.get("format") != FORMAT:
             found = meta.get("format") if isinstance(meta, dict) else None
             raise ConfigError(f"policy {str(path)!r}: format {found!r}, this version reads {FORMAT}")
-        current = layout() if check_layout else {}
-        for key in current:
-            if meta.get(key) != current[key]:
-                raise ConfigError(f"policy {str(path)!r} was trained on another environment layout ({key} differ):"
-                                  f" retrain it with `autotune rl train`")
+        if check_layout and not any(all(meta.get(k) == v for k, v in layout(seconds).items()) for seconds in (False, True)):
+            raise ConfigError(f"policy {str(path)!r} was trained on another environment layout (actions or features "
+                              f"differ): retrain it with `autotune rl train`")
         spec = NetSpec.from_dict(meta["spec"])
         net = policy_net(spec)
         net.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
         net.eval()
         return cls(spec, net, meta, folder)
+
+    @property
+    def observes_seconds(self) -> bool:
+        """Trained on observations with each action's predicted trial seconds (EnvConfig.observe_seconds)."""
+        return self.meta.get("features") == layout(True)["features"]
 
     def logits(self, observation: Mapping[str, np.ndarray]) -> np.ndarray:
         """Masked logits of one observation {"observations": vector, "action_mask": 0/1 per action}."""

@@ -73,6 +73,9 @@ class TrainSettings:
     # A price per trial-second in units of the task's trial at its predicted best (envs/reward.py; 0: every trial
     # alike). With the simulated worlds' GPU-like trial times, an offloaded optimizer's trial costs ~2x.
     second_cost: float = 0.0
+    # The observation carries each action's predicted trial seconds (EnvConfig.observe_seconds): a policy priced in
+    # seconds can then tell a cheap trial from a dear one before it runs it.
+    observe_seconds: bool = False
     # An out-of-memory trial costs a trial and a little more: with the environment's default penalty
     # (0.5 + 0.5 x overshoot, against gains of at most 1 per episode) the policy learnt to stop early
     # rather than approach the memory cliff where the fast configs are.
@@ -132,6 +135,8 @@ class TrainSettings:
                           ("--checkpoint-every", "checkpoint_every")):
             flags += [flag, str(getattr(self, key))]
         flags += ["--hiddens", ",".join(map(str, self.hiddens))]
+        if self.observe_seconds:
+            flags.append("--observe-seconds")
         return shlex.join(["autotune", "rl", "train", *flags])
 
     def env_config(self) -> dict[str, Any]:
@@ -140,6 +145,7 @@ class TrainSettings:
                                              "second_cost": self.second_cost,
                                              "oom_penalty": self.oom_penalty, "over_budget_coef": self.oom_penalty,
                                              "failure_penalty": self.oom_penalty},
+                                  "observe_seconds": self.observe_seconds,
                                   "cache_size": self.pool_size + max(1, self.pool_size // 4) + 8,
                                   # ~16 ms a step that training never reads (500x the step itself)
                                   "chance_info": False}
@@ -344,7 +350,9 @@ def export_checkpoint(checkpoint: str | Path, folder: str | Path, meta: Mapping[
         raise ConfigError(f"{checkpoint}: not an RLlib algorithm checkpoint of this policy ({module_dir} is missing)")
     module: Any = RLModule.from_checkpoint(module_dir.resolve())  # a MaskedPolicyModule (spec, policy_state)
     if meta is None:
-        meta = {**layout(), "env": "autotune/DeepSpeedMemory-v0"}
+        from autotune.envs.observation import size
+
+        meta = {**layout(module.spec.obs_dim == size(seconds=True)), "env": "autotune/DeepSpeedMemory-v0"}
         run = TrainingRun(checkpoint.parent.parent)
         if run.settings() is not None:
             meta["training"] = training_meta(run, checkpoint.name)
@@ -420,7 +428,7 @@ def train(out: str | Path, settings: TrainSettings, *, ray_address: str | None =
                 start = time.monotonic()
                 last = rows[-1] if rows else None
                 meta = dict(policy_meta) if policy_meta is not None else \
-                    {**layout(), "env": "autotune/DeepSpeedMemory-v0"}
+                    {**layout(settings.observe_seconds), "env": "autotune/DeepSpeedMemory-v0"}
                 while algo.iteration < settings.iterations:
                     result = algo.train()
                     last = iteration_row(result, offset + time.monotonic() - start)

@@ -66,7 +66,8 @@ class RLStrategy:
         self.env = DeepSpeedMemoryEnv({
             "backend": self.relay, "workload": space.workload, "hardware": space.hardware,
             "memory_budget": context.budget_bytes, "space": space.choices, "start": "estimator",
-            "horizon": horizon, "mask_revisits": True, "seed": context.seed})
+            "horizon": horizon, "mask_revisits": True, "seed": context.seed,
+            "observe_seconds": bool(getattr(self.policy, "observes_seconds", False))})
         self.observation, _ = self.env.reset(seed=context.seed)
         if space.only is not None:
             self._start_within_space()
