@@ -131,7 +131,8 @@ class TuneSpec:
                          "trials to launch, over all sessions of a resumed sweep (default: %(default)s)", positive_int,
                          allowed="a positive integer")
     time_budget_s: float | None = option(
-        None, "--time-budget", "no trial starts once the trials have taken this long, e.g. 8h, 90m", duration,
+        None, "--time-budget", "the trials' wall time: no trial starts that is expected to end after it (a "
+        "sweep's first always does), e.g. 8h, 90m", duration,
         allowed="a duration such as 8h, 90m, 45s")
     # a registered kind's name, or an object with run(config) -> TrialResult
     backend: Any = option("deepspeed", "--backend", "deepspeed: real trials; simulated: the estimator; replay: a "

@@ -9,6 +9,7 @@ import pytest
 from autotune.backends.simulated import SimulatedBackend
 from autotune.drivers.local import run_local
 from autotune.drivers.progress import QuietProgress
+from autotune.drivers.stop import StopReason
 from autotune.drivers.sweep import Budget, Sweep
 from autotune.prediction.estimate import Calibration
 from autotune.prediction.trial_time import CPU_ADAM, FUSED_ADAM, model_for, trial_time
@@ -93,3 +94,41 @@ def test_a_trial_costs_its_seconds_weighed_by_its_chance_of_fitting_and_its_firs
     assert pruner.fit_probability(huge) < 0.01
     assert taught.trial_seconds(huge) < 0.5 * trial_time(huge, space.workload, space.hardware,
                                                          pruner.predict(huge).step_time_s, model=model).total_s
+
+
+def test_the_wall_seconds_a_sweep_expects_are_the_model_scaled_by_its_own_trials_less_their_op_phase():
+    space, _, budget = world("llama-1b", 64, 1, "h100-80gb", 60)
+    pruner = Pruner(space.workload, space.hardware, budget)
+    a, b = Config(1, 4, 0, "bf16", "none", "none"), Config(1, 4, 0, "bf16", "cpu", "none")
+    def ran(wall: float, **extra) -> TrialResult:
+        return TrialResult(a, "ok", 10.0, wall_time_s=wall, extra=extra)
+
+    assert pruner.expected_wall_s([a], []) is None  # nothing ran: nothing to judge by
+    assert pruner.expected_wall_s([a], [ran(1.0)]) == pytest.approx(1.0)  # a took 1 s: a again, 1 s
+    other = pruner.expected_wall_s([b], [ran(1.0)])  # b in a's seconds, as the model has them
+    assert other > 1.5  # the offloaded optimizer's initialize
+    # A trial that took 2 s beyond a 40 s op build: its op's phase left out, the next ones scaled alike.
+    built = ran(42.0, phases_s={"build_ops_s": 40.0})
+    assert pruner.expected_wall_s([a, b], [built]) == pytest.approx(2 * (1 + other))
+    pruned = TrialResult(b, "pruned", error="unlikely to fit")
+    assert pruner.expected_wall_s([a], [built, pruned]) == pytest.approx(2.0)
+
+
+def test_a_time_budget_starts_no_trial_expected_to_end_after_it_and_a_sweeps_first_always():
+    from test_user_strategy import FixedOrder
+
+    space, backend, budget = world("llama-1b", 64, 1, "h100-80gb", 60)
+    order = [c for c in space if c.offload_optimizer == "none" and c.offload_param == "none"][:30]
+
+    def sweep_for(time_s: float) -> tuple[Sweep, StopReason]:
+        sweep = Sweep.in_memory(space, budget, lambda context: FixedOrder(order), backend.name, seed=0)
+        return sweep, run_local(sweep, backend, Budget(30, time_s, stop_when=0), QuietProgress())
+
+    sweep, reason = sweep_for(600.0)
+    ran = [r for r in sweep.results if r.status != "pruned"]
+    assert reason == StopReason.TIME and 2 <= len(ran) < 30
+    assert sweep.spent_s <= 600.0 + ran[-1].wall_time_s  # the last one started expected to end within it
+    following = next(c for c in order if c not in sweep.known)
+    assert sweep.spent_s + sweep.pruner.expected_wall_s([following], sweep.results) > 600.0
+    first, reason = sweep_for(1.0)  # less than any trial: the first runs, nothing to judge by before it
+    assert reason == StopReason.TIME and len([r for r in first.results if r.status != "pruned"]) == 1

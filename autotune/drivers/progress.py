@@ -145,8 +145,8 @@ class ConsoleProgress:
                  quiet: bool = False, verbose: bool = False, errors: Console | None = None,
                  time_budget_s: float | None = None) -> None:
         self.total = total_trials
-        # --time-budget: no trial starts once the recorded trials' wall times reach it, so the ETA is the sooner of
-        # the trials left and the trials that budget still lets start; `walls` are those recorded wall times (a
+        # --time-budget: no trial starts that is expected to end after it (drivers/sweep.py), so the ETA is the sooner
+        # of the trials left and the trials of the median's length that still fit in it; `walls` are those recorded wall times (a
         # simulated trial's is a GPU's, not this clock's), every session's (`resumed_with`).
         self.time_budget_s = time_budget_s
         self.walls: list[float] = []
@@ -252,7 +252,7 @@ class ConsoleProgress:
         remaining = self.total - self.done
         if self.time_budget_s is not None and self.walls:
             left_s = self.time_budget_s - sum(self.walls)
-            may_start = math.ceil(max(left_s, 0.0) / max(statistics.median(self.walls), 1e-9))
+            may_start = math.floor(max(left_s, 0.0) / max(statistics.median(self.walls), 1e-9))
             remaining = min(remaining, max(may_start, len(self.running)))
         running = max((self.clock() - r.since for r in self.running.values()), default=0.0)
         return eta_s(self.durations, remaining, self.slots, running)

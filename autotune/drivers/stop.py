@@ -39,7 +39,7 @@ class StopReason(str, Enum):
 
 _TEXT = {
     StopReason.TRIALS: "trial budget spent",
-    StopReason.TIME: "time budget spent",
+    StopReason.TIME: "time budget spent (the next trial would not end within it)",
     StopReason.DONE: "the strategy has nothing left to try",
     StopReason.CONVERGED: "search converged: little chance that an untried config is faster",
     StopReason.NOT_WORTH: "no untried config is expected to save the training run (--train-for) more time than its "

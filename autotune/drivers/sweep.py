@@ -35,8 +35,8 @@ EARLY = (StopReason.CONVERGED, StopReason.NOT_WORTH)  # the convergence stop's r
 @dataclass(frozen=True)
 class Budget:
     trials: int  # trials launched (pruned configs cost nothing and do not count)
-    # No trial starts once the recorded trials' wall time (as their backend reports it) reaches this;
-    # counted over every session of a resumed sweep.
+    # The recorded trials' wall time (as their backend reports it), counted over every session of a resumed sweep:
+    # no trial starts that is expected to end after it (Sweep._overruns).
     time_s: float | None = None
     # Repeats per finalist of the confirmation of close calls (autotune/search/confirm.py), counted in `trials`;
     # None: the backend's default (confirm.default_repeats: on for real trials, off for simulated and replay).
@@ -104,6 +104,7 @@ class Sweep:
         # The launch spread assumed until this run's repeats measure it (the caller may know its backend's).
         self.launch_sigma = confirm.prior_sigma(backend_name) if launch_sigma is None else launch_sigma
         self.search_ended: StopReason | None = None  # the strategy had nothing left (this session)
+        self.out_of_time = False  # the next trial was predicted to end after the time budget (this session)
         self._announced: tuple[Config, ...] = ()
         self.spent_s = sum(r.wall_time_s for r in history)
         # A strategy that only proposes known or pruned configs is stopped after this many in a row.
@@ -198,7 +199,17 @@ class Sweep:
         """The next config to launch, or None when the strategy is done (or stalled) and nothing needs
         confirming, or when confirmation waits for the search's trials in flight. Configs predicted not
         to fit are recorded as pruned here; configs already known are answered from the record. With a
-        budget that confirms, the search stops once the trials left are the confirmation's reserve."""
+        budget that confirms, the search stops once the trials left are the confirmation's reserve. With a time
+        budget, no trial starts that is predicted to end after it (`_overruns`): the sweep ends there (TIME)."""
+        if self.out_of_time:
+            return None
+        config = self._next(budget, in_flight)
+        if config is not None and self._overruns(budget, config, in_flight):
+            self.out_of_time = True
+            return None
+        return config
+
+    def _next(self, budget: Budget | None, in_flight: Collection[Config]) -> Config | None:
         repeats = self.repeats(budget)
         if self.search_ended is None:
             self.search_ended = self._converged(budget)
@@ -218,8 +229,21 @@ class Sweep:
             self._announce(plan, repeats)
         return plan.next
 
+    def _overruns(self, budget: Budget | None, config: Config, in_flight: Collection[Config]) -> bool:
+        """`config`'s trial would end after the time budget: the trials' seconds so far, and those in flight and its
+        own as the sweep expects them (Pruner.expected_wall_s: the trial-time model scaled by this sweep's trials).
+        An overnight sweep's budget is when its trials are done, not when the last one may start; a sweep that has
+        run no trial yet has nothing to judge by and starts its first."""
+        if budget is None or budget.time_s is None:
+            return False
+        expected = self.pruner.expected_wall_s((*in_flight, config), self.results)
+        return expected is not None and self.spent_s + expected > budget.time_s
+
     def ended(self) -> StopReason:
-        """Why the search proposes nothing more: converged (or not worth another trial), stalled or done."""
+        """Why the search proposes nothing more: converged (or not worth another trial), stalled or done, or the
+        time budget, which no further trial is predicted to end within."""
+        if self.out_of_time:
+            return StopReason.TIME
         if self.search_ended in EARLY:
             return self.search_ended
         return StopReason.STALLED if self.stalled else StopReason.DONE

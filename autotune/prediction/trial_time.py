@@ -342,6 +342,13 @@ def calibrated(model: TrialTimeModel, results: Sequence[TrialResult], workload: 
                       samples=len(rows))
 
 
+def without_ops_s(result: TrialResult) -> float:
+    """A trial's recorded wall seconds less the loading and building of its ops (`phases_s` build_ops_s, where
+    recorded)."""
+    phases = result.extra.get("phases_s") or {}
+    return result.wall_time_s - float(phases.get("build_ops_s", 0.0))
+
+
 def _groups(result: TrialResult, phases: Mapping[str, float], predicted: TrialTime) -> dict[str, tuple[float, float]]:
     """(recorded, predicted) seconds of each calibrated group of one trial; the exit is what the wall time holds
     beyond the recorded phases."""

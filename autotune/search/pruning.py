@@ -32,11 +32,12 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from autotune.values.config import Config, ConfigError
 from autotune.prediction.estimate import Calibration, Estimate, estimate, host_need_bytes, nvme_need_bytes
-from autotune.prediction.trial_time import TrialTimeModel, calibrated, model_for, op_for, trial_time
+from autotune.prediction.trial_time import (TrialTime, TrialTimeModel, calibrated, model_for, op_for, trial_time,
+                                            without_ops_s)
 from autotune.values.hardware import Hardware
 from autotune.values.results import DEVICE_MEMORY, HOST_MEMORY, NVME_SPACE, VALUE, TrialResult
 from autotune.prediction.uncertainty import PRIOR_MEMORY, PRIOR_UNCERTAINTY, Forecast, Uncertainty, normal_cdf
@@ -177,11 +178,28 @@ class Pruner:
         keeps cpu_adam's configs from being launched only to learn. Pricing such ops as built was tried: the warm
         start then launched an offloaded optimizer where offload never wins, and the replay surface at its median
         peak ran 3 out-of-memory trials in 25, not 2.)"""
+        return self._weighed_seconds(config, forecast, lambda t: t.total_s)
+
+    def _weighed_seconds(self, config: Config, forecast: Forecast | None, part: Callable[[TrialTime], float]) -> float:
         est = self.predict(config)
         p = (forecast or self.forecast(config)).fit_probability(self.budget_bytes)
-        seconds = [trial_time(config, self.workload, self.hardware, est.step_time_s, fits=fits,
-                              ops_built=self.ops_used, model=self.trial_time_model).total_s for fits in (True, False)]
+        seconds = [part(trial_time(config, self.workload, self.hardware, est.step_time_s, fits=fits,
+                                   ops_built=self.ops_used, model=self.trial_time_model)) for fits in (True, False)]
         return p * seconds[0] + (1 - p) * seconds[1]
+
+    def expected_wall_s(self, configs: Iterable[Config], ran: Sequence[TrialResult]) -> float | None:
+        """The wall seconds `configs`' trials are expected to take apart from loading or building ops: the
+        trial-time model (weighed by fitting, as trial_seconds) scaled by how long the trials that `ran` took
+        against it, less their ops' phase (geometric mean: a simulated backend's flat times included); None where
+        none ran, nothing to judge by. An op's first build is left out: whether the environment has it built, only
+        the backend knows."""
+        def own(config: Config) -> float:
+            return self._weighed_seconds(config, None, lambda t: t.total_s - t.ops_s - t.ops_build_s)
+
+        logs = [math.log(wall / own(r.config)) for r in ran if r.status != "pruned" and (wall := without_ops_s(r)) > 0]
+        if not logs:
+            return None
+        return math.exp(sum(logs) / len(logs)) * sum(map(own, configs))
 
     def check(self, config: Config, backend: str, best_throughput: float | None = None) -> TrialResult | None:
         """A `pruned` result if `config` is unlikely to fit, or cannot beat `best_throughput` (the best
