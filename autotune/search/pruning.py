@@ -191,14 +191,24 @@ class Pruner:
         """The wall seconds `configs`' trials are expected to take apart from loading or building ops: the
         trial-time model (weighed by fitting, as trial_seconds) scaled by how long the trials that `ran` took
         against it, less their ops' phase (geometric mean: a simulated backend's flat times included); None where
-        none ran, nothing to judge by. An op's first build is left out: whether the environment has it built, only
-        the backend knows."""
+        none ran, nothing to judge by. A trial that loaded an op before any other of `ran` without recording its
+        phases may hold that op's build: left out while other trials can judge. An op's first build is not
+        expected: whether the environment has it built, only the backend knows."""
         def own(config: Config) -> float:
             return self._weighed_seconds(config, None, lambda t: t.total_s - t.ops_s - t.ops_build_s)
 
-        logs = [math.log(wall / own(r.config)) for r in ran if r.status != "pruned" and (wall := without_ops_s(r)) > 0]
-        if not logs:
+        loaded: set[str | None] = set()
+        first, later = [], []
+        for r in ran:
+            if r.status == "pruned" or without_ops_s(r) <= 0:
+                continue
+            op = op_for(r.config)
+            (first if op not in loaded and not r.extra.get("phases_s") else later).append(r)
+            loaded.add(op)
+        basis = later or first
+        if not basis:
             return None
+        logs = [math.log(without_ops_s(r) / own(r.config)) for r in basis]
         return math.exp(sum(logs) / len(logs)) * sum(map(own, configs))
 
     def check(self, config: Config, backend: str, best_throughput: float | None = None) -> TrialResult | None:
