@@ -198,7 +198,8 @@ class Pruner:
             return self._weighed_seconds(config, None, lambda t: t.total_s - t.ops_s - t.ops_build_s)
 
         loaded: set[str | None] = set()
-        first, later = [], []
+        first: list[TrialResult] = []
+        later: list[TrialResult] = []
         for r in ran:
             if r.status == "pruned" or without_ops_s(r) <= 0:
                 continue
