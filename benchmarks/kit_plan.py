@@ -189,6 +189,6 @@ def tune_trials_for(available_s: float, fixed_s: float, trial_s: float) -> int:
 
 
 def tune_time_budget(available_s: float, fixed_s: float, trial_s: float) -> float:
-    """tune's --time-budget (its trials' wall time, after which none starts): what it has less its fixed cost
-    and half a trial, since the last trial to start runs to its end."""
+    """tune's --time-budget (its trials' wall time: no trial starts that tune expects to end after it): what it has
+    less its fixed cost and half a trial, a margin for that expectation's error before the call's deadline."""
     return max(1.0, available_s - fixed_s - trial_s / 2)
