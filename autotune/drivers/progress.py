@@ -146,8 +146,8 @@ class ConsoleProgress:
                  time_budget_s: float | None = None) -> None:
         self.total = total_trials
         # --time-budget: no trial starts that is expected to end after it (drivers/sweep.py), so the ETA is the sooner
-        # of the trials left and the trials of the median's length that still fit in it; `walls` are those recorded wall times (a
-        # simulated trial's is a GPU's, not this clock's), every session's (`resumed_with`).
+        # of the trials left and the trials of the median's length that still fit in it; `walls` are the recorded
+        # wall times (a simulated trial's is a GPU's, not this clock's), every session's (`resumed_with`).
         self.time_budget_s = time_budget_s
         self.walls: list[float] = []
         # soft_wrap: one line per trial, as long as it is, whatever the terminal's width (a terminal folds it)
