@@ -71,11 +71,13 @@ def test_defaults_are_the_documented_ones():
         ("simulated", 16, "random", 0.0, 256)
     assert config.reward == Reward() and config.calibration == Calibration()
     assert not config.mask_revisits and not config.flat_info and config.chance_info and config.seed is None
+    assert not config.observe_seconds
     assert config.draws_tasks and config.sampler is None
     assert config.task_sampler() == WorkloadSampler(split="train", pool_size=256)
     assert config.to_dict() == {}
     assert set(CONFIG_KEYS) == {"backend", "workload", "sampler", "hardware", "memory_budget", "space", "surface",
-                                "horizon", "start", "noise", "calibration", "reward", "mask_revisits", "flat_info",
+                                "horizon", "start", "noise", "calibration", "reward", "observe_seconds",
+                                "mask_revisits", "flat_info",
                                 "chance_info", "reference_throughput", "backend_options", "cache_size", "seed"}
     for key in CONFIG_KEYS:  # every key is documented in the class's table
         assert f"\n    {key} " in EnvConfig.__doc__
