@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -38,8 +39,19 @@ def records(path: Path):
             yield record
 
 
-def offline_runs(run_dir: Path) -> list[dict]:
-    """Each offline run folder's run: its id, group, job type, name, config and summary as recorded."""
+def offline_runs(run_dir: Path, wait_s: float = 20.0) -> list[dict]:
+    """Each offline run folder's run: its id, group, job type, name, config and summary as recorded. W&B's service
+    process writes the files after `finish` returns: a file without its run record yet is read again, for up to
+    `wait_s` (a loaded CI machine once read one before its first record was written)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        runs = _offline_runs(run_dir)
+        if all("job" in r for r in runs) or time.monotonic() > deadline:
+            return runs
+        time.sleep(0.2)
+
+
+def _offline_runs(run_dir: Path) -> list[dict]:
     runs = []
     for folder in sorted((run_dir / "wandb").glob("offline-run-*")):
         run: dict = {"config": {}, "summary": {}}
