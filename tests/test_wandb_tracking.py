@@ -30,6 +30,8 @@ def records(path: Path):
             pos += BLOCK - pos % BLOCK
             continue
         _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if pos + 7 + length > len(data):
+            return  # a record still being written
         chunks.append(data[pos + 7:pos + 7 + length])
         pos += 7 + length
         if kind in (1, 4):  # a full record, or the last piece of one
