@@ -228,14 +228,20 @@ class DeepSpeedMemoryEnv(gym.Env):
         if self._best_throughput > 0:
             vector[obs.EPISODE_AT + 6] = obs.ratio_feature(throughput, self._best_throughput)
 
+    def _targets(self) -> tuple[np.ndarray, np.ndarray]:
+        """The actions that lead to a config (`run`: the current one; `jump`: self._jump) and those configs."""
+        assert self._episode is not None
+        targets = self._episode.landscape.moves[self._current].copy()
+        targets[RUN], targets[JUMP] = self._current, self._jump
+        leads = np.flatnonzero(targets >= 0)
+        return leads, targets[leads]
+
     def _fit_features(self, vector: np.ndarray) -> None:
         """Per action, the probability that the config it leads to fits the budget (0 where it leads nowhere)."""
         ep = self._episode
         assert ep is not None
-        targets = ep.landscape.moves[self._current].copy()
-        targets[RUN], targets[JUMP] = self._current, self._jump
-        leads = np.flatnonzero(targets >= 0)
-        vector[obs.FIT_AT + leads] = self._residuals.fit_probability(targets[leads], ep.task.memory_budget_bytes)
+        leads, targets = self._targets()
+        vector[obs.FIT_AT + leads] = self._residuals.fit_probability(targets, ep.task.memory_budget_bytes)
 
     def _seconds_features(self, vector: np.ndarray) -> None:
         """Per action, the predicted seconds of a trial of the config it leads to, in the episode's unit (0 where it
@@ -243,10 +249,7 @@ class DeepSpeedMemoryEnv(gym.Env):
         ep = self._episode
         assert ep is not None
         land = ep.landscape
-        targets = land.moves[self._current].copy()
-        targets[RUN], targets[JUMP] = self._current, self._jump
-        leads = np.flatnonzero(targets >= 0)
-        to = targets[leads]
+        leads, to = self._targets()
         built = np.array([land.trial_ops[i] in self._ops_built for i in to], dtype=bool)
         seconds = land.trial_seconds[to] + np.where(built, 0.0, land.first_build_s[to])
         vector[obs.SECONDS_AT + leads] = obs.seconds_feature(seconds, ep.seconds_unit)

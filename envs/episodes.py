@@ -29,7 +29,6 @@ from autotune.backends.simulated import SimulatedBackend
 from autotune.values.config import Config, ConfigError
 from autotune.trials.devices import resolve_hardware
 from autotune.prediction.estimate import Estimate, estimate
-from autotune.prediction.trial_time import ALL_OPS, trial_time
 from autotune.values.hardware import Hardware, load_hardware
 from autotune.values.results import TrialResult
 from autotune.values.settings import memory_budget
@@ -75,14 +74,11 @@ def episode_of(task: Task, backend: Backend, land: Landscape, reference: float, 
 
 
 def seconds_unit(task: Task, land: Landscape) -> float:
-    """The predicted wall seconds of a trial of the config predicted best within the budget (of all, if none fits)."""
+    """The predicted wall seconds of a trial of the config predicted best within the budget (of all, if none fits):
+    its `Landscape.trial_seconds`."""
     fits = land.feasible(task.memory_budget_bytes)
     throughput = np.where(fits, land.throughput, -np.inf) if fits.any() else land.throughput
-    best = int(np.argmax(throughput))
-    step_s = task.workload.global_batch / max(float(land.throughput[best]), 1e-30)
-    seconds = trial_time(land.configs[best], task.workload, task.hardware, step_s,
-                         ops_built=ALL_OPS).total_s
-    return max(seconds, 1e-6)
+    return max(float(land.trial_seconds[int(np.argmax(throughput))]), 1e-6)
 
 
 class EpisodeSource(Protocol):
