@@ -94,6 +94,7 @@ from autotune.values.hardware import PROFILES
 from autotune.rl.simulator import distorted_task
 from autotune.search_spaces import load_choices
 from autotune.strategies import SearchContext, Strategy, make_strategy
+from autotune.strategies.hybrid import HybridStrategy
 from autotune.values.space import Space
 from autotune.values.workload import make_workload
 
@@ -111,10 +112,37 @@ def flat(name: str) -> Callable[[SearchContext], Strategy]:
     return lambda context: make_strategy(name, replace(context, trial_seconds=None))
 
 
-# Strategies of these benchmarks that are no strategy of the tuner: DeepSpeed's autotuner's own order, and the
-# tuner's guided strategies blind to a trial's seconds (`-flat`), the baseline of issue 41's cost-awareness.
+class PolicyFirst(HybridStrategy):
+    """`hybrid` with the policy's first `first` proposals before the guided warm start (which then counts them
+    among the configs that identify the estimator's error): a role for the policy measured for issue 41
+    (benchmarks/results/rl_seconds_policy.md), not the tuner's."""
+
+    def __init__(self, context: SearchContext, first: int) -> None:
+        super().__init__(context)
+        self.first = first
+
+    def propose(self) -> Config | None:
+        self.search.follow_record()
+        if self.in_policy and self.policy.proposed < self.first and self.policy.pending is None \
+                and not self.search.exhausted:
+            config = self._policy_proposal()
+            if config is not None:
+                self.proposed.add(config)
+                return config
+            self.in_policy = False
+        return super().propose()
+
+
+def policy_first(first: int) -> Callable[[SearchContext], Strategy]:
+    return lambda context: PolicyFirst(context, first)
+
+
+# Strategies of these benchmarks that are no strategy of the tuner: DeepSpeed's autotuner's own order, the
+# tuner's guided strategies blind to a trial's seconds (`-flat`), the baseline of issue 41's cost-awareness, and
+# `hybrid` with the policy first (`hybrid-rlN`: its first N proposals).
 SCHEDULES: dict[str, Callable[[SearchContext], Strategy]] = {
-    "deepspeed": DeepSpeedSchedule, "optuna-flat": flat("optuna"), "hybrid-flat": flat("hybrid")}
+    "deepspeed": DeepSpeedSchedule, "optuna-flat": flat("optuna"), "hybrid-flat": flat("hybrid"),
+    **{f"hybrid-rl{n}": policy_first(n) for n in (2, 3, 4)}}
 # The shared H200 runs' surfaces (benchmarks/gpu-runs): replayed at the budgets they were recorded with.
 GPU_SURFACES = ("gpu-runs/h200-2026-11-26/kit/surfaces/h200-llama-1b.jsonl",
                 "gpu-runs/h200-2026-11-26/kit/surfaces/h200-llama-3b.jsonl",
