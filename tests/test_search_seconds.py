@@ -278,3 +278,18 @@ def test_the_flat_baselines_are_the_same_strategies_blind_to_seconds():
         # The hybrid's Optuna half holds the context its guided picks read.
         aware, blind = getattr(aware, "search", aware), getattr(blind, "search", blind)
         assert aware.context.trial_seconds is not None and blind.context.trial_seconds is None
+
+
+def test_the_policy_first_variant_runs_the_policys_first_proposals_then_the_guided_warm_start():
+    space = Space(load_choices("default"), MEDIUM, H100)
+    backend = clocked()
+    strategy = Sweep.in_memory(space, BUDGET, se.strategy_arg("hybrid-rl2"), "simulated").strategy
+    assert isinstance(strategy, se.PolicyFirst) and strategy.first == 2
+    proposed = []
+    for _ in range(4):
+        config = strategy.propose()
+        assert config is not None
+        proposed.append(config)
+        strategy.observe(config, backend.run(config))
+    assert strategy.policy.proposed == 2 and set(proposed[:2]) == strategy.proposed
+    assert not strategy.proposed & set(proposed[2:])  # then the guided warm start, not the policy's turns
