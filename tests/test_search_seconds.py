@@ -293,3 +293,20 @@ def test_the_policy_first_variant_runs_the_policys_first_proposals_then_the_guid
         strategy.observe(config, backend.run(config))
     assert strategy.policy.proposed == 2 and set(proposed[:2]) == strategy.proposed
     assert not strategy.proposed & set(proposed[2:])  # then the guided warm start, not the policy's turns
+
+
+def test_cost_spread_reads_each_goal_task_s_trials_after_the_first_and_bounds_what_cheap_picks_save():
+    def run(task, walls, world=ss.GOAL_WORLD, noise=ss.GOAL_NOISE):
+        return {"world": world, "noise": noise, "task": task, "walls": walls}
+
+    runs = [run("a", [46.0, 15.0, 17.0, 18.0]), run("a", [48.0, 16.0, 17.0]), run("b", [150.0, 20.0, 200.0, 400.0]),
+            run("a", [1.0, 1.0], noise=0.1), run("c", [])]
+    spread = {t["task"]: t for t in ss.cost_spread(runs)}
+    assert set(spread) == {"a", "b"}  # the other noise level's run and a run without trials are left out
+    assert spread["a"] == {"task": "a", "trials": 5, "first_s": 47.0, "cheapest_s": 15.0, "p10_s": 15.0,
+                           "median_s": 17.0}
+    assert spread["b"]["cheapest_s"] / spread["b"]["median_s"] == pytest.approx(0.1)
+    text = "\n".join(ss.bound_lines({"tables": {ss.title(ss.GOAL_WORLD, ss.GOAL_NOISE): {"strategies": {
+        "optuna-flat": {"median_trials_to_98": 8}}}}, "cost_spread": list(spread.values())}))
+    # Only task a is one where cheap picks save little (15/17 >= 0.85); 0.6 x (47 + 17 x 7) s = 99.6 s: 47 s and 3.1 x 17 s
+    assert "In 1 of 2 tasks" in text and "asks for 4.1 trials" in text
