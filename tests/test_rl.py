@@ -334,6 +334,24 @@ def test_rl_walks_from_the_estimators_best_and_never_repeats(gpu_space, policy):
     assert [r.config for r in again.results] == configs
 
 
+class StopFirst:
+    """A policy whose first choice is always `stop`, then the first action allowed."""
+
+    meta: dict = {}
+    observes_seconds = False
+
+    def act(self, obs) -> int:
+        mask = np.asarray(obs["action_mask"])
+        return 0 if mask[0] > 0.5 else int(np.flatnonzero(mask > 0.5)[0])
+
+
+def test_the_policys_own_stop_never_ends_the_search_the_sweep_does(gpu_space):
+    budget = 20 * GiB
+    s = sweep(RLStrategy(SearchContext(gpu_space, budget, 0), StopFirst()), gpu_space,
+              SimulatedBackend(GPU_WORKLOAD, GPU, budget), budget, 6)
+    assert sum(r.status != "pruned" for r in s.results) == 6  # its trial budget ended it, not the policy
+
+
 @pytest.mark.parametrize("seconds", [False, True])
 def test_rl_proposals_follow_the_policys_greedy_masked_actions(gpu_space, policy, seconds, tmp_path):
     # A policy trained on each action's predicted trial seconds (issue 41) gets them from the strategy's environment.
@@ -349,10 +367,10 @@ def test_rl_proposals_follow_the_policys_greedy_masked_actions(gpu_space, policy
     obs, _ = shadow.reset(seed=0)
     for _ in range(16):
         config = strategy.propose()
-        action = policy.act(obs)
-        if config is None:
-            assert action == 0  # the policy chose stop
-            break
+        # The policy's own stop is masked: the sweep decides when the search ends.
+        action = policy.act({**obs, "action_mask": np.where(np.arange(len(obs["action_mask"])) == 0, 0,
+                                                           obs["action_mask"])})
+        assert config is not None
         obs, _, terminated, truncated, info = shadow.step(action)
         assert info["config"] == config.to_dict()
         strategy.observe(config, backend.run(config).under_budget(budget))
