@@ -29,7 +29,9 @@ default strategy's median trial-seconds to 98% on the held-out GPU worlds at 3% 
     python benchmarks/search_seconds.py [--noise 0.03,0.1] [--seeds 5] [--trials 30] [--tasks 16]
         [--worlds held-out,distorted,replay] [--strategies rl,hybrid,optuna,optuna-flat,random,grid,deepspeed]
         [--part /tmp/part.json]   (write this run's runs only, to combine later)
-        [--combine part1.json part2.json ...]   (the tables of earlier parts, nothing run)
+        [--combine part1.json part2.json ...]   (the tables of earlier parts, nothing run; a later part's run
+                                                 replaces an earlier one of the same strategy, world, noise,
+                                                 task and seed: a strategy re-run after a change)
 
 Writes benchmarks/results/search_seconds.md and .json (--out).
 """
@@ -126,6 +128,10 @@ def stop_at(run: dict) -> int:
 
 def trials_to(run: dict, level: float = se.NEAR) -> float:
     return next((i + 1 for i, v in enumerate(run["curve"]) if v >= level - 1e-9), math.inf)
+
+
+def run_key(run: dict) -> tuple:
+    return run["strategy"], run["world"], run["noise"], run["task"], run["seed"]
 
 
 def median(values) -> float:
@@ -300,7 +306,9 @@ def cells(s: str, d: dict) -> list[str]:
 def markdown(result: dict) -> str:
     lines = ["# Search in seconds (issue 41)", "",
              f"`{result['command']}`; " + "; ".join(f"`{p['command']}` ({p['seconds'] / 60:.1f} min, {p['machine']}; "
-                                                    f"{p['source']})" for p in result["parts"]) + ".", "",
+                                                    f"{p['source']})" for p in result["parts"])
+             + (". A later part's run replaces an earlier one of the same strategy, world, noise, task and seed."
+                if len(result["parts"]) > 1 else "."), "",
              "Trials take seconds as on a GPU: a simulated trial the trial-time model's wall time "
              "(autotune.prediction.trial_time at the config's true step time: launch, op load and each op's first "
              "build once per run, model build, deepspeed.initialize with ZeRO-3's and optimizer offload's longer "
@@ -440,8 +448,8 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"wrote {args.part}")
             return 0
     strategies = tuple(dict.fromkeys(s for p in parts for s in p["strategies"]))
-    runs = [{**r, "walls": r["walls"], "curve": r["curve"],
-             "chances": [math.nan if c is None else c for c in r["chances"]]} for p in parts for r in p["runs"]]
+    runs = list({run_key(r): {**r, "chances": [math.nan if c is None else c for c in r["chances"]]}
+                 for p in parts for r in p["runs"]}.values())  # the last part's run of each key
     result: dict = {"command": command, "parts": [{k: v for k, v in p.items() if k != "runs"} for p in parts],
                     "tables": tables(runs, strategies)}
     result["goals"] = goals(result, runs)

@@ -4,6 +4,7 @@ the benchmarks' trial-seconds arithmetic (benchmarks/search_efficiency.py, searc
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -310,3 +311,21 @@ def test_cost_spread_reads_each_goal_task_s_trials_after_the_first_and_bounds_wh
         "optuna-flat": {"median_trials_to_98": 8}}}}, "cost_spread": list(spread.values())}))
     # Only task a is one where cheap picks save little (15/17 >= 0.85); 0.6 x (47 + 17 x 7) s = 99.6 s: 47 s and 3.1 x 17 s
     assert "In 1 of 2 tasks" in text and "asks for 4.1 trials" in text
+
+
+def test_combined_parts_keep_the_last_parts_run_of_each_strategy_world_task_and_seed(tmp_path):
+    def part(name, strategy, seeds, wall):
+        runs = [{"world": "held-out GPU", "noise": 0.03, "task": "t", "strategy": strategy, "seed": seed,
+                 "curve": [1.0], "walls": [wall], "chances": [None], "oom": 0, "pruned": 0} for seed in seeds]
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"command": name, "seconds": 60.0, "machine": "m", "source": "s",
+                                    "strategies": [strategy], "runs": runs}))
+        return str(path)
+
+    out = tmp_path / "out"
+    assert ss.main(["--combine", part("a", "rl", [0, 1], 10.0), part("b", "optuna", [0, 1], 20.0),
+                    part("c", "rl", [1], 30.0), "--out", str(out)]) == 0
+    runs = json.loads(out.with_suffix(".json").read_text())["runs"]
+    walls = {(r["strategy"], r["seed"]): r["walls"] for r in runs}
+    assert walls == {("rl", 0): [10.0], ("rl", 1): [30.0], ("optuna", 0): [20.0], ("optuna", 1): [20.0]}
+    assert "A later part's run replaces an earlier one" in out.with_suffix(".md").read_text()
