@@ -10,8 +10,9 @@ predicted config and ends after the training horizon, or earlier where the sweep
 is masked, since when a search has done enough is the sweep's one decision (its stop rule, trial and time
 budgets), and the policy learnt its stop at a flat price per trial in simulated worlds (on the held-out GPU-like
 worlds at 3% noise, `rl` ended by the policy's stop reached 98% of the optimum in 58% of runs, median 677
-trial-seconds; ended by the sweep, 76% and 288 s: benchmarks/results/search_seconds.md). Its best feasible config
-is the recommendation. Edits back to configs measured earlier in the episode are masked
+trial-seconds; ended by the sweep, 76% and 288 s: benchmarks/results/rl_seconds_policy.md). In `hybrid` the
+policy may stop (`may_stop`): there its stop hands the search over to Optuna. Its best feasible config is the
+recommendation. Edits back to configs measured earlier in the episode are masked
 (`mask_revisits`), as is, on a replay surface, every config the surface never measured (`jump` chooses
 among the surface's configs only). A proposal the tuner prunes is not a trial: the policy proposes again
 from the same state without it, so a pruning-heavy start (an uncalibrated estimator that over-predicts
@@ -55,7 +56,8 @@ class Relay:
 class RLStrategy:
     name = "rl"
 
-    def __init__(self, context: SearchContext, policy: Any = None, max_trials: int | None = None) -> None:
+    def __init__(self, context: SearchContext, policy: Any = None, max_trials: int | None = None,
+                 may_stop: bool = False) -> None:
         from autotune.envs import DeepSpeedMemoryEnv
         from autotune.rl.policy import Policy
         from autotune.policies import policy_path
@@ -65,6 +67,7 @@ class RLStrategy:
         training = self.policy.meta.get("training", {}).get("settings", {})
         horizon = int(training.get("horizon", DEFAULT_HORIZON))
         self.max_trials = max_trials
+        self.may_stop = may_stop  # the policy's `stop` ends its proposals (hybrid: Optuna goes on alone)
         space = context.space
         self.relay = Relay()
         self.env = DeepSpeedMemoryEnv({
@@ -91,10 +94,13 @@ class RLStrategy:
             self.done = True
             return None
         mask = self._mask()
-        if not mask.any():
+        if not mask[1:].any():
             self.done = True
             return None
         action = self.policy.act({"observations": self.observation["observations"], "action_mask": mask})
+        if action == STOP:  # only where the policy may stop: it hands the search over
+            self.done = True
+            return None
         config = self._target(action)
         self.pending = (action, config)
         self.proposed += 1
@@ -155,11 +161,12 @@ class RLStrategy:
         return landscape.configs[index]
 
     def _mask(self) -> np.ndarray:
-        """The environment's mask without `stop` (the sweep decides when the search ends), narrowed to actions
-        leading into this search's space (a replay surface's measured configs) and away from configs the tuner
-        pruned."""
+        """The environment's mask, without `stop` unless the policy may stop (alone, the sweep decides when the
+        search ends), narrowed to actions leading into this search's space (a replay surface's measured configs)
+        and away from configs the tuner pruned."""
         mask = np.array(self.observation["action_mask"], dtype=np.float32)
-        mask[STOP] = 0.0
+        if not self.may_stop:
+            mask[STOP] = 0.0
         space = self.context.space
         if space.only is not None or self.pruned:
             for action in np.flatnonzero(mask[1:] > 0.5) + 1:
