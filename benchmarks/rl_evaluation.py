@@ -355,9 +355,10 @@ def markdown(runs: list[Run], args: argparse.Namespace, policy: Policy, seconds:
              f" --randomize {args.randomize} --noise {args.noise} --strategies {','.join(args.strategies)}`"
              f" ({seconds / 60:.1f} min, {args.machine}; {args.source}).", "",
              "Chance of better at end: the convergence stop's figure (autotune.search.convergence, the quantity the "
-             "environment's info carries as `chance_of_better`) after the run's last trial; for rl that is where "
-             "its own stop action ended the run (or the trial budget did), so `ended under 5%` and `best/opt at "
-             "end, under 5%` check the policy's stop against the figure the tuner would have stopped on.", "",
+             "environment's info carries as `chance_of_better`) after the run's last trial; for rl that is where the "
+             "trial budget or the policy's training horizon ended the run (the tuner masks the policy's own stop "
+             "since commit 3bca35c; before, its stop ended most runs, and `ended under 5%` and `best/opt at end, "
+             "under 5%` checked that stop against the figure the tuner would have stopped on).", "",
              f"Policy: `{args.policy}` (trained {policy.meta.get('training', {}).get('figures', {}).get('iteration', '?')}"
              f" iterations). Optimum: best feasible true throughput of the space; trials counted as launched"
              " (pruned configs cost nothing).", ""]
