@@ -350,6 +350,12 @@ def test_the_policys_own_stop_never_ends_the_search_the_sweep_does(gpu_space):
     s = sweep(RLStrategy(SearchContext(gpu_space, budget, 0), StopFirst()), gpu_space,
               SimulatedBackend(GPU_WORKLOAD, GPU, budget), budget, 6)
     assert sum(r.status != "pruned" for r in s.results) == 6  # its trial budget ended it, not the policy
+    # In hybrid the policy may stop: its stop hands the search over to Optuna as soon as the environment allows a
+    # stop (after its first trial), not after its 8 turns.
+    hybrid = HybridStrategy(SearchContext(gpu_space, budget, 0), StopFirst(), policy_trials=8)
+    s = sweep(hybrid, gpu_space, SimulatedBackend(GPU_WORKLOAD, GPU, budget), budget, 6)
+    assert sum(r.status != "pruned" for r in s.results) == 6
+    assert len(hybrid.proposed) == 1 and not hybrid.in_policy
 
 
 @pytest.mark.parametrize("seconds", [False, True])
