@@ -374,8 +374,9 @@ def test_rl_proposals_follow_the_policys_greedy_masked_actions(gpu_space, policy
     for _ in range(16):
         config = strategy.propose()
         # The policy's own stop is masked: the sweep decides when the search ends.
-        action = policy.act({**obs, "action_mask": np.where(np.arange(len(obs["action_mask"])) == 0, 0,
-                                                           obs["action_mask"])})
+        mask = np.array(obs["action_mask"])
+        mask[0] = 0
+        action = policy.act({**obs, "action_mask": mask})
         assert config is not None
         obs, _, terminated, truncated, info = shadow.step(action)
         assert info["config"] == config.to_dict()
