@@ -40,7 +40,9 @@ class StopReason(str, Enum):
 _TEXT = {
     StopReason.TRIALS: "trial budget spent",
     StopReason.TIME: "time budget spent (the next trial would not end within it)",
-    StopReason.DONE: "the strategy has nothing left to try",
+    # Not "nothing left to try": `rl` ends at its policy's training horizon with untried configs left.
+    StopReason.DONE: "the strategy proposes nothing more (its own end: grid's list or its early stop, rl's "
+                     "training horizon)",
     StopReason.CONVERGED: "search converged: little chance that an untried config is faster",
     StopReason.NOT_WORTH: "no untried config is expected to save the training run (--train-for) more time than its "
                           "trial costs",
