@@ -74,6 +74,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import optuna
 from rich.console import Console
 from rich.table import Table
@@ -94,7 +95,10 @@ from autotune.values.hardware import PROFILES
 from autotune.rl.simulator import distorted_task
 from autotune.search_spaces import load_choices
 from autotune.strategies import SearchContext, Strategy, make_strategy
+from autotune.strategies import guide
 from autotune.strategies.hybrid import HybridStrategy
+from autotune.strategies.rl import RLStrategy
+from autotune.values.results import TrialResult
 from autotune.values.space import Space
 from autotune.values.workload import make_workload
 
@@ -137,12 +141,56 @@ def policy_first(first: int) -> Callable[[SearchContext], Strategy]:
     return lambda context: PolicyFirst(context, first)
 
 
+class ForecastJump(RLStrategy):
+    """`rl` whose `jump` leads to the sweep forecast's most valuable untried config per second of its trial
+    (guide.most_valuable, Optuna's guided pick) instead of the environment's own corrected prediction, and with
+    `start`, whose walk begins at that pick rather than at the estimator's best: a role for the policy measured for
+    issue 41 (benchmarks/results/rl_seconds_policy.md), not the tuner's. The policy still decides when to jump."""
+
+    def __init__(self, context: SearchContext, start: bool = False) -> None:
+        super().__init__(context)
+        self.tried: set[Config] = set()
+        self.best = 0.0
+        index = self._pick()
+        if start and index is not None:
+            self.env._current = index
+            self.observation = self.env._observation()
+
+    def _pick(self) -> int | None:
+        """The landscape index of the forecast's most valuable untried config, or None (no forecast, none left)."""
+        if self.context.forecast is None:
+            return None
+        pick = guide.most_valuable(self.context, self.tried | self.pruned, self.best)
+        return None if pick is None else self._landscape().index.get(pick)
+
+    def propose(self) -> Config | None:
+        index = self._pick() if not self.done and self.pending is None else None
+        if index is not None:
+            # `jump` leads to the config of highest corrected prediction among those allowed: allow only the pick.
+            env, allowed = self.env, self.env.allowed
+            env.allowed = np.zeros_like(allowed)
+            env.allowed[index] = allowed[index]
+            self.observation = env._observation()
+            env.allowed = allowed
+            if env._jump < 0:  # the environment's memory model says it does not fit: its own jump then
+                self.observation = env._observation()
+        return super().propose()
+
+    def observe(self, config: Config, result: TrialResult) -> None:
+        self.tried.add(config)
+        if result.fits(self.context.budget_bytes):
+            self.best = max(self.best, result.throughput_samples_per_s or 0.0)
+        super().observe(config, result)
+
+
 # Strategies of these benchmarks that are no strategy of the tuner: DeepSpeed's autotuner's own order, the
 # tuner's guided strategies blind to a trial's seconds (`-flat`), the baseline of issue 41's cost-awareness, and
-# `hybrid` with the policy first (`hybrid-rlN`: its first N proposals).
+# `hybrid` with the policy first (`hybrid-rlN`: its first N proposals), and `rl` jumping to the forecast's pick
+# (`rl-fj`; `rl-fjs`: starting there too).
 SCHEDULES: dict[str, Callable[[SearchContext], Strategy]] = {
     "deepspeed": DeepSpeedSchedule, "optuna-flat": flat("optuna"), "hybrid-flat": flat("hybrid"),
-    **{f"hybrid-rl{n}": policy_first(n) for n in (2, 3, 4)}}
+    **{f"hybrid-rl{n}": policy_first(n) for n in (2, 3, 4)},
+    "rl-fj": ForecastJump, "rl-fjs": lambda context: ForecastJump(context, start=True)}
 # The shared H200 runs' surfaces (benchmarks/gpu-runs): replayed at the budgets they were recorded with.
 GPU_SURFACES = ("gpu-runs/h200-2026-11-26/kit/surfaces/h200-llama-1b.jsonl",
                 "gpu-runs/h200-2026-11-26/kit/surfaces/h200-llama-3b.jsonl",

@@ -15,12 +15,13 @@ import pytest
 from autotune.backends.replay import ReplayBackend, load_surface, surface_space
 from autotune.backends.simulated import SimulatedBackend
 from autotune.drivers.sweep import Sweep
+from autotune.envs.actions import JUMP
 from autotune.envs.sampler import Task
 from autotune.prediction.estimate import estimate
 from autotune.prediction.trial_time import CPU_ADAM, CUDA, FUSED_ADAM, trial_time
 from autotune.rl.simulator import distorted_task
 from autotune.search_spaces import load_choices
-from autotune.strategies import SearchContext
+from autotune.strategies import SearchContext, guide
 from autotune.values.config import Config
 from autotune.values.hardware import PROFILES
 from autotune.values.results import TrialResult
@@ -294,6 +295,26 @@ def test_the_policy_first_variant_runs_the_policys_first_proposals_then_the_guid
         strategy.observe(config, backend.run(config))
     assert strategy.policy.proposed == 2 and set(proposed[:2]) == strategy.proposed
     assert not strategy.proposed & set(proposed[2:])  # then the guided warm start, not the policy's turns
+
+
+def test_the_forecast_jump_variant_jumps_to_the_forecasts_most_valuable_pick_and_may_start_there():
+    space = Space(load_choices("default"), MEDIUM, H100)
+    backend = clocked()
+    starting = Sweep.in_memory(space, BUDGET, se.strategy_arg("rl-fjs"), "simulated").strategy
+    first = guide.most_valuable(starting.context, set(), 0.0)
+    assert first is not None and starting._landscape().configs[starting.env._current] == first
+    strategy = Sweep.in_memory(space, BUDGET, se.strategy_arg("rl-fj"), "simulated").strategy
+    assert isinstance(strategy, se.ForecastJump) and strategy.env._current != strategy._landscape().index[first]
+    jumps = 0
+    for _ in range(8):
+        pick = guide.most_valuable(strategy.context, strategy.tried | strategy.pruned, strategy.best)
+        config = strategy.propose()
+        assert config is not None and strategy.pending is not None
+        if strategy.pending[0] == JUMP:
+            jumps += 1
+            assert config == pick
+        strategy.observe(config, backend.run(config))
+    assert jumps > 0 and len(strategy.tried) == 8
 
 
 def test_cost_spread_reads_each_goal_task_s_trials_after_the_first_and_bounds_what_cheap_picks_save():
