@@ -147,8 +147,8 @@ class ForecastJump(RLStrategy):
     `start`, whose walk begins at that pick rather than at the estimator's best: a role for the policy measured for
     issue 41 (benchmarks/results/rl_seconds_policy.md), not the tuner's. The policy still decides when to jump."""
 
-    def __init__(self, context: SearchContext, start: bool = False) -> None:
-        super().__init__(context)
+    def __init__(self, context: SearchContext, start: bool = False, **kwargs) -> None:
+        super().__init__(context, **kwargs)
         self.tried: set[Config] = set()
         self.best = 0.0
         index = self._pick()
@@ -183,14 +183,34 @@ class ForecastJump(RLStrategy):
         super().observe(config, result)
 
 
+class Alternate(HybridStrategy):
+    """`hybrid` whose policy (ForecastJump: from the forecast's pick, jumping to it) and Optuna's guided search take
+    turns from the first trial, rather than after Optuna's guided warm start and first turns (`hybrid-alt`): a role
+    for the policy measured for issue 41 (benchmarks/results/rl_seconds_policy.md), not the tuner's."""
+
+    def __init__(self, context: SearchContext) -> None:
+        super().__init__(context)
+        self.policy = ForecastJump(context, start=True, max_trials=self.policy.max_trials, may_stop=True)
+
+    def propose(self) -> Config | None:
+        self.search.follow_record()
+        return None if self.search.exhausted else self._turn()
+
+    def observe(self, config: Config, result: TrialResult) -> None:
+        self.policy.tried.add(config)  # the forecast's picks for the policy skip Optuna's trials too
+        if result.fits(self.search.context.budget_bytes):
+            self.policy.best = max(self.policy.best, result.throughput_samples_per_s or 0.0)
+        super().observe(config, result)
+
+
 # Strategies of these benchmarks that are no strategy of the tuner: DeepSpeed's autotuner's own order, the
 # tuner's guided strategies blind to a trial's seconds (`-flat`), the baseline of issue 41's cost-awareness, and
-# `hybrid` with the policy first (`hybrid-rlN`: its first N proposals), and `rl` jumping to the forecast's pick
-# (`rl-fj`; `rl-fjs`: starting there too).
+# `hybrid` with the policy first (`hybrid-rlN`: its first N proposals), `rl` jumping to the forecast's pick (`rl-fj`;
+# `rl-fjs`: starting there too), and `hybrid-alt`: that policy and Optuna taking turns from the first trial.
 SCHEDULES: dict[str, Callable[[SearchContext], Strategy]] = {
     "deepspeed": DeepSpeedSchedule, "optuna-flat": flat("optuna"), "hybrid-flat": flat("hybrid"),
     **{f"hybrid-rl{n}": policy_first(n) for n in (2, 3, 4)},
-    "rl-fj": ForecastJump, "rl-fjs": lambda context: ForecastJump(context, start=True)}
+    "rl-fj": ForecastJump, "rl-fjs": lambda context: ForecastJump(context, start=True), "hybrid-alt": Alternate}
 # The shared H200 runs' surfaces (benchmarks/gpu-runs): replayed at the budgets they were recorded with.
 GPU_SURFACES = ("gpu-runs/h200-2026-11-26/kit/surfaces/h200-llama-1b.jsonl",
                 "gpu-runs/h200-2026-11-26/kit/surfaces/h200-llama-3b.jsonl",

@@ -317,6 +317,21 @@ def test_the_forecast_jump_variant_jumps_to_the_forecasts_most_valuable_pick_and
     assert jumps > 0 and len(strategy.tried) == 8
 
 
+def test_the_alternating_variant_gives_the_policy_and_optuna_turns_from_the_first_trial():
+    space = Space(load_choices("default"), MEDIUM, H100)
+    backend = clocked()
+    strategy = Sweep.in_memory(space, BUDGET, se.strategy_arg("hybrid-alt"), "simulated").strategy
+    assert isinstance(strategy, se.Alternate) and isinstance(strategy.policy, se.ForecastJump)
+    proposed = []
+    for _ in range(4):
+        config = strategy.propose()
+        assert config is not None
+        proposed.append(config)
+        strategy.observe(config, backend.run(config))
+    assert [c in strategy.proposed for c in proposed] == [True, False, True, False]
+    assert strategy.policy.tried == set(proposed)  # Optuna's trials too: the policy's forecast picks skip them
+
+
 def test_cost_spread_reads_each_goal_task_s_trials_after_the_first_and_bounds_what_cheap_picks_save():
     def run(task, walls, world=ss.GOAL_WORLD, noise=ss.GOAL_NOISE):
         return {"world": world, "noise": noise, "task": task, "walls": walls}

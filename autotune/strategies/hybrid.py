@@ -61,6 +61,10 @@ class HybridStrategy:
                                    or self.search.turn < GUIDED_TURNS):
             # The warm start that identifies the estimator's error model, then its most valuable configs.
             return self.search.propose()
+        return self._turn()
+
+    def _turn(self) -> Config | None:
+        """The policy's proposal on its turn, Optuna's otherwise (and once the policy is done)."""
         # While the policy's proposal is still running (a Ray sweep has several trials in flight), Optuna
         # fills the slot: the policy proposes one config at a time.
         waiting = self.policy.pending is not None
