@@ -151,8 +151,8 @@ class ForecastJump(RLStrategy):
         super().__init__(context, **kwargs)
         self.tried: set[Config] = set()
         self.best = 0.0
-        index = self._pick()
-        if start and index is not None:
+        index = self._pick() if start else None
+        if index is not None:
             self.env._current = index
             self.observation = self.env._observation()
 
