@@ -282,17 +282,22 @@ def test_the_flat_baselines_are_the_same_strategies_blind_to_seconds():
         assert aware.context.trial_seconds is not None and blind.context.trial_seconds is None
 
 
-def test_the_policy_first_variant_runs_the_policys_first_proposals_then_the_guided_warm_start():
-    space = Space(load_choices("default"), MEDIUM, H100)
-    backend = clocked()
-    strategy = Sweep.in_memory(space, BUDGET, se.strategy_arg("hybrid-rl2"), "simulated").strategy
-    assert isinstance(strategy, se.PolicyFirst) and strategy.first == 2
-    proposed = []
-    for _ in range(4):
+def proposals(name: str, trials: int = 4):
+    """A benchmark schedule's first proposals, each run on the clocked simulation and told: (strategy, configs)."""
+    strategy = Sweep.in_memory(Space(load_choices("default"), MEDIUM, H100), BUDGET, se.strategy_arg(name),
+                               "simulated").strategy
+    backend, proposed = clocked(), []
+    for _ in range(trials):
         config = strategy.propose()
         assert config is not None
         proposed.append(config)
         strategy.observe(config, backend.run(config))
+    return strategy, proposed
+
+
+def test_the_policy_first_variant_runs_the_policys_first_proposals_then_the_guided_warm_start():
+    strategy, proposed = proposals("hybrid-rl2")
+    assert isinstance(strategy, se.PolicyFirst) and strategy.first == 2
     assert strategy.policy.proposed == 2 and set(proposed[:2]) == strategy.proposed
     assert not strategy.proposed & set(proposed[2:])  # then the guided warm start, not the policy's turns
 
@@ -318,16 +323,8 @@ def test_the_forecast_jump_variant_jumps_to_the_forecasts_most_valuable_pick_and
 
 
 def test_the_alternating_variant_gives_the_policy_and_optuna_turns_from_the_first_trial():
-    space = Space(load_choices("default"), MEDIUM, H100)
-    backend = clocked()
-    strategy = Sweep.in_memory(space, BUDGET, se.strategy_arg("hybrid-alt"), "simulated").strategy
+    strategy, proposed = proposals("hybrid-alt")
     assert isinstance(strategy, se.Alternate) and isinstance(strategy.policy, se.ForecastJump)
-    proposed = []
-    for _ in range(4):
-        config = strategy.propose()
-        assert config is not None
-        proposed.append(config)
-        strategy.observe(config, backend.run(config))
     assert [c in strategy.proposed for c in proposed] == [True, False, True, False]
     assert strategy.policy.tried == set(proposed)  # Optuna's trials too: the policy's forecast picks skip them
 
