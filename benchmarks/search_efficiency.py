@@ -176,10 +176,14 @@ class ForecastJump(RLStrategy):
                 self.observation = env._observation()
         return super().propose()
 
-    def observe(self, config: Config, result: TrialResult) -> None:
+    def note(self, config: Config, result: TrialResult) -> None:
+        """A result the forecast's picks count: tried, and the best fitting throughput (whoever proposed it)."""
         self.tried.add(config)
         if result.fits(self.context.budget_bytes):
             self.best = max(self.best, result.throughput_samples_per_s or 0.0)
+
+    def observe(self, config: Config, result: TrialResult) -> None:
+        self.note(config, result)
         super().observe(config, result)
 
 
@@ -190,16 +194,16 @@ class Alternate(HybridStrategy):
 
     def __init__(self, context: SearchContext) -> None:
         super().__init__(context)
-        self.policy = ForecastJump(context, start=True, max_trials=self.policy.max_trials, may_stop=True)
+        # The policy network hybrid loaded, not loaded again.
+        self.policy = ForecastJump(context, start=True, policy=self.policy.policy, max_trials=self.policy.max_trials,
+                                   may_stop=True)
 
     def propose(self) -> Config | None:
         self.search.follow_record()
         return None if self.search.exhausted else self._turn()
 
     def observe(self, config: Config, result: TrialResult) -> None:
-        self.policy.tried.add(config)  # the forecast's picks for the policy skip Optuna's trials too
-        if result.fits(self.search.context.budget_bytes):
-            self.policy.best = max(self.policy.best, result.throughput_samples_per_s or 0.0)
+        self.policy.note(config, result)  # the forecast's picks for the policy skip Optuna's trials too
         super().observe(config, result)
 
 
