@@ -90,6 +90,7 @@ from autotune.values.config import KNOBS, Config
 from autotune.drivers.local import run_local
 from autotune.drivers.progress import QuietProgress
 from autotune.drivers.sweep import Budget, Sweep
+from autotune.envs.actions import JUMP
 from autotune.envs.sampler import Task
 from autotune.values.hardware import PROFILES
 from autotune.rl.simulator import distorted_task
@@ -187,6 +188,47 @@ class ForecastJump(RLStrategy):
         super().observe(config, result)
 
 
+def layout(config: Config) -> tuple:
+    """A config's memory layout: all but its micro-batch and checkpoint interval."""
+    return config.zero_stage, config.precision, config.offload_optimizer, config.offload_param
+
+
+class LayoutPolicy(ForecastJump):
+    """`rl` where the policy decides the memory layout (ZeRO stage, precision, the offloads) and the sweep's forecast
+    the micro-batch and checkpoint interval within it (`rl-lay`): each proposal becomes the forecast's most valuable
+    untried config per second of its trial that shares the policy's target's layout, when that is worth more than
+    the target; the issue's "it decides which layouts are worth seconds and Optuna refines micro-batch". A role for
+    the policy measured for issue 41 (benchmarks/results/rl_seconds_policy.md), not the tuner's."""
+
+    def propose(self) -> Config | None:
+        config = RLStrategy.propose(self)
+        if config is None or self.pending is None or self.context.forecast is None:
+            return config
+        found = {c: f for c, f in guide.forecasts(self.context, self.tried | self.pruned).items()
+                 if layout(c) == layout(config)}
+        if not found or self.best <= 0:
+            return config
+        candidates = list(found)
+        per = guide.seconds(self.context, candidates)
+        value = np.array([found[c].value(self.context.budget_bytes, self.best) for c in candidates]) / per
+        pick = candidates[int(np.argmax(value))]
+        index = self._landscape().index.get(pick)
+        own = value[candidates.index(config)] if config in found else -1.0
+        if pick == config or index is None or not self.env.allowed[index] or value.max() <= own:
+            return config
+        # Run the pick through `jump`: the environment's jump target narrowed to it, as ForecastJump does.
+        env, allowed = self.env, self.env.allowed
+        env.allowed = np.zeros_like(allowed)
+        env.allowed[index] = True
+        env._observation()
+        env.allowed = allowed
+        if env._jump != index:  # the environment's memory model says it does not fit: the policy's own target
+            env._observation()
+            return config
+        self.pending = (JUMP, pick)
+        return pick
+
+
 class Alternate(HybridStrategy):
     """`hybrid` whose policy (ForecastJump: from the forecast's pick, jumping to it) and Optuna's guided search take
     turns from the first trial, rather than after Optuna's guided warm start and first turns (`hybrid-alt`): a role
@@ -210,11 +252,13 @@ class Alternate(HybridStrategy):
 # Strategies of these benchmarks that are no strategy of the tuner: DeepSpeed's autotuner's own order, the
 # tuner's guided strategies blind to a trial's seconds (`-flat`), the baseline of issue 41's cost-awareness, and
 # `hybrid` with the policy first (`hybrid-rlN`: its first N proposals), `rl` jumping to the forecast's pick (`rl-fj`;
-# `rl-fjs`: starting there too), and `hybrid-alt`: that policy and Optuna taking turns from the first trial.
+# `rl-fjs`: starting there too), `hybrid-alt`: that policy and Optuna taking turns from the first trial, and `rl-lay`:
+# the policy deciding the layout and the forecast the micro-batch and checkpointing.
 SCHEDULES: dict[str, Callable[[SearchContext], Strategy]] = {
     "deepspeed": DeepSpeedSchedule, "optuna-flat": flat("optuna"), "hybrid-flat": flat("hybrid"),
     **{f"hybrid-rl{n}": policy_first(n) for n in (2, 3, 4)},
-    "rl-fj": ForecastJump, "rl-fjs": lambda context: ForecastJump(context, start=True), "hybrid-alt": Alternate}
+    "rl-fj": ForecastJump, "rl-fjs": lambda context: ForecastJump(context, start=True), "hybrid-alt": Alternate,
+    "rl-lay": LayoutPolicy}
 # The shared H200 runs' surfaces (benchmarks/gpu-runs): replayed at the budgets they were recorded with.
 GPU_SURFACES = ("gpu-runs/h200-2026-11-26/kit/surfaces/h200-llama-1b.jsonl",
                 "gpu-runs/h200-2026-11-26/kit/surfaces/h200-llama-3b.jsonl",

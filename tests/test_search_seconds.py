@@ -322,6 +322,25 @@ def test_the_forecast_jump_variant_jumps_to_the_forecasts_most_valuable_pick_and
     assert jumps > 0 and len(strategy.tried) == 8
 
 
+def test_the_layout_variant_keeps_the_policys_layout_and_takes_the_forecasts_micro_batch_and_checkpointing():
+    space = Space(load_choices("default"), MEDIUM, H100)
+    plain = Sweep.in_memory(space, BUDGET, "rl", "simulated").strategy
+    laid = Sweep.in_memory(space, BUDGET, se.strategy_arg("rl-lay"), "simulated").strategy
+    assert isinstance(laid, se.LayoutPolicy)
+    backend = clocked()
+    for _ in range(8):
+        own, config = plain.propose(), laid.propose()
+        assert own is not None and config is not None
+        if config != own:  # the first proposal the forecast changed: the policy's layout, the forecast's pick in it
+            assert se.layout(config) == se.layout(own) and laid.pending == (JUMP, config)
+            break
+        result = backend.run(config)
+        plain.observe(config, result)
+        laid.observe(config, result)
+    else:
+        raise AssertionError("the forecast never changed the policy's proposal in 8 trials")
+
+
 def test_the_alternating_variant_gives_the_policy_and_optuna_turns_from_the_first_trial():
     strategy, proposed = proposals("hybrid-alt")
     assert isinstance(strategy, se.Alternate) and isinstance(strategy.policy, se.ForecastJump)
