@@ -167,15 +167,19 @@ class ForecastJump(RLStrategy):
     def propose(self) -> Config | None:
         index = self._pick() if not self.done and self.pending is None else None
         if index is not None:
-            # `jump` leads to the config of highest corrected prediction among those allowed: allow only the pick.
-            env, allowed = self.env, self.env.allowed
-            env.allowed = np.zeros_like(allowed)
-            env.allowed[index] = allowed[index]
-            self.observation = env._observation()
-            env.allowed = allowed
-            if env._jump < 0:  # the environment's memory model says it does not fit: its own jump then
-                self.observation = env._observation()
+            self.observation = self._aim_jump(index)
         return super().propose()
+
+    def _aim_jump(self, index: int) -> dict:
+        """The environment's observation with `jump` leading to landscape config `index`, or as it was where the
+        environment's memory model says that does not fit (`env._jump` says which)."""
+        # `jump` leads to the config of highest corrected prediction among those allowed: allow only the pick.
+        env, allowed = self.env, self.env.allowed
+        env.allowed = np.zeros_like(allowed)
+        env.allowed[index] = allowed[index]
+        observation = env._observation()
+        env.allowed = allowed
+        return observation if env._jump >= 0 else env._observation()
 
     def note(self, config: Config, result: TrialResult) -> None:
         """A result the forecast's picks count: tried, and the best fitting throughput (whoever proposed it)."""
@@ -214,16 +218,10 @@ class LayoutPolicy(ForecastJump):
         pick = candidates[int(np.argmax(value))]
         index = self._landscape().index.get(pick)
         own = value[candidates.index(config)] if config in found else -1.0
-        if pick == config or index is None or not self.env.allowed[index] or value.max() <= own:
+        if pick == config or index is None or value.max() <= own:
             return config
-        # Run the pick through `jump`: the environment's jump target narrowed to it, as ForecastJump does.
-        env, allowed = self.env, self.env.allowed
-        env.allowed = np.zeros_like(allowed)
-        env.allowed[index] = True
-        env._observation()
-        env.allowed = allowed
-        if env._jump != index:  # the environment's memory model says it does not fit: the policy's own target
-            env._observation()
+        self._aim_jump(index)  # the pick runs as the policy's `jump`, so that its walk goes on from there
+        if self.env._jump != index:
             return config
         self.pending = (JUMP, pick)
         return pick
