@@ -10,7 +10,8 @@ Result (ARCHITECTURE.md section 3, plus extra keys written flat):
   baseline_memory_bytes, startup_peak_bytes (peak during build, initialize and warm-up),
   predicted_peak_bytes and predicted_step_time_s (the estimator's, when the backend has a hardware
   profile), step_time_iqr_s, step_times_s, steps_measured, stop_reason, ranks, log_dir, master_port,
-  launch_to_first_step_s, phases_s (where the launch-to-first-step time went), build (rank 0's model as built:
+  launch_to_first_step_s, phases_s (where the launch-to-first-step time went), import_ahead_s (the imports its
+  ranks made before the trial, started ahead: autotune.trials.runner.Spares; None: started with it), build (rank 0's model as built:
   dtype, device, the build's peak over the baseline, and what deepspeed.initialize cast, moved or kept of its
   parameters: autotune.worker.main), what its optimizer steps did (steps_applied, steps_skipped,
   steps_skipped_measuring, first_applied_step, loss_first and loss_last of the applied steps, loss_scale,
@@ -38,6 +39,7 @@ import json
 import math
 import os
 import re
+import weakref
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
@@ -49,7 +51,7 @@ from autotune.values.hardware import Hardware
 from autotune.trials.ops import ARCH_ENV, PREFLIGHT_TIMEOUT_S, BuildFailure, arch_note, preflight
 from autotune.values.results import TrialResult
 from autotune.values.settings import check_budget
-from autotune.trials.runner import LaunchOptions, RunOutcome, run_worker, trial_environment
+from autotune.trials.runner import LaunchOptions, RunOutcome, Spares, run_worker, trial_environment
 from autotune.worker.main import needed_builders
 from autotune.worker.measure import MeasureSettings
 from autotune.worker.protocol import WorkerSpec, current_phase, write_json_atomic
@@ -64,7 +66,7 @@ class DeepSpeedBackend:
                  ds_options: DsOptions = DsOptions(), logs_dir: str | Path = "runs/logs", timeout_s: float = 600.0,
                  measure: MeasureSettings = MeasureSettings(), *, calibration: Calibration = Calibration(),
                  launcher: str = "direct", env: Mapping[str, str] | None = None, seed: int = 0,
-                 fault: str | None = None, accelerator: str | None = None) -> None:
+                 fault: str | None = None, accelerator: str | None = None, ranks_ahead: bool = True) -> None:
         if memory_budget_bytes is not None:
             check_budget(memory_budget_bytes)
         if timeout_s <= 0:
@@ -91,7 +93,13 @@ class DeepSpeedBackend:
                                     allocator=hardware.allocator if hardware is not None else None)
         # What starts, watches and judges a trial's ranks: all on this machine; a trial spanning a Ray cluster's
         # nodes swaps in autotune.drivers.ray_ranks.SpanningLaunch, which raises NodeLost when a node dies.
-        self.start_ranks: Callable[[WorkerSpec, LaunchOptions], RunOutcome] = run_worker
+        self.start_ranks: Callable[[WorkerSpec, LaunchOptions], RunOutcome] = self._start_here
+        # The next trial's ranks, started ahead during a trial (autotune.trials.runner.Spares); ended by close(), or
+        # when the backend is collected unclosed.
+        self.spares = Spares(self.logs_dir / "spares") if ranks_ahead else None
+        if self.spares is not None:
+            weakref.finalize(self, self.spares.close)
+        self._started_here = 0
 
     def predict(self, config: Config) -> Estimate | None:
         if self.hardware is None or not self.hardware.supports(config.precision):
@@ -99,7 +107,16 @@ class DeepSpeedBackend:
         return estimate(config, self.workload, self.hardware, self.calibration)
 
     def close(self) -> None:
-        """Nothing to release: each trial ends its own processes."""
+        """End the next trial's ranks started ahead, if any (each trial ends its own processes)."""
+        if self.spares is not None:
+            self.spares.close()
+
+    def _start_here(self, spec: WorkerSpec, options: LaunchOptions) -> RunOutcome:
+        """run_worker, starting the next trial's ranks ahead from a backend's second trial on: one that ran a trial
+        is running a sweep (a Ray task's backend runs one trial, `autotune trial` one), and its next trials are
+        launched on ranks whose imports are done."""
+        self._started_here += 1
+        return run_worker(spec, options, self.spares if self._started_here > 1 else None)
 
     def preflight(self, configs: Iterable[Config], say: Callable[[str], None], *,
                   timeout_s: float = PREFLIGHT_TIMEOUT_S) -> tuple[str, ...]:
@@ -225,7 +242,7 @@ class DeepSpeedBackend:
         the run directory's trials.jsonl beside logs/ + 1 (pruned configs are recorded before the next launch; on
         this machine trials run one at a time), the number the trial is recorded under. A second attempt at that
         number (the trial was interrupted, then resumed) gets `-attempt<k>`. Logs outside a run directory (no
-        record beside them) are numbered after the folders already there."""
+        record beside them) are numbered after the trial folders already there."""
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         label = re.sub(r"[^A-Za-z0-9.-]+", "_", config.label())
         record = self.logs_dir.parent / "trials.jsonl"  # autotune.search.rundir.TRIALS, a layer above
@@ -233,7 +250,7 @@ class DeepSpeedBackend:
             with open(record, "rb") as handle:
                 number = sum(chunk.count(b"\n") for chunk in iter(lambda: handle.read(1 << 20), b"")) + 1
         except FileNotFoundError:
-            number = sum(1 for p in self.logs_dir.iterdir() if p.is_dir()) + 1
+            number = sum(1 for p in self.logs_dir.iterdir() if p.is_dir() and re.match(r"\d{4}-", p.name)) + 1
         except OSError as err:
             raise ConfigError(f"{record}: cannot be read ({err.strerror or err}): a trial's log folder is numbered "
                               "after it") from None
@@ -280,7 +297,7 @@ class DeepSpeedBackend:
             step_time_iqr_s=first["step_time_iqr_s"], step_times_s=first["step_times_s"],
             steps_measured=len(first["step_times_s"]), stop_reason=first["stop_reason"],
             launch_to_first_step_s=first["first_step_time"] - outcome.launch_time,
-            phases_s=first["phases_s"], build=first.get("build"), optimizer=first["optimizer"],
+            phases_s=first["phases_s"], import_ahead_s=first.get("import_ahead_s"), build=first.get("build"), optimizer=first["optimizer"],
             basic_optimizer=first.get("basic_optimizer"),
             threads_per_rank=first["threads"], model_revision=first.get("model_revision"),
             **{key: first.get(key) for key in TRAINING_EVIDENCE})

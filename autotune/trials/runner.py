@@ -24,6 +24,15 @@ On timeout, budget breach, a failed rank (after a short grace for the others to 
 in the runner itself (KeyboardInterrupt: the tuner's interruption), every process of the trial is killed
 (process groups, then any descendant that left them) and reaped before `run_worker` returns or raises.
 
+Spares (issue 41: cheaper trials): a runner given `Spares` starts, while a trial runs, the next trial's ranks
+(`python -m autotune.worker --spare`) once the trial's own ranks have made their imports; they import torch and
+DeepSpeed (~3 s of a 12 s trial on the 2-core CPU, 5 s of every H200 trial's 17-23 s to its first measured step)
+and wait. The next trial whose ranks would start with the same command and environment (all but its rendezvous
+port) is handed to them instead of new processes, where the machine has a core beside each rank for each spare's
+imports. A spare still importing when a trial starts measuring is
+stopped (SIGSTOP) until that trial ends, so it never takes a core from a measured step; one whose imports
+opened the device exits (device memory held beside a trial would move its out-of-memory cliff).
+
 The verdict comes from structured signals only: the runner's own observations (timeout, budget), the
 ranks' report files (ok / oom / unsupported / crash with the exception type), and exit codes and signals.
 stderr is kept in the logs and its last lines are quoted in a crash's message, never parsed.
@@ -31,6 +40,7 @@ stderr is kept in the logs and its last lines are quoted in a crash's message, n
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -40,7 +50,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from subprocess import DEVNULL, Popen
+from subprocess import DEVNULL, PIPE, Popen
 from typing import Any, Callable, Mapping, Sequence
 
 import psutil
@@ -59,6 +69,8 @@ LOOPBACK_IFNAME = "lo"  # Linux's loopback interface
 SHM_DIR = Path("/dev/shm")
 OWNER_PREFIX = "ds-autotune_trial"  # SHM_DIR/<prefix>_<uid>_<port>.owner: the runner that owns that port's segments
 STALE_MARKER_AGE_S = 60.0  # an unreadable marker this old was left by a runner killed while writing it
+SPARE_MODULE = "autotune.worker"  # the worker that can be started ahead of its trial (`--spare`)
+PER_TRIAL_ENV = ("MASTER_PORT",)  # what a trial's ranks' environment holds that the spares' cannot know yet
 
 
 @dataclass(frozen=True)
@@ -344,12 +356,133 @@ def rank_threads(env: Mapping[str, str], local_size: int) -> str:
     return str(max(1, (os.cpu_count() or 1) // local_size))
 
 
-def run_worker(spec: WorkerSpec, options: LaunchOptions) -> RunOutcome:
-    """Run the trial described by `spec` (whose `log_dir` receives every file) and return its outcome."""
+@dataclass(frozen=True)
+class SpareRank:
+    proc: Popen
+    ready: Path  # written by the rank once its imports are done
+    stdout: Path  # what it printed before its trial (moved into the trial's log when handed over)
+    stderr: Path
+
+
+class Spares:
+    """Ranks started ahead of the trial that will use them (one set at a time), in `folder`; `close` ends them."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.held: tuple[tuple, list[SpareRank]] | None = None
+        self.stopped: list[SpareRank] = []
+        self.started = 0
+
+    @staticmethod
+    def key(argv: Sequence[str], envs: Sequence[Mapping[str, str]]) -> tuple:
+        """What a set of ranks must share with a trial's to run it: command and environment, but for PER_TRIAL_ENV."""
+        return tuple(argv), tuple(tuple(sorted((k, v) for k, v in env.items() if k not in PER_TRIAL_ENV))
+                                  for env in envs)
+
+    def start(self, key: tuple, python: str, module: str, envs: Sequence[Mapping[str, str]]) -> None:
+        """Start one rank per environment of `envs` (ending any set held before)."""
+        self.close()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.started += 1
+        ranks = []
+        for i, env in enumerate(envs):
+            name = self.folder / f"spare{self.started}.rank{i}"
+            ready, out, err = (Path(f"{name}.{ext}") for ext in ("ready", "stdout", "stderr"))
+            ready.unlink(missing_ok=True)
+            with out.open("wb") as stdout, err.open("wb") as stderr:
+                proc = Popen([python, "-m", module, "--spare", str(ready)], env=dict(env), stdin=PIPE, stdout=stdout,
+                             stderr=stderr, start_new_session=True)
+            ranks.append(SpareRank(proc, ready, out, err))
+        self.held = key, ranks
+
+    def take(self, key: tuple) -> list[SpareRank] | None:
+        """The held ranks if they can run a trial of `key` and are alive; else None (and any held set is ended)."""
+        held, self.held = self.held, None
+        if held is None:
+            return None
+        if held[0] == key and all(r.proc.poll() is None for r in held[1]):
+            return held[1]
+        _discard(held[1])
+        return None
+
+    def hand_over(self, ranks: Sequence[SpareRank], envs: Sequence[Mapping[str, str]], spec_path: Path,
+                  log_dir: Path, names: Sequence[str]) -> bool:
+        """Give each rank its trial (autotune.worker.main.wait_for_trial); False if one is gone (all are ended)."""
+        try:
+            for rank, env, name in zip(ranks, envs, names):
+                order = {"spec": str(spec_path), "env": {k: env[k] for k in PER_TRIAL_ENV if k in env},
+                         "stdout": [str(rank.stdout), str(log_dir / f"{name}.stdout")],
+                         "stderr": [str(rank.stderr), str(log_dir / f"{name}.stderr")]}
+                assert rank.proc.stdin is not None
+                rank.proc.stdin.write((json.dumps(order) + "\n").encode())
+                rank.proc.stdin.close()
+        except (BrokenPipeError, OSError):
+            _discard(ranks)
+            return False
+        return True
+
+    def hold_unready(self) -> None:
+        """A trial is measuring: stop the held ranks still importing (SIGSTOP) until `resume`."""
+        for rank in (self.held[1] if self.held else []):
+            if rank not in self.stopped and not rank.ready.exists() and rank.proc.poll() is None:
+                with _quiet():
+                    os.killpg(rank.proc.pid, signal.SIGSTOP)
+                self.stopped.append(rank)
+
+    def resume(self) -> None:
+        for rank in self.stopped:
+            with _quiet():
+                os.killpg(rank.proc.pid, signal.SIGCONT)
+        self.stopped = []
+
+    def close(self) -> None:
+        """End the held ranks, if any."""
+        self.resume()
+        held, self.held = self.held, None
+        if held is not None:
+            _discard(held[1])
+
+
+def ahead_allowed(options: LaunchOptions, cores: int | None = None) -> bool:
+    """Whether a trial of `options` may run on ranks started ahead and start the next trial's: the built-in worker,
+    launched directly, every rank on this machine, and a core beside each rank for each spare's imports (on the
+    2-core CPU, two spares importing beside a 2-rank trial slowed its initialize more than they saved)."""
+    cores = (os.cpu_count() or 1) if cores is None else cores
+    return options.module == SPARE_MODULE and options.launcher == "direct" and options.placement is None \
+        and cores >= 2 * options.ranks
+
+
+def _discard(ranks: Sequence[SpareRank]) -> None:
+    """End ranks no trial will run on, and remove their files (what they printed is their imports')."""
+    _end([r.proc for r in ranks])
+    for rank in ranks:
+        for path in (rank.ready, rank.stdout, rank.stderr):
+            path.unlink(missing_ok=True)
+
+
+def _end(procs: Sequence[Popen]) -> None:
+    for proc in procs:
+        with _quiet():
+            os.killpg(proc.pid, signal.SIGKILL)
+        if proc.stdin is not None:
+            with _quiet():
+                proc.stdin.close()
+    for proc in procs:
+        proc.wait()
+
+
+def _quiet() -> contextlib.suppress:
+    """Ignore that a process is already gone (or no longer ours to signal)."""
+    return contextlib.suppress(ProcessLookupError, PermissionError, BrokenPipeError)
+
+
+def run_worker(spec: WorkerSpec, options: LaunchOptions, spares: Spares | None = None) -> RunOutcome:
+    """Run the trial described by `spec` (whose `log_dir` receives every file) and return its outcome; with
+    `spares`, on ranks started ahead where they fit, and starting the next trial's meanwhile."""
     log_dir = Path(spec.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     remove_stale_shm()  # what earlier trials of killed tuners left behind
-    trial = Trial(spec, options, log_dir)
+    trial = Trial(spec, options, log_dir, spares)
     try:
         trial.launch()
         trial.watch()
@@ -361,8 +494,12 @@ def run_worker(spec: WorkerSpec, options: LaunchOptions) -> RunOutcome:
 class Trial:
     """The ranks this runner starts (all of a trial's, or one node's share: `LaunchOptions.placement`)."""
 
-    def __init__(self, spec: WorkerSpec, options: LaunchOptions, log_dir: Path) -> None:
+    def __init__(self, spec: WorkerSpec, options: LaunchOptions, log_dir: Path, spares: Spares | None = None) -> None:
         self.options, self.log_dir = options, log_dir
+        self.spares = spares if spares is not None and ahead_allowed(options) else None
+        self.next_ranks: tuple[tuple, list[dict[str, str]]] | None = None  # the spares to start, once imported
+        # Ranks ahead took this trial: how to start it without them, should one die before it takes it.
+        self.cold: tuple[list[str], list[dict[str, str]], list[str], list[SpareRank]] | None = None
         self.placement = options.placement
         self.rank_ids: tuple[int, ...] = self.placement.ranks if self.placement else tuple(range(options.ranks))
         self.launch_time = time.time()
@@ -401,10 +538,21 @@ class Trial:
         if o.launcher == "direct":
             local = place.local_ranks if place else self.rank_ids
             world, node = (place.world_size, place.node_rank) if place else (o.ranks, 0)
-            for rank, local_rank in zip(self.rank_ids, local):
-                env = {**base, "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world),
-                       "LOCAL_WORLD_SIZE": base["LOCAL_SIZE"], "GROUP_RANK": str(node), PARENT_ENV: str(os.getpid())}
-                self._start([o.python, *worker], env, f"rank{rank}")
+            envs = [{**base, "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world),
+                     "LOCAL_WORLD_SIZE": base["LOCAL_SIZE"], "GROUP_RANK": str(node), PARENT_ENV: str(os.getpid())}
+                    for rank, local_rank in zip(self.rank_ids, local)]
+            names = [f"rank{rank}" for rank in self.rank_ids]
+            if self.spares is not None:
+                key = Spares.key([o.python, "-m", o.module], envs)
+                self.next_ranks = key, envs
+                ranks = self.spares.take(key)
+                if ranks is not None and self.spares.hand_over(ranks, envs, spec_path, self.log_dir, names):
+                    self.procs += [r.proc for r in ranks]
+                    self.seen.update(r.proc.pid for r in ranks)
+                    self.cold = [o.python, *worker], envs, names, ranks  # if one dies before it takes the trial
+                    return
+            for env, name in zip(envs, names):
+                self._start([o.python, *worker], env, name)
         elif o.launcher == "torchrun":
             self._start([o.python, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={o.ranks}",
                          f"--master-addr={MASTER_ADDR}", f"--master-port={base['MASTER_PORT']}", *worker], base, "launcher")
@@ -438,6 +586,9 @@ class Trial:
         o = self.options
         now = time.time()
         phases = self._phases()
+        if self.cold is not None and self._spare_lost(phases):
+            return False
+        self._tend_spares(phases)
         if any(p.get("phase") == "build_ops" for p in phases.values()) and self._build_pause < MAX_BUILD_PAUSE_S:
             self._build_pause += now - self._last  # a first-use op build is not the config's fault
         self._last = now
@@ -460,6 +611,39 @@ class Trial:
             self.verdict = ("timeout", f"no result within the timeout of {o.timeout_s:g} s{paused} ({where})")
             return True
         return False
+
+    def _spare_lost(self, phases: Mapping[int, Mapping[str, Any]]) -> bool:
+        """A rank started ahead that exited before it took the trial (its imports opened the device, or it was
+        killed): the trial's own ranks start instead (True), as if none had been ahead."""
+        if all(p.poll() is None or rank in phases for p, rank in zip(self.procs, self.rank_ids)):
+            if len(phases) == len(self.rank_ids):
+                self.cold = None  # every rank took the trial
+            return False
+        assert self.cold is not None
+        argv, envs, names, ranks = self.cold
+        self.cold = None
+        _end(self.procs)
+        self.procs = []
+        for rank, name in zip(ranks, names):  # why it was lost, beside the trial's own log
+            with contextlib.suppress(OSError):
+                rank.stderr.replace(self.log_dir / f"{name}.ahead.stderr")
+        _discard(ranks)
+        for env, name in zip(envs, names):
+            self._start(argv, env, name)
+        return True
+
+    def _tend_spares(self, phases: Mapping[int, Mapping[str, Any]]) -> None:
+        """Start the next trial's ranks once this trial's have made their imports (each past `start`); keep the
+        ones still importing off the cores while this trial measures."""
+        if self.spares is None:
+            return
+        if self.next_ranks is not None and len(phases) == len(self.rank_ids) \
+                and all(p.get("phase") != "start" for p in phases.values()):
+            key, envs = self.next_ranks
+            self.next_ranks = None
+            self.spares.start(key, self.options.python, self.options.module, envs)
+        if any(p.get("phase") == "measure" for p in phases.values()):
+            self.spares.hold_unready()
 
     def failing(self, reports: Sequence[dict[str, Any] | None] | None = None) -> bool:
         """A rank here reported a failure or exited badly, or the runner has its own verdict."""
@@ -517,6 +701,8 @@ class Trial:
             time.sleep(0.01)
         for log in self.logs:
             log.close()
+        if self.spares is not None:
+            self.spares.resume()
         if self.placement is None:
             remove_shm_buffers(MASTER_ADDR, self.master_port)
             release_port(self.master_port)

@@ -1,4 +1,6 @@
-"""The trial worker: `python -m autotune.worker <spec.json>`, one process per rank.
+"""The trial worker: `python -m autotune.worker <spec.json>`, one process per rank; or `--spare READY`, a rank
+started ahead of its trial (autotune.trials.runner.Spares): it makes every trial's imports, writes READY, then
+waits on stdin for the trial it joins (`wait_for_trial`).
 
 It builds the built-in model where it trains (ZeRO 0-2: on the rank's device in its training dtype, no fp32
 copy on the host for initialize to move and cast, autotune.worker.model.build; ZeRO-3: partitioned under
@@ -19,6 +21,7 @@ import argparse
 import contextlib
 import copy
 import ctypes
+import json
 import os
 import signal
 import statistics
@@ -28,6 +31,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from autotune.worker.device import AcceleratorMismatch, open_device
@@ -38,6 +42,7 @@ from autotune.worker.training import Ledger, Untrained, scaler_gave_up, state_by
 from autotune.values.results import OVERFLOW, SCALER_AT_MINIMUM
 
 PR_SET_PDEATHSIG = 1
+SPARE_DEVICE_EXIT = 3  # a spare rank's exit when its imports opened the device (it would hold device memory)
 PARENT_ENV = "AUTOTUNE_PARENT_PID"  # set by the runner when it is this process's parent
 CPU_OOM = "DefaultCPUAllocator: can't allocate memory"  # c10's own report of a failed CPU allocation
 # Out-of-memory reported as a RuntimeError (or torch.distributed's DistBackendError) rather than
@@ -66,11 +71,17 @@ class UnsupportedModel(Unsupported):
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m autotune.worker")
-    parser.add_argument("spec")
+    parser.add_argument("spec", nargs="?")
+    parser.add_argument("--spare", metavar="READY", help="start ahead of a trial: import, write READY, wait on stdin")
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None)  # passed by DeepSpeed's launcher
     args = parser.parse_args(argv)
+    if (args.spec is None) == (args.spare is None):
+        parser.error("give the trial's spec.json, or --spare READY")
     die_with_parent()
     without_mlflow()
+    ahead = None
+    if args.spare is not None:
+        args.spec, ahead = wait_for_trial(args.spare)
     spec = WorkerSpec.read(args.spec)
     rank = int(os.environ.get("RANK", "0"))
     started = time.time()
@@ -78,7 +89,7 @@ def main(argv: list[str]) -> int:
     if spec.fault == "hang":
         _hang(spec, rank)
     try:
-        report = run(spec, rank, started)
+        report = run(spec, rank, started, ahead)
         code = 0
     except BaseException as err:  # every failure becomes a report; the runner decides what to do next
         traceback.print_exc()
@@ -149,7 +160,9 @@ def oom_cause(err: BaseException, accelerator: str) -> str:
     return "host_memory" if host and accelerator != "cpu" else "device_memory"
 
 
-def run(spec: WorkerSpec, rank: int, started: float) -> dict[str, Any]:
+def run(spec: WorkerSpec, rank: int, started: float, ahead: float | None = None) -> dict[str, Any]:
+    """The trial; `ahead`: the seconds a spare rank spent importing before its trial was handed to it (reported as
+    import_ahead_s, off the trial's clock: its spawn_s is then the hand-over, its import_s what was left of them)."""
     phases: dict[str, float] = {"spawn_s": started - spec.launch_time if spec.launch_time else 0.0}
     clock = _PhaseClock(phases)
 
@@ -284,7 +297,7 @@ def run(spec: WorkerSpec, rank: int, started: float) -> dict[str, Any]:
         "step_time_rel_se": median_rel_se(times) if len(times) > 1 else None, "stop_reason": reason,
         "baseline_memory_bytes": baseline, "peak_memory_bytes": peak, "startup_peak_bytes": startup_peak,
         "peak_allocated_bytes": memory.peak_allocated(), "first_step_time": first_step,
-        "phases_s": phases, "build": build_report, **ledger.evidence(), "model_revision": MODEL_REVISION,
+        "phases_s": phases, "import_ahead_s": ahead, "build": build_report, **ledger.evidence(), "model_revision": MODEL_REVISION,
         "optimizer": type(engine.optimizer).__name__, "basic_optimizer": type(engine.basic_optimizer).__name__,
         "threads": torch.get_num_threads(), **memory.details(),
     }
@@ -537,6 +550,40 @@ def host_store(torch: Any, timeout: Any) -> Any:
 
 
 host_store_on_loopback = host_store  # its earlier name (autotune.script.shim imports it)
+
+
+def wait_for_trial(ready: str) -> tuple[str, float]:
+    """A spare rank: the imports every trial makes (run's), then the trial it is handed, one JSON line on stdin
+    (autotune.trials.runner.Spares.hand_over): its spec's path, the environment it differs by (its rendezvous
+    port) and its log files, which take over this process's stdout and stderr with what they held so far. Returns
+    (spec path, seconds the imports took). End of input: no trial wanted this rank, it exits."""
+    t0 = time.time()
+    import torch
+    import deepspeed  # noqa: F401
+    from deepspeed.accelerator import get_accelerator  # noqa: F401
+
+    import autotune.worker.model  # noqa: F401
+
+    took = time.time() - t0
+    if torch.cuda.is_initialized():  # device memory held here would be missing to the trial running meanwhile
+        os._exit(SPARE_DEVICE_EXIT)
+    write_json_atomic(Path(ready), {"pid": os.getpid(), "import_s": took})
+    line = sys.stdin.readline()
+    if not line.strip():
+        os._exit(0)
+    order = json.loads(line)
+    Path(ready).unlink(missing_ok=True)
+    os.environ.update(order["env"])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for fd, (before, path) in ((1, order["stdout"]), (2, order["stderr"])):
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        with contextlib.suppress(FileNotFoundError):
+            os.write(target, Path(before).read_bytes())  # what the imports printed, at the top of the trial's log
+            os.unlink(before)
+        os.dup2(target, fd)
+        os.close(target)
+    return order["spec"], took
 
 
 def die_with_parent() -> None:

@@ -1,0 +1,176 @@
+"""Ranks started ahead (issue 41: cheaper trials): a sweep's trials with and without the next trial's ranks
+importing while the current one runs (autotune.trials.runner.Spares).
+
+Each round runs the same sequence of real trials (default: six fp32 configs of tiny, ZeRO 0-2, one rank) twice,
+on a fresh deepspeed backend each: `cold`, every rank started with its trial (ranks_ahead=False), and `ahead`, the
+product's default (from a backend's third trial on, its ranks were started during the trial before). The order
+of the two alternates from round to round, so that load drift hits both alike. Per arm, over every round: the
+median wall seconds of a trial and of launch to its first measured step, over the trials from the third on
+(where `ahead` runs on ranks started ahead); the median sequence's seconds in all; and the median step time,
+paired config by config, to show that the measurement is no different.
+
+    python benchmarks/ranks_ahead.py [--rounds 3] [--trials 6] [--gpus 1] [--hardware auto] [--model tiny]
+
+Writes ranks_ahead.md and ranks_ahead.json to --out (default benchmarks/results/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from autotune.backends.deepspeed import DeepSpeedBackend
+from autotune.trials.devices import AUTO, resolve_hardware
+from autotune.values.config import Config
+from autotune.values.dsconfig import DsOptions
+from autotune.values.hardware import PROFILES, Hardware
+from autotune.values.results import TrialResult
+from autotune.values.workload import Workload, make_workload
+
+HERE = Path(__file__).parent
+RESULTS = HERE / "results"
+ARMS = ("cold", "ahead")
+FIRST_AHEAD = 2  # index of a backend's first trial that can run on ranks started ahead (its third)
+
+
+def configs(count: int, ranks: int, global_batch: int) -> list[Config]:
+    stages = (0, 1, 2)
+    micro = max(1, global_batch // ranks // 2)
+    return [Config(stages[i % 3], micro, i // 3 % 2, "fp32") for i in range(count)]
+
+
+def sequence(arm: str, todo: list[Config], workload: Workload, hardware: Hardware, logs: Path) -> tuple[list[TrialResult], float]:
+    backend = DeepSpeedBackend(workload, None, hardware, DsOptions(force_ds_cpu_optimizer=False), logs,
+                               timeout_s=900, ranks_ahead=arm == "ahead")
+    t0 = time.time()
+    try:
+        results = [backend.run(config) for config in todo]
+    finally:
+        backend.close()
+    return results, time.time() - t0
+
+
+def run(rounds: int, todo: list[Config], workload: Workload, hardware: Hardware, logs: Path,
+        console: Console) -> list[dict]:
+    out = []
+    for round_ in range(rounds):
+        for arm in (ARMS if round_ % 2 == 0 else ARMS[::-1]):
+            results, spent = sequence(arm, todo, workload, hardware, logs / f"{round_}-{arm}")
+            bad = [r for r in results if r.status != "ok"]
+            if bad:
+                raise SystemExit(f"round {round_ + 1} {arm}: {bad[0].config.label()} {bad[0].status}: {bad[0].error}")
+            out.append({"round": round_ + 1, "arm": arm, "seconds": spent, "results": [r.to_dict() for r in results]})
+            walls = [r.wall_time_s or 0.0 for r in results]
+            console.print(f"round {round_ + 1} {arm:5}: {spent:5.1f} s in all, trials "
+                          + " ".join(f"{w:.1f}" for w in walls), highlight=False)
+    return out
+
+
+def median(values) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def summary(runs: list[dict]) -> dict:
+    rows = {}
+    for arm in ARMS:
+        mine = [r for r in runs if r["arm"] == arm]
+        later = [t for r in mine for t in r["results"][FIRST_AHEAD:]]
+        rows[arm] = {
+            "sequences": len(mine), "trials_from_third": len(later),
+            "started_ahead": sum(t.get("import_ahead_s") is not None for t in later),
+            "wall_s": median([t["wall_time_s"] for t in later]),
+            "first_step_s": median([t["launch_to_first_step_s"] for t in later]),
+            "import_s": median([t["phases_s"]["import_s"] for t in later]),
+            "initialize_s": median([t["phases_s"]["initialize_s"] for t in later]),
+            "import_ahead_s": median([t["import_ahead_s"] for t in later
+                                      if t.get("import_ahead_s") is not None]),
+            "sequence_s": median([r["seconds"] for r in mine]),
+        }
+    # Paired by round and position (the same config): each arm's step time, wall and sequence over cold's.
+    pairs = [(c, a) for c in runs if c["arm"] == "cold" for a in runs if a["arm"] == "ahead" and a["round"] == c["round"]]
+    step = [ta["step_time_s"] / tc["step_time_s"] for c, a in pairs for tc, ta in zip(c["results"], a["results"])]
+    wall = [ta["wall_time_s"] / tc["wall_time_s"] for c, a in pairs
+            for tc, ta in zip(c["results"][FIRST_AHEAD:], a["results"][FIRST_AHEAD:])]
+    rows["paired"] = {"step_time_ratio": median(step), "step_time_ratio_range": [min(step), max(step)],
+                      "wall_ratio_from_third": median(wall),
+                      "sequence_ratio": median([a["seconds"] / c["seconds"] for c, a in pairs])}
+    return rows
+
+
+def markdown(rows: dict, command: str, workload: Workload, hardware: Hardware, todo: list[Config]) -> str:
+    p = rows["paired"]
+    lines = [
+        "# Ranks started ahead: a sweep's trials with and without (issue 41)", "",
+        f"`{command}` ({machine()}; load average at the end {os.getloadavg()[0]:.1f}). {workload.model.name}, "
+        f"{workload.gpus} rank(s), global batch {workload.global_batch}, on {hardware.name}; each round the same "
+        f"{len(todo)} trials ({', '.join(c.label() for c in todo)}) on a fresh backend per arm, the arms' order "
+        "alternating. `cold`: every rank started with its trial; `ahead` (the default): from the third trial on, "
+        "on ranks started during the trial before. Medians over the trials from the third on, all rounds.", "",
+        "| arm | sequences | trials (from 3rd) | on ranks ahead | wall s / trial | launch to 1st step s | import s | "
+        "initialize s | imports made ahead s | sequence s |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for arm in ARMS:
+        r = rows[arm]
+        lines.append(f"| {arm} | {r['sequences']} | {r['trials_from_third']} | {r['started_ahead']} | {r['wall_s']:.2f} | "
+                     f"{r['first_step_s']:.2f} | {r['import_s']:.2f} | {r['initialize_s']:.2f} | "
+                     f"{fmt(r['import_ahead_s'])} | {r['sequence_s']:.1f} |")
+    lines += ["", f"Paired (same round, same config), ahead / cold: wall per trial from the third "
+              f"{p['wall_ratio_from_third']:.2f}x, whole sequence {p['sequence_ratio']:.2f}x; measured step time "
+              f"{p['step_time_ratio']:.2f}x (range {p['step_time_ratio_range'][0]:.2f}-{p['step_time_ratio_range'][1]:.2f}): "
+              "the measurement is the same where the ratio is 1 within the machine's trial-to-trial spread.", ""]
+    return "\n".join(lines) + "\n"
+
+
+def fmt(value: float) -> str:
+    return "-" if value != value else f"{value:.2f}"
+
+
+def machine() -> str:
+    model = ""
+    try:
+        model = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                     if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{model or platform.processor() or 'unknown CPU'}, {platform.machine()}, {os.cpu_count()} cores"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--trials", type=int, default=6, help="trials per sequence (default: 6)")
+    parser.add_argument("--gpus", type=int, default=1, help="ranks (default: 1)")
+    parser.add_argument("--hardware", choices=[AUTO, *PROFILES], default=AUTO,
+                        help="the trials' profile (default: auto, this machine's accelerator)")
+    parser.add_argument("--model", default="tiny", help="a preset or Hugging Face config (default: tiny)")
+    parser.add_argument("--global-batch", type=int, default=8)
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where the .md and .json go (default: %(default)s)")
+    args = parser.parse_args()
+    if args.rounds < 1 or args.trials <= FIRST_AHEAD:
+        parser.error(f"--rounds {args.rounds}, --trials {args.trials}: at least 1 round and {FIRST_AHEAD + 1} trials")
+    hardware, _ = resolve_hardware(args.hardware if args.hardware == AUTO else PROFILES[args.hardware], real=True)
+    workload = make_workload(args.model, global_batch=args.global_batch, gpus=args.gpus)
+    todo = configs(args.trials, args.gpus, args.global_batch)
+    console = Console()
+    runs = run(args.rounds, todo, workload, hardware, Path(tempfile.mkdtemp(prefix="ranks_ahead-")), console)
+    rows = summary(runs)
+    command = ("python benchmarks/ranks_ahead.py " + " ".join(sys.argv[1:])).strip()
+    text = markdown(rows, command, workload, hardware, todo)
+    console.print(text, highlight=False)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "ranks_ahead.json").write_text(json.dumps({"command": command, "summary": rows, "runs": runs},
+                                                           indent=1) + "\n")
+    (args.out / "ranks_ahead.md").write_text(text)
+
+
+if __name__ == "__main__":
+    main()
