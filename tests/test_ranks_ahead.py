@@ -18,6 +18,7 @@ from autotune.values.config import Config
 from autotune.values.dsconfig import ds_config
 from autotune.values.hardware import PROFILES
 from autotune.values.workload import make_workload
+from autotune.worker.main import SPARE_DEVICE_EXIT
 from autotune.worker.measure import MeasureSettings
 from autotune.worker.protocol import WorkerSpec, read_events
 
@@ -100,7 +101,7 @@ def test_a_trial_whose_spare_dies_before_taking_it_starts_its_own_ranks(tmp_path
     # A spare that reads its trial, then exits as one whose imports opened the device does.
     lost = tmp_path / "lost"
     proc = Popen([sys.executable, "-c", "import sys; sys.stdin.readline(); print('device opened', file=sys.stderr); "
-                  "sys.exit(3)"], stdin=PIPE, stderr=open(f"{lost}.stderr", "wb"), start_new_session=True)
+                  f"sys.exit({SPARE_DEVICE_EXIT})"], stdin=PIPE, stderr=open(f"{lost}.stderr", "wb"), start_new_session=True)
     spare = SpareRank(proc, Path(f"{lost}.ready"), Path(f"{lost}.stdout"), Path(f"{lost}.stderr"))
     spares = Spares(tmp_path / "spares")
     monkeypatch.setattr(spares, "take", lambda key: [spare])
@@ -112,6 +113,9 @@ def test_a_trial_whose_spare_dies_before_taking_it_starts_its_own_ranks(tmp_path
     assert hung["phase"] == "hang" and hung["pid"] != proc.pid
     assert "device opened" in (Path(spec.log_dir) / "rank0.ahead.stderr").read_text()
     assert not lost.with_suffix(".stderr").exists()
+    assert spares.off  # its exit said its imports opened the device: every spare's would, none is started again
+    spares.start(("any",), sys.executable, "autotune.worker", [{}])
+    assert spares.held is None
 
 
 def test_the_worker_wants_a_spec_or_spare():

@@ -209,6 +209,9 @@ def test_the_gpu_kit_reports_what_each_trials_steps_did_and_wants_an_fp16_trial_
                                   "phases": [], "checks": checks, "plan": plan.to_dict(), "recording": {},
                                   "tune": {}, "training": rows})
     assert "| 11-27 |" not in table and "| tune | z3 mb4 ck2 fp16 oo=cpu | untrained (overflow) | None |" in table
+    # Each trial's launch to its first measured step; none of the 11-27 trials ran on ranks started ahead.
+    assert [r["import_ahead_s"] for r in rows] == [None, None] and all(r["first_step_s"] > 10 for r in rows)
+    assert "| launch to 1st step | imports made ahead |" in table
 
 
 def _records(data):

@@ -26,12 +26,13 @@ in the runner itself (KeyboardInterrupt: the tuner's interruption), every proces
 
 Spares (issue 41: cheaper trials): a runner given `Spares` starts, while a trial runs, the next trial's ranks
 (`python -m autotune.worker --spare`) once the trial's own ranks have made their imports; they import torch and
-DeepSpeed (~3 s of a 12 s trial on the 2-core CPU, 5 s of every H200 trial's 17-23 s to its first measured step)
-and wait. The next trial whose ranks would start with the same command and environment (all but its rendezvous
-port) is handed to them instead of new processes, where the machine has a core beside each rank for each spare's
-imports. A spare still importing when a trial starts measuring is
-stopped (SIGSTOP) until that trial ends, so it never takes a core from a measured step; one whose imports
-opened the device exits (device memory held beside a trial would move its out-of-memory cliff).
+DeepSpeed (~1.4 s of a 6 s trial of tiny on the 2-core CPU, 4.9-5.2 s of every H200 trial's 17-23 s to its first
+measured step) and wait. The next trial whose ranks would start with the same command and environment (all but
+its rendezvous port) is handed to them instead of new processes (`ahead_allowed`: where a core beside each rank
+is free for a spare's imports). A spare still importing when a trial starts measuring is stopped (SIGSTOP) until
+that trial ends, so it never takes a core from a measured step. A spare that dies before it takes its trial is
+replaced by the trial's own ranks; one whose imports opened the device (it would hold device memory beside the
+trial running meanwhile) exits, and no spare is started again.
 
 The verdict comes from structured signals only: the runner's own observations (timeout, budget), the
 ranks' report files (ok / oom / unsupported / crash with the exception type), and exit codes and signals.
@@ -58,7 +59,7 @@ import psutil
 from autotune.values.allocator import environment as allocator_environment
 from autotune.trials.ops import with_deepspeed_arch_list
 from autotune.worker import procmem
-from autotune.worker.main import PARENT_ENV
+from autotune.worker.main import PARENT_ENV, SPARE_DEVICE_EXIT
 from autotune.worker.protocol import WorkerSpec, read_events, read_report
 
 LAUNCHERS = ("direct", "torchrun", "deepspeed")
@@ -372,6 +373,7 @@ class Spares:
         self.held: tuple[tuple, list[SpareRank]] | None = None
         self.stopped: list[SpareRank] = []
         self.started = 0
+        self.off = False  # a spare's imports opened the device: on this machine every one's would, none starts
 
     @staticmethod
     def key(argv: Sequence[str], envs: Sequence[Mapping[str, str]]) -> tuple:
@@ -382,6 +384,8 @@ class Spares:
     def start(self, key: tuple, python: str, module: str, envs: Sequence[Mapping[str, str]]) -> None:
         """Start one rank per environment of `envs` (ending any set held before)."""
         self.close()
+        if self.off:
+            return
         self.folder.mkdir(parents=True, exist_ok=True)
         self.started += 1
         ranks = []
@@ -402,8 +406,17 @@ class Spares:
             return None
         if held[0] == key and all(r.proc.poll() is None for r in held[1]):
             return held[1]
-        _discard(held[1])
+        self.drop(held[1])
         return None
+
+    def drop(self, ranks: Sequence[SpareRank]) -> None:
+        """End ranks no trial will run on and remove their files (what they printed is their imports'); one that
+        exited because its imports opened the device turns spares off."""
+        self.off = self.off or any(r.proc.poll() == SPARE_DEVICE_EXIT for r in ranks)
+        _end([r.proc for r in ranks])
+        for rank in ranks:
+            for path in (rank.ready, rank.stdout, rank.stderr):
+                path.unlink(missing_ok=True)
 
     def hand_over(self, ranks: Sequence[SpareRank], envs: Sequence[Mapping[str, str]], spec_path: Path,
                   log_dir: Path, names: Sequence[str]) -> bool:
@@ -417,7 +430,7 @@ class Spares:
                 rank.proc.stdin.write((json.dumps(order) + "\n").encode())
                 rank.proc.stdin.close()
         except (BrokenPipeError, OSError):
-            _discard(ranks)
+            self.drop(ranks)
             return False
         return True
 
@@ -440,24 +453,17 @@ class Spares:
         self.resume()
         held, self.held = self.held, None
         if held is not None:
-            _discard(held[1])
+            self.drop(held[1])
 
 
 def ahead_allowed(options: LaunchOptions, cores: int | None = None) -> bool:
     """Whether a trial of `options` may run on ranks started ahead and start the next trial's: the built-in worker,
     launched directly, every rank on this machine, and a core beside each rank for each spare's imports (on the
-    2-core CPU, two spares importing beside a 2-rank trial slowed its initialize more than they saved)."""
+    2-core CPU, two spares importing beside 2-rank trials slowed their initialize more than they saved: 5.3-5.6 s a
+    trial against 4.5 s without, one sequence of four)."""
     cores = (os.cpu_count() or 1) if cores is None else cores
     return options.module == SPARE_MODULE and options.launcher == "direct" and options.placement is None \
         and cores >= 2 * options.ranks
-
-
-def _discard(ranks: Sequence[SpareRank]) -> None:
-    """End ranks no trial will run on, and remove their files (what they printed is their imports')."""
-    _end([r.proc for r in ranks])
-    for rank in ranks:
-        for path in (rank.ready, rank.stdout, rank.stderr):
-            path.unlink(missing_ok=True)
 
 
 def _end(procs: Sequence[Popen]) -> None:
@@ -627,7 +633,8 @@ class Trial:
         for rank, name in zip(ranks, names):  # why it was lost, beside the trial's own log
             with contextlib.suppress(OSError):
                 rank.stderr.replace(self.log_dir / f"{name}.ahead.stderr")
-        _discard(ranks)
+        assert self.spares is not None
+        self.spares.drop(ranks)
         for env, name in zip(envs, names):
             self._start(argv, env, name)
         return True
