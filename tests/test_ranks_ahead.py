@@ -30,6 +30,16 @@ def gone(pid: int) -> bool:
         return True
 
 
+def settles(pid: int, wanted, timeout: float = 10.0) -> bool:
+    """The process's status is `wanted` within `timeout` (a signal is delivered asynchronously)."""
+    deadline = time.time() + timeout
+    while not wanted(psutil.Process(pid).status()):
+        if time.time() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def sleeper(tmp_path: Path, name: str) -> SpareRank:
     """A stand-in spare: a process that never becomes ready."""
     proc = Popen([sys.executable, "-c", "import time; time.sleep(600)"], stdin=PIPE, start_new_session=True)
@@ -61,9 +71,9 @@ def test_spares_another_trial_cannot_use_are_ended_and_unready_ones_wait_while_a
     spare = sleeper(tmp_path, "a")
     spares.held = key, [spare]
     spares.hold_unready()  # not ready: off the cores while the trial measures
-    assert psutil.Process(spare.proc.pid).status() == psutil.STATUS_STOPPED
+    assert settles(spare.proc.pid, lambda status: status == psutil.STATUS_STOPPED)
     spares.resume()
-    assert psutil.Process(spare.proc.pid).status() != psutil.STATUS_STOPPED
+    assert settles(spare.proc.pid, lambda status: status != psutil.STATUS_STOPPED)
     assert spares.take(other) is None and gone(spare.proc.pid) and spares.held is None
 
     dead = sleeper(tmp_path, "b")
