@@ -26,7 +26,7 @@ in the runner itself (KeyboardInterrupt: the tuner's interruption), every proces
 
 Spares (issue 41: cheaper trials): a runner given `Spares` starts, while a trial runs, the next trial's ranks
 (`python -m autotune.worker --spare`) once the trial's own ranks have made their imports; they import torch and
-DeepSpeed (~1.4 s of a 6 s trial of tiny on the 2-core CPU, 4.9-5.2 s of every H200 trial's 17-23 s to its first
+DeepSpeed (~1.3 s of a 5.6 s trial of tiny on the 2-core CPU, 4.9-5.2 s of every H200 trial's 17-23 s to its first
 measured step) and wait. The next trial whose ranks would start with the same command and environment (all but
 its rendezvous port) is handed to them instead of new processes (`ahead_allowed`: where a core beside each rank
 is free for a spare's imports). A spare still importing when a trial starts measuring is stopped (SIGSTOP) until
