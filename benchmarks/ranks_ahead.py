@@ -29,7 +29,7 @@ from pathlib import Path
 from rich.console import Console
 
 from autotune.backends.deepspeed import DeepSpeedBackend
-from autotune.trials.devices import AUTO, resolve_hardware
+from autotune.trials.devices import AUTO, cpu_model, resolve_hardware
 from autotune.values.config import Config
 from autotune.values.dsconfig import DsOptions
 from autotune.values.hardware import PROFILES, Hardware
@@ -135,13 +135,7 @@ def fmt(value: float) -> str:
 
 
 def machine() -> str:
-    model = ""
-    try:
-        model = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                     if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{model or platform.processor() or 'unknown CPU'}, {platform.machine()}, {os.cpu_count()} cores"
+    return f"{cpu_model()}, {platform.machine()}, {os.cpu_count()} cores"
 
 
 def main() -> None:

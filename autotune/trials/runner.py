@@ -503,9 +503,10 @@ class Trial:
     def __init__(self, spec: WorkerSpec, options: LaunchOptions, log_dir: Path, spares: Spares | None = None) -> None:
         self.options, self.log_dir = options, log_dir
         self.spares = spares if spares is not None and ahead_allowed(options) else None
-        self.next_ranks: tuple[tuple, list[dict[str, str]]] | None = None  # the spares to start, once imported
-        # Ranks ahead took this trial: how to start it without them, should one die before it takes it.
-        self.cold: tuple[list[str], list[dict[str, str]], list[str], list[SpareRank]] | None = None
+        self.spare_key: tuple | None = None  # what the next trial's ranks, started once this one's imported, share
+        self.ahead: list[SpareRank] | None = None  # ranks started ahead that took this trial, until each began it
+        self.argv: list[str] = []  # how this trial's ranks start (direct launch), one environment each
+        self.envs: list[dict[str, str]] = []
         self.placement = options.placement
         self.rank_ids: tuple[int, ...] = self.placement.ranks if self.placement else tuple(range(options.ranks))
         self.launch_time = time.time()
@@ -544,27 +545,33 @@ class Trial:
         if o.launcher == "direct":
             local = place.local_ranks if place else self.rank_ids
             world, node = (place.world_size, place.node_rank) if place else (o.ranks, 0)
-            envs = [{**base, "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world),
-                     "LOCAL_WORLD_SIZE": base["LOCAL_SIZE"], "GROUP_RANK": str(node), PARENT_ENV: str(os.getpid())}
-                    for rank, local_rank in zip(self.rank_ids, local)]
-            names = [f"rank{rank}" for rank in self.rank_ids]
+            self.argv = [o.python, *worker]
+            self.envs = [{**base, "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world),
+                          "LOCAL_WORLD_SIZE": base["LOCAL_SIZE"], "GROUP_RANK": str(node), PARENT_ENV: str(os.getpid())}
+                         for rank, local_rank in zip(self.rank_ids, local)]
             if self.spares is not None:
-                key = Spares.key([o.python, "-m", o.module], envs)
-                self.next_ranks = key, envs
-                ranks = self.spares.take(key)
-                if ranks is not None and self.spares.hand_over(ranks, envs, spec_path, self.log_dir, names):
+                self.spare_key = Spares.key([o.python, "-m", o.module], self.envs)
+                ranks = self.spares.take(self.spare_key)
+                if ranks is not None and self.spares.hand_over(ranks, self.envs, spec_path, self.log_dir,
+                                                               self._names()):
                     self.procs += [r.proc for r in ranks]
                     self.seen.update(r.proc.pid for r in ranks)
-                    self.cold = [o.python, *worker], envs, names, ranks  # if one dies before it takes the trial
+                    self.ahead = ranks
                     return
-            for env, name in zip(envs, names):
-                self._start([o.python, *worker], env, name)
+            self._start_ranks()
         elif o.launcher == "torchrun":
             self._start([o.python, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={o.ranks}",
                          f"--master-addr={MASTER_ADDR}", f"--master-port={base['MASTER_PORT']}", *worker], base, "launcher")
         else:
             self._start([o.python, "-m", "deepspeed.launcher.runner", "--num_gpus", str(o.ranks),
                          "--master_port", base["MASTER_PORT"], "--module", *worker[1:]], base, "launcher")
+
+    def _names(self) -> list[str]:
+        return [f"rank{rank}" for rank in self.rank_ids]
+
+    def _start_ranks(self) -> None:
+        for env, name in zip(self.envs, self._names()):
+            self._start(self.argv, env, name)
 
     def _start(self, argv: list[str], env: Mapping[str, str], name: str) -> None:
         out = (self.log_dir / f"{name}.stdout").open("ab")
@@ -592,7 +599,7 @@ class Trial:
         o = self.options
         now = time.time()
         phases = self._phases()
-        if self.cold is not None and self._spare_lost(phases):
+        if self.ahead is not None and self._spare_lost(phases):
             return False
         self._tend_spares(phases)
         if any(p.get("phase") == "build_ops" for p in phases.values()) and self._build_pause < MAX_BUILD_PAUSE_S:
@@ -623,20 +630,17 @@ class Trial:
         killed): the trial's own ranks start instead (True), as if none had been ahead."""
         if all(p.poll() is None or rank in phases for p, rank in zip(self.procs, self.rank_ids)):
             if len(phases) == len(self.rank_ids):
-                self.cold = None  # every rank took the trial
+                self.ahead = None  # every rank took the trial
             return False
-        assert self.cold is not None
-        argv, envs, names, ranks = self.cold
-        self.cold = None
+        assert self.ahead is not None and self.spares is not None
+        ranks, self.ahead = self.ahead, None
         _end(self.procs)
         self.procs = []
-        for rank, name in zip(ranks, names):  # why it was lost, beside the trial's own log
+        for rank, name in zip(ranks, self._names()):  # why it was lost, beside the trial's own log
             with contextlib.suppress(OSError):
                 rank.stderr.replace(self.log_dir / f"{name}.ahead.stderr")
-        assert self.spares is not None
         self.spares.drop(ranks)
-        for env, name in zip(envs, names):
-            self._start(argv, env, name)
+        self._start_ranks()
         return True
 
     def _tend_spares(self, phases: Mapping[int, Mapping[str, Any]]) -> None:
@@ -644,11 +648,10 @@ class Trial:
         ones still importing off the cores while this trial measures."""
         if self.spares is None:
             return
-        if self.next_ranks is not None and len(phases) == len(self.rank_ids) \
+        if self.spare_key is not None and len(phases) == len(self.rank_ids) \
                 and all(p.get("phase") != "start" for p in phases.values()):
-            key, envs = self.next_ranks
-            self.next_ranks = None
-            self.spares.start(key, self.options.python, self.options.module, envs)
+            self.spares.start(self.spare_key, self.options.python, self.options.module, self.envs)
+            self.spare_key = None
         if any(p.get("phase") == "measure" for p in phases.values()):
             self.spares.hold_unready()
 
