@@ -238,6 +238,19 @@ def test_ray_init_that_never_returns_is_bounded():
         release.set()
 
 
+def test_what_a_library_writes_to_the_stderr_descriptor_is_held_then_passed_on_or_dropped():
+    code = ("import os, sys\nfrom autotune.trials import cluster\n"
+            "for keep in (True, False):\n"
+            "    with cluster._stderr_held() as held:\n"
+            "        os.write(2, f'native {keep}\\n'.encode())\n"
+            "        print(f'python {keep}', file=sys.stderr)\n"
+            "        held.keep = keep\n"
+            "    print(f'after {keep}', file=sys.stderr)\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stderr.splitlines() == ["native True", "python True", "after True", "after False"]
+
+
 @pytest.fixture
 def http2_server():
     """A port that answers as an HTTP/2 server (its SETTINGS frame), then never again: a gRPC endpoint that

@@ -324,23 +324,26 @@ def test_tune_on_the_cluster_driver_killed_and_resumed_keeps_the_run_directory_c
     assert len(told) >= len(ran)
 
 
-def test_a_wrong_token_is_refused(cluster, tmp_path):
+def test_a_wrong_token_or_none_is_refused_at_once_in_one_line(cluster, tmp_path):
     bad = tmp_path / "bad_token"
     bad.write_text(secrets.token_hex(32))
-    env_token = cluster.env["RAY_AUTH_TOKEN_PATH"]
-    cluster.env["RAY_AUTH_TOKEN_PATH"] = str(bad)
+    env = dict(cluster.env)
     try:
-        run = autotune(cluster, "tune", "--model", "tiny", "--backend", "simulated", "--strategy", "random", "--trials", "2",
-                       "--out", str(tmp_path / "refused"), "--ray-address", cluster.address, timeout=180)
+        for case, auth in (("wrong", {"RAY_AUTH_TOKEN_PATH": str(bad)}), ("none", {"RAY_AUTH_MODE": "disabled"})):
+            cluster.env = {**env, **auth}
+            run = autotune(cluster, "tune", "--model", "tiny", "--backend", "simulated", "--strategy", "random",
+                           "--trials", "2", "--out", str(tmp_path / case), "--ray-address", cluster.address, timeout=180)
+            assert run.returncode == 2, (case, run.stderr)
+            # Ray's own warning, repeated every second while ray.init retried a refused token, is not shown: one
+            # line says why, within the probe's bound rather than ray.init's 20 s.
+            lines = [line for line in run.stderr.splitlines() if not line.startswith("tuning tiny")]
+            assert lines == [f"autotune tune: error: --ray-address {cluster.address}: the cluster refused this process "
+                             "(RPC error: InvalidAuthToken: Authentication token is missing or incorrect); are "
+                             "RAY_AUTH_MODE=token and its token (RAY_AUTH_TOKEN_PATH=FILE, RAY_AUTH_TOKEN, or "
+                             "~/.ray/auth_token) set in this environment?"], (case, run.stderr)
+            assert not (tmp_path / case / "trials.jsonl").exists()
     finally:
-        cluster.env["RAY_AUTH_TOKEN_PATH"] = env_token
-    assert run.returncode == 2
-    last = run.stderr.strip().splitlines()[-1]
-    # Ray either refuses the token or never answers (it retries a refused token until the connect bound)
-    assert last.startswith(("autotune tune: error: --ray-address", f"autotune tune: error: cannot reach Ray cluster "
-                                                                   f"at {cluster.address}")), last
-    assert "RAY_AUTH_MODE=token" in last
-    assert not (tmp_path / "refused" / "trials.jsonl").exists()
+        cluster.env = env
 
 
 def _name(proc: psutil.Process) -> str:

@@ -9,7 +9,11 @@ import os
 import re
 import signal
 import socket
+import sys
+import tempfile
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from autotune.values.config import ConfigError, first_line
@@ -37,16 +41,85 @@ def connect(address: str, num_cpus: int | None = None) -> None:
         start_local(ray, num_cpus)
         return
     check_reachable(address)
+    token_set = ("RAY_AUTH_MODE=token and its token (RAY_AUTH_TOKEN_PATH=FILE, RAY_AUTH_TOKEN, or ~/.ray/auth_token) "
+                 "set in this environment?")
+    refused = _token_refused(address)
+    if refused:
+        raise ConfigError(f"--ray-address {address}: the cluster refused this process ({refused}); are {token_set}")
     err = _init_within(ray, address, CONNECT_TIMEOUT_S)
-    # A cluster that wants a token Ray was not given also just never answers: the hint names both causes.
-    token = ("if it uses token authentication, are RAY_AUTH_MODE=token and its token (RAY_AUTH_TOKEN_PATH=FILE, "
-             "RAY_AUTH_TOKEN, or ~/.ray/auth_token) set in this environment?")
+    # A cluster that wants a token Ray was not given may also just never answer: the hint names both causes.
+    token = f"if it uses token authentication, are {token_set}"
     if isinstance(err, TimeoutError):
         raise ConfigError(f"cannot reach Ray cluster at {address}: {err}; is it a Ray cluster's address "
                           f"(the head's GCS port, or ray://HOST:PORT of its Ray Client server)? And {token}")
     if err is not None:
         raise ConfigError(f"--ray-address {address}: cannot connect to Ray: {first_line(err)}; is it running, and "
                           f"{token}") from None
+
+
+def _token_refused(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> str:
+    """Why the cluster at `address` (HOST:PORT of its GCS) refused this process's authentication token, or ""
+    when it did not (or cannot say in time). One request, answered at once: ray.init instead retries a refused
+    token for 20 s, printing Ray's warning every second, and then reads as a cluster that never answered.
+    Ray's own warning of the refusal (C++, on the stderr descriptor) is kept off stderr unless the probe found
+    no refusal; a probe that outlives `timeout_s` is left to ray.init's own bound."""
+    if address == "auto" or "://" in address:
+        return ""
+    from ray.exceptions import AuthenticationError
+
+    host = _ray_host(address, address.rpartition(":")[0])
+    verdict: list[str] = []
+
+    def probe() -> None:
+        try:
+            from ray._raylet import GcsClient  # type: ignore[attr-defined]  # (the stub lacks it; ray.init uses it)
+
+            GcsClient(address=f"{host}:{address.rpartition(':')[2]}")
+        except AuthenticationError as err:
+            verdict.append(err.message.strip().splitlines()[0] if err.message.strip() else "refused")
+        except Exception:  # noqa: BLE001  (anything else is ray.init's to report)
+            pass
+
+    with _stderr_held() as held:
+        thread = threading.Thread(target=probe, name="ray-token-probe", daemon=True)
+        thread.start()
+        thread.join(timeout_s)
+        refused = verdict[0] if verdict and not thread.is_alive() else ""
+        held.keep = not refused
+    return refused
+
+
+class _Held:
+    keep = True  # whether what was written meanwhile goes on to stderr
+
+
+@contextmanager
+def _stderr_held() -> Iterator[_Held]:
+    """Hold what is written to the stderr file descriptor (a C++ library's log included) in a file, and pass it
+    on afterwards unless told not to. Where stderr is no file descriptor (a test's captured stream): nothing."""
+    held = _Held()
+    try:
+        sys.stderr.flush()
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        yield held
+        return
+    saved = os.dup(fd)
+    try:
+        with tempfile.TemporaryFile() as buffer:
+            os.dup2(buffer.fileno(), fd)
+            try:
+                yield held
+            finally:
+                sys.stderr.flush()
+                os.dup2(saved, fd)
+                if held.keep:
+                    buffer.seek(0)
+                    text = buffer.read()
+                    while text:
+                        text = text[os.write(fd, text):]
+    finally:
+        os.close(saved)
 
 
 def _init_within(ray: Any, address: str, timeout_s: float) -> BaseException | None:
