@@ -454,7 +454,7 @@ def tune_many(plans: Sequence[Plan], *, executor: "RayOptions | None" = None,
             own = None if isinstance(plan.spec.strategy, str) else plan.spec.strategy
             if executor is None:  # this machine runs the trials: the backend now, its launch spread known
                 backends[i] = run.objective or make_backend(  # closed by its loop (drivers/local.py)
-                    run.settings, run.run_dir, plan.spec.trial_options())
+                    run.settings, run.run_dir, replace(plan.spec.trial_options(), in_sequence=True))
             sigma = prior_sigma(run.settings.backend, backends.get(i))  # a simulation's own noise, if it says
             sweep, tracker, reason = open_sweep(stack, run.run_dir, run.settings, run.space, show, run.tracking, own,
                                                 plan.tracking_name, sigma, plan.spec.wandb)

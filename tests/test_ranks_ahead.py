@@ -52,12 +52,13 @@ def hang_spec(tmp_path: Path) -> WorkerSpec:
     return WorkerSpec(config, workload, ds_config(config, workload), str(tmp_path / "trial"), fault="hang")
 
 
-def test_ranks_ahead_only_for_the_built_in_worker_launched_here_with_a_core_beside_each_rank():
+def test_ranks_ahead_only_for_the_worker_or_shim_launched_here_with_a_core_beside_each_rank():
     assert ahead_allowed(LaunchOptions(ranks=1), cores=2)
     assert ahead_allowed(LaunchOptions(ranks=4), cores=16)
+    assert ahead_allowed(LaunchOptions(ranks=1, module="autotune.script"), cores=2)  # script mode's shim
     assert not ahead_allowed(LaunchOptions(ranks=2), cores=2)  # spares' imports would take the ranks' cores
     assert not ahead_allowed(LaunchOptions(ranks=1, launcher="torchrun"), cores=8)
-    assert not ahead_allowed(LaunchOptions(ranks=1, module="autotune.script"), cores=8)
+    assert not ahead_allowed(LaunchOptions(ranks=1, module="my.worker"), cores=8)  # no --spare to start it with
     place = Placement((0,), (0,), 1, 2, 0, "10.0.0.1", 29500)
     assert not ahead_allowed(LaunchOptions(ranks=1, placement=place), cores=8)
 
@@ -128,8 +129,9 @@ def test_a_trial_whose_spare_dies_before_taking_it_starts_its_own_ranks(tmp_path
     assert spares.held is None
 
 
-def test_the_worker_wants_a_spec_or_spare():
-    done = subprocess.run([sys.executable, "-m", "autotune.worker"], capture_output=True, text=True, timeout=60)
+@pytest.mark.parametrize("module", ["autotune.worker", "autotune.script"])
+def test_the_worker_and_the_shim_want_a_spec_or_spare(module):
+    done = subprocess.run([sys.executable, "-m", module], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "give the trial's spec.json, or --spare READY" in done.stderr
 
 

@@ -72,9 +72,9 @@ def test_plain_script_with_a_config_path_is_tuned_and_its_recommendation_trains(
     out = tmp_path / "run"
     script_args = f"--deepspeed_config {EXAMPLES / 'ds_config.json'} --steps 5"
     spec = autotune.TuneSpec.for_script(EXAMPLES / "train_plain.py", script_args.split(), memory_budget_bytes=6 * 2**30,
-                                        space=str(space_file), strategy="optuna", trials=2)
+                                        space=str(space_file), strategy="optuna", trials=3)
     result = autotune.tune(spec, out)
-    assert [r.status for r in result.results] == ["ok", "ok"], [r.error for r in result.results]
+    assert [r.status for r in result.results] == ["ok"] * 3, [r.error for r in result.results]
     assert all(r.backend == "script" for r in result.results) and result.best is not None
     best = json.loads((out / "best_ds_config.json").read_text())
     assert best["scheduler"]["type"] == "WarmupLR"  # the script's own config, tuned keys merged in
@@ -82,16 +82,21 @@ def test_plain_script_with_a_config_path_is_tuned_and_its_recommendation_trains(
     assert "## Script mode" in (out / "report.md").read_text()
     # Resumed: the shape learned by the first trial is kept and the sweep goes on; another script (the same
     # file with other arguments) is refused, from the command line and from Python.
-    code, printed = tune(out, space_file, EXAMPLES / "train_plain.py", script_args, capsys, trials=3, resume=True)
+    code, printed = tune(out, space_file, EXAMPLES / "train_plain.py", script_args, capsys, trials=4, resume=True)
     assert code == 0, printed
-    assert tune(out, space_file, EXAMPLES / "train_plain.py", "--steps 5", capsys, trials=4, resume=True)[0] == 2
+    assert tune(out, space_file, EXAMPLES / "train_plain.py", "--steps 5", capsys, trials=5, resume=True)[0] == 2
     with pytest.raises(ConfigError, match="--resume: .* tuned .*train_plain.py"):
         autotune.tune(autotune.TuneSpec.for_script(EXAMPLES / "train_plain.py", ["--steps", "5"],
                                                    memory_budget_bytes=6 * 2**30, space=str(space_file),
-                                                   strategy="optuna", trials=4), out, resume=True)
+                                                   strategy="optuna", trials=5), out, resume=True)
     results = read_results(out / "trials.jsonl")
-    assert [r.status for r in results] == ["ok"] * 3, [r.error for r in results]
-    assert len({r.config for r in results}) == 3
+    assert len(results) >= 4 and {r.status for r in results} == {"ok"}, [r.error for r in results]
+    searched = [r for r in results if r.extra.get("phase") != "confirm"]  # a close call's confirmation repeats one
+    assert len({r.config for r in searched}) == len(searched) >= 3
+    # The third trial ran on shim ranks started during the second (issue 41), their imports off its clock; the first
+    # (its own backend, learning the model) and the second (the sweep backend's first) started their own. Each
+    # trained, as the loop below checks.
+    assert [r.extra["import_ahead_s"] is not None for r in results[:3]] == [False, False, True]
     assert results[0].config.zero_stage == 0 and results[0].config.micro_batch == 4  # the plain first trial
     for r in results:
         assert r.backend == "script" and r.throughput_samples_per_s > 0 and r.peak_memory_bytes > 0

@@ -47,6 +47,10 @@ def test_real_sweep_writes_every_output(space_file, tmp_path, capsys):
     results = read_results(out / "trials.jsonl")
     assert [r.status for r in results] == ["ok", "ok"], [r.error for r in results]
     assert {r.config.zero_stage for r in results} == {0, 1}
+    # A local sweep starts the next trial's ranks from its first trial (issue 41): the second's imports were made
+    # during the first's, off its clock; none is left when the sweep ends.
+    assert results[0].extra["import_ahead_s"] is None and results[1].extra["import_ahead_s"] > 0
+    assert not list((out / "logs" / "spares").iterdir())
     for r in results:
         assert r.backend == "deepspeed" and r.throughput_samples_per_s > 0 and r.peak_memory_bytes > 0
         assert Path(r.extra["log_dir"]).parent == out / "logs" and (Path(r.extra["log_dir"]) / "result.json").is_file()

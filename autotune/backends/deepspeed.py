@@ -66,7 +66,8 @@ class DeepSpeedBackend:
                  ds_options: DsOptions = DsOptions(), logs_dir: str | Path = "runs/logs", timeout_s: float = 600.0,
                  measure: MeasureSettings = MeasureSettings(), *, calibration: Calibration = Calibration(),
                  launcher: str = "direct", env: Mapping[str, str] | None = None, seed: int = 0,
-                 fault: str | None = None, accelerator: str | None = None, ranks_ahead: bool = True) -> None:
+                 fault: str | None = None, accelerator: str | None = None, ranks_ahead: bool = True,
+                 in_sequence: bool = False) -> None:
         if memory_budget_bytes is not None:
             check_budget(memory_budget_bytes)
         if timeout_s <= 0:
@@ -99,7 +100,7 @@ class DeepSpeedBackend:
         self.spares = Spares(self.logs_dir / "spares") if ranks_ahead else None
         if self.spares is not None:
             weakref.finalize(self, self.spares.close)
-        self._started_here = 0
+        self._started_here = 1 if in_sequence else 0  # in_sequence: its first trial is a sweep's too
 
     def predict(self, config: Config) -> Estimate | None:
         if self.hardware is None or not self.hardware.supports(config.precision):
@@ -112,9 +113,9 @@ class DeepSpeedBackend:
             self.spares.close()
 
     def _start_here(self, spec: WorkerSpec, options: LaunchOptions) -> RunOutcome:
-        """run_worker, starting the next trial's ranks ahead from a backend's second trial on: one that ran a trial
-        is running a sweep (a Ray task's backend runs one trial, `autotune trial` one), and its next trials are
-        launched on ranks whose imports are done."""
+        """run_worker, starting the next trial's ranks ahead from a backend's second trial on (from its first where
+        it was built `in_sequence`): one that ran a trial is running a sweep (a Ray task's backend runs one trial,
+        `autotune trial` one), and its next trials are launched on ranks whose imports are done."""
         self._started_here += 1
         return run_worker(spec, options, self.spares if self._started_here > 1 else None)
 

@@ -41,6 +41,10 @@ class TrialOptions:
     timeout_s: float | None = None  # default: the backend's
     measure: "MeasureSettings | None" = None  # default: the backend's
     sleep_s: float = 0.0  # tests and benchmarks: every trial also takes this long
+    # The backend runs a sweep's trials one after another on this machine (the local loop): the next trial's ranks
+    # start ahead from its first trial (autotune.trials.runner.Spares). Otherwise from its second: a Ray task's
+    # backend runs one trial.
+    in_sequence: bool = False
 
 
 class RunHome(Protocol):
@@ -172,7 +176,7 @@ def _replay(settings: "RunSettings", run_dir: "RunHome | None", options: TrialOp
 
 def _deepspeed_options(options: TrialOptions) -> dict[str, Any]:
     chosen = {"timeout_s": options.timeout_s, "measure": options.measure}
-    return {k: v for k, v in chosen.items() if v is not None}
+    return {**{k: v for k, v in chosen.items() if v is not None}, "in_sequence": options.in_sequence}
 
 
 def _deepspeed(settings: "RunSettings", run_dir: "RunHome | None", options: TrialOptions) -> Backend:

@@ -45,7 +45,8 @@ from typing import Any, Callable
 from autotune.worker.device import AcceleratorMismatch, open_device
 from autotune.worker.imports import mlflow_kept_out
 from autotune.worker.main import (Unsupported, agree, check_supported, classify, die_with_parent, oom_cause,
-                                  host_store_on_loopback, load_ops, prepared_ds_config, untrained_evidence)
+                                  host_store_on_loopback, load_ops, prepared_ds_config, untrained_evidence,
+                                  wait_for_trial)
 from autotune.worker.training import Ledger, Untrained, state_bytes
 from autotune.worker.measure import iqr, median_rel_se, stop_reason
 from autotune.worker.protocol import WorkerSpec, record_phase, report_path, write_json_atomic
@@ -67,12 +68,19 @@ SCRIPT_ENDED = "script_ended"  # stop reason: the script finished its own loop b
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m autotune.script")
-    parser.add_argument("spec")
+    parser.add_argument("spec", nargs="?")
+    parser.add_argument("--spare", metavar="READY", help="start ahead of a trial: import, write READY, wait on stdin")
     args, _ = parser.parse_known_args(argv)  # DeepSpeed's launcher adds --local_rank
+    if (args.spec is None) == (args.spare is None):
+        parser.error("give the trial's spec.json, or --spare READY")
     die_with_parent()
+    ahead = None
+    if args.spare is not None:  # torch's and DeepSpeed's imports off the trial's clock, as the worker's
+        with mlflow_kept_out():
+            args.spec, ahead = wait_for_trial(args.spare)
     spec = WorkerSpec.read(args.spec)
     rank = int(os.environ.get("RANK", "0"))
-    shim = Shim(spec, rank)
+    shim = Shim(spec, rank, ahead)
     shim.phase("start")
     try:
         shim.prepare()
@@ -87,8 +95,9 @@ def main(argv: list[str]) -> int:
 
 
 class Shim:
-    def __init__(self, spec: WorkerSpec, rank: int) -> None:
+    def __init__(self, spec: WorkerSpec, rank: int, ahead: float | None = None) -> None:
         self.spec, self.rank = spec, rank
+        self.ahead = ahead  # the seconds a spare rank spent importing before it was handed this trial
         self.started = time.time()
         self.phases: dict[str, float] = {"spawn_s": self.started - spec.launch_time if spec.launch_time else 0.0}
         self.last_lap = self.started
@@ -372,8 +381,8 @@ class Shim:
             "step_time_rel_se": median_rel_se(times) if len(times) > 1 else None, "stop_reason": reason,
             "baseline_memory_bytes": self.baseline, "peak_memory_bytes": self.memory.peak(),
             "startup_peak_bytes": self.startup_peak, "peak_allocated_bytes": self.memory.peak_allocated(),
-            "first_step_time": self.first_step, "phases_s": self.phases, **self.ledger.evidence(),
-            "optimizer": type(engine.optimizer).__name__, "basic_optimizer": type(engine.basic_optimizer).__name__,
+            "first_step_time": self.first_step, "phases_s": self.phases, "import_ahead_s": self.ahead,
+            **self.ledger.evidence(), "optimizer": type(engine.optimizer).__name__, "basic_optimizer": type(engine.basic_optimizer).__name__,
             "threads": self.torch.get_num_threads(), "model": self.model, "checkpoint_switch": self.model_switch,
             **self.memory.details(),
         }

@@ -25,9 +25,9 @@ in the runner itself (KeyboardInterrupt: the tuner's interruption), every proces
 (process groups, then any descendant that left them) and reaped before `run_worker` returns or raises.
 
 Spares (issue 41: cheaper trials): a runner given `Spares` starts, while a trial runs, the next trial's ranks
-(`python -m autotune.worker --spare`) once the trial's own ranks have made their imports; they import torch and
-DeepSpeed (~1.3 s of a 5.6 s trial of tiny on the 2-core CPU, 4.9-5.2 s of every H200 trial's 17-23 s to its first
-measured step) and wait. The next trial whose ranks would start with the same command and environment (all but
+(`python -m autotune.worker --spare`, script mode's `python -m autotune.script --spare`) once the trial's own
+ranks have made their imports; they import torch and DeepSpeed (~1.3 s of a 5.6 s trial of tiny on the 2-core
+CPU, 4.9-5.2 s of every H200 trial's 17-23 s to its first measured step) and wait. The next trial whose ranks would start with the same command and environment (all but
 its rendezvous port) is handed to them instead of new processes (`ahead_allowed`: where a core beside each rank
 is free for a spare's imports). A spare still importing when a trial starts measuring is stopped (SIGSTOP) until
 that trial ends, so it never takes a core from a measured step. A spare that dies before it takes its trial is
@@ -70,7 +70,7 @@ LOOPBACK_IFNAME = "lo"  # Linux's loopback interface
 SHM_DIR = Path("/dev/shm")
 OWNER_PREFIX = "ds-autotune_trial"  # SHM_DIR/<prefix>_<uid>_<port>.owner: the runner that owns that port's segments
 STALE_MARKER_AGE_S = 60.0  # an unreadable marker this old was left by a runner killed while writing it
-SPARE_MODULE = "autotune.worker"  # the worker that can be started ahead of its trial (`--spare`)
+SPARE_MODULES = ("autotune.worker", "autotune.script")  # the ranks that can be started ahead of a trial (`--spare`)
 PER_TRIAL_ENV = ("MASTER_PORT",)  # what a trial's ranks' environment holds that the spares' cannot know yet
 
 
@@ -457,12 +457,12 @@ class Spares:
 
 
 def ahead_allowed(options: LaunchOptions, cores: int | None = None) -> bool:
-    """Whether a trial of `options` may run on ranks started ahead and start the next trial's: the built-in worker,
-    launched directly, every rank on this machine, and a core beside each rank for each spare's imports (on the
+    """Whether a trial of `options` may run on ranks started ahead and start the next trial's: the built-in worker
+    or script mode's shim, launched directly, every rank on this machine, and a core beside each rank for each spare's imports (on the
     2-core CPU, two spares importing beside 2-rank trials slowed their initialize more than they saved: 5.3-5.6 s a
     trial against 4.5 s without, one sequence of four)."""
     cores = (os.cpu_count() or 1) if cores is None else cores
-    return options.module == SPARE_MODULE and options.launcher == "direct" and options.placement is None \
+    return options.module in SPARE_MODULES and options.launcher == "direct" and options.placement is None \
         and cores >= 2 * options.ranks
 
 
