@@ -71,9 +71,10 @@ class ScriptBackend(DeepSpeedBackend):
                  logs_dir: str | Path = "runs/logs", timeout_s: float = 600.0,
                  measure: MeasureSettings = MeasureSettings(), *, calibration: Calibration = Calibration(),
                  shape_known: bool = True, keep_script_batch: bool = False,
-                 env: Mapping[str, str] | None = None, cwd: str | None = None, in_sequence: bool = False) -> None:
+                 env: Mapping[str, str] | None = None, cwd: str | None = None, ranks_ahead: bool = True,
+                 in_sequence: bool = False) -> None:
         super().__init__(workload, memory_budget_bytes, hardware, ds_options, logs_dir, timeout_s, measure,
-                         calibration=calibration, env=env, in_sequence=in_sequence)
+                         calibration=calibration, env=env, ranks_ahead=ranks_ahead, in_sequence=in_sequence)
         self.script = script
         self.shape_known = shape_known  # False: `workload.model` is a placeholder until a trial inspects it
         self.keep_script_batch = keep_script_batch  # True: `workload.global_batch` too, the script's is run

@@ -382,7 +382,8 @@ class Shim:
             "baseline_memory_bytes": self.baseline, "peak_memory_bytes": self.memory.peak(),
             "startup_peak_bytes": self.startup_peak, "peak_allocated_bytes": self.memory.peak_allocated(),
             "first_step_time": self.first_step, "phases_s": self.phases, "import_ahead_s": self.ahead,
-            **self.ledger.evidence(), "optimizer": type(engine.optimizer).__name__, "basic_optimizer": type(engine.basic_optimizer).__name__,
+            **self.ledger.evidence(), "optimizer": type(engine.optimizer).__name__,
+            "basic_optimizer": type(engine.basic_optimizer).__name__,
             "threads": self.torch.get_num_threads(), "model": self.model, "checkpoint_switch": self.model_switch,
             **self.memory.details(),
         }

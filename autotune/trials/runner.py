@@ -26,10 +26,10 @@ in the runner itself (KeyboardInterrupt: the tuner's interruption), every proces
 
 Spares (issue 41: cheaper trials): a runner given `Spares` starts, while a trial runs, the next trial's ranks
 (`python -m autotune.worker --spare`, script mode's `python -m autotune.script --spare`) once the trial's own
-ranks have made their imports; they import torch and DeepSpeed (~1.3 s of a 5.6 s trial of tiny on the 2-core
-CPU, 4.9-5.2 s of every H200 trial's 17-23 s to its first measured step) and wait. The next trial whose ranks would start with the same command and environment (all but
-its rendezvous port) is handed to them instead of new processes (`ahead_allowed`: where a core beside each rank
-is free for a spare's imports). A spare still importing when a trial starts measuring is stopped (SIGSTOP) until
+ranks have made their imports; they import torch and DeepSpeed (~1 s of a 4.3 s trial of tiny on the 2-core
+CPU, 4.9-5.2 s of every H200 trial's 17-23 s to its first measured step) and wait. The next trial whose ranks
+would start with the same command and environment (all but its rendezvous port) is handed to them instead of new
+processes (`ahead_allowed`: where a core beside each rank is free for a spare's imports). A spare still importing when a trial starts measuring is stopped (SIGSTOP) until
 that trial ends, so it never takes a core from a measured step. A spare that dies before it takes its trial is
 replaced by the trial's own ranks; one whose imports opened the device (it would hold device memory beside the
 trial running meanwhile) exits, and no spare is started again.
@@ -458,9 +458,9 @@ class Spares:
 
 def ahead_allowed(options: LaunchOptions, cores: int | None = None) -> bool:
     """Whether a trial of `options` may run on ranks started ahead and start the next trial's: the built-in worker
-    or script mode's shim, launched directly, every rank on this machine, and a core beside each rank for each spare's imports (on the
-    2-core CPU, two spares importing beside 2-rank trials slowed their initialize more than they saved: 5.3-5.6 s a
-    trial against 4.5 s without, one sequence of four)."""
+    or script mode's shim, launched directly, every rank on this machine, and a core beside each rank for each
+    spare's imports (on the 2-core CPU, two spares importing beside 2-rank trials slowed their initialize more than
+    they saved: 5.3-5.6 s a trial against 4.5 s without, one sequence of four)."""
     cores = (os.cpu_count() or 1) if cores is None else cores
     return options.module in SPARE_MODULES and options.launcher == "direct" and options.placement is None \
         and cores >= 2 * options.ranks
