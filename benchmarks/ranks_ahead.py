@@ -8,12 +8,13 @@ trial before). The order of the two alternates from round to round, so that load
 over every round: the median wall seconds of a trial and of launch to its first measured step, over the trials
 from the second on (where `ahead` runs on ranks started ahead); the median sequence's seconds in all; and the
 median step time, paired config by config, to show that the measurement is no different. `--script PATH`: the
-same with script mode's trials of that script (its arguments in --script-args).
+same with script mode's trials of that script (its arguments in --script-args), after an untimed first trial that
+shows the frameworks it imports (which a sweep's spares import too, as after a script sweep's first trial).
 
     python benchmarks/ranks_ahead.py [--rounds 3] [--trials 6] [--gpus 1] [--hardware auto] [--model tiny]
         [--script examples/train_plain.py --script-args '--deepspeed_config examples/ds_config.json --steps 30']
 
-Writes ranks_ahead.md and ranks_ahead.json (with --script: ranks_ahead_script.*) to --out (default
+Writes ranks_ahead.md and ranks_ahead.json (with --script: ranks_ahead_<script's name>.*) to --out (default
 benchmarks/results/).
 """
 
@@ -57,11 +58,12 @@ def configs(count: int, ranks: int, global_batch: int, checkpointing: bool = Tru
 
 
 def sequence(arm: str, todo: list[Config], workload: Workload, hardware: Hardware, logs: Path,
-             script: Script | None) -> tuple[list[TrialResult], float]:
+             script: Script | None, frameworks: tuple[str, ...]) -> tuple[list[TrialResult], float]:
     options = {"ranks_ahead": arm == "ahead", "in_sequence": True}
     backend = (DeepSpeedBackend(workload, None, hardware, DsOptions(force_ds_cpu_optimizer=False), logs,
                                 timeout_s=900, **options) if script is None else
-               ScriptBackend(script, workload, None, hardware, logs_dir=logs, timeout_s=900, **options))
+               ScriptBackend(script, workload, None, hardware, logs_dir=logs, timeout_s=900, frameworks=frameworks,
+                             **options))
     t0 = time.time()
     try:
         results = [backend.run(config) for config in todo]
@@ -72,10 +74,11 @@ def sequence(arm: str, todo: list[Config], workload: Workload, hardware: Hardwar
 
 def run(rounds: int, todo: list[Config], workload: Workload, hardware: Hardware, logs: Path,
         console: Console, script: Script | None) -> list[dict]:
+    frameworks = () if script is None else learned_frameworks(script, todo[0], workload, hardware, logs / "first")
     out = []
     for round_ in range(rounds):
         for arm in (ARMS if round_ % 2 == 0 else ARMS[::-1]):
-            results, spent = sequence(arm, todo, workload, hardware, logs / f"{round_}-{arm}", script)
+            results, spent = sequence(arm, todo, workload, hardware, logs / f"{round_}-{arm}", script, frameworks)
             bad = [r for r in results if r.status != "ok"]
             if bad:
                 raise SystemExit(f"round {round_ + 1} {arm}: {bad[0].config.label()} {bad[0].status}: {bad[0].error}")
@@ -84,6 +87,15 @@ def run(rounds: int, todo: list[Config], workload: Workload, hardware: Hardware,
             console.print(f"round {round_ + 1} {arm:5}: {spent:5.1f} s in all, trials "
                           + " ".join(f"{w:.1f}" for w in walls), highlight=False)
     return out
+
+
+def learned_frameworks(script: Script, config: Config, workload: Workload, hardware: Hardware,
+                       logs: Path) -> tuple[str, ...]:
+    """A script sweep's first trial, untimed: the frameworks the script imports (autotune.script.shim.FRAMEWORKS)."""
+    result = ScriptBackend(script, workload, None, hardware, logs_dir=logs, timeout_s=900, ranks_ahead=False).run(config)
+    if result.status != "ok":
+        raise SystemExit(f"the script's first trial: {result.status}: {result.error}")
+    return tuple((result.extra.get("script_model") or {}).get("frameworks") or ())
 
 
 def median(values) -> float:
@@ -178,7 +190,7 @@ def main() -> None:
     text = markdown(rows, command, workload, hardware, todo, script)
     console.print(text, highlight=False)
     args.out.mkdir(parents=True, exist_ok=True)
-    name = "ranks_ahead" if script is None else "ranks_ahead_script"
+    name = "ranks_ahead" if script is None else f"ranks_ahead_{Path(script.path).stem}"
     (args.out / f"{name}.json").write_text(json.dumps({"command": command, "summary": rows, "runs": runs},
                                                       indent=1) + "\n")
     (args.out / f"{name}.md").write_text(text)

@@ -154,6 +154,10 @@ def test_hugging_face_trainer_script_is_tuned_with_checkpointing_and_its_recomme
     first = results[0].extra["script_model"]
     assert first["class"] == "GPT2LMHeadModel" and first["via"] == "transformers.TrainingArguments"
     assert (first["layers"], first["hidden"], first["seq_len"]) == (2, 128, 64)
+    # The third trial ran on ranks started during the second that had imported the Trainer too (issue 41: the
+    # frameworks the first trial showed); the checks below show its TrainingArguments still took the trial's config.
+    assert "transformers.trainer" in first["frameworks"]
+    assert [r.extra["import_ahead_s"] is not None for r in results] == [False, False, True]
     settings = json.loads((out / "run.json").read_text())
     assert settings["space"]["ckpt_interval"] == [0, 1]  # the model's switch: every layer or none
     # TrainingArguments' per_device_train_batch_size (default 8) x accumulation 1 x 1 rank: kept by every trial.

@@ -326,3 +326,22 @@ def test_the_shim_switches_the_trainers_checkpointing_off_by_either_name(tmp_pat
         args = TrainingArguments(deepspeed={"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto"},
                                  per_device_train_batch_size=4, gradient_accumulation_steps=1, **{given: True})
         assert args.activation_checkpointing is False and args.gradient_checkpointing is False, given
+
+
+def test_a_spare_imports_only_the_known_frameworks_and_a_patch_applies_to_one_imported_already(monkeypatch):
+    import sys
+
+    from autotune.script.shim import after_import, import_frameworks
+
+    monkeypatch.setitem(sys.modules, "transformers.trainer", None)  # None: `import` raises ImportError
+    monkeypatch.delitem(sys.modules, "calendar", raising=False)
+    assert import_frameworks("transformers.trainer,calendar,") >= 0  # a failure is left to the script's own import
+    assert "calendar" not in sys.modules  # not a training framework: never imported ahead
+    seen = []
+    after_import("json", seen.append)  # imported already: patched now, not at an import that will not come
+    assert seen == [json]
+    after_import("autotune_not_imported_yet", seen.append)
+    try:
+        assert seen == [json] and type(sys.meta_path[0]).__name__ == "_AfterImport"
+    finally:
+        sys.meta_path.pop(0)

@@ -193,10 +193,11 @@ def _script(settings: "RunSettings", run_dir: "RunHome | None", options: TrialOp
 
     if run_dir is None:
         raise ConfigError("the script backend reads its script from the run directory: pass one")
-    script = Script.from_dict(read_script_info(run_dir.path)["script"])
-    return script_backend(script, settings.workload, settings.memory_budget_bytes, settings.hardware,
-                          DsOptions(nvme_path=settings.choices.nvme_path), _logs_dir(run_dir, options),
-                          **_deepspeed_options(options))
+    info = read_script_info(run_dir.path)
+    frameworks = tuple((info.get("model") or {}).get("frameworks") or ())  # what its first trial showed it imports
+    return script_backend(Script.from_dict(info["script"]), settings.workload, settings.memory_budget_bytes,
+                          settings.hardware, DsOptions(nvme_path=settings.choices.nvme_path),
+                          _logs_dir(run_dir, options), frameworks=frameworks, **_deepspeed_options(options))
 
 
 for _kind in (BackendKind("deepspeed", _deepspeed, real=True, measures=True, env=True),

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from autotune.backends.deepspeed import DeepSpeedBackend
 from autotune.trials.ops import PREFLIGHT_TIMEOUT_S
@@ -29,7 +29,7 @@ from autotune.prediction.estimate import Calibration, Estimate
 from autotune.values.hardware import Hardware
 from autotune.values.results import TrialResult
 from autotune.trials.runner import RunOutcome
-from autotune.script.shim import KEEP_SCRIPT_BATCH, MODEL_FILE, SCRIPT_CWD, USER_CONFIG_FILE
+from autotune.script.shim import FRAMEWORKS_ENV, KEEP_SCRIPT_BATCH, MODEL_FILE, SCRIPT_CWD, USER_CONFIG_FILE
 from autotune.worker.measure import MeasureSettings
 from autotune.values.workload import Workload
 
@@ -72,7 +72,9 @@ class ScriptBackend(DeepSpeedBackend):
                  measure: MeasureSettings = MeasureSettings(), *, calibration: Calibration = Calibration(),
                  shape_known: bool = True, keep_script_batch: bool = False,
                  env: Mapping[str, str] | None = None, cwd: str | None = None, ranks_ahead: bool = True,
-                 in_sequence: bool = False) -> None:
+                 in_sequence: bool = False, frameworks: Sequence[str] = ()) -> None:
+        # `frameworks`: those the script imported in its first trial, which ranks started ahead import too
+        env = {**(env or {}), **({FRAMEWORKS_ENV: ",".join(frameworks)} if frameworks else {})}
         super().__init__(workload, memory_budget_bytes, hardware, ds_options, logs_dir, timeout_s, measure,
                          calibration=calibration, env=env, ranks_ahead=ranks_ahead, in_sequence=in_sequence)
         self.script = script

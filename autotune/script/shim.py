@@ -45,8 +45,8 @@ from typing import Any, Callable
 from autotune.worker.device import AcceleratorMismatch, open_device
 from autotune.worker.imports import mlflow_kept_out
 from autotune.worker.main import (Unsupported, agree, check_supported, classify, die_with_parent, oom_cause,
-                                  host_store_on_loopback, load_ops, prepared_ds_config, untrained_evidence,
-                                  wait_for_trial)
+                                  host_store_on_loopback, load_ops, prepared_ds_config, spare_imports,
+                                  untrained_evidence, wait_for_trial)
 from autotune.worker.training import Ledger, Untrained, state_bytes
 from autotune.worker.measure import iqr, median_rel_se, stop_reason
 from autotune.worker.protocol import WorkerSpec, record_phase, report_path, write_json_atomic
@@ -64,6 +64,11 @@ VERDICTS = ("crashed_before_initialize", "never_initialized", "never_stepped", "
 KEEP_SCRIPT_BATCH = "keep_script_batch"  # spec extra: run the script's own global batch, not the spec's
 SCRIPT_CWD = "script_cwd"  # spec extra: the working directory the script runs in (a Ray trial's shipped copy)
 SCRIPT_ENDED = "script_ended"  # stop reason: the script finished its own loop before the measurement did
+# The training frameworks whose import a spare rank makes ahead (~2 s for transformers' Trainer on the 2-core CPU),
+# those the script had imported by deepspeed.initialize in its first trial (the model's `frameworks`): the backend
+# names them in the ranks' environment (FRAMEWORKS_ENV, comma-separated).
+FRAMEWORKS = ("transformers.trainer", "accelerate.accelerator", "lightning.pytorch", "pytorch_lightning")
+FRAMEWORKS_ENV = "AUTOTUNE_SCRIPT_FRAMEWORKS"
 
 
 def main(argv: list[str]) -> int:
@@ -77,7 +82,9 @@ def main(argv: list[str]) -> int:
     ahead = None
     if args.spare is not None:  # torch's and DeepSpeed's imports off the trial's clock, as the worker's
         with mlflow_kept_out():
-            args.spec, ahead = wait_for_trial(args.spare)
+            took = spare_imports()
+        took += import_frameworks(os.environ.get(FRAMEWORKS_ENV, ""))
+        args.spec, ahead = wait_for_trial(args.spare, took)
     spec = WorkerSpec.read(args.spec)
     rank = int(os.environ.get("RANK", "0"))
     shim = Shim(spec, rank, ahead)
@@ -170,11 +177,11 @@ class Shim:
         self.baseline = self.memory.current()
         self.original_initialize = deepspeed.initialize
         deepspeed.initialize = self.initialize
-        sys.meta_path.insert(0, _AfterImport("transformers.training_args", self.patch_training_arguments))
+        after_import("transformers.training_args", self.patch_training_arguments)
         # A hand-written Accelerate loop: its DataLoader and accumulation follow the trial (accelerate_loop).
-        sys.meta_path.insert(0, _AfterImport("accelerate.accelerator", lambda m: accelerate_loop.patch(m, self)))
+        after_import("accelerate.accelerator", lambda m: accelerate_loop.patch(m, self))
         for name in lightning_loop.MODULES:  # a Lightning Trainer's DeepSpeedStrategy: the same (lightning_loop)
-            sys.meta_path.insert(0, _AfterImport(name, lambda m: lightning_loop.patch(m, self)))
+            after_import(name, lambda m: lightning_loop.patch(m, self))
 
     def run_script(self) -> None:
         script = self.spec.extra["script"]
@@ -262,6 +269,7 @@ class Shim:
         self.model["checkpointing_on"] = bool(self.spec.config.ckpt_interval) and self.model_switch is not None
         self.model["batch"] = self.script_batch.to_dict() if self.script_batch else None  # the script's recipe
         self.model["global_batch"] = ds["train_batch_size"]  # what this trial ran
+        self.model["frameworks"] = [name for name in FRAMEWORKS if name in sys.modules]
         self.write_model()
         watch_attention(model, self.model, self.write_model)  # how attention really runs: seen in the first forward
         result = self.original_initialize(**given, config=ds)
@@ -433,6 +441,27 @@ class Shim:
         # Skip interpreter and process-group teardown, as the worker does: nothing more is needed from
         # this process, and the script's own loop must not go on.
         os._exit(code)
+
+
+def import_frameworks(names: str) -> float:
+    """A spare rank's imports of the script's frameworks (`names`: comma-separated, of FRAMEWORKS), after MLflow is
+    importable again as the script would find it. One that fails is left to the script. Returns the seconds."""
+    t0 = time.time()
+    for name in filter(None, names.split(",")):
+        if name in FRAMEWORKS:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001  (the script's own import says what is wrong, in its trial)
+                pass
+    return time.time() - t0
+
+
+def after_import(name: str, callback: Callable[[Any], None]) -> None:
+    """Call `callback(module)` right after `name` is imported, or now if it was (a spare rank's frameworks)."""
+    if sys.modules.get(name) is not None:
+        callback(sys.modules[name])
+    else:
+        sys.meta_path.insert(0, _AfterImport(name, callback))
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):

@@ -81,7 +81,7 @@ def main(argv: list[str]) -> int:
     without_mlflow()
     ahead = None
     if args.spare is not None:
-        args.spec, ahead = wait_for_trial(args.spare)
+        args.spec, ahead = wait_for_trial(args.spare, spare_imports())
     spec = WorkerSpec.read(args.spec)
     rank = int(os.environ.get("RANK", "0"))
     started = time.time()
@@ -552,19 +552,25 @@ def host_store(torch: Any, timeout: Any) -> Any:
 host_store_on_loopback = host_store  # its earlier name (autotune.script.shim imports it)
 
 
-def wait_for_trial(ready: str) -> tuple[str, float]:
-    """A spare rank: the imports every trial makes (run's), then the trial it is handed, one JSON line on stdin
-    (autotune.trials.runner.Spares.hand_over): its spec's path, the environment it differs by (its rendezvous
-    port) and its log files, which take over this process's stdout and stderr with what they held so far. Returns
-    (spec path, seconds the imports took). End of input: no trial wanted this rank, it exits."""
+def spare_imports() -> float:
+    """What a spare rank imports ahead of its trial: the imports every trial makes (run's). Returns the seconds."""
     t0 = time.time()
-    import torch
+    import torch  # noqa: F401
     import deepspeed  # noqa: F401
     from deepspeed.accelerator import get_accelerator  # noqa: F401
 
     import autotune.worker.model  # noqa: F401
 
-    took = time.time() - t0
+    return time.time() - t0
+
+
+def wait_for_trial(ready: str, took: float) -> tuple[str, float]:
+    """A spare rank, its imports made (`took` seconds): then the trial it is handed, one JSON line on stdin
+    (autotune.trials.runner.Spares.hand_over): its spec's path, the environment it differs by (its rendezvous
+    port) and its log files, which take over this process's stdout and stderr with what they held so far. Returns
+    (spec path, `took`). End of input: no trial wanted this rank, it exits."""
+    import torch
+
     if torch.cuda.is_initialized():  # device memory held here would be missing to the trial running meanwhile
         os._exit(SPARE_DEVICE_EXIT)
     write_json_atomic(Path(ready), {"pid": os.getpid(), "import_s": took})
