@@ -43,10 +43,11 @@ def connect(address: str, num_cpus: int | None = None) -> None:
     check_reachable(address)
     token_set = ("RAY_AUTH_MODE=token and its token (RAY_AUTH_TOKEN_PATH=FILE, RAY_AUTH_TOKEN, or ~/.ray/auth_token) "
                  "set in this environment?")
-    refused = _token_refused(address)
+    refused = _ask_gcs(address, CONNECT_TIMEOUT_S)
     if refused:
         raise ConfigError(f"--ray-address {address}: the cluster refused this process ({refused}); are {token_set}")
-    err = _init_within(ray, address, CONNECT_TIMEOUT_S)
+    err = (TimeoutError(f"no Ray cluster answered within {CONNECT_TIMEOUT_S:g} s") if refused is None
+           else _init_within(ray, address, CONNECT_TIMEOUT_S))
     # A cluster that wants a token Ray was not given may also just never answer: the hint names both causes.
     token = f"if it uses token authentication, are {token_set}"
     if isinstance(err, TimeoutError):
@@ -57,12 +58,13 @@ def connect(address: str, num_cpus: int | None = None) -> None:
                           f"{token}") from None
 
 
-def _token_refused(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> str:
-    """Why the cluster at `address` (HOST:PORT of its GCS) refused this process's authentication token, or ""
-    when it did not (or cannot say in time). One request, answered at once: ray.init instead retries a refused
-    token for 20 s, printing Ray's warning every second, and then reads as a cluster that never answered.
-    Ray's own warning of the refusal (C++, on the stderr descriptor) is kept off stderr unless the probe found
-    no refusal; a probe that outlives `timeout_s` is left to ray.init's own bound."""
+def _ask_gcs(address: str, timeout_s: float) -> str | None:
+    """One request to the GCS at `address` (HOST:PORT), as ray.init makes first, in a helper thread waited for at
+    most `timeout_s`. Returns why the cluster refused this process's authentication token; "" when it answered
+    otherwise (or `address` is auto or a Ray Client's: left to ray.init); None when it did not answer in time
+    (ray.init would wait as long). A refusal is answered at once, where ray.init retries it for 20 s, printing
+    Ray's warning every second, and then reads as a cluster that never answered. What Ray writes meanwhile to the
+    stderr descriptor (its C++ warnings) is passed on only if the cluster answered."""
     if address == "auto" or "://" in address:
         return ""
     from ray.exceptions import AuthenticationError
@@ -70,23 +72,24 @@ def _token_refused(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> str:
     host = _ray_host(address, address.rpartition(":")[0])
     verdict: list[str] = []
 
-    def probe() -> None:
+    def ask() -> None:
         try:
             from ray._raylet import GcsClient  # type: ignore[attr-defined]  # (the stub lacks it; ray.init uses it)
 
             GcsClient(address=f"{host}:{address.rpartition(':')[2]}")
+            verdict.append("")
         except AuthenticationError as err:
             verdict.append(err.message.strip().splitlines()[0] if err.message.strip() else "refused")
         except Exception:  # noqa: BLE001  (anything else is ray.init's to report)
-            pass
+            verdict.append("")
 
     with _stderr_held() as held:
-        thread = threading.Thread(target=probe, name="ray-token-probe", daemon=True)
+        thread = threading.Thread(target=ask, name="ray-gcs-probe", daemon=True)
         thread.start()
-        thread.join(timeout_s)
-        refused = verdict[0] if verdict and not thread.is_alive() else ""
-        held.keep = not refused
-    return refused
+        thread.join(timeout_s)  # left behind if it did not answer, daemonic: it ends with the process
+        answer = verdict[0] if verdict else None
+        held.keep = answer == ""
+    return answer
 
 
 class _Held:
