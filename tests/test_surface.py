@@ -206,3 +206,20 @@ def test_configs_outside_the_space_or_unreadable_exit_2_with_one_line(space_file
         err = capsys.readouterr().err
         assert word in err and len(err.strip().splitlines()) == 1
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_a_real_recording_runs_its_second_trial_on_ranks_started_ahead_and_leaves_none(tmp_path, capsys):
+    space = tmp_path / "fp32.yaml"
+    space.write_text("zero_stage: [0, 1]\nmicro_batch: [4]\nckpt_interval: [0]\nprecision: [fp32]\n"
+                     "offload_optimizer: [none]\noffload_param: [none]\n")
+    out, logs = tmp_path / "surface.jsonl", tmp_path / "logs"
+    code = main(["surface", "record", "--model", "tiny", "--space", str(space), "--out", str(out), "--backend",
+                 "deepspeed", "--hardware", "cpu", "--memory-budget", "3GiB", "--max-steps", "3", "--logs", str(logs)])
+    assert code == 0, capsys.readouterr().out
+    first, second = read_results(out)
+    assert first.ok and second.ok, (first.error, second.error)
+    # The recording runs one trial after another (issue 41): the second's ranks imported during the first.
+    assert first.extra["import_ahead_s"] is None and second.extra["import_ahead_s"] > 0
+    assert second.extra["steps_applied"] >= 1 and second.extra["loss_first"] != second.extra["loss_last"]
+    assert not list((logs / "spares").iterdir())  # none left for a trial that will not come

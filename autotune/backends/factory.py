@@ -41,9 +41,9 @@ class TrialOptions:
     timeout_s: float | None = None  # default: the backend's
     measure: "MeasureSettings | None" = None  # default: the backend's
     sleep_s: float = 0.0  # tests and benchmarks: every trial also takes this long
-    # The backend runs a sweep's trials one after another on this machine (the local loop): the next trial's ranks
-    # start ahead from its first trial (autotune.trials.runner.Spares). Otherwise from its second: a Ray task's
-    # backend runs one trial.
+    # The backend runs trials one after another on this machine (a local sweep's loop, `surface record`): the next
+    # trial's ranks start ahead from its first trial (autotune.trials.runner.Spares). Otherwise from its second: a
+    # Ray task's backend runs one trial.
     in_sequence: bool = False
 
 

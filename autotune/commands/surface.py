@@ -97,15 +97,19 @@ def run_record(args: argparse.Namespace) -> int:
                               defaults.rel_tol, args.max_measure_s)
     only = None if args.configs is None else configs_in(args.configs, space)
     make_dir(args.out.parent, "--out")  # every input checked: now the surface's folder may be created
-    backend = make_backend(settings, options=TrialOptions(str(logs), args.timeout, measure))
+    # A recording runs its trials one after another here: the next trial's ranks start ahead from its first.
+    backend = make_backend(settings, options=TrialOptions(str(logs), args.timeout, measure, in_sequence=True))
     console = Console(highlight=False, soft_wrap=True)
     if target.detected():
         console.print(target.detected())
-    preflight = getattr(backend, "preflight", None)
-    if preflight is not None:  # the C++ ops the configs need, built before the first trial (autotune.trials.ops)
-        preflight(list(space) if only is None else only, console.print)
-    done = record_surface(space, backend, args.out, order_seed=args.seed, limit=args.limit, retries=args.retries,
-                          repeats=args.repeats, only=only, progress=console.print)
+    try:
+        preflight = getattr(backend, "preflight", None)
+        if preflight is not None:  # the C++ ops the configs need, built before the first trial (autotune.trials.ops)
+            preflight(list(space) if only is None else only, console.print)
+        done = record_surface(space, backend, args.out, order_seed=args.seed, limit=args.limit, retries=args.retries,
+                              repeats=args.repeats, only=only, progress=console.print)
+    finally:
+        backend.close()  # the next trial's ranks, started ahead for a trial that will not come
     console.print(f"{args.out}: {done.recorded} configs recorded now, {done.total_measured} of {len(space)} measured")
     if done.fatal:
         console.print(f"stopped: {done.fatal}")
