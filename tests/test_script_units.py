@@ -345,3 +345,24 @@ def test_a_spare_imports_only_the_known_frameworks_and_a_patch_applies_to_one_im
         assert seen == [json] and type(sys.meta_path[0]).__name__ == "_AfterImport"
     finally:
         sys.meta_path.pop(0)
+
+
+@pytest.mark.parametrize("set_before", [False, True])
+def test_frameworks_are_named_for_spares_only_where_the_script_set_no_environment_before_importing_them(
+        set_before, monkeypatch):
+    import importlib.util
+    import sys
+
+    from autotune.script.shim import _EnvBeforeImport
+
+    watch = _EnvBeforeImport(("autotune_fake_framework",))
+    sys.meta_path.insert(0, watch)
+    try:
+        if set_before:  # as a script's `os.environ["HF_HUB_OFFLINE"] = "1"` above `import transformers`
+            monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+        assert importlib.util.find_spec("json") is not None and watch.changed is None  # another package: not yet
+        assert importlib.util.find_spec("autotune_fake_framework") is None  # the import goes on (and fails) as ever
+        assert watch.changed is set_before and watch not in sys.meta_path
+    finally:
+        if watch in sys.meta_path:
+            sys.meta_path.remove(watch)

@@ -69,6 +69,7 @@ SCRIPT_ENDED = "script_ended"  # stop reason: the script finished its own loop b
 # names them in the ranks' environment (FRAMEWORKS_ENV, comma-separated).
 FRAMEWORKS = ("transformers.trainer", "accelerate.accelerator", "lightning.pytorch", "pytorch_lightning")
 FRAMEWORKS_ENV = "AUTOTUNE_SCRIPT_FRAMEWORKS"
+FRAMEWORK_PACKAGES = tuple(sorted({name.split(".")[0] for name in FRAMEWORKS}))
 
 
 def main(argv: list[str]) -> int:
@@ -127,6 +128,7 @@ class Shim:
         self.world = 1
         self.model_switch: str | None = None
         self.via_trainer = False  # the config came through Hugging Face TrainingArguments
+        self.env_watch: _EnvBeforeImport | None = None  # whether the script set the environment before its frameworks
 
     # -- bookkeeping ----------------------------------------------------------------------------------
     def phase(self, name: str, **info: Any) -> None:
@@ -190,6 +192,8 @@ class Shim:
         if self.spec.extra.get(SCRIPT_CWD):
             os.chdir(self.spec.extra[SCRIPT_CWD])  # relative paths as on the driver, in the shipped copy
         self.phase("script")
+        self.env_watch = _EnvBeforeImport(FRAMEWORK_PACKAGES)
+        sys.meta_path.insert(0, self.env_watch)
         runpy.run_path(script, run_name="__main__")
 
     # -- the trial's config where the script passes its own ----------------------------------------------
@@ -269,7 +273,10 @@ class Shim:
         self.model["checkpointing_on"] = bool(self.spec.config.ckpt_interval) and self.model_switch is not None
         self.model["batch"] = self.script_batch.to_dict() if self.script_batch else None  # the script's recipe
         self.model["global_batch"] = ds["train_batch_size"]  # what this trial ran
-        self.model["frameworks"] = [name for name in FRAMEWORKS if name in sys.modules]
+        # A framework imported ahead reads the environment before the script could set it (HF_HUB_OFFLINE, HF_HOME are
+        # read at import): none is named where the script changed the environment before importing its first.
+        changed = self.env_watch is None or self.env_watch.changed
+        self.model["frameworks"] = [] if changed else [name for name in FRAMEWORKS if name in sys.modules]
         self.write_model()
         watch_attention(model, self.model, self.write_model)  # how attention really runs: seen in the first forward
         result = self.original_initialize(**given, config=ds)
@@ -462,6 +469,21 @@ def after_import(name: str, callback: Callable[[Any], None]) -> None:
         callback(sys.modules[name])
     else:
         sys.meta_path.insert(0, _AfterImport(name, callback))
+
+
+class _EnvBeforeImport(importlib.abc.MetaPathFinder):
+    """Whether the environment differs, when the first of `packages` is imported, from what it was at this finder's
+    creation (`changed`; None until one is imported). Finds nothing itself: the import goes on as it would."""
+
+    def __init__(self, packages: tuple[str, ...]) -> None:
+        self.packages, self.environ = packages, dict(os.environ)
+        self.changed: bool | None = None
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> None:
+        if fullname in self.packages:
+            sys.meta_path.remove(self)
+            self.changed = dict(os.environ) != self.environ
+        return None
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
