@@ -83,9 +83,9 @@ def main(argv: list[str]) -> int:
     ahead = None
     if args.spare is not None:  # torch's and DeepSpeed's imports off the trial's clock, as the worker's
         with mlflow_kept_out():
-            took = spare_imports()
-        took += import_frameworks(os.environ.get(FRAMEWORKS_ENV, ""))
-        args.spec, ahead = wait_for_trial(args.spare, took)
+            ahead = spare_imports()
+        ahead += import_frameworks(os.environ.get(FRAMEWORKS_ENV, ""))
+        args.spec = wait_for_trial(args.spare, ahead)
     spec = WorkerSpec.read(args.spec)
     rank = int(os.environ.get("RANK", "0"))
     shim = Shim(spec, rank, ahead)

@@ -29,10 +29,10 @@ Spares (issue 41: cheaper trials): a runner given `Spares` starts, while a trial
 ranks have made their imports; they import torch and DeepSpeed (~1 s of a 4.3 s trial of tiny on the 2-core
 CPU, 4.9-5.2 s of every H200 trial's 17-23 s to its first measured step) and wait. The next trial whose ranks
 would start with the same command and environment (all but its rendezvous port) is handed to them instead of new
-processes (`ahead_allowed`: where a core beside each rank is free for a spare's imports). A spare still importing when a trial starts measuring is stopped (SIGSTOP) until
-that trial ends, so it never takes a core from a measured step. A spare that dies before it takes its trial is
-replaced by the trial's own ranks; one whose imports opened the device (it would hold device memory beside the
-trial running meanwhile) exits, and no spare is started again.
+processes (`ahead_allowed`: where a core beside each rank is free for a spare's imports). A spare still importing
+when a trial starts measuring is stopped (SIGSTOP) until that trial ends, so it never takes a core from a measured
+step. A spare that dies before it takes its trial is replaced by the trial's own ranks; one whose imports opened
+the device (it would hold device memory beside the trial running meanwhile) exits, and no spare is started again.
 
 The verdict comes from structured signals only: the runner's own observations (timeout, budget), the
 ranks' report files (ok / oom / unsupported / crash with the exception type), and exit codes and signals.

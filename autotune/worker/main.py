@@ -81,7 +81,8 @@ def main(argv: list[str]) -> int:
     without_mlflow()
     ahead = None
     if args.spare is not None:
-        args.spec, ahead = wait_for_trial(args.spare, spare_imports())
+        ahead = spare_imports()
+        args.spec = wait_for_trial(args.spare, ahead)
     spec = WorkerSpec.read(args.spec)
     rank = int(os.environ.get("RANK", "0"))
     started = time.time()
@@ -564,11 +565,11 @@ def spare_imports() -> float:
     return time.time() - t0
 
 
-def wait_for_trial(ready: str, took: float) -> tuple[str, float]:
-    """A spare rank, its imports made (`took` seconds): then the trial it is handed, one JSON line on stdin
-    (autotune.trials.runner.Spares.hand_over): its spec's path, the environment it differs by (its rendezvous
+def wait_for_trial(ready: str, took: float) -> str:
+    """A spare rank, its imports made (`took` seconds, told in READY): then the trial it is handed, one JSON line on
+    stdin (autotune.trials.runner.Spares.hand_over): its spec's path, the environment it differs by (its rendezvous
     port) and its log files, which take over this process's stdout and stderr with what they held so far. Returns
-    (spec path, `took`). End of input: no trial wanted this rank, it exits."""
+    the spec's path. End of input: no trial wanted this rank, it exits."""
     import torch
 
     if torch.cuda.is_initialized():  # device memory held here would be missing to the trial running meanwhile
@@ -589,7 +590,7 @@ def wait_for_trial(ready: str, took: float) -> tuple[str, float]:
             os.unlink(before)
         os.dup2(target, fd)
         os.close(target)
-    return order["spec"], took
+    return order["spec"]
 
 
 def die_with_parent() -> None:
