@@ -62,6 +62,9 @@ def main() -> None:
             print(f"step {step + 1}/{args.steps} loss {loss.item():.4f}", flush=True)
     if engine.global_rank == 0:
         print("training done", flush=True)
+    # As PyTorch asks at the end of training: a gloo process group left to the interpreter's exit can abort it
+    # ("terminate called without an active exception", pytorch/pytorch#190489).
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
