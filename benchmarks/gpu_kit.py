@@ -451,8 +451,9 @@ def analysis(plans: Sequence[gv.Plan], mode: KitMode, clock: Clock, deadline_s: 
 def training(paths: Sequence[Path]) -> list[dict[str, Any]]:
     """What each real trial's optimizer steps did (issue 40: every fp16 trial had skipped every step), from the
     recorded surfaces and tune's trials: its status, steps applied and skipped, loss first and last; and its launch
-    to first measured step, with the imports its ranks made before it where they were started ahead (issue 41,
-    autotune.trials.runner.Spares: from tune's third trial on)."""
+    to first measured step, its deepspeed.initialize, and the imports its ranks made before it where they were started
+    ahead (issue 41, autotune.trials.runner.Spares: from tune's second trial on; on a GPU a spare also imports what
+    initialize imports at its first call, autotune.worker.main.INITIALIZE_IMPORTS)."""
     rows = []
     for path in paths:
         for r in read_results(path) if path.exists() else []:
@@ -464,6 +465,7 @@ def training(paths: Sequence[Path]) -> list[dict[str, Any]]:
                          "steps_applied": e.get("steps_applied"), "steps_skipped": e.get("steps_skipped"),
                          "loss_first": e.get("loss_first"), "loss_last": e.get("loss_last"),
                          "loss_scale": e.get("loss_scale"), "first_step_s": e.get("launch_to_first_step_s"),
+                         "initialize_s": (e.get("phases_s") or {}).get("initialize_s"),
                          "import_ahead_s": e.get("import_ahead_s")})
     return rows
 
@@ -553,15 +555,16 @@ def kit_markdown(report: dict[str, Any]) -> str:
         lines += ["", "What each trial's optimizer steps did (a trial that did not train is `untrained`, not a "
                   "measurement), and its launch to first measured step (imports made ahead: on ranks started during "
                   "the trial before):", "", "| source | config | status | steps applied | skipped | loss first -> last | "
-                  "loss scale | launch to 1st step | imports made ahead |",
-                  "| --- | --- | --- | ---: | ---: | --- | ---: | ---: | ---: |"]
+                  "loss scale | launch to 1st step | initialize | imports made ahead |",
+                  "| --- | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |"]
         for row in report["training"]:
             loss = (f"{row['loss_first']:.4g} -> {row['loss_last']:.4g}"
                     if row["loss_first"] is not None and row["loss_last"] is not None else "-")
             status = row["status"] + (f" ({row['fault']})" if row["fault"] else "")
             lines.append(f"| {row['source']} | {row['config']} | {status} | {row['steps_applied']} | "
                          f"{row['steps_skipped']} | {loss} | {row['loss_scale'] if row['loss_scale'] else '-'} | "
-                         f"{fmt_s(row.get('first_step_s'))} | {fmt_s(row.get('import_ahead_s'))} |")
+                         f"{fmt_s(row.get('first_step_s'))} | {fmt_s(row.get('initialize_s'))} | "
+                         f"{fmt_s(row.get('import_ahead_s'))} |")
     if report.get("analysis"):
         lines += ["", gv.markdown(report["analysis"]).replace("# GPU validation", "## Surfaces", 1)]
     return "\n".join(lines) + "\n"

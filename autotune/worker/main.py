@@ -21,8 +21,10 @@ import argparse
 import contextlib
 import copy
 import ctypes
+import importlib
 import json
 import os
+import select
 import signal
 import statistics
 import subprocess
@@ -553,8 +555,25 @@ def host_store(torch: Any, timeout: Any) -> Any:
 host_store_on_loopback = host_store  # its earlier name (autotune.script.shim imports it)
 
 
-def spare_imports() -> float:
-    """What a spare rank imports ahead of its trial: the imports every trial makes (run's). Returns the seconds."""
+# Modules deepspeed.initialize imports at its first call (DeepSpeed 0.19.8): its optimizer check imports its Muon
+# optimizer, whose torch.compile decorator imports TorchDynamo and Inductor (~1,400 modules); the engine its
+# expert-parallel modules, ZeRO its stage's optimizer. A spare imports them one at a time until its trial is handed
+# over (the trial then waits at most for the module being imported, which its initialize would import anyway), where
+# the trial's device leaves the host's cores to it. A CPU trial computes on every core: on the 2-core AMD EPYC
+# (benchmarks/ranks_ahead.py, tiny) they took a spare's trial's `initialize_s` from 1.4-1.5 s to 0.15 s, but imported
+# beside the trial before it they slowed that one as much: 0.95-0.97x wall per trial, against 0.78x without them.
+# One another DeepSpeed lacks is left to initialize.
+INITIALIZE_IMPORTS = ("torch._dynamo", "torch.profiler", "deepspeed.runtime.zero.muon.muon_optimizer",
+                      "deepspeed.runtime.zero.stage_1_and_2", "deepspeed.runtime.zero.stage3",
+                      "deepspeed.runtime.superoffload.superoffload_stage3", "deepspeed.module_inject.auto_ep_layer",
+                      "deepspeed.module_inject.auto_ep_config", "deepspeed.module_inject.auto_ep_comm",
+                      "deepspeed.utils.pin_memory")
+
+
+def spare_imports(initialize: bool | None = None) -> float:
+    """What a spare rank imports ahead of its trial: the imports every trial makes (run's), and `initialize`
+    (default: where the trial's accelerator, DS_ACCELERATOR, is not the CPU) those deepspeed.initialize makes at its
+    first call (INITIALIZE_IMPORTS). Returns the seconds."""
     t0 = time.time()
     import torch  # noqa: F401
     import deepspeed  # noqa: F401
@@ -562,7 +581,22 @@ def spare_imports() -> float:
 
     import autotune.worker.model  # noqa: F401
 
+    if initialize is None:
+        initialize = os.environ.get("DS_ACCELERATOR", "cpu") != "cpu"
+    for name in INITIALIZE_IMPORTS if initialize else ():
+        if _trial_waiting():
+            break
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
     return time.time() - t0
+
+
+def _trial_waiting() -> bool:
+    """Whether a spare's stdin has its trial (autotune.trials.runner.Spares.hand_over), or its end, to read now."""
+    try:
+        return bool(select.select([sys.stdin], [], [], 0)[0])
+    except (OSError, ValueError):  # no stdin to poll (a closed or odd descriptor): as if nothing waited
+        return False
 
 
 def wait_for_trial(ready: str, took: float) -> str:
