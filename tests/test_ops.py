@@ -245,10 +245,12 @@ def test_ops_a_preflight_loaded_are_not_loaded_again_until_their_library_or_envi
         (ext / op / f"{op}.so").write_bytes(b"")
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(ext)}
     command = [sys.executable, "-c", COUNTING_CHILD, str(runs)]
+    before: list[int] = []  # the children run so far, each time a preflight was about to start one
 
     def run(ds_configs, environment=env):
         ops = preflight("cpu", ds_configs, environment, sys.executable, tmp_path / "preflight.stderr", print,
-                        command=command)
+                        command=command, before_child=lambda: before.append(runs.read_text().count("run")
+                                                                            if runs.exists() else 0))
         return ops, runs.read_text().count("run")
 
     assert run([FUSED_ADAM_DS]) == (("fused_adam",), 1)
@@ -258,6 +260,7 @@ def test_ops_a_preflight_loaded_are_not_loaded_again_until_their_library_or_envi
     (ext / "cpu_adam" / "cpu_adam.so").unlink()  # the build removed: loaded (built) again
     assert run([OFFLOAD_DS]) == (("cpu_adam",), 3)
     assert run([FUSED_ADAM_DS], {**env, ARCH_ENV: "9.0"}) == (("fused_adam",), 4)
+    assert before == [0, 1, 2, 3]  # told before each child, and only where one ran (a sweep's first spares start then)
     assert run([FUSED_ADAM_DS], {k: v for k, v in env.items() if k != "TORCH_EXTENSIONS_DIR"})[1] == 5  # no record
     (ext / "ds-autotune-ops.json").write_text("{not json")  # a damaged record is no record
     assert run([FUSED_ADAM_DS]) == (("fused_adam",), 6)

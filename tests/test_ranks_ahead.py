@@ -176,6 +176,40 @@ def test_the_worker_and_the_shim_want_a_spec_or_spare(module):
 
 
 @pytest.mark.slow
+def test_a_sweeps_first_trial_runs_on_ranks_started_while_its_ops_built(tmp_path, monkeypatch):
+    import autotune.backends.deepspeed as backend_module
+
+    def building(*args, before_child, **kwargs):  # the preflight of a fresh machine: a child builds for a while
+        before_child()
+        (spare,) = backend.spares.held[1]
+        deadline = time.time() + 120
+        while not spare.ready.exists() and time.time() < deadline:
+            time.sleep(0.05)
+        return ("fused_adam",)
+
+    monkeypatch.setattr(backend_module, "preflight", building)
+    measure = MeasureSettings(warmup_steps=1, min_steps=2, max_steps=3, rel_tol=0.5, max_measure_s=60.0)
+    backend = DeepSpeedBackend(make_workload("tiny", global_batch=4), None, PROFILES["cpu"], logs_dir=tmp_path / "logs",
+                               timeout_s=600, measure=measure, in_sequence=True)
+    config = Config(0, 2, 0, "fp32")
+    try:
+        backend.prepare(config, lambda line: None)
+        first = backend.run(config)
+    finally:
+        backend.close()
+    assert first.status == "ok", first.error
+    assert first.extra["import_ahead_s"] > 0 and first.extra["phases_s"]["import_s"] < first.extra["import_ahead_s"]
+    assert first.extra["steps_applied"] >= 1 and first.extra["loss_last"] != first.extra["loss_first"]
+    assert backend.spares.held is None and not [p for p in (tmp_path / "logs" / "spares").iterdir()]
+
+    # A backend of one trial (`autotune trial`, a Ray task's) starts none while its ops build.
+    lone = DeepSpeedBackend(make_workload("tiny", global_batch=4), None, PROFILES["cpu"], logs_dir=tmp_path / "lone")
+    monkeypatch.setattr(backend_module, "preflight", lambda *args, before_child, **kwargs: before_child() or ())
+    lone.prepare(config, lambda line: None)
+    assert lone.spares.held is None
+
+
+@pytest.mark.slow
 def test_a_sweeps_trials_from_the_third_run_on_ranks_started_ahead_and_nothing_is_left(tmp_path):
     measure = MeasureSettings(warmup_steps=1, min_steps=2, max_steps=3, rel_tol=0.5, max_measure_s=60.0)
     backend = DeepSpeedBackend(make_workload("tiny", global_batch=4), None, PROFILES["cpu"], logs_dir=tmp_path / "logs",

@@ -154,10 +154,16 @@ class DeepSpeedBackend:
             say(note)
             self._arch_said = True
         loaded = preflight(self.accelerator, configs_ds, env, self.launch.python, self.logs_dir / "preflight.stderr",
-                           say, cpu_info=self.cpu_info(), timeout_s=timeout_s)
+                           say, cpu_info=self.cpu_info(), timeout_s=timeout_s, before_child=self._spares_while_built)
         # Ready, loaded or not: where the child found no device for them (a GPU profile here), the trial says so.
         self._ops_ready.update(needed_builders(self.accelerator, configs_ds))
         return loaded
+
+    def _spares_while_built(self) -> None:
+        """The next trial's ranks, started while its ops build (up to minutes on a fresh machine), where that trial
+        will run on ranks started ahead (`_start_here`) and none were started during the trial before."""
+        if self.spares is not None and self._started_here >= 1:
+            self.spares.start_first(self.launch, self.accelerator)
 
     def phase(self) -> str | None:
         """Where the trial in flight is (rank 0's latest phase, e.g. 'building ops (cpu_adam)'); None between

@@ -154,11 +154,13 @@ def build_failure(result: Any) -> BuildFailure | None:
 
 def preflight(accelerator: str, ds_configs: Sequence[Mapping[str, Any]], env: Mapping[str, str], python: str,
               log: Path, say: Callable[[str], None], *, cpu_info: Mapping[str, Any] | None = None,
-              command: Sequence[str] | None = None, timeout_s: float = PREFLIGHT_TIMEOUT_S) -> tuple[str, ...]:
+              command: Sequence[str] | None = None, timeout_s: float = PREFLIGHT_TIMEOUT_S,
+              before_child: Callable[[], None] | None = None) -> tuple[str, ...]:
     """Load, in a child process with the trials' environment `env`, every op a trial of one of `ds_configs`
     loads on `accelerator`, building those not built yet (`say` hears a line for each). Returns the ops loaded;
     raises OpBuildFailed (one line) when one cannot be. The child's stderr (a build's output) goes to `log`.
-    `command`: the child (tests); default `python -m autotune.worker.preflight`."""
+    `command`: the child (tests); default `python -m autotune.worker.preflight`. `before_child`: called when a
+    child is needed (the ops' record does not say they are all built), before it starts."""
     record = BuiltOps.of(env, python, accelerator, cpu_info)
     needed = needed_builders(accelerator, ds_configs)
     known = record.ops(needed) if record is not None else None
@@ -166,6 +168,8 @@ def preflight(accelerator: str, ds_configs: Sequence[Mapping[str, Any]], env: Ma
         return known  # built and loaded by an earlier preflight of this environment: no child (~5 s) needed
     request = json.dumps({"accelerator": accelerator, "ds_configs": list(ds_configs),
                           "cpu_info": dict(cpu_info) if cpu_info else None})
+    if before_child is not None:
+        before_child()
     argv = list(command or [python, "-m", "autotune.worker.preflight"])
     log.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()

@@ -399,6 +399,13 @@ class Spares:
             ranks.append(SpareRank(proc, ready, out, err))
         self.held = key, ranks
 
+    def start_first(self, options: LaunchOptions, accelerator: str) -> None:
+        """Ranks for the next trial of `options` before any trial started them (a sweep's first trial waits for its
+        ops to build: its imports are made meanwhile), where spares are allowed and none are held."""
+        if self.held is None and ahead_allowed(options):
+            envs = direct_environments(options, ranks_environment(options, accelerator, 0))
+            self.start(self.key([options.python, "-m", options.module], envs), options.python, options.module, envs)
+
     def take(self, key: tuple) -> list[SpareRank] | None:
         """The held ranks if they can run a trial of `key` and are alive; else None (and any held set is ended)."""
         held, self.held = self.held, None
@@ -454,6 +461,34 @@ class Spares:
         held, self.held = self.held, None
         if held is not None:
             self.drop(held[1])
+
+
+def ranks_environment(options: LaunchOptions, accelerator: str, master_port: int) -> dict[str, str]:
+    """The environment a trial's ranks (or its launcher) share on this node."""
+    place = options.placement
+    base = {**trial_environment(options, accelerator), "MASTER_ADDR": place.master_addr if place else MASTER_ADDR,
+            "MASTER_PORT": str(master_port), "LOCAL_SIZE": str(place.local_world_size if place else options.ranks)}
+    if place is None:
+        # One machine: the ranks' own sockets (gloo's and NCCL's pairs and bootstrap) listen on
+        # loopback, not on the interface an inherited setting or the host name would pick.
+        base.update(GLOO_SOCKET_IFNAME=LOOPBACK_IFNAME, NCCL_SOCKET_IFNAME=LOOPBACK_IFNAME)
+    else:
+        base.update(place.env)
+        if place.ifname:  # the interface of this node's cluster address ('=': NCCL's exact match, not a prefix)
+            base.update(GLOO_SOCKET_IFNAME=place.ifname, NCCL_SOCKET_IFNAME=f"={place.ifname}")
+    base["OMP_NUM_THREADS"] = rank_threads(base, int(base["LOCAL_SIZE"]))
+    return base
+
+
+def direct_environments(options: LaunchOptions, base: Mapping[str, str]) -> list[dict[str, str]]:
+    """Each rank's environment where the runner starts the ranks itself (`direct`), this node's ranks in order."""
+    place = options.placement
+    ranks = place.ranks if place else tuple(range(options.ranks))
+    local = place.local_ranks if place else ranks
+    world, node = (place.world_size, place.node_rank) if place else (options.ranks, 0)
+    return [{**base, "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world),
+             "LOCAL_WORLD_SIZE": base["LOCAL_SIZE"], "GROUP_RANK": str(node), PARENT_ENV: str(os.getpid())}
+            for rank, local_rank in zip(ranks, local)]
 
 
 def ahead_allowed(options: LaunchOptions, cores: int | None = None) -> bool:
@@ -529,26 +564,12 @@ class Trial:
     # -- launch -------------------------------------------------------------------------------------
     def launch(self) -> None:
         spec_path = self.spec.write()
-        o, place = self.options, self.placement
-        base = {**trial_environment(o, self.spec.accelerator), "MASTER_ADDR": place.master_addr if place else MASTER_ADDR,
-                "MASTER_PORT": str(self.master_port), "LOCAL_SIZE": str(place.local_world_size if place else o.ranks)}
-        if place is None:
-            # One machine: the ranks' own sockets (gloo's and NCCL's pairs and bootstrap) listen on
-            # loopback, not on the interface an inherited setting or the host name would pick.
-            base.update(GLOO_SOCKET_IFNAME=LOOPBACK_IFNAME, NCCL_SOCKET_IFNAME=LOOPBACK_IFNAME)
-        else:
-            base.update(place.env)
-            if place.ifname:  # the interface of this node's cluster address ('=': NCCL's exact match, not a prefix)
-                base.update(GLOO_SOCKET_IFNAME=place.ifname, NCCL_SOCKET_IFNAME=f"={place.ifname}")
-        base["OMP_NUM_THREADS"] = rank_threads(base, int(base["LOCAL_SIZE"]))
+        o = self.options
+        base = ranks_environment(o, self.spec.accelerator, self.master_port)
         worker = ["-m", o.module, str(spec_path)]
         if o.launcher == "direct":
-            local = place.local_ranks if place else self.rank_ids
-            world, node = (place.world_size, place.node_rank) if place else (o.ranks, 0)
             self.argv = [o.python, *worker]
-            self.envs = [{**base, "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world),
-                          "LOCAL_WORLD_SIZE": base["LOCAL_SIZE"], "GROUP_RANK": str(node), PARENT_ENV: str(os.getpid())}
-                         for rank, local_rank in zip(self.rank_ids, local)]
+            self.envs = direct_environments(o, base)
             if self.spares is not None:
                 self.spare_key = Spares.key([o.python, "-m", o.module], self.envs)
                 ranks = self.spares.take(self.spare_key)
