@@ -340,10 +340,11 @@ def record(plans: Sequence[gv.Plan], groups: Sequence[kp.Group], mode: KitMode, 
             skipped += 1
             continue
         plan = by_name[group.model]
+        # A group's trials run in sequence: its second on ranks started during its first (their imports off its clock).
         backend = DeepSpeedBackend(plan.workload, memory_budget_bytes=plan.trial_budget, hardware=plan.hardware,
                                    ds_options=DsOptions(force_ds_cpu_optimizer=False), logs_dir=plan.logs,
                                    timeout_s=min(mode.trial_timeout_s, max(30.0, left + GRACE_S)),
-                                   measure=settings, seed=seed)
+                                   measure=settings, seed=seed, in_sequence=True)
         seconds = dict(zip(group.configs, group.seconds))
         watched = Watched(backend, group.model, clock.at(deadline_s), lambda c: seconds[c] * scale, ran)
         try:
@@ -351,6 +352,8 @@ def record(plans: Sequence[gv.Plan], groups: Sequence[kp.Group], mode: KitMode, 
                            progress=lambda line, m=group.model: log(f"{m}: {line}"))
         except Deadline:
             skipped += 1
+        finally:
+            backend.close()  # the ranks its last trial started for a next one
         if backend.fatal:
             raise gv.KitError(backend.fatal)
         scale = measured_scale(ran, base)

@@ -320,6 +320,9 @@ def test_the_cpu_form_runs_every_phase_in_one_call_and_writes_at_most_eight_file
     assert phases[0]["outcome"].endswith("(scripts/gpu-validate)")  # the install ran, timed by the script
     assert phases[1]["outcome"].startswith("ops ready")
     assert report["recording"]["configs"] == 4 and set(report["recording"]["per_model"]) == {"tiny", "tiny-llama"}
+    # Each pair's second trial ran on ranks started during its first (imports off its clock), its first did not.
+    recorded = [r for r in report["training"] if r["source"] in ("cpu-tiny", "cpu-tiny-llama")]
+    assert sorted(r["import_ahead_s"] is not None for r in recorded) == [False, False, True, True], recorded
     tune = report["tune"]
     assert tune["ran"] and tune["returncode"] == 0 and "--confirm" in tune["argv"]
     assert tune["confirm_repeats"] >= 1 and tune["summary"] and 0 < tune["fit_share"] < 1
