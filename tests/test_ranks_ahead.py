@@ -165,7 +165,7 @@ def test_a_trial_whose_spare_dies_before_taking_it_starts_its_own_ranks(tmp_path
     assert "device opened" in (Path(spec.log_dir) / "rank0.ahead.stderr").read_text()
     assert not lost.with_suffix(".stderr").exists()
     assert spares.off  # its exit said its imports opened the device: every spare's would, none is started again
-    spares.start(("any",), sys.executable, "autotune.worker", [{}])
+    spares.start(sys.executable, "autotune.worker", [{}])
     assert spares.held is None
 
 

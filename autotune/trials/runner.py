@@ -381,8 +381,8 @@ class Spares:
         return tuple(argv), tuple(tuple(sorted((k, v) for k, v in env.items() if k not in PER_TRIAL_ENV))
                                   for env in envs)
 
-    def start(self, key: tuple, python: str, module: str, envs: Sequence[Mapping[str, str]]) -> None:
-        """Start one rank per environment of `envs` (ending any set held before)."""
+    def start(self, python: str, module: str, envs: Sequence[Mapping[str, str]]) -> None:
+        """Start one rank of `python -m module` per environment of `envs` (ending any set held before)."""
         self.close()
         if self.off:
             return
@@ -397,14 +397,14 @@ class Spares:
                 proc = Popen([python, "-m", module, "--spare", str(ready)], env=dict(env), stdin=PIPE, stdout=stdout,
                              stderr=stderr, start_new_session=True)
             ranks.append(SpareRank(proc, ready, out, err))
-        self.held = key, ranks
+        self.held = self.key([python, "-m", module], envs), ranks
 
     def start_first(self, options: LaunchOptions, accelerator: str) -> None:
         """Ranks for the next trial of `options` before any trial started them (a sweep's first trial waits for its
         ops to build: its imports are made meanwhile), where spares are allowed and none are held."""
         if self.held is None and ahead_allowed(options):
             envs = direct_environments(options, ranks_environment(options, accelerator, 0))
-            self.start(self.key([options.python, "-m", options.module], envs), options.python, options.module, envs)
+            self.start(options.python, options.module, envs)
 
     def take(self, key: tuple) -> list[SpareRank] | None:
         """The held ranks if they can run a trial of `key` and are alive; else None (and any held set is ended)."""
@@ -671,7 +671,7 @@ class Trial:
             return
         if self.spare_key is not None and len(phases) == len(self.rank_ids) \
                 and all(p.get("phase") != "start" for p in phases.values()):
-            self.spares.start(self.spare_key, self.options.python, self.options.module, self.envs)
+            self.spares.start(self.options.python, self.options.module, self.envs)
             self.spare_key = None
         if any(p.get("phase") == "measure" for p in phases.values()):
             self.spares.hold_unready()
