@@ -92,6 +92,9 @@ def test_the_spread_is_the_prior_until_the_repeats_give_enough_degrees_of_freedo
     assert pooled.dof == 3 and pooled.sigma == pytest.approx(math.sqrt(squares / 3))
     assert "this run's repeats" in pooled.source
     assert confirm.MACHINE_SPREAD == pytest.approx(confirm.Spread(confirm.MACHINE_SIGMA, 0, "").typical)
+    # The machine prior is the developers' CPU's, not a measurement of the machine at hand: said so.
+    machine = confirm.spread(one_pair, confirm.MACHINE_SIGMA).source
+    assert "prior" in machine and "this machine" not in machine
 
 
 def test_finalists_are_within_the_spread_of_the_best_and_at_most_three():

@@ -295,8 +295,8 @@ class Sweep:
         names = ", ".join(f"{c.config.label()} ({c.median:.3g} samples/s, {c.runs} run{'s' * (c.runs > 1)})"
                           for c in plan.finalists)
         self.hooks.on_message(f"confirming the close calls in fresh processes, up to {1 + repeats} runs each: {names} "
-                        f"(within {plan.spread.typical:.0%} of the best, the launch spread from "
-                        f"{plan.spread.source})")
+                        f"(within {plan.spread.typical:.0%} of the best: how much two launches of one config "
+                        f"typically differ, from {plan.spread.source})")
 
     def _search(self) -> Config | None:
         self.stalled = False

@@ -151,8 +151,9 @@ def spread(cands: Sequence[Candidate], prior: float | None) -> Spread:
                       f"this run's repeats ({groups} configs, {dof} degrees of freedom)")
     if prior is None or prior == 0:
         return Spread(0.0, 0, "none assumed (no repeats yet)")
-    return Spread(prior, 0, "the launch spread measured on this machine" if prior == MACHINE_SIGMA
-                  else "the backend's noise")
+    # The machine prior was measured on the developers' 2-core CPU, not on the machine at hand: said so.
+    return Spread(prior, 0, "a prior until this run's repeats measure it: launches on the developers' 2-core CPU"
+                  if prior == MACHINE_SIGMA else "the backend's noise")
 
 
 def finalists(cands: Sequence[Candidate], sp: Spread) -> list[Candidate]:
