@@ -25,7 +25,7 @@ from autotune.values.space import Space
 from autotune.strategies import STRATEGIES, SearchContext, make_strategy
 from autotune.strategies.grid import EARLY_STOP
 from autotune.strategies.guide import LIKELY
-from autotune.strategies.optuna_search import FIT_TO_RUN, IDENTIFY, INVALID_CONSTRAINT, PENALTY, WARM_START
+from autotune.strategies.optuna_search import FIT_TO_RUN, INVALID_CONSTRAINT, PENALTY, WARM_START, OptunaStrategy
 from autotune.values.workload import make_workload
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -198,17 +198,18 @@ def test_random_is_uniform_over_the_space_without_replacement_and_seeded():
     assert all(share[stage] > 0.5 * n / 3 for stage, n in expected.items())
 
 
-def test_optuna_in_a_sweep_is_warm_started_by_configs_that_identify_the_estimators_error(gpu_space):
-    # In a sweep (SearchContext.forecast), not the best predicted config of each layout (that left
-    # checkpointing off unmeasured on an outside surface, issue 17) but the configs whose results shrink
-    # most the uncertainty of the configs predicted best, each likely to fit.
+def test_optuna_in_a_sweep_starts_at_the_likeliest_best_and_goes_by_expected_gain(gpu_space):
+    # In a sweep (SearchContext.forecast): first the config predicted most valuable, likely to fit; then the most
+    # valuable untried config per second of its trial (no configs picked for information alone: the expected
+    # gain already sends trials where the model is unsure, benchmarks/results/search_valuable.md).
     backend = SimulatedBackend(WORKLOAD, HARDWARE, BUDGET)
-    s = sweep("optuna", gpu_space, backend, BUDGET, trials=IDENTIFY)
+    s = sweep("optuna", gpu_space, backend, BUDGET, trials=4)
     first = [r.config for r in s.results if r.status != "pruned"]
-    assert len(first) == len(set(first)) == IDENTIFY
-    # (tests/test_uncertainty.py: on the CPU surface, checkpointing on and off, both precisions, offload)
-    assert len({(c.zero_stage, c.ckpt_interval, c.offload_optimizer, c.offload_param, c.precision) for c in first}) > 1
+    assert len(first) == len(set(first)) == 4
     assert Pruner(WORKLOAD, HARDWARE, BUDGET).fit_probability(first[0]) >= LIKELY
+    proposers = [t.user_attrs.get("proposed_by") for t in s.strategy.study.trials if "report_trial" in t.user_attrs]
+    assert proposers[0] == "warm start" and set(proposers[1:]) <= {"expected gain", "likeliest to fit", "optuna",
+                                                                   "nearest untried"}
     assert all(r.fits(BUDGET) for r in s.results if r.status != "pruned")
 
 
@@ -229,9 +230,12 @@ def test_optuna_starts_with_the_smallest_predicted_config_when_none_is_predicted
     assert strategy.propose() == smallest.config
 
 
-def test_optuna_keeps_failures_infeasible_and_never_run_proposals_out_of_complete(gpu_space):
+def test_optuna_keeps_failures_infeasible_and_never_run_proposals_out_of_complete(gpu_space, monkeypatch):
     budget = 12 * GiB
     backend = SimulatedBackend(WORKLOAD, HARDWARE, budget, calibration=Calibration(activation_scale=2.0))
+    # Every turn TPE's (in a guided sweep it proposes only where no guided pick is worth its risk): its invalid,
+    # repeated and unlikely proposals are what the study must keep apart.
+    monkeypatch.setattr(OptunaStrategy, "_guided", lambda self: None)
     s = sweep("optuna", gpu_space, backend, budget, trials=25)
     statuses = Counter(r.status for r in s.results)
     # (Guided by the sweep's forecast, Optuna proposes few configs that get pruned or fail.)
@@ -280,8 +284,11 @@ def test_optuna_keeps_failures_infeasible_and_never_run_proposals_out_of_complet
     assert by_status.get("invalid") or by_status.get("repeat") or by_status.get("unlikely to fit")
 
 
-def test_optuna_same_seed_same_sweep(gpu_space):
+def test_optuna_same_seed_same_sweep(gpu_space, monkeypatch):
     backend = SimulatedBackend(WORKLOAD, HARDWARE, BUDGET, calibration=TRUTH)
+    guided = [[r.config for r in sweep("optuna", gpu_space, backend, BUDGET, 15, seed=seed).results] for seed in (7, 7)]
+    assert guided[0] == guided[1]
+    monkeypatch.setattr(OptunaStrategy, "_guided", lambda self: None)  # TPE's turns: they follow the seed
     runs = [[r.config for r in sweep("optuna", gpu_space, backend, BUDGET, 15, seed=seed).results]
             for seed in (7, 7, 8)]
     assert runs[0] == runs[1]

@@ -126,16 +126,6 @@ class ErrorModel:
         rows = np.array([_features(columns, c) for c in configs]).reshape(len(configs), n)
         return rows, mean, cov
 
-    def information(self, candidates: Sequence[Config], targets: Sequence[Config],
-                    weights: Sequence[float]) -> np.ndarray:
-        """Per candidate, how much measuring it would shrink the variance of the targets' predictions
-        (weighted sum; Bayesian linear regression: (x_t' S x_c)^2 / (x_c' S x_c + noise^2))."""
-        rows, _, cov = self.joint(list(candidates) + list(targets))
-        xc, xt = rows[:len(candidates)], rows[len(candidates):]
-        cross = xt @ cov @ xc.T  # targets x candidates
-        own = np.einsum("ij,jk,ik->i", xc, cov, xc) + self.noise ** 2
-        return (np.array(weights)[:, None] * cross ** 2).sum(axis=0) / own
-
 
 def columns_of(configs: Iterable[Config], first: tuple[tuple[str, Any], ...] = ()) -> tuple[tuple[str, Any], ...]:
     """`first`, then one column per other knob value the configs take (sorted, so that a model is the same

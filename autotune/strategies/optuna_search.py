@@ -69,13 +69,16 @@ METRIC = "throughput_samples_per_s"
 CONSTRAINTS_KEY = "constraints"  # the trial system attribute optuna-dashboard reads feasibility from
 MEASURES = ("throughput_samples_per_s", "tokens_per_s", "step_time_s", "peak_memory_bytes")
 REASON_CHARS = 500  # a failure's error, as a user attribute, is cut to this
-# With the sweep's forecast (SearchContext.forecast): the first IDENTIFY proposals identify the estimator's
-# error model (guide.identifying), then proposals take turns (TURNS): the most valuable config (probability
-# of fitting x expected gain, guide.most_valuable), the best neighbour of the best config found
-# (guide.nearby) and, after GUIDED_TURNS, TPE's; a TPE proposal less likely than
-# FIT_TO_RUN to fit is told as infeasible (its constraint: median predicted peak / budget - 1) and the
-# nearest untried config likely to fit runs instead.
-IDENTIFY = 4
+# With the sweep's forecast (SearchContext.forecast) every proposal is the most valuable untried config (probability
+# of fitting x expected gain over the best, per second of its trial: guide.most_valuable), the first one the
+# likeliest best; TPE proposes when that config is not worth its risk (below), and a TPE proposal less likely than
+# FIT_TO_RUN to fit is told as infeasible (its constraint: median predicted peak / budget - 1) and the nearest
+# untried config likely to fit runs instead. Measured against the warm start that first identified the estimator's
+# error (4 configs picked for what they teach) and turns taken with steps around the best and TPE
+# (benchmarks/results/search_valuable.md): on held-out simulated GPU worlds at 3% noise the median trial-seconds to
+# 98% of the optimum fell from 253 s to 209 s (seeds 0-9; 244 -> 213 s on seeds 10-19, where it was chosen), and on
+# the real CPU surfaces replayed from 142 s to 109 s: the error model's expected gain already weighs what a trial
+# teaches, and the picks made for information alone cost their seconds without that gain.
 FIT_TO_RUN = 0.8
 STOP_GAIN = 0.002  # below this x best, no untried config's probability x expected gain is worth a trial
 # A most valuable config less than FIT_TO_RUN likely to fit runs only if worth this x best: a gamble on an
@@ -83,13 +86,6 @@ STOP_GAIN = 0.002  # below this x best, no untried config's probability x expect
 # small-llama surface at 1.19 GiB spent one trial in 14 out of memory after its optimum); TPE, whose
 # proposals are all likely to fit, takes that turn instead.
 GAMBLE_GAIN = 0.02
-GUIDED_TURNS = 4  # after the warm start, the first proposals are all guided ones
-# Guided turns take turns between the most valuable config and the best untried neighbour of the best config
-# found (guide.nearby): the error model is additive over knob values, so a combination that beats it (the
-# tiny CPU surface's fastest configs are 3% apart, one knob from each other) is found by stepping around the
-# best, not by its forecast. After GUIDED_TURNS, TPE has the third turn.
-VALUABLE, LOCAL, SAMPLED = "valuable", "local", "sampled"
-TURNS = (VALUABLE, LOCAL, SAMPLED)
 
 
 def tpe(context: SearchContext, strategy: str = "optuna") -> "OptunaStrategy":
@@ -144,7 +140,8 @@ class OptunaStrategy:
             elif trial.state == TrialState.WAITING:
                 self._requeue(trial)
         self.guided = context.forecast is not None and context.uncertainty is not None
-        # Proposals since the warm start (their kinds take turns, TURNS): a resumed study goes on where it was.
+        # Guided proposals since the first one (hybrid's policy waits for GUIDED_TURNS of them): a resumed study
+        # goes on where it was.
         self.turn = self._turns_taken(trials) if self.guided else 0
         # Nothing untried is worth a trial (probability x expected gain) nor likely to fit: proposals end.
         self.exhausted = False
@@ -202,14 +199,10 @@ class OptunaStrategy:
         return config
 
     def _guided(self) -> Config | None:
-        """The warm start's next config while the error model is being identified, then on every other
-        turn the most valuable config; None: TPE's turn."""
+        """The most valuable untried config by the sweep's forecast; None: TPE's turn."""
         tried = set(self.outcomes) | set(self.pending)
         if not tried:  # the config predicted most valuable first: where the estimator is right, the answer
             picked = guide.most_valuable(self.context, tried, 0.0)
-            return None if picked is None else self._run_queued(picked, "warm start")
-        if len(tried) < IDENTIFY:
-            picked = guide.identifying(self.context, tried)
             return None if picked is None else self._run_queued(picked, "warm start")
         self.turn += 1
         best = self.best_value()
@@ -224,19 +217,10 @@ class OptunaStrategy:
                 self.exhausted = True  # and none likely to fit: the search is over
                 return None
             return self._run_queued(likeliest, "likeliest to fit")
-        kind = TURNS[(self.turn - 1) % 2] if self.turn <= GUIDED_TURNS else TURNS[(self.turn - GUIDED_TURNS - 1) % 3]
-        if kind == LOCAL:
-            incumbent = self.best_config()
-            near = None if incumbent is None else guide.nearby(self.context, tried, incumbent, best)
-            if near is not None:
-                return self._run_queued(near, "near the best")
-            kind = VALUABLE
         if best and guide.fit_probability(self.context, picked) < FIT_TO_RUN \
                 and guide.worth(self.context, picked, best) < GAMBLE_GAIN * best:
             return None
-        if kind == VALUABLE:
-            return self._run_queued(picked, "expected gain")
-        return None
+        return self._run_queued(picked, "expected gain")
 
     def _turns_taken(self, trials: list[optuna.trial.FrozenTrial]) -> int:
         """The guided turns a stored study took: each turn ends in one proposal of this search's own after the
