@@ -11,9 +11,10 @@ optimum.
 Why this order and 12 policy trials: the issue's reading ("the policy's first proposals warm-start the
 Optuna study, which then continues"), and on the held-out tasks of benchmarks/rl_evaluation.py before
 issue 17 it reached 98% of the optimum in a median of 10 trials at 3% step-time noise, against 16.5 for
-Optuna alone. With the sweep's forecast both now open with the same guided trials (the warm start that
-identifies the estimator's error, then its most valuable configs and steps around the best), and they mostly
-tie (docs/search.md's RL section has the current figures).
+Optuna alone. With the sweep's forecast both now open with the same guided trials (Optuna's most valuable
+configs per second); since these lost their identifying warm start, `hybrid` takes 217 s to 98% of the optimum on
+the held-out GPU worlds against `optuna`'s 209 s (benchmarks/results/search_valuable.md; docs/search.md's RL
+section has the figures).
 
 On a Ray cluster, with several trials in flight, Optuna proposes whenever the policy waits for its result.
 

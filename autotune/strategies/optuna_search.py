@@ -226,6 +226,7 @@ class OptunaStrategy:
         """The guided turns a stored study took: each turn ends in one proposal of this search's own after the
         warm start (not the hybrid's policy, not a record), told COMPLETE or PRUNED (ran, or pruned by the
         sweep); a sampled proposal refused as unlikely to fit or invalid is part of the turn that follows it."""
+        # ("near the best": a step around the best, in studies written before 2026-11-29)
         own = {"expected gain", "near the best", "likeliest to fit", "nearest untried", self.name}
         return sum(1 for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
                    and t.user_attrs.get("proposed_by") in own
