@@ -76,7 +76,7 @@ REASON_CHARS = 500  # a failure's error, as a user attribute, is cut to this
 # untried config likely to fit runs instead. Measured against the warm start that first identified the estimator's
 # error (4 configs picked for what they teach) and turns taken with steps around the best and TPE
 # (benchmarks/results/search_valuable.md): on held-out simulated GPU worlds at 3% noise the median trial-seconds to
-# 98% of the optimum fell from 253 s to 209 s (seeds 0-9; 244 -> 213 s on seeds 10-19, where it was chosen), and on
+# 98% of the optimum fell from 253 s to 209 s (seeds 0-9, where it was chosen; 244 -> 213 s on seeds 10-19), and on
 # the real CPU surfaces replayed from 142 s to 109 s: the error model's expected gain already weighs what a trial
 # teaches, and the picks made for information alone cost their seconds without that gain.
 FIT_TO_RUN = 0.8
@@ -231,11 +231,6 @@ class OptunaStrategy:
         return sum(1 for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
                    and t.user_attrs.get("proposed_by") in own
                    and t.user_attrs.get("status") not in ("unlikely to fit", "invalid"))
-
-    def best_config(self) -> Config | None:
-        """The config of the best throughput told among those that fit."""
-        fitting = [(value, c) for c, (value, constraint) in self.outcomes.items() if constraint <= 0 and value > 0]
-        return max(fitting, key=lambda vc: vc[0])[1] if fitting else None
 
     def best_value(self) -> float:
         """The best throughput told of a config that fit."""
