@@ -139,7 +139,7 @@ class OptunaStrategy:
                     self.resumed.append(config)
             elif trial.state == TrialState.WAITING:
                 self._requeue(trial)
-        self.guided = context.forecast is not None and context.uncertainty is not None
+        self.guided = context.forecast is not None  # the guided picks read the forecast alone
         # Guided proposals since the first one (hybrid's policy waits for GUIDED_TURNS of them): a resumed study
         # goes on where it was.
         self.turn = self._turns_taken(trials) if self.guided else 0
