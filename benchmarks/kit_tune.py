@@ -44,7 +44,7 @@ class TuneArgs:
     def argv(self, python: str = sys.executable) -> list[str]:
         argv = [python, "-m", "autotune.cli", "tune", "--model", self.model, "--global-batch", str(self.global_batch),
                 "--hardware", self.hardware, "--allocator", self.allocator, "--space", str(self.space),
-                "--memory-budget", str(self.memory_budget_bytes), "--strategy", "hybrid",
+                "--memory-budget", str(self.memory_budget_bytes),
                 "--trials", str(self.trials), "--time-budget", f"{self.time_budget_s:.0f}s",
                 "--confirm", str(self.confirm), "--seed", str(self.seed), "--out", str(self.out)]
         return argv + (["--seq-len", str(self.seq_len)] if self.seq_len else [])

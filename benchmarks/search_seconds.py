@@ -14,7 +14,7 @@ Trials take seconds here as they would on a GPU (issue 41, "Measured in seconds"
   surfaces (benchmarks/surfaces, at the device's memory and at the median measured peak), `replay-gpu` the shared
   H200 surfaces (search_efficiency.GPU_SURFACES, 2-4 configs each, at the budgets they were recorded with).
 
-Strategies: rl, hybrid (the default), optuna, `optuna-flat` (optuna with every trial costing alike, as before
+Strategies: rl, hybrid, optuna (the default), `optuna-flat` (optuna with every trial costing alike, as before
 issue 41's cost-aware picks: search_efficiency.SCHEDULES; `hybrid-flat` on request), random, grid, and `deepspeed`: DeepSpeed's autotuner's own order in
 its fast mode (benchmarks/peer_deepspeed_autotuner.py, DeepSpeedSchedule), each through the tuner's loop (the
 estimator's pruning, calibration, the convergence figure recorded after every trial, the stop off) for up to
@@ -68,6 +68,7 @@ REFERENCES = ("optuna", "optuna-flat", "deepspeed")
 # schedule's, at most these; no worse in trials.
 GOAL_WORLD, GOAL_NOISE = "held-out GPU", 0.03
 GOAL_OVER = {"optuna-flat": 0.6, "deepspeed": 0.5}
+POLICY_STRATEGIES = ("hybrid", "rl")  # the strategies the RL policy proposes in
 CHEAP_SHARE = 0.85  # cost_spread's tasks where picking cheap trials can save little: cheapest >= this x median
 BOOTSTRAP = 2000  # resamples of the goal world's paired runs for the ratio's interval
 
@@ -256,9 +257,11 @@ def goals(result: dict, runs: list[dict]) -> dict:
         out[f"paired_{ref}"] = paired(runs, DEFAULT_STRATEGY, ref)
     if "deepspeed" in data["strategies"]:
         out["trial_s_to_deepspeed_final_over_deepspeed"] = mine["trial_s_to_deepspeed_final_over_deepspeed"]
-    if "optuna" in data["strategies"]:  # the same search without the policy's turns: what the policy's role adds
-        out["trial_s_to_98_over_optuna"] = mine["trial_s_to_98_over_optuna"]
-        out["paired_optuna"] = paired(runs, DEFAULT_STRATEGY, "optuna")
+    # The RL policy against Optuna alone (issue 41's second goal), alone and in its role in `hybrid`.
+    out["policy_over_optuna"] = {name: {"ratio": data["strategies"][name]["trial_s_to_98_over_optuna"],
+                                        "paired": paired(runs, name, "optuna")}
+                                 for name in POLICY_STRATEGIES
+                                 if name in data["strategies"] and "optuna" in data["strategies"]}
     return out
 
 
@@ -344,13 +347,16 @@ def markdown(result: dict) -> str:
                              f"trials no worse: {'yes' if g[f'trials_no_worse_than_{ref}'] else 'no'}{spread})")
         lines += [f"**Issue 41's done-when** ({g['strategy']}, the default strategy, on {g['world']}): "
                   f"median trial-seconds to 98% " + "; ".join(parts) + ".", ""]
-        pair = g.get("paired_optuna") or {}
-        if pair:
-            lines += [f"The RL policy's role in {g['strategy']} (its turns after the guided ones; `optuna` is the same "
-                      f"search without them): median trial-seconds to 98% {times(g['trial_s_to_98_over_optuna'])}x "
-                      f"optuna's; paired over {pair['runs']} runs: faster in {pair['wins']}, slower in "
-                      f"{pair['losses']}, the ratio's 90% bootstrap interval {times(pair['ratio_low'])}-"
-                      f"{times(pair['ratio_high'])}.", ""]
+        policy = g.get("policy_over_optuna") or {}
+        if policy:
+            lines += ["The RL policy against `optuna` alone (`hybrid`: its turns after Optuna's first 8 guided "
+                      "proposals, `optuna` the same search without them; `rl`: the policy alone): median trial-seconds "
+                      "to 98% " + "; ".join(
+                          f"{name} {times(p['ratio'])}x optuna's" + (
+                              f" (paired over {p['paired']['runs']} runs: faster in {p['paired']['wins']}, slower in "
+                              f"{p['paired']['losses']}, the ratio's 90% bootstrap interval "
+                              f"{times(p['paired']['ratio_low'])}-{times(p['paired']['ratio_high'])})"
+                              if p["paired"] else "") for name, p in policy.items()) + ".", ""]
         if "trial_s_to_deepspeed_final_over_deepspeed" in g:
             lines += [f"Where the deepspeed schedule never gets within 98%, the comparison that holds is to its own final "
                       f"recommendation: {g['strategy']} is as good as it after "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from autotune.api import DEFAULT_STRATEGY
 from autotune.backends.simulated import SimulatedBackend
 from autotune.drivers.local import run_local
 from autotune.drivers.progress import QuietProgress
@@ -32,7 +33,7 @@ def world(model: str, batch: int, gpus: int, profile: str, budget_gib: int):
     return space, backend, budget_gib * GiB
 
 
-def run(space: Space, backend, budget: int, trials: int, strategy: str = "hybrid") -> list[TrialResult]:
+def run(space: Space, backend, budget: int, trials: int, strategy: str = DEFAULT_STRATEGY) -> list[TrialResult]:
     sweep = Sweep.in_memory(space, budget, strategy, backend.name, seed=0)
     run_local(sweep, backend, Budget(trials, stop_when=0), QuietProgress())
     return [r for r in sweep.results if r.status != "pruned"]

@@ -258,6 +258,25 @@ def test_the_done_when_ratio_comes_with_its_paired_wins_and_bootstrap_interval()
     assert ss.paired(runs, "hybrid", "deepspeed") == {}
 
 
+def test_the_goals_weigh_the_default_against_its_references_and_the_policy_against_optuna_alone():
+    def record(strategy: str, seed: int, seconds: float) -> dict:
+        return ss.run_record("held-out GPU", 0.03, "task", strategy, seed, [0.99], [seconds], [0.5], 0, 0)
+
+    seconds = {"optuna": [10.0, 20.0, 30.0], "optuna-flat": [30.0, 40.0, 50.0], "hybrid": [20.0, 10.0, 40.0],
+               "rl": [40.0, 50.0, 60.0]}
+    runs = [record(name, i, s) for name, row in seconds.items() for i, s in enumerate(row)]
+    result = {"tables": ss.tables(runs, tuple(seconds))}
+    goals = ss.goals(result, runs)
+    assert goals["strategy"] == ss.DEFAULT_STRATEGY == "optuna"
+    assert goals["trial_s_to_98_over_optuna-flat"] == 0.5 and goals["at_most_0.6x_optuna-flat"]
+    policy = goals["policy_over_optuna"]
+    assert set(policy) == {"hybrid", "rl"} and "optuna" not in policy
+    assert policy["hybrid"]["ratio"] == 1.0 and (policy["hybrid"]["paired"]["wins"], policy["hybrid"]["paired"]["losses"]) == (1, 2)
+    assert policy["rl"]["ratio"] == 2.5 and policy["rl"]["paired"]["losses"] == 3
+    assert "hybrid 1.00x optuna's (paired over 3 runs: faster in 1, slower in 2" in ss.markdown(
+        {**result, "goals": goals, "command": "python benchmarks/search_seconds.py", "parts": []})
+
+
 def test_replay_sweeps_spend_their_surfaces_recorded_wall_times():
     surface = load_surface(BENCHMARKS / se.GPU_SURFACES[0])  # the 11-26 H200 run: llama-1b, 2 configs
     space = surface_space(surface)
