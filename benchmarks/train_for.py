@@ -1,7 +1,7 @@
 """Issue 41's stop in seconds (`--train-for`): what it saves a user whose training run lasts H, against the
 convergence stop alone.
 
-The default strategy (hybrid) runs with the stop off for up to 30 launched trials on rl_evaluation's held-out
+hybrid (the default strategy until 2026-11-29) runs with the stop off for up to 30 launched trials on rl_evaluation's held-out
 simulated tasks (12 GPU, 4 CPU; a fresh hidden distortion per seed, the world's noise on step and trial times, trials
 taking GPU-like seconds: autotune.prediction.trial_time), recording after every trial the figures both rules read
 (the chance of a better config; the best untried config's expected gain per second of its trial). Each rule is then

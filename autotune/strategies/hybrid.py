@@ -1,4 +1,4 @@
-"""`hybrid` (the default of `autotune tune`): the trained policy's first proposals, then Optuna.
+"""`hybrid`: Optuna's first guided proposals, then the trained policy's turns beside Optuna's.
 
 The policy (strategies/rl.py) searches from the estimator's best predicted config, by single-knob edits
 and jumps to the best config of the predictions corrected by its trials, until it stops or has proposed
@@ -13,8 +13,8 @@ Optuna study, which then continues"), and on the held-out tasks of benchmarks/rl
 issue 17 it reached 98% of the optimum in a median of 10 trials at 3% step-time noise, against 16.5 for
 Optuna alone. With the sweep's forecast both now open with the same guided trials (Optuna's most valuable
 configs per second); since these lost their identifying warm start, `hybrid` takes 217 s to 98% of the optimum on
-the held-out GPU worlds against `optuna`'s 209 s (benchmarks/results/search_valuable.md; docs/search.md's RL
-section has the figures).
+the held-out GPU worlds against `optuna`'s 213 s (240 runs: benchmarks/results/search_seconds.md), so `optuna`
+is the default since 2026-11-29 (docs/search.md, "How the strategies compare").
 
 On a Ray cluster, with several trials in flight, Optuna proposes whenever the policy waits for its result.
 
