@@ -18,6 +18,7 @@ of the trials so far):
   figure than one not yet there).
 
     python benchmarks/stop_floor.py benchmarks/results/search_efficiency_stop_noise3.json [--world distorted]
+        [--noise 0.03] [--strategy optuna]   (default: the default strategy)
 
 Prints markdown.
 """
@@ -29,6 +30,7 @@ import json
 import statistics
 from pathlib import Path
 
+from autotune.api import DEFAULT_STRATEGY
 from autotune.search.convergence import MIN_TRIALS
 
 THRESHOLDS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
@@ -85,23 +87,26 @@ def report(runs: list[dict], name: str, min_trials: int, trials: int) -> list[st
     return out + [""]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("results", type=Path, nargs="+", help="search_efficiency JSON files")
+    parser.add_argument("results", type=Path, nargs="+", help="search_efficiency or search_seconds JSON files")
     parser.add_argument("--world", default=None, help="one world only (default: each)")
-    parser.add_argument("--strategy", default="hybrid")
+    parser.add_argument("--noise", type=float, default=None,
+                        help="one noise level only (search_seconds' runs hold several; default: all)")
+    parser.add_argument("--strategy", default=DEFAULT_STRATEGY)
     parser.add_argument("--min-trials", type=int, default=MIN_TRIALS)
     parser.add_argument("--trials", type=int, default=30, help="the default trial budget the goals are about")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     lines: list[str] = []
     for path in args.results:
         data = json.loads(path.read_text())
         worlds = sorted({r["world"] for r in data["runs"]} if args.world is None else {args.world})
         for world in worlds:
             runs = [r for r in data["runs"] if r["world"] == world and r["strategy"] == args.strategy
-                    and r.get("chances")]
+                    and r.get("chances") and (args.noise is None or r.get("noise") == args.noise)]
+            noise = "" if args.noise is None else f", {args.noise:.0%} noise"
             if runs:
-                lines += report(runs, f"{path.name}: {world}, {args.strategy}", args.min_trials, args.trials)
+                lines += report(runs, f"{path.name}: {world}{noise}, {args.strategy}", args.min_trials, args.trials)
     print("\n".join(lines))
 
 

@@ -35,6 +35,21 @@ def test_auc_ranks_the_sweeps_already_there_lower():
     assert stop_floor.auc([], [0.5]) is None
 
 
+def test_search_seconds_runs_are_read_per_noise_level_for_the_default_strategy(tmp_path, capsys):
+    import json
+
+    def run(strategy: str, noise: float) -> dict:
+        return {"world": "held-out GPU", "noise": noise, "strategy": strategy, **RUN}
+
+    path = tmp_path / "search_seconds.json"
+    path.write_text(json.dumps({"runs": [run("optuna", 0.03)] * 3 + [run("optuna", 0.1)] * 2 + [run("hybrid", 0.03)]}))
+    stop_floor.main([str(path), "--noise", "0.03"])
+    out = capsys.readouterr().out
+    assert "held-out GPU, 3% noise, optuna (3 runs)" in out and "hybrid" not in out
+    stop_floor.main([str(path), "--strategy", "hybrid"])
+    assert "held-out GPU, hybrid (1 runs)" in capsys.readouterr().out
+
+
 def _stop_bounds():
     spec = importlib.util.spec_from_file_location(
         "stop_bounds", Path(__file__).resolve().parents[1] / "benchmarks" / "stop_bounds.py")

@@ -1,25 +1,24 @@
 """`hybrid`: Optuna's first guided proposals, then the trained policy's turns beside Optuna's.
 
-The policy (strategies/rl.py) searches from the estimator's best predicted config, by single-knob edits
-and jumps to the best config of the predictions corrected by its trials, until it stops or has proposed
-`POLICY_TRIALS` configs; Optuna then continues for the rest of the budget from its estimator warm start
-(the best predicted config of each memory layout and precision) and TPE. Every result, whoever proposed
-it, is told to the Optuna study as it arrives (`add_trial` of a completed trial: the warm start of
-`enqueue_trial` without running anything twice), so TPE starts from the policy's neighbourhood of the
-optimum.
+With the sweep's forecast, Optuna's first GUIDED_TURNS + 1 proposals (its most valuable configs per second)
+come first; then the policy (strategies/rl.py: single-knob edits from the estimator's best predicted config and
+jumps to the best config of the predictions corrected by its trials) and Optuna take turns, until the policy stops
+or has proposed `POLICY_TRIALS` configs, and Optuna (guided picks and TPE) goes on alone. Without a forecast the
+policy proposes first. Every result, whoever proposed it, is told to the Optuna study as it arrives (`add_trial`
+of a completed trial: the warm start of `enqueue_trial` without running anything twice).
 
-Why this order and 12 policy trials: the issue's reading ("the policy's first proposals warm-start the
-Optuna study, which then continues"), and on the held-out tasks of benchmarks/rl_evaluation.py before
-issue 17 it reached 98% of the optimum in a median of 10 trials at 3% step-time noise, against 16.5 for
-Optuna alone. With the sweep's forecast both now open with the same guided trials (Optuna's most valuable
-configs per second); since these lost their identifying warm start, `hybrid` takes 217 s to 98% of the optimum on
-the held-out GPU worlds against `optuna`'s 213 s (240 runs: benchmarks/results/search_seconds.md), so `optuna`
-is the default since 2026-11-29 (docs/search.md, "How the strategies compare").
+Why this shape: the issue's reading ("the policy's first proposals warm-start the Optuna study, which then
+continues") made it policy-first, which on the held-out tasks of benchmarks/rl_evaluation.py before issue 17
+reached 98% of the optimum in a median of 10 trials at 3% step-time noise, against 16.5 for Optuna alone; the
+guided search then made Optuna's first trials the better ones (with 5 guided proposals before the policy's
+turns 232 s to 98% on the held-out GPU worlds, with 8 217 s). Against `optuna` alone (213 s, 240 runs:
+benchmarks/results/search_seconds.md) the policy's turns no longer pay, so `optuna` is the default since
+2026-11-29 (docs/search.md, "How the strategies compare").
 
 On a Ray cluster, with several trials in flight, Optuna proposes whenever the policy waits for its result.
 
 In the study, a trial the policy proposed has user attribute `proposed_by` = `policy` (Optuna's own say
-`warm start`, `nearest untried` or `optuna`); otherwise it reads as the `optuna` strategy's study does
+`warm start`, `expected gain`, `likeliest to fit`, `nearest untried` or `optuna`); otherwise it reads as the `optuna` strategy's study does
 (strategies/optuna_search.py: knob values, status, report_trial, throughput, peak, feasibility).
 
 Resume: the policy is deterministic and Optuna's study is stored, so a resumed sweep replays the policy's
