@@ -59,9 +59,8 @@ if TYPE_CHECKING:
     from autotune.drivers.ray import RayOptions
 
 # Optuna guided by the sweep's forecast (strategies/optuna_search.py): on the held-out simulated GPU worlds it reaches
-# 98% of the optimum in fewer trial-seconds than `hybrid` (the same search with the RL policy's turns), which is
-# faster in fewer runs than slower; issue 41 keeps `hybrid` the default only where it wins
-# (benchmarks/results/search_seconds.md).
+# 98% of the optimum in fewer trial-seconds than `hybrid`, the same search with the RL policy's turns (213 against
+# 217 s; `hybrid` faster in 20 of 240 runs, slower in 52: benchmarks/results/search_seconds.md).
 DEFAULT_STRATEGY = "optuna"
 DEFAULT_TRIALS = 30
 

@@ -18,8 +18,9 @@ benchmarks/results/search_seconds.md) the policy's turns no longer pay, so `optu
 On a Ray cluster, with several trials in flight, Optuna proposes whenever the policy waits for its result.
 
 In the study, a trial the policy proposed has user attribute `proposed_by` = `policy` (Optuna's own say
-`warm start`, `expected gain`, `likeliest to fit`, `nearest untried` or `optuna`); otherwise it reads as the `optuna` strategy's study does
-(strategies/optuna_search.py: knob values, status, report_trial, throughput, peak, feasibility).
+`warm start`, `expected gain`, `likeliest to fit`, `nearest untried` or `optuna`); otherwise it reads as the
+`optuna` strategy's study does (strategies/optuna_search.py: knob values, status, report_trial, throughput, peak,
+feasibility).
 
 Resume: the policy is deterministic and Optuna's study is stored, so a resumed sweep replays the policy's
 proposals from the record and reloads the study.
