@@ -145,6 +145,18 @@ def test_a_resumed_sweep_keeps_its_seconds(tmp_path, capsys):
     assert summary["trial_seconds"] == pytest.approx(sum(times), abs=0.06)
 
 
+def test_a_resumed_sweep_without_strategy_goes_on_with_the_one_it_was_started_with(tmp_path, capsys):
+    # As a sweep begun under the earlier default (hybrid) and resumed after the default changed: no --strategy.
+    args = ["tune", "--backend", "simulated", "--memory-budget", "2GiB", "--out", str(tmp_path / "r")]
+    assert cli(args + ["--strategy", "random", "--trials", "2"], capsys)[0] == 0
+    code, out, _ = cli(args + ["--trials", "4", "--resume"], capsys)
+    assert code == 0 and "was started with --strategy random: it goes on with it" in out
+    assert len(read_results(tmp_path / "r" / "trials.jsonl")) == 4
+    assert json.loads((tmp_path / "r" / "run.json").read_text())["strategy"] == "random"
+    code, _, err = cli(args + ["--strategy", "grid", "--trials", "5", "--resume"], capsys)  # a flag still must match
+    assert code == 2 and "strategy: 'grid' != 'random'" in err and err.count("\n") == 1
+
+
 def test_a_second_tuner_on_the_same_directory_is_refused(simulated_run, capsys):
     with RunDir(simulated_run).locked():
         code, _, err = cli(["tune", "--model", "tiny", "--strategy", "optuna", "--memory-budget", "0.85GiB", "--trials", "9",

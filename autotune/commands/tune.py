@@ -74,7 +74,26 @@ def spec_options_from(args: argparse.Namespace) -> dict[str, Any]:
     values = {name: getattr(args, opt.key) for name, opt, _ in spec_options()}
     values["mlflow_uri"] = mlflow_choice(args)
     values["surface"] = None if args.surface is None else str(args.surface)
+    values.update(resumed_strategy(args))
     return values
+
+
+def resumed_strategy(args: argparse.Namespace) -> dict[str, Any]:
+    """On --resume where no flag sets the strategy, the one the sweep was started with: a sweep begun under the
+    earlier default (hybrid, until 2026-11-29) goes on as it began rather than refusing its own command; every
+    other setting must still match (api.begin)."""
+    defaults = {name: default for name, _, default in spec_options()}
+    if not args.resume or args.out is None or args.strategy != defaults["strategy"]:
+        return {}
+    try:
+        recorded = RunDir(args.out).read_settings().strategy
+    except ConfigError:
+        return {}  # not a run directory (yet): the library's refusal names it
+    if recorded == args.strategy:
+        return {}
+    args._notes = [*getattr(args, "_notes", []), f"--resume: {args.out} was started with --strategy {recorded}: "
+                   "it goes on with it"]
+    return {"strategy": recorded}
 
 
 def add_tracking_arguments(parser: argparse.ArgumentParser) -> None:
