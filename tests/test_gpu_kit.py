@@ -172,6 +172,7 @@ def test_tune_runs_as_a_user_runs_it_with_confirmation_and_the_budget():
     assert pairs["--confirm"] == "1" and pairs["--memory-budget"] == str(29 * GiB)
     assert pairs["--time-budget"] == "112s" and pairs["--trials"] == "5" and pairs["--seq-len"] == "1024"
     assert "--storage" not in argv  # its study in study.db: SQLAlchemy from the bundle
+    assert "--strategy" not in argv  # the default strategy, as a user runs it
     assert pairs["--allocator"] == "default"  # named, whatever the GPU machine's environment says
     assert dict(zip(*[iter(kit_tune.TuneArgs("llama-1b", 1024, 32, "auto", Path("s.yaml"), GiB, 5, 60.0, 1, Path("o"),
                                              allocator="expandable").argv()[4:])] * 2))["--allocator"] == "expandable"
