@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import autotune
-from autotune.api import SweepStart, TuneResult, TuneSpec, spec_options
+from autotune.api import DEFAULT_STRATEGY, SweepStart, TuneResult, TuneSpec, spec_options
 from autotune.values.argtypes import (gpu_count, output_dir, ray_address)
 from autotune.backends.replay import replay_workload
 from autotune.commands import script as script_command
@@ -82,8 +82,7 @@ def resumed_strategy(args: argparse.Namespace) -> dict[str, Any]:
     """On --resume where no flag sets the strategy, the one the sweep was started with: a sweep begun under the
     earlier default (hybrid, until 2026-11-29) goes on as it began rather than refusing its own command; every
     other setting must still match (api.begin)."""
-    defaults = {name: default for name, _, default in spec_options()}
-    if not args.resume or args.out is None or args.strategy != defaults["strategy"]:
+    if not args.resume or args.out is None or args.strategy != DEFAULT_STRATEGY:
         return {}
     try:
         recorded = RunDir(args.out).read_settings().strategy
