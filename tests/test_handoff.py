@@ -323,6 +323,15 @@ def test_launch_file_of_a_gpu_job_over_several_machines(tmp_path, monkeypatch):
     assert "exec deepspeed --num_nodes 2 --num_gpus 8 --hostfile \"${HOSTFILE:?" in text and "on 2 machines of 8" in text
 
 
+def test_launch_file_of_a_cpu_job_keeps_every_rank_on_this_machine(tmp_path):
+    # The CPU trials ran all 4 ranks here (the profile's 2 "devices" a node are for the estimate's collectives):
+    # a launch over 2 machines would ask for a NODE_RANK the user never needed.
+    handoff = Handoff(Config(2, 2, 0, "fp32"), make_workload("tiny", 16, 4), PROFILES["cpu"], "accelerate", tmp_path)
+    text, _ = write_launch(tmp_path, handoff)
+    assert "torchrun) exec torchrun --nnodes 1 --nproc_per_node 4 \"$@\"" in text and "NODE_RANK" not in text
+    assert handoff.accelerate_config()["num_machines"] == 1 and handoff.accelerate_config()["num_processes"] == 4
+
+
 def test_launch_file_has_each_stacks_form(tmp_path, key_cache):
     accelerate = Handoff(Config(2, 4, 1, "bf16"), make_workload("tiny", 16, 2), PROFILES["cpu"], "accelerate", tmp_path)
     text, _ = write_launch(tmp_path, accelerate)

@@ -147,7 +147,7 @@ class Handoff:
     def accelerate_config(self) -> dict[str, Any]:
         """An `accelerate launch --config_file` config: DeepSpeed with `best_hf_ds_config.json`. No mixed
         precision or other DeepSpeed keys beside the file: Accelerate refuses them with a config file."""
-        nodes = -(-self.workload.gpus // max(1, self.hardware.gpus_per_node))
+        nodes = -(-self.workload.gpus // self.ranks_per_node)
         return {
             "compute_environment": "LOCAL_MACHINE",
             "debug": False,
@@ -175,10 +175,18 @@ class Handoff:
             header.append(f"# {nodes} machines: on each set machine_rank, main_process_ip and main_process_port")
         return "\n".join(header) + "\n" + yaml.safe_dump(self.accelerate_config(), sort_keys=True)
 
+    @property
+    def ranks_per_node(self) -> int:
+        """As many ranks per machine as the hardware has devices; on the CPU every rank on this machine, where
+        its trials ran them (DeepSpeed's CPU accelerator runs any count, sharing the cores)."""
+        if self.hardware.is_cpu:
+            return self.workload.gpus
+        return min(self.workload.gpus, max(1, self.hardware.gpus_per_node))
+
     def launch(self) -> Launch:
-        """The launch command: this many processes, as many per machine as the hardware has devices, in the
-        environment the runner gives a trial's ranks on this machine."""
-        per_node = min(self.workload.gpus, max(1, self.hardware.gpus_per_node))
+        """The launch command: this many processes, `ranks_per_node` per machine, in the environment the runner
+        gives a trial's ranks on this machine."""
+        per_node = self.ranks_per_node
         bin_dir, settings = trials_environment(self.hardware.accelerator, per_node, self.hardware.allocator)
         return Launch(self.workload.gpus, per_node, bin_dir, settings, self.stack, str(self.folder / ACCELERATE_CONFIG),
                       tuple(self.trainer_flags()) if self.stack == "trainer" else (),
