@@ -96,7 +96,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     argv = list(sys.argv[1:] if argv is None else argv)
     # After `--`, the script's own arguments as the shell split them (`tune --script train.py -- --deepspeed ...`).
     script_argv = argv[argv.index("--") + 1:] if "--" in argv else None
-    args, extra = parser.parse_known_args(argv[:argv.index("--")] if script_argv is not None else argv)
+    ours = with_negative_values(argv[:argv.index("--")] if script_argv is not None else argv, parser)
+    args, extra = parser.parse_known_args(ours)
     args.script_argv = script_argv
     if args.command is None and not extra:
         parser.print_help(sys.stdout)  # the commands, as `git` alone prints them; the error line on stderr
@@ -104,6 +105,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     owner = parsers_by_prog(parser).get(getattr(args, "_prog", parser.prog), parser)
     if extra:  # argparse would name `autotune`, whichever command did not know them
         flag = next((a.split("=")[0] for a in extra if a.startswith("-")), "")
+        if args.command and flag in owner._option_string_actions:  # the command's own flag, before its name
+            owner.error(f"{flag} before the command: {args.command}'s options go after its name "
+                        f"({parser.prog} {args.command} {flag} ...)")
         owner.error(f"unrecognized arguments: {' '.join(extra)}{did_you_mean(flag, owner._option_string_actions)}")
     if args.quiet and args.verbose:
         owner.error("--quiet and --verbose: choose one")
@@ -112,6 +116,21 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     if script_argv is not None and vars(args).get("script_args"):
         owner.error("--script-args and arguments after --: choose one way to give the script's arguments")
     return args
+
+
+def with_negative_values(argv: Sequence[str], parser: argparse.ArgumentParser) -> list[str]:
+    """`--memory-budget -2GiB` as `--memory-budget=-2GiB`, so that the option's own check names the value ("must
+    be positive") where argparse would take `-2GiB` for a flag and say "expected one argument". Only after a flag
+    that takes one value in some command (no flag starts with a digit)."""
+    takes_value = {flag for sub in parsers_by_prog(parser).values() for flag, action in sub._option_string_actions.items()
+                   if action.nargs is None and not isinstance(action, argparse._SubParsersAction)}
+    out: list[str] = []
+    for word in argv:
+        if out and len(word) > 1 and word[0] == "-" and word[1].isdigit() and out[-1] in takes_value:
+            out[-1] = f"{out[-1]}={word}"
+        else:
+            out.append(word)
+    return out
 
 
 def parsers_by_prog(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

@@ -68,6 +68,24 @@ def test_an_unknown_flag_is_named_by_its_command_with_the_closest_flag(capsys):
     one_line_error(code, err, "autotune surface show", "unrecognized arguments: --bogus")
 
 
+def test_a_commands_flag_before_its_name_is_told_where_it_goes(capsys):
+    code, _, err = cli(["--json", "estimate", "--model", "tiny"], capsys)
+    one_line_error(code, err, "autotune estimate", "--json before the command: estimate's options go after its name "
+                   "(autotune estimate --json ...)")
+    assert "did you mean" not in err
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["estimate", "--model", "tiny", "--memory-budget", "-2GiB"], "size '-2GiB' must be positive"),
+    (TUNE + ["--model", "tiny", "--train-for", "-2h"], "duration '-2h' must be positive"),
+    (["estimate", "--model", "tiny", "--gpus", "-3"], "'-3' must be a positive integer"),
+])
+def test_a_negative_value_is_named_by_its_flags_check(argv, fragment, capsys):
+    # argparse alone takes `-2GiB` for a flag: "expected one argument", naming neither the value nor what is allowed
+    code, _, err = cli(argv, capsys)
+    one_line_error(code, err, f"autotune {argv[0]}", fragment)
+
+
 # -- the default model ---------------------------------------------------------------------------------------
 
 def test_tune_says_which_model_it_took_when_none_was_named(tmp_path, capsys):
