@@ -17,8 +17,8 @@ from autotune.search import convergence
 from autotune.values.config import Config, ConfigError
 from autotune.outputs.handoff import ACCELERATE_CONFIG, DS_CONFIG, HF_DS_CONFIG, TRAINER_ARGS, Handoff, stack_line
 from autotune.outputs.launch import LAUNCH_FILE, template_reason
-from autotune.search.confirm import (DEFAULT_REPEATS, Confirmation, confidence_words, confirmation, is_repeat,
-                                     prior_sigma, recommend)
+from autotune.search.confirm import (DEFAULT_REPEATS, Confirmation, as_one, candidates, confidence_words,
+                                     confirmation, is_repeat, prior_sigma, recommend)
 from autotune.prediction.estimate import estimate
 from autotune.search.pruning import (CAUSES, DEVICE_MEMORY, HOST_MEMORY, NVME_SPACE, Pruner, cause_counts, cause_of,
                               describe_causes, host_need_bytes)
@@ -513,22 +513,23 @@ def _convergence(results: Sequence[TrialResult]) -> list[str]:
 
 
 def _top_table(results: Sequence[TrialResult], budget: int) -> list[str]:
-    # One row per config, its search run: the confirmation section has the repeats.
-    fitting = sorted((r for r in results if r.fits(budget) and not is_repeat(r)), key=lambda r: -r.throughput)
+    # One row per config, as the recommendation counts it: the median of its runs where it was re-run (the
+    # confirmation section has each run), so the table and the headline say the same figure.
+    fitting = [as_one(c, budget) for c in candidates(results, budget)]
     if not fitting:
         return ["## Top configs", "", "No trial ran within the budget.", ""]
     lines = [f"## Top {min(TOP, len(fitting))} configs within budget", "",
-             "| rank | trial | stage | micro | ckpt | precision | offload opt | offload param | samples/s | "
+             "| rank | trial | stage | micro | ckpt | precision | offload opt | offload param | samples/s | runs | "
              "tokens/s | step s | peak | of budget | predicted peak |",
-             "| ---: | ---: | ---: | ---: | ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| ---: | ---: | ---: | ---: | ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for rank, r in enumerate(fitting[:TOP], 1):
         c: Config = r.config
         predicted = r.extra.get("predicted_peak_bytes")
         lines.append(
             f"| {rank} | {r.extra.get('trial', '')} | {c.zero_stage} | {c.micro_batch} | {c.ckpt_interval} | "
             f"{c.precision} | {c.offload_optimizer} | {c.offload_param} | {r.throughput:.3g} | "
-            f"{_num(r.tokens_per_s)} | {_num(r.step_time_s)} | {format_size(r.peak_memory_bytes)} | "
-            f"{_pct(r.peak_memory_bytes, budget)} | {format_size(predicted)} |")
+            f"{r.extra.get('runs', 1)} | {_num(r.tokens_per_s)} | {_num(r.step_time_s)} | "
+            f"{format_size(r.peak_memory_bytes)} | {_pct(r.peak_memory_bytes, budget)} | {format_size(predicted)} |")
     return lines + [""]
 
 

@@ -209,17 +209,20 @@ def reserve(results: Sequence[TrialResult], budget_bytes: int | None, repeats: i
 
 def recommend(results: Sequence[TrialResult], budget_bytes: int | None) -> TrialResult | None:
     """The config with the best median over its runs (fastest single run where none was repeated; the
-    earliest among equals), as one result: its first run's record with the median throughput and step time
-    and the highest peak of its runs (what a user should plan for), `runs` and `throughput_runs` added."""
+    earliest among equals), as one result (`as_one`)."""
     cands = candidates(results, budget_bytes)
-    if not cands:
-        return None
-    best = cands[0]
-    if best.runs == 1:
-        return best.first
-    ok = [r for r in best.results if r.fits(budget_bytes)]
-    median = best.median
-    first = best.first
+    return as_one(cands[0], budget_bytes) if cands else None
+
+
+def as_one(candidate: Candidate, budget_bytes: int | None) -> TrialResult:
+    """A config's runs as one result: its first run's record with the median throughput and step time and the
+    highest peak of its runs (what a user should plan for), `runs` and `throughput_runs` added; a config run
+    once, that run."""
+    if candidate.runs == 1:
+        return candidate.first
+    ok = [r for r in candidate.results if r.fits(budget_bytes)]
+    median = candidate.median
+    first = candidate.first
     per_sample_tokens = (first.tokens_per_s / first.throughput) if first.tokens_per_s and first.ok else None
     steps = [r.step_time_s for r in ok if r.step_time_s]
     peaks = [r.peak_memory_bytes for r in ok if r.peak_memory_bytes]
@@ -228,8 +231,8 @@ def recommend(results: Sequence[TrialResult], budget_bytes: int | None) -> Trial
                    tokens_per_s=None if per_sample_tokens is None else median * per_sample_tokens,
                    step_time_s=statistics.median(steps) if steps else representative.step_time_s,
                    peak_memory_bytes=max(peaks) if peaks else representative.peak_memory_bytes,
-                   extra={**representative.extra, "trial": first.extra.get("trial"), "runs": best.runs,
-                          "throughput_runs": list(best.throughputs)})
+                   extra={**representative.extra, "trial": first.extra.get("trial"), "runs": candidate.runs,
+                          "throughput_runs": list(candidate.throughputs)})
 
 
 def normal_cdf(z: float) -> float:
