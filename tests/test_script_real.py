@@ -5,6 +5,7 @@ plain script with its global batch of 1 is tuned in tests/test_script_ray.py, on
 from __future__ import annotations
 
 import json
+import shlex
 import os
 import subprocess
 import sys
@@ -136,8 +137,19 @@ def test_plain_script_with_a_config_path_is_tuned_and_its_recommendation_trains(
     assert "best_ds_config.json is the script's own DeepSpeed config" in capsys.readouterr().out
     assert (out / "best_ds_config.json").read_text() == before
     assert (out / "report.md").read_text().count("## Script mode") == 1
-    ran = run_unchanged(EXAMPLES / "train_plain.py", ["--deepspeed_config", str(out / "best_ds_config.json"),
-                                                       "--steps", "2"], tmp_path)
+    # launch.sh runs the script's own command with the recommendation in it (its config argument now names
+    # best_ds_config.json), under torchrun, in the trials' environment: what the user types.
+    launch = (out / "launch.sh").read_text()
+    command = shlex.join([str(EXAMPLES / "train_plain.py"), "--deepspeed_config", str(out / "best_ds_config.json"),
+                          "--steps", "5"])
+    assert f"#   bash launch.sh torchrun {command}" in launch and f"[ $# -gt 0 ] || set -- {command}" in launch
+    assert f"launch: bash {out / 'launch.sh'} torchrun {command}" in printed
+    assert f"- Launch: `bash launch.sh torchrun {command}`" in (out / "report.md").read_text()
+    for _ in range(3):  # a port taken by another process meanwhile is tried again, as a user would
+        ran = subprocess.run(["bash", str(out / "launch.sh"), "torchrun"], cwd=tmp_path, capture_output=True,
+                             text=True, timeout=600, env={**os.environ, "PET_MASTER_PORT": str(free_port())})
+        if "EADDRINUSE" not in ran.stderr:
+            break
     assert ran.returncode == 0 and "training done" in ran.stdout, ran.stderr[-3000:]
 
 

@@ -366,3 +366,25 @@ def test_frameworks_are_named_for_spares_only_where_the_script_set_no_environmen
     finally:
         if watch in sys.meta_path:
             sys.meta_path.remove(watch)
+
+
+# -- launch.sh's command: the script's own, with the recommendation in it --------------------------------------
+
+def test_the_launch_command_names_the_recommendation_where_the_script_took_its_config(tmp_path):
+    from autotune.outputs.script import with_recommendation
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"train_batch_size": 16}))
+    other = tmp_path / "data.json"
+    other.write_text(json.dumps({"rows": 3}))
+    best = "/run/best_ds_config.json"
+    script = {"path": "/w/train.py", "args": ["--cfg", str(config), "--data", str(other), "--batch-size", "16"]}
+    assert with_recommendation(script, best, ["--batch-size", "4"], add=False) == (
+        "/w/train.py", "--cfg", best, "--data", str(other), "--batch-size", "4")  # a data file is not a config
+    # A path that no longer resolves (report regenerated elsewhere) is known by its flag; `--flag=value` forms too.
+    script = {"path": "t.py", "args": ["--deepspeed=gone/ds.json", "--per_device_train_batch_size=8"]}
+    assert with_recommendation(script, best, ["--per_device_train_batch_size", "2", "--bf16", "true"], add=False) == (
+        "t.py", f"--deepspeed={best}", "--per_device_train_batch_size=2")
+    # A Trainer script that parses TrainingArguments from its command line gets the flags it was not given.
+    script = {"path": "hf.py", "args": ["--deepspeed", "gone.json", "--output_dir", "o"]}
+    assert with_recommendation(script, best, ["--per_device_train_batch_size", "2", "--bf16", "true"], add=True) == (
+        "hf.py", "--deepspeed", best, "--output_dir", "o", "--per_device_train_batch_size", "2", "--bf16", "true")

@@ -102,6 +102,9 @@ class Launch:
     trainer_flags: tuple[str, ...] = ()
     title: str = ""  # what is launched, for the file's first line
     template: str = ""  # why no trial ran in this environment ('' when they did): a template for the target
+    # What goes after the launcher: script mode's own script and arguments with the recommendation in them; else
+    # "train.py" (with the Trainer's flags)
+    program: tuple[str, ...] = ()
 
     @property
     def nodes(self) -> int:
@@ -131,10 +134,15 @@ class Launch:
             forms = {"accelerate": f"accelerate launch --config_file {shlex.quote(self.accelerate_config)}", **forms}
         return forms
 
+    def train(self) -> str:
+        """The user's script after a launcher (shell text)."""
+        if self.program:
+            return shlex.join(self.program)
+        return "train.py" + (" " + shlex.join(self.trainer_flags) if self.trainer_flags else "")
+
     def usage(self) -> list[str]:
         """How the user's script goes after each launcher (the Trainer stack: with its arguments as flags)."""
-        script = "train.py" + (" " + shlex.join(self.trainer_flags) if self.trainer_flags else "")
-        return [f"{name} {script}" for name in self.launchers()]
+        return [f"{name} {self.train()}" for name in self.launchers()]
 
     def script(self) -> str:
         """The text of `launch.sh`."""
@@ -151,6 +159,8 @@ class Launch:
         lines += ["# `python train.py` alone fails: DeepSpeed needs a launcher's RANK, WORLD_SIZE and MASTER_ADDR/PORT",
                   "# (without them it looks for MPI: No module named 'mpi4py'). Launch your script with one of:"]
         lines += [f"#   bash {LAUNCH_FILE} {line}" for line in self.usage()]
+        if self.program:
+            lines.append(f"# With no script after the launcher (`bash {LAUNCH_FILE} torchrun`), the tuned script's command above.")
         lines += self._notes()
         lines += ["set -euo pipefail", ""]
         if not self.template:
@@ -161,7 +171,10 @@ class Launch:
             why = "DeepSpeed's accelerator of the hardware profile" if self.template and setting.name == "DS_ACCELERATOR" \
                 else setting.why
             lines += [f"# {why}", setting.export()]
-        lines += ["", 'launcher="${1-}"', "shift || true", 'case "$launcher" in']
+        lines += ["", 'launcher="${1-}"', "shift || true"]
+        if self.program:  # script mode: the tuned script's own command unless another is given
+            lines += [f"[ $# -gt 0 ] || set -- {self.train()}"]
+        lines += ['case "$launcher" in']
         lines += [f'  {name}) exec {form} "$@" ;;' for name, form in self.launchers().items()]
         lines += [f'  *) echo "usage: bash $0 {"|".join(self.launchers())} train.py [arguments]" >&2; exit 2 ;;',
                   "esac"]
@@ -190,13 +203,13 @@ class Launch:
         lines = [*path, *(s.export() for s in self.exported())]
         forms = self.launchers()
         for i, name in enumerate(forms):
-            script = "train.py" + (" " + shlex.join(self.trainer_flags) if self.trainer_flags else "")
-            lines += (["# or"] if i else []) + [f"{forms[name]} {script}"]
+            lines += (["# or"] if i else []) + [f"{forms[name]} {self.train()}"]
         return lines
 
     def console_lines(self, path: str) -> list[str]:
         names = list(self.launchers())
-        first = (f"launch: bash {path} {names[0]} train.py (or {' | '.join(names[1:])}): {self.processes} process(es) "
+        script = self.train() if self.program else "train.py"
+        first = (f"launch: bash {path} {names[0]} {script} (or {' | '.join(names[1:])}): {self.processes} process(es) "
                  + ("(a template: " + self.template + ")" if self.template else "with the trials' environment")
                  + "; `python train.py` alone fails (DeepSpeed needs a launcher)")
         set_ = ", ".join(f"{s.name}={s.value}" for s in self.exported() if s.name != "TORCH_EXTENSIONS_DIR")

@@ -173,10 +173,11 @@ def _summary(results: Sequence[TrialResult], settings: RunSettings, best: TrialR
     return summary
 
 
-def no_fit_verdict(settings: RunSettings, results: Sequence[TrialResult] = ()) -> str:
+def no_fit_verdict(settings: RunSettings, results: Sequence[TrialResult] = (), interrupted: bool = False) -> str:
     """Why there is no recommendation, naming the resource that ran out (device memory, host memory for
-    offloaded state, NVMe space): configs predicted to fit are still untried, or none is left. The budget is
-    named as the fix only where raising it would let some config run."""
+    offloaded state, NVMe space): configs predicted to fit are still untried (`interrupted`: no advice, as
+    interrupted_verdict puts the resume first), or none is left. The budget is named as the fix only where raising
+    it would let some config run."""
     space = settings.space()
     pruner = Pruner.for_settings(settings)
     budget = format_size(settings.memory_budget_bytes)
@@ -189,6 +190,9 @@ def no_fit_verdict(settings: RunSettings, results: Sequence[TrialResult] = ()) -
     ran = cause_counts(r for r in results if r.status != "pruned")
     if untried:
         hit = f"; the trials ran out of {_cause_list(ran)}" if ran else ""
+        if interrupted:  # interrupted_verdict says to go on with --resume: not "run more trials" (a new sweep)
+            return (f"no trial ran within the budget of {budget} yet, though {untried} untried configs are predicted "
+                    f"to fit{hit}")
         # The budget is the fix only for device memory, and only below the device's own.
         below = settings.memory_budget_bytes < settings.hardware.memory_bytes
         advice = "run more trials" + (" or raise the budget" if below and ran and ran.most_common(1)[0][0] == DEVICE_MEMORY
@@ -249,6 +253,9 @@ class OwnOutputs(Protocol):
     @property
     def notes(self) -> tuple[str, ...]: ...
 
+    @property
+    def program(self) -> tuple[str, ...]: ...  # what launch.sh runs after its launcher (empty: nothing recommended)
+
 
 OwnWriter = Callable[[RunDir, RunSettings, "TrialResult | None"], OwnOutputs]
 
@@ -277,6 +284,7 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
     # A mode's own outputs (script mode: the script's own config with the tuned keys) instead of the handoff's
     # files (files for the other stacks, built from ours, would not be the script's), its report section and lines.
     script = own(run, settings, best) if own is not None else None
+    own_section, own_notes = (list(script.section), list(script.notes)) if script is not None else ([], [])
     if script is not None:
         files += [run.write_json(name, document) for name, document in script.files]
     if best is not None:
@@ -288,6 +296,13 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
             if why and not launch.template:  # no trial ran in this environment: launch.sh is the target's template
                 run.write_text(LAUNCH_FILE, replace(launch, template=why).script())
             usage = handoff.markdown()
+        else:  # the script's own command under a launcher, in the environment its trials ran in
+            launch = replace(Handoff.of(best.config, at_target(settings), run.path).launch(), stack="deepspeed",
+                             trainer_flags=(), program=script.program)
+            files.append(run.write_text(LAUNCH_FILE, launch.script()))
+            own_notes += launch.console_lines(str(run.path / LAUNCH_FILE))
+            own_section.insert(-1, f"- Launch: `bash {LAUNCH_FILE} torchrun {launch.train()}` (or `deepspeed`): "
+                                   f"{launch.processes} process(es) in the environment the trials ran in")
         est = estimate(best.config, settings.workload, settings.hardware)
         files.append(plots.memory_breakdown(est, settings.memory_budget_bytes, best.peak_memory_bytes,
                                             run.plots_dir / "memory_breakdown.png", figures=figures))
@@ -297,7 +312,7 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
                    f"peak {format_size(best.peak_memory_bytes)} of {format_size(settings.memory_budget_bytes)} "
                    f"(trial {summary['best_trial_index']})")
     else:
-        verdict = no_fit_verdict(settings, results)
+        verdict = no_fit_verdict(settings, results, stop.interrupted)
     if scaled is not None:
         if scaled.rows:  # else no trial fits even here: the verdict above says why
             verdict = target_verdict(scaled, settings)
@@ -307,9 +322,9 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
     report = run.path / "report.md"
     text = markdown(results, settings, summary, best, verdict, study=study_line(run, settings), usage=usage,
                     scaled=scaled, stop=stop)
-    run.write_text("report.md", text + ("\n".join(script.section) if script is not None else ""))
+    run.write_text("report.md", text + "\n".join(own_section))
     files.append(report)
-    return Outputs(best, summary, tuple(files), verdict, script.notes if script is not None else ())
+    return Outputs(best, summary, tuple(files), verdict, tuple(own_notes))
 
 
 def keep_study(run: RunDir, settings: RunSettings, results: Sequence[TrialResult]) -> None:
@@ -345,8 +360,8 @@ def interrupted_verdict(verdict: str, results: Sequence[TrialResult], run: RunDi
     far (not called a recommendation)."""
     launched = sum(r.status != "pruned" for r in results)
     best = re.sub(r"^recommended\b", "best so far", verdict) if verdict.startswith("recommended") else verdict
-    return (f"interrupted after {launched} launched trial{'s' * (launched != 1)}, unfinished: {RESUME} --out "
-            f"{run.path}; {best}")
+    when = f"after {launched} launched trial{'s' * (launched != 1)}" if launched else "before any trial finished"
+    return f"interrupted {when}, unfinished: {RESUME} --out {run.path}; {best}"
 
 
 def scale_report(results: Sequence[TrialResult], settings: RunSettings) -> ScaleReport | None:

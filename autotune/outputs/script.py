@@ -28,7 +28,7 @@ from autotune.backends.script import SCRIPT_FILE, Script, read_script_info, user
 from autotune.values.config import Config, ConfigError
 from autotune.values.dsconfig import DsOptions, ds_config
 from autotune.prediction.estimate import estimate
-from autotune.outputs.handoff import checkpointing_key, validate
+from autotune.outputs.handoff import DS_CONFIG, checkpointing_key, validate
 from autotune.values.results import TrialResult
 from autotune.search.rundir import RunDir
 from autotune.values.settings import RunSettings
@@ -198,6 +198,7 @@ class ScriptOutputs:
     files: tuple[tuple[str, Any], ...]
     section: tuple[str, ...]
     notes: tuple[str, ...]
+    program: tuple[str, ...] = ()  # the script and its arguments with the recommendation in them (launch.sh's)
 
 
 def outputs(run_dir: RunDir, settings: RunSettings, best: TrialResult | None) -> ScriptOutputs:
@@ -217,10 +218,14 @@ def outputs(run_dir: RunDir, settings: RunSettings, best: TrialResult | None) ->
             # the loop's framework fills some batch keys itself)
             ds, info["recommended_script_flags"], advice = loops[via](ds, info["model"], info["script"]["args"])
         info["recommended_trainer_flags"] = flags
-        files += [("best_ds_config.json", ds), (SCRIPT_FILE, info)]
+        trainer = (info.get("model") or {}).get("via") == "transformers.TrainingArguments"
+        program = with_recommendation(info["script"], str(run_dir.path.resolve() / DS_CONFIG),
+                                      flags if trainer else info.get("recommended_script_flags") or [],
+                                      add=trainer and "--deepspeed" in info["script"]["args"])
+        files += [(DS_CONFIG, ds), (SCRIPT_FILE, info)]
         text = ("best_ds_config.json is the script's own DeepSpeed config with the tuned keys: pass it where the "
                 "script takes its config")
-        if (info.get("model") or {}).get("via") == "transformers.TrainingArguments":
+        if trainer:
             text += f", with these TrainingArguments (the Trainer checks them against the config): {' '.join(flags)}"
         elif via in loops:
             text += f"; {advice}"
@@ -234,7 +239,41 @@ def outputs(run_dir: RunDir, settings: RunSettings, best: TrialResult | None) ->
                        f"{model.get('seq_len', '?')} (shape the estimator uses: {shape.layers} layers, hidden "
                        f"{shape.hidden}, MLP {shape.ffn_hidden}, vocab {shape.vocab}); {describe(model)}")
     section += [f"- {line}" for line in lines] + [""]
-    return ScriptOutputs(tuple(files), tuple(section), tuple(lines))
+    return ScriptOutputs(tuple(files), tuple(section), tuple(lines), program if best is not None else ())
+
+
+# DeepSpeed config keys: a JSON file argument holding one is the script's config
+DS_KEYS = frozenset({"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                     "zero_optimization", "optimizer", "fp16", "bf16"})
+
+
+def with_recommendation(script: dict[str, Any], config_path: str, flags: list[str], add: bool) -> tuple[str, ...]:
+    """The script's command line with the recommendation in it: the argument that named the script's DeepSpeed
+    config (a JSON file holding DeepSpeed's keys, or after a flag naming deepspeed or a config) names
+    `config_path`; each of `flags` (flag, value pairs) replaces the value the script was given, and with `add` is
+    added where it was not given (a Trainer script parsing its TrainingArguments from the command line)."""
+    args = list(script["args"])
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
+        before = flag if eq else (args[i - 1] if i else "")
+        if value.endswith(".json") and (_holds_ds_config(value) or any(w in before for w in ("deepspeed", "config"))):
+            args[i] = f"{flag}={config_path}" if eq else config_path
+    for flag, value in zip(flags[::2], flags[1::2]):
+        if flag in args and args.index(flag) + 1 < len(args):
+            args[args.index(flag) + 1] = value
+        elif any(a.startswith(f"{flag}=") for a in args):
+            args = [f"{flag}={value}" if a.startswith(f"{flag}=") else a for a in args]
+        elif add:
+            args += [flag, value]
+    return (script["path"], *args)
+
+
+def _holds_ds_config(path: str) -> bool:
+    try:
+        document = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(document, dict) and bool(DS_KEYS & set(document))
 
 
 def _has_auto(ds: dict[str, Any]) -> bool:
