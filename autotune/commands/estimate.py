@@ -1,11 +1,15 @@
 """`autotune estimate`: every config of the space, predicted; those that fit ranked by throughput,
-those that do not grouped by the memory term that breaks the budget. With --calibration (a run directory
+those that do not grouped by the memory term that breaks the budget. A config fits when its predicted peak is
+within the budget and its offloaded state within the profile's host memory per node (host_need_bytes, the
+figure tune's pruner and the simulated backend judge host memory by): one within the budget but over host
+memory is counted apart, in one line, and not ranked. With --calibration (a run directory
 or its calibration.json), predicted with that calibration, each peak with its 90% interval and probability of
 fitting (autotune.prediction.uncertainty: wide for knob values that run's trials did not cover)."""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -15,7 +19,7 @@ from rich.table import Table
 from autotune.values.allocator import describe as describe_allocator
 from autotune.commands.common import (add_json_argument, add_workload_arguments, emit_json, json_command, positive_int,
                                       size, space_from, target_from)
-from autotune.prediction.estimate import MEMORY_TERMS, Calibration, Estimate
+from autotune.prediction.estimate import MEMORY_TERMS, Calibration, Estimate, host_need_bytes, over_host_memory
 from autotune.values.hardware import Hardware
 from autotune.search.pruning import Pruner
 from autotune.prediction.ranking import Ranking, rank_configs
@@ -71,18 +75,72 @@ def _uncertain(pruner: Pruner | None, est: Estimate) -> dict:
     return {"peak_interval_bytes": [int(low), int(high)], "fit_probability": forecast.fit_probability(pruner.budget_bytes)}
 
 
-def as_json(ranking: Ranking, hardware: Hardware, top: int, pruner: Pruner | None = None) -> dict:
+def host_split(ranking: Ranking, hardware: Hardware) -> tuple[Ranking, tuple[Estimate, ...]]:
+    """`ranking` without the configs within the budget whose offloaded state is predicted over the profile's host
+    memory (all of a node's ranks together: host_need_bytes), and those, smallest host need first. Such a config
+    does not run: the simulated backend fails it out of host memory and tune's pruner then drops every config of
+    no smaller need (autotune.search.pruning)."""
     workload = ranking.space.workload
+    kept = tuple(e for e in ranking.fits if not over_host_memory(e, workload, hardware))
+    over_host = sorted((e for e in ranking.fits if over_host_memory(e, workload, hardware)),
+                       key=lambda e: host_need_bytes(e, workload, hardware))
+    return replace(ranking, fits=kept), tuple(over_host)
+
+
+def over_host_line(over_host: tuple[Estimate, ...], ranking: Ranking, hardware: Hardware) -> str | None:
+    """'27 configs within the budget but over host memory, not ranked (...needs at least 1.13 TiB per node of the
+    a100-40gb profile's 1 TiB: z3 mb4 ...)', or None where there are none."""
+    if not over_host:
+        return None
+    need = host_need_bytes(over_host[0], ranking.space.workload, hardware)
+    return (f"{len(over_host)} configs within the budget but over host memory, not ranked (their offloaded state needs "
+            f"at least {format_size(need)} per node of the {hardware.name} profile's "
+            f"{format_size(hardware.host_memory_bytes)}: {over_host[0].config.label()})")
+
+
+def nothing_fits_line(ranking: Ranking, over_host: tuple[Estimate, ...], hardware: Hardware) -> str:
+    """Why no config is predicted to fit, in one line: the host memory the configs within the budget need, and the
+    smallest predicted peak of the others against the budget (`ranking` and `over_host` as host_split returns
+    them). Each with how much it is over: 40.2 GiB and 40 GiB both print as '40 GiB'."""
+    reasons = []
+    if over_host:
+        need = host_need_bytes(over_host[0], ranking.space.workload, hardware)
+        limit = hardware.host_memory_bytes
+        reasons.append(f"{'the' if ranking.too_big else 'all'} {len(over_host)} configs within the budget of "
+                       f"{format_size(ranking.budget_bytes)} per device need at least {format_size(need)} of host "
+                       f"memory per node for their offloaded state ({over_host[0].config.label()}), "
+                       f"{format_size(need - limit)} over the {hardware.name} profile's {format_size(limit)}")
+    if ranking.too_big:
+        best = ranking.too_big[0]  # smallest peak first
+        others = f"the other {len(ranking.too_big)} configs' " if over_host else "the "
+        reasons.append(f"{others}smallest predicted peak is {format_size(best.peak_bytes)} "
+                       f"({best.config.label()}), {format_size(best.peak_bytes - ranking.budget_bytes)} over the "
+                       f"budget of {format_size(ranking.budget_bytes)} per device")
+    return "no config is predicted to fit: " + "; ".join(reasons)
+
+
+def as_json(ranking: Ranking, hardware: Hardware, top: int, pruner: Pruner | None = None) -> dict:
+    """The ranking as `--json` prints it (docs/estimate.md): configs over host memory are not in "fit" but in
+    "over_host_memory"; so fit_count + over_host_memory.count + the do_not_fit counts = configs."""
+    workload = ranking.space.workload
+    ranking, over_host = host_split(ranking, hardware)
+    smallest = over_host[0] if over_host else None
     return {
         "workload": workload.to_dict(),
         "hardware": hardware.name,
         "memory_budget_bytes": ranking.budget_bytes,
+        "host_memory_bytes": hardware.host_memory_bytes,
         "configs": len(ranking.space),
         "fit": [dict(e.to_dict(), gradient_accumulation_steps=workload.grad_accumulation(e.config.micro_batch),
-                     **_uncertain(pruner, e)) for e in ranking.fits[:top]],
+                     host_need_bytes=host_need_bytes(e, workload, hardware), **_uncertain(pruner, e))
+                for e in ranking.fits[:top]],
         "fit_count": len(ranking.fits),
         "do_not_fit": [{"term": term, "count": len(group), "smallest_peak_bytes": group[0].peak_bytes,
                         "config": group[0].config.to_dict()} for term, group in ranking.groups()],
+        "over_host_memory": {"count": len(over_host),
+                             "smallest_need_bytes": host_need_bytes(smallest, workload, hardware) if smallest else None,
+                             "config": smallest.config.to_dict() if smallest else None},
+        "nothing_fits": None if ranking.fits else nothing_fits_line(ranking, over_host, hardware),
     }
 
 
@@ -133,6 +191,7 @@ def show(ranking: Ranking, hardware: Hardware, top: int, pruner: Pruner | None =
          console: Console | None = None) -> None:
     console = console or Console()
     workload = ranking.space.workload
+    ranking, over_host = host_split(ranking, hardware)
     model = workload.model
     active = f" ({model.active_params / 1e6:,.1f}M active per token)" if model.moe else ""  # experts: a share computes
     console.print(f"{model.name}: {model.params / 1e6:,.1f}M parameters{active}, global batch {workload.global_batch}, "
@@ -140,11 +199,17 @@ def show(ranking: Ranking, hardware: Hardware, top: int, pruner: Pruner | None =
                   f"{len(ranking.space)} valid configs, {len(ranking.fits)} predicted to fit", soft_wrap=True)
     if not hardware.is_cpu:  # the reserve column depends on it (autotune.prediction.cuda_memory)
         console.print(f"allocator: {describe_allocator(hardware.allocator)}", soft_wrap=True)
-    table = fit_table(ranking, top, pruner, terms=True)
-    if natural_width(console, table) > console.width:  # too wide for this terminal: a column for each config
-        table = fit_table(ranking, top, pruner, terms=False)
-        table.caption = "memory terms and step times: --json, or a wider terminal (COLUMNS=200)"
-    console.print(table)
+    if not ranking.fits:  # one line saying why, not an empty table
+        console.print(nothing_fits_line(ranking, over_host, hardware), soft_wrap=True)
+    else:
+        line = over_host_line(over_host, ranking, hardware)
+        if line:
+            console.print(line, soft_wrap=True)
+        table = fit_table(ranking, top, pruner, terms=True)
+        if natural_width(console, table) > console.width:  # too wide for this terminal: a column for each config
+            table = fit_table(ranking, top, pruner, terms=False)
+            table.caption = "memory terms and step times: --json, or a wider terminal (COLUMNS=200)"
+        console.print(table)
     if not ranking.too_big:
         return
     groups = Table(title=f"{len(ranking.too_big)} configs predicted not to fit, by the term that breaks the budget",

@@ -143,6 +143,12 @@ def host_need_bytes(est: Estimate, workload: Workload, hardware: Hardware) -> in
     return est.host_bytes * min(workload.gpus, hardware.gpus_per_node)
 
 
+def over_host_memory(est: Estimate, workload: Workload, hardware: Hardware) -> bool:
+    """Whether a node's offloaded state is predicted over the profile's host memory (such a config does not run:
+    the simulated backend fails it out of host memory, `estimate` counts it apart)."""
+    return host_need_bytes(est, workload, hardware) > hardware.host_memory_bytes
+
+
 def nvme_need_bytes(est: Estimate, workload: Workload, hardware: Hardware) -> int:
     """NVMe space the offloaded state of all ranks of one node needs (they share the node's path)."""
     return est.nvme_bytes * min(workload.gpus, hardware.gpus_per_node)
