@@ -52,6 +52,7 @@ from autotune.strategies import STRATEGIES, check_strategy, strategy_name
 from autotune.search.study_storage import canonical as canonical_storage, check_storage
 from autotune.outputs.tracking import Tracker, check_uri as check_tracking_uri, resolve_uri as tracking_uri, tracked
 from autotune.outputs.wandb_tracking import check_project
+from autotune.values.shapes import ModelShape, untrained_reason
 from autotune.values.workload import Workload
 
 if TYPE_CHECKING:
@@ -566,12 +567,32 @@ def hold(stack: ExitStack, plan: RunPlan, progress: Progress, resume_hint: str =
     return plan
 
 
+# The backend kind whose trials train the built-in model (autotune.worker.model); simulated and replay only estimate
+# or read, and script mode trains the user's own model.
+BUILT_IN_TRAINER = "deepspeed"
+
+
+def refuse_untrained(shape: ModelShape, named: str, instead: str) -> None:
+    """ConfigError, one line, when real trials would get a model the built-in model does not build
+    (autotune.values.shapes.untrained_reason: a mixture of experts, multi-head latent attention), before anything is
+    written or launched: `named` is how the front end names the model (`--model X`, a sweep file's key), `instead`
+    what it allows instead, in its words."""
+    reason = untrained_reason(shape)
+    if reason is not None:
+        raise ConfigError(f"{named}: {reason} is estimated but not trained by the built-in model: {instead}")
+
+
 class BuiltIn:
     """The built-in model (autotune.worker.model): resolved from the spec alone, nothing runs before the search,
     the handoff writes the recommendation."""
 
     def check(self, spec: TuneSpec) -> None:
-        """Nothing beyond the spec's own checks."""
+        """Real trials of a model the built-in model does not build are refused (the front ends refuse it first,
+        in their own words: autotune.commands.tune, autotune.commands.sweep_file)."""
+        if spec.backend == BUILT_IN_TRAINER:
+            refuse_untrained(spec.workload.model, f"model {spec.workload.model.name}",
+                             "use backend 'simulated' to estimate it, or TuneSpec.for_script with your own training "
+                             "script")
 
     def resolution(self, spec: TuneSpec) -> Resolved:
         return _model_resolution(spec)

@@ -19,7 +19,10 @@ workloads:
 Workload keys: name, model, script, script_args, gpus, global_batch, hardware, gpus_per_trial, and every option of
 `autotune tune` under its flag's name (api.spec_options: memory_budget, strategy, trials, time_budget, backend,
 space, seed, surface, storage, confirm, mlflow_uri, stack, target_gpus, stop_when, train_for, trial_timeout, wandb,
-allocator). Every error names the file, the key, the value and what is allowed.
+allocator); `space:` may also be written out, a mapping of knob -> list of values as a search-space YAML holds
+(`space: {zero_stage: [1, 2], precision: [bf16]}`). Every error names the file, the key (`defaults.<key>` for a
+value the workload takes from defaults), the value and what is allowed. A model the built-in trial model does not
+build (a mixture of experts, multi-head latent attention) is refused with backend deepspeed, before anything runs.
 
 A workload may tune the user's own training script instead of a model, as `autotune tune --script` does:
 
@@ -42,15 +45,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from autotune.api import Plan, Resolved, TuneSpec, resolution, spec_options
+from autotune.api import BUILT_IN_TRAINER, Plan, Resolved, TuneSpec, refuse_untrained, resolution, spec_options
 from autotune.backends.replay import replay_workload
 from autotune.files import exists, is_file, load_yaml, short
 from autotune.search.rundir import RunDir
+from autotune.search_spaces import PRESETS as SPACE_PRESETS
 from autotune.trials.devices import AUTO
 from autotune.values.argtypes import positive_int
 from autotune.values.config import ConfigError
 from autotune.values.hardware import Hardware, load_hardware
 from autotune.values.models import SHAPE_KEYS, UnknownModel
+from autotune.values.space import Choices, parse_choices
 from autotune.values.workload import PRESETS, ModelShape, Workload, make_workload
 
 WORKLOAD_KEYS = ("name", "model", "script", "script_args", "gpus", "global_batch", "hardware", "gpus_per_trial",
@@ -126,7 +131,8 @@ def load_sweep(path: str | Path) -> SweepFile:
         if not isinstance(entry, dict):
             raise ConfigError(f"{where}: expected a mapping of {', '.join(WORKLOAD_KEYS)}, got {short(entry)}")
         _check_keys(entry, WORKLOAD_KEYS, where)
-        spec = _workload({**defaults, **entry}, where, path.parent)
+        spec = _workload({**defaults, **entry}, _Where(where, f"{path}: defaults", frozenset(defaults) - set(entry)),
+                         path.parent)
         if spec.name in names:
             raise ConfigError(f"{where}.name: {spec.name!r} is used twice: names must be unique (one run directory each)")
         names.add(spec.name)
@@ -137,13 +143,34 @@ def load_sweep(path: str | Path) -> SweepFile:
     return SweepFile(path, tuple(specs), concurrency)
 
 
+@dataclass(frozen=True)
+class _Where:
+    """A workload's place in its sweep file (`<file>: workloads[i]`, what str() gives). A bad value is named where it
+    is set (`at`): the workload's own entry, or the file's defaults for a key it takes from them
+    (`<file>: defaults.memory_budget`); a workload's keys that do not go together are named as the workload's."""
+
+    entry: str
+    defaults: str = ""
+    inherited: frozenset[str] = frozenset()  # the keys the workload takes from defaults
+
+    def __str__(self) -> str:
+        return self.entry
+
+    def at(self, key: str) -> str:
+        return f"{self.defaults if key in self.inherited else self.entry}.{key}"
+
+    def names(self, message: str) -> bool:
+        """Whether an error already says where it is (else it is prefixed with the workload's place)."""
+        return message.startswith(self.entry) or bool(self.defaults) and message.startswith(self.defaults)
+
+
 def _check_keys(data: dict, allowed: tuple[str, ...], where: str) -> None:
     unknown = [k for k in data if k not in allowed]
     if unknown:
         raise ConfigError(f"{where}: unknown key {unknown[0]!r}: allowed {', '.join(allowed)}")
 
 
-def _options(entry: dict[str, Any], where: str, base: Path) -> dict[str, Any]:
+def _options(entry: dict[str, Any], where: _Where, base: Path) -> dict[str, Any]:
     """TuneSpec's options as the entry gives them (parsed as `autotune tune` parses its flags), else the sweep's
     defaults where they differ from tune's."""
     values: dict[str, Any] = {}
@@ -151,14 +178,17 @@ def _options(entry: dict[str, Any], where: str, base: Path) -> dict[str, Any]:
         raw = entry.get(opt.key, SWEEP_DEFAULTS.get(opt.key))
         if raw is None:
             continue
+        if opt.key == "space" and not isinstance(raw, str):
+            values[name] = _inline_space(raw, where.at(opt.key))
+            continue
         try:
             values[name] = _path_or_name(raw, base) if opt.path else opt.value(raw)
         except ConfigError as err:
-            raise ConfigError(f"{where}.{opt.key}: {err}") from None
+            raise ConfigError(f"{where.at(opt.key)}: {err}") from None
     return values
 
 
-def _workload(entry: dict[str, Any], where: str, base: Path) -> WorkloadSpec:
+def _workload(entry: dict[str, Any], where: _Where, base: Path) -> WorkloadSpec:
     """Resolve one workload entry with the same parsers, defaults and checks as `autotune tune`."""
     def parse(key: str, parser, allowed: str):
         value = entry.get(key)
@@ -167,7 +197,7 @@ def _workload(entry: dict[str, Any], where: str, base: Path) -> WorkloadSpec:
         try:
             return parser(str(value))
         except (argparse.ArgumentTypeError, ConfigError, ValueError, OverflowError) as err:
-            raise ConfigError(f"{where}.{key}: {short(value)}: {err} (allowed {allowed})") from None
+            raise ConfigError(f"{where.at(key)}: {short(value)}: {err} (allowed {allowed})") from None
 
     name = entry.get("name")
     if not isinstance(name, str) or not _NAME.match(name):
@@ -195,7 +225,7 @@ def _workload(entry: dict[str, Any], where: str, base: Path) -> WorkloadSpec:
         try:
             hardware = load_hardware(_path_or_name(entry["hardware"], base))
         except ConfigError as err:
-            raise ConfigError(f"{where}.hardware: {err}") from None
+            raise ConfigError(f"{where.at('hardware')}: {err}") from None
     try:
         if backend == "replay":
             if options.get("surface") is None:
@@ -209,18 +239,22 @@ def _workload(entry: dict[str, Any], where: str, base: Path) -> WorkloadSpec:
                                        hardware=hardware, **options)
         else:
             if backend != "replay":
-                workload = _model_workload(model, global_batch, gpus or 1, where, base)
+                workload = _model_workload(model, global_batch, gpus or 1, where.at("model"), base)
+                if backend == BUILT_IN_TRAINER:  # before any trial launches (the worker would find it unsupported)
+                    refuse_untrained(workload.model, f"{where}.model: {short(model)}",
+                                     "allowed with backend simulated, or script: your own training script in "
+                                     "place of model")
             tune = TuneSpec(workload, hardware, **options)
         # The library's own defaults (autotune.api.resolve). Real trials default to this machine's devices;
         # whether they can run is checked by `autotune sweep`, which knows whether this machine or a cluster runs them.
         resolved = resolution(tune)
     except ConfigError as err:
         message = str(err)
-        raise ConfigError(message if message.startswith(str(where)) else f"{where}: {message}") from None
+        raise ConfigError(message if where.names(message) else f"{where}: {message}") from None
     return WorkloadSpec(name, tune, resolved, gpus_per_trial)
 
 
-def _script(entry: dict[str, Any], where: str, base: Path) -> tuple[str, tuple[str, ...]]:
+def _script(entry: dict[str, Any], where: _Where, base: Path) -> tuple[str, tuple[str, ...]]:
     """`script:` (a Python file, relative to the sweep file's folder) and `script_args:` (a list of strings) of
     a workload that tunes the user's script, as `autotune tune --script FILE --script-args ARGS`."""
     script, args = entry["script"], entry.get("script_args")
@@ -228,53 +262,64 @@ def _script(entry: dict[str, Any], where: str, base: Path) -> tuple[str, tuple[s
         raise ConfigError(f"{where}.model: {short(entry['model'])}: a workload tunes a model or a script, not both "
                           "(allowed: one of model, script)")
     if not isinstance(script, str) or not script.strip():
-        raise ConfigError(f"{where}.script: {short(script)}: allowed a Python script's path, relative to the sweep "
-                          "file's folder")
+        raise ConfigError(f"{where.at('script')}: {short(script)}: allowed a Python script's path, relative to the "
+                          "sweep file's folder")
     path = base / script
     if not is_file(path):
-        raise ConfigError(f"{where}.script: {short(script)}: no such file {str(path)!r} (allowed a Python script's "
-                          "path, relative to the sweep file's folder)")
+        raise ConfigError(f"{where.at('script')}: {short(script)}: no such file {str(path)!r} (allowed a Python "
+                          "script's path, relative to the sweep file's folder)")
     if args is None:
         args = []
     if not isinstance(args, list) or any(isinstance(a, (bool, dict, list)) or a is None for a in args):
-        raise ConfigError(f"{where}.script_args: {short(args)}: allowed a list of strings (the script's arguments, "
-                          "as --script-args splits them)")
+        raise ConfigError(f"{where.at('script_args')}: {short(args)}: allowed a list of strings (the script's "
+                          "arguments, as --script-args splits them)")
     return str(path), tuple(str(a) for a in args)
 
 
-def _model_workload(model: Any, global_batch: int | None, gpus: int, where: str,
+def _model_workload(model: Any, global_batch: int | None, gpus: int, key: str,
                     base: Path | None = None) -> Workload:
     """`model:` as a preset, a Hugging Face config.json or model directory (relative to the sweep file's
-    folder), a cached Hub id, a YAML/JSON shape file (autotune.values.models), or a mapping of shape keys."""
+    folder), a cached Hub id, a YAML/JSON shape file (autotune.values.models), or a mapping of shape keys; `key`
+    names it in errors (`<file>: workloads[0].model`)."""
     if isinstance(model, str):
         local = base / model if base is not None and model not in PRESETS else None
         try:
             return make_workload(str(local) if local is not None and exists(local) else model, global_batch, gpus)
         except UnknownModel:
-            raise ConfigError(f"{where}.model: {short(model)}: {ALLOWED_MODELS}") from None
+            raise ConfigError(f"{key}: {short(model)}: {ALLOWED_MODELS}") from None
         except ConfigError as err:
-            raise ConfigError(f"{where}.model: {err}") from None
+            raise ConfigError(f"{key}: {err}") from None
         except (OSError, ValueError) as err:  # a name the filesystem refuses to look up (too long)
-            raise ConfigError(f"{where}.model: {short(model)}: {err.strerror if isinstance(err, OSError) else err}; "
+            raise ConfigError(f"{key}: {short(model)}: {err.strerror if isinstance(err, OSError) else err}; "
                               f"{ALLOWED_MODELS}") from None
     if isinstance(model, dict):
         shape = {"name": "custom", **model}
         unknown = [key for key in shape if key not in SHAPE_KEYS and key != "name"]
         if unknown:
-            raise ConfigError(f"{where}.model: {short(model)}: unknown key {short(unknown[0])}; allowed keys "
+            raise ConfigError(f"{key}: {short(model)}: unknown key {short(unknown[0])}; allowed keys "
                               f"{', '.join(SHAPE_KEYS)}")
         try:
             return Workload(ModelShape(**shape), global_batch or 32 * gpus, gpus)
         except TypeError as err:
-            raise ConfigError(f"{where}.model: {short(model)}: {err}; allowed keys "
+            raise ConfigError(f"{key}: {short(model)}: {err}; allowed keys "
                               f"{', '.join(SHAPE_KEYS)}") from None
         except ConfigError as err:
-            raise ConfigError(f"{where}.model: {err}") from None
-    raise ConfigError(f"{where}.model: {short(model)}: {ALLOWED_MODELS}")
+            raise ConfigError(f"{key}: {err}") from None
+    raise ConfigError(f"{key}: {short(model)}: {ALLOWED_MODELS}")
 
 
 ALLOWED_MODELS = (f"allowed {', '.join(PRESETS)}, a Hugging Face config.json or model directory, a Hub id in the local "
                   "Hugging Face cache, a YAML/JSON shape file, or a mapping of shape keys")
+
+
+def _inline_space(value: Any, key: str) -> Choices:
+    """`space:` written out in the sweep file, a mapping of knob -> list of values as a search-space YAML holds
+    (autotune.values.space.parse_choices), its first bad value named; anything else that is not a preset name or a
+    path is refused naming what is allowed."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key}: {short(value)}: allowed a preset name ({', '.join(SPACE_PRESETS)}), a search-space "
+                          "YAML path (relative to the sweep file's folder), or a mapping of knob -> list of values")
+    return parse_choices(value, key)
 
 
 def _path_or_name(value: Any, base: Path) -> str:

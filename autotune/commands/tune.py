@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import autotune
-from autotune.api import DEFAULT_STRATEGY, SweepStart, TuneResult, TuneSpec, spec_options
+from autotune.api import (BUILT_IN_TRAINER, DEFAULT_STRATEGY, SweepStart, TuneResult, TuneSpec, refuse_untrained,
+                          spec_options)
 from autotune.values.argtypes import (gpu_count, output_dir, ray_address)
 from autotune.backends.replay import replay_workload
 from autotune.commands import script as script_command
@@ -33,6 +34,7 @@ from autotune.values.units import format_size
 from autotune.values.ds_autotuning import read_autotuning
 from autotune.files import load_json
 from autotune.values.hardware import Hardware
+from autotune.values.models import load_model
 
 if TYPE_CHECKING:
     from autotune.drivers.ray import RayOptions
@@ -163,6 +165,9 @@ def spec_from(args: argparse.Namespace) -> TuneSpec:
         if args.surface is not None:
             raise ConfigError(f"--surface {args.surface} is only for --backend replay (got --backend {args.backend})")
         args.model = args.model or DEFAULT_MODEL
+        if args.backend == BUILT_IN_TRAINER:  # first: no other setting would let real trials train it
+            refuse_untrained(load_model(args.model, getattr(args, "seq_len", None)), f"--model {args.model}",
+                             "use --backend simulated, or --script with your own training script")
         # Real trials run here unless a remote Ray cluster runs them (its nodes' GPUs are Ray's to place).
         here = args.ray_address in (None, "local")
         target = target_from(args, real=args.backend == "deepspeed", check=here)

@@ -292,6 +292,27 @@ class ModelShape:
         return data
 
 
+# What the built-in trial model (autotune.worker.model) builds: the norms of a layer it has (1: Phi-2's parallel
+# block; 2: pre-norms; 4: Gemma 2's pre and post norms).
+BUILT_IN_NORMS = (1, 2, 4)
+
+
+def untrained_reason(shape: ModelShape) -> str | None:
+    """What of this shape the built-in trial model (autotune.worker.model) does not build, as a phrase ("a mixture
+    of experts (8 experts, 2 per token)"), or None when it builds it. The estimator counts every shape; only real
+    trials of the built-in model need this: `autotune tune` and sweep files refuse such a model up front with the
+    deepspeed backend (autotune.api.refuse_untrained), and a trial that gets one anyway is `unsupported` (the worker)."""
+    missing = []
+    if shape.moe:
+        missing.append(f"a mixture of experts ({shape.experts} experts, {shape.experts_per_token} per token)")
+    if shape.mla:
+        missing.append(f"multi-head latent attention (kv_lora_rank={shape.kv_lora_rank})")
+    if shape.norms_per_layer not in BUILT_IN_NORMS:
+        missing.append(f"norms_per_layer={shape.norms_per_layer} (the built-in model builds "
+                       f"{', '.join(map(str, BUILT_IN_NORMS[:-1]))} or {BUILT_IN_NORMS[-1]})")
+    return " with ".join(missing) or None
+
+
 def _gpt(name: str, layers: int, hidden: int, heads: int, vocab: int = 50257, seq: int = 1024) -> ModelShape:
     return ModelShape(name, layers, hidden, heads, vocab, seq)
 

@@ -23,6 +23,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils.checkpoint import checkpoint
 
+from autotune.values.shapes import untrained_reason
 from autotune.values.workload import ModelShape
 
 
@@ -56,16 +57,12 @@ def _rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 def unsupported_reason(shape: ModelShape) -> str | None:
-    """Why the built-in model cannot be this shape, or None when it can."""
-    if shape.moe:
-        return (f"model {shape.name}: a mixture of experts ({shape.experts} experts, {shape.experts_per_token} per "
-                "token) is not built by the built-in trial model; estimate it, or tune your own script (--script)")
-    if shape.mla:
-        return (f"model {shape.name}: multi-head latent attention (kv_lora_rank={shape.kv_lora_rank}) is not built "
-                "by the built-in trial model; estimate it, or tune your own script (--script)")
-    if shape.norms_per_layer not in (1, 2, 4):
-        return f"model {shape.name}: norms_per_layer={shape.norms_per_layer}: the built-in model builds 1, 2 or 4"
-    return None
+    """Why the built-in model cannot be this shape (autotune.values.shapes.untrained_reason), or None when it can."""
+    reason = untrained_reason(shape)
+    if reason is None:
+        return None
+    return (f"model {shape.name}: {reason} is not built by the built-in trial model; estimate it, or tune your own "
+            "script (--script)")
 
 
 class Attention(nn.Module):
