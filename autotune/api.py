@@ -424,6 +424,23 @@ class Plan:
     tracking_name: str | None = None
 
 
+@contextmanager
+def optuna_warnings_only() -> Iterator[None]:
+    """While sweeps run, Optuna says warnings only (not "A new study created", "Trial N finished" for each trial):
+    the sweep's display says what matters. A level the user set (other than Optuna's default INFO) is kept, and
+    Optuna's level is restored after."""
+    import optuna
+
+    level = optuna.logging.get_verbosity()
+    if level == optuna.logging.INFO:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        yield
+    finally:
+        optuna.logging.set_verbosity(level)
+
+
+@optuna_warnings_only()
 def tune_many(plans: Sequence[Plan], *, executor: "RayOptions | None" = None,
               progress: Callable[[Plan], Progress] | None = None, say: Callable[[str], None] | None = None,
               resume_hint: str | None = None, started: Callable[[], None] | None = None) -> list[TuneResult]:

@@ -33,6 +33,32 @@ def test_the_readme_python_example_runs(tmp_path, monkeypatch, capsys):
     assert (tmp_path / "runs/notebook-mine/trials.jsonl").exists()
 
 
+def test_a_sweep_from_python_prints_no_optuna_info_lines_and_leaves_optunas_level_as_it_was(tmp_path):
+    import logging
+
+    import optuna
+
+    class Lines(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.DEBUG)
+            self.records = []
+
+        def emit(self, record):
+            self.records.append(record)
+
+    lines = Lines()
+    logging.getLogger("optuna").addHandler(lines)
+    try:
+        assert optuna.logging.get_verbosity() == optuna.logging.INFO  # Optuna's default
+        autotune.tune(spec("optuna", "simulated", trials=3), tmp_path / "run")
+        assert optuna.logging.get_verbosity() == optuna.logging.INFO
+        optuna.logging.get_logger("optuna.study").info("after the sweep")  # Optuna speaks again
+    finally:
+        logging.getLogger("optuna").removeHandler(lines)
+    said = [r.getMessage() for r in lines.records]
+    assert said == ["after the sweep"], said  # not "A new study created in RDB ...", nor a line a trial
+
+
 def spec(strategy: str, backend, trials: int = 4, **changes) -> autotune.TuneSpec:
     values = dict(workload=autotune.make_workload("tiny", global_batch=16), hardware=autotune.load_hardware("cpu"),
                   memory_budget_bytes=int(0.85 * 2**30), strategy=strategy, trials=trials, backend=backend, seed=1)

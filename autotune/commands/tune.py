@@ -126,9 +126,6 @@ def add_ray_arguments(parser: argparse.ArgumentParser) -> None:
 @json_command
 def run(args: argparse.Namespace) -> int:
     """argparse -> TuneSpec -> autotune.tune() -> print (issue 26: the CLI is a client of the library)."""
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress display says what matters
     # Every check that can refuse the command comes before anything is written to the run directory.
     defaulted = args.model is None and not args.script and args.backend != "replay"
     spec = script_spec_from(args) if args.script else spec_from(args)
