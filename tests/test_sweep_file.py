@@ -77,20 +77,23 @@ def test_bad_sweep_files_get_one_line_errors(tmp_path, body, expected):
 
 def test_summary_table_markdown_and_csv(tmp_path):
     rows = [{"workload": "a", "model": "tiny", "gpus": 1, "global_batch": 16, "hardware": "cpu", "memory_budget": "1 GiB",
-             "strategy": "optuna", "backend": "simulated", "trials": 3, "recommended": "z1 mb8 ck0 bf16",
+             "strategy": "optuna", "backend": "simulated", "trials": 3, "pruned": 2, "recommended": "z1 mb8 ck0 bf16",
              "config_json": "{}", "throughput_samples_per_s": 6.5, "peak_memory": "800 MiB", "peak_memory_bytes": 1,
              "stopped": "trial budget spent", "verdict": "v", "report": "a/report.md"},
             {"workload": "b", "model": "llama-70b", "gpus": 1, "global_batch": 8, "hardware": "a100-40gb",
-             "memory_budget": "1 GiB", "strategy": "optuna", "backend": "simulated", "trials": 0, "recommended": "",
+             "memory_budget": "1 GiB", "strategy": "optuna", "backend": "simulated", "trials": 0, "pruned": 540,
+             "recommended": "",
              "config_json": "", "throughput_samples_per_s": "", "peak_memory": "", "peak_memory_bytes": "",
              "stopped": "nothing fits", "verdict": "no config fits the budget", "report": "b/report.md"}]
     md, csv_path = write_summary(tmp_path, rows)
     text = md.read_text()
-    assert "| a | tiny | 1 | 16 | 1 GiB | 3 | z1 mb8 ck0 bf16 | 6.5 | 800 MiB | trial budget spent | [report](a/report.md) |" in text
-    assert "none: no config fits the budget" in text
+    assert "| a | tiny | 1 | 16 | 1 GiB | 3 | 2 | z1 mb8 ck0 bf16 | 6.5 | 800 MiB | trial budget spent | [report](a/report.md) |" in text
+    assert "| 0 | 540 | none: no config fits the budget" in text
+    assert "*trials*: trials launched; *pruned*: configs predicted not to fit" in text  # what the counts mean
     with open(csv_path, newline="") as handle:
         read = list(csv.DictReader(handle))
     assert [r["workload"] for r in read] == ["a", "b"] and read[0]["throughput_samples_per_s"] == "6.5"
+    assert [(r["trials"], r["pruned"]) for r in read] == [("3", "2"), ("0", "540")]
 
 
 def test_cli_usage_errors(tmp_path, capsys):

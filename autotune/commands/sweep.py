@@ -86,6 +86,9 @@ def run(args: argparse.Namespace) -> int:
     rows = {name: summary_row(name, RunDir(result.run_dir).read_settings(), result.run_dir, out, result.best,
                               result.summary, result.verdict, result.stopped) for name, result in zip(names, results)}
     write_summary(out, list(rows.values()))
+    for name, row in rows.items():  # why each one stopped, as its report says it (a resume says the same)
+        console.print(f"[bold]{name}[/bold] stopped: {row['stopped']}; {row['trials']} trials launched, "
+                      f"{row['pruned']} configs pruned", highlight=False)
     print(f"sweep summary: {out / SUMMARY_MD} ({out / SUMMARY_CSV})")
     interrupted = any(r["stopped"] == "interrupted" for r in rows.values())
     if args.json:
@@ -95,4 +98,6 @@ def run(args: argparse.Namespace) -> int:
     if interrupted:
         print(f"interrupted: continue with the same command and --resume --out {out}")
         return 130
+    # 1 when any workload got no recommendation (nothing fits, a script that cannot be tuned, no trial within the
+    # budget): the others' outputs are written all the same (docs/ray.md, "Exit status").
     return 0 if all(r["recommended"] for r in rows.values()) else 1

@@ -18,7 +18,7 @@ class StopReason(str, Enum):
     STALLED = "stalled"
     INTERRUPTED = "interrupted"
     FATAL = "fatal"  # the backend says no config can succeed (e.g. a user's script that never steps)
-    NOTHING_FITS = "nothing fits"
+    NOTHING_FITS = "nothing fits"  # at the start, or once the trials that ran leave no config predicted to fit
     NO_NODE = "no node"  # no node of the Ray cluster has the resources one trial asks for
 
     def __str__(self) -> str:
@@ -49,6 +49,7 @@ _TEXT = {
     StopReason.STALLED: "the strategy kept proposing known or pruned configs",
     StopReason.INTERRUPTED: "interrupted",
     StopReason.FATAL: "a failure no other config can avoid (above)",
-    StopReason.NOTHING_FITS: "no config of the space is predicted to fit, nothing was run",
+    # Also where trials ran first and showed it (a launched config out of host memory, say): "nothing (more)".
+    StopReason.NOTHING_FITS: "no config of the space is predicted to fit, nothing (more) to run",
     StopReason.NO_NODE: "no node of the Ray cluster has the resources one trial needs, nothing was run",
 }

@@ -240,12 +240,15 @@ class Sweep:
         return expected is not None and self.spent_s + expected > budget.time_s
 
     def ended(self) -> StopReason:
-        """Why the search proposes nothing more: converged (or not worth another trial), stalled or done, or the
-        time budget, which no further trial is predicted to end within."""
+        """Why the search proposes nothing more: converged (or not worth another trial), nothing fits (no trial ran
+        within the budget and what the trials taught leaves no config predicted to fit: what a resume would say at
+        its start), stalled or done, or the time budget, which no further trial is predicted to end within."""
         if self.out_of_time:
             return StopReason.TIME
         if self.search_ended in EARLY:
             return self.search_ended
+        if self.best is None and self._space is not None and self.nothing_fits(self._space):
+            return StopReason.NOTHING_FITS
         return StopReason.STALLED if self.stalled else StopReason.DONE
 
     def _converged(self, budget: Budget | None) -> StopReason | None:

@@ -16,19 +16,29 @@ from autotune.values.units import format_size
 SUMMARY_MD = "sweep_summary.md"
 SUMMARY_CSV = "sweep_summary.csv"
 CSV_COLUMNS = ("workload", "model", "gpus", "global_batch", "hardware", "memory_budget", "strategy", "backend",
-               "trials", "recommended", "throughput_samples_per_s", "peak_memory_bytes", "config_json", "stopped",
-               "verdict", "report")
+               "trials", "pruned", "recommended", "throughput_samples_per_s", "peak_memory_bytes", "config_json",
+               "stopped", "verdict", "report")
+
+
+# What the counts mean: the console's "pruned N configs: ... predicted over host memory" counts pruned configs only,
+# a verdict's "configs over host memory" every config of the space, the launched trials that ran out included.
+LEGEND = ("*trials*: trials launched; *pruned*: configs predicted not to fit (or not to beat the best), run by no "
+          "trial, as the console's `pruned` lines count them. A verdict's \"N configs over ...\" counts every config "
+          "of the space by the resource it lacks: the pruned ones and the launched trials that ran out of it.")
 
 
 def summary_row(name: str, settings: RunSettings, run_dir: Path, out: Path, best: TrialResult | None,
                 summary: Mapping[str, Any], verdict: str, stopped: str) -> dict[str, Any]:
-    """One workload's row (`settings`: its run's, a script's as its first trial learned)."""
+    """One workload's row (`settings`: its run's, a script's as its first trial learned). `trials`: the trials
+    launched, as the console and `tune --json`'s `launched` count them; `pruned`: the configs recorded as pruned
+    (predicted not to fit, or not to beat the best), which ran no trial."""
     w = settings.workload
+    pruned = summary.get("status_counts", {}).get("pruned", 0)
     return {
         "workload": name, "model": w.model.name, "gpus": w.gpus, "global_batch": w.global_batch,
         "hardware": settings.hardware.name, "memory_budget": format_size(settings.memory_budget_bytes),
         "strategy": settings.strategy, "backend": settings.backend,
-        "trials": summary["trials"],
+        "trials": summary["trials"] - pruned, "pruned": pruned,
         "recommended": best.config.label() if best else "",
         "config_json": best.config.to_json() if best else "",
         "throughput_samples_per_s": round(best.throughput, 3) if best else "",
@@ -43,14 +53,15 @@ def summary_row(name: str, settings: RunSettings, run_dir: Path, out: Path, best
 def write_summary(out: Path, rows: list[dict]) -> tuple[Path, Path]:
     md, csv_path = out / SUMMARY_MD, out / SUMMARY_CSV
     lines = ["# Sweep summary", "",
-             "| workload | model | gpus | global batch | budget | trials | recommended config | samples/s | "
+             "| workload | model | gpus | global batch | budget | trials | pruned | recommended config | samples/s | "
              "peak memory | stopped | report |",
-             "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- | --- |"]
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- | --- |"]
     for r in rows:
         lines.append(f"| {r['workload']} | {r['model']} | {r['gpus']} | {r['global_batch']} | {r['memory_budget']} | "
-                     f"{r['trials']} | {r['recommended'] or 'none: ' + r['verdict']} | {r['throughput_samples_per_s']} | "
-                     f"{r['peak_memory']} | {r['stopped']} | [report]({r['report']}) |")
-    lines.append("")
+                     f"{r['trials']} | {r['pruned']} | {r['recommended'] or 'none: ' + r['verdict']} | "
+                     f"{r['throughput_samples_per_s']} | {r['peak_memory']} | {r['stopped']} | "
+                     f"[report]({r['report']}) |")
+    lines += ["", LEGEND, ""]
     write_atomic(md, "\n".join(lines))
     table = io.StringIO(newline="")
     writer = csv.DictWriter(table, fieldnames=CSV_COLUMNS, extrasaction="ignore")
