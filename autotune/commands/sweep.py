@@ -32,7 +32,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 @json_command
 def run(args: argparse.Namespace) -> int:
     """The sweep file's workloads -> the one runner (autotune.api.tune_many), on the Ray cluster -> the summary."""
-    import optuna
     from rich.console import Console
 
     from autotune.api import tune_many
@@ -65,7 +64,6 @@ def run(args: argparse.Namespace) -> int:
                           "or choose another --out")
     if args.resume and not any(held):
         raise ConfigError(f"--resume: {out} holds no sweep of {sweep_file.path} to resume")
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     console = Console(soft_wrap=True)  # one line per event, wrapped by the terminal (COLUMNS where set)
     plans = [spec.plan(out, mlflow) for spec in sweep_file.workloads]
     names = [spec.name for spec in sweep_file.workloads]
