@@ -47,14 +47,16 @@ def test_a_sweep_from_python_prints_no_optuna_info_lines_and_leaves_optunas_leve
             self.records.append(record)
 
     lines = Lines()
+    before = optuna.logging.get_verbosity()  # other test modules quiet Optuna when they are collected
+    optuna.logging.set_verbosity(optuna.logging.INFO)  # Optuna's default, a user's notebook
     logging.getLogger("optuna").addHandler(lines)
     try:
-        assert optuna.logging.get_verbosity() == optuna.logging.INFO  # Optuna's default
         autotune.tune(spec("optuna", "simulated", trials=3), tmp_path / "run")
         assert optuna.logging.get_verbosity() == optuna.logging.INFO
         optuna.logging.get_logger("optuna.study").info("after the sweep")  # Optuna speaks again
     finally:
         logging.getLogger("optuna").removeHandler(lines)
+        optuna.logging.set_verbosity(before)
     said = [r.getMessage() for r in lines.records]
     assert said == ["after the sweep"], said  # not "A new study created in RDB ...", nor a line a trial
 

@@ -67,6 +67,14 @@ def test_a_first_run_whose_trials_show_nothing_fits_says_so_as_its_resume_does(t
     assert read_results(run / "trials.jsonl") == results  # nothing more ran
 
 
+def test_a_trial_budget_spent_on_a_trial_that_showed_nothing_fits_says_nothing_fits(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(unfittable(tmp_path, run, "--trials", "1")) == 1
+    assert stop_of(run)[0] == StopReason.NOTHING_FITS.value, capsys.readouterr().out  # not "trial budget spent"
+    assert main(unfittable(tmp_path, run, "--trials", "1", "--resume")) == 1
+    assert stop_of(run)[0] == StopReason.NOTHING_FITS.value
+
+
 def test_the_stop_text_of_nothing_fits_holds_after_trials_ran():
     """A first run stops "nothing fits" after trials ran: its text must not say that nothing was run."""
     assert "nothing was run" not in StopReason.NOTHING_FITS.text

@@ -167,8 +167,11 @@ class Sweep:
         return not any(self.pruner.check(c, self.backend_name) is None for c in space)
 
     def budget_spent(self, budget: Budget, in_flight: int = 0) -> StopReason | None:
-        """TRIALS or TIME once no further trial may start (trials in flight count as launched)."""
+        """TRIALS or TIME once no further trial may start (trials in flight count as launched); NOTHING_FITS in
+        their place where the trials that ran leave no config predicted to fit (what a resume says at its start)."""
         if self.launched + in_flight >= budget.trials:
+            if not in_flight and self.best is None and self._space is not None and self.nothing_fits(self._space):
+                return StopReason.NOTHING_FITS
             return StopReason.TRIALS
         if budget.time_s is not None and self.spent_s >= budget.time_s:
             return StopReason.TIME
