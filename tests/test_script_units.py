@@ -377,9 +377,9 @@ def test_the_launch_command_names_the_recommendation_where_the_script_took_its_c
     other = tmp_path / "data.json"
     other.write_text(json.dumps({"rows": 3}))
     best = "/run/best_ds_config.json"
-    script = {"path": "/w/train.py", "args": ["--cfg", str(config), "--data", str(other), "--batch-size", "16"]}
-    assert with_recommendation(script, best, ["--batch-size", "4"], add=False) == (
-        "/w/train.py", "--cfg", best, "--data", str(other), "--batch-size", "4")  # a data file is not a config
+    script = {"path": "/w/train.py", "args": ["--cfg", str(config), "--config_name", str(other), "--batch-size", "16"]}
+    assert with_recommendation(script, best, ["--batch-size", "4"], add=False) == (  # a model's config is no DS config
+        "/w/train.py", "--cfg", best, "--config_name", str(other), "--batch-size", "4")
     # A path that no longer resolves (report regenerated elsewhere) is known by its flag; `--flag=value` forms too.
     script = {"path": "t.py", "args": ["--deepspeed=gone/ds.json", "--per_device_train_batch_size=8"]}
     assert with_recommendation(script, best, ["--per_device_train_batch_size", "2", "--bf16", "true"], add=False) == (

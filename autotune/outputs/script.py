@@ -249,14 +249,14 @@ DS_KEYS = frozenset({"train_batch_size", "train_micro_batch_size_per_gpu", "grad
 
 def with_recommendation(script: dict[str, Any], config_path: str, flags: list[str], add: bool) -> tuple[str, ...]:
     """The script's command line with the recommendation in it: the argument that named the script's DeepSpeed
-    config (a JSON file holding DeepSpeed's keys, or after a flag naming deepspeed or a config) names
-    `config_path`; each of `flags` (flag, value pairs) replaces the value the script was given, and with `add` is
-    added where it was not given (a Trainer script parsing its TrainingArguments from the command line)."""
+    config (`_is_ds_config`) names `config_path`; each of `flags` (flag, value pairs) replaces the value the script
+    was given, and with `add` is added where it was not given (a Trainer script parsing its TrainingArguments from
+    the command line)."""
     args = list(script["args"])
     for i, arg in enumerate(args):
         flag, eq, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
         before = flag if eq else (args[i - 1] if i else "")
-        if value.endswith(".json") and (_holds_ds_config(value) or any(w in before for w in ("deepspeed", "config"))):
+        if value.endswith(".json") and _is_ds_config(value, before):
             args[i] = f"{flag}={config_path}" if eq else config_path
     for flag, value in zip(flags[::2], flags[1::2]):
         if flag in args and args.index(flag) + 1 < len(args):
@@ -268,11 +268,13 @@ def with_recommendation(script: dict[str, Any], config_path: str, flags: list[st
     return (script["path"], *args)
 
 
-def _holds_ds_config(path: str) -> bool:
+def _is_ds_config(path: str, flag: str) -> bool:
+    """A file that can be read is one if it holds DeepSpeed's keys (a model's config.json after --config_name is
+    not); one that cannot (the command was run from another folder) if its flag names deepspeed or ds_config."""
     try:
         document = json.loads(Path(path).read_text())
     except (OSError, ValueError):
-        return False
+        return any(word in flag for word in ("deepspeed", "ds_config"))
     return isinstance(document, dict) and bool(DS_KEYS & set(document))
 
 
