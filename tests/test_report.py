@@ -89,14 +89,20 @@ def test_outputs_from_a_run_directory(results, settings, tmp_path):
         append_result(run.trials_path, r)
     outputs = write_outputs(run, settings)
     assert outputs.best == results[2]
-    assert "recommended z2 mb2 ck0 bf16" in outputs.verdict and "(trial 3)" in outputs.verdict
+    # Trials recorded and no stop.json: the session that ran them was killed; its best is no recommendation yet.
+    assert outputs.verdict.startswith("ended without writing its outputs (killed?) after 7 launched trials, "
+                                      f"unfinished: continue it with the same command and --resume --out {run.path}; ")
+    assert "best so far z2 mb2 ck0 bf16" in outputs.verdict and "(trial 3)" in outputs.verdict
     for name in ("summary.json", "best_ds_config.json", "best_hf_ds_config.json", "report.md",
                  "plots/throughput_vs_memory.png", "plots/best_so_far.png", "plots/memory_breakdown.png"):
         assert (run.path / name).is_file(), name
     # ...and why the sweep stopped: not recorded here (no runner wrote outputs for these trials before)
     assert json.loads((run.path / "summary.json").read_text()) == {
-        "stop_reason": None, "stopped": NOT_RECORDED, **summarize(results, settings)}
+        "resume": f"continue it with the same command and --resume --out {run.path}", "stop_reason": None,
+        "stopped": NOT_RECORDED, **summarize(results, settings)}
     report = (run.path / "report.md").read_text()
+    assert report.split("\n")[2].startswith("**Ended without writing its outputs (killed?)")  # first, not "Recommended"
+    assert "The files hold the best so far, not a recommendation" in report
     top = [line for line in report.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")
            or line.startswith("| 3 |") or line.startswith("| 4 |")]
     assert [line.split("|")[2].strip() for line in top] == ["3", "5", "8", "1"]  # fastest first, by trial number

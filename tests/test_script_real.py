@@ -144,7 +144,9 @@ def test_plain_script_with_a_config_path_is_tuned_and_its_recommendation_trains(
                           "--steps", "5"])
     assert f"#   bash launch.sh torchrun {command}" in launch and f"[ $# -gt 0 ] || set -- {command}" in launch
     assert f"launch: bash {out / 'launch.sh'} torchrun {command}" in printed
-    assert f"- Launch: `bash launch.sh torchrun {command}`" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert f"- Launch: `bash launch.sh torchrun {command}`" in report
+    assert "as the script's own config" in report and "recommended_trainer_args.json" not in report  # not written
     for _ in range(3):  # a port taken by another process meanwhile is tried again, as a user would
         ran = subprocess.run(["bash", str(out / "launch.sh"), "torchrun"], cwd=tmp_path, capture_output=True,
                              text=True, timeout=600, env={**os.environ, "PET_MASTER_PORT": str(free_port())})

@@ -56,9 +56,15 @@ class Stopped:
     def interrupted(self) -> bool:
         return self.reason == StopReason.INTERRUPTED.value
 
+    @property
+    def unfinished(self) -> bool:
+        """Interrupted, or its last session ended without saying why (killed: SIGKILL, a crash of the machine): a
+        sweep that may go on, whose best so far is no recommendation."""
+        return self.interrupted or self.reason is None
+
     def to_dict(self, run: RunDir) -> dict[str, Any]:
-        """summary.json's keys, the resume hint first for an interrupted sweep."""
-        hint = {"resume": f"{RESUME} --out {run.path}"} if self.interrupted else {}
+        """summary.json's keys, the resume hint first for an unfinished sweep."""
+        hint = {"resume": f"{RESUME} --out {run.path}"} if self.unfinished else {}
         return {**hint, "stop_reason": self.reason, "stopped": self.text}
 
 
@@ -312,12 +318,12 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
                    f"peak {format_size(best.peak_memory_bytes)} of {format_size(settings.memory_budget_bytes)} "
                    f"(trial {summary['best_trial_index']})")
     else:
-        verdict = no_fit_verdict(settings, results, stop.interrupted)
+        verdict = no_fit_verdict(settings, results, stop.unfinished)
     if scaled is not None:
         if scaled.rows:  # else no trial fits even here: the verdict above says why
             verdict = target_verdict(scaled, settings)
-    if stop.interrupted:  # what to do first, then the best so far: no recommendation of an unfinished sweep
-        verdict = interrupted_verdict(verdict, results, run)
+    if stop.unfinished:  # what to do first, then the best so far: no recommendation of an unfinished sweep
+        verdict = interrupted_verdict(verdict, results, run, killed=not stop.interrupted)
     keep_study(run, settings, results)
     report = run.path / "report.md"
     text = markdown(results, settings, summary, best, verdict, study=study_line(run, settings), usage=usage,
@@ -355,13 +361,14 @@ def keep_study(run: RunDir, settings: RunSettings, results: Sequence[TrialResult
             storage.engine.dispose()
 
 
-def interrupted_verdict(verdict: str, results: Sequence[TrialResult], run: RunDir) -> str:
-    """The verdict of an interrupted sweep: that it is unfinished and how to continue it first, then the best so
-    far (not called a recommendation)."""
+def interrupted_verdict(verdict: str, results: Sequence[TrialResult], run: RunDir, killed: bool = False) -> str:
+    """The verdict of an interrupted sweep (`killed`: one whose last session ended without saying why): that it is
+    unfinished and how to continue it first, then the best so far (not called a recommendation)."""
     launched = sum(r.status != "pruned" for r in results)
     best = re.sub(r"^recommended\b", "best so far", verdict) if verdict.startswith("recommended") else verdict
     when = f"after {launched} launched trial{'s' * (launched != 1)}" if launched else "before any trial finished"
-    return f"interrupted {when}, unfinished: {RESUME} --out {run.path}; {best}"
+    how = "ended without writing its outputs (killed?)" if killed else "interrupted"
+    return f"{how} {when}, unfinished: {RESUME} --out {run.path}; {best}"
 
 
 def scale_report(results: Sequence[TrialResult], settings: RunSettings) -> ScaleReport | None:
@@ -469,7 +476,7 @@ def markdown(results: Sequence[TrialResult], settings: RunSettings, summary: dic
     launched = [r for r in results if r.status != "pruned"]
     counts = ", ".join(f"{n} {s}" for s, n in summary["status_counts"].items() if n)
     bold = [f"**{verdict[0].upper() + verdict[1:]}.**", ""]
-    first = stop is not None and stop.interrupted  # an unfinished sweep says so, and how to go on, first
+    first = stop is not None and stop.unfinished  # an unfinished sweep says so, and how to go on, first
     figures, why = FIGURES.get(settings.backend, ("measured", ""))
     lines = [
         f"# ds-autotune report: {w.model.name}",
@@ -501,10 +508,14 @@ def markdown(results: Sequence[TrialResult], settings: RunSettings, summary: dic
         template = template_reason(settings.backend, settings.hardware)
         how = f"a template for the target: {template}" if template else "with the trials' environment"
         use = "The files hold the best so far, not a recommendation: use them" if first else "Use it"
-        lines += [f"{use} with DeepSpeed (`best_ds_config.json`), the Hugging Face "
-                  "Trainer (`recommended_trainer_args.json` with `best_hf_ds_config.json`) or Accelerate "
-                  f"(`best_accelerate_config.yaml`), launched by `launch.sh` (torchrun or deepspeed, {how}): see "
-                  "[Using the recommendation](#using-the-recommendation).", ""]
+        if usage:
+            lines += [f"{use} with DeepSpeed (`best_ds_config.json`), the Hugging Face "
+                      "Trainer (`recommended_trainer_args.json` with `best_hf_ds_config.json`) or Accelerate "
+                      f"(`best_accelerate_config.yaml`), launched by `launch.sh` (torchrun or deepspeed, {how}): see "
+                      "[Using the recommendation](#using-the-recommendation).", ""]
+        else:  # script mode: its own config and command, no files for other stacks
+            lines += [f"{use} as the script's own config (`best_ds_config.json`), launched by `launch.sh` (torchrun "
+                      "or deepspeed, the script's command with it): see [Script mode](#script-mode).", ""]
     lines += _top_table(results, budget)
     lines += target_table(scaled)
     lines += _confirmation(results, budget, settings.backend)
