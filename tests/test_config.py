@@ -53,3 +53,6 @@ def test_bad_sizes_are_refused_naming_the_text(text):
 def test_format_size():
     assert format_size(1536 * 2**20) == "1.5 GiB"
     assert format_size(None) == "-"
+    # 1000-1023 of a unit in whole units, never '1.02e+03 MiB'
+    assert [format_size(n * 2**20) for n in (999, 1020, 1023)] == ["999 MiB", "1020 MiB", "1023 MiB"]
+    assert format_size(-1020 * 2**30) == "-1020 GiB" and format_size(5000 * 2**40) == "5000 TiB"

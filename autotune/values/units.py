@@ -63,6 +63,8 @@ def format_size(num_bytes: float | None) -> str:
     value = abs(value)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if value < 1024 or unit == "TiB":
-            return f"{sign}{value:.0f} {unit}" if unit == "B" else f"{sign}{value:.3g} {unit}"
+            # 1000-1023 of a unit in whole units ('1020 MiB'): three significant figures would write '1.02e+03'
+            digits = ".0f" if unit == "B" or value >= 999.5 else ".3g"
+            return f"{sign}{value:{digits}} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
