@@ -82,8 +82,9 @@ def build_parser() -> ArgumentParser:
         module = importlib.import_module(f"autotune.commands.{name.replace('-', '_')}")
         command = sub.add_parser(name, help=help_text, description=help_text)
         module.add_arguments(command)
-        for flag, flag_help in GLOBAL_FLAGS:  # SUPPRESS keeps `autotune --debug tune` from being reset to False
-            command.add_argument(flag, action="store_true", default=argparse.SUPPRESS, help=flag_help)
+        for each in parsers_by_prog(command).values():  # `surface record --quiet` too
+            for flag, flag_help in GLOBAL_FLAGS:  # SUPPRESS keeps `autotune --debug tune` from being reset to False
+                each.add_argument(flag, action="store_true", default=argparse.SUPPRESS, help=flag_help)
         # _run_dir: where the internal-error log goes; a command sets it once it knows its run directory
         command.set_defaults(_run=module.run, _prog=command.prog, _run_dir=None)
     return parser

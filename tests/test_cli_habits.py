@@ -192,6 +192,17 @@ def test_quiet_prints_only_the_results(where, tmp_path, capsys):
     assert "trial   1/2" not in out and "tuning tiny" not in out and "the default" not in out
 
 
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_a_subcommands_subcommand_takes_the_global_flags_and_quiet_says_its_results_only(where, tmp_path, capsys):
+    rest = ["record", "--model", "tiny", "--backend", "simulated", "--memory-budget", "1GiB", "--limit", "2",
+            "--out", str(tmp_path / "s.jsonl")]
+    code, out, err = cli(["--quiet", "surface", *rest] if where == "before" else ["surface", *rest, "--quiet"], capsys)
+    assert code == 0, err
+    assert out == f"{tmp_path / 's.jsonl'}: 2 configs recorded now, 2 of 216 measured\n"  # no line a config
+    for argv in (["rl", "train", "--quiet", "--help"], ["surface", "show", "--verbose", "--help"]):
+        assert cli(argv, capsys)[0] == 0, argv  # was: unrecognized arguments
+
+
 def test_quiet_and_verbose_together_are_refused(capsys):
     code, _, err = cli(["--quiet", *TUNE, "--verbose"], capsys)
     one_line_error(code, err, "autotune tune", "--quiet and --verbose: choose one")

@@ -100,14 +100,16 @@ def run_record(args: argparse.Namespace) -> int:
     # A recording runs its trials one after another here: the next trial's ranks start ahead from its first.
     backend = make_backend(settings, options=TrialOptions(str(logs), args.timeout, measure, in_sequence=True))
     console = Console(highlight=False, soft_wrap=True)
+    # Progress (the machine found, op builds, a line a config) unsaid under --quiet; the totals below are results.
+    say = (lambda *_: None) if getattr(args, "quiet", False) else console.print
     if target.detected():
-        console.print(target.detected())
+        say(target.detected())
     try:
         preflight = getattr(backend, "preflight", None)
         if preflight is not None:  # the C++ ops the configs need, built before the first trial (autotune.trials.ops)
-            preflight(list(space) if only is None else only, console.print)
+            preflight(list(space) if only is None else only, say)
         done = record_surface(space, backend, args.out, order_seed=args.seed, limit=args.limit, retries=args.retries,
-                              repeats=args.repeats, only=only, progress=console.print)
+                              repeats=args.repeats, only=only, progress=say)
     finally:
         backend.close()  # the next trial's ranks, started ahead for a trial that will not come
     console.print(f"{args.out}: {done.recorded} configs recorded now, {done.total_measured} of {len(space)} measured")
