@@ -162,6 +162,7 @@ def test_train_for_stops_a_short_training_runs_search_sooner_and_records_its_fig
     long = autotune.tune(spec(TINY, 24.0, stop_when=0, train_for_s=36000), tmp_path / "long")
     assert short.stop_reason == long.stop_reason == StopReason.NOT_WORTH
     assert short.stopped.startswith(StopReason.NOT_WORTH.text + " (the most any is expected to save: ")
+    assert short.stopped.endswith("of the run, less than its own trial would cost)")  # why it did not pay
     assert 6 <= short.launched < long.launched < 30
     ran = [r for r in long.results if r.status != "pruned"]
     assert all(r.extra["gain_per_trial_s"] >= 0 and r.extra["expected_gain"] >= 0 for r in ran)

@@ -33,7 +33,10 @@ class StopReason(str, Enum):
         if self is StopReason.CONVERGED and convergence is not None:
             return f"search converged: {convergence.describe()}"
         if self is StopReason.NOT_WORTH and convergence is not None and convergence.expected_gain is not None:
-            return f"{self.text} (the most any is expected to save: {convergence.expected_gain:.2%} of the run)"
+            # The largest share is one config's; its trial costs more than that share of the run (the rule compares
+            # each config's expected saving with its own trial's seconds), however cheap the trials so far were.
+            return (f"{self.text} (the most any is expected to save: {convergence.expected_gain:.2%} of the run, "
+                    "less than its own trial would cost)")
         return self.text
 
 
