@@ -71,3 +71,24 @@ def test_real_trial_through_the_cli(tmp_path):
     assert saved["workload"]["global_batch"] == 4
     # Calibrated on this very trial, the prediction of its peak is close.
     assert prediction["memory"]["total"] == pytest.approx(result["peak_memory_bytes"], rel=0.1)
+
+
+def test_an_out_of_memory_trials_peak_is_shown_as_a_bound_without_a_ratio(tmp_path, capsys):
+    from autotune.commands.trial import show
+    from autotune.prediction.estimate import Calibration, estimate
+    from autotune.values.config import Config
+    from autotune.values.hardware import PROFILES
+    from autotune.values.results import TrialResult
+    from autotune.values.workload import make_workload
+
+    config, workload = Config(0, 8, 0, "fp32"), make_workload("tiny", global_batch=16)
+    # Stopped at 605 MiB by the watchdog, past a 600 MiB budget: where it was stopped, not its peak.
+    result = TrialResult(config, "oom", peak_memory_bytes=605 * 2**20, memory_budget_bytes=600 * 2**20,
+                         wall_time_s=9.0, error="rank 0 grew past the memory budget",
+                         extra={"peak_memory_growth_bytes": 400 * 2**20, "baseline_memory_bytes": 205 * 2**20})
+    show(result, estimate(config, workload, PROFILES["cpu"]), Calibration(), workload, PROFILES["cpu"], tmp_path)
+    cells = [[c.strip() for c in line.split("│")] for line in capsys.readouterr().out.splitlines()]
+    rows = {row[1]: row[2:] for row in cells if len(row) > 4}
+    for name in ("peak memory per device", "growth over baseline"):
+        measured, predicted, ratio = rows[name][:3]
+        assert measured.startswith(">= ") and predicted and ratio == "", rows[name]  # a bound: no ratio

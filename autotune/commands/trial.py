@@ -174,21 +174,25 @@ def show(result: TrialResult, prediction: Estimate | None, calibration: Calibrat
     for column, justify in columns:
         table.add_column(column, justify=justify, overflow="fold")  # a narrow terminal folds cells, never cuts them
 
-    def row(name: str, measured: float | None, predicted: float | None, fmt) -> None:
-        ratio = f"{predicted / measured:.2f}" if measured and predicted is not None else ""
-        table.add_row(name, fmt(measured) if measured is not None else "-",
-                      fmt(predicted) if predicted is not None else "-", ratio)
+    # An out-of-memory trial's peak is where it was stopped or died: a lower bound, no figure to divide by.
+    stopped = result.status == "oom"
+
+    def row(name: str, measured: float | None, predicted: float | None, fmt, at_least: bool = False) -> None:
+        ratio = f"{predicted / measured:.2f}" if measured and predicted is not None and not at_least else ""
+        shown = "-" if measured is None else f">= {fmt(measured)}" if at_least else fmt(measured)
+        table.add_row(name, shown, fmt(predicted) if predicted is not None else "-", ratio)
 
     num = lambda v: f"{v:,.3g}"  # noqa: E731
     row("throughput (samples/s)", result.throughput_samples_per_s,
         prediction.throughput_samples_per_s if prediction else None, num)
     row("tokens/s", result.tokens_per_s, prediction.tokens_per_s if prediction else None, num)
     row("step time (s)", result.step_time_s, prediction.step_time_s if prediction else None, lambda v: f"{v:.3f}")
-    row("peak memory per device", result.peak_memory_bytes, prediction.peak_bytes if prediction else None, format_size)
+    row("peak memory per device", result.peak_memory_bytes, prediction.peak_bytes if prediction else None, format_size,
+        stopped)
     growth = extra.get("peak_memory_growth_bytes")
     baseline = extra.get("baseline_memory_bytes")
     row("  growth over baseline", growth, prediction.peak_bytes - baseline if prediction and baseline else None,
-        format_size)
+        format_size, stopped)
     table.add_row("  baseline (before the model)", format_size(baseline), "", "")
     if prediction:
         for term in MEMORY_TERMS:
