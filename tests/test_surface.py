@@ -67,6 +67,22 @@ def test_record_refuses_another_workload_in_the_same_file(space_file, tmp_path, 
     assert len(read_results(out)) == 1
 
 
+@pytest.mark.parametrize("flags, fragment", [
+    (["--memory-budget", "2GiB"], "recorded under a memory budget of 1 GiB, not 2 GiB"),
+    (["--hardware", "a100-80gb"], "recorded on 'cpu', not 'a100-80gb'"),
+])
+def test_record_refuses_to_extend_a_surface_under_another_budget_or_hardware(space_file, tmp_path, capsys, flags,
+                                                                           fragment):
+    # A trial past its budget is stopped as out of memory: a surface mixing two budgets would replay as neither.
+    out = tmp_path / "surface.jsonl"
+    assert record(space_file, out, "--limit", "1") == 0
+    capsys.readouterr()
+    assert record(space_file, out, *flags) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and len(err.strip().splitlines()) == 1, err
+    assert len(read_results(out)) == 1
+
+
 @pytest.mark.parametrize("flags, word", [(["--backend", "gpu"], "gpu"), (["--memory-budget", "lots"], "lots"),
                                          (["--limit", "0"], "0"), (["--model", "gpt5"], "gpt5")])
 def test_bad_flags_exit_2_with_one_line(space_file, tmp_path, capsys, flags, word):

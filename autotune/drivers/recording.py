@@ -58,11 +58,20 @@ def record_surface(space: Space, backend: Backend, out: Path, *, order_seed: int
     if repaired:
         progress(repaired)
     existing = read_results(out)
+    budget = getattr(backend, "memory_budget_bytes", None)
     for result in existing:
         recorded_for = result.extra.get("workload")
         if recorded_for is not None and recorded_for != workload.to_dict():
             raise ConfigError(f"{out} was recorded for another workload ({describe_workload(recorded_for)}): "
                               f"choose another --out or the same --model/--gpus/--global-batch")
+        on = result.extra.get("hardware")
+        if on is not None and on != hardware.name:
+            raise ConfigError(f"{out} was recorded on {on!r}, not {hardware.name!r}: choose another --out or the "
+                              "same --hardware")
+        # A trial past its budget is stopped as out of memory: measurements at two budgets are not one surface.
+        if budget is not None and result.memory_budget_bytes not in (None, budget):
+            raise ConfigError(f"{out} was recorded under a memory budget of {format_size(result.memory_budget_bytes)}, "
+                              f"not {format_size(budget)}: choose another --out or the same --memory-budget")
     if only is not None:
         for config in only:
             if config not in space:
