@@ -98,7 +98,8 @@ def test_show_ranks_within_a_budget(space_file, tmp_path, capsys):
     capsys.readouterr()
     assert main(["surface", "show", str(out), "--memory-budget", "2GiB"]) == 0
     text = capsys.readouterr().out
-    assert "4 configs of tiny" in text and "z0 mb4 ck0 bf16" in text
+    assert "4 configs of tiny, global batch 16, 1 rank on cpu" in text and "z0 mb4 ck0 bf16" in text
+    assert "Fastest 4 configs within 2 GiB" in text  # as many as it shows, not --top's 10
     assert main(["surface", "show", str(tmp_path / "none.jsonl")]) == 2
 
 

@@ -161,10 +161,11 @@ def run_show(args: argparse.Namespace) -> int:
                   + (f" under a budget of {format_size(budget)}" if budget else ""))
     for note in surface.notes:
         console.print(note)
-    table = Table(title=f"Fastest {args.top} configs" + (f" within {format_size(budget)}" if budget else ""))
+    ranked = sorted((r for r in results if r.ok), key=lambda r: -(r.throughput_samples_per_s or 0))
+    table = Table(title=f"Fastest {min(args.top, len(ranked))} configs" + (f" within {format_size(budget)}" if budget
+                                                                           else ""))
     for column in ("#", "config", "samples/s", "step s", "peak", "trial s"):
         table.add_column(column, justify="right" if column != "config" else "left")
-    ranked = sorted((r for r in results if r.ok), key=lambda r: -(r.throughput_samples_per_s or 0))
     if args.json:
         emit_json(args, {"surface": str(args.surface), "workload": None if workload is None else workload.to_dict(),
                          "hardware": surface.hardware, "configs": len(results), "status_counts": counts,
@@ -173,7 +174,8 @@ def run_show(args: argparse.Namespace) -> int:
                                      for i, r in enumerate(ranked[:args.top], 1)]})
         return 0
     for i, r in enumerate(ranked[:args.top], 1):
-        table.add_row(str(i), r.config.label(), f"{r.throughput_samples_per_s:.4g}", f"{r.step_time_s or 0:.3g}",
+        # fixed decimals: a column whose figures line up (".4g" printed 49.1 over 46.49)
+        table.add_row(str(i), r.config.label(), f"{r.throughput_samples_per_s:,.2f}", f"{r.step_time_s or 0:.3f}",
                       format_size(r.peak_memory_bytes), f"{r.wall_time_s:.1f}")
     console.print(table)
     return 0

@@ -173,4 +173,5 @@ def _clock(seconds: float) -> str:
 def describe_workload(workload: dict) -> str:
     model = workload.get("model", {})
     name = model.get("name", model) if isinstance(model, dict) else model
-    return f"{name}, global batch {workload.get('global_batch')}, {workload.get('gpus')} GPU(s)"
+    ranks = workload.get("gpus")
+    return f"{name}, global batch {workload.get('global_batch')}, {ranks} rank{'' if ranks == 1 else 's'}"
