@@ -359,7 +359,10 @@ def test_cli_writes_the_launch_file_for_the_target_gpus(tmp_path, capsys, monkey
     # No trial ran, and not on an A100: a template for the target, nothing of this machine (issue 43)
     assert "# ds-autotune: TEMPLATE for " in text and "export TORCH_EXTENSIONS_DIR=" not in text
     assert f"launch: bash {out / LAUNCH_FILE} torchrun train.py" in printed and "4 process(es)" in printed
-    assert "torchrun --nnodes 1 --nproc_per_node 4 train.py" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "torchrun --nnodes 1 --nproc_per_node 4 train.py" in report
+    # The verdict is the 4 devices' prediction: the latency beside it says it is the 2 trials' devices' measurement
+    assert "- The best measured on the trials' 2 device(s), " in report and "Its other measures" not in report
 
 
 def fake_transformers(monkeypatch, *fields: str) -> None:

@@ -504,7 +504,10 @@ def markdown(results: Sequence[TrialResult], settings: RunSettings, summary: dic
         *([] if first else bold),
     ]
     if best is not None:
-        lines[-1:-1] = [f"- Its other measures: {best_measures(best, settings)}"]
+        # With --target-gpus the verdict is the target's prediction; these are the trials' own measurements
+        whose = ("Its other measures" if settings.target_gpus is None else
+                 f"The best measured on the trials' {w.gpus} device(s), {best.config.label()}, in other measures")
+        lines[-1:-1] = [f"- {whose}: {best_measures(best, settings)}"]
         template = template_reason(settings.backend, settings.hardware)
         how = f"a template for the target: {template}" if template else "with the trials' environment"
         use = "The files hold the best so far, not a recommendation: use them" if first else "Use it"
