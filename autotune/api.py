@@ -48,7 +48,7 @@ from autotune.values.settings import (DEFAULT_STACK, SETTINGS, STACKS, RunSettin
 from autotune.prediction.scale import check_target, narrow_choices as narrow_for_target
 from autotune.search_spaces import choices_for
 from autotune.values.space import Choices, Space
-from autotune.strategies import STRATEGIES, check_strategy, strategy_name
+from autotune.strategies import POLICY_STRATEGIES, STRATEGIES, check_strategy, strategy_name, with_policy
 from autotune.search.study_storage import canonical as canonical_storage, check_storage
 from autotune.outputs.tracking import Tracker, check_uri as check_tracking_uri, resolve_uri as tracking_uri, tracked
 from autotune.outputs.wandb_tracking import check_project
@@ -222,6 +222,14 @@ class TuneSpec:
     script: str | None = None
     script_args: tuple[str, ...] = ()
     script_global_batch: int | None = None
+    # The policy `rl` and `hybrid` search with (autotune/strategies/rl.py): an exported one (`autotune rl export`: a
+    # folder of policy.pt + policy.json); None: the shipped one (autotune/policies/default). A setting of the sweep:
+    # run.json keeps its folder (RunSettings.policy), and a resumed sweep must name the same. Last, so that no field
+    # moves.
+    policy: str | Path | None = option(
+        None, "--policy", "with --strategy rl or hybrid: the policy they search with, a folder that `autotune rl "
+        "export` wrote (policy.pt + policy.json) (default: the shipped policy); --resume takes the same",
+        path=True, metavar="DIR", allowed="the folder of an exported policy")
 
     def __post_init__(self) -> None:
         check_stack(self.stack)
@@ -245,11 +253,30 @@ class TuneSpec:
         check_tracking_uri(self.mlflow_uri)
         check_project(self.wandb)
         check_stop_when(self.stop_when)
+        if self.policy is not None:
+            check_policy(self.policy, self.strategy)
 
     @property
     def strategy_name(self) -> str:
         """The name `run.json` keeps: a registered strategy's, or the user's object's."""
         return strategy_name(self.strategy)
+
+    @property
+    def policy_folder(self) -> str | None:
+        """The --policy folder as run.json keeps it (absolute); None: the shipped policy."""
+        return None if self.policy is None else str(Path(self.policy).resolve())
+
+    def search_strategy(self) -> Any:
+        """What the sweep builds its strategy from (drivers.sweep.Sweep.open): None for a registered name with its
+        defaults (run.json's `strategy` names it), the policy strategy's builder with the --policy policy, or the
+        user's own Strategy object or builder."""
+        if not isinstance(self.strategy, str):
+            return self.strategy
+        if self.policy is None:
+            return None
+        from autotune.strategies.rl import load_policy
+
+        return with_policy(self.strategy, load_policy(self.policy))
 
     @property
     def backend_name(self) -> str:
@@ -301,6 +328,20 @@ class TuneSpec:
         return mode.script
 
 
+def check_policy(policy: str | Path, strategy: Any) -> None:
+    """TuneSpec.policy: only for a policy strategy (`rl`, `hybrid`), and the folder of an exported policy that fits
+    the environment (strategies/rl.py load_policy); else ConfigError, one line."""
+    if not (isinstance(policy, (str, Path)) and str(policy)):
+        raise ConfigError(f"--policy {short(policy)}: allowed the folder of an exported policy (policy.pt + "
+                          "policy.json)")
+    if not (isinstance(strategy, str) and strategy in POLICY_STRATEGIES):
+        raise ConfigError(f"--policy: only with --strategy {' or '.join(POLICY_STRATEGIES)} (got --strategy "
+                          f"{strategy_name(strategy)})")
+    from autotune.strategies.rl import load_policy
+
+    load_policy(policy)
+
+
 @dataclass(frozen=True)
 class Resolved:
     """A spec with every default decided: the sweep's settings, its space, and what resolving changed in the
@@ -342,7 +383,7 @@ def _model_resolution(spec: TuneSpec) -> Resolved:
                            spec.strategy_name, spec.backend_name, spec.seed, space.choices,
                            surface=None if spec.surface is None else str(Path(spec.surface).resolve()),
                            storage=None if spec.storage is None else canonical_storage(spec.storage),
-                           stack=spec.stack, target_gpus=spec.target_gpus)
+                           stack=spec.stack, target_gpus=spec.target_gpus, policy=spec.policy_folder)
     return Resolved(settings, space, tuple(note for note in (stack_note, target_note) if note))
 
 
@@ -354,7 +395,8 @@ def _script_resolution(spec: TuneSpec) -> Resolved:
     choices, stack_note = narrow_choices(choices, spec.stack)
     settings = RunSettings(spec.workload, hardware, memory_budget(spec.memory_budget_bytes, hardware),
                            spec.strategy_name, "script", spec.seed, choices,
-                           storage=None if spec.storage is None else canonical_storage(spec.storage), stack=spec.stack)
+                           storage=None if spec.storage is None else canonical_storage(spec.storage), stack=spec.stack,
+                           policy=spec.policy_folder)
     return Resolved(settings, settings.space(), (stack_note,) if stack_note else ())
 
 
@@ -472,7 +514,7 @@ def tune_many(plans: Sequence[Plan], *, executor: "RayOptions | None" = None,
             begun = getattr(show, "begun", None)
             if callable(begun):  # a display's headline (`autotune tune`), once the run directory is held
                 begun(SweepStart(run.run_dir, run.settings, run.space, plan.spec.budget(), run.resume))
-            own = None if isinstance(plan.spec.strategy, str) else plan.spec.strategy
+            own = plan.spec.search_strategy()  # None: settings.strategy's registered defaults
             if executor is None:  # this machine runs the trials: the backend now, its launch spread known
                 backends[i] = run.objective or make_backend(  # closed by its loop (drivers/local.py)
                     run.settings, run.run_dir, replace(plan.spec.trial_options(), in_sequence=True))

@@ -5,8 +5,8 @@
     autotune rl export CHECKPOINT --out DIR
 
 `train` resumes the run in --out when there is one (from its last checkpoint), and prints one line per
-iteration. The exported policy (DIR/policy.pt + policy.json) is what `autotune tune --strategy rl`
-loads, without Ray.
+iteration. The exported policy (DIR/policy.pt + policy.json) is what `autotune tune --strategy rl --policy DIR`
+(or `--strategy hybrid --policy DIR`) loads, without Ray.
 """
 
 from __future__ import annotations
@@ -103,9 +103,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     export = sub.add_parser("export", help="write a checkpoint's policy as policy.pt + policy.json (no Ray needed to load)",
                             description="Write the policy of an RLlib checkpoint of `autotune rl train` as policy.pt + "
-                                        "policy.json, which `--strategy rl` loads without Ray.")
+                                        "policy.json into --out DIR, which `autotune tune --strategy rl --policy DIR` "
+                                        "(or --strategy hybrid) loads without Ray.")
     export.add_argument("checkpoint", type=input_dir, help="a checkpoint directory (RUN/checkpoints/NNNNNN)")
-    export.add_argument("--out", type=output_dir, required=True, help="directory to write the policy to")
+    export.add_argument("--out", type=output_dir, required=True,
+                        help="directory to write the policy to (DIR of `autotune tune --policy DIR`)")
     add_json_argument(export)
     export.set_defaults(_rl=run_export, _prog=export.prog)
 

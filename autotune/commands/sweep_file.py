@@ -19,7 +19,8 @@ workloads:
 Workload keys: name, model, script, script_args, gpus, global_batch, hardware, gpus_per_trial, and every option of
 `autotune tune` under its flag's name (api.spec_options: memory_budget, strategy, trials, time_budget, backend,
 space, seed, surface, storage, confirm, mlflow_uri, stack, target_gpus, stop_when, train_for, trial_timeout, wandb,
-allocator); `space:` may also be written out, a mapping of knob -> list of values as a search-space YAML holds
+allocator, policy: an exported policy's folder, relative to this file's folder, for strategy rl or hybrid); `space:`
+may also be written out, a mapping of knob -> list of values as a search-space YAML holds
 (`space: {zero_stage: [1, 2], precision: [bf16]}`). Every error names the file, the key (`defaults.<key>` for a
 value the workload takes from defaults), the value and what is allowed. A model the built-in trial model does not
 build (a mixture of experts, multi-head latent attention) is refused with backend deepspeed, before anything runs.
@@ -182,7 +183,10 @@ def _options(entry: dict[str, Any], where: _Where, base: Path) -> dict[str, Any]
             values[name] = _inline_space(raw, where.at(opt.key))
             continue
         try:
-            values[name] = _path_or_name(raw, base) if opt.path else opt.value(raw)
+            if opt.key == "policy":  # a folder, never a preset's name: relative to this file's folder if there
+                values[name] = _folder(raw, base)
+            else:
+                values[name] = _path_or_name(raw, base) if opt.path else opt.value(raw)
         except ConfigError as err:
             raise ConfigError(f"{where.at(opt.key)}: {err}") from None
     return values
@@ -320,6 +324,14 @@ def _inline_space(value: Any, key: str) -> Choices:
         raise ConfigError(f"{key}: {short(value)}: allowed a preset name ({', '.join(SPACE_PRESETS)}), a search-space "
                           "YAML path (relative to the sweep file's folder), or a mapping of knob -> list of values")
     return parse_choices(value, key)
+
+
+def _folder(value: Any, base: Path) -> str:
+    """A folder's path (an exported policy's): relative to the sweep file's folder where it is there, else as given
+    (the library's check names it)."""
+    text = str(value)
+    candidate = base / text
+    return str(candidate) if exists(candidate) else text
 
 
 def _path_or_name(value: Any, base: Path) -> str:

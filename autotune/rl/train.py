@@ -13,7 +13,8 @@ Run directory (`--out`):
     checkpoints/NNNNNN  RLlib algorithm checkpoints (the last `keep_checkpoints` are kept);
     checkpoints/latest  the name of the newest complete one (written after it)
     policy/             the policy exported at the last checkpoint (policy.pt + policy.json), what
-                        `--strategy rl` loads without Ray
+                        `autotune tune --strategy rl --policy RUN/policy` loads without Ray (as it loads
+                        any folder `autotune rl export` writes)
     .lock               held by the training process (autotune.search.rundir.RunFolder): a second one is refused
 """
 

@@ -21,6 +21,7 @@ tests/test_user_strategy.py runs a user-written strategy through `autotune.tune(
 
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, runtime_checkable
@@ -75,6 +76,20 @@ STRATEGIES: dict[str, str] = {
     "rl": "autotune.strategies.rl:rl",
     "hybrid": "autotune.strategies.hybrid:hybrid",
 }
+
+
+# The registered strategies that search with a trained policy, and may take another than the shipped one
+# (TuneSpec.policy, `autotune tune --policy DIR`): their factories take it as `policy`.
+POLICY_STRATEGIES = ("rl", "hybrid")
+
+
+def with_policy(name: str, policy: Any) -> Callable[[SearchContext], Strategy]:
+    """The builder of the registered policy strategy `name` searching with `policy` (a loaded
+    autotune.rl.policy.Policy) in place of the shipped one: what Sweep.open builds the sweep's strategy from."""
+    if name not in POLICY_STRATEGIES:
+        raise ConfigError(f"--policy: only with --strategy {' or '.join(POLICY_STRATEGIES)} (got --strategy {name})")
+    module_name, factory = STRATEGIES[name].split(":")
+    return functools.partial(getattr(importlib.import_module(module_name), factory), policy=policy)
 
 
 def _is_strategy_object(obj: Any) -> bool:

@@ -22,6 +22,8 @@ In the study, a trial the policy proposed has user attribute `proposed_by` = `po
 `optuna` strategy's study does (strategies/optuna_search.py: knob values, status, report_trial, throughput, peak,
 feasibility).
 
+The policy is the shipped one, or the exported one `autotune tune --policy DIR` names (strategies/rl.py load_policy).
+
 Resume: the policy is deterministic and Optuna's study is stored, so a resumed sweep replays the policy's
 proposals from the record and reloads the study.
 """
@@ -104,5 +106,6 @@ class HybridStrategy:
         self.search.observe(config, result, proposed_by="policy" if config in self.proposed else "record")
 
 
-def hybrid(context: SearchContext) -> HybridStrategy:
-    return HybridStrategy(context)
+def hybrid(context: SearchContext, policy: Any = None) -> HybridStrategy:
+    """`hybrid` with the shipped policy, or `policy` (a loaded Policy: TuneSpec.policy's, strategies.with_policy)."""
+    return HybridStrategy(context, policy)

@@ -18,23 +18,30 @@ among the surface's configs only). A proposal the tuner prunes is not a trial: t
 from the same state without it, so a pruning-heavy start (an uncalibrated estimator that over-predicts
 memory) does not use up the episode.
 
+The policy is the shipped one (autotune/policies/default), or an exported one (`autotune rl export`: a folder of
+policy.pt + policy.json) that `autotune tune --policy DIR` names (TuneSpec.policy; `load_policy` refuses a folder
+that is not one, or a policy whose network does not fit the environment's observation and action spaces).
+
 Resume: the policy is deterministic, so a resumed sweep replays the same walk, each known config
-answered from the record.
+answered from the record (run.json keeps the --policy folder: a resumed sweep must name the same).
 """
 
 from __future__ import annotations
 
+import pickle
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from autotune.values.config import Config
+from autotune.values.config import Config, ConfigError
 from autotune.envs.actions import JUMP, RUN, STOP
 from autotune.values.results import TrialResult
 from autotune.strategies import SearchContext
 
 if TYPE_CHECKING:
     from autotune.envs.landscape import Landscape
+    from autotune.rl.policy import Policy
 
 DEFAULT_HORIZON = 16
 
@@ -176,5 +183,39 @@ class RLStrategy:
         return mask
 
 
-def rl(context: SearchContext) -> RLStrategy:
-    return RLStrategy(context)
+def load_policy(folder: str | Path) -> "Policy":
+    """The exported policy in `folder` (`autotune rl export`: policy.pt + policy.json) for `--policy`, loaded as the
+    shipped one is (Policy.load, which refuses another format or environment layout); ConfigError, one line, for a
+    folder that is not one, unreadable files, or a network whose inputs and outputs are not the environment's
+    observation and action spaces (DeepSpeedMemoryEnv's: a feature per observation, a logit per action)."""
+    from autotune.envs.actions import ACTIONS
+    from autotune.envs.observation import size
+    from autotune.rl.policy import META, WEIGHTS, Policy
+
+    path = Path(folder)
+    expected = f"expected a folder holding {WEIGHTS} and {META}, as `autotune rl export` writes"
+    if not path.is_dir():
+        raise ConfigError(f"--policy {folder}: {'not a folder' if path.exists() else 'no such folder'}: {expected}")
+    missing = [name for name in (META, WEIGHTS) if not (path / name).is_file()]
+    if missing:
+        raise ConfigError(f"--policy {folder}: no {' or '.join(missing)} there: {expected}")
+    try:
+        policy = Policy.load(path)
+    except ConfigError as err:
+        raise ConfigError(f"--policy {folder}: {err}") from None
+    except (OSError, RuntimeError, ValueError, KeyError, TypeError, EOFError, pickle.UnpicklingError) as err:
+        # a spec without its keys, weights that are not its network's (another shape), a damaged policy.pt
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"--policy {folder}: its {WEIGHTS} and {META} do not load as a policy ({reason}): export "
+                          "it again with `autotune rl export`") from None
+    obs_dim, n_actions = size(policy.observes_seconds), len(ACTIONS)
+    if (policy.spec.obs_dim, policy.spec.n_actions) != (obs_dim, n_actions):
+        raise ConfigError(f"--policy {folder}: its network takes {policy.spec.obs_dim} observation features and "
+                          f"gives {policy.spec.n_actions} actions; the environment has {obs_dim} and {n_actions}: "
+                          "retrain it with `autotune rl train`")
+    return policy
+
+
+def rl(context: SearchContext, policy: Any = None) -> RLStrategy:
+    """`rl` with the shipped policy, or `policy` (a loaded Policy: TuneSpec.policy's, strategies.with_policy)."""
+    return RLStrategy(context, policy)

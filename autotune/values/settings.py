@@ -68,6 +68,8 @@ class RunSettings:
     stack: str = DEFAULT_STACK  # the user's training stack, which the space was narrowed to (autotune.outputs.handoff)
     # The job's device count the trials at workload.gpus predict (autotune.prediction.scale); None: the trials' own.
     target_gpus: int | None = None
+    # The folder of the exported policy `rl` and `hybrid` search with (--policy, absolute); None: the shipped one.
+    policy: str | None = None
 
     def __post_init__(self) -> None:
         # Every builder of settings gets the same one-line refusal, naming the value and what is allowed.
@@ -94,7 +96,7 @@ class RunSettings:
                 "memory_budget_bytes": self.memory_budget_bytes, "strategy": self.strategy,
                 "backend": self.backend, "seed": self.seed, "space": self.choices.to_dict(),
                 "surface": self.surface, "storage": masked(self.storage), "stack": self.stack,
-                "target_gpus": self.target_gpus}
+                "target_gpus": self.target_gpus, "policy": self.policy}
 
     @classmethod
     def from_dict(cls, data: Any, source: str = SETTINGS) -> "RunSettings":
@@ -130,10 +132,13 @@ class RunSettings:
         if target is not None and (isinstance(target, bool) or not isinstance(target, int) or target < workload.gpus):
             raise ConfigError(f"{source}: target_gpus: {short(target)}: allowed null or a whole number >= the "
                               f"workload's gpus ({workload.gpus})")
+        policy = data.get("policy")  # absent from the run.json of sweeps before --policy
+        if policy is not None and not (isinstance(policy, str) and policy):
+            raise ConfigError(f"{source}: policy: {short(policy)}: allowed an exported policy's folder or null")
         return cls(workload=workload, hardware=hardware, memory_budget_bytes=data["memory_budget_bytes"],
                    strategy=data["strategy"], backend=data["backend"], seed=data["seed"],
                    choices=parse_choices(data["space"], f"{source}: space"), surface=surface,
-                   storage=storage, stack=stack, target_gpus=target)
+                   storage=storage, stack=stack, target_gpus=target, policy=policy)
 
     def differences(self, other: "RunSettings") -> list[str]:
         """`key: this != other` for every setting that differs (`hardware.allocator: ...` inside a mapping)."""
