@@ -126,6 +126,7 @@ def test_interrupt_stops_cleanly_and_resume_finishes(sig, tmp_path, monkeypatch,
     out = capsys.readouterr().out
     assert code == 130, out
     assert "interrupted: continue with the same command and --resume" in out
+    assert "recommended config:" not in out and "best so far" in out  # no recommendation of an unfinished sweep
     before = read_results(run / "trials.jsonl")
     assert len(before) == 2  # the interrupted trial is not recorded...
     assert (run / "summary.json").is_file() and (run / "report.md").is_file()  # ...the outputs are written

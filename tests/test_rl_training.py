@@ -180,5 +180,7 @@ def test_a_run_directory_refuses_other_settings(trained, capsys):
     out, _, _ = trained
     code = main(["rl", "train", "--iterations", "4", "--out", str(out), "--seed", "9"])
     assert code == 2
-    err = capsys.readouterr().err
+    said = capsys.readouterr()
+    err = said.err
     assert "other settings" in err and "seed=0 there, 9 here" in err and len(err.strip().splitlines()) == 1
+    assert "resuming" not in said.out  # not said of a run it refuses

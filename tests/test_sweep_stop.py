@@ -57,13 +57,13 @@ def test_a_first_run_whose_trials_show_nothing_fits_says_so_as_its_resume_does(t
     assert [r.status for r in results if r.status != "pruned"] == ["oom"]  # one trial ran, out of host memory
     first = stop_of(run)
     assert first == (StopReason.NOTHING_FITS.value, StopReason.NOTHING_FITS.text), out
-    assert f"stopped: {StopReason.NOTHING_FITS.text}; 1 trials launched" in out
+    assert f"stopped: {StopReason.NOTHING_FITS.text}; 1 trial launched" in out
     assert "proposes nothing more" not in out + (run / "report.md").read_text()
     assert f"- Stopped: {StopReason.NOTHING_FITS.text}" in (run / "report.md").read_text()
 
     assert main(unfittable(tmp_path, run, "--resume")) == 1
     out = capsys.readouterr().out
-    assert stop_of(run) == first and f"stopped: {StopReason.NOTHING_FITS.text}; 1 trials launched" in out
+    assert stop_of(run) == first and f"stopped: {StopReason.NOTHING_FITS.text}; 1 trial launched" in out
     assert read_results(run / "trials.jsonl") == results  # nothing more ran
 
 
@@ -97,7 +97,7 @@ workloads:
     code = main(["sweep", str(sweep), "--out", str(out), "--ray-address", "local"])
     printed = capsys.readouterr()
     assert code == 1 and (out / "sweep_summary.csv").is_file(), printed  # one workload got no recommendation
-    assert f"too-big stopped: {StopReason.NOTHING_FITS.text}; 1 trials launched, 5 configs pruned" in printed.out
+    assert f"too-big stopped: {StopReason.NOTHING_FITS.text}; 1 trial launched, 5 configs pruned" in printed.out
     with open(out / "sweep_summary.csv", newline="") as handle:
         rows = {r["workload"]: r for r in csv.DictReader(handle)}
     big = read_results(out / "too-big" / "trials.jsonl")

@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from autotune.rl.train import RunDir, TrainSettings, train
+    from autotune.rl.train import RunDir, TrainSettings, check_resumable, train
 
     if args.backend == "replay" and not args.surface:
         raise ConfigError("--backend replay needs --surface FILE (one or more)")
@@ -138,6 +138,7 @@ def run_train(args: argparse.Namespace) -> int:
     out = args.out or Path("runs") / f"policy-{datetime.now():%Y%m%d-%H%M%S}"
     args._run_dir = out  # an internal error's traceback goes to its logs/ (autotune.cli), once it exists
     console = Console(soft_wrap=True)  # one line per iteration, wrapped by the terminal (COLUMNS where set)
+    check_resumable(RunDir(out), settings)  # before "resuming" is said of a run it will refuse
     resuming = RunDir(out).latest_checkpoint()
     console.print(f"{'resuming' if resuming else 'training'} a policy in {out}: PPO, {settings.iterations} iterations "
                   f"of {settings.train_batch} steps, {settings.backend} backend, seed {settings.seed}, "

@@ -85,8 +85,9 @@ def run(args: argparse.Namespace) -> int:
                               result.summary, result.verdict, result.stopped) for name, result in zip(names, results)}
     write_summary(out, list(rows.values()))
     for name, row in rows.items():  # why each one stopped, as its report says it (a resume says the same)
-        console.print(f"[bold]{name}[/bold] stopped: {row['stopped']}; {row['trials']} trials launched, "
-                      f"{row['pruned']} configs pruned", highlight=False)
+        console.print(f"[bold]{name}[/bold] stopped: {row['stopped']}; {row['trials']} trial"
+                      f"{'s' * (row['trials'] != 1)} launched, {row['pruned']} config{'s' * (row['pruned'] != 1)} "
+                      "pruned", highlight=False)
     print(f"sweep summary: {out / SUMMARY_MD} ({out / SUMMARY_CSV})")
     interrupted = any(r["stopped"] == "interrupted" for r in rows.values())
     if args.json:

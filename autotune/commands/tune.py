@@ -271,10 +271,11 @@ def conclude(progress: ConsoleProgress, run_dir: RunDir, settings: RunSettings, 
     if len(pruned) > 1:
         progress.message(f"pruned {len(pruned)} configs in all: {describe_causes(cause_counts(pruned), 'predicted over')}"
                          " (each with its reason in trials.jsonl and report.md)")
-    progress.result(f"stopped: {result.stopped}; {result.launched} trials launched, "
+    progress.result(f"stopped: {result.stopped}; {result.launched} trial{'s' * (result.launched != 1)} launched, "
                     f"{len(result.results)} recorded in {run_dir.trials_path}")
     progress.result(result.verdict)
-    if result.best is not None and not result.notes:
+    unfinished = result.stop_reason == StopReason.INTERRUPTED
+    if result.best is not None and not result.notes and not unfinished:  # an unfinished sweep recommends nothing yet
         for line in Handoff.of(result.best.config, at_target(settings), run_dir.path).console_lines():
             progress.result(line)
     elif progress.quiet:  # a script's own lines (Outputs.notes) came from tune() as notes, unsaid under --quiet
@@ -289,7 +290,7 @@ def conclude(progress: ConsoleProgress, run_dir: RunDir, settings: RunSettings, 
               "strategy": settings.strategy, "backend": settings.backend,
               "mlflow": None if mlflow is None else {"uri": masked(mlflow),
                                                      **tracking.parent_of(run_dir, mlflow)}})
-    if result.stop_reason == StopReason.INTERRUPTED:
+    if unfinished:
         progress.result(f"interrupted: continue with the same command and --resume --out {run_dir.path}")
         return 130
     return 0 if result.best is not None else 1

@@ -257,19 +257,25 @@ class TrainingRun(RunFolder):
 RunDir = TrainingRun  # the name callers (autotune/commands/rl.py, tests) import
 
 
+def check_resumable(run: TrainingRun, settings: TrainSettings) -> None:
+    """ConfigError, one line, where `run` holds a training run whose settings that shape the policy differ."""
+    previous = run.settings()
+    if previous is None:
+        return
+    mine, theirs = settings.to_dict(), previous.to_dict()
+    differ = [k for k in mine if k not in RESUMABLE and mine[k] != theirs.get(k)]
+    if differ:
+        shown = ", ".join(f"{k}={theirs.get(k)!r} there, {mine[k]!r} here" for k in differ)
+        raise ConfigError(f"{run.path} holds a training run with other settings ({shown}): "
+                          f"use another --out, or the same settings to resume it")
+
+
 def prepare(out: str | Path, settings: TrainSettings) -> tuple[TrainingRun, TrainSettings, Path | None]:
     """The run directory, the settings to train with, and the checkpoint to resume from (None: fresh).
     A directory holding a run resumes it, if the settings that shape the policy agree."""
     run = TrainingRun(out)
-    previous = run.settings()
+    check_resumable(run, settings)
     checkpoint = run.latest_checkpoint()
-    if previous is not None:
-        mine, theirs = settings.to_dict(), previous.to_dict()
-        differ = [k for k in mine if k not in RESUMABLE and mine[k] != theirs.get(k)]
-        if differ:
-            shown = ", ".join(f"{k}={theirs.get(k)!r} there, {mine[k]!r} here" for k in differ)
-            raise ConfigError(f"{run.path} holds a training run with other settings ({shown}): "
-                              f"use another --out, or the same settings to resume it")
     run.path.mkdir(parents=True, exist_ok=True)
     run.write_settings(settings)
     return run, settings, checkpoint
