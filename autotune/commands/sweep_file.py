@@ -327,8 +327,8 @@ def _inline_space(value: Any, key: str) -> Choices:
 
 
 def _folder(value: Any, base: Path) -> str:
-    """A folder's path (an exported policy's): relative to the sweep file's folder where it is there, else as given
-    (the library's check names it)."""
+    """A path (an exported policy's folder, a file): relative to the sweep file's folder where it is there, else as
+    given (the library's check names it)."""
     text = str(value)
     candidate = base / text
     return str(candidate) if exists(candidate) else text
@@ -337,5 +337,4 @@ def _folder(value: Any, base: Path) -> str:
 def _path_or_name(value: Any, base: Path) -> str:
     """A preset name as is; a relative file path relative to the sweep file's folder."""
     text = str(value)
-    candidate = base / text
-    return str(candidate) if ("/" in text or text.endswith((".yaml", ".yml", ".jsonl"))) and exists(candidate) else text
+    return _folder(text, base) if "/" in text or text.endswith((".yaml", ".yml", ".jsonl")) else text

@@ -162,6 +162,10 @@ class Sweep:
     def pruner(self, pruner: Pruner) -> None:
         self._live.pruner = pruner
 
+    def _shown_nothing_fits(self) -> bool:
+        """No trial ran within the budget and what the trials taught leaves no config predicted to fit."""
+        return self.best is None and self._space is not None and self.nothing_fits(self._space)
+
     def nothing_fits(self, space: Space) -> bool:
         """Every config would be pruned: say so rather than record the whole space."""
         return not any(self.pruner.check(c, self.backend_name) is None for c in space)
@@ -170,7 +174,7 @@ class Sweep:
         """TRIALS or TIME once no further trial may start (trials in flight count as launched); NOTHING_FITS in
         their place where the trials that ran leave no config predicted to fit (what a resume says at its start)."""
         if self.launched + in_flight >= budget.trials:
-            if not in_flight and self.best is None and self._space is not None and self.nothing_fits(self._space):
+            if not in_flight and self._shown_nothing_fits():
                 return StopReason.NOTHING_FITS
             return StopReason.TRIALS
         if budget.time_s is not None and self.spent_s >= budget.time_s:
@@ -250,7 +254,7 @@ class Sweep:
             return StopReason.TIME
         if self.search_ended in EARLY:
             return self.search_ended
-        if self.best is None and self._space is not None and self.nothing_fits(self._space):
+        if self._shown_nothing_fits():
             return StopReason.NOTHING_FITS
         return StopReason.STALLED if self.stalled else StopReason.DONE
 
