@@ -81,10 +81,12 @@ def host_split(ranking: Ranking, hardware: Hardware) -> tuple[Ranking, tuple[Est
     does not run: the simulated backend fails it out of host memory and tune's pruner then drops every config of
     no smaller need (autotune.search.pruning)."""
     workload = ranking.space.workload
-    kept = tuple(e for e in ranking.fits if not over_host_memory(e, workload, hardware))
-    over_host = sorted((e for e in ranking.fits if over_host_memory(e, workload, hardware)),
-                       key=lambda e: host_need_bytes(e, workload, hardware))
-    return replace(ranking, fits=kept), tuple(over_host)
+    kept: list[Estimate] = []
+    over_host: list[Estimate] = []
+    for e in ranking.fits:  # one pass, the ranking's order kept
+        (over_host if over_host_memory(e, workload, hardware) else kept).append(e)
+    over_host.sort(key=lambda e: host_need_bytes(e, workload, hardware))
+    return replace(ranking, fits=tuple(kept)), tuple(over_host)
 
 
 def over_host_line(over_host: tuple[Estimate, ...], ranking: Ranking, hardware: Hardware) -> str | None:
