@@ -420,7 +420,9 @@ def test_real_trials_listen_on_loopback_and_survive_sigkill_resume_and_sigterm(t
             time.sleep(0.1)
         assert all(gone(pid) for pid in pids)
         left = segments(port)
-        assert left == [] and marker(port).exists()  # the claim, until the next start
+        # The port's claim stays until the next start of any ds-autotune process on the machine: under xdist that
+        # may be another test's (CI at 6465771 saw it gone), so only its removal by the resume below is asserted.
+        assert left == []
         assert (out / "trials.jsonl").read_bytes() == first
 
         # 3. --resume: its first trial start removes the claim; then SIGTERM mid-trial ends every rank
