@@ -266,6 +266,16 @@ class TuneSpec:
         """The --policy folder as run.json keeps it (absolute); None: the shipped policy."""
         return None if self.policy is None else str(Path(self.policy).resolve())
 
+    @property
+    def policy_sha256(self) -> str | None:
+        """The --policy files' digest as run.json keeps it: a resume after the folder was exported into again is
+        refused, as for another folder."""
+        if self.policy is None:
+            return None
+        from autotune.rl.policy import digest
+
+        return digest(self.policy)
+
     def search_strategy(self) -> Any:
         """What the sweep builds its strategy from (drivers.sweep.Sweep.open): None for a registered name with its
         defaults (run.json's `strategy` names it), the policy strategy's builder with the --policy policy, or the
@@ -383,7 +393,8 @@ def _model_resolution(spec: TuneSpec) -> Resolved:
                            spec.strategy_name, spec.backend_name, spec.seed, space.choices,
                            surface=None if spec.surface is None else str(Path(spec.surface).resolve()),
                            storage=None if spec.storage is None else canonical_storage(spec.storage),
-                           stack=spec.stack, target_gpus=spec.target_gpus, policy=spec.policy_folder)
+                           stack=spec.stack, target_gpus=spec.target_gpus, policy=spec.policy_folder,
+                           policy_sha256=spec.policy_sha256)
     return Resolved(settings, space, tuple(note for note in (stack_note, target_note) if note))
 
 
@@ -396,7 +407,7 @@ def _script_resolution(spec: TuneSpec) -> Resolved:
     settings = RunSettings(spec.workload, hardware, memory_budget(spec.memory_budget_bytes, hardware),
                            spec.strategy_name, "script", spec.seed, choices,
                            storage=None if spec.storage is None else canonical_storage(spec.storage), stack=spec.stack,
-                           policy=spec.policy_folder)
+                           policy=spec.policy_folder, policy_sha256=spec.policy_sha256)
     return Resolved(settings, settings.space(), (stack_note,) if stack_note else ())
 
 

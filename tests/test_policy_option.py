@@ -18,8 +18,9 @@ from autotune.api import Plan, TuneSpec, tune_many
 from autotune.commands.sweep_file import load_sweep
 from autotune.policies import policy_path
 from autotune.rl.network import NetSpec, policy_net
-from autotune.rl.policy import Policy, layout, save_policy
+from autotune.rl.policy import Policy, digest, layout, save_policy
 from autotune.values.config import ConfigError
+from autotune.values.settings import RunSettings
 from autotune.values.workload import make_workload
 from cli_run import cli
 
@@ -149,6 +150,13 @@ def test_a_resume_with_another_policy_is_refused(exported, loads, tmp_path, caps
         assert code == 2 and err.count("\n") == 1 and "--resume" in err and "policy: " in err, err
         assert str(exported.resolve()) in err
         assert ((out / "trials.jsonl").read_bytes(), (out / "run.json").read_bytes()) == before
+    original = (exported / "policy.pt").read_bytes()  # the same folder, exported into again: another policy
+    weights = torch.load(exported / "policy.pt", weights_only=True)
+    torch.save({k: v + 1 for k, v in weights.items()}, exported / "policy.pt")
+    code, _, err = cli(["tune", *argv, "--resume", "--policy", str(exported)], capsys)
+    assert code == 2 and err.count("\n") == 1 and "policy_sha256: " in err, err
+    assert ((out / "trials.jsonl").read_bytes(), (out / "run.json").read_bytes()) == before
+    (exported / "policy.pt").write_bytes(original)
     loads.clear()  # the same policy: the sweep goes on with it, its earlier walk replayed from the record
     assert cli(["tune", *argv, "--resume", "--policy", str(exported), "--trials", "6"], capsys)[0] == 0
     assert set(loads) == {exported.resolve()}
@@ -161,7 +169,12 @@ def test_the_library_records_the_policy_and_refuses_another_on_resume(exported, 
                     trials=2, backend="simulated", policy=exported)
     out = tmp_path / "lib"
     tune_many([Plan(spec, out)])
-    assert json.loads((out / "run.json").read_text())["policy"] == str(exported.resolve())
+    recorded = json.loads((out / "run.json").read_text())
+    assert recorded["policy"] == str(exported.resolve()) and recorded["policy_sha256"] == digest(exported)
+    assert RunSettings.from_dict(recorded) == spec.settings()
+    assert RunSettings.from_dict({k: v for k, v in recorded.items() if k != "policy_sha256"}).policy_sha256 is None
+    with pytest.raises(ConfigError, match="run.json: policy_sha256: 3: allowed a policy's digest or null"):
+        RunSettings.from_dict({**recorded, "policy_sha256": 3})
     shipped = TuneSpec(WORKLOAD, "a100-40gb", memory_budget_bytes=12 * 2**30, strategy="rl",
                        trials=3, backend="simulated")
     with pytest.raises(ConfigError, match="started with other settings .*policy: None != "):

@@ -5,6 +5,7 @@ forward pass of a small MLP."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,6 +82,14 @@ class Policy:
         logits = self.logits(observation)
         logits[mask <= 0.5] = -np.inf
         return int(np.argmax(logits))
+
+
+def digest(folder: str | Path) -> str:
+    """The SHA-256 of an exported policy's two files: what a sweep searched with, whatever its folder holds later."""
+    hasher = hashlib.sha256()
+    for name in (META, WEIGHTS):
+        hasher.update((Path(folder) / name).read_bytes())
+    return hasher.hexdigest()
 
 
 def save_policy(folder: str | Path, spec: NetSpec, state_dict: Mapping[str, torch.Tensor],

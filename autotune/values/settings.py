@@ -70,6 +70,8 @@ class RunSettings:
     target_gpus: int | None = None
     # The folder of the exported policy `rl` and `hybrid` search with (--policy, absolute); None: the shipped one.
     policy: str | None = None
+    # Its files' digest (autotune.rl.policy.digest): a policy exported again into the same folder is another policy.
+    policy_sha256: str | None = None
 
     def __post_init__(self) -> None:
         # Every builder of settings gets the same one-line refusal, naming the value and what is allowed.
@@ -96,7 +98,8 @@ class RunSettings:
                 "memory_budget_bytes": self.memory_budget_bytes, "strategy": self.strategy,
                 "backend": self.backend, "seed": self.seed, "space": self.choices.to_dict(),
                 "surface": self.surface, "storage": masked(self.storage), "stack": self.stack,
-                "target_gpus": self.target_gpus, "policy": self.policy}
+                "target_gpus": self.target_gpus, "policy": self.policy,
+                "policy_sha256": self.policy_sha256}
 
     @classmethod
     def from_dict(cls, data: Any, source: str = SETTINGS) -> "RunSettings":
@@ -135,10 +138,14 @@ class RunSettings:
         policy = data.get("policy")  # absent from the run.json of sweeps before --policy
         if policy is not None and not (isinstance(policy, str) and policy):
             raise ConfigError(f"{source}: policy: {short(policy)}: allowed an exported policy's folder or null")
+        digest = data.get("policy_sha256")  # absent from the run.json of sweeps before the digest
+        if digest is not None and not (isinstance(digest, str) and digest):
+            raise ConfigError(f"{source}: policy_sha256: {short(digest)}: allowed a policy's digest or null")
         return cls(workload=workload, hardware=hardware, memory_budget_bytes=data["memory_budget_bytes"],
                    strategy=data["strategy"], backend=data["backend"], seed=data["seed"],
                    choices=parse_choices(data["space"], f"{source}: space"), surface=surface,
-                   storage=storage, stack=stack, target_gpus=target, policy=policy)
+                   storage=storage, stack=stack, target_gpus=target, policy=policy,
+                   policy_sha256=digest)
 
     def differences(self, other: "RunSettings") -> list[str]:
         """`key: this != other` for every setting that differs (`hardware.allocator: ...` inside a mapping)."""
