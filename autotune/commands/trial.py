@@ -110,14 +110,21 @@ def run(args: argparse.Namespace) -> int:
     else:
         result = _run_with_progress(backend, config)
     append_result(run_dir / "trials.jsonl", result)
-    if args.calibrate:
-        backend.calibration = _recalibrate(run_dir, workload, hardware) or backend.calibration
-        prediction = backend.predict(config)
+    # The table compares the trial with what was predicted before it ran; a fit that includes it is shown apart.
+    refit = _recalibrate(run_dir, workload, hardware) if args.calibrate else None
+    after = None if refit is None or prediction is None else estimate(config, workload, hardware, refit)
     if args.json:
         emit_json(args, {"result": result.to_dict(), "prediction": prediction.to_dict() if prediction else None,
-                         "calibration": backend.calibration.to_dict(), "run_dir": str(run_dir)})
-    else:
-        show(result, prediction, backend.calibration, workload, hardware, run_dir)
+                         "calibration": (refit or backend.calibration).to_dict(),
+                         "calibrated_prediction": after.to_dict() if after else None, "run_dir": str(run_dir)})
+        return 0 if result.ok else 1
+    show(result, prediction, backend.calibration, workload, hardware, run_dir)
+    if refit is not None:
+        now = "" if after is None else (f"; {config.label()} now predicted {after.throughput_samples_per_s:,.3g} "
+                                        f"samples/s, peak {format_size(after.peak_bytes)}")
+        print(f"{run_dir / 'calibration.json'}: refitted on {refit.samples} ok trial(s){now}")
+    elif args.calibrate:
+        print(f"--calibrate: no ok trial in {run_dir / 'trials.jsonl'} to fit on; calibration.json unchanged")
     return 0 if result.ok else 1
 
 
