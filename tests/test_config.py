@@ -3,7 +3,7 @@ import json
 import pytest
 
 from autotune.values.config import Config, ConfigError
-from autotune.values.units import format_size, parse_size
+from autotune.values.units import counted, format_size, parse_size
 
 
 def test_config_round_trips_through_the_contract_json():
@@ -48,6 +48,11 @@ def test_sizes_parse_with_documented_units(text, expected):
 def test_bad_sizes_are_refused_naming_the_text(text):
     with pytest.raises(ValueError, match=repr(text).replace("(", r"\(")):
         parse_size(text)
+
+
+def test_counted():
+    assert [counted(n, "trial") for n in (0, 1, 2)] == ["0 trials", "1 trial", "2 trials"]
+    assert [counted(n, "process", "processes") for n in (1, 4)] == ["1 process", "4 processes"]
 
 
 def test_format_size():

@@ -302,7 +302,7 @@ def test_launch_file_has_both_forms_and_the_environment_the_trials_got(tmp_path,
     assert "mpi4py" in text and "GLOO_SOCKET_IFNAME" not in text  # a trial's loopback rendezvous stays the trial's
     # Shown where the user reads: the console's lines and the report's section, which name the extension dir.
     console = "\n".join(handoff.console_lines())
-    assert f"launch: bash {path} torchrun train.py (or deepspeed): 2 process(es)" in console
+    assert f"launch: bash {path} torchrun train.py (or deepspeed): 2 processes" in console
     assert f"TORCH_EXTENSIONS_DIR={extensions} (DeepSpeed's ops as the tuner built them: your run reuses them" in console
     report = "\n".join(handoff.markdown())
     assert "### Launching" in report and "bash launch.sh torchrun train.py" in report
@@ -358,11 +358,11 @@ def test_cli_writes_the_launch_file_for_the_target_gpus(tmp_path, capsys, monkey
     assert "exec torchrun --nnodes 1 --nproc_per_node 4" in text and "exec deepspeed --num_gpus 4" in text
     # No trial ran, and not on an A100: a template for the target, nothing of this machine (issue 43)
     assert "# ds-autotune: TEMPLATE for " in text and "export TORCH_EXTENSIONS_DIR=" not in text
-    assert f"launch: bash {out / LAUNCH_FILE} torchrun train.py" in printed and "4 process(es)" in printed
+    assert f"launch: bash {out / LAUNCH_FILE} torchrun train.py" in printed and "4 processes" in printed
     report = (out / "report.md").read_text()
     assert "torchrun --nnodes 1 --nproc_per_node 4 train.py" in report
     # The verdict is the 4 devices' prediction: the latency beside it says it is the 2 trials' devices' measurement
-    assert "- The best measured on the trials' 2 device(s), " in report and "Its other measures" not in report
+    assert "- The best measured on the trials' 2 devices, " in report and "Its other measures" not in report
 
 
 def fake_transformers(monkeypatch, *fields: str) -> None:

@@ -22,7 +22,7 @@ from autotune.values.argtypes import (input_dir, input_file, int_range, non_nega
                                ray_address, seed)
 from autotune.commands.common import add_json_argument, emit_json, json_command
 from autotune.values.config import ConfigError
-from autotune.values.units import shown
+from autotune.values.units import counted, shown
 
 
 MAX_WIDTH, MAX_LAYERS = 65536, 16  # a policy network past these is a typo (and would not fit in memory)
@@ -142,7 +142,7 @@ def run_train(args: argparse.Namespace) -> int:
     resuming = RunDir(out).latest_checkpoint()
     console.print(f"{'resuming' if resuming else 'training'} a policy in {out}: PPO, {settings.iterations} iterations "
                   f"of {settings.train_batch} steps, {settings.backend} backend, seed {settings.seed}, "
-                  f"{settings.workers} remote runner(s), Ray {'at ' + args.ray_address if args.ray_address else 'local'}"
+                  f"{counted(settings.workers, 'remote runner')}, Ray {'at ' + args.ray_address if args.ray_address else 'local'}"
                   + (f"; from checkpoint {resuming.name}" if resuming else ""), highlight=False)
     logging.getLogger("ray").setLevel(logging.ERROR)  # RLlib's deprecation notices drown the progress lines
 

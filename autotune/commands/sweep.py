@@ -13,6 +13,7 @@ from autotune.values.argtypes import output_dir, positive_int, ray_address
 from autotune.values.config import ConfigError
 from autotune.commands.common import add_json_argument, emit_json, json_command
 from autotune.commands.tune import add_tracking_arguments, tracking_uri
+from autotune.values.units import counted
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -85,9 +86,8 @@ def run(args: argparse.Namespace) -> int:
                               result.summary, result.verdict, result.stopped) for name, result in zip(names, results)}
     write_summary(out, list(rows.values()))
     for name, row in rows.items():  # why each one stopped, as its report says it (a resume says the same)
-        console.print(f"[bold]{name}[/bold] stopped: {row['stopped']}; {row['trials']} trial"
-                      f"{'s' * (row['trials'] != 1)} launched, {row['pruned']} config{'s' * (row['pruned'] != 1)} "
-                      "pruned", highlight=False)
+        console.print(f"[bold]{name}[/bold] stopped: {row['stopped']}; {counted(row['trials'], 'trial')} launched, "
+                      f"{counted(row['pruned'], 'config')} pruned", highlight=False)
     print(f"sweep summary: {out / SUMMARY_MD} ({out / SUMMARY_CSV})")
     interrupted = any(r["stopped"] == "interrupted" for r in rows.values())
     if args.json:

@@ -32,7 +32,7 @@ from autotune.script.batch import settle
 from autotune.script.inspect_model import describe
 from autotune.outputs.script import learned_workload, script_batch_of
 from autotune.values.space import invalid_reason
-from autotune.values.units import format_size
+from autotune.values.units import counted, format_size
 from autotune.worker.measure import MeasureSettings
 from autotune.values.workload import Workload
 
@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     if refit is not None:
         now = "" if after is None else (f"; {config.label()} now predicted {after.throughput_samples_per_s:,.3g} "
                                         f"samples/s, peak {format_size(after.peak_bytes)}")
-        print(f"{run_dir / 'calibration.json'}: refitted on {refit.samples} ok trial(s){now}")
+        print(f"{run_dir / 'calibration.json'}: refitted on {counted(refit.samples, 'ok trial')}{now}")
     elif args.calibrate:
         print(f"--calibrate: no ok trial in {run_dir / 'trials.jsonl'} to fit on; calibration.json unchanged")
     return 0 if result.ok else 1
@@ -153,7 +153,7 @@ def _run_with_progress(backend: DeepSpeedBackend, config: Config) -> TrialResult
     console = Console(stderr=True)
     columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
-        progress.add_task(f"real DeepSpeed trial of {config.label()} on {backend.workload.gpus} rank(s)", total=None)
+        progress.add_task(f"real DeepSpeed trial of {config.label()} on {counted(backend.workload.gpus, 'rank')}", total=None)
         return backend.run(config)
 
 
@@ -172,9 +172,9 @@ def show(result: TrialResult, prediction: Estimate | None, calibration: Calibrat
     extra = result.extra
     model = workload.model
     console.print(f"{model.name}: {model.params / 1e6:,.1f}M parameters, global batch {workload.global_batch}, "
-                  f"{workload.gpus} rank(s); {result.config.label()}; "
+                  f"{counted(workload.gpus, 'rank')}; {result.config.label()}; "
                   f"budget {format_size(result.memory_budget_bytes) if result.memory_budget_bytes else 'none'}")
-    cal = f"calibrated on {calibration.samples} trial(s)" if calibration.samples else "uncalibrated"
+    cal = f"calibrated on {counted(calibration.samples, 'trial')}" if calibration.samples else "uncalibrated"
     table = Table(title=f"Trial {result.status}: measured vs predicted ({hardware.name} profile, {cal})")
     columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("", "left"), ("measured", "right"), ("predicted", "right"), ("predicted / measured", "right"))

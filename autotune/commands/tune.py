@@ -30,7 +30,7 @@ from autotune.search_spaces import choices_for, space_note
 from autotune.commands.script import add_arguments as script_arguments, script_from
 from autotune.values.space import Space
 from autotune.outputs import tracking
-from autotune.values.units import format_size
+from autotune.values.units import counted, format_size
 from autotune.values.ds_autotuning import read_autotuning
 from autotune.files import load_json
 from autotune.values.hardware import Hardware
@@ -271,7 +271,7 @@ def conclude(progress: ConsoleProgress, run_dir: RunDir, settings: RunSettings, 
     if len(pruned) > 1:
         progress.message(f"pruned {len(pruned)} configs in all: {describe_causes(cause_counts(pruned), 'predicted over')}"
                          " (each with its reason in trials.jsonl and report.md)")
-    progress.result(f"stopped: {result.stopped}; {result.launched} trial{'s' * (result.launched != 1)} launched, "
+    progress.result(f"stopped: {result.stopped}; {counted(result.launched, 'trial')} launched, "
                     f"{len(result.results)} recorded in {run_dir.trials_path}")
     progress.result(result.verdict)
     unfinished = result.stop_reason == StopReason.INTERRUPTED

@@ -23,6 +23,7 @@ from autotune.search.pruning import LivePruner, Pruner, cause_of
 from autotune.values.results import TrialResult
 from autotune.values.space import Space
 from autotune.strategies import SearchContext, Strategy, make_strategy
+from autotune.values.units import counted
 
 if TYPE_CHECKING:
     from autotune.search.rundir import RunDir
@@ -302,7 +303,7 @@ class Sweep:
         if configs == self._announced:
             return
         self._announced = configs
-        names = ", ".join(f"{c.config.label()} ({c.median:.3g} samples/s, {c.runs} run{'s' * (c.runs > 1)})"
+        names = ", ".join(f"{c.config.label()} ({c.median:.3g} samples/s, {counted(c.runs, 'run')})"
                           for c in plan.finalists)
         self.hooks.on_message(f"confirming the close calls in fresh processes, up to {1 + repeats} runs each: {names} "
                         f"(within {plan.spread.typical:.0%} of the best: how much two launches of one config "

@@ -35,6 +35,7 @@ from autotune.values.settings import DEFAULT_STACK, STACKS, RunSettings, check_s
 from autotune.values.space import Choices
 from autotune.values.workload import Workload
 from autotune.worker.imports import mlflow_kept_out
+from autotune.values.units import counted
 
 if TYPE_CHECKING:  # rundir reads the stack names from here
     from autotune.search.rundir import RunFolder
@@ -168,7 +169,7 @@ class Handoff:
 
         nodes = self.accelerate_config()["num_machines"]
         header = [f"# ds-autotune: {self.config.label()} for {self.workload.model.name}, global batch "
-                  f"{self.workload.global_batch} on {self.workload.gpus} process(es).",
+                  f"{self.workload.global_batch} on {counted(self.workload.gpus, 'process', 'processes')}.",
                   f"# accelerate launch --config_file {ACCELERATE_CONFIG} train.py   (see report.md: DummyOptim, "
                   "DummyScheduler, accelerator.accumulate)"]
         if nodes > 1:
@@ -236,9 +237,9 @@ class Handoff:
         lines = ["## Using the recommendation", "",
                  f"Stack: `{self.stack}` (`--stack`). " + self._stack_sentence(), "",
                  f"Every file below holds the tuned values ({c.label()}): micro-batch {m} per process, "
-                 f"{a} accumulation step(s), {w.gpus} process(es) (global batch {w.global_batch} = {m} x {a} x "
+                 f"{counted(a, 'accumulation step')}, {counted(w.gpus, 'process', 'processes')} (global batch {w.global_batch} = {m} x {a} x "
                  f"{w.gpus}), {c.precision}, ZeRO-{c.zero_stage}, offload optimizer {c.offload_optimizer} / "
-                 f"parameters {c.offload_param}, and the bucket sizes it ran with. Launch {w.gpus} process(es) "
+                 f"parameters {c.offload_param}, and the bucket sizes it ran with. Launch {counted(w.gpus, 'process', 'processes')} "
                  f"(one per device) through a launcher: `{LAUNCH_FILE}` (below).",
                  "", f"Paths below are relative to this run directory; `{TRAINER_ARGS}` and `{ACCELERATE_CONFIG}` name "
                  f"`{HF_DS_CONFIG}` by its absolute path, so that they work from any directory.", ""]
@@ -279,7 +280,7 @@ class Handoff:
                  f'config="{self.folder / DS_CONFIG}")',
                  f"for batch in loader:  # batches of {self.config.micro_batch} per process",
                  "    loss = engine(batch)", "    engine.backward(loss)",
-                 f"    engine.step()  # steps the optimizer every {self.accumulation} micro-batch(es)", "```", ""]
+                 f"    engine.step()  # steps the optimizer every {counted(self.accumulation, 'micro-batch', 'micro-batches')}", "```", ""]
         return lines + self.checkpoint_code()
 
     def checkpoint_code(self) -> list[str]:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from autotune.values.allocator import DEFAULT_ALLOCATOR
 from autotune.values.hardware import Hardware
+from autotune.values.units import counted
 
 LAUNCH_FILE = "launch.sh"
 ALLOCATOR_ENV = re.compile(r"PYTORCH_(CUDA_|HIP_)?ALLOC_CONF")  # the caching allocator's settings
@@ -147,7 +148,7 @@ class Launch:
     def script(self) -> str:
         """The text of `launch.sh`."""
         n, p = self.nodes, self.per_node
-        where = f"{self.processes} process(es)" + (f" on {n} machines of {p}" if n > 1 else "")
+        where = counted(self.processes, "process", "processes") + (f" on {n} machines of {p}" if n > 1 else "")
         if self.template:
             lines = ["#!/usr/bin/env bash", f"# ds-autotune: TEMPLATE for {self.title} on {where}.",
                      f"# {self.template[0].upper()}{self.template[1:]}.",
@@ -209,7 +210,8 @@ class Launch:
     def console_lines(self, path: str) -> list[str]:
         names = list(self.launchers())
         script = self.train() if self.program else "train.py"
-        first = (f"launch: bash {path} {names[0]} {script} (or {' | '.join(names[1:])}): {self.processes} process(es) "
+        first = (f"launch: bash {path} {names[0]} {script} (or {' | '.join(names[1:])}): "
+                 f"{counted(self.processes, 'process', 'processes')} "
                  + ("(a template: " + self.template + ")" if self.template else "with the trials' environment")
                  + "; `python train.py` alone fails (DeepSpeed needs a launcher)")
         set_ = ", ".join(f"{s.name}={s.value}" for s in self.exported() if s.name != "TORCH_EXTENSIONS_DIR")

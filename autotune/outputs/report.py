@@ -28,7 +28,7 @@ from autotune.values.settings import RunSettings
 from autotune.prediction.scale import ScaleReport, at_target, project
 from autotune.search_spaces import space_note
 from autotune.values.settings import masked
-from autotune.values.units import format_size
+from autotune.values.units import counted, format_size
 
 TOP = 10
 OPTUNA_STRATEGIES = ("optuna", "optuna-gp", "hybrid")  # the strategies that keep an Optuna study
@@ -308,7 +308,7 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
             files.append(run.write_text(LAUNCH_FILE, launch.script()))
             own_notes += launch.console_lines(str(run.path / LAUNCH_FILE))
             own_section.insert(-1, f"- Launch: `bash {LAUNCH_FILE} torchrun {launch.train()}` (or `deepspeed`): "
-                                   f"{launch.processes} process(es) in the environment the trials ran in")
+                                   f"{counted(launch.processes, 'process', 'processes')} in the environment the trials ran in")
         est = estimate(best.config, settings.workload, settings.hardware)
         files.append(plots.memory_breakdown(est, settings.memory_budget_bytes, best.peak_memory_bytes,
                                             run.plots_dir / "memory_breakdown.png", figures=figures))
@@ -366,7 +366,7 @@ def interrupted_verdict(verdict: str, results: Sequence[TrialResult], run: RunDi
     unfinished and how to continue it first, then the best so far (not called a recommendation)."""
     launched = sum(r.status != "pruned" for r in results)
     best = re.sub(r"^recommended\b", "best so far", verdict) if verdict.startswith("recommended") else verdict
-    when = f"after {launched} launched trial{'s' * (launched != 1)}" if launched else "before any trial finished"
+    when = f"after {counted(launched, 'launched trial')}" if launched else "before any trial finished"
     how = "ended without writing its outputs (killed?)" if killed else "interrupted"
     return f"{how} {when}, unfinished: {RESUME} --out {run.path}; {best}"
 
@@ -390,7 +390,7 @@ def target_verdict(scaled: ScaleReport, settings: RunSettings) -> str:
     pick, budget = scaled.pick, settings.memory_budget_bytes
     n, m = scaled.measured_gpus, scaled.target_gpus
     if pick is None:
-        return (f"no config measured on {n} device(s) is predicted to fit {format_size(budget)} on {m}: raise the "
+        return (f"no config measured on {counted(n, 'device')} is predicted to fit {format_size(budget)} on {m}: raise the "
                 "budget or measure more configs")
     close = (f"; a close call: {pick.fit_probability:.0%} likely to fit (the budget within its peak's 90% interval "
              f"or the calibration's {scaled.memory_error:.0%} memory error)" if pick.close else "")
@@ -406,7 +406,7 @@ def target_table(scaled: ScaleReport | None) -> list[str]:
         return []
     n, m = scaled.measured_gpus, scaled.target_gpus
     lines = [f"## Predicted at {m} devices (measured at {n})", "",
-             f"Each config measured within the budget on {n} device(s), carried to {m} with the same global batch by "
+             f"Each config measured within the budget on {counted(n, 'device')}, carried to {m} with the same global batch by "
              f"the estimator calibrated on this run's {scaled.samples} measured trials (the change in ZeRO's "
              f"partitioning, micro-steps and communication, anchored on the measurement). Memory error of the "
              f"calibrated estimator on those trials: {scaled.typical_memory_error:.1%} typical, "
@@ -416,7 +416,7 @@ def target_table(scaled: ScaleReport | None) -> list[str]:
              f"recommendation is the best predicted throughput at {m} among configs predicted to fit there, close "
              "calls last.", ""]
     if not scaled.rows:
-        return lines + [f"No config measured within the budget on {n} device(s) can run at {m}.", ""]
+        return lines + [f"No config measured within the budget on {counted(n, 'device')} can run at {m}.", ""]
     lines += [f"| rank | trial | config | samples/s at {n} | peak at {n} | predicted samples/s at {m} | "
               f"predicted peak at {m} | of budget | fits at {m} |",
               "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
@@ -506,7 +506,7 @@ def markdown(results: Sequence[TrialResult], settings: RunSettings, summary: dic
     if best is not None:
         # With --target-gpus the verdict is the target's prediction; these are the trials' own measurements
         whose = ("Its other measures" if settings.target_gpus is None else
-                 f"The best measured on the trials' {w.gpus} device(s), {best.config.label()}, in other measures")
+                 f"The best measured on the trials' {counted(w.gpus, 'device')}, {best.config.label()}, in other measures")
         lines[-1:-1] = [f"- {whose}: {best_measures(best, settings)}"]
         template = template_reason(settings.backend, settings.hardware)
         how = f"a template for the target: {template}" if template else "with the trials' environment"

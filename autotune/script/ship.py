@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autotune.values.config import ConfigError
-from autotune.values.units import format_size
+from autotune.values.units import counted, format_size
 
 SHIP_LIMIT_BYTES = 64 * 2**20  # what one trial carries and unpacks
 MAX_FILES = 10_000
@@ -59,8 +59,8 @@ class Shipment:
     notes: tuple[str, ...] = ()
 
     def describe(self) -> str:
-        return (f"{len(self.files)} file(s), {format_size(self.size)} from {self.root} travel with each trial "
-                f"(unpacked on its node; {len(self.paths)} argument path(s) point into the copy)")
+        return (f"{counted(len(self.files), 'file')}, {format_size(self.size)} from {self.root} travel with each trial "
+                f"(unpacked on its node; {counted(len(self.paths), 'argument path')} point into the copy)")
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Byte sizes as people write them: 32GiB (binary), 32GB / 32000MB (decimal), or plain bytes."""
+"""Byte sizes as people write them: 32GiB (binary), 32GB / 32000MB (decimal), or plain bytes; counts of things."""
 
 from __future__ import annotations
 
@@ -22,6 +22,11 @@ def shown(text: object, limit: int = 40) -> str:
         return f"an integer of {text.bit_length()} bits"
     full = repr(text)
     return full if len(full) <= limit else f"{full[:limit]}... ({len(str(text))} characters)"
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """`1 trial`, `2 trials` (`plural`: where adding an s is wrong: process, processes)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
 
 
 def parse_size(text: str | int | float) -> int:
