@@ -396,3 +396,17 @@ def test_real_deepspeed_confirmation(tmp_path, capsys):
     assert "median of 2 runs" in printed
     report = (out / "report.md").read_text()
     assert "## Confirmation of close calls" in report and f"| {first.config.label()} | #1, #2 | 2 |" in report
+
+
+def test_the_confirmation_line_says_when_fewer_trials_are_left_than_it_wants(tmp_path, capsys):
+    space = tmp_path / "space.yaml"  # one config: the search is done after one trial, the rest is confirmation
+    space.write_text("zero_stage: [1]\nmicro_batch: [4]\nckpt_interval: [0]\nprecision: [fp32]\n"
+                     "offload_optimizer: [none]\noffload_param: [none]\n")
+    argv = ["tune", "--model", "tiny", "--hardware", "cpu", "--backend", "simulated", "--strategy", "grid",
+            "--space", str(space), "--memory-budget", "2GiB", "--confirm", "2"]
+    assert main([*argv, "--trials", "2", "--out", str(tmp_path / "short")]) == 0
+    printed = capsys.readouterr().out
+    assert "up to 3 runs each (1 trial of --trials left for it): z1 mb4" in printed, printed
+    assert main([*argv, "--trials", "8", "--out", str(tmp_path / "enough")]) == 0
+    printed = capsys.readouterr().out
+    assert "up to 3 runs each: z1 mb4" in printed and "left for it" not in printed, printed

@@ -234,7 +234,7 @@ class Sweep:
             return None  # the finalists depend on the search's trials still running
         plan = confirm.plan(self.results, self.pruner.budget_bytes, repeats, self.launch_sigma, in_flight)
         if plan.next is not None:
-            self._announce(plan, repeats)
+            self._announce(plan, repeats, budget.trials - self.launched - len(in_flight))
         return plan.next
 
     def _overruns(self, budget: Budget | None, config: Config, in_flight: Collection[Config]) -> bool:
@@ -298,14 +298,15 @@ class Sweep:
         typical = sorted(walls)[len(walls) // 2] if walls else 0.0
         return self.spent_s + reserve * typical >= budget.time_s
 
-    def _announce(self, plan: confirm.Plan, repeats: int) -> None:
+    def _announce(self, plan: confirm.Plan, repeats: int, left: int) -> None:
         configs = tuple(c.config for c in plan.finalists)
         if configs == self._announced:
             return
         self._announced = configs
         names = ", ".join(f"{c.config.label()} ({c.median:.3g} samples/s, {counted(c.runs, 'run')})"
                           for c in plan.finalists)
-        self.hooks.on_message(f"confirming the close calls in fresh processes, up to {1 + repeats} runs each: {names} "
+        short = f" ({counted(left, 'trial')} of --trials left for it)" if left < plan.wanted else ""
+        self.hooks.on_message(f"confirming the close calls in fresh processes, up to {1 + repeats} runs each{short}: {names} "
                         f"(within {plan.spread.typical:.0%} of the best: how much two launches of one config "
                         f"typically differ, from {plan.spread.source})")
 
