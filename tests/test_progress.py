@@ -147,6 +147,20 @@ def test_pruned_configs_are_one_line_per_batch_with_their_causes():
     assert lines[2] == "done"
 
 
+def test_the_status_column_lines_up_under_the_spaces_longest_label():
+    progress, _, out = console_progress()
+    long, short = Config(3, 128, 12, "bf16", "nvme", "nvme"), Config(0, 1, 0, "fp32")
+    progress.use_space([short, long])
+    for number, config in enumerate((short, long), 1):
+        progress.started(number, number, config)
+        progress.finished(ok(config, number), number, None)
+    progress.pruned(TrialResult(short, "pruned", error="over device memory", extra={"trial": 3}))
+    progress.message("done")
+    lines = out.getvalue().splitlines()
+    assert len(long.label()) == 34 and lines[0].index(" ok ") == lines[1].index(" ok "), lines
+    assert lines[2].index("over device memory") == lines[2].index("z0 mb1") + 35, lines  # the pruned line's too
+
+
 def test_a_sweep_of_several_workloads_batches_pruned_configs_per_workload():
     out = io.StringIO()
     progress = LabelledProgress("llama", 5, Console(file=out, width=200))

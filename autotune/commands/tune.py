@@ -223,6 +223,7 @@ class TuneConsole(ConsoleProgress):
 
     def begun(self, start: SweepStart) -> None:
         self.start = start
+        self.use_space(start.space)
         self.args._run_dir = start.run_dir.path  # an internal error's traceback goes to its logs/ (autotune.cli)
         if start.resumed:
             self.resumed_with(start.run_dir.results())

@@ -23,7 +23,7 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence, runtime_checkable
+from typing import Callable, Iterable, Protocol, Sequence, runtime_checkable
 
 from rich.console import Console
 from rich.status import Status
@@ -34,6 +34,7 @@ from autotune.search.pruning import cause_counts, describe_causes
 from autotune.values.results import TrialResult
 from autotune.values.units import format_size
 
+LABEL_WIDTH = 28  # the config column's width until the space is known: most labels of a default space fit
 STATUS_STYLE = {"ok": "green", "oom": "red", "crash": "red", "timeout": "yellow", "unsupported": "yellow",
                 "pruned": "dim", "untrained": "red"}
 PhaseSource = Callable[[], "str | None"]
@@ -167,11 +168,16 @@ class ConsoleProgress:
         self._status: Status | None = None
         self._last_result = clock()  # for results of trials not started here (Ray)
         self.chance: float | None = None  # of a better config, after the latest search trial
+        self.label_width = LABEL_WIDTH  # the config column's: the space's longest label once known (use_space)
 
     # -- what drivers tell it (LiveProgress) ------------------------------------------------------------
     def follow(self, phase: PhaseSource) -> None:
         """Read the running trial's phase from `phase` (a backend's `phase`)."""
         self._phase = phase
+
+    def use_space(self, configs: Iterable[Config]) -> None:
+        """Size the config column to the space's longest label, so that no status column shifts under it."""
+        self.label_width = max((len(c.label()) for c in configs), default=LABEL_WIDTH)
 
     def set_slots(self, slots: int) -> None:
         self.slots = max(1, slots)
@@ -217,7 +223,7 @@ class ConsoleProgress:
         eta_text = f"  ETA {format_duration(eta)}" if eta else ""
         error = f"  {_headline(result.error)}" if result.error and not result.ok else _far_behind(result)
         self.console.print(
-            f"trial {launched:>3}/{self.total} #{result.extra.get('trial', '?'):<4} {result.config.label():<28} "
+            f"trial {launched:>3}/{self.total} #{result.extra.get('trial', '?'):<4} {result.config.label():<{self.label_width}} "
             f"[{style}]{result.status:<11}[/{style}] {throughput}  peak {format_size(result.peak_memory_bytes):>9}  "
             f"{result.wall_time_s:6.1f} s  {best_text}{eta_text}{error}", highlight=False)
 
@@ -309,14 +315,14 @@ class ConsoleProgress:
     def _flush_pruned(self) -> None:
         batch, self._pruned = self._pruned, []
         if batch and not self.quiet:
-            self.console.print(pruned_line(batch), highlight=False)
+            self.console.print(pruned_line(batch, label_width=self.label_width), highlight=False)
 
 
-def pruned_line(batch: Sequence[TrialResult], width: int = 110) -> str:
+def pruned_line(batch: Sequence[TrialResult], width: int = 110, label_width: int = LABEL_WIDTH) -> str:
     """One line for a batch of pruned configs: a single one with its reason, several counted by cause."""
     if len(batch) == 1:
         result = batch[0]
-        return (f"pruned    #{result.extra.get('trial', '?'):<4} {result.config.label():<28} "
+        return (f"pruned    #{result.extra.get('trial', '?'):<4} {result.config.label():<{label_width}} "
                 f"[dim]{_headline(result.error, width)}[/dim]")
     numbers = [r.extra.get("trial") for r in batch]
     span = f" (#{numbers[0]}-#{numbers[-1]})" if None not in (numbers[0], numbers[-1]) else ""
