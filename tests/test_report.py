@@ -106,9 +106,9 @@ def test_outputs_from_a_run_directory(results, settings, tmp_path):
     top = [line for line in report.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")
            or line.startswith("| 3 |") or line.startswith("| 4 |")]
     assert [line.split("|")[2].strip() for line in top] == ["3", "5", "8", "1"]  # fastest first, by trial number
-    # Failures grouped by cause: both OOMs share one cause once their numbers are blanked.
-    assert "| oom | device memory | peak N bytes exceeds the budget of N bytes | 2 |" in report
-    assert "| crash | - | exit code N: RuntimeError: boom | 1 |" in report
+    # Failures grouped by cause: both OOMs share one cause once their numbers are blanked; the first is quoted.
+    assert "| oom | device memory | #2: peak 2600000000 bytes exceeds the budget of 2147483648 bytes | 2 |" in report
+    assert "| crash | - | exit code 1: RuntimeError: boom | 1 |" in report
     assert "| pruned | device memory |" in report
     # Two configs within this machine's noise of each other: the report says so.
     assert "Close call" in report
@@ -128,3 +128,21 @@ def test_the_top_table_says_each_configs_median_as_the_recommendation_does():
 
 def test_report_settings_round_trip(settings):
     assert RunSettings.from_dict(json.loads(json.dumps(settings.to_dict()))) == settings
+
+
+def test_the_failure_table_groups_by_cause_and_shows_the_first_ones_figures():
+    from autotune.outputs.report import _failures
+
+    def oom(trial: int, peak: str, term: str = "activations") -> TrialResult:
+        return TrialResult(Config(0, trial, 0, "fp32"), "oom", error=f"peak {peak} over the budget 2 GiB (largest term: "
+                           f"{term})\ntraceback", extra={"trial": trial})
+
+    rows = [line for line in _failures([oom(1, "3.5 GiB"), oom(2, "900 MiB"), oom(3, "4 GiB", "optimizer_states")])
+            if line.startswith("| oom")]
+    assert rows == ["| oom | device memory | #1: peak 3.5 GiB over the budget 2 GiB (largest term: activations) | 2 | #1 z0 mb1 ck0 "
+                    "fp32; #2 z0 mb2 ck0 fp32 |",
+                    "| oom | device memory | peak 4 GiB over the budget 2 GiB (largest term: optimizer_states) | 1 | #3 z0 mb3 ck0 "
+                    "fp32 |"]
+    long = TrialResult(Config(0, 1, 0, "fp32"), "crash", error="word " * 100, extra={"trial": 1})
+    (row,) = [line for line in _failures([long]) if line.startswith("| crash")]
+    assert "word word ... | 1 |" in row and len(row) < 260

@@ -646,7 +646,9 @@ def _failures(results: Sequence[TrialResult]) -> list[str]:
              "| status | ran out of | cause | count | configs (first 3) |", "| --- | --- | --- | ---: | --- |"]
     for (status, limit, cause), group in sorted(groups.items(), key=lambda item: (item[0][0], -len(item[1]))):
         configs = "; ".join(f"#{r.extra.get('trial', '')} {r.config.label()}{_judged(r)}" for r in group[:3])
-        lines.append(f"| {status} | {limit} | {cause.replace('|', '/')} | {len(group)} | {configs} |")
+        # The first's own words, its figures kept (the others say the same with their own figures).
+        said = ("" if len(group) == 1 else f"#{group[0].extra.get('trial', '')}: ") + _clipped(group[0].error)
+        lines.append(f"| {status} | {limit} | {said.replace('|', '/')} | {len(group)} | {configs} |")
     return lines + [""]
 
 
@@ -658,10 +660,18 @@ def _judged(result: TrialResult) -> str:
     return f" (fits {p:.0%}, peak {format_size(interval[0])}-{format_size(interval[1])}, 90%)"
 
 
+def _first_line(error: str | None) -> str:
+    return error.strip().splitlines()[0] if error and error.strip() else "unknown"
+
+
+def _clipped(error: str | None, limit: int = 200) -> str:
+    line = _first_line(error)
+    return line if len(line) <= limit else line[:limit].rsplit(" ", 1)[0] + " ..."
+
+
 def _cause(error: str | None) -> str:
     """An error's first line with its numbers blanked, so that one cause groups its trials."""
-    first = (error or "unknown").strip().splitlines()[0] if (error or "").strip() else "unknown"
-    return re.sub(r"\d+(\.\d+)?(\s?[KMGT]i?B)?", "N", first)[:140]
+    return re.sub(r"\d+(\.\d+)?(\s?[KMGT]i?B)?", "N", _first_line(error))
 
 
 def _num(value: float | None) -> str:
