@@ -26,6 +26,8 @@ BASE = ["trial", "--model", "tiny", "--zero-stage", "2", "--micro-batch", "4", "
     (["--zero-stage", "3", "--offload-param", "nvme"], "NVMe offload needs an nvme_path"),
     (["--timeout", "0"], "--timeout: duration '0' must be positive"),
     (["--warmup-steps", "-1"], "--warmup-steps: '-1' must be 0 or a positive integer"),
+    (["--hardware", "cpu", "--memory-budget", "100TiB"], "memory budget 100 TiB exceeds cpu's"),
+    (["--script", __file__, "--hardware", "cpu", "--memory-budget", "100TiB"], "memory budget 100 TiB exceeds cpu's"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, named, capsys, tmp_path):
     argv = BASE + ["--run-dir", str(tmp_path / "run")] + args

@@ -31,6 +31,7 @@ from autotune.commands.script import add_arguments as script_arguments, script_f
 from autotune.script.batch import settle
 from autotune.script.inspect_model import describe
 from autotune.outputs.script import learned_workload, script_batch_of
+from autotune.values.settings import within_device
 from autotune.values.space import invalid_reason
 from autotune.values.units import counted, format_size
 from autotune.worker.measure import MeasureSettings
@@ -97,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
     config = Config(args.zero_stage, args.micro_batch, args.ckpt_interval, args.precision,
                     args.offload_optimizer, args.offload_param)
     check_config(config, workload, hardware, args.nvme_path)
+    check_budget_here(args.memory_budget, hardware)
     measure = measure_settings(args)
     name = workload.model.name.replace("/", "--")  # a preset's name, or a file's model's (a Hub id: owner--name)
     run_dir = created_run_dir(args, f"runs/trials/{name}-b{workload.global_batch}-g{workload.gpus}")
@@ -147,6 +149,12 @@ def check_config(config: Config, workload: Workload, hardware: Hardware, nvme_pa
     reason = invalid_reason(config, workload, hardware, nvme_path)
     if reason:
         raise ConfigError(f"{config.label()}: {reason}")
+
+
+def check_budget_here(budget: int | None, hardware: Hardware) -> None:
+    """A chosen --memory-budget is at most the device's memory, as tune's and estimate's are (one-line ConfigError)."""
+    if budget is not None:
+        within_device(budget, hardware)
 
 
 def _run_with_progress(backend: DeepSpeedBackend, config: Config) -> TrialResult:
@@ -236,6 +244,7 @@ def run_script_trial(args: argparse.Namespace) -> int:
     checked = replace(workload, model=replace(workload.model, layers=10**6),
                       global_batch=config.micro_batch * workload.gpus if keep else workload.global_batch)
     check_config(config, checked, hardware, args.nvme_path)
+    check_budget_here(args.memory_budget, hardware)
     measure = measure_settings(args)
     run_dir = created_run_dir(args, f"runs/trials/script-{Path(script.path).stem}"
                                     f"{'' if keep else f'-b{workload.global_batch}'}-g{workload.gpus}")
