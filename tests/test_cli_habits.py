@@ -110,6 +110,8 @@ def test_tune_says_which_model_it_took_when_none_was_named(tmp_path, capsys):
     ([*TUNE, "--strategy", "optuan"], "autotune tune", "invalid choice: 'optuan' (did you mean optuna?): choose "
                                                        "from 'grid'"),
     (["estimat"], "autotune", "invalid choice: 'estimat' (did you mean estimate?)"),
+    (["estimate", "--hardware", "A100-80GB"], "autotune estimate", "(did you mean a100-80gb?)"),  # not h100-80gb
+    (["estimate", "--model", "Llama-13B"], "autotune estimate", "(did you mean llama-13b?)"),
 ])
 def test_a_mistyped_name_gets_the_closest(argv, prog, fragment, capsys):
     code, _, err = cli(argv, capsys)

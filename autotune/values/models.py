@@ -80,8 +80,11 @@ def did_you_mean(word: Any, names: Iterable[Any]) -> str:
     if not isinstance(word, str) or not word:
         return ""
     texts = [name for name in names if isinstance(name, str)]
-    close = [name for name in texts if name.startswith(word) and name != word][:4]
-    close = close or difflib.get_close_matches(word, texts, n=1)
+    by_case = {name.lower(): name for name in texts}  # A100-80GB -> a100-80gb, not difflib's h100-80gb
+    if word.lower() in by_case and by_case[word.lower()] != word:
+        return f" (did you mean {by_case[word.lower()]}?)"
+    close = [name for name in texts if name.lower().startswith(word.lower()) and name != word][:4]
+    close = close or [by_case[m] for m in difflib.get_close_matches(word.lower(), list(by_case), n=1)]
     if not close:
         return ""
     return f" (did you mean {close[0] if len(close) == 1 else ', '.join(close[:-1]) + ' or ' + close[-1]}?)"
