@@ -30,6 +30,7 @@ from autotune.values.config import ConfigError
 from autotune.search.confirm import prior_sigma
 from autotune.values.allocator import ALLOCATORS, check_allocator
 from autotune.values.argtypes import duration, non_negative_int, positive_int, seed as seed_value, size, stop_probability
+from autotune.trials.cluster import LOCAL, connect
 from autotune.trials.devices import AUTO, resolve_hardware
 from autotune.search.convergence import DEFAULT_STOP_WHEN, Convergence, check_stop_when, check_seconds
 from autotune.drivers.local import run_local
@@ -512,6 +513,8 @@ def tune_many(plans: Sequence[Plan], *, executor: "RayOptions | None" = None,
     with ExitStack() as stack:
         if executor is not None:
             stack.callback(_disconnect)  # a script's first trial may have connected (drivers/ray_script_first)
+            if executor.address != LOCAL:  # a cluster that cannot be reached: one line before any run directory
+                connect(executor.address)
         for run, show in zip(runs, shows):
             hold(stack, run, show, resume_hint or RESUME_HINT)
         if started is not None:

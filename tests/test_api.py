@@ -132,7 +132,7 @@ def test_a_sweep_that_fails_before_its_first_trial_leaves_nothing_that_refuses_t
     out = tmp_path / "run"
     with pytest.raises(ConfigError, match="cannot reach Ray cluster at 127.0.0.1:1"):
         autotune.tune(spec("grid", "simulated", trials=1), out=out, executor=RayOptions("127.0.0.1:1"))
-    assert not (out / "run.json").exists() and not (out / "trials.jsonl").exists()
+    assert not out.exists()  # the cluster is reached before any run directory is written
     assert len(autotune.tune(spec("grid", "simulated", trials=1), out=out).results) == 1
 
 

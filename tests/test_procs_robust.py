@@ -180,7 +180,13 @@ def test_an_unreachable_ray_address_is_one_line_and_records_nothing(tmp_path):
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("autotune tune: error: cannot reach Ray cluster at 127.0.0.1:1")
     assert "Traceback" not in run.stdout + run.stderr
-    assert not (tmp_path / "run" / "run.json").exists() and not (tmp_path / "run" / "trials.jsonl").exists()
+    assert not (tmp_path / "run").exists()
+    sweep = tmp_path / "sweep.yaml"  # a sweep file's workloads: nor a sweep directory, its copy or a lock
+    sweep.write_text("defaults: {backend: simulated, hardware: cpu, trials: 2}\nworkloads: [{name: a, model: tiny}]\n")
+    run = subprocess.run([sys.executable, "-m", "autotune.cli", "sweep", str(sweep), "--ray-address", "127.0.0.1:1",
+                          "--out", str(tmp_path / "sweep")], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and run.stderr.startswith("autotune sweep: error: cannot reach Ray cluster"), run.stderr
+    assert not (tmp_path / "sweep").exists()
 
 
 def serving(reply: bytes | None):

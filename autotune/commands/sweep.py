@@ -69,7 +69,6 @@ def run(args: argparse.Namespace) -> int:
     plans = [spec.plan(out, mlflow) for spec in sweep_file.workloads]
     names = [spec.name for spec in sweep_file.workloads]
     shows = {name: LabelledProgress(name, plan.spec.trials, console) for name, plan in zip(names, plans)}
-    out.mkdir(parents=True, exist_ok=True)
     executor = RayOptions(args.ray_address, args.concurrency or sweep_file.concurrency)
 
     def started() -> None:  # every run directory held: what produced them
