@@ -233,18 +233,22 @@ class TuneSpec:
         path=True, metavar="DIR", allowed="the folder of an exported policy")
 
     def __post_init__(self) -> None:
+        if not isinstance(self.workload, Workload):
+            raise ConfigError(f"workload {short(self.workload)}: allowed a Workload, e.g. autotune.make_workload("
+                              "'llama-7b', global_batch=256, gpus=8)")
         check_stack(self.stack)
         self.mode.check(self)
         if self.allocator is not None:
             check_allocator(self.allocator)
         check_target(self.target_gpus, self.workload)
         check_strategy(self.strategy)
-        if self.trials <= 0:
-            raise ConfigError(f"trials {self.trials!r}: must be a positive integer")
+        if isinstance(self.trials, bool) or not isinstance(self.trials, int) or self.trials <= 0:
+            raise ConfigError(f"trials {short(self.trials)}: must be a positive integer")
         if self.memory_budget_bytes is not None:
             check_budget(self.memory_budget_bytes)
         check_seconds(self.time_budget_s, "time budget")
         check_seconds(self.train_for_s, "train for")
+        check_seconds(self.trial_timeout_s, "trial timeout")
         if self.storage is not None:
             canonical_storage(self.storage)
         if self.confirm is not None and (isinstance(self.confirm, bool) or not isinstance(self.confirm, int)
@@ -321,6 +325,12 @@ class TuneSpec:
         the first trial has shown the model; `global_batch` changes the script's recipe (None: its own)."""
         from autotune.outputs.script import placeholder
 
+        if isinstance(script_args, (str, bytes)):  # tuple("--steps 6") would be its characters
+            raise ConfigError(f"script_args {short(script_args)}: allowed a list of arguments, e.g. ['--steps', '6'] "
+                              "(shlex.split splits a command line)")
+        if global_batch is not None and (isinstance(global_batch, bool) or not isinstance(global_batch, int)
+                                         or global_batch <= 0):
+            raise ConfigError(f"global_batch {short(global_batch)}: allowed a positive integer, or None (the script's)")
         return cls(placeholder(global_batch, gpus), script=str(script), script_args=tuple(script_args),
                    script_global_batch=global_batch, **options)
 
@@ -434,11 +444,16 @@ class TuneResult:
 
     @property
     def best_ds_config(self) -> Path | None:
-        return self.run_dir / "best_ds_config.json" if self.best is not None else None
+        return self._written("best_ds_config.json")
 
     @property
     def best_hf_ds_config(self) -> Path | None:
-        return self.run_dir / "best_hf_ds_config.json" if self.best is not None else None
+        """None where the sweep wrote none (no recommendation; script mode, whose script has its own launch)."""
+        return self._written("best_hf_ds_config.json")
+
+    def _written(self, name: str) -> Path | None:
+        path = self.run_dir / name
+        return path if self.best is not None and path.is_file() else None
 
     @property
     def launched(self) -> int:
@@ -604,7 +619,8 @@ def plan_run(spec: TuneSpec, out: str | Path | None, resume: bool, executor: "Ra
     settings, space = resolved.settings, resolved.space
     for note in resolved.notes:  # what the stack or the target removed from the space
         progress.message(note)
-    run_dir = RunDir(out if out is not None else default_run_dir(mode.run_name(settings), settings.strategy))
+    run_dir = RunDir(Path(out).expanduser() if out is not None else default_run_dir(mode.run_name(settings),
+                                                                                     settings.strategy))
     check_out(run_dir, resume)
     check_storage(settings.storage, run_dir.study_name(settings.storage), resume)
     objective = None if isinstance(spec.backend, str) else as_backend(spec.backend)
@@ -785,7 +801,8 @@ def check_out(run_dir: RunDir, resume: bool) -> None:
     if resume and not run_dir.exists():
         raise ConfigError(f"--resume: {run_dir.path} holds no sweep to resume")
     if not resume and run_dir.exists():
-        raise ConfigError(f"{run_dir.path} already holds a sweep: pass --resume to continue it, or choose another --out")
+        raise ConfigError(f"{run_dir.path} already holds a sweep: pass --resume (resume=True from Python) to continue "
+                          "it, or choose another --out")
 
 
 # What a new sweep writes before its first trial (the lock stays: it records nothing). Removed again when the

@@ -122,8 +122,32 @@ def test_bad_specs_are_one_line_errors(tmp_path):
     with pytest.raises(ConfigError, match="needs a run\\(config\\)"):
         autotune.tune(spec("grid", object()), out=tmp_path / "other")
     autotune.tune(spec("grid", "simulated", trials=1), out=tmp_path / "done")
-    with pytest.raises(ConfigError, match="already holds a sweep"):
+    with pytest.raises(ConfigError, match=r"already holds a sweep: pass --resume \(resume=True from Python\)"):
         autotune.tune(spec("grid", "simulated", trials=1), out=tmp_path / "done")
+
+
+@pytest.mark.parametrize("changes, named", [
+    ({"trials": "5"}, "trials '5': must be a positive integer"),
+    ({"trials": 2.5}, "trials 2.5: must be a positive integer"),
+    ({"trials": True}, "trials True: must be a positive integer"),
+    ({"time_budget_s": "8h"}, "time budget '8h': must be a positive number of seconds"),
+    ({"trial_timeout_s": -1}, "trial timeout -1: must be a positive number of seconds"),
+    ({"workload": "tiny"}, "workload 'tiny': allowed a Workload, e.g. autotune.make_workload("),
+])
+def test_a_python_value_of_the_wrong_type_is_one_line_naming_it(changes, named):
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        spec("grid", "simulated", **changes)
+
+
+def test_a_scripts_arguments_and_global_batch_are_checked_and_out_expands_the_home(tmp_path, monkeypatch):
+    script = ROOT / "examples" / "train_dict.py"
+    with pytest.raises(ConfigError, match=r"script_args '--steps 6': allowed a list of arguments"):
+        autotune.TuneSpec.for_script(script, "--steps 6")
+    with pytest.raises(ConfigError, match="global_batch 0: allowed a positive integer, or None"):
+        autotune.TuneSpec.for_script(script, ["--steps", "6"], global_batch=0)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    result = autotune.tune(spec("grid", "simulated", trials=1), out="~/run")
+    assert result.run_dir == tmp_path / "run" and (tmp_path / "run" / "summary.json").is_file()
 
 
 def test_a_sweep_that_fails_before_its_first_trial_leaves_nothing_that_refuses_the_corrected_call(tmp_path):
@@ -182,3 +206,11 @@ def test_the_trial_timeout_reaches_each_trials_backend_from_the_cli_and_a_sweep_
     sweep.write_text("workloads:\n  - {name: a, trial_timeout: soon}\n")
     with pytest.raises(ConfigError, match=r"workloads\[0\]\.trial_timeout: 'soon': .*allowed a duration"):
         load_sweep(sweep)
+
+
+def test_a_result_names_only_the_recommended_configs_its_sweep_wrote(tmp_path):
+    best = autotune.TrialResult(autotune.Config(1, 4, 0, "fp32"), "ok", throughput_samples_per_s=1.0)
+    (tmp_path / "best_ds_config.json").write_text("{}")  # script mode: its own config with the tuned keys, no HF one
+    result = autotune.api.TuneResult(best, (best,), autotune.StopReason.DONE, tmp_path)
+    assert result.best_ds_config == tmp_path / "best_ds_config.json" and result.best_hf_ds_config is None
+    assert autotune.api.TuneResult(None, (), autotune.StopReason.DONE, tmp_path).best_ds_config is None

@@ -172,7 +172,7 @@ def check_stop_when(value: Any, name: str = "stop_when") -> float:
 
 def check_seconds(value: float | None, name: str = "train_s") -> float | None:
     """`value` (None: off) as a positive number of seconds (a time budget, a training run), or ConfigError naming it."""
-    if value is not None and not value > 0:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
         raise ConfigError(f"{name} {value!r}: must be a positive number of seconds")
     return value
 
