@@ -328,7 +328,7 @@ def test_gpu_bundle_carries_what_tune_needs_for_its_study_db(tmp_path):
     done = run_script("scripts/gpu-bundle", str(tmp_path / "b"), "--list")
     assert done.returncode == 0, done.stderr
     names = {line.split("==")[0].lower(): line.split("==")[1] for line in done.stdout.split()}
-    assert {"sqlalchemy", "alembic", "mako", "greenlet", "optuna", "deepspeed"} <= set(names)
+    assert {"ds-autotune", "sqlalchemy", "alembic", "mako", "greenlet", "optuna", "deepspeed"} <= set(names)
     assert "torch" not in names and all(names.values())
     assert not (tmp_path / "b").exists()
 
