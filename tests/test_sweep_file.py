@@ -34,6 +34,14 @@ def test_the_example_sweep_file_loads():
     assert (custom.layers, custom.hidden, custom.arch) == (40, 5120, "llama")
 
 
+def test_docs_ray_md_lists_every_option_a_sweep_file_takes():
+    from autotune.api import spec_options
+
+    paragraph = (Path(__file__).resolve().parent.parent / "docs" / "ray.md").read_text().split("**Batch sweeps.**")[1]
+    listed = paragraph.split("under its\nflag's name:", 1)[1].split(";", 1)[0].replace("\n", " ")
+    assert {key.strip() for key in listed.split(",")} == {option.key for _, option, _ in spec_options()}
+
+
 def test_defaults_apply_and_workloads_override(tmp_path):
     sweep = load_sweep(write(tmp_path, """
 defaults: {trials: 7, strategy: random, memory_budget: 1GiB}
