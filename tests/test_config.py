@@ -38,7 +38,7 @@ def test_unknown_and_missing_keys_are_refused():
 
 @pytest.mark.parametrize("text, expected", [
     ("32GiB", 32 * 2**30), ("32GB", 32 * 10**9), ("32000MB", 32 * 10**9), ("1.5TiB", int(1.5 * 2**40)),
-    ("512mib", 512 * 2**20), ("1000", 1000), ("2 GiB", 2 * 2**30),
+    ("512mib", 512 * 2**20), ("40Gib", 40 * 2**30), ("1000", 1000), ("2 GiB", 2 * 2**30),
 ])
 def test_sizes_parse_with_documented_units(text, expected):
     assert parse_size(text) == expected
