@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -146,3 +147,13 @@ def test_the_failure_table_groups_by_cause_and_shows_the_first_ones_figures():
     long = TrialResult(Config(0, 1, 0, "fp32"), "crash", error="word " * 100, extra={"trial": 1})
     (row,) = [line for line in _failures([long]) if line.startswith("| crash")]
     assert "word word ... | 1 |" in row and len(row) < 260
+
+
+def test_a_result_without_tokens_per_second_gets_no_flops_figure():
+    from autotune.outputs.report import best_measures
+
+    settings = RunSettings(make_workload("tiny", global_batch=8), PROFILES["cpu"], 2**30, "grid", "simulated", 0,
+                           load_choices("cpu"))
+    best = TrialResult(Config(1, 4, 0, "fp32"), "ok", throughput_samples_per_s=8.0, step_time_s=1.0)
+    assert best_measures(best, settings) == "latency 1 s per optimizer step (global batch 8)"
+    assert "model FLOPS" in best_measures(replace(best, tokens_per_s=2048.0), settings)

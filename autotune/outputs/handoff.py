@@ -217,12 +217,13 @@ class Handoff:
             lines.append(mismatch)
         return lines + self.launch().console_lines(str(d / LAUNCH_FILE))
 
-    def ckpt_mismatch(self) -> str | None:
-        """What the Trainer and Accelerate cannot apply of this config (an interval k > 1), or None."""
+    def ckpt_mismatch(self, see: str = "see report.md") -> str | None:
+        """What the Trainer and Accelerate cannot apply of this config (an interval k > 1), or None; `see`: where
+        the code that applies it is."""
         k = self.config.ckpt_interval
         if k <= 1:
             return None
-        return (f"ckpt_interval {k} is applied in the model's code (see report.md); the Trainer's and Accelerate's "
+        return (f"ckpt_interval {k} is applied in the model's code ({see}); the Trainer's and Accelerate's "
                 "on/off gradient checkpointing checkpoints every layer instead (less memory, slower than measured): "
                 "tune with --stack trainer or --stack accelerate for a recommendation they apply as measured")
 
@@ -321,7 +322,7 @@ class Handoff:
                  "`max_grad_norm`. Adam's betas (0.9, 0.999) and eps (1e-8) are the Trainer's defaults written out: if "
                  "you set `adam_beta1`, `adam_beta2` or `adam_epsilon`, change them in the file too. The learning-rate "
                  "schedule stays the Trainer's (`lr_scheduler_type`).", ""]
-        mismatch = self.ckpt_mismatch()
+        mismatch = self.ckpt_mismatch("its code is under Activation checkpointing, above")
         if mismatch:
             lines += [f"Note: {mismatch}.", ""]
         return lines

@@ -464,9 +464,11 @@ def best_measures(best: TrialResult, settings: RunSettings) -> str:
     """The recommendation in the measures other than throughput a user may rank by (DeepSpeed's autotuning metric:
     latency, flops): at a fixed model and global batch each is throughput in other units, so the ranking is the same."""
     w = settings.workload
-    tflops = model_flops_per_token(w.model) * (best.tokens_per_s or 0.0) / w.gpus / 1e12
-    return (f"latency {best.step_time_s:.3g} s per optimizer step (global batch {w.global_batch}), model FLOPS "
-            f"{tflops:.3g} TFLOP/s per device (recomputation not counted)")
+    latency = f"latency {best.step_time_s:.3g} s per optimizer step (global batch {w.global_batch})"
+    if not best.tokens_per_s:  # a result without tokens/s (a user's objective): no FLOPS to give, not 0
+        return latency
+    tflops = model_flops_per_token(w.model) * best.tokens_per_s / w.gpus / 1e12
+    return f"{latency}, model FLOPS {tflops:.3g} TFLOP/s per device (recomputation not counted)"
 
 
 def markdown(results: Sequence[TrialResult], settings: RunSettings, summary: dict, best: TrialResult | None,
