@@ -157,3 +157,10 @@ def test_a_result_without_tokens_per_second_gets_no_flops_figure():
     best = TrialResult(Config(1, 4, 0, "fp32"), "ok", throughput_samples_per_s=8.0, step_time_s=1.0)
     assert best_measures(best, settings) == "latency 1 s per optimizer step (global batch 8)"
     assert "model FLOPS" in best_measures(replace(best, tokens_per_s=2048.0), settings)
+
+
+def test_a_resumes_refusal_shows_sizes_as_people_read_them():
+    settings = RunSettings(make_workload("tiny", global_batch=8), PROFILES["cpu"], 2**30, "grid", "simulated", 0,
+                           load_choices("cpu"))
+    assert replace(settings, memory_budget_bytes=2 * 2**30).differences(settings) == [
+        "memory_budget_bytes: 1 GiB != 2 GiB"]

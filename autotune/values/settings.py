@@ -159,8 +159,13 @@ def _differences(theirs: dict[str, Any], mine: dict[str, Any], prefix: str = "")
         if isinstance(a, dict) and isinstance(b, dict) and key != "space":  # the space reads best whole
             out += _differences(a, b, f"{prefix}{key}.")
         elif a != b:
-            out.append(f"{prefix}{key}: {a!r} != {b!r}")
+            out.append(f"{prefix}{key}: {_shown(key, a)} != {_shown(key, b)}")
     return out
+
+
+def _shown(key: str, value: Any) -> str:
+    """A setting as a person reads it: a size in bytes as 2 GiB, anything else as its repr."""
+    return format_size(value) if key.endswith("_bytes") and isinstance(value, int) else repr(value)
 
 
 def is_url(storage: str) -> bool:
