@@ -163,8 +163,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OpBuildFailed, NoSpaceLeft) as err:  # the machine cannot build an op, or its disk is full: what to fix
         print(f"{args._prog}: error: {one_line(str(err))}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print(f"{args._prog}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt:  # a second Ctrl-C, or one before the command's own handling: where it left things
+        print(f"{args._prog}: interrupted{_resume_hint(getattr(args, '_run_dir', None))}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `autotune estimate | head -1`: the reader had what it wanted, as `git log | head`
         _silence_stdout()
@@ -314,6 +314,19 @@ def _stdout_silenced() -> bool:
         return os.path.samestat(os.fstat(sys.stdout.fileno()), os.stat(os.devnull))
     except (OSError, ValueError, AttributeError):  # no real file descriptor (e.g. captured by a test)
         return False
+
+
+def _resume_hint(run_dir: Path | None) -> str:
+    """For a sweep's run directory (tune's run.json, a sweep file's copy): how to go on, and that no recorded trial is
+    lost; '' for anything else."""
+    if run_dir is None:
+        return ""
+    if (Path(run_dir) / "run.json").is_file():
+        return (f"; {run_dir} keeps every recorded trial: continue with the same command and --resume (`autotune "
+                f"report {run_dir}` writes its outputs so far)")
+    if (Path(run_dir) / "sweep.yaml").is_file():
+        return f"; {run_dir} keeps every recorded trial: continue with the same command and --resume --out {run_dir}"
+    return ""
 
 
 def _silence_stdout() -> None:

@@ -287,3 +287,15 @@ def test_quiet_estimate_prints_the_tables_without_its_notes(monkeypatch, capsys)
     assert code == 0 and out.startswith("detected no CUDA GPU") and "left out of the space" in out
     code, out, _ = cli(["--quiet", "estimate", "--hardware", "auto", "--top", "1"], capsys)
     assert code == 0 and out.startswith("tiny: 4.3M parameters") and "detected" not in out and "left out" not in out
+
+
+def test_an_interrupt_the_command_did_not_handle_says_how_to_go_on(tmp_path):
+    from autotune.cli import _resume_hint
+
+    tune, sweep, other = tmp_path / "tune", tmp_path / "sweep", tmp_path / "trial"
+    for folder, name in ((tune, "run.json"), (sweep, "sweep.yaml"), (other, "trials.jsonl")):
+        folder.mkdir()
+        (folder / name).write_text("{}")
+    assert f"continue with the same command and --resume (`autotune report {tune}`" in _resume_hint(tune)
+    assert _resume_hint(sweep).endswith(f"--resume --out {sweep}")
+    assert _resume_hint(other) == _resume_hint(None) == ""
