@@ -79,9 +79,9 @@ def test_values_it_cannot_read_are_one_line_errors(block, expected):
 
 
 def test_a_range_that_leaves_nothing_is_refused():
-    block = read_autotuning({"autotuning": {"min_train_micro_batch_size_per_gpu": 64}})
+    block = read_autotuning({"autotuning": {"min_train_micro_batch_size_per_gpu": 64}}, "conf/ds.json")
     assert block is not None
-    with pytest.raises(ConfigError, match="no micro-batch of the space"):
+    with pytest.raises(ConfigError, match=r"^conf/ds.json: autotuning: no micro-batch of the space"):
         block.narrowed(SPACE)
 
 

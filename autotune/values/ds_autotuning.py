@@ -35,6 +35,7 @@ class Autotuning:
     zero_stages: tuple[int, ...] | None = None
     metric: str = "throughput"
     notes: tuple[str, ...] = ()
+    source: str = "ds_config.json"  # the file the block is in, named by its errors
 
     def narrowed(self, choices: Choices) -> Choices:
         """`choices` within the block's micro-batch range and count and its ZeRO stages; ConfigError when nothing of a
@@ -50,8 +51,8 @@ class Autotuning:
             s for s in choices.zero_stage if s in self.zero_stages)
         if not micro or not stages:
             knob = "micro-batch" if not micro else "ZeRO stage"
-            raise ConfigError(f"{BLOCK}: no {knob} of the space ({choices.micro_batch if not micro else choices.zero_stage}) "
-                              "is within the block's range")
+            raise ConfigError(f"{self.source}: {BLOCK}: no {knob} of the space "
+                              f"({choices.micro_batch if not micro else choices.zero_stage}) is within the block's range")
         return replace(choices, micro_batch=micro, zero_stage=stages)
 
 
@@ -111,7 +112,7 @@ def read_autotuning(ds_config: Mapping[str, Any], source: str = "ds_config.json"
                                                "num_tuning_micro_batch_sizes", "max_train_batch_size",
                                                "min_train_batch_size", "tuner_early_stopping", "fast"})
     notes += [f"{where}.{key}: not applied: not a key of DeepSpeed's autotuning" for key in unknown]
-    return Autotuning(options, micro, micro_batches, _stages(ds_config, source), metric, tuple(notes))
+    return Autotuning(options, micro, micro_batches, _stages(ds_config, source), metric, tuple(notes), source)
 
 
 def _stages(ds_config: Mapping[str, Any], source: str) -> tuple[int, ...] | None:
