@@ -258,6 +258,10 @@ def test_real_deepspeed_trials_on_both_nodes(cluster, tmp_path):
     assert all(r.status == "ok" and r.peak_memory_bytes > 0 for r in results), [r.error for r in results]
     assert {r.extra["node_ip"] for r in results} == {HEAD_IP, WORKER_IP}
     assert all(Path(r.extra["log_dir"]).parent == out / "logs" for r in results)
+    # Two trials in flight at once: each folder carries the number its result is recorded under, none shared.
+    assert sorted(Path(r.extra["log_dir"]).name[:5] for r in results) == ["0001-", "0002-"]
+    assert all(Path(r.extra["log_dir"]).name.startswith(f"{r.extra['trial']:04d}-") for r in results)
+    assert sorted(p.name[:5] for p in (out / "logs").iterdir() if p.name[:4].isdigit()) == ["0001-", "0002-"]
 
 
 def test_worker_node_killed_mid_sweep_its_trial_runs_elsewhere(cluster, tmp_path):

@@ -219,6 +219,8 @@ def test_a_script_sweep_on_ray_runs_the_shipped_copy_with_the_local_verdicts(ray
     assert [r.status for r in results] == ["ok"] * 3, [r.error for r in results]
     assert len({r.config for r in results}) == 3 and {r.config.zero_stage for r in results} == {0, 1, 2}
     assert results[0].extra["script_model"]["attention"] == "sdpa"  # MHA with need_weights=False: torch's SDPA
+    # The later trials, in flight together: each log folder carries the number its result is recorded under.
+    assert [Path(r.extra["log_dir"]).name[:5] for r in results] == ["0001-", "0002-", "0003-"]
     for r in results:
         assert r.backend == "script" and r.config.micro_batch == 1 and r.extra["global_batch"] == 1
         assert "script_verdict" not in r.extra and LOG_FILES not in r.extra

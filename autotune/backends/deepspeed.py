@@ -245,13 +245,15 @@ class DeepSpeedBackend:
         return self._cpu_info or None
 
     def _new_log_dir(self, config: Config) -> Path:
-        """`<logs_dir>/<NNNN>-<config label>`, NNNN the trial's number in the sweep's record: the complete lines of
-        the run directory's trials.jsonl beside logs/ + 1 (pruned configs are recorded before the next launch; on
-        this machine trials run one at a time), the number the trial is recorded under. A second attempt at that
-        number (the trial was interrupted, then resumed) gets `-attempt<k>`. Logs outside a run directory (no
-        record beside them) are numbered after the trial folders already there."""
+        """`<logs_dir>/<NNNN>-<config label>`, made here (`claim_log_dir`: no two launches share one), NNNN the
+        number the trial would be recorded under if no other trial were recorded first: the complete lines of the run
+        directory's trials.jsonl beside logs/ + 1 (pruned configs are recorded before the next launch). One trial at a
+        time (this machine's sweeps) that is its number; with several in flight (a Ray sweep) another may be
+        recorded first, and the sweep moves the folder to the number it records the result under
+        (`settle_log_dir`). A second folder of this config at that number (the trial was interrupted, then resumed)
+        gets `-attempt<k>`. Logs outside a run directory (no record beside them) are numbered after the trial
+        folders already there."""
         self.logs_dir.mkdir(parents=True, exist_ok=True)
-        label = re.sub(r"[^A-Za-z0-9.-]+", "_", config.label())
         record = self.logs_dir.parent / "trials.jsonl"  # autotune.search.rundir.TRIALS, a layer above
         try:
             with open(record, "rb") as handle:
@@ -261,14 +263,7 @@ class DeepSpeedBackend:
         except OSError as err:
             raise ConfigError(f"{record}: cannot be read ({err.strerror or err}): a trial's log folder is numbered "
                               "after it") from None
-        attempt = 1
-        while True:
-            path = self.logs_dir / (f"{number:04d}-{label}" + (f"-attempt{attempt}" if attempt > 1 else ""))
-            try:
-                path.mkdir()
-                return path
-            except FileExistsError:
-                attempt += 1
+        return claim_log_dir(self.logs_dir, number, folder_label(config))
 
     def _result(self, config: Config, outcome: RunOutcome, extra: dict[str, Any]) -> TrialResult:
         budget, wall_time_s = self.memory_budget_bytes, outcome.wall_time_s
@@ -316,3 +311,70 @@ class DeepSpeedBackend:
                            peak_memory_bytes=worst["peak_memory_bytes"], extra=extra, memory_budget_bytes=budget,
                            wall_time_s=wall_time_s, backend=self.name)
 
+
+# A trial's log folder (docs/trials.md): `<logs>/<NNNN>-<config label>[-attempt<k>]`, NNNN its number in trials.jsonl.
+
+def folder_label(config: Config) -> str:
+    """The config's label as a folder name."""
+    return re.sub(r"[^A-Za-z0-9.-]+", "_", config.label())
+
+
+def claim_log_dir(logs_dir: Path, number: int, label: str) -> Path:
+    """Make `<logs_dir>/<NNNN>-<label>`, or the first of its `-attempt<k>` (k = 2, 3, ...) that no one made yet: an
+    exclusive mkdir, so two claims never get one folder."""
+    attempt = 1
+    while True:
+        path = logs_dir / (f"{number:04d}-{label}" + (f"-attempt{attempt}" if attempt > 1 else ""))
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            attempt += 1
+
+
+def settle_log_dir(result: TrialResult, number: int) -> TrialResult:
+    """`result` with its log folder under `number`, the one it is about to be recorded under (drivers/sweep.py,
+    before the append). A launch names its folder after the trials recorded when it started
+    (`DeepSpeedBackend._new_log_dir`): its number whenever trials run one at a time, and then nothing moves. With
+    several in flight another trial may have been recorded first: the folder is moved to `<number>-<label>` (or
+    its first free `-attempt<k>`: an earlier attempt of this config left a folder at that number), and every
+    mention of it in the result (`log_dir`, the error, the op failure's fix, the folder's result.json) follows. A
+    tuner killed after the move, before the append, leaves it under its number, unrecorded, as an interrupted
+    trial's: the resumed trial at that number is its `-attempt2`. A result without a folder of this config's trial
+    (another backend; a user's objective naming its own), or whose folder is not on this machine (a Ray node
+    without the run directory's filesystem: the logs stay there as the node named them), is returned as it is."""
+    log_dir = result.extra.get("log_dir")
+    if not isinstance(log_dir, str):
+        return result
+    old = Path(log_dir)
+    label = folder_label(result.config)
+    named = re.fullmatch(rf"(\d{{4,}})-{re.escape(label)}(?:-attempt\d+)?", old.name)
+    if named is None or int(named.group(1)) == number or not old.is_dir():
+        return result
+    new = claim_log_dir(old.parent, number, label)
+    os.rename(old, new)  # onto the empty folder just claimed: atomic, and no other claim can take its name
+    moved = _moved(old, new)
+    saved = new / "result.json"  # the backend's copy of the result (DeepSpeedBackend.run)
+    try:
+        data = json.loads(saved.read_text())
+    except (OSError, ValueError):
+        data = None
+    if isinstance(data, dict):
+        write_json_atomic(saved, moved(data))
+    return replace(result, error=moved(result.error), extra=moved(result.extra))
+
+
+def _moved(old: Path, new: Path) -> Callable[[Any], Any]:
+    """A value with every mention of the folder `old` (the path, alone or followed by `/`...) made `new`."""
+    mention = re.compile(re.escape(str(old)) + r"(?![\w-])")
+
+    def move(value: Any) -> Any:
+        if isinstance(value, str):
+            return mention.sub(lambda _: str(new), value)
+        if isinstance(value, dict):
+            return {k: move(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(move(v) for v in value)
+        return value
+
+    return move

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Collection, Protocol, Sequence
 
 from autotune.search import confirm
 
+from autotune.backends.deepspeed import settle_log_dir
 from autotune.prediction.calibrate import calibrator
 from autotune.search.convergence import DEFAULT_STOP_WHEN, Convergence, StopRule, assess, recorded
 from autotune.values.config import Config
@@ -373,7 +374,9 @@ class Sweep:
         self.pruner = self.pruner.recalibrated(calibration, measured)
 
     def _add(self, result: TrialResult) -> TrialResult:
-        result = replace(result, extra={**result.extra, "trial": self.next_number})
+        number = self.next_number
+        # Its log folder under that number before the record names it (trials in flight together finish in any order).
+        result = settle_log_dir(replace(result, extra={**result.extra, "trial": number}), number)
         self._record(result)  # durable before the strategy hears of it: a crash in between is replayed
         self.results.append(result)
         self.hooks.listener.trial(result)  # after the record: a resumed sweep logs what a crash left unlogged

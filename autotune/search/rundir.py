@@ -262,6 +262,3 @@ class RunDir(RunFolder):
         study = {} if settings.storage is None else {"study": self.study_name(settings.storage)}
         self.write_json(SETTINGS, {**settings.to_dict(), **study})
 
-    def trial_log_dir(self, number: int) -> Path:
-        return self.logs_dir / f"{number:04d}"
-
