@@ -214,3 +214,11 @@ def test_a_result_names_only_the_recommended_configs_its_sweep_wrote(tmp_path):
     result = autotune.api.TuneResult(best, (best,), autotune.StopReason.DONE, tmp_path)
     assert result.best_ds_config == tmp_path / "best_ds_config.json" and result.best_hf_ds_config is None
     assert autotune.api.TuneResult(None, (), autotune.StopReason.DONE, tmp_path).best_ds_config is None
+
+
+def test_each_trial_records_one_prediction_its_step_time_and_throughput_agree(tmp_path):
+    result = autotune.tune(spec("random", "simulated", trials=4), out=tmp_path / "run")
+    batch = 16  # spec()'s global batch
+    for r in (r for r in result.results if r.status != "pruned"):
+        extra = r.extra
+        assert extra["predicted_throughput_samples_per_s"] == pytest.approx(batch / extra["predicted_step_time_s"])

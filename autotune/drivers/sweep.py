@@ -336,7 +336,7 @@ class Sweep:
         repeat of a known config (confirmation) is recorded as one and told to no strategy."""
         est = self.pruner.predict(config)
         # The prediction the tuner launched on (calibrated as of now) replaces any the backend made.
-        extra = {**result.extra, "predicted_peak_bytes": est.peak_bytes,
+        extra = {**result.extra, "predicted_peak_bytes": est.peak_bytes, "predicted_step_time_s": est.step_time_s,
                  "predicted_throughput_samples_per_s": est.throughput_samples_per_s}
         first = self.known.get(config)
         if first is not None:
