@@ -51,7 +51,8 @@ from autotune.search_spaces import choices_for
 from autotune.values.space import Choices, Space
 from autotune.strategies import POLICY_STRATEGIES, STRATEGIES, check_strategy, strategy_name, with_policy
 from autotune.search.study_storage import canonical as canonical_storage, check_storage
-from autotune.outputs.tracking import Tracker, check_uri as check_tracking_uri, resolve_uri as tracking_uri, tracked
+from autotune.outputs.tracking import (Tracker, check_reachable as check_reachable_tracking, check_uri as check_tracking_uri,
+                                       resolve_uri as tracking_uri, tracked)
 from autotune.outputs.wandb_tracking import check_project
 from autotune.values.shapes import ModelShape, untrained_reason
 from autotune.values.workload import Workload
@@ -339,7 +340,7 @@ class TuneSpec:
         """What it tunes, asked through one interface by the runner: the built-in model, or the user's script (the
         one place a spec is asked which)."""
         return BUILT_IN if self.script is None else ScriptRun(self.script, tuple(self.script_args),
-                                                             self.script_global_batch)
+                                                             self.script_global_batch, self.trial_timeout_s)
 
     def script_spec(self) -> "Script":
         """The script and its arguments (autotune.backends.script.Script); ConfigError without one."""
@@ -627,6 +628,8 @@ def plan_run(spec: TuneSpec, out: str | Path | None, resume: bool, executor: "Ra
     if objective is not None and executor is not None:
         raise ConfigError("a backend object runs on this machine only: register a backend kind to run on Ray")
     tracking = tracking_uri(spec.mlflow_uri, run_dir.path)
+    if tracking is not None:  # a server that does not answer: one line before anything is written, not minutes
+        check_reachable_tracking(tracking)
     return RunPlan(spec, run_dir, resume, settings, space, executor, tracking, objective, startup_files(run_dir, resume),
                    "--out" if out is not None else "the default run directory")
 
@@ -709,6 +712,7 @@ class ScriptRun:
     path: str
     args: tuple[str, ...] = ()
     global_batch: int | None = None
+    trial_timeout_s: float | None = None  # --trial-timeout: the first trial's limit too (None: the backend's)
 
     @property
     def script(self) -> "Script":
@@ -751,9 +755,11 @@ class ScriptRun:
         if executor is not None:
             from autotune.drivers.ray_script_first import first_trial_runner
 
-            remote = first_trial_runner(executor, run_dir, settings, self.script)
-        settings, space, fatal = session.first_trial(run_dir, settings, space, self.script,
-                                                     global_batch=self.global_batch, remote=remote)
+            remote = first_trial_runner(executor, run_dir, settings, self.script, session.DEFAULT_TIMEOUT_S
+                                        if self.trial_timeout_s is None else self.trial_timeout_s)
+        settings, space, fatal = session.first_trial(run_dir, settings, space, self.script, self.trial_timeout_s,
+                                                     global_batch=self.global_batch, remote=remote,
+                                                     say=progress.message)
         if fatal is None:
             return settings, space, None
         run_dir.write_settings(settings)

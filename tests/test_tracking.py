@@ -210,6 +210,93 @@ def test_a_store_that_cannot_be_opened_leaves_no_sweep_behind(tmp_path, capfd, m
     assert code == 0, err
 
 
+@pytest.fixture
+def silent_server():
+    """A server that accepts connections and never answers (a hung tracking server, a port behind a stuck
+    proxy): its port."""
+    import threading
+
+    held: list[socket.socket] = []
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(server.accept()[0])
+            except OSError:  # closed
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    yield server.getsockname()[1]
+    server.close()
+    for conn in held:
+        conn.close()
+
+
+def unreachable(uri: str, tmp_path: Path, capfd, monkeypatch) -> str:
+    """`autotune tune --mlflow-uri uri` with MLflow's own retries as they are by default: it must fail in one line,
+    exit 2, nothing written, decided by the probe before MLflow's client (whose retries take minutes) is ever
+    used. Its error line."""
+    import mlflow
+
+    for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT", "MLFLOW_TRACKING_URI"):
+        monkeypatch.delenv(name, raising=False)
+
+    def never(*args, **kwargs):
+        raise AssertionError("MLflow's client was used: its retries would take minutes")
+
+    monkeypatch.setattr(mlflow, "MlflowClient", never)
+    monkeypatch.setattr(tracking, "tracked", never)
+    run_dir = tmp_path / "run"
+    code, _, err = cli([*TUNE, "--trials", "1", "--out", str(run_dir), "--mlflow-uri", uri], capfd)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and f"MLflow tracking URI {uri}: " in err, err
+    assert not run_dir.exists()
+    return err.strip()
+
+
+def test_a_refused_tracking_server_is_one_line_within_seconds(tmp_path, capfd, monkeypatch):
+    err = unreachable("http://127.0.0.1:1", tmp_path, capfd, monkeypatch)
+    assert "http://127.0.0.1:1: connection refused; is the tracking server running" in err
+
+
+def test_a_tracking_server_that_never_answers_is_one_line_within_its_timeout(silent_server, tmp_path, capfd,
+                                                                              monkeypatch):
+    monkeypatch.setattr(tracking, "PROBE_TIMEOUT_S", 1.5)  # the default, 5 s, the same way: the test kept short
+    err = unreachable(f"http://127.0.0.1:{silent_server}", tmp_path, capfd, monkeypatch)
+    assert f"http://127.0.0.1:{silent_server}: no answer within 1.5 s; is the tracking server running" in err
+
+
+@pytest.mark.parametrize("status", [200, 401, 503])
+def test_a_server_that_answers_is_left_to_mlflow_and_its_retries(status, monkeypatch):
+    """Any HTTP answer, even an error, is a server there: what it means (authentication, a server busy for a
+    moment) is MLflow's to handle, with its retries, which the check leaves as they are."""
+    import http.server
+    import os
+    import threading
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802  (http.server's name)
+            self.send_response(status)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
+    server = http.server.HTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    before = dict(os.environ)
+    try:
+        tracking.check_reachable(f"http://127.0.0.1:{server.server_port}/")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert dict(os.environ) == before
+    tracking.check_reachable("sqlite:////nonexistent/mlflow.db")  # not a server: nothing to ask
+
+
 class Failing:
     """A store that goes away: every call raises."""
 

@@ -5,6 +5,7 @@ launched trial; a resumed sweep logs only what is missing. The runs are read bac
 from __future__ import annotations
 
 import json
+import os
 import struct
 import time
 from pathlib import Path
@@ -123,3 +124,71 @@ def test_a_project_name_is_checked_and_a_missing_wandb_named(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
     with pytest.raises(ConfigError, match=r"--wandb proj: W&B tracking needs wandb: pip install 'ds-autotune\[wandb\]'"):
         check_project("proj")
+
+
+@pytest.fixture
+def no_wandb_key(tmp_path, monkeypatch):
+    """No W&B credentials anywhere wandb looks (its variables, a netrc, its settings files under HOME), a W&B
+    session that reads them afresh (wandb reads its settings once per process), and no login prompt: one fails
+    the test."""
+    import wandb
+    from wandb.sdk.lib.wbauth import prompt
+
+    for name in [n for n in os.environ if n.startswith("WANDB_")]:
+        monkeypatch.delenv(name)
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("NETRC", str(home / ".netrc"))  # not there
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(home / ".config" / "wandb"))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+
+    def never(*args, **kwargs):
+        raise AssertionError("W&B's login prompt")
+
+    monkeypatch.setattr(prompt, "prompt_and_save_api_key", never)
+    wandb.teardown()
+    yield home
+    wandb.teardown()
+
+
+@pytest.mark.slow  # a simulated sweep of two trials and three W&B runs: ~6 s
+def test_without_an_api_key_the_runs_are_written_offline_and_one_line_says_how_to_sync(no_wandb_key, tmp_path,
+                                                                                       capfd):
+    run = tmp_path / "run"
+    assert main(["tune", "--backend", "simulated", "--seed", "3", "--trials", "2", "--wandb", "proj",
+                 "--out", str(run)]) == 0
+    out = capfd.readouterr()
+    text = out.out + out.err
+    runs = offline_runs(run)
+    assert sorted(r["job"] for r in runs) == ["sweep", "trial", "trial"] and {r["group"] for r in runs} == {"run"}
+    assert json.loads((run / "wandb.json").read_text())["proj"]["logged"] == [1, 2]
+    lines = [line for line in text.splitlines() if "offline" in line]
+    assert lines == [f"W&B project proj runs offline (no API key configured): its runs stay in {run / 'wandb'}/; "
+                     f"after `wandb login` (or with WANDB_API_KEY set), `wandb sync {run / 'wandb'}/offline-run-*` "
+                     "uploads them"]
+    assert "tracking stopped" not in text and "API key" not in text.replace(lines[0], "")
+
+
+def test_a_key_in_the_environment_or_the_netrc_is_online_and_wandb_mode_offline_says_so(no_wandb_key, monkeypatch):
+    import wandb
+    from urllib.parse import urlsplit
+
+    from autotune.outputs.wandb_tracking import offline_reason
+    from wandb.sdk import wandb_setup
+
+    assert offline_reason() == "no API key configured"
+    host = urlsplit(wandb_setup.singleton().settings.base_url).netloc
+    (no_wandb_key / ".netrc").write_text(f"machine {host}\n  login user\n  password {'a' * 40}\n")
+    assert offline_reason() is None  # `wandb login`'s entry
+    (no_wandb_key / ".netrc").unlink()
+    monkeypatch.setenv("WANDB_API_KEY", "b" * 40)
+    wandb.teardown()
+    assert offline_reason() is None
+    monkeypatch.delenv("WANDB_API_KEY")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    wandb.teardown()
+    assert offline_reason() == "WANDB_MODE=offline"
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    wandb.teardown()
+    assert offline_reason() is None  # nothing logged at all: W&B's no-op runs

@@ -17,6 +17,10 @@ the same parent run; trials are matched by their number (tag `autotune.trial`), 
 any recorded but not yet logged (a crash in between, a session without tracking) are logged on the next start.
 A store that fails mid-sweep does not stop the sweep: tracking stops for the session with one warning.
 
+A tracking server (http(s)://) is asked once, within `PROBE_TIMEOUT_S`, before the sweep opens it
+(`check_reachable`): one that refuses the connection or does not answer is one line, not minutes of MLflow's
+retries; once it has answered, every call keeps MLflow's retries (a server that blips overnight loses nothing).
+
 mlflow is imported only when tracking is on (it takes seconds to import).
 """
 
@@ -48,6 +52,7 @@ PARENT_TAG = "mlflow.parentRunId"  # what makes a run nested, in MLflow's UI and
 METRICS = ("throughput_samples_per_s", "tokens_per_s", "peak_memory_bytes", "step_time_s", "wall_time_s",
            "predicted_peak_bytes", "predicted_throughput_samples_per_s", "chance_of_better")
 TAG_LIMIT = 5000  # MLflow caps tag values (8000 characters in MLflow 3); an error text is cut to this
+PROBE_TIMEOUT_S = 5.0  # a tracking server's first answer, before the sweep: connect, then the response's start
 
 
 class Tracker(Protocol):
@@ -310,6 +315,60 @@ class MlflowTracker:
             self.broken = _one_line(err)
             self.warn(f"MLflow tracking stopped for this session ({self.uri and masked(self.uri)}): {self.broken}; "
                       "the trials are recorded in the run directory, and --resume logs those missing")
+
+
+def check_reachable(uri: str, timeout_s: float | None = None) -> None:
+    """ConfigError in one line, within about `timeout_s` (PROBE_TIMEOUT_S), when the tracking server of an
+    http(s) URI refuses the connection, cannot be resolved or does not answer: MLflow would retry each call for
+    minutes first. One plain request, no retries, honouring MLflow's TLS variables; any HTTP answer, whatever its
+    status, counts as reachable (authentication and the rest are MLflow's, with its retries). Other stores: no-op."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(uri)
+    if parts.scheme.lower() not in ("http", "https"):
+        return
+    import requests
+    from mlflow.environment_variables import (MLFLOW_TRACKING_CLIENT_CERT_PATH, MLFLOW_TRACKING_INSECURE_TLS,
+                                              MLFLOW_TRACKING_SERVER_CERT_PATH)
+
+    timeout = PROBE_TIMEOUT_S if timeout_s is None else timeout_s
+    url = urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/") + "/health", "", ""))  # MLflow's
+    verify: bool | str = MLFLOW_TRACKING_SERVER_CERT_PATH.get() or not MLFLOW_TRACKING_INSECURE_TLS.get()
+    start = time.monotonic()
+    try:
+        with requests.get(url, timeout=(timeout, timeout), stream=True, allow_redirects=False, verify=verify,
+                          cert=MLFLOW_TRACKING_CLIENT_CERT_PATH.get()):
+            return
+    except requests.RequestException as err:
+        slow = time.monotonic() - start >= timeout * 0.9  # a TLS handshake that timed out reads as an SSLError
+        why = f"no answer within {timeout:g} s" if isinstance(err, requests.Timeout) or slow else _cause(err)
+    raise ConfigError(f"MLflow tracking URI {masked(uri) or uri}: {why}; is the tracking server running (mlflow "
+                      "server), and its address reachable from here?")
+
+
+def _cause(err: BaseException) -> str:
+    """The socket-level reason of a failed request, in a few words ("connection refused")."""
+    import socket
+    import ssl
+
+    seen: set[int] = set()
+    todo: list[BaseException] = [err]
+    while todo:
+        exc = todo.pop(0)
+        if id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        if isinstance(exc, socket.gaierror):
+            return f"cannot resolve its host ({exc.strerror or exc})"
+        if isinstance(exc, ssl.SSLError):
+            return f"TLS: {exc.reason or exc}"
+        if isinstance(exc, TimeoutError):
+            return "no answer"
+        if isinstance(exc, OSError) and exc.strerror:
+            return exc.strerror.lower()
+        todo += [e for e in (*exc.args, getattr(exc, "reason", None), exc.__cause__, exc.__context__)
+                 if isinstance(e, BaseException)]
+    return _one_line(err)
 
 
 def parent_of(run_dir: "RunFolder", uri: str) -> dict[str, str]:

@@ -5,10 +5,11 @@ trial it launches is a run of job type `trial` in that group (its knobs as confi
 memory, step time, wall time and the predictions it launched on as summary, its status, phase, trial number and
 error). Pruned configs never ran: counted on the parent, not logged one by one.
 
-Offline where WANDB_MODE=offline (W&B's own variable) or no API key is configured: the runs stay in
-`<run dir>/wandb/` and `wandb sync` uploads them later. Resume: the parent's id and the trial numbers already logged
-are kept in the run directory (`wandb.json`, per project), so a resumed sweep continues the same parent and logs
-only what is missing. A W&B failure mid-sweep stops tracking for the session with one warning, never the sweep.
+Offline where WANDB_MODE=offline (W&B's own variable) or no API key is configured (WANDB_API_KEY, `wandb login`'s
+netrc entry, W&B's settings files; found as wandb.init would, without prompting and without the network): the runs
+stay in `<run dir>/wandb/`, one line says so, and `wandb sync <run dir>/wandb/offline-run-*` uploads them later.
+Resume: the parent's id and the trial numbers already logged are kept in the run directory (`wandb.json`, per
+project), so a resumed sweep continues the same parent and logs only what is missing. A W&B failure mid-sweep stops tracking for the session with one warning, never the sweep.
 wandb is imported only when asked for (seconds).
 """
 
@@ -56,6 +57,7 @@ class WandbTracker:
         self.logged = logged
         self.warn = warn
         self.broken: str | None = None
+        self.offline: str | None = None  # why the runs are written offline (None: online)
 
     @classmethod
     def open(cls, project: str, run_dir: "RunFolder", settings: "RunSettings", history: Sequence[TrialResult], *,
@@ -72,20 +74,24 @@ class WandbTracker:
         state[project] = {"group": group, "parent_id": parent_id, "logged": sorted(entry.get("logged", []))}
         run_dir.write_json(STATE, state)
         tracker = cls(project, run_dir, group, parent_id, set(state[project]["logged"]), warn, settings.to_dict())
+        tracker.offline = offline_reason()
+        if tracker.offline is not None:
+            folder = run_dir.path / "wandb"
+            warn(f"W&B project {project} runs offline ({tracker.offline}): its runs stay in {folder}/; after "
+                 f"`wandb login` (or with WANDB_API_KEY set), `wandb sync {folder}/offline-run-*` uploads them")
         for number, result in enumerate(history, 1):  # a session without tracking, or a crash in between
             if "trial" not in result.extra:
                 result = replace(result, extra={**result.extra, "trial": number})
             tracker.trial(result)
         return tracker
 
-    @staticmethod
-    def _init(project: str, run_dir: "RunFolder", group: str, job: str, name: str, run_id: str | None,
-              config: Mapping[str, Any]) -> Any:
+    def _init(self, job: str, name: str, run_id: str | None, config: Mapping[str, Any]) -> Any:
         import wandb
 
-        return wandb.init(project=project, group=group, job_type=job, name=name, id=run_id, resume="allow",
-                          config=dict(config), dir=str(run_dir.path), reinit="create_new",
-                          settings=wandb.Settings(silent=True, console="off"))
+        return wandb.init(project=self.project, group=self.group, job_type=job, name=name, id=run_id,
+                          resume="allow", config=dict(config), dir=str(self.run_dir.path), reinit="create_new",
+                          settings=wandb.Settings(silent=True, console="off"),
+                          mode="offline" if self.offline else None)  # offline: never W&B's login prompt
 
     def trial(self, result: TrialResult) -> None:
         """Log a launched trial as a run of the group, once (pruned configs are counted at `finish`)."""
@@ -93,8 +99,7 @@ class WandbTracker:
         if self.broken or result.status == "pruned" or not isinstance(number, int) or number in self.logged:
             return
         try:
-            run = self._init(self.project, self.run_dir, self.group, "trial", f"#{number} {result.config.label()}",
-                             None, result.config.to_dict())
+            run = self._init("trial", f"#{number} {result.config.label()}", None, result.config.to_dict())
             line = result.to_dict()
             run.summary.update({key: line[key] for key in SUMMARY if line.get(key) is not None})
             run.summary.update({"trial": number, "status": result.status, "phase": result.phase,
@@ -122,8 +127,7 @@ class WandbTracker:
             values.update({f"best.{knob}": value for knob, value in best.config.to_dict().items()},
                           **{"best.config": best.config.label(), "best.trial": summary.get("best_trial_index")})
         try:
-            parent = self._init(self.project, self.run_dir, self.group, "sweep", f"sweep {self.group}",
-                                self.parent_id, self.config)
+            parent = self._init("sweep", f"sweep {self.group}", self.parent_id, self.config)
             parent.summary.update(values)
             for path in files:
                 if Path(path).is_file():
@@ -142,6 +146,53 @@ class WandbTracker:
             self.broken = _one_line(err)
             self.warn(f"W&B tracking stopped for this session (project {self.project}): {self.broken}; the trials "
                       "are recorded in the run directory, and --resume logs those missing")
+
+
+def offline_reason() -> str | None:
+    """Why W&B runs are written offline: "WANDB_MODE=offline" (W&B's settings say offline: its variable, or a
+    settings file), "no API key configured", or None (online, or disabled: WANDB_MODE=disabled logs nothing)."""
+    import os
+
+    try:
+        from wandb.sdk import wandb_setup
+
+        settings = wandb_setup.singleton().settings  # W&B's own: its variables and settings files
+        if settings._noop:
+            return None
+        if settings._offline:
+            return f"WANDB_MODE={settings.mode}"
+    except (ImportError, AttributeError):  # another wandb than this knows: its variable alone
+        mode = os.environ.get("WANDB_MODE", "").strip().lower()
+        if mode in ("offline", "dryrun"):
+            return f"WANDB_MODE={mode}"
+        if mode == "disabled":
+            return None
+        settings = None
+    return None if _has_credentials(settings) else "no API key configured"
+
+
+def _has_credentials(settings: Any) -> bool:
+    """Whether wandb.init would find credentials without prompting, as wandb looks for them (WANDB_API_KEY or
+    WANDB_IDENTITY_TOKEN_FILE, the netrc entry of W&B's host, an api_key setting), never asking the server."""
+    import os
+
+    try:
+        from wandb.errors import AuthenticationError
+        from wandb.sdk.lib import wbauth
+    except ImportError:  # a wandb before wbauth: its variables and settings (no key found: offline, nothing lost)
+        pass
+    else:
+        try:
+            host = wbauth.HostUrl(settings.base_url, app_url=settings.app_url)
+            return wbauth.authenticate_session(host=host, source="autotune", prompt=False,
+                                               update_session=False) is not None
+        except AuthenticationError:  # a key there, in a form W&B refuses: wandb.init names it (tracking stops)
+            return True
+        except (AttributeError, TypeError):  # another wbauth than this knows
+            pass
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return True
+    return settings is not None and bool(getattr(settings, "api_key", None))
 
 
 def _read_state(run_dir: "RunFolder") -> dict[str, Any]:
