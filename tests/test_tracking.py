@@ -90,8 +90,21 @@ def test_a_tracked_tune_logs_a_parent_a_nested_run_per_trial_and_the_recommendat
     uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
     (tmp_path / "store").mkdir()
     run_dir = tmp_path / "run"
-    code, out, err = cli([*TUNE, "--trials", "4", "--out", str(run_dir), "--mlflow-uri", uri], capfd)
+    import logging
+
+    import mlflow  # noqa: F401  its loggers configured as on any import
+    level = logging.getLogger("mlflow").level
+    captured: list[str] = []
+    spy = logging.Handler()
+    spy.emit = lambda record: captured.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("mlflow").addHandler(spy)
+    try:
+        code, out, err = cli([*TUNE, "--trials", "4", "--out", str(run_dir), "--mlflow-uri", uri], capfd)
+    finally:
+        logging.getLogger("mlflow").removeHandler(spy)
     assert code == 0, err
+    # A new store's "Creating initial MLflow database tables..." is not the sweep's news; MLflow's level restored.
+    assert not [m for m in captured if "database tables" in m] and logging.getLogger("mlflow").level == level
     parents, children = runs_in(uri)
     assert len(parents) == 1
     parent = parents[0]

@@ -29,6 +29,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import time
+import logging
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -216,19 +217,20 @@ class MlflowTracker:
         state = _read_state(run_dir)
         key = masked(uri) or uri
         try:
-            client = _client(uri)
-            parent = _existing_parent(client, state.get(key))
-            if parent is None:
-                experiment_id = _experiment(client, uri)
-                parent = client.create_run(experiment_id, run_name=name or run_dir.path.name,
-                                           tags=_parent_tags(run_dir, settings))
-                client.log_batch(parent.info.run_id, params=_params(_parent_params(settings)))
-                state[key] = {"experiment_id": experiment_id, "run_id": parent.info.run_id}
-                run_dir.write_json(STATE, state)
-            else:
-                client.update_run(parent.info.run_id, status="RUNNING")
-            experiment_id, run_id = parent.info.experiment_id, parent.info.run_id
-            logged = _logged_trials(client, experiment_id, run_id)
+            with _mlflow_warnings_only():  # "Creating initial MLflow database tables...": not the sweep's news
+                client = _client(uri)
+                parent = _existing_parent(client, state.get(key))
+                if parent is None:
+                    experiment_id = _experiment(client, uri)
+                    parent = client.create_run(experiment_id, run_name=name or run_dir.path.name,
+                                               tags=_parent_tags(run_dir, settings))
+                    client.log_batch(parent.info.run_id, params=_params(_parent_params(settings)))
+                    state[key] = {"experiment_id": experiment_id, "run_id": parent.info.run_id}
+                    run_dir.write_json(STATE, state)
+                else:
+                    client.update_run(parent.info.run_id, status="RUNNING")
+                experiment_id, run_id = parent.info.experiment_id, parent.info.run_id
+                logged = _logged_trials(client, experiment_id, run_id)
         except ConfigError:
             raise
         except Exception as err:  # noqa: BLE001  MLflow's, SQLAlchemy's and requests' errors alike
@@ -375,6 +377,23 @@ def parent_of(run_dir: "RunFolder", uri: str) -> dict[str, str]:
     """The experiment and parent run ids of `run_dir` in the store at `uri` (empty before the first session)."""
     entry = _read_state(run_dir).get(masked(uri) or uri) or {}
     return {key: str(entry[key]) for key in ("experiment_id", "run_id") if key in entry}
+
+
+@contextmanager
+def _mlflow_warnings_only() -> Iterator[None]:
+    """MLflow's logger at WARNING while a store is first opened (its INFO lines on creating or migrating a
+    database), its level restored after. MLflow sets its logger's level when first imported: imported first."""
+    try:
+        import mlflow  # noqa: F401
+    except ImportError:
+        pass  # _client's one line says what to install
+    logger = logging.getLogger("mlflow")
+    level = logger.level
+    logger.setLevel(max(level, logging.WARNING))
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _client(uri: str) -> Any:
