@@ -22,6 +22,7 @@ from autotune.values.config import KNOBS, OFFLOADS, PRECISIONS, Config, ConfigEr
 from autotune.files import is_file
 from autotune.values.hardware import Hardware, load_hardware
 from autotune.values.results import TrialResult, read_results, relabel_note, relabelled
+from autotune.values.settings import RunSettings
 from autotune.values.space import Choices, Space
 from autotune.values.workload import Workload, make_workload
 
@@ -160,6 +161,19 @@ def replay_workload(surface_path: str | Path, model: str | None = None, global_b
         if given is not None and given != value:
             raise ConfigError(f"{flag} {given}: the surface {surface_path} was recorded with {value}")
     return recorded
+
+
+def searched_space(settings: RunSettings) -> Space:
+    """A run directory's space as its sweep searched it (what its report and tracking count): the settings' space,
+    restricted to the replay surface's measured configs where it replayed one (unrestricted if that file can no
+    longer be read)."""
+    space = settings.space()
+    if settings.surface is None:
+        return space
+    try:
+        return space.restrict(load_surface(settings.surface).results)
+    except ConfigError:
+        return space
 
 
 def replay_space(surface_path: str | Path, workload: Workload, hardware: Hardware | str | None = None,

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
+from autotune.backends.replay import searched_space
 from autotune.drivers.stop import StopReason
 from autotune.search import convergence
 from autotune.values.config import Config, ConfigError
@@ -184,7 +185,7 @@ def no_fit_verdict(settings: RunSettings, results: Sequence[TrialResult] = (), i
     offloaded state, NVMe space): configs predicted to fit are still untried (`interrupted`: no advice, as
     interrupted_verdict puts the resume first), or none is left. The budget is named as the fix only where raising
     it would let some config run."""
-    space = settings.space()
+    space = searched_space(settings)
     pruner = Pruner.for_settings(settings)
     budget = format_size(settings.memory_budget_bytes)
     recorded = {r.config: r for r in results}
@@ -262,6 +263,18 @@ class OwnOutputs(Protocol):
     @property
     def program(self) -> tuple[str, ...]: ...  # what launch.sh runs after its launcher (empty: nothing recommended)
 
+    @property
+    def verdict(self) -> str: ...  # why the mode's input stopped the sweep, the report's headline first ('': none)
+
+    @property
+    def title(self) -> str: ...  # the report's title where the workload is not known ('': the workload's name)
+
+    @property
+    def workload(self) -> str: ...  # the Workload line where the workload is not known ('': the workload's figures)
+
+    @property
+    def launch_notes(self) -> tuple[str, ...]: ...  # comment lines for launch.sh: how its command applies the config
+
 
 OwnWriter = Callable[[RunDir, RunSettings, "TrialResult | None"], OwnOutputs]
 
@@ -305,7 +318,9 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
         else:  # the script's own command under a launcher, in the environment its trials ran in
             launch = replace(Handoff.of(best.config, at_target(settings), run.path).launch(), stack="deepspeed",
                              trainer_flags=(), program=script.program)
-            files.append(run.write_text(LAUNCH_FILE, launch.script()))
+            sh = launch.script().split("\n")
+            sh[2:2] = [f"# {line}" for line in script.launch_notes]  # after the shebang and the title line
+            files.append(run.write_text(LAUNCH_FILE, "\n".join(sh)))
             own_notes += launch.console_lines(str(run.path / LAUNCH_FILE))
             own_section.insert(-1, f"- Launch: `bash {LAUNCH_FILE} torchrun {launch.train()}` (or `deepspeed`): "
                                    f"{counted(launch.processes, 'process', 'processes')} in the environment the trials ran in")
@@ -317,6 +332,8 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
                    + (f" (median of {runs} runs)" if runs else "") + ", "
                    f"peak {format_size(best.peak_memory_bytes)} of {format_size(settings.memory_budget_bytes)} "
                    f"(trial {summary['best_trial_index']})")
+    elif script is not None and script.verdict:  # the script, not the configs, stopped the sweep: no "run more"
+        verdict = script.verdict
     else:
         verdict = no_fit_verdict(settings, results, stop.unfinished)
     if scaled is not None:
@@ -326,8 +343,10 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
         verdict = interrupted_verdict(verdict, results, run, killed=not stop.interrupted)
     keep_study(run, settings, results)
     report = run.path / "report.md"
-    text = markdown(results, settings, summary, best, verdict, study=study_line(run, settings), usage=usage,
-                    scaled=scaled, stop=stop)
+    # A script that stopped its sweep at the first trial left no study to name (the search never opened one).
+    no_study = script is not None and bool(script.verdict) and settings.storage is None and not run.study_path.exists()
+    text = markdown(results, settings, summary, best, verdict, study=None if no_study else study_line(run, settings),
+                    usage=usage, scaled=scaled, stop=stop, own=script)
     run.write_text("report.md", text + "\n".join(own_section))
     files.append(report)
     return Outputs(best, summary, tuple(files), verdict, tuple(own_notes))
@@ -349,7 +368,7 @@ def keep_study(run: RunDir, settings: RunSettings, results: Sequence[TrialResult
     except ConfigError:
         return
     try:
-        context = SearchContext(settings.space(), settings.memory_budget_bytes, settings.seed, storage=storage,
+        context = SearchContext(searched_space(settings), settings.memory_budget_bytes, settings.seed, storage=storage,
                                 study_name=run.study_name(settings.storage))
         study = StudyRecord(context, settings.strategy)
         for result in results:
@@ -473,19 +492,27 @@ def best_measures(best: TrialResult, settings: RunSettings) -> str:
 
 def markdown(results: Sequence[TrialResult], settings: RunSettings, summary: dict, best: TrialResult | None,
              verdict: str, study: str | None = None, usage: Sequence[str] = (),
-             scaled: ScaleReport | None = None, stop: Stopped | None = None) -> str:
+             scaled: ScaleReport | None = None, stop: Stopped | None = None,
+             own: OwnOutputs | None = None) -> str:
+    """`own`: a mode's own outputs (a script sweep's): where its workload was never seen (no trial showed the
+    script's model) their title and Workload line, no placeholder's figures; where its input stopped the sweep
+    (the script cannot be tuned as it is) that verdict, first."""
+    title = own.title if own is not None and own.title else settings.workload.model.name
+    unseen = own.workload if own is not None else ""
     w, budget = settings.workload, settings.memory_budget_bytes
     launched = [r for r in results if r.status != "pruned"]
     counts = ", ".join(f"{n} {s}" for s, n in summary["status_counts"].items() if n)
     bold = [f"**{verdict[0].upper() + verdict[1:]}.**", ""]
-    first = stop is not None and stop.unfinished  # an unfinished sweep says so, and how to go on, first
+    # An unfinished sweep says so, and how to go on, first; a script that stopped the sweep says why first.
+    first = (stop is not None and stop.unfinished) or (own is not None and bool(own.verdict))
     figures, why = FIGURES.get(settings.backend, ("measured", ""))
     lines = [
-        f"# ds-autotune report: {w.model.name}",
+        f"# ds-autotune report: {title}",
         "",
         *(bold if first else []),
-        f"- Workload: {w.model.name} ({w.model.params / 1e6:,.1f}M parameters, seq {w.model.seq_len}), "
-        f"global batch {w.global_batch}, {w.gpus} x {settings.hardware.name}",
+        (f"- Workload: {unseen}" if unseen else
+         f"- Workload: {w.model.name} ({w.model.params / 1e6:,.1f}M parameters, seq {w.model.seq_len}), "
+         f"global batch {w.global_batch}, {w.gpus} x {settings.hardware.name}"),
         f"- Memory budget: {format_size(budget)} per device",
         *([f"- {note[0].upper()}{note[1:]}"] if (note := space_note(settings.hardware, settings.choices)) else []),
         *([f"- Target: {settings.target_gpus} devices, predicted from the trials on {w.gpus} (--target-gpus)"]

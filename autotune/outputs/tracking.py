@@ -35,6 +35,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Protocol, Sequence
 
+from autotune.backends.replay import searched_space
 from autotune.values.config import ConfigError
 from autotune.values.results import TrialResult
 from autotune.values.settings import masked
@@ -485,7 +486,7 @@ def _parent_params(settings: "RunSettings") -> dict[str, Any]:
             "seq_len": w.model.seq_len, "global_batch": w.global_batch, "gpus": w.gpus,
             "hardware": settings.hardware.name, "memory_budget_bytes": settings.memory_budget_bytes,
             "strategy": settings.strategy, "backend": settings.backend, "seed": settings.seed,
-            "configs": len(settings.space())}
+            "configs": len(searched_space(settings))}
 
 
 def _params(values: Mapping[str, Any]) -> list[Any]:

@@ -6,17 +6,24 @@ the space's default (the first value of its list); a stage whose model states do
 micro-batches are tried from the smallest up to the largest predicted to fit, and a stage whose largest
 fitting micro-batch is smaller than the previous stage's is skipped; the search stops after
 `EARLY_STOP` trials in a row without improvement. DeepSpeed uses its own model-state and activation
-estimates for the memory decisions; here they come from autotune.prediction.estimate.
+estimates for the memory decisions; here they come from autotune.prediction.estimate, as the sweep's forecast
+holds them (SearchContext.forecast: recalibrated after each trial): "predicted to fit" is even odds of fitting
+(the forecast's median peak within the budget; before any trial, the estimator's own peak), or, where none of
+grid's configs is that likely (an uncalibrated estimator can put every config over the budget, as on a CPU:
+grid then ran nothing), nearly as likely as the likeliest of them (strategies.guide's floor). Grid walks the
+search's space as given, a replay surface's measured configs (`Space.only`) included.
 """
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Generator
 
 from autotune.values.config import KNOBS, Config
 from autotune.prediction.estimate import estimate
 from autotune.values.results import TrialResult
 from autotune.strategies import SearchContext
+from autotune.strategies.guide import LIKELY, NEARLY
 from autotune.strategies.optuna_search import StudyRecord
 
 EARLY_STOP = 5  # DeepSpeed's tuner_early_stopping default
@@ -59,20 +66,34 @@ class GridStrategy:
             return None
         return min(candidates, key=lambda c: sum(getattr(c, k) != defaults[k] for k in KNOBS))
 
-    def _fits(self, config: Config) -> bool:
+    @cached_property
+    def plan(self) -> dict[int, list[Config]]:
+        """Grid's sub-space: per ZeRO stage, ascending, its config of each micro-batch (stage_config), of the
+        search's space (a replay surface's: its measured configs)."""
         space = self.context.space
-        predict = self.context.predict or (lambda c: estimate(c, space.workload, space.hardware))
-        return predict(config).fits(self.context.budget_bytes)
+        return {stage: [c for mb in sorted(space.choices.micro_batch) if (c := self.stage_config(stage, mb))]
+                for stage in sorted(space.choices.zero_stage)}
+
+    def fitting(self, configs: list[Config]) -> list[Config]:
+        """Those of `configs` predicted to fit the budget (the module's docstring), as the sweep knows it now."""
+        budget, forecast = self.context.budget_bytes, self.context.forecast
+        if forecast is None:  # no sweep: the estimator's own point prediction
+            space = self.context.space
+            predict = self.context.predict or (lambda c: estimate(c, space.workload, space.hardware))
+            return [c for c in configs if predict(c).fits(budget)]
+        likeliest = max((forecast(c).fit_probability(budget) for cs in self.plan.values() for c in cs),
+                        default=0.0)
+        floor = min(LIKELY, NEARLY * likeliest)
+        return [c for c in configs if forecast(c).fit_probability(budget) >= floor]
 
     def _walk(self) -> Generator[Config, None, None]:
         """Yields configs to run; results arrive in self.known (already-known configs are not yielded)."""
-        space, budget = self.context.space, self.context.budget_bytes
+        budget = self.context.budget_bytes
         best = 0.0
         stall = 0
         previous_max = 0
-        for stage in sorted(space.choices.zero_stage):
-            plan = [c for mb in sorted(space.choices.micro_batch) if (c := self.stage_config(stage, mb))]
-            fitting = [c for c in plan if self._fits(c)]
+        for stage, plan in self.plan.items():
+            fitting = self.fitting(plan)
             if not fitting:
                 continue  # the model states (plus the smallest micro-batch) do not fit at this stage
             largest = max(c.micro_batch for c in fitting)

@@ -14,14 +14,23 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
+from autotune.files import write_atomic
 from autotune.values.config import ConfigError, first_line
 
 LOCAL = "local"  # --ray-address local: start a private single-node Ray instance for this run
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # Ray's switch for single-machine clusters (start_local)
 ADDRESS_ENV = "RAY_ADDRESS"  # the cluster ray.init joins when given no address
 LOOPBACK_IP = "127.0.0.1"
+# A file in the session folder of a private instance (start_local): its processes were started by this program,
+# not by a user's own cluster (reap_orphaned_agents).
+PRIVATE_MARK = "autotune-private"
+# The process titles of the agents every raylet starts (the raylet refuses an empty command for either), which
+# outlive a private instance killed with SIGKILL by about a minute (reap_orphaned_agents).
+AGENT_TITLES = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")
+RAYLET = "raylet"  # the raylet's process name (/proc/PID/comm)
 PROBE_TIMEOUT_S = 5.0  # a cluster's address must accept a connection within this
 CONNECT_TIMEOUT_S = 20.0  # and Ray must have joined it within this
 CLIENT_PORT = 10001  # Ray Client's default port (ray://HOST)
@@ -169,9 +178,12 @@ def start_local(ray: Any, num_cpus: int | None) -> None:
     unless its switch for single-machine clusters (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER, read at import into
     ray_constants and again by every process it starts) is off. So the switch is turned off in this process
     and in the environment the instance's processes inherit, and RAY_ADDRESS is left out of that
-    environment, for the start only: the caller's os.environ is as it was afterwards."""
+    environment, for the start only: the caller's os.environ is as it was afterwards. The agents an earlier
+    private instance left behind are ended first, and this one's session folder is marked as private
+    (reap_orphaned_agents)."""
     from ray._private import ray_constants
 
+    reap_orphaned_agents()
     saved_env = {name: os.environ.get(name) for name in (LOOPBACK_ENV, ADDRESS_ENV)}
     saved_switch = ray_constants.ENABLE_RAY_CLUSTER
     os.environ[LOOPBACK_ENV] = "0"
@@ -182,6 +194,7 @@ def start_local(ray: Any, num_cpus: int | None) -> None:
     try:
         ray.init(address=LOCAL, num_cpus=num_cpus, include_dashboard=False, _node_ip_address=LOOPBACK_IP,
                  log_to_driver=False, configure_logging=False)
+        mark_private(ray)
     finally:
         if sigterm is not None:  # Ray's own handler exits at once; the caller's (SIGTERM as Ctrl-C) ends trials
             signal.signal(signal.SIGTERM, sigterm)
@@ -191,6 +204,75 @@ def start_local(ray: Any, num_cpus: int | None) -> None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def mark_private(ray: Any) -> None:
+    """Mark the session folder of the private instance this process started (PRIVATE_MARK): its agents, should
+    they outlive it, are this program's to end (reap_orphaned_agents). Nothing where Ray does not say its folder."""
+    try:
+        session = ray._private.worker._global_node.get_session_dir_path()
+    except Exception:  # noqa: BLE001  (a private attribute of Ray's: without it, no mark)
+        return
+    try:
+        write_atomic(Path(session) / PRIVATE_MARK, f"{os.getpid()}\n")
+    except OSError:
+        return
+
+
+def reap_orphaned_agents(proc: Path = Path("/proc")) -> list[int]:
+    """End (SIGKILL) the Ray agents that an earlier private instance of this user left without their raylet; the
+    pids ended. Only where /proc is (Linux); elsewhere nothing.
+
+    Every raylet starts a dashboard agent and a runtime-env agent (ray::DashboardAgent, ray::RuntimeEnvAgent; Ray
+    2.60 has no option that leaves either out: the raylet refuses an empty command for them, include_dashboard=False
+    only makes the dashboard agent minimal). Where the process that started a private instance is killed with
+    SIGKILL, the kernel kills its raylet and GCS (Ray's fate sharing, PR_SET_PDEATHSIG), but not the agents,
+    which are the raylet's children: each sees its raylet gone within a second, and then, the raylet's log showing
+    no SIGTERM, publishes that error through the GCS, which is gone too: a synchronous call with a fixed 60 s
+    timeout (ray._private.process_watcher.report_raylet_error_logs) that blocks the agent's event loop, and with it
+    the agent's SIGTERM handler, before it exits. No Ray setting shortens it (RAY_gcs_rpc_server_reconnect_timeout_s,
+    RAY_gcs_server_request_timeout_seconds, RAY_gcs_rpc_server_connect_timeout_s: no effect).
+
+    Ended here: a process of this user titled as an agent (AGENT_TITLES) whose parent is no longer a raylet (the
+    agent's own test of its raylet's death: it was reparented) and which holds a file of a session folder that
+    start_local marked (PRIVATE_MARK). Never an agent of a user's own cluster (no mark), nor one of a private
+    instance still running (another sweep's: its parent is its raylet)."""
+    if not proc.is_dir():
+        return []
+    uid = os.getuid()
+    ended = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid != uid:
+                continue
+            title = (entry / "cmdline").read_bytes().split(b"\0")[0].strip().decode(errors="replace")
+            if title not in AGENT_TITLES:
+                continue
+            stat = (entry / "stat").read_text()
+            parent = stat[stat.rindex(")") + 2:].split()[1]  # after "pid (comm) state": the parent's pid
+            if (proc / parent / "comm").read_text().strip() == RAYLET:
+                continue  # its raylet still runs it
+            if not _holds_private_session(entry):
+                continue
+            os.kill(int(entry.name), signal.SIGKILL)  # its event loop may be blocked: a SIGTERM would wait
+            ended.append(int(entry.name))
+        except (OSError, ValueError, IndexError):  # gone meanwhile, not readable, or not as expected: left alone
+            continue
+    return ended
+
+
+def _holds_private_session(entry: Path) -> bool:
+    """Whether the process at /proc/PID `entry` holds a file of a session folder start_local marked (its logs)."""
+    for fd in (entry / "fd").iterdir():
+        try:
+            target = Path(os.readlink(fd))
+        except OSError:
+            continue
+        if target.is_absolute() and target.parent.name == "logs" and (target.parent.parent / PRIVATE_MARK).is_file():
+            return True
+    return False
 
 
 def check_reachable(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
