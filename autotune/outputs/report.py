@@ -36,7 +36,7 @@ OPTUNA_STRATEGIES = ("optuna", "optuna-gp", "hybrid")  # the strategies that kee
 RESUME = "continue it with the same command and --resume"
 DASHBOARD_EXTRA = "pip install 'ds-autotune[dashboard]'"  # optuna-dashboard (pyproject.toml's extra)
 # What a backend's figures are, where they are no measurement of this sweep: (the word for them, why).
-FIGURES = {"simulated": ("predicted", "the simulated backend predicts every figure (with simulated noise): no trial ran"),
+FIGURES = {"simulated": ("predicted", "the simulated backend predicts every figure from the estimator: no trial ran"),
            "replay": ("replayed", "the replay backend reads every figure from a recorded surface: measured then, "
                                   "not by this sweep")}
 
