@@ -750,7 +750,11 @@ class ScriptRun:
 
         if resume:
             settings = session.resumed(run_dir, settings, self.script, self.global_batch)
-            return settings, settings.space(), None
+            stuck = session.unresumable(run_dir)  # its first trial ended it before the script showed its model
+            if stuck is None:
+                return settings, settings.space(), None
+            progress.message(stuck[0])
+            return settings, space, self.ended(run_dir, run_dir.read_settings(), progress, stuck[1])
         remote = None
         if executor is not None:
             from autotune.drivers.ray_script_first import first_trial_runner
@@ -763,11 +767,15 @@ class ScriptRun:
         if fatal is None:
             return settings, space, None
         run_dir.write_settings(settings)
+        return settings, space, self.ended(run_dir, settings, progress, fatal)
+
+    def ended(self, run_dir: RunDir, settings: RunSettings, progress: Progress, fatal: str) -> "TuneResult":
+        """The sweep ended by its first trial's verdict `fatal`: its outputs, their lines told, a FATAL result."""
         outputs = write_outputs(run_dir, settings, own=own_outputs(settings), stop_reason=StopReason.FATAL)
         for line in outputs.notes:
             progress.message(line)
-        return settings, space, TuneResult(None, tuple(run_dir.results()), StopReason.FATAL, run_dir.path,
-                                           outputs.summary, fatal, outputs.files, notes=outputs.notes)
+        return TuneResult(None, tuple(run_dir.results()), StopReason.FATAL, run_dir.path, outputs.summary, fatal,
+                          outputs.files, notes=outputs.notes)
 
 
 def own_outputs(settings: RunSettings) -> OwnWriter | None:

@@ -8,11 +8,15 @@ script's global batch (never changed unless --global-batch is given, and then th
 the recipe changed), `micro_batch` keeps the values that divide that global batch, the estimator is
 calibrated on that first measurement, and `ckpt_interval` keeps only the values the model's own switch can
 apply (none without one). A first trial that fails because of the script (it crashes
-before `deepspeed.initialize`, never calls it, never steps, ...) ends the sweep at once with that verdict.
+before `deepspeed.initialize`, never calls it, never steps, runs out of time before it, ...) ends the sweep at
+once with that verdict, which the report puts first; such a sweep learned no model, so its resume runs no trial.
 The run directory gets `script.json` (the script, its arguments, the model learned, the notes), and the
 recommendation `best_ds_config.json` is the script's own config with the tuned keys (optimizer, scheduler
 and the rest as the script had them), plus the Trainer flags to pass with it where the script uses the
-Hugging Face Trainer.
+Hugging Face Trainer. launch.sh runs the script's command with the file in place of the config it names; a
+script that builds its config in code is run through autotune.script.apply (the trials' merge at
+deepspeed.initialize), and where that cannot apply (the Trainer, a loop's framework) the outputs say that the
+command does not carry the recommendation and which keys to put into the script's config.
 """
 
 from __future__ import annotations
@@ -30,15 +34,28 @@ from autotune.values.dsconfig import DsOptions, ds_config
 from autotune.prediction.estimate import estimate
 from autotune.outputs.handoff import DS_CONFIG, checkpointing_key, validate
 from autotune.values.results import TrialResult
+from autotune.worker.protocol import read_events
 from autotune.search.rundir import RunDir
 from autotune.values.settings import RunSettings
-from autotune.script import accelerate_loop, batch, lightning_loop, merge
+from autotune.script import accelerate_loop, apply, batch, lightning_loop, merge
 from autotune.script.inspect_model import describe, shape_from_info
 from autotune.values.space import Space
 from autotune.values.units import format_size
 from autotune.values.workload import PRESETS, Workload
 
 DEFAULT_GLOBAL_BATCH = 16  # only where the script states no batch size and --global-batch is not given
+DEFAULT_TIMEOUT_S = 600.0  # a trial's limit without --trial-timeout (the backend's default)
+# The first trial's verdict where it ran out of time in the script before deepspeed.initialize: what comes before
+# it is the same whatever the config, so every trial would (the shim's own verdicts: autotune.script.shim.VERDICTS).
+TIMED_OUT = "timed_out_before_initialize"
+RUNNING_SCRIPT = "script"  # the shim's phase from the script's start to deepspeed.initialize (autotune.script.shim)
+STDERR_TAIL = "; last lines of stderr:"  # where a trial's error quotes its rank's stderr (autotune.trials.runner)
+
+
+def first_line(error: str | None) -> str:
+    """A trial's error as one line: its first, without the announcement of the stderr lines after it."""
+    line = (error or "").strip().splitlines()[0] if (error or "").strip() else "unknown"
+    return line.removesuffix(STDERR_TAIL)
 
 
 def placeholder(global_batch: int | None, gpus: int) -> Workload:
@@ -107,24 +124,29 @@ def narrowed(settings: RunSettings, model: dict[str, Any]) -> tuple[RunSettings,
 
 
 def first_trial(run_dir: RunDir, settings: RunSettings, space: Space, script: Script,
-                timeout_s: float = 600.0, global_batch: int | None = None,
+                timeout_s: float | None = None, global_batch: int | None = None,
                 remote: Callable[[Config, bool], tuple[TrialResult, str | None]] | None = None,
-                ) -> tuple[RunSettings, Space, str | None]:
+                say: Callable[[str], None] = lambda line: None) -> tuple[RunSettings, Space, str | None]:
     """Run the first trial, record it, and return the sweep's settings and space for the model and global
     batch it showed (`global_batch`: --global-batch, which overrides the script's), and the script's verdict
-    if the script (not the config) failed. `remote(config, keep_script_batch)` runs the trial elsewhere
-    (a Ray task: autotune.drivers.ray_script_first) and returns its result and verdict."""
+    if the script (not the config) failed. `timeout_s`: the trial's limit (--trial-timeout; None: the backend's
+    600 s). `remote(config, keep_script_batch)` runs the trial elsewhere (a Ray task:
+    autotune.drivers.ray_script_first) and returns its result and verdict. `say` hears the lines for people (the
+    sweep's progress callback: nothing is printed here)."""
     config = first_config(space)
-    print(f"first trial of {script.path}: {config.label()} (shows the tuner the script's model and global batch)",
-          flush=True)
+    say(f"first trial of {script.path}: {config.label()} (shows the tuner the script's model and global batch)")
     if remote is not None:
         result, fatal = remote(config, global_batch is None)
     else:
         backend = script_backend(script, settings.workload, settings.memory_budget_bytes, settings.hardware,
-                                 DsOptions(nvme_path=settings.choices.nvme_path), run_dir.logs_dir, timeout_s,
+                                 DsOptions(nvme_path=settings.choices.nvme_path), run_dir.logs_dir,
+                                 DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s,
                                  shape_known=False, keep_script_batch=global_batch is None)
         result, fatal = backend.run(config), backend.fatal
     model = result.script_model
+    if fatal is None and not model and result.status == "timeout" and waited_in_script(result):
+        fatal = f"{TIMED_OUT}: {result.error}"  # no config changes what comes before deepspeed.initialize
+        result = replace(result, extra={**result.extra, "script_verdict": TIMED_OUT})
     notes: list[str] = []
     settled: batch.Settled | None = None
     if model:
@@ -135,9 +157,9 @@ def first_trial(run_dir: RunDir, settings: RunSettings, space: Space, script: Sc
                     f"batch is unknown: global batch {settled.global_batch} "
                     f"({'--global-batch' if global_batch else 'the tuner default: pass --global-batch to set it'})")
     if notes:
-        print(notes[0], flush=True)
+        say(notes[0])
     if model:
-        print(f"model: {model.get('class')}, {model['params']:,} parameters; {describe(model)}", flush=True)
+        say(f"model: {model.get('class')}, {model['params']:,} parameters; {describe(model)}")
         settings = replace(settings, workload=learned_workload(model, settings.workload, script))
         settings, more = narrowed(settings, model)
         notes += more
@@ -145,12 +167,21 @@ def first_trial(run_dir: RunDir, settings: RunSettings, space: Space, script: Sc
             est = estimate(config, settings.workload, settings.hardware)
             result = replace(result, extra={**result.extra, "predicted_peak_bytes": est.peak_bytes,
                                             "predicted_throughput_samples_per_s": est.throughput_samples_per_s})
-    result = replace(result, extra={**result.extra, "trial": 1}).under_budget(settings.memory_budget_bytes)
-    print(f"first trial {result.status}: " + (f"{result.throughput_samples_per_s:.4g} samples/s, peak "
-          f"{format_size(result.peak_memory_bytes)}" if result.ok else str(result.error).splitlines()[0]), flush=True)
+    number = len(run_dir.results()) + 1  # 1, but for a record that holds trials already
+    result = replace(result, extra={**result.extra, "trial": number}).under_budget(settings.memory_budget_bytes)
+    say(f"first trial {result.status}: " + (f"{result.throughput_samples_per_s:.4g} samples/s, peak "
+        f"{format_size(result.peak_memory_bytes)}" if result.ok else first_line(result.error)))
     run_dir.append(result)
     save(run_dir, script, model, notes, fatal, settled)
     return settings, settings.space(), fatal
+
+
+def waited_in_script(result: TrialResult) -> bool:
+    """Whether a trial's rank 0 was last running the script itself (not importing or building ops), before it
+    reached deepspeed.initialize (its events in the trial's log folder; unknown: False)."""
+    log_dir = result.extra.get("log_dir")
+    phases = [e.get("phase") for e in read_events(log_dir, 0)] if isinstance(log_dir, str) else []
+    return phases[-1:] == [RUNNING_SCRIPT]
 
 
 def save(run_dir: RunDir, script: Script, model: dict[str, Any] | None, notes: list[str], fatal: str | None,
@@ -177,6 +208,20 @@ def resumed(run_dir: RunDir, settings: RunSettings, script: Script, global_batch
     return replace(settings, workload=known.workload, choices=known.choices)
 
 
+def unresumable(run_dir: RunDir) -> tuple[str, str] | None:
+    """Why a script sweep cannot be resumed, and its first trial's verdict; None: it can. A sweep that its first
+    trial ended before the script showed its model learned nothing to go on from (its run.json holds the
+    placeholder workload, not the script's model and global batch), so no trial may run on it: the script, fixed,
+    needs a new sweep, whose first trial shows the model."""
+    info = load(run_dir)
+    if not info.get("fatal") or info.get("model"):
+        return None
+    verdict, _, error = str(info["fatal"]).partition(": ")
+    return (f"--resume: {run_dir.path} holds nothing to go on from: its first trial ended the sweep before the script "
+            f"reached deepspeed.initialize ({verdict}: {first_line(error)}), so the script's model and global batch "
+            "were never seen and no trial runs on a stand-in; once the script is fixed, start a new sweep: the same "
+            f"command without --resume, with another --out (or after removing {run_dir.path})"), str(info["fatal"])
+
 
 def recommendation(best: TrialResult, settings: RunSettings) -> tuple[dict[str, Any], list[str]]:
     """The script's own config with the best config's keys, and the Trainer flags that go with it."""
@@ -199,6 +244,44 @@ class ScriptOutputs:
     section: tuple[str, ...]
     notes: tuple[str, ...]
     program: tuple[str, ...] = ()  # the script and its arguments with the recommendation in them (launch.sh's)
+    # Where the script stopped the sweep before anything was recommended: the report's headline (first), else "".
+    verdict: str = ""
+    # Where no trial showed the script's model: the report's title and Workload line (no placeholder's figures).
+    title: str = ""
+    workload: str = ""
+    launch_notes: tuple[str, ...] = ()  # comment lines for launch.sh's header: how its command applies the config
+
+
+# What to do about each verdict, where its message does not say it already.
+VERDICT_HINTS = {
+    "crashed_before_initialize": "the error is the script's own, before any config applies: fix the script or "
+                                 "its arguments, then start a new sweep",
+    TIMED_OUT: "the script had not reached deepspeed.initialize when the trial's time ran out, and no config changes "
+               "what comes before it: raise --trial-timeout if the script needs longer to start (loading data or a "
+               "model), else see where it waits (the trial's rank0.stdout and rank0.stderr in logs/)",
+    "never_initialized": "ds-autotune tunes the config a script hands to deepspeed.initialize (itself, or through "
+                         "the Hugging Face Trainer, Accelerate or Lightning), and this one never called it",
+}
+
+
+def cannot_be_tuned(fatal: str) -> tuple[str, list[str]]:
+    """The verdict of a script that stopped its sweep, as one line (the verdict, the trial's error in its first
+    line: the script's own error line where it wrote one, and what to do), and the rank's last stderr lines."""
+    verdict, _, error = fatal.partition(": ")
+    lines = error.strip().splitlines()
+    hint = VERDICT_HINTS.get(verdict)
+    line = f"the script cannot be tuned as it is: {verdict}: {first_line(error)}" + (f"; {hint}" if hint else "")
+    return line, lines[1:]
+
+
+def tuned_keys(ds: dict[str, Any]) -> dict[str, Any]:
+    """The keys of a recommended config that the tuner set (autotune.script.merge), as a script's config takes them."""
+    keys = {key: ds[key] for key in merge.BATCH_KEYS if key in ds}
+    keys.update({name: {"enabled": bool((ds.get(name) or {}).get("enabled"))} for name in ("bf16", "fp16")})
+    keys["zero_optimization"] = ds.get("zero_optimization", {})
+    if "zero_force_ds_cpu_optimizer" in ds:
+        keys["zero_force_ds_cpu_optimizer"] = ds["zero_force_ds_cpu_optimizer"]
+    return keys
 
 
 def outputs(run_dir: RunDir, settings: RunSettings, best: TrialResult | None) -> ScriptOutputs:
@@ -206,8 +289,19 @@ def outputs(run_dir: RunDir, settings: RunSettings, best: TrialResult | None) ->
     info = load(run_dir)
     files: list[tuple[str, Any]] = []
     lines = list(info.get("notes") or [])
+    tail: list[str] = []  # the failed first trial's stderr lines, after its verdict
+    verdict = ""
     if info.get("fatal"):
-        lines.insert(0, f"the script cannot be tuned as it is: {info['fatal']}")
+        line, tail = cannot_be_tuned(str(info["fatal"]))
+        if best is None:
+            verdict = line
+        else:  # a resumed sweep went on from a first trial that had shown the model
+            line = "the first trial ended the sweep's first session: " + line.removeprefix("the script cannot be "
+                                                                                          "tuned as it is: ")
+            tail = []
+        lines.insert(0, line)
+    program: tuple[str, ...] = ()
+    launch_notes: list[str] = []
     if best is not None:
         ds, flags = recommendation(best, settings)
         via = (info.get("model") or {}).get("via")
@@ -219,7 +313,8 @@ def outputs(run_dir: RunDir, settings: RunSettings, best: TrialResult | None) ->
             ds, info["recommended_script_flags"], advice = loops[via](ds, info["model"], info["script"]["args"])
         info["recommended_trainer_flags"] = flags
         trainer = (info.get("model") or {}).get("via") == "transformers.TrainingArguments"
-        program = with_recommendation(info["script"], str(run_dir.path.resolve() / DS_CONFIG),
+        config_path = str(run_dir.path.resolve() / DS_CONFIG)
+        program = with_recommendation(info["script"], config_path,
                                       flags if trainer else info.get("recommended_script_flags") or [],
                                       add=trainer and "--deepspeed" in info["script"]["args"])
         files += [(DS_CONFIG, ds), (SCRIPT_FILE, info)]
@@ -230,16 +325,69 @@ def outputs(run_dir: RunDir, settings: RunSettings, best: TrialResult | None) ->
         elif via in loops:
             text += f"; {advice}"
         lines.append(text)
+        if not names_config(program, config_path):  # no argument of the script names its config: set in code
+            keys = json.dumps(tuned_keys(ds), separators=(", ", ": "))
+            if not trainer and via not in loops:  # the config reaches deepspeed.initialize: the trials' merge applies
+                switch = (info.get("model") or {}).get("checkpoint_switch")
+                program = apply.command(config_path, program[0], program[1:],
+                                        best.config.ckpt_interval > 0 if switch else None)
+                lines.append(f"no argument of the script names its DeepSpeed config (it builds it in code), so launch.sh "
+                             f"applies best_ds_config.json through `python -m {apply.MODULE}`: it merges the tuned keys "
+                             "into the config the script passes to deepspeed.initialize, as the trials did (the script "
+                             "unchanged); to launch the script without it, put these keys into that config: " + keys)
+                launch_notes += ["The script builds its DeepSpeed config in code: `--module autotune.script.apply` gives "
+                                 "the config it passes", "to deepspeed.initialize the tuned keys of best_ds_config.json, as "
+                                 "the trials did. Without it, put these into it:", keys]
+            else:
+                lines.append("the recommendation is NOT in launch.sh's command: no argument of the script names its "
+                             "DeepSpeed config (it sets it in code), so the command runs the script's own config; put "
+                             "these keys of best_ds_config.json into that config (or have the script read the file): "
+                             + keys)
+                launch_notes += ["NOT TUNED: the script sets its DeepSpeed config in code and no argument names it, so "
+                                 "this command", "runs the script's own config. Put these keys of best_ds_config.json "
+                                 "into it (report.md, Script mode):", keys]
     model = info.get("model") or {}
-    section = ["", "## Script mode", "", f"- Script: `{info['script']['path']}` `{shlex.join(info['script']['args'])}`"]
+    script_path, args = info["script"]["path"], info["script"]["args"]
+    section = ["", "## Script mode", "", f"- Script: `{script_path}`"
+               + (f" with arguments `{shlex.join(args)}`" if args else " (no arguments)")]
+    title = workload = ""
     if model:
         shape = settings.workload.model
         section.append(f"- Model seen at deepspeed.initialize: {model.get('class')}, {model['params'] / 1e6:,.2f}M "
                        f"parameters, {model.get('layers', '?')} layers, hidden {model.get('hidden', '?')}, sequence "
                        f"{model.get('seq_len', '?')} (shape the estimator uses: {shape.layers} layers, hidden "
                        f"{shape.hidden}, MLP {shape.ffn_hidden}, vocab {shape.vocab}); {describe(model)}")
-    section += [f"- {line}" for line in lines] + [""]
-    return ScriptOutputs(tuple(files), tuple(section), tuple(lines), program if best is not None else ())
+    elif not any(r.script_model for r in run_dir.results()):
+        title, workload = unseen_workload(settings, info)
+        section.append("- Model: not seen: no trial reached deepspeed.initialize, where the script hands over its model")
+    for line in lines:
+        section.append(f"- {line}")
+        if tail and line.startswith("the script cannot be tuned"):
+            section += ["", "  The first trial's last lines of stderr:", "", "  ```",
+                        *(f"  {t}" for t in tail), "  ```", ""]
+    section.append("")
+    console = [lines[0] + "".join(f"\n  {t}" for t in tail), *lines[1:]] if verdict else lines
+    return ScriptOutputs(tuple(files), tuple(section), tuple(console), program, verdict, title, workload,
+                         tuple(launch_notes))
+
+
+def unseen_workload(settings: RunSettings, info: dict[str, Any]) -> tuple[str, str]:
+    """The report's title and Workload line where no trial showed the script's model: the script's name, what is
+    known (the global batch the trials ran, where they ran; none where the first trial ended the sweep)."""
+    w, name = settings.workload, Path(info["script"]["path"]).name
+    if info.get("fatal"):
+        batch_text = "global batch not read"
+    else:
+        settled = info.get("global_batch") or {}
+        how = "--global-batch" if settled.get("given") else "the tuner's default: the script's was not read"
+        batch_text = f"global batch {w.global_batch} ({how})"
+    return (f"{name} (script)", f"{name}: its model not seen (no trial reached deepspeed.initialize), {batch_text}, "
+                                f"{w.gpus} x {settings.hardware.name}")
+
+
+def names_config(program: tuple[str, ...], config_path: str) -> bool:
+    """Whether the command passes `config_path` (an argument of the script named its DeepSpeed config)."""
+    return any(arg == config_path or arg.endswith(f"={config_path}") for arg in program[1:])
 
 
 # DeepSpeed config keys: a JSON file argument holding one is the script's config

@@ -3,6 +3,8 @@
 - `shim` (run as `python -m autotune.script <spec.json>`, one process per rank): runs the script with the
   trial's config applied at `deepspeed.initialize`, measures the engine it gets back, ends the run;
 - `merge`: the trial's memory-relevant keys over the script's own config;
+- `apply` (`python -m autotune.script.apply best_ds_config.json train.py ...`): the recommendation merged the
+  same way into the config a script builds in code, for launch.sh's command (no measuring);
 - `inspect_model`: the model's shape and checkpointing switch, for the estimator;
 - `accelerate_loop`, `lightning_loop` (with `loaders`): a hand-written Accelerate loop and a Lightning
   script, whose own DataLoader and gradient accumulation are brought to the trial's;

@@ -42,6 +42,25 @@ def load_config(source: Any) -> dict[str, Any]:
     raise ConfigError(f"DeepSpeed config of type {type(source).__name__}: expected a path, a dict or None")
 
 
+def pop_config(given: dict[str, Any]) -> Any:
+    """The config a `deepspeed.initialize` call passes (`given`: its bound arguments by name), taken out of them:
+    `config`, else `config_params`, else the `--deepspeed_config` / `--deepscale_config` of its `args` (a copy of
+    the script's namespace without it replaces `args`: the script's own stays as it was). None: no config."""
+    source = given.pop("config", None)
+    if source is None:
+        source = given.pop("config_params", None)
+    else:
+        given.pop("config_params", None)
+    cli_args = given.get("args")
+    for attr in ("deepspeed_config", "deepscale_config"):
+        if getattr(cli_args, attr, None) is not None:
+            source = getattr(cli_args, attr) if source is None else source
+            cli_args = copy.copy(cli_args)
+            setattr(cli_args, attr, None)
+            given["args"] = cli_args
+    return source
+
+
 def merge(user: Mapping[str, Any], trial: Mapping[str, Any]) -> dict[str, Any]:
     """`user` with the memory-relevant keys of `trial` (a complete config from dsconfig.ds_config)."""
     out = copy.deepcopy(dict(user))

@@ -29,7 +29,6 @@ the first trial: `crashed_before_initialize`, `never_initialized`, `never_steppe
 from __future__ import annotations
 
 import argparse
-import copy
 import importlib.abc
 import importlib.machinery
 import inspect
@@ -96,7 +95,7 @@ def main(argv: list[str]) -> int:
         report = shim.script_ended()
         code = 0 if report["status"] == "ok" else 1
     except BaseException as err:  # every failure becomes a report; the runner decides what comes next
-        traceback.print_exc()
+        print_failure(err)
         report, code = shim.failure(err), 1
     shim.finish(report, code)
     return code  # not reached: finish() ends the process
@@ -128,6 +127,7 @@ class Shim:
         self.world = 1
         self.model_switch: str | None = None
         self.via_trainer = False  # the config came through Hugging Face TrainingArguments
+        self.stderr: StderrTail | None = None  # what the script wrote to sys.stderr (its last line), while it ran
         self.env_watch: _EnvBeforeImport | None = None  # whether the script set the environment before its frameworks
 
     # -- bookkeeping ----------------------------------------------------------------------------------
@@ -194,7 +194,13 @@ class Shim:
         self.phase("script")
         self.env_watch = _EnvBeforeImport(FRAMEWORK_PACKAGES)
         sys.meta_path.insert(0, self.env_watch)
-        runpy.run_path(script, run_name="__main__")
+        self.stderr = StderrTail(sys.stderr)  # the script's own last words (argparse's error line) for its failure
+        sys.stderr = self.stderr
+        try:
+            runpy.run_path(script, run_name="__main__")
+        finally:
+            if sys.stderr is self.stderr:
+                sys.stderr = self.stderr.stream
 
     # -- the trial's config where the script passes its own ----------------------------------------------
     @property
@@ -247,21 +253,8 @@ class Shim:
     def initialize(self, *args: Any, **kwargs: Any) -> Any:
         self.lap("script_to_initialize_s")
         self.phase("initialize")
-        bound = inspect.signature(self.original_initialize).bind_partial(*args, **kwargs)
-        given = bound.arguments
-        source = given.pop("config", None)
-        if source is None:
-            source = given.pop("config_params", None)
-        else:
-            given.pop("config_params", None)
-        cli_args = given.get("args")
-        for attr in ("deepspeed_config", "deepscale_config"):
-            if getattr(cli_args, attr, None) is not None:
-                source = getattr(cli_args, attr) if source is None else source
-                cli_args = copy.copy(cli_args)  # the script's namespace stays as it was
-                setattr(cli_args, attr, None)
-                given["args"] = cli_args
-        user = merge.load_config(source)
+        given = inspect.signature(self.original_initialize).bind_partial(*args, **kwargs).arguments
+        user = merge.load_config(merge.pop_config(given))
         ds = self.trial_config(user, script_batch.from_ds_config(user, self.ranks))
         self.write(USED_CONFIG_FILE, ds)
         model = given.get("model")
@@ -429,17 +422,26 @@ class Shim:
             except ScriptVerdict as ended:
                 err = ended
         status, message = classify(err)
+        if isinstance(err, SystemExit):  # the script's sys.exit(N) or argparse's error: in its own words
+            message = self.exit_message(err)
         verdict = getattr(err, "verdict", None)
         if verdict is None and not self.initialized and self.last_phase == "script":
             verdict = "crashed_before_initialize"
-            what = f"exit code {err.code}" if isinstance(err, SystemExit) else message
-            message = f"the script failed before calling deepspeed.initialize: {what}"
+            message = f"the script failed before calling deepspeed.initialize: {message}"
         elif verdict is not None:
             message = str(err)
         return {"status": status, "error": message, "exception": type(err).__name__, "phase": self.last_phase,
                 "rank": self.rank, "pid": os.getpid(), "verdict": verdict, "model": self.model or None,
                 "fatal": isinstance(err, AcceleratorMismatch), **untrained_evidence(err),
                 **({"cause": oom_cause(err, self.spec.accelerator)} if status == "oom" else {})}
+
+    def exit_message(self, err: SystemExit) -> str:
+        """A nonzero sys.exit as the script says it: its message (sys.exit("...")), else the exit code with the
+        last line the script wrote to stderr (argparse's `prog: error: ...`)."""
+        if isinstance(err.code, str):
+            return err.code.strip().splitlines()[-1] if err.code.strip() else "exit code 1"
+        said = self.stderr.last_line() if self.stderr is not None else ""
+        return f"{said} (exit code {err.code})" if said else f"exit code {err.code}"
 
     def finish(self, report: dict[str, Any], code: int) -> None:
         write_json_atomic(report_path(self.spec.log_dir, self.rank), merge.json_safe(report))
@@ -448,6 +450,58 @@ class Shim:
         # Skip interpreter and process-group teardown, as the worker does: nothing more is needed from
         # this process, and the script's own loop must not go on.
         os._exit(code)
+
+
+# The shim's own verdicts: each says everything in its message (the report's error), no traceback of the shim's.
+OWN_VERDICTS = (ScriptVerdict, Unsupported, Untrained, AcceleratorMismatch, ConfigError)
+
+
+def print_failure(err: BaseException) -> None:
+    """What a failed rank writes to its stderr, whose last lines the trial's error quotes: the script's own
+    exception as Python would print it, from the script's first frame (the shim and runpy frames above it left
+    out); for sys.exit, only a message given to it, as Python prints it; nothing for the shim's own verdicts, whose
+    message is the error itself."""
+    if isinstance(err, OWN_VERDICTS):
+        return
+    if isinstance(err, SystemExit):
+        if isinstance(err.code, str):
+            print(err.code, file=sys.stderr)
+        return
+    tb = err.__traceback__
+    while tb is not None and _internal(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    # All frames internal: the shim's own failure (an import, a build), printed whole.
+    traceback.print_exception(type(err), err, tb if tb is not None else err.__traceback__)
+
+
+def _internal(filename: str) -> bool:
+    """A frame of the shim or of runpy, which stand between `python -m autotune.script` and the script."""
+    return filename == __file__ or filename.endswith(("runpy.py", "<frozen runpy>"))
+
+
+class StderrTail:
+    """sys.stderr while the script runs: writes go on to `stream`, and the last lines are kept (`last_line`)."""
+
+    def __init__(self, stream: Any, keep: int = 20) -> None:
+        self.stream, self.keep = stream, keep
+        self.lines: list[str] = []
+        self.partial = ""
+
+    def write(self, text: str) -> int:
+        written = self.stream.write(text)
+        try:
+            *done, self.partial = (self.partial + str(text)).split("\n")
+            self.lines = (self.lines + done)[-self.keep:]
+        except Exception:  # noqa: BLE001  (keeping lines never breaks the script's own write)
+            pass
+        return written
+
+    def last_line(self) -> str:
+        """The last non-blank line written (the line being written counts)."""
+        return next((line.strip() for line in reversed([*self.lines, self.partial]) if line.strip()), "")
+
+    def __getattr__(self, name: str) -> Any:  # flush, fileno, isatty, encoding, buffer, ...: the stream's own
+        return getattr(self.stream, name)
 
 
 def import_frameworks(names: str) -> float:
