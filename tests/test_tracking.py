@@ -226,26 +226,10 @@ def test_a_store_that_cannot_be_opened_leaves_no_sweep_behind(tmp_path, capfd, m
 @pytest.fixture
 def silent_server():
     """A server that accepts connections and never answers (a hung tracking server, a port behind a stuck
-    proxy): its port."""
-    import threading
+    proxy), on 127.0.0.2: its port."""
+    from test_procs_robust import serving
 
-    held: list[socket.socket] = []
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(8)
-
-    def accept() -> None:
-        while True:
-            try:
-                held.append(server.accept()[0])
-            except OSError:  # closed
-                return
-
-    threading.Thread(target=accept, daemon=True).start()
-    yield server.getsockname()[1]
-    server.close()
-    for conn in held:
-        conn.close()
+    yield from serving(None)
 
 
 def unreachable(uri: str, tmp_path: Path, capfd, monkeypatch) -> str:
@@ -277,8 +261,8 @@ def test_a_refused_tracking_server_is_one_line_within_seconds(tmp_path, capfd, m
 def test_a_tracking_server_that_never_answers_is_one_line_within_its_timeout(silent_server, tmp_path, capfd,
                                                                               monkeypatch):
     monkeypatch.setattr(tracking, "PROBE_TIMEOUT_S", 1.5)  # the default, 5 s, the same way: the test kept short
-    err = unreachable(f"http://127.0.0.1:{silent_server}", tmp_path, capfd, monkeypatch)
-    assert f"http://127.0.0.1:{silent_server}: no answer within 1.5 s; is the tracking server running" in err
+    err = unreachable(f"http://127.0.0.2:{silent_server}", tmp_path, capfd, monkeypatch)
+    assert f"http://127.0.0.2:{silent_server}: no answer within 1.5 s; is the tracking server running" in err
 
 
 @pytest.mark.parametrize("status", [200, 401, 503])
