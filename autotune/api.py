@@ -760,7 +760,7 @@ class ScriptRun:
             from autotune.drivers.ray_script_first import first_trial_runner
 
             remote = first_trial_runner(executor, run_dir, settings, self.script, session.DEFAULT_TIMEOUT_S
-                                        if self.trial_timeout_s is None else self.trial_timeout_s)
+                                        if self.trial_timeout_s is None else self.trial_timeout_s, progress.message)
         settings, space, fatal = session.first_trial(run_dir, settings, space, self.script, self.trial_timeout_s,
                                                      global_batch=self.global_batch, remote=remote,
                                                      say=progress.message)

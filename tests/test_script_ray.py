@@ -214,6 +214,7 @@ def test_a_script_sweep_on_ray_runs_the_shipped_copy_with_the_local_verdicts(ray
     assert code == 0, printed
     assert "global batch 1 (micro-batch 1 x gradient accumulation 1 x 1 rank, from the DeepSpeed config): the " \
            "script's own, kept" in printed
+    assert "Ray cluster local: " in printed and "travel with each trial" in printed  # the display's lines
     results = read_results(out / "trials.jsonl")
     # Every trial ok, the script's global batch of 1 kept, still tuned: every stage at micro-batch 1.
     assert [r.status for r in results] == ["ok"] * 3, [r.error for r in results]

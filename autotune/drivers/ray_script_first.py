@@ -24,20 +24,20 @@ FirstTrial = Callable[[Config, bool], "tuple[TrialResult, str | None]"]
 
 
 def first_trial_runner(options: RayOptions, run_dir: "RunDir", settings: "RunSettings", script: "Script",
-                       timeout_s: float = 600.0) -> FirstTrial:
+                       timeout_s: float = 600.0, say: Callable[[str], None] = lambda line: None) -> FirstTrial:
     """Runs a script sweep's first trial as a Ray task (autotune.outputs.script.first_trial's `remote`): the
     cluster stays connected for the sweep's trials (drivers/ray.run_on_cluster disconnects at its end) unless the
-    trial ended the sweep or failed to run."""
+    trial ended the sweep or failed to run. `say` hears the cluster and what travels (the sweep's display)."""
 
     def run(config: Config, keep_script_batch: bool) -> tuple[TrialResult, str | None]:
         shipment = shipment_of(script, run_dir)  # refused before connecting when too large
         resources = trial_resources(settings, options.gpus_per_trial)
         connect(options.address)
         try:
-            print(f"Ray cluster {options.address}: {describe_cluster()}; one trial asks for {resources.describe()}; "
-                  f"{shipment.describe()}", flush=True)
+            say(f"Ray cluster {options.address}: {describe_cluster()}; one trial asks for {resources.describe()}; "
+                f"{shipment.describe()}")
             for note in shipment.notes:
-                print(note, flush=True)
+                say(note)
             if not fits_some_node(resources):
                 raise ConfigError(f"no node of the Ray cluster at {options.address} has {resources.describe()} for "
                                   "one trial of the script")
