@@ -2,21 +2,21 @@
 trials.jsonl (docs/trials.md), whatever order trials in flight together finish in: the deepspeed backend names the
 folder at launch after the trials recorded then, and the sweep moves it to the recorded number when it records the
 result (autotune.backends.deepspeed.settle_log_dir, from drivers/sweep.py). `-attempt<k>` only for a second folder
-of one config at one number (interrupted and resumed, or lost and resubmitted)."""
+of one config at one number (interrupted and resumed, or lost and resubmitted). On a real Ray cluster:
+tests/test_script_ray.py's sweep (its trials 2 and 3 in flight together) and tests/test_ray_cluster.py's."""
 
 from __future__ import annotations
 
 import json
 import re
-import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from autotune.backends.deepspeed import DeepSpeedBackend, folder_label
-from autotune.drivers.loop import Flight, Job, TrialReply, TrialResources, run_jobs
+from autotune.drivers.loop import Flight, Job, TrialReply, run_jobs
 from autotune.drivers.progress import QuietProgress
 from autotune.drivers.stop import StopReason
 from autotune.drivers.sweep import Budget, Sweep
@@ -38,29 +38,21 @@ def settings() -> RunSettings:
     return RunSettings(make_workload("tiny"), PROFILES["cpu"], BUDGET, "random", "deepspeed", 0, load_choices("cpu"))
 
 
-def fake_ranks(spec: WorkerSpec, options: LaunchOptions, hold_s: float = 0.0) -> RunOutcome:
+def fake_ranks(spec: WorkerSpec, options: LaunchOptions) -> RunOutcome:
     """A trial's ranks as the runner's outcome, without a process: a line in the trial's folder, a crash."""
     LAUNCHED.append(spec.log_dir)
-    time.sleep(hold_s)
     (Path(spec.log_dir) / "rank0.stderr").write_text(f"{spec.config.label()}\n")
     return RunOutcome("crash", f"rank 0 exited with code 1 (see {spec.log_dir}/rank0.stderr)", (None,), 0.1,
                       time.time(), spec.log_dir, (), (1,))
 
 
-@dataclass(frozen=True)
-class FakeDeepSpeed:
-    """Builds the deepspeed backend of a run directory whose trials' ranks are `fake_ranks` (picklable: a Ray task
-    builds it on its worker)."""
-
-    run_dir: str
-    hold_s: float = 0.0
-
-    def __call__(self) -> DeepSpeedBackend:
-        s = settings()
-        backend = DeepSpeedBackend(s.workload, s.memory_budget_bytes, s.hardware, logs_dir=Path(self.run_dir) / "logs",
-                                   ranks_ahead=False)
-        backend.start_ranks = lambda spec, options: fake_ranks(spec, options, self.hold_s)
-        return backend
+def fake_deepspeed(run_dir: Path) -> DeepSpeedBackend:
+    """The deepspeed backend of a run directory whose trials' ranks are `fake_ranks`."""
+    s = settings()
+    backend = DeepSpeedBackend(s.workload, s.memory_budget_bytes, s.hardware, logs_dir=run_dir / "logs",
+                               ranks_ahead=False)
+    backend.start_ranks = fake_ranks
+    return backend
 
 
 class Overlapping:
@@ -114,7 +106,7 @@ def check_folders(run: RunDir, launched: int) -> list[TrialResult]:
 
 def test_trials_in_flight_together_get_the_numbers_they_are_recorded_under(tmp_path):
     run, sweep = open_sweep(tmp_path / "run")
-    backend = FakeDeepSpeed(str(run.path))()
+    backend = fake_deepspeed(run.path)
     reasons = run_jobs([Job("overlap", sweep, Budget(6, confirm=0), progress=QuietProgress())], Overlapping(backend),
                        concurrency=2)
     assert reasons == {"overlap": StopReason.TRIALS}
@@ -124,7 +116,7 @@ def test_trials_in_flight_together_get_the_numbers_they_are_recorded_under(tmp_p
 def test_one_trial_at_a_time_keeps_the_folder_it_launched_in(tmp_path):
     """A local sweep's trial is recorded under the number its folder was named with at launch: nothing moves."""
     run, sweep = open_sweep(tmp_path / "run")
-    backend = FakeDeepSpeed(str(run.path))()
+    backend = fake_deepspeed(run.path)
     LAUNCHED.clear()
     run_jobs([Job("one", sweep, Budget(4, confirm=0), progress=QuietProgress())], Overlapping(backend, slots=1))
     results = check_folders(run, 4)
@@ -161,7 +153,7 @@ def test_a_crash_after_the_move_before_the_record_loses_nothing(tmp_path):
     """The folder is moved before the record is appended: a tuner killed in between leaves it under its number,
     and the resumed trial at that number, of the same config, is its -attempt2."""
     run, sweep = open_sweep(tmp_path / "run")
-    backend = FakeDeepSpeed(str(run.path))()
+    backend = fake_deepspeed(run.path)
     config = next(c for c in settings().space() if sweep.pruner.check(c, "deepspeed") is None)
     first = backend.run(config)
 
@@ -179,25 +171,3 @@ def test_a_crash_after_the_move_before_the_record_loses_nothing(tmp_path):
     assert Path(recorded.extra["log_dir"]).name == f"0001-{folder_label(config)}-attempt2"
     assert read_results(run.trials_path)[0].extra["log_dir"] == recorded.extra["log_dir"]
     assert (kept / "rank0.stderr").is_file()
-
-
-@pytest.mark.slow
-def test_a_ray_sweep_with_two_trials_in_flight_numbers_each_folder_as_recorded(tmp_path):
-    """The local Ray executor at concurrency 2, each trial held in flight a while: both launch before either is
-    recorded, on workers that build the backend there and share the run directory."""
-    import ray
-
-    from autotune.drivers.ray import run_ray
-    from autotune.trials.cluster import connect, disconnect
-
-    run, sweep = open_sweep(tmp_path / "run")
-    job = Job("ray", sweep, Budget(6, confirm=0), TrialResources(cpus=1.0),
-              FakeDeepSpeed(str(run.path.resolve()), hold_s=1.5), QuietProgress())
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import this test module
-    connect("local", num_cpus=2)
-    try:
-        run_ray([job], concurrency=2)
-    finally:
-        disconnect()
-    results = check_folders(run, 6)
-    assert len({r.extra["node_id"] for r in results}) == 1
