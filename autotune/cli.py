@@ -31,6 +31,7 @@ from autotune.values.config import ConfigError
 from autotune.values.models import did_you_mean
 from autotune.files import NoSpaceLeft, disk_full
 from autotune.trials.ops import OpBuildFailed
+from autotune.values.settings import SETTINGS
 
 # command name -> module under autotune.commands exposing add_arguments(parser) and run(args) -> int
 COMMANDS = {
@@ -321,10 +322,12 @@ def _resume_hint(run_dir: Path | None) -> str:
     lost; '' for anything else."""
     if run_dir is None:
         return ""
-    if (Path(run_dir) / "run.json").is_file():
+    if (Path(run_dir) / SETTINGS).is_file():
         return (f"; {run_dir} keeps every recorded trial: continue with the same command and --resume (`autotune "
                 f"report {run_dir}` writes its outputs so far)")
-    if (Path(run_dir) / "sweep.yaml").is_file():
+    from autotune.commands.sweep import SWEEP_COPY
+
+    if (Path(run_dir) / SWEEP_COPY).is_file():
         return f"; {run_dir} keeps every recorded trial: continue with the same command and --resume --out {run_dir}"
     return ""
 

@@ -16,6 +16,9 @@ from autotune.commands.tune import add_tracking_arguments, tracking_uri
 from autotune.values.units import counted
 
 
+SWEEP_COPY = "sweep.yaml"  # the sweep file as the sweep directory keeps it
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("sweep_file", type=Path, help="sweep YAML listing the workloads (see examples/sweep.yaml)")
     parser.add_argument("--ray-address", type=ray_address, default="local",
@@ -72,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     executor = RayOptions(args.ray_address, args.concurrency or sweep_file.concurrency)
 
     def started() -> None:  # every run directory held: what produced them
-        write_atomic(out / "sweep.yaml", read_bytes(sweep_file.path, "the sweep file"))
+        write_atomic(out / SWEEP_COPY, read_bytes(sweep_file.path, "the sweep file"))
     with sigterm_as_interrupt():
         try:
             results = tune_many(plans, executor=executor, progress=lambda plan: shows[str(plan.name)],

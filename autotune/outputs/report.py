@@ -23,7 +23,7 @@ from autotune.search.confirm import (DEFAULT_REPEATS, Confirmation, as_one, cand
 from autotune.prediction.estimate import estimate
 from autotune.search.pruning import (CAUSES, DEVICE_MEMORY, HOST_MEMORY, NVME_SPACE, Pruner, cause_counts, cause_of,
                               describe_causes, host_need_bytes)
-from autotune.values.results import STATUSES, TrialResult
+from autotune.values.results import STATUSES, TrialResult, error_line
 from autotune.search.rundir import STUDY, RunDir
 from autotune.values.settings import RunSettings
 from autotune.prediction.scale import ScaleReport, at_target, project
@@ -689,18 +689,14 @@ def _judged(result: TrialResult) -> str:
     return f" (fits {p:.0%}, peak {format_size(interval[0])}-{format_size(interval[1])}, 90%)"
 
 
-def _first_line(error: str | None) -> str:
-    return error.strip().splitlines()[0] if error and error.strip() else "unknown"
-
-
 def _clipped(error: str | None, limit: int = 200) -> str:
-    line = _first_line(error)
+    line = error_line(error)
     return line if len(line) <= limit else line[:limit].rsplit(" ", 1)[0] + " ..."
 
 
 def _cause(error: str | None) -> str:
     """An error's first line with its numbers blanked, so that one cause groups its trials."""
-    return re.sub(r"\d+(\.\d+)?(\s?[KMGT]i?B)?", "N", _first_line(error))
+    return re.sub(r"\d+(\.\d+)?(\s?[KMGT]i?B)?", "N", error_line(error))
 
 
 def _num(value: float | None) -> str:

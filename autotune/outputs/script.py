@@ -33,7 +33,7 @@ from autotune.values.config import Config, ConfigError
 from autotune.values.dsconfig import DsOptions, ds_config
 from autotune.prediction.estimate import estimate
 from autotune.outputs.handoff import DS_CONFIG, checkpointing_key, validate
-from autotune.values.results import TrialResult
+from autotune.values.results import TrialResult, error_line
 from autotune.worker.protocol import read_events
 from autotune.search.rundir import RunDir
 from autotune.values.settings import RunSettings
@@ -49,13 +49,6 @@ DEFAULT_TIMEOUT_S = 600.0  # a trial's limit without --trial-timeout (the backen
 # it is the same whatever the config, so every trial would (the shim's own verdicts: autotune.script.shim.VERDICTS).
 TIMED_OUT = "timed_out_before_initialize"
 RUNNING_SCRIPT = "script"  # the shim's phase from the script's start to deepspeed.initialize (autotune.script.shim)
-STDERR_TAIL = "; last lines of stderr:"  # where a trial's error quotes its rank's stderr (autotune.trials.runner)
-
-
-def first_line(error: str | None) -> str:
-    """A trial's error as one line: its first, without the announcement of the stderr lines after it."""
-    line = (error or "").strip().splitlines()[0] if (error or "").strip() else "unknown"
-    return line.removesuffix(STDERR_TAIL)
 
 
 def placeholder(global_batch: int | None, gpus: int) -> Workload:
@@ -170,7 +163,7 @@ def first_trial(run_dir: RunDir, settings: RunSettings, space: Space, script: Sc
     number = len(run_dir.results()) + 1  # 1, but for a record that holds trials already
     result = replace(result, extra={**result.extra, "trial": number}).under_budget(settings.memory_budget_bytes)
     say(f"first trial {result.status}: " + (f"{result.throughput_samples_per_s:.4g} samples/s, peak "
-        f"{format_size(result.peak_memory_bytes)}" if result.ok else first_line(result.error)))
+        f"{format_size(result.peak_memory_bytes)}" if result.ok else error_line(result.error)))
     run_dir.append(result)
     save(run_dir, script, model, notes, fatal, settled)
     return settings, settings.space(), fatal
@@ -218,7 +211,7 @@ def unresumable(run_dir: RunDir) -> tuple[str, str] | None:
         return None
     verdict, _, error = str(info["fatal"]).partition(": ")
     return (f"--resume: {run_dir.path} holds nothing to go on from: its first trial ended the sweep before the script "
-            f"reached deepspeed.initialize ({verdict}: {first_line(error)}), so the script's model and global batch "
+            f"reached deepspeed.initialize ({verdict}: {error_line(error)}), so the script's model and global batch "
             "were never seen and no trial runs on a stand-in; once the script is fixed, start a new sweep: the same "
             f"command without --resume, with another --out (or after removing {run_dir.path})"), str(info["fatal"])
 
@@ -270,7 +263,7 @@ def cannot_be_tuned(fatal: str) -> tuple[str, list[str]]:
     verdict, _, error = fatal.partition(": ")
     lines = error.strip().splitlines()
     hint = VERDICT_HINTS.get(verdict)
-    line = f"the script cannot be tuned as it is: {verdict}: {first_line(error)}" + (f"; {hint}" if hint else "")
+    line = f"the script cannot be tuned as it is: {verdict}: {error_line(error)}" + (f"; {hint}" if hint else "")
     return line, lines[1:]
 
 

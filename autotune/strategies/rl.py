@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from autotune.values.config import Config, ConfigError
+from autotune.values.config import Config, ConfigError, first_line
 from autotune.envs.actions import JUMP, RUN, STOP
 from autotune.values.results import TrialResult
 from autotune.strategies import SearchContext
@@ -205,8 +205,7 @@ def load_policy(folder: str | Path) -> "Policy":
         raise ConfigError(f"--policy {folder}: {err}") from None
     except (OSError, RuntimeError, ValueError, KeyError, TypeError, EOFError, pickle.UnpicklingError) as err:
         # a spec without its keys, weights that are not its network's (another shape), a damaged policy.pt
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(f"--policy {folder}: its {WEIGHTS} and {META} do not load as a policy ({reason}): export "
+        raise ConfigError(f"--policy {folder}: its {WEIGHTS} and {META} do not load as a policy ({first_line(err)}): export "
                           "it again with `autotune rl export`") from None
     obs_dim, n_actions = size(policy.observes_seconds), len(ACTIONS)
     if (policy.spec.obs_dim, policy.spec.n_actions) != (obs_dim, n_actions):

@@ -57,6 +57,7 @@ from typing import Any, Callable, Mapping, Sequence
 import psutil
 
 from autotune.values.allocator import environment as allocator_environment
+from autotune.values.results import STDERR_TAIL
 from autotune.trials.ops import with_deepspeed_arch_list
 from autotune.worker import procmem
 from autotune.worker.main import PARENT_ENV, SPARE_DEVICE_EXIT
@@ -776,7 +777,7 @@ class Trial:
             lines = path.read_text(errors="replace").rstrip().splitlines()[-STDERR_TAIL_LINES:]
         except FileNotFoundError:
             return ""
-        return ("; last lines of stderr:\n" + "\n".join(lines)) if lines else ""
+        return (STDERR_TAIL + "\n" + "\n".join(lines)) if lines else ""
 
 
 def judge(verdict: tuple[str, str] | None, ranks: Sequence[int], reports: Sequence[dict[str, Any] | None],

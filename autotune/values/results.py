@@ -29,6 +29,7 @@ OVERFLOW, NONFINITE, FLAT = "overflow", "nonfinite", "flat"
 TRAINING_FAULTS = (OVERFLOW, NONFINITE, FLAT)  # an untrained result's `fault`
 # DeepSpeed's DynamicLossScaler.update_scale, on an overflow at its minimum scale (raise_error_at_min_scale).
 SCALER_AT_MINIMUM = "Current loss scale already at minimum"
+STDERR_TAIL = "; last lines of stderr:"  # where a trial's error quotes its rank's stderr (autotune.trials.runner)
 MAX_BYTES = 2**63 - 1  # byte counts are int64 wherever they are stored (SQLite, numpy)
 # What steers the tuner's logic from a result's extra keys, typed (TrialResult.phase, .repeat_of, .cause) and
 # checked whenever a result is made, not only when one is read back. The JSON line is unchanged: they stay flat
@@ -189,6 +190,12 @@ class TrialResult:
     @classmethod
     def from_json(cls, line: str) -> "TrialResult":
         return cls.from_dict(parse_json(line, "a trial result", "a JSON object"))
+
+
+def error_line(error: str | None) -> str:
+    """A trial's error as one line: its first, without the announcement of the stderr lines after it."""
+    line = error.strip().splitlines()[0] if error and error.strip() else "unknown"
+    return line.removesuffix(STDERR_TAIL)
 
 
 def _checked(name: str, value: Any, check: Any, allowed: str) -> Any:
