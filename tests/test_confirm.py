@@ -60,7 +60,7 @@ def test_the_pick_is_the_best_median_not_the_fastest_single_run():
     assert pick.extra["trial"] == 2 and pick.extra["runs"] == 2 and pick.extra["throughput_runs"] == [9.0, 8.5]
     assert pick.peak_memory_bytes == int(1.3 * GiB)  # the highest peak of its runs: what to plan for
     assert pick.tokens_per_s == pytest.approx(8.75 * 256)
-    assert pick.step_time_s == pytest.approx(statistics.median([16 / 9.0, 16 / 8.5]))
+    assert pick.step_time_s == pytest.approx(16 / 8.75)  # the step of the median throughput, not a median of steps
     # Without repeats it is the fastest run itself, the earliest among equals (as before confirmation).
     single = [run(A, 10.0, 1), run(B, 10.0, 2), run(C, 11.0, 3, peak_gib=2.5)]  # C is over budget
     assert confirm.recommend(single, BUDGET) is single[0]
@@ -139,6 +139,25 @@ def test_the_reserve_is_capped_at_a_quarter_of_the_trials():
     assert confirm.reserve(results, BUDGET, 2, confirm.MACHINE_SIGMA, trials=12) == 2  # one of the 3 is spent
     assert confirm.reserve(results, BUDGET, 2, confirm.MACHINE_SIGMA, trials=3) == 0
     assert confirm.reserve(results, BUDGET, 0, confirm.MACHINE_SIGMA, trials=40) == 0
+
+
+def test_the_trials_a_resume_needs_to_confirm_every_close_call():
+    # A sweep of 3 trials without confirmation: --trials 3 + its 4 wanted repeats would leave confirmation one
+    # (a quarter of 7) while the search could use the rest; the report's command asks for what it really takes.
+    workload, hardware = autotune.make_workload("tiny"), autotune.load_hardware("cpu")
+    sweep = Sweep.in_memory(Space(load_choices("cpu"), workload, hardware), BUDGET, "random", "simulated")
+    sweep.launch_sigma = NOISE
+    run_local(sweep, noisy(), Budget(3, confirm=0), QuietProgress())
+    wanted = confirm.plan(sweep.results, BUDGET, 2, NOISE).wanted
+    trials, search_first = confirm.trials_to_confirm(sweep.results, BUDGET, 2, NOISE)
+    assert wanted >= 2 and trials == 3 + search_first + wanted and trials * confirm.SHARE >= wanted
+    assert run_local(sweep, noisy(), Budget(trials, confirm=2), QuietProgress()) == "trials"
+    assert sweep.launched == trials and confirm.plan(sweep.results, BUDGET, 2, NOISE).wanted == 0
+    assert sum(not confirm.is_repeat(r) for r in sweep.results if r.status != "pruned") == 3 + search_first
+    # A long sweep needs no more search: its trials are the repeats.
+    many = [run(Config(z, mb, ck, "bf16"), 10.0 - 0.01 * i, i) for i, (z, mb, ck) in
+            enumerate(((z, mb, ck) for z in (0, 1) for mb in (1, 2, 4, 8) for ck in (0, 1, 2)), 1)]
+    assert confirm.trials_to_confirm(many, BUDGET, 2, confirm.MACHINE_SIGMA) == (24 + 6, 0)  # 3 finalists x 2
 
 
 def test_how_sure_the_pick_is():
@@ -242,6 +261,9 @@ def test_simulated_sweep_confirms_its_close_calls(tmp_path):
     results = check_confirmed_run(out, TRIALS)
     assert result.best.config.to_dict() == json.loads((out / "summary.json").read_text())["best"]["config"]
     assert "median of" in result.verdict
+    # Its peak is the highest of its runs, not its first run's (which the trial number alone said it was).
+    summary = json.loads((out / "summary.json").read_text())
+    assert f"(the highest of its runs; trial {summary['best_trial_index']} the first)" in result.verdict
     # The search's budget shrank by the repeats, no more: confirmation took at most a quarter of the trials.
     assert sum(confirm.is_repeat(r) for r in results) <= TRIALS // 4
 

@@ -14,6 +14,7 @@ from matplotlib.ticker import MaxNLocator
 from autotune.prediction.estimate import MEMORY_TERMS, Estimate
 from autotune.files import atomic_output
 from autotune.values.results import FAILURES, TrialResult
+from autotune.values.units import counted
 
 GiB = 2**30
 
@@ -93,7 +94,7 @@ def best_so_far(results: Sequence[TrialResult], budget_bytes: int, path: Path) -
 
 
 def memory_breakdown(est: Estimate, budget_bytes: int, measured_bytes: int | None, path: Path,
-                     figures: str = "measured") -> Path:
+                     figures: str = "measured", calibrated: int = 0) -> Path:
     fig = Figure(figsize=(8, 3.6), layout="constrained")
     ax = fig.subplots()
     left = 0.0
@@ -107,7 +108,8 @@ def memory_breakdown(est: Estimate, budget_bytes: int, measured_bytes: int | Non
         ax.axvline(measured_bytes / GiB, color="black", linestyle=":", label=f"{figures} peak {measured_bytes / GiB:.3g} GiB")
     ax.set_yticks([0], [est.config.label()])
     ax.set_xlabel("GiB per device")
-    ax.set_title("Estimator's memory breakdown of the recommended config")
+    ax.set_title("Estimator's memory breakdown of the recommended config"
+                 + (f", calibrated on {counted(calibrated, 'trial')}" if calibrated else ""))
     fig.legend(fontsize="small", loc="outside lower center", ncol=3)
     _save(fig, path)
     return path

@@ -18,9 +18,10 @@ from autotune.search import convergence
 from autotune.values.config import Config, ConfigError
 from autotune.outputs.handoff import ACCELERATE_CONFIG, DS_CONFIG, HF_DS_CONFIG, TRAINER_ARGS, Handoff, stack_line
 from autotune.outputs.launch import LAUNCH_FILE, template_reason
-from autotune.search.confirm import (DEFAULT_REPEATS, Confirmation, as_one, candidates, confidence_words,
-                                     confirmation, is_repeat, prior_sigma, recommend)
-from autotune.prediction.estimate import estimate
+from autotune.search.confirm import (DEFAULT_REPEATS, SHARE, Confirmation, as_one, candidates, confidence_words,
+                                     confirmation, is_repeat, prior_sigma, recommend, trials_to_confirm)
+from autotune.prediction.calibrate import load_calibration
+from autotune.prediction.estimate import Calibration, estimate
 from autotune.search.pruning import (CAUSES, DEVICE_MEMORY, HOST_MEMORY, NVME_SPACE, Pruner, cause_counts, cause_of,
                               describe_causes, host_need_bytes)
 from autotune.values.results import STATUSES, TrialResult, error_line
@@ -324,14 +325,18 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
             own_notes += launch.console_lines(str(run.path / LAUNCH_FILE))
             own_section.insert(-1, f"- Launch: `bash {LAUNCH_FILE} torchrun {launch.train()}` (or `deepspeed`): "
                                    f"{counted(launch.processes, 'process', 'processes')} in the environment the trials ran in")
-        est = estimate(best.config, settings.workload, settings.hardware)
+        # As `autotune estimate --calibration <run>` predicts it: the report's figures are the calibrated ones.
+        calibration = run_calibration(run)
+        est = estimate(best.config, settings.workload, settings.hardware, calibration)
         files.append(plots.memory_breakdown(est, settings.memory_budget_bytes, best.peak_memory_bytes,
-                                            run.plots_dir / "memory_breakdown.png", figures=figures))
+                                            run.plots_dir / "memory_breakdown.png", figures=figures,
+                                            calibrated=calibration.samples))
         runs = best.runs
         verdict = (f"recommended {best.config.label()}: {best.throughput_samples_per_s:.3g} samples/s"
                    + (f" (median of {runs} runs)" if runs else "") + ", "
                    f"peak {format_size(best.peak_memory_bytes)} of {format_size(settings.memory_budget_bytes)} "
-                   f"(trial {summary['best_trial_index']})")
+                   + (f"(the highest of its runs; trial {summary['best_trial_index']} the first)" if runs
+                      else f"(trial {summary['best_trial_index']})"))
     elif script is not None and script.verdict:  # the script, not the configs, stopped the sweep: no "run more"
         verdict = script.verdict
     else:
@@ -591,6 +596,15 @@ def _top_table(results: Sequence[TrialResult], budget: int) -> list[str]:
     return lines + [""]
 
 
+def run_calibration(run: RunDir) -> Calibration:
+    """The calibration the sweep saved (none: the estimator's own; one a report cannot read is left out, as the
+    sweep's figures do not depend on it)."""
+    try:
+        return load_calibration(run.path) or Calibration()
+    except ConfigError:
+        return Calibration()
+
+
 def _confirmation(results: Sequence[TrialResult], budget: int, backend: str) -> list[str]:
     """Each finalist's runs and how sure the pick is (autotune/search/confirm.py); with no repeats, whether the
     runner-up is within the launch spread, and how to settle it."""
@@ -604,14 +618,16 @@ def _confirmation(results: Sequence[TrialResult], budget: int, backend: str) -> 
         fitting = sorted((r for r in results if r.fits(budget)), key=lambda r: -r.throughput)
         first, second = fitting[0], fitting[1]
         gap = first.throughput / second.throughput - 1
-        launched = sum(r.status != "pruned" for r in results)
         if gap >= spread.typical:
             return []
+        trials, search_first = trials_to_confirm(results, budget, DEFAULT_REPEATS, prior_sigma(backend))
+        first_search = (f" after {counted(search_first, 'more search trial')} (confirmation takes at most "
+                        f"{SHARE:.0%} of --trials while the search can use them)" if search_first else "")
         return [f"Close call: the runner-up ({second.config.label()}) is {gap:.0%} slower, less than the "
                 f"{spread.typical:.0%} median difference between two launches of one config ({spread.source}); "
                 "nothing was re-measured (confirmation off, or no trials left for it): `autotune tune ... --resume "
-                f"--confirm {DEFAULT_REPEATS} --trials {launched + 2 * DEFAULT_REPEATS}` runs both again in fresh "
-                "processes and recommends the better median.", ""]
+                f"--confirm {DEFAULT_REPEATS} --trials {trials}` runs the close calls again in fresh processes"
+                f"{first_search} and recommends the best median.", ""]
     return _confirmation_table(confirmed)
 
 

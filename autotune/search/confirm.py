@@ -207,6 +207,17 @@ def reserve(results: Sequence[TrialResult], budget_bytes: int | None, repeats: i
     return min(plan(results, budget_bytes, repeats, prior, in_flight).wanted, cap)
 
 
+def trials_to_confirm(results: Sequence[TrialResult], budget_bytes: int | None, repeats: int,
+                      prior: float | None) -> tuple[int, int]:
+    """The `--trials` a resumed sweep needs for confirmation to run every repeat it wants now, and how many search
+    trials it runs first: the search goes on while confirmation's share of `--trials` is short of the repeats."""
+    launched = sum(r.status != "pruned" for r in results)
+    wanted = plan(results, budget_bytes, repeats, prior).wanted
+    done = sum(is_repeat(r) for r in results)
+    trials = max(launched + wanted, math.ceil((wanted + done) / SHARE))
+    return trials, trials - launched - wanted
+
+
 def recommend(results: Sequence[TrialResult], budget_bytes: int | None) -> TrialResult | None:
     """The config with the best median over its runs (fastest single run where none was repeated; the
     earliest among equals), as one result (`as_one`)."""
@@ -224,12 +235,14 @@ def as_one(candidate: Candidate, budget_bytes: int | None) -> TrialResult:
     median = candidate.median
     first = candidate.first
     per_sample_tokens = (first.tokens_per_s / first.throughput) if first.tokens_per_s and first.ok else None
-    steps = [r.step_time_s for r in ok if r.step_time_s]
     peaks = [r.peak_memory_bytes for r in ok if r.peak_memory_bytes]
     representative = first if first.fits(budget_bytes) else ok[0]
+    # The step time of the median throughput (throughput is the global batch over it), not a median of its own:
+    # the two medians of two runs disagree (6.88 s against 16 / 2.36 = 6.78 s).
+    step = representative.step_time_s
     return replace(representative, status="ok", throughput_samples_per_s=median,
                    tokens_per_s=None if per_sample_tokens is None else median * per_sample_tokens,
-                   step_time_s=statistics.median(steps) if steps else representative.step_time_s,
+                   step_time_s=step * representative.throughput / median if step and median else step,
                    peak_memory_bytes=max(peaks) if peaks else representative.peak_memory_bytes,
                    extra={**representative.extra, "trial": first.extra.get("trial"), "runs": candidate.runs,
                           "throughput_runs": list(candidate.throughputs)})
