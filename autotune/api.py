@@ -39,6 +39,7 @@ from autotune.drivers.stop import StopReason
 from autotune.drivers.sweep import Budget, Hooks, Sweep
 from autotune.files import SQLITE_FULL, NoSpaceLeft, disk_full, make_dir, short
 from autotune.outputs.handoff import narrow_choices
+from autotune.outputs.launch import ORIGIN_FILE, Origin
 from autotune.values.hardware import Hardware, load_hardware
 from autotune.outputs.report import Outputs, OwnWriter, write_outputs
 from autotune.values.results import TrialResult, relabel_note, relabelled
@@ -822,7 +823,7 @@ def check_out(run_dir: RunDir, resume: bool) -> None:
 # What a new sweep writes before its first trial (the lock stays: it records nothing). Removed again when the
 # sweep fails before one (an unreachable Ray cluster, a fault), so that the corrected command is not refused
 # with "already holds a sweep".
-STARTUP_FILES = (SETTINGS, STUDY, f"{STUDY}-wal", f"{STUDY}-shm", f"{STUDY}-journal")
+STARTUP_FILES = (SETTINGS, ORIGIN_FILE, STUDY, f"{STUDY}-wal", f"{STUDY}-shm", f"{STUDY}-journal")
 
 
 @contextmanager
@@ -865,12 +866,15 @@ def startup_files(run_dir: RunDir, resume: bool) -> set[str]:
 def begin(run_dir: RunDir, settings: RunSettings, resume: bool, hint: str = RESUME_HINT) -> None:
     """Write a new sweep's settings, or check that a resumed one is started with the same (under its lock;
     `hint`: what the refusal tells the user to do)."""
-    if not resume:
+    if resume:
+        differences = run_dir.read_settings().differences(settings)
+        if differences:
+            raise ConfigError(f"--resume: {run_dir.path} was started with other settings ({'; '.join(differences)}): "
+                              f"{hint}")
+    else:
         run_dir.write_settings(settings)
-        return
-    differences = run_dir.read_settings().differences(settings)
-    if differences:
-        raise ConfigError(f"--resume: {run_dir.path} was started with other settings ({'; '.join(differences)}): {hint}")
+    # This session's trials start here: launch.sh, also as `autotune report` writes it elsewhere, gives their environment.
+    run_dir.write_json(ORIGIN_FILE, Origin.here().to_dict())
 
 
 def open_sweep(stack: ExitStack, run_dir: RunDir, settings: RunSettings, space: Space, progress: Progress,

@@ -26,7 +26,7 @@ from autotune.outputs.handoff import (ACCELERATE_CONFIG, DS_CONFIG, HF_DS_CONFIG
                                       checkpointing_key, narrow_choices)
 from autotune.values.hardware import PROFILES
 from autotune.search.rundir import RunSettings
-from autotune.outputs.launch import LAUNCH_FILE
+from autotune.outputs.launch import LAUNCH_FILE, ORIGIN_FILE, Origin
 from autotune.trials.runner import (LOOPBACK_IFNAME, MASTER_ADDR, LaunchOptions, extensions_dir, free_port,
                                     remove_shm_buffers, trial_environment)
 from autotune.search_spaces import load_choices
@@ -311,6 +311,30 @@ def test_launch_file_has_both_forms_and_the_environment_the_trials_got(tmp_path,
     assert str(tmp_path) not in report
     done = subprocess.run(["bash", str(path), "mpirun", "train.py"], capture_output=True, text=True)
     assert done.returncode == 2 and "usage: bash" in done.stderr and "torchrun|deepspeed" in done.stderr
+
+
+def test_a_report_written_elsewhere_keeps_the_trials_environment(tmp_path, monkeypatch, capsys):
+    # `autotune report` from another Python environment wrote its own PATH and an ops folder never built, while
+    # report.md said the tuner built the ops there: the session that ran the trials records where (origin.json).
+    out = tmp_path / "run"
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert main(["tune", "--model", "tiny", "--backend", "simulated", "--trials", "2", "--space", "cpu",
+                 "--out", str(out), "--quiet"]) == 0
+    origin = Origin.read(out / ORIGIN_FILE)
+    assert origin == Origin.here() and origin.python == sys.executable
+    written = (out / LAUNCH_FILE).read_text()
+    other = tmp_path / "other-venv" / "bin" / "python"
+    monkeypatch.setattr(sys, "executable", str(other))
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    monkeypatch.setenv("PATH", f"{other.parent}{os.pathsep}{os.environ['PATH']}")
+    assert main(["report", str(out), "--quiet"]) == 0
+    assert (out / LAUNCH_FILE).read_text() == written
+    assert f"`TORCH_EXTENSIONS_DIR={extensions_dir(origin.python)}` is where the tuner built" in (out / "report.md").read_text()
+    (out / ORIGIN_FILE).unlink()  # a run directory from before the record: this environment's, as before
+    assert main(["report", str(out), "--quiet"]) == 0
+    assert "export OMP_NUM_THREADS=7" in (out / LAUNCH_FILE).read_text().splitlines()
+    capsys.readouterr()
 
 
 def test_launch_file_of_a_gpu_job_over_several_machines(tmp_path, monkeypatch):

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.values.config import Config, ConfigError
 from autotune.values.dsconfig import RECIPE_AUTO, DsOptions, ds_config, hf_ds_config
 from autotune.values.hardware import Hardware
-from autotune.outputs.launch import LAUNCH_FILE, Launch, template_reason, trials_environment
+from autotune.outputs.launch import LAUNCH_FILE, Launch, Origin, template_reason, trials_environment
 from autotune.values.settings import DEFAULT_STACK, STACKS, RunSettings, check_stack  # noqa: F401  (the stacks' names are settings)
 from autotune.values.space import Choices
 from autotune.values.workload import Workload
@@ -102,11 +102,13 @@ class Handoff:
     folder: Path
     options: DsOptions = DsOptions()
     template: str = ""  # why launch.sh is a template for the target (autotune.outputs.launch.template_reason)
+    origin: Origin | None = None  # where the trials were started (None: here)
 
     @classmethod
-    def of(cls, config: Config, settings: RunSettings, folder: Path) -> "Handoff":
+    def of(cls, config: Config, settings: RunSettings, folder: Path, origin: Origin | None = None) -> "Handoff":
         return cls(config, settings.workload, settings.hardware, settings.stack, folder.resolve(),
-                   DsOptions(nvme_path=settings.choices.nvme_path), template_reason(settings.backend, settings.hardware))
+                   DsOptions(nvme_path=settings.choices.nvme_path), template_reason(settings.backend, settings.hardware),
+                   origin)
 
     @property
     def accumulation(self) -> int:
@@ -188,7 +190,7 @@ class Handoff:
         """The launch command: this many processes, `ranks_per_node` per machine, in the environment the runner
         gives a trial's ranks on this machine."""
         per_node = self.ranks_per_node
-        bin_dir, settings = trials_environment(self.hardware.accelerator, per_node, self.hardware.allocator)
+        bin_dir, settings = trials_environment(self.hardware.accelerator, per_node, self.hardware.allocator, self.origin)
         return Launch(self.workload.gpus, per_node, bin_dir, settings, self.stack, str(self.folder / ACCELERATE_CONFIG),
                       tuple(self.trainer_flags()) if self.stack == "trainer" else (),
                       f"{self.config.label()} for {self.workload.model.name}, global batch {self.workload.global_batch}",

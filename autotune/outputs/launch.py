@@ -25,19 +25,25 @@ user to set; only the hardware profile's accelerator and the sweep's allocator s
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
+import sys
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
 
 from autotune.values.allocator import DEFAULT_ALLOCATOR
 from autotune.values.hardware import Hardware
 from autotune.values.units import counted
 
 LAUNCH_FILE = "launch.sh"
+ORIGIN_FILE = "origin.json"  # the trials' Python and environment, as the last session that ran trials had them
 ALLOCATOR_ENV = re.compile(r"PYTORCH_(CUDA_|HIP_)?ALLOC_CONF")  # the caching allocator's settings
 # This machine's, not the target's: a template leaves them out (the accelerator and allocator are the profile's).
 MACHINE_ENV = ("TORCH_EXTENSIONS_DIR", "OMP_NUM_THREADS", "TORCH_CUDA_ARCH_LIST")
+ORIGIN_ENV = ("PATH", *MACHINE_ENV)  # what an Origin keeps of the environment (with the allocator's settings)
 _WHY = {"TORCH_EXTENSIONS_DIR": "DeepSpeed's C++ ops as the tuner built them: loaded, not rebuilt (minutes)",
         "DS_ACCELERATOR": "DeepSpeed's accelerator of the trials",
         "OMP_NUM_THREADS": "OpenMP threads per rank, as the trials' ranks had them",
@@ -56,15 +62,46 @@ class Setting:
         return f"export {self.name}={shlex.quote(self.value)}"
 
 
-def trials_environment(accelerator: str, ranks_per_node: int,
-                       allocator: str = DEFAULT_ALLOCATOR) -> tuple[str, tuple[Setting, ...]]:
+@dataclass(frozen=True)
+class Origin:
+    """Where a sweep's trials were started: the tuner's Python, the variables of its environment the launch file
+    takes, the machine's cores. Each session that runs trials records its own (ORIGIN_FILE), so that `autotune report`
+    from another Python environment or machine writes the launch file of the trials' environment, not its own."""
+
+    python: str
+    env: Mapping[str, str]
+    cpus: int
+
+    @classmethod
+    def here(cls) -> "Origin":
+        return cls(sys.executable, {k: v for k, v in os.environ.items() if k in ORIGIN_ENV or ALLOCATOR_ENV.fullmatch(k)},
+                   os.cpu_count() or 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"python": self.python, "env": dict(self.env), "cpus": self.cpus}
+
+    @classmethod
+    def read(cls, path: Path) -> "Origin | None":
+        """The origin recorded in `path`; None where there is none or it is not one (the file is only ever ours)."""
+        try:
+            data = json.loads(path.read_text())
+            return cls(str(data["python"]), {str(k): str(v) for k, v in data["env"].items()}, int(data["cpus"]))
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            return None
+
+
+def trials_environment(accelerator: str, ranks_per_node: int, allocator: str = DEFAULT_ALLOCATOR,
+                       origin: Origin | None = None) -> tuple[str, tuple[Setting, ...]]:
     """The tuner's Python environment's bin directory (first on the trials' PATH) and the variables of the trials'
     environment a training run needs, as the runner gives them to `ranks_per_node` ranks of one machine (CUDA: in
-    allocator mode `allocator`, as autotune.backends.deepspeed sets it)."""
+    allocator mode `allocator`, as autotune.backends.deepspeed sets it); `origin`: as it gave them where the trials
+    were started, else here."""
     from autotune.trials.runner import LaunchOptions, rank_threads, trial_environment
 
-    env = trial_environment(LaunchOptions(ranks=ranks_per_node, allocator=allocator), accelerator)
-    env["OMP_NUM_THREADS"] = rank_threads(env, ranks_per_node)
+    origin = origin or Origin.here()
+    env = trial_environment(LaunchOptions(ranks=ranks_per_node, allocator=allocator, python=origin.python),
+                            accelerator, base=origin.env)
+    env["OMP_NUM_THREADS"] = rank_threads(env, ranks_per_node, origin.cpus)
     bin_dir = env["PATH"].split(os.pathsep)[0]
     names = [*_WHY, *sorted(name for name in env if ALLOCATOR_ENV.fullmatch(name))]
     return bin_dir, tuple(Setting(name, env[name], _WHY.get(name, "the allocator's settings of the trials"))

@@ -17,7 +17,7 @@ from autotune.drivers.stop import StopReason
 from autotune.search import convergence
 from autotune.values.config import Config, ConfigError
 from autotune.outputs.handoff import ACCELERATE_CONFIG, DS_CONFIG, HF_DS_CONFIG, TRAINER_ARGS, Handoff, stack_line
-from autotune.outputs.launch import LAUNCH_FILE, template_reason
+from autotune.outputs.launch import LAUNCH_FILE, ORIGIN_FILE, Origin, template_reason
 from autotune.search.confirm import (DEFAULT_REPEATS, SHARE, Confirmation, as_one, candidates, confidence_words,
                                      confirmation, is_repeat, prior_sigma, recommend, trials_to_confirm)
 from autotune.prediction.calibrate import load_calibration
@@ -307,9 +307,10 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
     own_section, own_notes = (list(script.section), list(script.notes)) if script is not None else ([], [])
     if script is not None:
         files += [run.write_json(name, document) for name, document in script.files]
+    origin = Origin.read(run.path / ORIGIN_FILE)  # the environment the trials ran in, not this process's
     if best is not None:
         if script is None:
-            handoff = Handoff.of(best.config, at_target(settings), run.path)  # for the target's devices
+            handoff = Handoff.of(best.config, at_target(settings), run.path, origin)  # for the target's devices
             files += handoff.write(run)  # best_ds_config.json, best_hf_ds_config.json, trainer args, accelerate config
             launch = handoff.launch()
             why = template_reason(settings.backend, settings.hardware)
@@ -317,7 +318,7 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
                 run.write_text(LAUNCH_FILE, replace(launch, template=why).script())
             usage = handoff.markdown()
         else:  # the script's own command under a launcher, in the environment its trials ran in
-            launch = replace(Handoff.of(best.config, at_target(settings), run.path).launch(), stack="deepspeed",
+            launch = replace(Handoff.of(best.config, at_target(settings), run.path, origin).launch(), stack="deepspeed",
                              trainer_flags=(), program=script.program)
             sh = launch.script().split("\n")
             sh[2:2] = [f"# {line}" for line in script.launch_notes]  # after the shebang and the title line

@@ -328,12 +328,15 @@ def _held_files(shm_dir: Path) -> set[str]:
     return held
 
 
-def trial_environment(options: LaunchOptions, accelerator: str) -> dict[str, str]:
+def trial_environment(options: LaunchOptions, accelerator: str,
+                      base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment every process of a trial starts from (the runner adds the rendezvous and rank variables),
-    and the op preflight's (autotune.trials.ops) and launch.sh's (autotune.outputs.launch): this process's, the
-    options' extra variables, then what trials need (on CUDA, the sweep's allocator mode)."""
+    and the op preflight's (autotune.trials.ops) and launch.sh's (autotune.outputs.launch): this process's (or
+    `base`: a recorded one), the options' extra variables, then what trials need (on CUDA, the sweep's allocator
+    mode)."""
     # The trial's accelerator wins over the caller's environment: the trial runs where it was planned to.
-    env = {**os.environ, **options.env, "PYTHONUNBUFFERED": "1", "DS_ACCELERATOR": accelerator}
+    env = {**(os.environ if base is None else base), **options.env, "PYTHONUNBUFFERED": "1",
+           "DS_ACCELERATOR": accelerator}
     # The interpreter's own bin directory first, as an activated venv has it: DeepSpeed's op builds call
     # `ninja` from PATH, and two ninja versions (the venv's, the system's) do not read each other's
     # build logs, so they rebuild the C++ ops (minutes) every time the other one ran last.
@@ -349,13 +352,13 @@ def trial_environment(options: LaunchOptions, accelerator: str) -> dict[str, str
     return with_deepspeed_arch_list(env)
 
 
-def rank_threads(env: Mapping[str, str], local_size: int) -> str:
+def rank_threads(env: Mapping[str, str], local_size: int, cpus: int | None = None) -> str:
     """OMP_NUM_THREADS of each of `local_size` ranks on one machine (also the launch file's, autotune.outputs.launch):
-    `env`'s own, else an even share of the cores. Ranks share the cores; oversubscribed OpenMP threads spin
-    against each other."""
+    `env`'s own, else an even share of the cores (this machine's, or `cpus`). Ranks share the cores; oversubscribed
+    OpenMP threads spin against each other."""
     if "OMP_NUM_THREADS" in env:
         return env["OMP_NUM_THREADS"]
-    return str(max(1, (os.cpu_count() or 1) // local_size))
+    return str(max(1, (cpus or os.cpu_count() or 1) // local_size))
 
 
 @dataclass(frozen=True)
