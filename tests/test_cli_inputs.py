@@ -76,6 +76,8 @@ def one_line_error(code, err: str, prog: str, *fragments: str) -> None:
     (["rl", "train", "--workers", "100000"], "'100000' is too large: allowed 0 to 4096 runners"),
     (["rl", "train", "--hiddens", ",".join(["8"] * 17)], "at most 16 of them"),
     (["rl", "train", "--hiddens", "128," + NINES], "integers from 1 to 65536"),
+    (["rl", "train", "--backend", "replay", "--memory-budget", "1GiB,zz"], "size 'zz' is not understood"),
+    (["rl", "train", "--memory-budget", "0"], "size '0' must be positive"),
     (FAST_TUNE + ["--ray-address", "127.0.0.1:0"], "'127.0.0.1:0' is not a Ray address: allowed local, auto or host:port"),
     (["sweep", "s.yaml", "--ray-address", "host"], "'host' is not a Ray address"),
     (["estimate", "--model", "1" * 300], "argument --model: model '111"),  # too long a name for a file: not OSError

@@ -177,5 +177,5 @@ def test_the_library_records_the_policy_and_refuses_another_on_resume(exported, 
         RunSettings.from_dict({**recorded, "policy_sha256": 3})
     shipped = TuneSpec(WORKLOAD, "a100-40gb", memory_budget_bytes=12 * 2**30, strategy="rl",
                        trials=3, backend="simulated")
-    with pytest.raises(ConfigError, match="started with other settings .*policy: None != "):
+    with pytest.raises(ConfigError, match="started with other settings .*policy: recorded .*, given None"):
         tune_many([Plan(shipped, out, resume=True)])

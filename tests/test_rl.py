@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -214,7 +215,7 @@ def test_training_settings_are_checked_and_a_run_resumes_only_with_the_same_ones
     run, _, checkpoint = prepare(tmp_path, settings)
     assert checkpoint is None and run.settings() == settings
     prepare(tmp_path, TrainSettings(iterations=10, seed=4, workers=2))  # more iterations, other resources: fine
-    with pytest.raises(ConfigError, match=r"other settings \(seed=4 there, 5 here\)"):
+    with pytest.raises(ConfigError, match=r"other settings \(seed: recorded 4, given 5\)"):
         prepare(tmp_path, TrainSettings(iterations=10, seed=5))
     assert TrainSettings.from_dict(settings.to_dict()) == settings
     # A price per trial-second (issue 41) reaches the environment's reward and the command that trains again.
@@ -224,6 +225,183 @@ def test_training_settings_are_checked_and_a_run_resumes_only_with_the_same_ones
     assert TrainSettings.from_dict(old).second_cost == 0.0 and not TrainSettings.from_dict(old).observe_seconds
     observing = TrainSettings(observe_seconds=True)
     assert observing.env_config()["observe_seconds"] and observing.command("o").endswith("--observe-seconds")
+
+
+def fake_train(calls: list, rows: tuple = (), interrupt: bool = False):
+    """autotune.rl.train.train without RLlib: says it starts (fresh), reports `rows`, then returns or is interrupted."""
+    from autotune.rl.train import Start, TrainResult
+
+    def train(out, settings, *, on_iteration, on_start, **_):
+        calls.append(settings)
+        on_start(Start(Path(out), settings.iterations, 0, None))
+        if interrupt:
+            raise KeyboardInterrupt
+        for row in rows:
+            on_iteration(row)
+        return TrainResult(Path(out), settings.iterations, 0, rows[-1] if rows else None, None, None)
+
+    return train
+
+
+def small_run(out: Path, iterations: int, checkpoint: int | None, **settings):
+    """A training run's folder as `autotune rl train` leaves it (default settings), without RLlib: its settings,
+    progress lines and, with `checkpoint`, an (empty) checkpoint folder that `latest` names."""
+    from autotune.rl.train import Iteration
+
+    run, _, _ = prepare(out, TrainSettings(iterations=iterations, **settings))
+    for i in range(1, (checkpoint or 0) + 1):
+        run.append_progress(Iteration(i, 10 * i, i, 0.5, 3.0, 0.1, 0.9, 0.2, float(i)))
+    if checkpoint:
+        (run.checkpoints / f"{checkpoint:06d}").mkdir(parents=True)
+        run.point_latest(f"{checkpoint:06d}")
+    return run
+
+
+def test_replay_training_draws_budgets_across_the_surfaces_peaks_so_that_episodes_run_out_of_memory(
+        tiny_surface, tmp_path, monkeypatch, capsys):
+    from cli_run import cli
+
+    from autotune.rl.train import replay_budgets
+
+    surface = load_surface(tiny_surface)
+    peaks = sorted(r.peak_memory_bytes for r in surface.results.values() if r.ok)
+    calls: list = []
+    monkeypatch.setattr("autotune.rl.train.train", fake_train(calls))
+    replay = ["rl", "train", "--backend", "replay", "--surface", str(tiny_surface), "--out", str(tmp_path / "p")]
+    code, out, err = cli(replay, capsys)
+    assert code == 0, err
+    budgets = calls[-1].memory_budget_bytes
+    assert budgets == replay_budgets([surface]) and len(budgets) == 4
+    assert budgets[0] == peaks[round(0.25 * (len(peaks) - 1))] and budgets[-1] == peaks[-1]
+    assert "replay backend at " in out and ("GiB" in out or "MiB" in out)
+    env = TrainingEnv({**calls[-1].env_config(), "seed": 0})
+    assert env.config.memory_budget == budgets
+    rng, seen, statuses = np.random.default_rng(0), set(), []
+    obs, _ = env.reset(seed=0)
+    for _ in range(200):
+        seen.add(env._episode.task.memory_budget_bytes)
+        obs, _, terminated, truncated, info = env.step(int(rng.choice(np.flatnonzero(obs["action_mask"]))))
+        statuses.append(info["status"])
+        if terminated or truncated:
+            obs, _ = env.reset()
+    assert seen <= set(budgets) and len(seen) > 1 and "oom" in statuses  # at the device's memory: never
+    # --memory-budget: one size or several (argtypes.size each), recorded; another one on resume is refused
+    code, _, err = cli([*replay, "--memory-budget", "1GiB,600MiB"], capsys)
+    assert code == 0 and calls[-1].memory_budget_bytes == (600 * 2**20, 2**30)
+    assert calls[-1].env_config()["memory_budget"] == [600 * 2**20, 2**30]
+    assert "--memory-budget 629145600,1073741824" in calls[-1].command("o")
+    run, _, _ = prepare(tmp_path / "r", calls[-1])
+    assert json.loads((run.path / "settings.json").read_text())["memory_budget_bytes"] == [600 * 2**20, 2**30]
+    with pytest.raises(ConfigError, match=r"memory_budget_bytes: recorded \[600 MiB, 1 GiB\], given \[1 GiB\]"):
+        prepare(tmp_path / "r", TrainSettings(backend="replay", surfaces=(str(tiny_surface),),
+                                              memory_budget_bytes=(2**30,)))
+    code, _, err = cli(["rl", "train", "--memory-budget", "1GiB", "--out", str(tmp_path / "s")], capsys)
+    assert code == 2 and "--memory-budget is only for --backend replay" in err and err.count("\n") == 1
+    with pytest.raises(ConfigError, match="memory_budget_bytes is for the replay backend"):
+        TrainSettings(memory_budget_bytes=(2**30,))
+
+
+def test_quiet_training_prints_its_result_alone(tmp_path, monkeypatch, capsys):
+    from cli_run import cli
+
+    from autotune.rl.train import Iteration
+
+    rows = (Iteration(1, 10, 1, 0.5, 3.0, 0.1, 0.9, 0.2, 1.0),)
+    monkeypatch.setattr("autotune.rl.train.train", fake_train([], rows))
+    code, out, _ = cli(["rl", "train", "--iterations", "1", "--out", str(tmp_path / "p")], capsys)
+    assert code == 0 and "training a policy in" in out and "iter    1/1" in out and "done: 1 iterations" in out
+    code, out, _ = cli(["rl", "train", "--quiet", "--iterations", "1", "--out", str(tmp_path / "p")], capsys)
+    assert code == 0 and out.splitlines() == [line for line in out.splitlines() if line.startswith("done: ")] != []
+
+
+def test_an_interrupt_before_the_first_checkpoint_says_that_the_command_starts_over(tmp_path, monkeypatch, capsys):
+    from cli_run import cli
+
+    monkeypatch.setattr("autotune.rl.train.train", fake_train([], interrupt=True))
+    code, out, _ = cli(["rl", "train", "--out", str(tmp_path / "p")], capsys)
+    assert code == 130 and "nothing was saved, the same command starts over" in out and "resumes" not in out
+    small_run(tmp_path / "q", 10, 5)
+    code, out, _ = cli(["rl", "train", "--out", str(tmp_path / "q")], capsys)
+    assert code == 130 and f"resumes from checkpoint {tmp_path / 'q' / 'checkpoints' / '000005'}" in out
+
+
+def test_a_run_asked_for_fewer_iterations_than_it_holds_trains_nothing_and_keeps_its_record(
+        tmp_path, monkeypatch, capsys):
+    from cli_run import cli
+
+    import autotune.rl.train as training
+
+    def no_ray(*_args, **_kwargs):
+        raise AssertionError("Ray started for a run with nothing to train")
+
+    monkeypatch.setattr(training, "connect_ray", no_ray)
+    run = small_run(tmp_path / "pol1", 7, 7)
+    code, out, err = cli(["rl", "train", "--iterations", "3", "--out", str(run.path)], capsys)
+    assert code == 0, err
+    assert f"{run.path} is already trained to 7 iterations (--iterations 3 asks for no more): nothing to train" in out
+    assert "resuming" not in out and "done: 7 iterations" in out
+    assert run.settings().iterations == 7
+    # Asked for more: recorded; interrupted at 5 of 7 and asked for 6: 6, not 7.
+    prepare(run.path, TrainSettings(iterations=9))
+    assert run.settings().iterations == 9
+    interrupted = small_run(tmp_path / "int", 7, 5)
+    prepare(interrupted.path, TrainSettings(iterations=6))
+    assert interrupted.settings().iterations == 6
+    # The provenance names the run by its absolute path and the iterations of the checkpoint exported.
+    monkeypatch.chdir(tmp_path)
+    meta = training.training_meta(training.TrainingRun("pol1"), "000007")
+    assert f"--out {run.path.resolve()} --iterations 7 " in meta["command"] and meta["settings"]["iterations"] == 7
+    earlier = training.training_meta(training.TrainingRun("pol1"), "000005")
+    assert "--iterations 5 " in earlier["command"] and [r["iteration"] for r in earlier["progress"]] == [1, 2, 3, 4, 5]
+
+
+def test_the_provenance_of_a_replay_trained_policy_names_its_surface_and_the_settings_that_applied(
+        tiny_surface, tmp_path):
+    import hashlib
+
+    from autotune.rl.train import provenance, training_meta
+
+    replay = TrainSettings(iterations=2, backend="replay", surfaces=(str(tiny_surface),),
+                           memory_budget_bytes=(600 * 2**20, 2**30))
+    run, _, _ = prepare(tmp_path / "r", replay)
+    text = provenance(training_meta(run, "000002"))
+    digest = hashlib.sha256(tiny_surface.read_bytes()).hexdigest()
+    assert f"`{tiny_surface}` (SHA-256 {digest})" in text and "budgets 600 MiB, 1 GiB, one drawn per episode" in text
+    assert "simulat" not in text and "memory_budget_bytes=[629145600, 1073741824]" in text
+    for ignored in ("noise", "randomize", "pool_size", "cpu_share"):
+        assert f"{ignored}=" not in text and f"--{ignored.replace('_', '-')} " not in text
+    simulated, _, _ = prepare(tmp_path / "s", TrainSettings(iterations=2))
+    text = provenance(training_meta(simulated, "000002"))
+    assert "with the distorted simulation (autotune/rl/simulator.py)" in text and "noise=0.1" in text
+    assert "memory_budget_bytes" not in text and "surfaces=" not in text
+    # noise, say, shapes no replayed episode: not compared when such a run resumes
+    prepare(tmp_path / "r", TrainSettings(iterations=2, backend="replay", surfaces=(str(tiny_surface),),
+                                          memory_budget_bytes=(600 * 2**20, 2**30), noise=0.5))
+
+
+def test_a_second_trainer_is_refused_before_anything_is_said(tmp_path, capsys):
+    from cli_run import cli
+
+    from autotune.rl.train import TrainingRun
+
+    run = small_run(tmp_path / "polk", 5, None)
+    with TrainingRun(run.path).locked():
+        code, out, err = cli(["rl", "train", "--out", str(run.path)], capsys)
+    assert code == 2 and "is in use by another trainer" in err and out == ""
+
+
+def test_a_training_runs_folder_given_as_the_policy_names_its_policy_folder(tmp_path):
+    from autotune.strategies.rl import load_policy
+
+    random_policy(tmp_path / "pol1" / "policy")
+    hint = f"(a training run: its policy is '{tmp_path / 'pol1' / 'policy'}')"
+    with pytest.raises(ConfigError, match=re.escape(hint)):
+        load_policy(tmp_path / "pol1")
+    with pytest.raises(ConfigError, match=re.escape(hint)):
+        Policy.load(tmp_path / "pol1")
+    with pytest.raises(ConfigError) as refused:  # any other folder: no hint
+        load_policy(tmp_path)
+    assert "training run" not in str(refused.value)
 
 
 def test_a_training_run_shares_the_run_folder_lock_and_atomic_files(tmp_path):

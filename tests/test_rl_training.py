@@ -182,5 +182,5 @@ def test_a_run_directory_refuses_other_settings(trained, capsys):
     assert code == 2
     said = capsys.readouterr()
     err = said.err
-    assert "other settings" in err and "seed=0 there, 9 here" in err and len(err.strip().splitlines()) == 1
+    assert "other settings" in err and "seed: recorded 0, given 9" in err and len(err.strip().splitlines()) == 1
     assert "resuming" not in said.out  # not said of a run it refuses

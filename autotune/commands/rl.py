@@ -1,12 +1,13 @@
 """`autotune rl`: train the RL policy (RLlib PPO on the simulated environment) and export it.
 
-    autotune rl train [--iterations N] [--backend simulated|replay] [--surface FILE ...] [--workers K]
-                      [--out runs/policy-NAME] [--ray-address ADDR] [--seed N] ...
+    autotune rl train [--iterations N] [--backend simulated|replay] [--surface FILE ...] [--memory-budget SIZE[,SIZE...]]
+                      [--workers K] [--out runs/policy-NAME] [--ray-address ADDR] [--seed N] ...
     autotune rl export CHECKPOINT --out DIR
 
 `train` resumes the run in --out when there is one (from its last checkpoint), and prints one line per
-iteration. The exported policy (DIR/policy.pt + policy.json) is what `autotune tune --strategy rl --policy DIR`
-(or `--strategy hybrid --policy DIR`) loads, without Ray.
+iteration (under --quiet only its result, the `done:` line, and errors). The exported policy (DIR/policy.pt +
+policy.json) is what `autotune tune --strategy rl --policy DIR` (or `--strategy hybrid --policy DIR`) loads,
+without Ray.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 from rich.console import Console
 
 from autotune.values.argtypes import (input_dir, input_file, int_range, non_negative_float, output_dir, positive_int,
-                               ray_address, seed)
+                               ray_address, seed, size)
 from autotune.commands.common import add_json_argument, emit_json, json_command
 from autotune.values.config import ConfigError
 from autotune.values.units import counted, shown
@@ -43,6 +44,17 @@ def widths(text: str) -> tuple[int, ...]:
     return values
 
 
+MAX_BUDGETS = 64  # --memory-budget sizes of replay training: more is a typo
+
+
+def sizes(text: str) -> tuple[int, ...]:
+    """--memory-budget of `rl train`: one size, or several separated by commas (each as argtypes.size reads it)."""
+    parts = text.split(",")
+    if len(parts) > MAX_BUDGETS:
+        raise argparse.ArgumentTypeError(f"{shown(text)}: at most {MAX_BUDGETS} sizes")
+    return tuple(sorted({size(part.strip()) for part in parts}))
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from autotune.rl.train import BACKENDS, TrainSettings
 
@@ -58,6 +70,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "(default: %(default)s)")
     train.add_argument("--surface", type=input_file, action="append", default=[],
                        help="replay surface JSONL (repeat for several), for --backend replay")
+    train.add_argument("--memory-budget", type=sizes, default=None,
+                       help="--backend replay: memory budget per device, or several separated by commas, one drawn "
+                            "per episode, e.g. 600MiB,700MiB (default: the surfaces' measured peaks at their "
+                            "quartiles and their largest, so that episodes run out of memory)")
     train.add_argument("--workers", type=int_range(0, MAX_RUNNERS, " runners"), default=defaults.workers,
                        help="remote env runners, at most 4096; 0 samples in this process (default: %(default)s)")
     train.add_argument("--out", type=output_dir, default=None, help="run directory (default: runs/policy-<time>)")
@@ -118,18 +134,23 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from autotune.rl.train import RunDir, TrainSettings, check_resumable, train
+    from autotune.rl.train import RunDir, Start, TrainSettings, replay_budgets, shown_budgets, train
 
     if args.backend == "replay" and not args.surface:
         raise ConfigError("--backend replay needs --surface FILE (one or more)")
     if args.backend != "replay" and args.surface:
         raise ConfigError(f"--surface is only for --backend replay (got --backend {args.backend})")
+    if args.backend != "replay" and args.memory_budget:
+        raise ConfigError(f"--memory-budget is only for --backend replay (got --backend {args.backend}: its tasks "
+                          f"come with their budgets)")
     from autotune.backends.replay import load_surface
 
-    for path in args.surface:  # read here, before Ray starts, so that a bad surface is one line at once
-        load_surface(path)
+    # read here, before Ray starts, so that a bad surface is one line at once
+    surfaces = [load_surface(path) for path in args.surface]
+    budgets = args.memory_budget or (replay_budgets(surfaces) if args.backend == "replay" else ())
     settings = TrainSettings(
         iterations=args.iterations, backend=args.backend, surfaces=tuple(str(p.resolve()) for p in args.surface),
+        memory_budget_bytes=tuple(budgets),
         seed=args.seed, workers=args.workers, envs_per_worker=args.envs_per_worker, horizon=args.horizon,
         noise=args.noise, randomize=args.randomize, trial_cost=args.trial_cost, second_cost=args.second_cost,
         observe_seconds=args.observe_seconds, oom_penalty=args.oom_penalty,
@@ -138,12 +159,21 @@ def run_train(args: argparse.Namespace) -> int:
     out = args.out or Path("runs") / f"policy-{datetime.now():%Y%m%d-%H%M%S}"
     args._run_dir = out  # an internal error's traceback goes to its logs/ (autotune.cli), once it exists
     console = Console(soft_wrap=True)  # one line per iteration, wrapped by the terminal (COLUMNS where set)
-    check_resumable(RunDir(out), settings)  # before "resuming" is said of a run it will refuse
-    resuming = RunDir(out).latest_checkpoint()
-    console.print(f"{'resuming' if resuming else 'training'} a policy in {out}: PPO, {settings.iterations} iterations "
-                  f"of {settings.train_batch} steps, {settings.backend} backend, seed {settings.seed}, "
-                  f"{counted(settings.workers, 'remote runner')}, Ray {'at ' + args.ray_address if args.ray_address else 'local'}"
-                  + (f"; from checkpoint {resuming.name}" if resuming else ""), highlight=False)
+    # --quiet: the result (`done:`) and errors only; the banner and the iterations are progress
+    say = (lambda *_, **__: None) if getattr(args, "quiet", False) else console.print
+    backend = settings.backend + (" backend" if settings.backend != "replay" else
+                                  f" backend at {shown_budgets(budgets)}" if budgets else " backend at device memory")
+
+    def begin(start: Start) -> None:  # said once the run folder is held and its settings checked, before Ray starts
+        if start.nothing_to_train:
+            say(f"{out} is already trained to {start.done} iterations (--iterations {start.target} asks for no "
+                f"more): nothing to train", highlight=False)
+            return
+        say(f"{'resuming' if start.checkpoint else 'training'} a policy in {out}: PPO, {start.target} iterations "
+            f"of {settings.train_batch} steps, {backend}, seed {settings.seed}, "
+            f"{counted(settings.workers, 'remote runner')}, Ray {'at ' + args.ray_address if args.ray_address else 'local'}"
+            + (f"; from checkpoint {start.checkpoint.name}" if start.checkpoint else ""), highlight=False)
+
     logging.getLogger("ray").setLevel(logging.ERROR)  # RLlib's deprecation notices drown the progress lines
 
     def show(row) -> None:
@@ -153,16 +183,19 @@ def run_train(args: argparse.Namespace) -> int:
         def num(x: float | None, fmt: str) -> str:
             return "-" if x is None else format(x, fmt)
 
-        console.print(f"iter {row.iteration:>4}/{settings.iterations}  steps {row.timesteps:>9,}  "
-                      f"episodes {row.episodes:>8,}  return {num(row.episode_return, '6.2f')}  "
-                      f"trials/episode {num(row.trials, '5.2f')}  within 2% of optimum {pct(row.within_2pct)}  "
-                      f"best/optimum {num(row.best_over_optimum, '.3f')}  oom/episode {num(row.oom_trials, '.2f')}  "
-                      f"{row.seconds / 60:6.1f} min", highlight=False)
+        say(f"iter {row.iteration:>4}/{settings.iterations}  steps {row.timesteps:>9,}  "
+            f"episodes {row.episodes:>8,}  return {num(row.episode_return, '6.2f')}  "
+            f"trials/episode {num(row.trials, '5.2f')}  within 2% of optimum {pct(row.within_2pct)}  "
+            f"best/optimum {num(row.best_over_optimum, '.3f')}  oom/episode {num(row.oom_trials, '.2f')}  "
+            f"{row.seconds / 60:6.1f} min", highlight=False)
 
     try:
-        result = train(out, settings, ray_address=args.ray_address, on_iteration=show)
+        result = train(out, settings, ray_address=args.ray_address, on_iteration=show, on_start=begin)
     except KeyboardInterrupt:
-        console.print(f"interrupted: the same command resumes from the last checkpoint in {out / 'checkpoints'}")
+        saved = RunDir(out).latest_checkpoint()
+        console.print(f"interrupted: the same command resumes from checkpoint {saved}" if saved else
+                      "interrupted before the first checkpoint: nothing was saved, the same command starts over",
+                      highlight=False)
         if args.json:
             emit_json(args, {"out": str(out), "interrupted": True})
         return 130
@@ -171,7 +204,7 @@ def run_train(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(args, {"out": str(result.out), "interrupted": False, "iterations": result.iterations,
                          "resumed_from": result.resumed_from, "checkpoint": result.checkpoint, "policy": result.policy,
-                         "last": result.last, "settings": settings})
+                         "last": result.last, "settings": RunDir(out).settings() or settings})
     return 0
 
 

@@ -48,7 +48,8 @@ class Policy:
             folder = folder.parent
         weights, meta_path = folder / WEIGHTS, folder / META
         if not weights.is_file() or not meta_path.is_file():
-            raise ConfigError(f"policy {str(path)!r}: expected {WEIGHTS} and {META} in that directory")
+            raise ConfigError(f"policy {str(path)!r}: expected {WEIGHTS} and {META} in that directory"
+                              f"{training_run_hint(folder)}")
         meta = load_json(meta_path, "a policy's metadata (JSON)")
         if not isinstance(meta, dict) or meta.get("format") != FORMAT:
             found = meta.get("format") if isinstance(meta, dict) else None
@@ -90,6 +91,13 @@ def digest(folder: str | Path) -> str:
     for name in (META, WEIGHTS):
         hasher.update((Path(folder) / name).read_bytes())
     return hasher.hexdigest()
+
+
+def training_run_hint(folder: str | Path) -> str:
+    """Where `folder` is a training run's (`autotune rl train --out`), ` (a training run: its policy is
+    'RUN/policy')`; else empty."""
+    inner = Path(folder) / "policy"
+    return f" (a training run: its policy is {str(inner)!r})" if (inner / WEIGHTS).is_file() else ""
 
 
 def save_policy(folder: str | Path, spec: NetSpec, state_dict: Mapping[str, torch.Tensor],

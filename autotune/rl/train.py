@@ -7,7 +7,8 @@ targets. (DQN-style methods would need the mask inside the target's max as well;
 only with many more CPUs than this machine has.)
 
 Run directory (`--out`):
-    settings.json       the training settings (a resumed run must keep them)
+    settings.json       the training settings (a resumed run must keep those that shape the policy; its
+                        `iterations`: the most asked for or trained, never fewer than its checkpoints hold)
     progress.jsonl      one line per iteration: timesteps, episodes, return, trials per episode,
                         fraction of episodes within 2% of the optimum, OOM trials, seconds
     checkpoints/NNNNNN  RLlib algorithm checkpoints (the last `keep_checkpoints` are kept);
@@ -20,6 +21,7 @@ Run directory (`--out`):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import shlex
@@ -27,19 +29,28 @@ import shutil
 import sys
 import time
 from datetime import datetime, timezone
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from autotune.backends.factory import backend_names
 from autotune.values.config import ConfigError
 from autotune.files import write_atomic
 from autotune.trials.interrupts import sigterm_as_interrupt
 from autotune.search.rundir import RunFolder
+from autotune.values.settings import differences
+from autotune.values.units import format_size
+
+if TYPE_CHECKING:
+    from autotune.backends.replay import Surface
 
 BACKENDS = backend_names(sweep=None, train=True)  # the kinds RL training runs on
 # Settings that may differ when a run is resumed: they change how, not what, is trained.
 RESUMABLE = ("iterations", "workers", "envs_per_worker", "checkpoint_every", "keep_checkpoints")
+# Settings that only one backend reads: the other's training ignores them (not compared on resume, not said in
+# the command or the provenance of its policy).
+SIMULATED_ONLY = ("noise", "randomize", "pool_size", "cpu_share")
+REPLAY_ONLY = ("surfaces", "memory_budget_bytes")
 PROGRESS = "progress.jsonl"
 TRAINING_ENV = "autotune-training"
 SETTINGS = "settings.json"
@@ -50,6 +61,10 @@ class TrainSettings:
     iterations: int = 100
     backend: str = "simulated"
     surfaces: tuple[str, ...] = ()  # replay backend: surface JSONL files drawn per episode
+    # replay backend: memory budgets per device, one drawn per episode (EnvConfig.memory_budget); none: the
+    # device's memory, where nothing a surface measured runs out of memory (`autotune rl train` gives
+    # `replay_budgets` of its surfaces instead)
+    memory_budget_bytes: tuple[int, ...] = ()
     seed: int = 0
     workers: int = 0  # remote env runners; 0 samples in the training process
     envs_per_worker: int = 4  # vectorised copies of the environment per runner
@@ -96,6 +111,12 @@ class TrainSettings:
             raise ConfigError(f"backend={self.backend!r}: allowed {list(BACKENDS)}")
         if self.backend == "replay" and not self.surfaces:
             raise ConfigError("the replay backend needs at least one surface")
+        if self.backend != "replay" and self.memory_budget_bytes:
+            raise ConfigError(f"memory_budget_bytes is for the replay backend (the {self.backend} one draws a "
+                              f"budget with each task)")
+        for budget in self.memory_budget_bytes:
+            if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
+                raise ConfigError(f"memory_budget_bytes: {budget!r}: must be a positive integer (bytes)")
         for name in ("iterations", "envs_per_worker", "horizon", "pool_size", "train_batch", "minibatch", "epochs",
                      "checkpoint_every", "keep_checkpoints"):
             value = getattr(self, name)
@@ -108,12 +129,18 @@ class TrainSettings:
         if self.minibatch > self.train_batch:
             raise ConfigError(f"minibatch={self.minibatch} exceeds train_batch={self.train_batch}")
         object.__setattr__(self, "surfaces", tuple(str(s) for s in self.surfaces))
+        object.__setattr__(self, "memory_budget_bytes", tuple(self.memory_budget_bytes))
         object.__setattr__(self, "hiddens", tuple(int(h) for h in self.hiddens))
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["surfaces"], out["hiddens"] = list(self.surfaces), list(self.hiddens)
+        out["memory_budget_bytes"] = list(self.memory_budget_bytes)
         return out
+
+    def applied(self) -> dict[str, Any]:
+        """to_dict() without the settings this backend's training ignores."""
+        return applied(self.to_dict())
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "TrainSettings":
@@ -121,20 +148,25 @@ class TrainSettings:
         unknown = sorted(set(data) - allowed)
         if unknown:
             raise ConfigError(f"unknown training setting(s) {unknown}: allowed {sorted(allowed)}")
-        return cls(**{**data, "surfaces": tuple(data.get("surfaces", ())), "hiddens": tuple(data.get("hiddens", (128, 128)))})
+        return cls(**{**data, "surfaces": tuple(data.get("surfaces", ())), "hiddens": tuple(data.get("hiddens", (128, 128))),
+                      "memory_budget_bytes": tuple(data.get("memory_budget_bytes", ()))})
 
     def command(self, out: str | Path) -> str:
         """The `autotune rl train` command line that trains with these settings into `out`."""
         flags = ["--out", str(out), "--iterations", str(self.iterations), "--backend", self.backend]
         for surface in self.surfaces:
             flags += ["--surface", surface]
+        if self.memory_budget_bytes:
+            flags += ["--memory-budget", ",".join(map(str, self.memory_budget_bytes))]
+        used = self.applied()
         for flag, key in (("--workers", "workers"), ("--seed", "seed"), ("--horizon", "horizon"), ("--noise", "noise"),
                           ("--randomize", "randomize"), ("--trial-cost", "trial_cost"),
                           ("--second-cost", "second_cost"),
                           ("--oom-penalty", "oom_penalty"), ("--train-batch", "train_batch"), ("--minibatch", "minibatch"),
                           ("--epochs", "epochs"), ("--pool-size", "pool_size"), ("--envs-per-worker", "envs_per_worker"),
                           ("--checkpoint-every", "checkpoint_every")):
-            flags += [flag, str(getattr(self, key))]
+            if key in used:
+                flags += [flag, str(getattr(self, key))]
         flags += ["--hiddens", ",".join(map(str, self.hiddens))]
         if self.observe_seconds:
             flags.append("--observe-seconds")
@@ -155,7 +187,32 @@ class TrainSettings:
                 "train", self.pool_size, self.seed, self.cpu_share))
         else:
             config["surface"] = list(self.surfaces)
+            if self.memory_budget_bytes:
+                config["memory_budget"] = list(self.memory_budget_bytes)
         return config
+
+
+def applied(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Training settings (TrainSettings.to_dict()) without those their backend ignores."""
+    ignored = SIMULATED_ONLY if settings.get("backend") == "replay" else REPLAY_ONLY
+    return {k: v for k, v in settings.items() if k not in ignored}
+
+
+REPLAY_QUANTILES = (0.25, 0.5, 0.75, 1.0)
+
+
+def replay_budgets(surfaces: Iterable["Surface"]) -> tuple[int, ...]:
+    """The default budgets of replay training: the measured peaks of the surfaces' runs (pooled) at their
+    quartiles and at the largest, so that an episode's budget cuts through the configs (three in four run out
+    of memory at the lowest) or fits every one that ran. () where no run recorded a peak."""
+    peaks = sorted(r.peak_memory_bytes for s in surfaces for r in s.results.values() if r.ok and r.peak_memory_bytes)
+    if not peaks:
+        return ()
+    return tuple(sorted({peaks[round(q * (len(peaks) - 1))] for q in REPLAY_QUANTILES}))
+
+
+def shown_budgets(budgets: Iterable[int]) -> str:
+    return ", ".join(format_size(b) for b in budgets)
 
 
 # Held out of every training split: the larger presets of the environment's sampler, and `tiny`, the
@@ -191,6 +248,20 @@ class Iteration:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class Start:
+    """What a `train` call is about to do, once it holds its run folder and the settings are checked."""
+
+    out: Path
+    target: int  # the iterations asked for, over resumed sessions
+    done: int  # the iterations of the checkpoint it resumes from (0: none)
+    checkpoint: Path | None  # the checkpoint it resumes from
+
+    @property
+    def nothing_to_train(self) -> bool:
+        return self.checkpoint is not None and self.done >= self.target
 
 
 @dataclass(frozen=True)
@@ -262,23 +333,31 @@ def check_resumable(run: TrainingRun, settings: TrainSettings) -> None:
     previous = run.settings()
     if previous is None:
         return
-    mine, theirs = settings.to_dict(), previous.to_dict()
-    differ = [k for k in mine if k not in RESUMABLE and mine[k] != theirs.get(k)]
+    given = {k: v for k, v in settings.applied().items() if k not in RESUMABLE}
+    recorded = {k: v for k, v in previous.to_dict().items() if k in given}
+    differ = differences(recorded, given)
     if differ:
-        shown = ", ".join(f"{k}={theirs.get(k)!r} there, {mine[k]!r} here" for k in differ)
-        raise ConfigError(f"{run.path} holds a training run with other settings ({shown}): "
+        raise ConfigError(f"{run.path} holds a training run with other settings ({'; '.join(differ)}): "
                           f"use another --out, or the same settings to resume it")
 
 
+def checkpoint_iteration(checkpoint: Path | None) -> int:
+    """The iteration a checkpoint of this module holds, by its name (NNNNNN); 0 for none or another name."""
+    return int(checkpoint.name) if checkpoint is not None and checkpoint.name.isdigit() else 0
+
+
 def prepare(out: str | Path, settings: TrainSettings) -> tuple[TrainingRun, TrainSettings, Path | None]:
-    """The run directory, the settings to train with, and the checkpoint to resume from (None: fresh).
-    A directory holding a run resumes it, if the settings that shape the policy agree."""
+    """The run directory, the settings it records, and the checkpoint to resume from (None: fresh).
+    A directory holding a run resumes it, if the settings that shape the policy agree. The recorded
+    `iterations` are those asked for, or those the checkpoint holds where it holds more: a run asked for fewer
+    than it has trained says what it holds."""
     run = TrainingRun(out)
     check_resumable(run, settings)
     checkpoint = run.latest_checkpoint()
     run.path.mkdir(parents=True, exist_ok=True)
-    run.write_settings(settings)
-    return run, settings, checkpoint
+    recorded = replace(settings, iterations=max(settings.iterations, checkpoint_iteration(checkpoint)))
+    run.write_settings(recorded)
+    return run, recorded, checkpoint
 
 
 def algorithm_config(settings: TrainSettings, env: Any = None) -> Any:
@@ -335,13 +414,32 @@ def iteration_row(result: Mapping[str, Any], seconds: float) -> Iteration:
 
 
 def training_meta(run: TrainingRun, checkpoint: str) -> dict[str, Any]:
-    """How the policy of `checkpoint` was trained: command, settings and figures, from its run directory."""
+    """How the policy of `checkpoint` was trained: command, settings and figures, from its run directory (named
+    by its absolute path); the command and settings train to the checkpoint's own iteration."""
     settings = run.settings()
-    rows = [r for r in run.progress() if r.iteration <= int(checkpoint)]
-    return {"command": settings.command(run.path) if settings else None,
-            "settings": settings.to_dict() if settings else None, "checkpoint": checkpoint,
-            "figures": rows[-1].to_dict() if rows else None, "progress": [r.to_dict() for r in rows],
-            "exported": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    if settings is not None and checkpoint.isdigit() and int(checkpoint) > 0:
+        settings = replace(settings, iterations=int(checkpoint))
+    rows = [r for r in run.progress() if not checkpoint.isdigit() or r.iteration <= int(checkpoint)]
+    meta: dict[str, Any] = {
+        "command": settings.command(run.path.resolve()) if settings else None,
+        "settings": settings.to_dict() if settings else None, "checkpoint": checkpoint,
+        "figures": rows[-1].to_dict() if rows else None, "progress": [r.to_dict() for r in rows],
+        "exported": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    if settings is not None and settings.backend == "replay":
+        meta["surfaces"] = [{"path": path, "sha256": file_digest(path)} for path in settings.surfaces]
+    return meta
+
+
+def file_digest(path: str | Path) -> str | None:
+    """The SHA-256 of a file's bytes, None where it cannot be read."""
+    hasher = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                hasher.update(block)
+    except OSError:
+        return None
+    return hasher.hexdigest()
 
 
 def export_checkpoint(checkpoint: str | Path, folder: str | Path, meta: Mapping[str, Any] | None = None) -> Path:
@@ -376,8 +474,8 @@ def provenance(training: Mapping[str, Any]) -> str:
              f"Trained by: `{training.get('command')}`", "",
              f"Seed {settings.get('seed')}; checkpoint {training.get('checkpoint')}; exported {training.get('exported')}.",
              "Algorithm: PPO (RLlib new API stack), masked MLP policy (autotune/rl/module.py) on "
-             "autotune/DeepSpeedMemory-v0 with the distorted simulation (autotune/rl/simulator.py).", "",
-             "Settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()), "",
+             f"autotune/DeepSpeedMemory-v0 {environment(settings, training.get('surfaces'))}", "",
+             "Settings: " + ", ".join(f"{k}={v}" for k, v in applied(settings).items()), "",
              "## Training figures (per iteration; means over the last 500 episodes)", "",
              "| iteration | env steps | episodes | return | trials/episode | within 2% of optimum | best/optimum "
              "| OOM trials/episode | minutes |", "|---|---|---|---|---|---|---|---|---|"]
@@ -392,6 +490,20 @@ def provenance(training: Mapping[str, Any]) -> str:
                      f"{f(r['trials'], '.2f')} | {f(r['within_2pct'], '.1%')} | {f(r['best_over_optimum'], '.3f')} | "
                      f"{f(r['oom_trials'], '.2f')} | {r['seconds'] / 60:.1f} |")
     return "\n".join(lines) + "\n"
+
+
+def environment(settings: Mapping[str, Any], surfaces: Any) -> str:
+    """What the policy's episodes were, for PROVENANCE.md: the distorted simulation, or the replayed surfaces
+    (each with its SHA-256 when the export read it) at their budgets."""
+    if settings.get("backend") != "replay":
+        return "with the distorted simulation (autotune/rl/simulator.py)."
+    digests = {s.get("path"): s.get("sha256") for s in surfaces or () if isinstance(s, Mapping)}
+    shown = "; ".join(f"`{path}`" + (f" (SHA-256 {digests[path]})" if digests.get(path) else "")
+                      for path in settings.get("surfaces") or ())
+    budgets = settings.get("memory_budget_bytes") or []
+    at = f"budgets {shown_budgets(budgets)}, one drawn per episode" if len(budgets) > 1 else \
+        f"a budget of {shown_budgets(budgets)}" if budgets else "the device's memory"
+    return f"replaying measured surfaces (autotune/backends/replay.py): {shown}; at {at}."
 
 
 def connect_ray(address: str | None, workers: int) -> bool:
@@ -412,15 +524,24 @@ def connect_ray(address: str | None, workers: int) -> bool:
 
 def train(out: str | Path, settings: TrainSettings, *, ray_address: str | None = None, env: Any = None,
           on_iteration: Callable[[Iteration], None] = lambda row: None,
+          on_start: Callable[[Start], None] = lambda start: None,
           policy_meta: Mapping[str, Any] | None = None) -> TrainResult:
     """Train until `settings.iterations` (counted over resumed sessions), checkpointing every
-    `checkpoint_every` iterations and at the end. Ctrl-C or SIGTERM raise KeyboardInterrupt after
-    stopping the algorithm and the Ray instance this call started; the last checkpoint stays."""
+    `checkpoint_every` iterations and at the end; a run whose checkpoint holds as many trains nothing (and
+    starts no Ray). `on_start` is told what it will do once the run folder is held and the settings are
+    checked, before Ray starts. Ctrl-C or SIGTERM raise KeyboardInterrupt after stopping the algorithm and
+    the Ray instance this call started; the last checkpoint stays."""
     from autotune.trials.cluster import disconnect
     from autotune.rl.policy import layout
 
     with TrainingRun(out).locked():
-        run, settings, checkpoint = prepare(out, settings)
+        run, _, checkpoint = prepare(out, settings)
+        begun = Start(run.path, settings.iterations, checkpoint_iteration(checkpoint), checkpoint)
+        on_start(begun)
+        if begun.nothing_to_train:
+            rows = [r for r in run.progress() if r.iteration <= begun.done]
+            policy = run.policy if (run.policy / "policy.pt").is_file() else None
+            return TrainResult(run.path, begun.done, begun.done, rows[-1] if rows else None, checkpoint, policy)
         connected = connect_ray(ray_address, settings.workers)
         algo = None
         try:

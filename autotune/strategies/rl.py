@@ -190,7 +190,7 @@ def load_policy(folder: str | Path) -> "Policy":
     observation and action spaces (DeepSpeedMemoryEnv's: a feature per observation, a logit per action)."""
     from autotune.envs.actions import ACTIONS
     from autotune.envs.observation import size
-    from autotune.rl.policy import META, WEIGHTS, Policy
+    from autotune.rl.policy import META, WEIGHTS, Policy, training_run_hint
 
     path = Path(folder)
     expected = f"expected a folder holding {WEIGHTS} and {META}, as `autotune rl export` writes"
@@ -198,7 +198,7 @@ def load_policy(folder: str | Path) -> "Policy":
         raise ConfigError(f"--policy {folder}: {'not a folder' if path.exists() else 'no such folder'}: {expected}")
     missing = [name for name in (META, WEIGHTS) if not (path / name).is_file()]
     if missing:
-        raise ConfigError(f"--policy {folder}: no {' or '.join(missing)} there: {expected}")
+        raise ConfigError(f"--policy {folder}: no {' or '.join(missing)} there{training_run_hint(path)}: {expected}")
     try:
         policy = Policy.load(path)
     except ConfigError as err:

@@ -7,7 +7,7 @@ backends and the drivers can all import it without a circle (issue 26)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from autotune.values.config import ConfigError
 from autotune.files import short
@@ -147,25 +147,34 @@ class RunSettings:
                    storage=storage, stack=stack, target_gpus=target, policy=policy,
                    policy_sha256=digest)
 
-    def differences(self, other: "RunSettings") -> list[str]:
-        """`key: this != other` for every setting that differs (`hardware.allocator: ...` inside a mapping)."""
-        return _differences(other.to_dict(), self.to_dict())
+    def differences(self, given: "RunSettings") -> list[str]:
+        """`key: recorded X, given Y` for every setting that differs, `self` being the recorded settings
+        (`hardware.allocator: ...` inside a mapping)."""
+        return differences(self.to_dict(), given.to_dict())
 
 
-def _differences(theirs: dict[str, Any], mine: dict[str, Any], prefix: str = "") -> list[str]:
+def differences(recorded: Mapping[str, Any], given: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """`key: recorded X, given Y` for every key whose value differs between a recorded run's settings and the
+    ones given now (a mapping inside both: its keys, as `key.inner`). Sizes (keys ending `_bytes`) read as 2 GiB."""
     out = []
-    for key in mine:
-        a, b = theirs.get(key), mine[key]
+    for key in [*recorded, *(k for k in given if k not in recorded)]:
+        a, b = recorded.get(key), given.get(key)
         if isinstance(a, dict) and isinstance(b, dict) and key != "space":  # the space reads best whole
-            out += _differences(a, b, f"{prefix}{key}.")
+            out += differences(a, b, f"{prefix}{key}.")
         elif a != b:
-            out.append(f"{prefix}{key}: {_shown(key, a)} != {_shown(key, b)}")
+            out.append(f"{prefix}{key}: recorded {_shown(key, a)}, given {_shown(key, b)}")
     return out
 
 
 def _shown(key: str, value: Any) -> str:
-    """A setting as a person reads it: a size in bytes as 2 GiB, anything else as its repr."""
-    return format_size(value) if key.endswith("_bytes") and isinstance(value, int) else repr(value)
+    """A setting as a person reads it: a size in bytes as 2 GiB (a list of sizes as [1 GiB, 2 GiB]), anything
+    else as its repr."""
+    if key.endswith("_bytes"):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return format_size(value)
+        if isinstance(value, (list, tuple)) and value and all(isinstance(v, int) for v in value):
+            return "[" + ", ".join(format_size(v) for v in value) + "]"
+    return repr(value)
 
 
 def is_url(storage: str) -> bool:
