@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 from autotune.backends import Backend
-from autotune.backends.replay import replay_space
+from autotune.backends.replay import load_surface, replay_space
 from autotune.backends.factory import TrialOptions, as_backend, backend_kind, backend_names, make_backend, simulated_sleep_s
 from autotune.prediction.calibrate import quality, save_calibration
 from autotune.values.config import ConfigError
@@ -395,7 +395,9 @@ def _model_resolution(spec: TuneSpec) -> Resolved:
         if spec.surface is None:
             raise ConfigError("the replay backend needs a surface (a JSONL of measured results)")
         space = replay_space(spec.surface, spec.workload, spec.hardware, spec.space)
+        read_notes = load_surface(spec.surface).notes  # what reading it changed: a torn last line left out
     else:
+        read_notes = ()
         hardware = spec.trial_hardware
         choices = spec.space if isinstance(spec.space, Choices) else choices_for(spec.space, hardware)
         space = Space(choices, spec.workload, hardware).require_configs()
@@ -408,7 +410,7 @@ def _model_resolution(spec: TuneSpec) -> Resolved:
                            storage=None if spec.storage is None else canonical_storage(spec.storage),
                            stack=spec.stack, target_gpus=spec.target_gpus, policy=spec.policy_folder,
                            policy_sha256=spec.policy_sha256)
-    return Resolved(settings, space, tuple(note for note in (stack_note, target_note) if note))
+    return Resolved(settings, space, tuple(note for note in (*read_notes, stack_note, target_note) if note))
 
 
 def _script_resolution(spec: TuneSpec) -> Resolved:
@@ -619,7 +621,7 @@ def plan_run(spec: TuneSpec, out: str | Path | None, resume: bool, executor: "Ra
         mode.check_shipping(out)
     resolved = resolved or resolution(spec)
     settings, space = resolved.settings, resolved.space
-    for note in resolved.notes:  # what the stack or the target removed from the space
+    for note in resolved.notes:  # what reading the surface, the stack or the target changed
         progress.message(note)
     run_dir = RunDir(Path(out).expanduser() if out is not None else default_run_dir(mode.run_name(settings),
                                                                                      settings.strategy))

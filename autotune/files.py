@@ -124,7 +124,9 @@ def parse_json(text: str, where: str | Path, what: str = "JSON") -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as err:
-        raise ConfigError(f"{where}: not valid JSON ({err.msg} at column {err.colno}): expected {what}") from None
+        # Some of json's messages end in "at" ("Unterminated string starting at"): no second one.
+        at = "" if err.msg.endswith(" at") else " at"
+        raise ConfigError(f"{where}: not valid JSON ({err.msg}{at} column {err.colno}): expected {what}") from None
     except (ValueError, RecursionError) as err:  # an integer too long to convert, nesting too deep
         raise ConfigError(f"{where}: not valid JSON ({' '.join(str(err).split())[:200]}): expected {what}") from None
 

@@ -39,7 +39,8 @@ class EnvConfig:
     workload        preset name, Workload, or {"model": preset | shape dict, "global_batch": n, "gpus": n};
                     without it the simulated backend draws tasks from the sampler
     sampler         WorkloadSampler or a dict of its settings (default: split "train", pool of 256 tasks)
-    hardware        profile name, YAML path or Hardware (default: the surface's, cpu for tiny, else a100-80gb)
+    hardware        profile name, YAML path or Hardware (default: the surface's, cpu for tiny, else a100-80gb;
+                    on replay, a hardware or workload other than the surface's is refused)
     memory_budget   bytes or a size like "2GiB", or a list of them drawn per episode (default: device memory)
     space           search-space preset, YAML path or Choices (default: cpu on CPU hardware, else default;
                     on replay, the surface's measured values)

@@ -24,7 +24,8 @@ import numpy as np
 
 from autotune.backends import Backend
 from autotune.backends.factory import as_backend, deepspeed_backend, replay_backend, simulated_backend
-from autotune.backends.replay import Surface, load_surface, surface_choices, surface_space
+from autotune.backends.replay import (ENV_KEYS, Surface, check_replay_workload, load_surface, surface_choices,
+                                      surface_space)
 from autotune.backends.simulated import SimulatedBackend
 from autotune.values.config import Config, ConfigError
 from autotune.trials.devices import resolve_hardware
@@ -137,6 +138,8 @@ class TaskSource:
         self.sampler = config.task_sampler()
         self.surfaces: tuple[Surface, ...] = tuple(load_surface(p) for p in config.surface) \
             if config.kind == "replay" else ()
+        for surface in self.surfaces:  # another workload's or machine's measurements are refused here, not replayed
+            check_replay_workload(surface, config.workload, config.hardware, names=ENV_KEYS)
         self._choices: Choices | None = config.space
         self._backend_object = as_backend(config.backend) if config.kind == "object" else None
 

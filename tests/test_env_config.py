@@ -175,6 +175,26 @@ def test_check_env_on_an_env_config(config):
     check_env(gym.make(ENV_ID, env_config=config).unwrapped, skip_render_check=True)
 
 
+@pytest.mark.parametrize("given, word", [
+    ({"workload": "gpt2-small", "hardware": "h100-80gb"}, "env_config['workload'] gpt2-small: the surface"),
+    ({"hardware": "h100-80gb"}, "env_config['hardware'] h100-80gb: the surface"),
+    ({"workload": {"model": "tiny", "global_batch": 32}}, "global_batch 32: the surface"),
+])
+def test_a_replay_env_refuses_a_task_other_than_its_surfaces(surface, tmp_path, given, word):
+    data = {"backend": "replay", "surface": str(surface), **given}
+    with pytest.raises(ConfigError) as err:
+        gym.make(ENV_ID, env_config=data)
+    assert word in str(err.value) and "recorded" in str(err.value)
+    mixed = tmp_path / "mixed.jsonl"  # the surface and a line of another workload
+    small = {"workload": make_workload("gpt2-small").to_dict(), "hardware": "cpu"}
+    mixed.write_text(surface.read_text() + TrialResult(Config(0, 1, 0, "fp32"), "ok", 1.0, extra=small).to_json() + "\n")
+    with pytest.raises(ConfigError, match="its lines were recorded with two workloads"):
+        DeepSpeedMemoryEnv(EnvConfig(backend="replay", surface=[str(surface), str(mixed)]))
+    env = gym.make(ENV_ID, env_config={"backend": "replay", "surface": str(surface), "workload": "tiny",
+                                       "hardware": "cpu"})  # what it recorded: replayed
+    assert env.reset(seed=0)[1]["task"]["workload"]["model"]["name"] == "tiny"
+
+
 def test_check_env_on_a_replay_env_config(surface):
     check_env(DeepSpeedMemoryEnv(EnvConfig(backend="replay", surface=str(surface), memory_budget=["700MiB", "1GiB"])),
               skip_render_check=True)

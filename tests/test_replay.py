@@ -116,10 +116,20 @@ def test_bad_surface_files(tmp_path):
         load_surface(broken)
 
 
-def test_torn_last_line_is_ignored(surface_path):
+def test_torn_last_line_is_ignored_and_said(surface_path):
+    assert load_surface(surface_path).notes == ()
     with surface_path.open("a") as out:
         out.write(json.dumps({"config": Config(2, 2, 0, "bf16").to_dict(), "status": "ok"})[:30])
-    assert len(load_surface(surface_path)) == 3
+    surface = load_surface(surface_path)
+    assert len(surface) == 3
+    assert surface.notes == (f"{surface_path}:4: an incomplete last line (30 characters, a write cut short) was left "
+                             "out; the results before it are read",)
+    # A sweep replaying it says so too (it said nothing: a measured config silently missing from the search).
+    from autotune.api import resolution
+    from autotune import TuneSpec
+
+    spec = TuneSpec(make_workload("tiny"), backend="replay", surface=surface_path, memory_budget_bytes=2 * 2**30)
+    assert surface.notes[0] in resolution(spec).notes
 
 
 def test_an_append_drops_a_torn_last_line(surface_path):
@@ -182,3 +192,99 @@ def test_second_committed_surface_is_its_model_file_over_its_whole_space():
     for ckpt in (0, 1):
         fits = {r.peak_memory_bytes <= budget for r in ok if r.config.ckpt_interval == ckpt}
         assert fits == {True, False}
+
+
+# -- what a replay may pass off as what: one check (check_replay) for tune, its library form and the environment
+
+def test_replay_refuses_hardware_other_than_the_surfaces(surface_path):
+    from autotune.backends.replay import replay_space
+
+    with pytest.raises(ConfigError) as err:
+        replay_space(surface_path, TINY, "h100-80gb")
+    assert str(err.value).startswith("--hardware h100-80gb: ") and "recorded on cpu" in str(err.value)
+    with pytest.raises(ConfigError, match="--hardware a100-40gb: .* recorded on cpu"):
+        replay_space(surface_path, TINY, PROFILES["a100-40gb"])
+    for hardware in (None, "cpu", PROFILES["cpu"], "auto"):  # auto: this machine, a CPU, as the surface's was
+        assert replay_space(surface_path, TINY, hardware).hardware.name == "cpu"
+
+
+def test_a_surface_simulated_on_a_gpu_profile_replays_on_that_profile(tmp_path):
+    from autotune.backends.replay import replay_settings
+
+    extra = {"workload": make_workload("gpt2-small").to_dict(), "hardware": "a100-80gb"}
+    path = write_surface(tmp_path / "gpu.jsonl", [TrialResult(Config(0, 4, 0, "bf16"), "ok", 50.0, None, 0.3,
+                                                              9 * 2**30, None, 1.0, "simulated", extra=extra)])
+    for hardware in (None, "a100-80gb"):
+        settings, _ = replay_settings(path, model="gpt2-small", hardware=hardware, strategy="grid")
+        assert settings.hardware.name == "a100-80gb" and settings.workload.model.name == "gpt2-small"
+    with pytest.raises(ConfigError, match="--hardware cpu: .* recorded on a100-80gb"):
+        replay_settings(path, hardware="cpu", strategy="grid")
+
+
+def test_a_surface_whose_lines_disagree_is_refused_for_replay(tmp_path, surface_path):
+    from autotune.backends.replay import replay_settings, replay_space, replay_workload
+
+    small = make_workload("gpt2-small")
+    two_models = write_surface(tmp_path / "two-models.jsonl", [
+        TrialResult(FAST, "ok", 40.0, backend="deepspeed", extra=EXTRA),
+        TrialResult(SMALL, "ok", 9.0, backend="deepspeed", extra={"workload": small.to_dict(), "hardware": "cpu"})])
+    two_machines = write_surface(tmp_path / "two-machines.jsonl", [
+        TrialResult(FAST, "ok", 40.0, backend="deepspeed", extra=EXTRA),
+        TrialResult(SMALL, "ok", 9.0, backend="simulated", extra={**EXTRA, "hardware": "a100-40gb"})])
+    assert "tiny" in load_surface(two_models).mixed and "gpt2-small" in load_surface(two_models).mixed
+    assert "cpu and a100-40gb" in load_surface(two_machines).mixed and load_surface(surface_path).mixed is None
+    for path in (two_models, two_machines):
+        for model in (None, "tiny", "gpt2-small"):
+            with pytest.raises(ConfigError, match=f"surface {path}: its lines were recorded with|on two") as err:
+                replay_workload(path, model)
+            assert "\n" not in str(err.value)
+        with pytest.raises(ConfigError, match="its lines were recorded"):
+            replay_space(path, TINY)  # the library's form (TuneSpec) checks it too
+        with pytest.raises(ConfigError, match="its lines were recorded"):
+            replay_settings(path, model="gpt2-small", hardware="a100-40gb", strategy="grid")
+    # A surface without any workload key (records older than it) keeps its fallback: --model's, else tiny.
+    bare = write_surface(tmp_path / "bare.jsonl", [TrialResult(FAST, "ok", 40.0, backend="deepspeed")])
+    assert replay_workload(bare) == TINY and replay_workload(bare, "gpt2-small").model.name == "gpt2-small"
+    # Lines of one workload, some without the key (an old surface recorded on): one workload, not a mix.
+    append_result(bare, TrialResult(SMALL, "ok", 10.0, backend="deepspeed", extra=EXTRA))
+    assert load_surface(bare).mixed is None and replay_workload(bare) == TINY
+
+
+def test_a_measurement_then_a_crash_replays_the_measurement(tmp_path):
+    def ok(throughput, peak=300):
+        return TrialResult(SMALL, "ok", throughput, None, 1.0, peak * MiB, None, 9.0, "deepspeed", extra=EXTRA)
+
+    def failed(status):
+        return TrialResult(SMALL, status, wall_time_s=3.0, backend="deepspeed", error=status, extra=EXTRA)
+
+    def replayed(*lines):
+        path = tmp_path / f"s{len(list(tmp_path.iterdir()))}.jsonl"
+        return load_surface(write_surface(path, list(lines))).results[SMALL]
+
+    assert replayed(ok(10.0), failed("crash")).throughput_samples_per_s == 10.0  # `--repeats 2`, the second crashed
+    assert replayed(ok(10.0), failed("timeout")).throughput_samples_per_s == 10.0
+    assert replayed(failed("crash"), ok(10.0)).throughput_samples_per_s == 10.0  # a crash run again
+    assert replayed(ok(10.0), failed("crash"), ok(12.0), ok(11.0)).throughput_samples_per_s == 11.0  # the median
+    assert replayed(failed("crash"), failed("timeout")).status == "timeout"  # no measurement: its last failure
+    assert replayed(failed("unsupported"), failed("crash")).status == "unsupported"
+    # An oom is a measurement (of a peak over the recording's budget) at 0 samples/s: the median of the runs.
+    assert replayed(ok(10.0), failed("oom")).status == "oom"
+    assert replayed(ok(10.0), failed("oom"), ok(12.0)).throughput_samples_per_s == 10.0
+
+
+def test_a_replayed_out_of_memory_names_sizes(surface_path):
+    assert ReplayBackend(surface_path, 500 * MiB).run(FAST).error == "peak 900 MiB exceeds the budget of 500 MiB"
+    seen = TrialResult(FAST, "ok", 40.0, None, 0.4, 604749824, None, 12.0, "deepspeed").under_budget(560 * MiB)
+    assert seen.error == "peak 577 MiB exceeds the budget of 560 MiB"
+    close = TrialResult(FAST, "ok", 40.0, None, 0.4, 560 * MiB + 1000).under_budget(560 * MiB)  # the same 3 figures
+    assert close.error == f"peak 560 MiB ({560 * MiB + 1000:,} bytes) exceeds the budget of 560 MiB ({560 * MiB:,} bytes)"
+
+
+def test_surface_reading_errors_say_what_is_wrong(tmp_path):
+    with pytest.raises(ConfigError, match="is a directory"):
+        load_surface(tmp_path)
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text('{"config": {"zero_stage": 0}, "status": "ok", "error": "a\u2028line separator"}\n')
+    with pytest.raises(ConfigError) as err:
+        load_surface(cut)
+    assert "Unterminated string starting at column" in str(err.value) and "at at" not in str(err.value)

@@ -103,6 +103,28 @@ def test_show_ranks_within_a_budget(space_file, tmp_path, capsys):
     assert main(["surface", "show", str(tmp_path / "none.jsonl")]) == 2
 
 
+def test_show_says_a_directory_a_torn_last_line_and_a_mixed_surface(space_file, tmp_path, capsys):
+    out = tmp_path / "surface.jsonl"
+    assert record(space_file, out) == 0
+    capsys.readouterr()
+    assert main(["surface", "show", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "is a directory" in err and "no such file" not in err and err.count("\n") == 1
+    with out.open("a") as tail:
+        tail.write('{"config": {"zero_stage"')  # a write cut short
+    assert main(["surface", "show", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert f"{out}:5: an incomplete last line" in text and "4 configs of tiny" in text
+    # The same configs on another profile, appended: a mixed surface.
+    lines = [line.replace('"hardware": "cpu"', '"hardware": "a100-40gb"') for line in out.read_text().splitlines()[:4]]
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(out.read_text().rsplit("\n", 1)[0] + "\n" + "\n".join(lines) + "\n")
+    assert main(["surface", "show", str(mixed)]) == 0
+    assert "recorded on two hardwares, cpu and a100-40gb: replay refuses it" in capsys.readouterr().out
+    assert main(["tune", "--backend", "replay", "--surface", str(mixed), "--out", str(tmp_path / "r")]) == 2
+    assert "on two hardwares, cpu and a100-40gb" in capsys.readouterr().err and not (tmp_path / "r").exists()
+
+
 class CrashingFirst:
     """Crashes the first time each config runs, then succeeds: a transient failure."""
 

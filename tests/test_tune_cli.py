@@ -85,6 +85,9 @@ def test_a_sweep_with_no_fitting_config_says_why_and_exits_non_zero(tmp_path, ca
                    key=lambda e: e.peak_bytes)
     assert "no config fits the budget of 286 MiB: the smallest predicted peak is" in out
     assert smallest.config.label() in out and f"dominated by {smallest.memory.dominant}" in out
+    # tiny's peak is the CPU process's own overhead, which each device has: more devices would not help.
+    assert smallest.memory.dominant == "overhead" and "raise the budget (each device has it" in out
+    assert "more devices" not in out
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert summary["best"] is None and summary["best_trial_index"] is None
     assert not (tmp_path / "r" / "best_ds_config.json").exists()
@@ -154,7 +157,7 @@ def test_a_resumed_sweep_without_strategy_goes_on_with_the_one_it_was_started_wi
     assert len(read_results(tmp_path / "r" / "trials.jsonl")) == 4
     assert json.loads((tmp_path / "r" / "run.json").read_text())["strategy"] == "random"
     code, _, err = cli(args + ["--strategy", "grid", "--trials", "5", "--resume"], capsys)  # a flag still must match
-    assert code == 2 and "strategy: 'grid' != 'random'" in err and err.count("\n") == 1
+    assert code == 2 and "strategy: recorded 'random', given 'grid'" in err and err.count("\n") == 1
 
 
 def test_a_second_tuner_on_the_same_directory_is_refused(simulated_run, capsys):
@@ -265,6 +268,16 @@ def test_replay_backend_searches_the_surface_narrowed_by_space(surface_file, tmp
 def measured_bf16_results(surface, budget):
     return [r.under_budget(budget) for c, r in surface.results.items()
             if c.precision == "bf16" and r.under_budget(budget).fits(budget)]
+
+
+@pytest.mark.parametrize("flags, word", [
+    (["--hardware", "h100-80gb", "--memory-budget", "800MiB"], "--hardware h100-80gb: the surface"),
+    (["--model", "gpt2-small", "--hardware", "a100-40gb"], "--model gpt2-small: the surface"),
+])
+def test_replay_on_hardware_or_a_model_other_than_the_surfaces_is_refused(surface_file, tmp_path, capsys, flags, word):
+    code, _, err = cli(["tune", "--backend", "replay", "--surface", str(surface_file), *flags, "--trials", "3",
+                        "--out", str(tmp_path / "r")], capsys)
+    assert code == 2 and err.count("\n") == 1 and word in err and "recorded" in err and not (tmp_path / "r").exists()
 
 
 def test_replay_with_a_workload_other_than_the_surfaces_is_refused(surface_file, tmp_path, capsys):

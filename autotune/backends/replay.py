@@ -5,10 +5,14 @@
   (the environment masks such configs; `surface_space` gives the space of measured ones).
 - A recorded peak over the search's budget counts as `oom` for that search (`TrialResult.under_budget`),
   so one surface recorded without a budget serves every budget.
-- A config recorded more than once (a re-measurement) is replayed from its last line.
+- A config recorded more than once (`surface record --repeats`, a crash run again) is replayed from the
+  median of its measurements (`replayed_run`): a crash or timeout counts only where it has none.
 
 Surfaces written by `autotune surface record` carry the workload and hardware on each line
-(`workload`, `hardware` keys); `load_surface` reads them back.
+(`workload`, `hardware` keys); `load_surface` reads them back. Every replay (`autotune tune --backend replay`,
+its library and sweep-file forms, the environment) checks through `check_replay` that what it is asked to
+replay is what the surface recorded: a surface whose lines disagree, or another model, batch, GPU count or
+hardware, is refused in one line, never passed off as another workload's or machine's measurements.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from autotune.values.config import KNOBS, OFFLOADS, PRECISIONS, Config, ConfigError
 from autotune.files import is_file
 from autotune.values.hardware import Hardware, load_hardware
-from autotune.values.results import TrialResult, read_results, relabel_note, relabelled
+from autotune.values.results import TrialResult, read_results, relabel_note, relabelled, torn_tail
 from autotune.values.settings import RunSettings
 from autotune.values.space import Choices, Space
 from autotune.values.workload import Workload, make_workload
@@ -33,12 +37,12 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Surface:
     path: str
-    # Per config: its measurement of median throughput when it was measured more than once
-    # (`autotune surface record --repeats`), else its last line (a crash then rerun: the rerun).
+    # Per config: the median of its measurements, else its last failure (replayed_run).
     results: Mapping[Config, TrialResult]
-    workload: Workload | None  # None when the lines do not say, or disagree
+    workload: Workload | None  # None when no line says, or the lines disagree (`mixed`)
     hardware: str | None
-    notes: tuple[str, ...] = ()  # what reading it changed (old records read as untrained), for the user
+    notes: tuple[str, ...] = ()  # what reading it changed (old records read as untrained, a torn last line)
+    mixed: str | None = None  # the two workloads or hardwares its lines disagree on: check_replay refuses it
 
     def __len__(self) -> int:
         return len(self.results)
@@ -56,6 +60,8 @@ class Surface:
 def load_surface(path: str | Path) -> Surface:
     path = Path(path)
     if not is_file(path):
+        if path.is_dir():
+            raise ConfigError(f"surface {str(path)!r} is a directory: name a surface's JSONL file in it")
         raise ConfigError(f"surface {str(path)!r}: no such file (record one with `autotune surface record`)")
     try:
         lines = read_results(path)
@@ -63,22 +69,56 @@ def load_surface(path: str | Path) -> Surface:
         raise ConfigError(str(err)) from None
     if not lines:
         raise ConfigError(f"surface {str(path)!r} holds no results")
-    results = {r.config: r for r in lines}
-    measured: dict[Config, list[TrialResult]] = {}
+    runs: dict[Config, list[TrialResult]] = {}
     for r in lines:
-        if r.status != "crash":
-            measured.setdefault(r.config, []).append(r)
-    for config, runs in measured.items():
-        if len(runs) > 1:
-            results[config] = median_run(runs)
-    workloads = {_json_key(r.extra.get("workload")) for r in lines}
-    workload = None
-    if len(workloads) == 1 and lines[0].extra.get("workload"):
-        workload = Workload.from_dict(lines[0].extra["workload"])
-    hardware_names = {r.extra.get("hardware") for r in lines}
-    hardware = hardware_names.pop() if len(hardware_names) == 1 else None
-    note = relabel_note(relabelled(lines), path)
-    return Surface(str(path), results, workload, hardware, (note,) if note else ())
+        runs.setdefault(r.config, []).append(r)
+    results = {config: replayed_run(config_runs) for config, config_runs in runs.items()}
+    workloads: dict[str, Any] = {}  # each recorded workload once, in the order first seen
+    hardware_names: dict[str, None] = {}
+    for r in lines:
+        if r.extra.get("workload") is not None:
+            workloads.setdefault(_json_key(r.extra["workload"]), r.extra["workload"])
+        if r.extra.get("hardware") is not None:
+            hardware_names.setdefault(str(r.extra["hardware"]), None)
+    recorded = [_recorded_workload(data, path) for data in workloads.values()]
+    mixed = None
+    if len(recorded) > 1:
+        mixed = f"its lines were recorded with two workloads, {_describe(recorded[0])} and {_describe(recorded[1])}"
+    elif len(hardware_names) > 1:
+        first, second = list(hardware_names)[:2]
+        mixed = f"its lines were recorded on two hardwares, {first} and {second}"
+    workload = recorded[0] if len(recorded) == 1 else None
+    hardware = next(iter(hardware_names)) if len(hardware_names) == 1 else None
+    notes = (relabel_note(relabelled(lines), path), torn_tail(path))
+    return Surface(str(path), results, workload, hardware, tuple(note for note in notes if note), mixed)
+
+
+def _recorded_workload(data: Any, path: Path) -> Workload:
+    try:
+        return Workload.from_dict(data)
+    except ConfigError as err:
+        raise ConfigError(f"surface {path}: its recorded workload {err}") from None
+
+
+def _describe(workload: Workload) -> str:
+    return f"{workload.model.name} (global batch {workload.global_batch}, {workload.gpus} GPU(s))"
+
+
+# What a config's lines say of it, in that order: measurements (the run fitted or did not fit the recording's
+# budget: its median), then a verdict without figures, then a failure that is no verdict (a crash: the last one).
+MEASURED = ("ok", "oom")
+VERDICTS = ("unsupported", "untrained")
+
+
+def replayed_run(runs: list[TrialResult]) -> TrialResult:
+    """The line replayed for a config recorded in `runs` (its lines, in file order): the median of its measurements
+    (`ok` and `oom` runs), else its last `unsupported`/`untrained` verdict, else its last line (a crash, a timeout:
+    a failure that says nothing of the config counts only where nothing else was recorded)."""
+    for statuses in (MEASURED, VERDICTS):
+        chosen = [r for r in runs if r.status in statuses]
+        if chosen:
+            return median_run(chosen) if statuses is MEASURED else chosen[-1]
+    return runs[-1]
 
 
 def median_run(runs: list[TrialResult]) -> TrialResult:
@@ -86,6 +126,50 @@ def median_run(runs: list[TrialResult]) -> TrialResult:
     did not fit or failed counts as 0 samples/s): a surface's single noisy spike does not become its optimum."""
     ordered = sorted(runs, key=lambda r: (r.throughput_samples_per_s or 0.0) if r.ok else 0.0)
     return ordered[(len(ordered) - 1) // 2]
+
+
+# How check_replay names what it was given: tune's flags, or the environment's keys.
+FLAGS = {"model": "--model", "global_batch": "--global-batch", "gpus": "--gpus", "hardware": "--hardware"}
+ENV_KEYS = {"model": "env_config['workload']", "global_batch": "env_config['workload'] global_batch",
+            "gpus": "env_config['workload'] gpus", "hardware": "env_config['hardware']"}
+
+
+def check_replay(surface: Surface, *, model: str | None = None, global_batch: int | None = None,
+                 gpus: int | None = None, hardware: Hardware | None = None, given_hardware: str | None = None,
+                 names: Mapping[str, str] = FLAGS) -> None:
+    """Refuse, in one line, to replay `surface` as anything but what it recorded: a surface whose lines disagree on
+    the workload or the hardware, or a model, global batch, GPU count or hardware (the profile's name) other than
+    its own. What the surface does not record (old records) is not checked. `given_hardware`: how the hardware
+    was asked for, where that is not its name (`auto`); `names`: the flags or keys to name."""
+    if surface.mixed:
+        raise ConfigError(f"surface {surface.path}: {surface.mixed}: replay refuses a surface of several; "
+                          "split it into one surface per workload and hardware")
+    recorded = surface.workload
+    if recorded is not None:
+        for key, given, value in (("model", model, recorded.model.name), ("global_batch", global_batch,
+                                                                           recorded.global_batch),
+                                  ("gpus", gpus, recorded.gpus)):
+            if given is not None and given != value:
+                raise ConfigError(f"{names[key]} {given}: the surface {surface.path} was recorded with {value}")
+    if hardware is not None and surface.hardware is not None and hardware.name != surface.hardware:
+        asked = hardware.name if given_hardware in (None, hardware.name) else f"{given_hardware} ({hardware.name})"
+        raise ConfigError(f"{names['hardware']} {asked}: the surface {surface.path} was recorded on "
+                          f"{surface.hardware}: replay it on {surface.hardware} (or give no hardware)")
+
+
+def check_replay_workload(surface: Surface, workload: Workload | None, hardware: Hardware | None = None,
+                          given_hardware: str | None = None, names: Mapping[str, str] = FLAGS) -> None:
+    """check_replay for a whole workload (None: none given): its model, batch and GPU count, and its model's shape
+    where the surface records the same model's name (the environment's `workload` may be a shape of its own)."""
+    if workload is None:
+        check_replay(surface, hardware=hardware, given_hardware=given_hardware, names=names)
+        return
+    check_replay(surface, model=workload.model.name, global_batch=workload.global_batch, gpus=workload.gpus,
+                 hardware=hardware, given_hardware=given_hardware, names=names)
+    recorded = surface.workload
+    if recorded is not None and workload.model != recorded.model:
+        raise ConfigError(f"{names['model']} {workload.model.name}: its shape is not the one the surface "
+                          f"{surface.path} was recorded with")
 
 
 def _json_key(value: object) -> str:
@@ -149,18 +233,14 @@ def surface_space(surface: Surface, hardware: Hardware | None = None, workload: 
 
 def replay_workload(surface_path: str | Path, model: str | None = None, global_batch: int | None = None,
                     gpus: int | None = None) -> Workload:
-    """A replay sweep's workload: the surface's (a given model, batch or GPU count must agree with it), or, when
-    the surface does not record one, the one these name."""
+    """A replay sweep's workload: the surface's (a given model, batch or GPU count must agree with it: check_replay),
+    or, when no line of the surface records one (records older than that key), the one these name (tiny by
+    default)."""
     surface = load_surface(surface_path)
-    recorded = surface.workload
-    if recorded is None:
+    check_replay(surface, model=model, global_batch=global_batch, gpus=gpus)
+    if surface.workload is None:
         return make_workload(model or "tiny", global_batch, gpus or 1)
-    for flag, given, value in (("--model", model, recorded.model.name),
-                               ("--global-batch", global_batch, recorded.global_batch),
-                               ("--gpus", gpus, recorded.gpus)):
-        if given is not None and given != value:
-            raise ConfigError(f"{flag} {given}: the surface {surface_path} was recorded with {value}")
-    return recorded
+    return surface.workload
 
 
 def searched_space(settings: RunSettings) -> Space:
@@ -184,10 +264,12 @@ def replay_space(surface_path: str | Path, workload: Workload, hardware: Hardwar
     from autotune.search_spaces import load_choices
 
     surface = load_surface(surface_path)
+    given = hardware if isinstance(hardware, str) else None
     if hardware is None:
         hardware = load_hardware(surface.hardware or "cpu")
     elif not isinstance(hardware, Hardware):  # auto (this machine's devices) or a profile's name
         hardware = resolve_hardware(hardware, real=False)[0] if hardware == AUTO else load_hardware(hardware)
+    check_replay_workload(surface, workload, hardware, given)
     choices = surface_choices(surface)
     if space is not None:
         narrowed = space if isinstance(space, Choices) else load_choices(space)

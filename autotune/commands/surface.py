@@ -159,7 +159,7 @@ def run_show(args: argparse.Namespace) -> int:
     console.print(f"{args.surface}: {len(results)} configs of {who} on {surface.hardware or 'unknown hardware'}; "
                   + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
                   + (f" under a budget of {format_size(budget)}" if budget else ""))
-    for note in surface.notes:
+    for note in (*surface.notes, *([f"{args.surface}: {surface.mixed}: replay refuses it"] if surface.mixed else [])):
         console.print(note)
     ranked = sorted((r for r in results if r.ok), key=lambda r: -(r.throughput_samples_per_s or 0))
     table = Table(title=f"Fastest {min(args.top, len(ranked))} configs" + (f" within {format_size(budget)}" if budget

@@ -19,6 +19,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 from autotune.values.config import Config, ConfigError
 from autotune.files import append_line, parse_json, read_text, short, write_atomic
+from autotune.values.units import format_size
 from autotune.values.workload import Workload
 
 # untrained: the trial ran but its record does not show training (every optimizer step skipped by fp16's loss
@@ -147,7 +148,8 @@ class TrialResult:
         if self.ok and not self.fits(budget_bytes):
             return replace(self, status="oom", throughput_samples_per_s=None, tokens_per_s=None,
                            memory_budget_bytes=budget_bytes,
-                           error=f"peak {self.peak_memory_bytes} bytes exceeds the budget of {budget_bytes} bytes")
+                           error=f"peak {_sizes(self.peak_memory_bytes, budget_bytes)} exceeds the budget of "
+                                 f"{_sizes(budget_bytes, self.peak_memory_bytes)}")
         return replace(self, memory_budget_bytes=budget_bytes) if budget_bytes != self.memory_budget_bytes else self
 
     def to_dict(self) -> dict[str, Any]:
@@ -341,6 +343,12 @@ def relabelled(results: Iterable[TrialResult]) -> int:
     return sum(r.status == "untrained" and r.extra.get("recorded_status") is not None for r in results)
 
 
+def _sizes(num_bytes: int | None, other: int | None) -> str:
+    """`num_bytes` in binary units, its exact bytes added where `other` rounds to the same figure."""
+    shown = format_size(num_bytes)
+    return f"{shown} ({num_bytes:,} bytes)" if num_bytes is not None and shown == format_size(other) else shown
+
+
 def relabel_note(count: int, source: str | Path) -> str | None:
     """The one line a reader of `source` tells the user when `count` of its results were relabelled, else None."""
     if not count:
@@ -365,14 +373,31 @@ def iter_results(path: str | Path) -> Iterator[TrialResult]:
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        if number == len(lines) and not line.endswith("\n") and not _complete_json(line):
-            return  # torn final write
+        if number == len(lines) and _torn(line):
+            return  # torn final write (torn_tail says so)
         data = parse_json(line, f"{path}:{number}", "one JSON object per line (a trial result)")
         try:
             result = TrialResult.from_dict(data)
         except ConfigError as err:
             raise ConfigError(f"{path}:{number}: not a trial result: {err}") from None
         yield as_recorded_proves(result)
+
+
+def torn_tail(path: str | Path) -> str | None:
+    """The one line a reader of `path` tells the user when iter_results left its last line out (a write cut short:
+    no newline and not complete JSON), else None. `repair_tail` moves such a line aside before an append."""
+    path = Path(path)
+    if not os.path.lexists(path):
+        return None
+    lines = read_text(path, "a JSONL file of trial results").splitlines(keepends=True)
+    if not lines or not _torn(lines[-1]):
+        return None
+    return (f"{path}:{len(lines)}: an incomplete last line ({len(lines[-1])} characters, a write cut short) was "
+            "left out; the results before it are read")
+
+
+def _torn(last_line: str) -> bool:
+    return bool(last_line.strip()) and not last_line.endswith("\n") and not _complete_json(last_line)
 
 
 def _complete_json(text: str) -> bool:
