@@ -22,6 +22,11 @@ STEPS = 2  # optimizer steps
 SEQ, VOCAB = 32, 256
 
 
+def checkpointing_switch(model: GPT2LMHeadModel):
+    """The switch the report names: activation_checkpointing_enable from transformers 5.x (gradient_... warns)."""
+    return getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+
+
 def tiny_model() -> GPT2LMHeadModel:
     torch.manual_seed(0)
     return GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=VOCAB, n_positions=SEQ,
@@ -55,7 +60,7 @@ def with_deepspeed(run: Path) -> dict:
     config = json.loads((run / "best_ds_config.json").read_text())
     model = tiny_model()
     if config["activation_checkpointing"]["number_checkpoints"]:
-        model.gradient_checkpointing_enable()  # interval 1: every layer (the stacks' on/off switch)
+        checkpointing_switch(model)()  # interval 1: every layer (the stacks' on/off switch)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=str(run / "best_ds_config.json"))
     micro, accumulation = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
     loader = torch.utils.data.DataLoader(RandomTokens(micro * accumulation * STEPS), batch_size=micro)
@@ -93,7 +98,7 @@ def with_accelerate(run: Path, plugin: bool) -> dict:
     micro, accumulation = config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"]
     model = tiny_model()
     if config["activation_checkpointing"]["number_checkpoints"]:
-        model.gradient_checkpointing_enable()
+        checkpointing_switch(model)()
     optimizer = DummyOptim(model.parameters(), lr=3e-4, weight_decay=0.01)
     scheduler = DummyScheduler(optimizer, lr_scheduler_callable=lambda opt: get_linear_schedule_with_warmup(opt, 1, 10))
     loader = torch.utils.data.DataLoader(RandomTokens(micro * accumulation * STEPS), batch_size=micro)

@@ -82,7 +82,7 @@ def assert_clean(argv: list[str], code: int | None, stderr: str) -> None:
     """Exit 0, or exit 2 with one line `autotune ...: error: ...`, or `tune`'s verdict that nothing fits
     (exit 1, said on stdout); never a traceback, never the top-level guard's internal error."""
     where = f"autotune {' '.join(argv)!r}"
-    assert "Traceback" not in stderr, f"{where}: traceback:\n{stderr}"
+    assert "Traceback (most recent call last)" not in stderr, f"{where}: traceback:\n{stderr}"
     verdict = argv[0] == "tune" and code == 1 and not stderr.strip()
     assert code in (0, 2) or verdict, f"{where}: exit {code}: {stderr[-2000:]}"
     if code == 2:

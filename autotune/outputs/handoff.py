@@ -8,7 +8,7 @@ Stacks (`--stack`, `TuneSpec.stack`):
   transformers 5.x; the key follows the installed version: `checkpointing_key`) is on/off (every layer or none),
   so the space keeps ckpt_interval 0 and 1 only.
 - `accelerate`: Accelerate's DeepSpeed integration; checkpointing is the model's
-  `gradient_checkpointing_enable()`, on/off as well.
+  `activation_checkpointing_enable()` (`gradient_checkpointing_enable()` before transformers 5.x), on/off as well.
 
 Files (all in the run directory): `best_ds_config.json` (complete, for `deepspeed.initialize`),
 `best_hf_ds_config.json` ("auto" only for the recipe's learning rate, weight decay and clipping:
@@ -49,7 +49,8 @@ ACCELERATE_CONFIG = "best_accelerate_config.yaml"
 
 _STACK_NAMES = {"trainer": "the Hugging Face Trainer", "accelerate": "Accelerate"}
 _SWITCH = {"trainer": "`TrainingArguments(activation_checkpointing=...)` (`gradient_checkpointing` before transformers 5.x)",
-           "accelerate": "the model's `gradient_checkpointing_enable()`"}
+           "accelerate": "the model's `activation_checkpointing_enable()` (`gradient_checkpointing_enable()` before "
+                         "transformers 5.x)"}
 
 
 @functools.cache
@@ -309,7 +310,8 @@ class Handoff:
                 f"`deepspeed.checkpointing.checkpoint(segment_forward, x)` over the same segments works too, after "
                 f"`deepspeed.checkpointing.configure(None, deepspeed_config=\"{DS_CONFIG}\")` (its "
                 f"`activation_checkpointing` section says {segments} checkpoints)"
-                + (". A Hugging Face model: `model.gradient_checkpointing_enable()` is exactly this." if k == 1 else
+                + (". A Hugging Face model: `model.activation_checkpointing_enable()` (`gradient_checkpointing_enable()` "
+                   "before transformers 5.x) is exactly this." if k == 1 else
                    "."), ""]
 
     def _trainer_section(self) -> list[str]:
@@ -355,7 +357,8 @@ class Handoff:
                 "```", "",
                 "Precision, ZeRO, offload, batch and accumulation come from the file; set no `mixed_precision` or "
                 "`gradient_accumulation_steps` beside it."
-                + (" Activation checkpointing: call `model.gradient_checkpointing_enable()` before `prepare`."
+                + (" Activation checkpointing: call `model.activation_checkpointing_enable()` "
+                   "(`gradient_checkpointing_enable()` before transformers 5.x) before `prepare`."
                    if self.config.ckpt_interval else ""), ""]
 
 

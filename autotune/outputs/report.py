@@ -215,7 +215,7 @@ def no_fit_verdict(settings: RunSettings, results: Sequence[TrialResult] = (), i
         term = smallest.memory.dominant
         return (f"no config fits the budget of {budget}: the smallest predicted peak is "
                 f"{format_size(smallest.peak_bytes)} ({smallest.config.label()}), dominated by {term} "
-                f"({format_size(getattr(smallest.memory, term))}): raise the budget or use more devices")
+                f"({format_size(getattr(smallest.memory, term))}): {_fits_with(term)}")
     hw = settings.hardware
     details, fixes = [], []
     if counts[DEVICE_MEMORY]:
@@ -604,6 +604,16 @@ def run_calibration(run: RunDir) -> Calibration:
         return load_calibration(run.path) or Calibration()
     except ConfigError:
         return Calibration()
+
+
+def _fits_with(term: str) -> str:
+    """What makes room where `term` (an estimate's memory term) dominates the smallest peak: ZeRO shards only the
+    model states over more devices; activations are the micro-batch's and the rest is each device's own."""
+    if term in ("weights", "gradients", "optimizer_states"):
+        return "raise the budget or use more devices (ZeRO shards the model states over them)"
+    if term == "activations":
+        return "raise the budget, or a space with smaller micro-batches or activation checkpointing"
+    return "raise the budget (each device has it, whatever their number)"
 
 
 def _confirmation(results: Sequence[TrialResult], budget: int, backend: str) -> list[str]:
