@@ -23,7 +23,8 @@ Reward: envs/reward.py. `info`: `result` (the TrialResult as a dict, None when n
 `optimum_throughput` (the task's true best where known: simulated without noise, replay; else None) and
 `chance_of_better` (unless `chance_info` is off: the sweep's convergence stop's figure, autotune.search.convergence: the chance that an unmeasured
 config fits and is more than 2% faster than the best, from the episode's corrected predictions);
-with `flat_info`, numbers and strings with the same keys at every step (`_flat_info`). A source may
+with `flat_info`, numbers and strings with the same keys at every step (`_flat_info`; a figure not there is -1,
+`ABSENT`). A source may
 rewrite the info (the training simulator's flat info judges the best config by its hidden truth).
 """
 
@@ -281,23 +282,24 @@ class DeepSpeedMemoryEnv(gym.Env):
         return self._residuals.chance_of_better(untried, ep.task.memory_budget_bytes, self._best_throughput)
 
     def _flat_info(self, result: TrialResult | None, action: str, invalid: bool, current: Config) -> dict[str, Any]:
-        """Same keys and value types at every step (vector environments merge infos key by key)."""
+        """Same keys and value types at every step (vector environments merge infos key by key); a figure absent
+        is ABSENT, not NaN, which equals nothing, itself included (gymnasium's checker compares infos)."""
         ep = self._episode
         assert ep is not None
-        nan = float("nan")
         best = self._best
         return {"trials": self._trials, "action": action, "invalid_action": invalid,
                 "status": "none" if result is None else result.status,
-                "throughput_samples_per_s": nan if result is None else float(result.throughput_samples_per_s or nan),
-                "peak_memory_bytes": nan if result is None or result.peak_memory_bytes is None
+                "throughput_samples_per_s": ABSENT if result is None else float(result.throughput_samples_per_s or ABSENT),
+                "peak_memory_bytes": ABSENT if result is None or result.peak_memory_bytes is None
                 else float(result.peak_memory_bytes),
                 "config": current.to_json(), "result": "" if result is None else result.to_json(),
                 "best_throughput": self._best_throughput,
                 "best_config": "" if best is None else json.dumps(best["config"]),
                 "reference_throughput": float(ep.reference),
-                "optimum_throughput": nan if ep.optimum is None else float(ep.optimum)}
+                "optimum_throughput": ABSENT if ep.optimum is None else float(ep.optimum)}
 
 
+ABSENT = -1.0  # a flat info's figure that is not there (throughputs, peaks and optima are never negative)
 RESULT_FIELDS = tuple(f.name for f in fields(TrialResult) if f.name not in ("config", "extra"))
 
 

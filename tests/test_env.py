@@ -366,6 +366,19 @@ def test_flat_info_serves_vector_environments():
                 TrialResult.from_json(text)
     assert {"ok", "oom"} <= statuses
     assert info["reference_throughput"].dtype == np.float64
+    # Gymnasium's checker steps twice with one seed and compares the infos: a NaN (an oom's throughput) equals
+    # nothing, so the flat info failed it; what is not there is -1.
+    env = DeepSpeedMemoryEnv({"workload": "tiny", "memory_budget": "800MiB", "flat_info": True})
+    check_env(env, skip_render_check=True)
+    observation, _ = env.reset(seed=0)
+    infos = []
+    while not any(info["status"] == "oom" for info in infos):
+        observation, _, done, cut, info = env.step(int(rng.choice(np.flatnonzero(observation["action_mask"]))))
+        infos.append(info)
+        if done or cut:
+            observation, _ = env.reset()
+    oom = infos[-1]
+    assert oom["throughput_samples_per_s"] == -1.0 and oom["peak_memory_bytes"] > 0
 
 
 def test_check_env_on_the_committed_surface():

@@ -16,7 +16,7 @@ NEAR_OPTIMUM = 0.98
 
 
 def episode_figures(info: Mapping[str, Any], oom_trials: int = 0) -> dict[str, float | None]:
-    optimum = float(info.get("optimum_throughput", math.nan))
+    optimum = float(info.get("optimum_throughput", -1.0))  # -1: unknown (the flat info's ABSENT)
     found = float(info.get("best_true_throughput") or info.get("best_throughput") or 0.0)
     ratio = None if math.isnan(optimum) or optimum <= 0 else min(found / optimum, 1.0)
     return {

@@ -30,7 +30,7 @@ import numpy as np
 
 from autotune.values.config import Config, ConfigError
 from autotune.envs.config import EnvConfig
-from autotune.envs.deepspeed_memory import DeepSpeedMemoryEnv
+from autotune.envs.deepspeed_memory import ABSENT, DeepSpeedMemoryEnv
 from autotune.envs.episodes import Episode, EstimatorCaches, TaskSource, start_index
 from autotune.envs.landscape import build_landscape
 from autotune.envs.sampler import Task, WorkloadSampler
@@ -109,7 +109,7 @@ class DistortedSource:
                 "status": "none" if result is None else result.status,
                 "best_throughput": float(best["throughput_samples_per_s"]) if best else 0.0,
                 "best_true_throughput": true_best,
-                "optimum_throughput": float(optimum) if optimum else float("nan")}
+                "optimum_throughput": float(optimum) if optimum else ABSENT}
 
 
 def training_source(env_config: Mapping[str, Any] | None = None,
