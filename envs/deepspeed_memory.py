@@ -99,9 +99,11 @@ class DeepSpeedMemoryEnv(gym.Env):
     def step(self, action: Any):
         if self._episode is None:
             raise gym.error.ResetNeeded("call reset() before step()")
+        if not self.action_space.contains(action):  # outside Discrete(18): no action at all, not a masked one
+            raise ValueError(f"action {action!r}: allowed an integer 0..{len(ACTIONS) - 1} (autotune.envs.actions.ACTIONS)")
         action = int(action)
         self._steps += 1
-        invalid = not 0 <= action < len(ACTIONS) or not self._mask_now[action]
+        invalid = not self._mask_now[action]
         result = None
         if not invalid and action != STOP:
             self._current = self._target(action)
@@ -109,8 +111,7 @@ class DeepSpeedMemoryEnv(gym.Env):
         reward = self._reward(action, invalid, result)
         terminated = not invalid and action == STOP
         truncated = not terminated and self._steps >= self.horizon
-        name = ACTIONS[action] if 0 <= action < len(ACTIONS) else str(action)
-        return self._observation(), float(reward), terminated, truncated, self._info(result, name, invalid)
+        return self._observation(), float(reward), terminated, truncated, self._info(result, ACTIONS[action], invalid)
 
     def _reward(self, action: int, invalid: bool, result: TrialResult | None) -> float:
         """envs/reward.py: a penalty for a masked action, the stop's reward, or the trial's."""

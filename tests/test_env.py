@@ -168,6 +168,11 @@ def test_masked_action_runs_nothing_and_is_penalised():
     observation, reward, terminated, truncated, info = env.step(STOP)  # no trial yet
     assert reward == -Reward().invalid_action_penalty and info["invalid_action"] and info["result"] is None
     assert info["trials"] == 0 and not terminated
+    # No action at all (outside Discrete(18)) is the caller's error, not a masked action: it was penalised as one.
+    for action in (18, -1, 2.5):
+        with pytest.raises(ValueError, match=rf"action {action!r}: allowed an integer 0\.\.17"):
+            env.step(action)
+    assert env.step(np.int64(STOP))[4]["trials"] == 0  # numpy's integers are actions
 
 
 def test_info_result_is_the_trial_result_dict():
