@@ -66,6 +66,8 @@ workloads:
     ("workloads:\n  - {name: a, backend: cuda}", "workloads[0].backend: 'cuda': allowed deepspeed, simulated, replay"),
     ("workloads:\n  - {name: a}\n  - {name: a}", "workloads[1].name: 'a' is used twice"),
     ("workloads:\n  - {name: 'a/b'}", "workloads[0].name: 'a/b': allowed letters, digits"),
+    ("workloads:\n  - {model: tiny}", "workloads[0]: no name: each workload needs one, its run directory's"),
+    ("workloads:\n  - {name: a, strategy: rl, policy: nope}", "workloads[0].policy: 'nope': no such folder (nor /"),
     ("workloads:\n  - {name: a, hardware: h900}", "workloads[0].hardware: unknown hardware 'h900'"),
     ("workloads:\n  - {name: a, model: {layers: 2, hidden: 10, heads: 3, vocab: 10, seq_len: 8}}",
      "workloads[0].model: model hidden=10 is not divisible by heads=3"),

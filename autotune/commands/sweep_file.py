@@ -185,6 +185,9 @@ def _options(entry: dict[str, Any], where: _Where, base: Path) -> dict[str, Any]
         try:
             if opt.key == "policy":  # a folder, never a preset's name: relative to this file's folder if there
                 values[name] = _folder(raw, base)
+                if not exists(Path(values[name])):
+                    raise ConfigError(f"{short(raw)}: no such folder (nor {(base / str(raw)).resolve()}): allowed an exported "
+                                      "policy's folder (`autotune rl export --out`), relative to the sweep file's folder")
             else:
                 values[name] = _path_or_name(raw, base) if opt.path else opt.value(raw)
         except ConfigError as err:
@@ -204,6 +207,9 @@ def _workload(entry: dict[str, Any], where: _Where, base: Path) -> WorkloadSpec:
             raise ConfigError(f"{where.at(key)}: {short(value)}: {err} (allowed {allowed})") from None
 
     name = entry.get("name")
+    if name is None:
+        raise ConfigError(f"{where}: no name: each workload needs one, its run directory's (<out>/<name>): letters, "
+                          "digits, '.', '_' and '-', at most 100")
     if not isinstance(name, str) or not _NAME.match(name):
         raise ConfigError(f"{where}.name: {short(name)}: allowed letters, digits, '.', '_' and '-', at most 100 (a directory name)")
     script = entry.get("script")
