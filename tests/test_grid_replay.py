@@ -107,4 +107,5 @@ def test_no_fit_verdict_counts_the_restricted_space(surface_path, space):
     pruner = Pruner.for_settings(settings)
     untried = sum(pruner.check(c, settings.backend) is None for c in space)
     assert 0 < untried <= len(MEASURED)
-    assert f"though {untried} untried configs are predicted to fit" in no_fit_verdict(settings)
+    left = f"{untried} untried configs are" if untried > 1 else "1 untried config is"
+    assert f"though {left} predicted to fit" in no_fit_verdict(settings)

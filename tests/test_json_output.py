@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import build_parser
+from autotune.search.pruning import CAUSES
 from autotune.values.results import STATUSES, read_results
 from cli_run import cli
 
@@ -89,6 +90,16 @@ def test_report_json_matches_what_tune_printed(tuned, capfd):
                 "memory_budget_bytes"):
         assert report[key] == doc[key], key
     assert sorted(report["files"]) == sorted(doc["files"])
+    # What report.md's tables say: the top configs (the best first) and the failures by cause.
+    top, text = report["top_configs"], Path(report["report"]).read_text()
+    assert top and top[0]["config"] == doc["best"]["config"] and top[0]["rank"] == 1
+    assert top[0]["throughput_samples_per_s"] == doc["best"]["throughput_samples_per_s"]
+    assert f"## Top {len(top)} config" in text and all(f"| {t['trial']} |" in text for t in top)
+    failed = sum(n for s, n in doc["status_counts"].items() if s != "ok")
+    assert sum(f["count"] for f in report["failures"]) == failed
+    for f in report["failures"]:
+        assert f["count"] == len(f["trials"]) == len(f["configs"]) and f["status"] != "ok"
+        assert f["ran_out_of"] is None or f["ran_out_of"] in CAUSES
 
 
 def test_surface_record_show_and_replay_tune_in_json(space_file, tmp_path, capfd):

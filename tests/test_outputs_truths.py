@@ -88,6 +88,16 @@ def test_report_and_summary_say_why_the_sweep_stopped_and_the_chance_of_a_better
     rewrite(simulated, "trials")
 
 
+def test_the_report_names_a_study_only_where_there_is_one(simulated, capsys):
+    # `autotune report` of a run whose study.db was removed: no "in `study.db` here".
+    copy = simulated.parent / "no-study"
+    shutil.copytree(simulated, copy, ignore=shutil.ignore_patterns(STUDY, "summary.json", "report.md", "plots"))
+    code, _, err = cli(["report", str(copy)], capsys)
+    assert code == 0, err
+    assert not (copy / STUDY).exists() and "Optuna study" not in (copy / "report.md").read_text()
+    assert "- Optuna study: `autotune` in `study.db` here" in (simulated / "report.md").read_text()
+
+
 def test_a_converged_sweep_names_its_figure_and_a_bad_reason_is_one_line(simulated):
     summary = rewrite(simulated, "converged").summary
     assert summary["stopped"].startswith("search converged: ") and "chance an untried config is" in summary["stopped"]

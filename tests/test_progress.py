@@ -134,7 +134,9 @@ def test_ray_results_count_the_time_between_results_times_the_slots():
 
 def test_pruned_configs_are_one_line_per_batch_with_their_causes():
     progress, _, out = console_progress()
-    for number in range(2, 7):
+    progress.pruned(pruned(2, DEVICE_MEMORY))
+    assert progress.live_line() == "pruning: 1 config predicted not to fit so far"
+    for number in range(3, 7):
         progress.pruned(pruned(number, DEVICE_MEMORY if number < 5 else HOST_MEMORY))
     assert out.getvalue() == ""  # gathered until something else is printed
     assert progress.live_line() == "pruning: 5 configs predicted not to fit so far"

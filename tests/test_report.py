@@ -10,8 +10,8 @@ import pytest
 from autotune.values.config import Config
 from autotune.values.hardware import PROFILES
 from autotune.outputs.plots import pareto_front
-from autotune.outputs.report import NOT_RECORDED, _top_table, summarize, write_outputs
-from autotune.search.confirm import recommend
+from autotune.outputs.report import NOT_RECORDED, _confirmation_table, _top_table, summarize, tables, write_outputs
+from autotune.search.confirm import confirmation, prior_sigma, recommend
 from autotune.values.results import STATUSES, TrialResult, append_result
 from autotune.search.rundir import RunDir, RunSettings
 from autotune.search_spaces import load_choices
@@ -125,6 +125,32 @@ def test_the_top_table_says_each_configs_median_as_the_recommendation_does():
     assert [(r[2].strip(), r[9].strip(), r[10].strip()) for r in rows] == [("5", "13", "1"), ("3", "12.5", "2")]
     assert recommend(trials, BUDGET).config == Config(2, 4, 0, "bf16")
     assert rows[1][13].strip() == "1.3 GiB"  # the highest peak of its runs, what a user plans for
+
+
+def test_the_report_counts_one_config_and_one_repeat_in_the_singular():
+    # "Top 1 configs", "1 repeat trials re-ran": one fitting config, re-run once.
+    repeat = ok(2, 13.0, 1.3, 2)
+    repeat = TrialResult(**{**repeat.__dict__, "extra": {**repeat.extra, "phase": "confirm", "repeat_of": 1}})
+    trials = [ok(2, 14.0, 1.2, 1), repeat]
+    assert _top_table(trials, BUDGET)[0] == "## Top 1 config within budget"
+    confirmed = confirmation(trials, BUDGET, prior_sigma("deepspeed"))
+    assert confirmed is not None and confirmed.repeats == 1
+    text = "\n".join(_confirmation_table(confirmed))
+    assert "1 repeat trial re-ran the best config" in text and "after its 2 runs" in text
+
+
+def test_report_json_has_the_tables_top_configs_and_failures_by_cause(results):
+    doc = tables(results, BUDGET)
+    top = doc["top_configs"]
+    assert [(t["rank"], t["trial"], t["throughput_samples_per_s"]) for t in top] == [(1, 3, 14.0), (2, 5, 14.0),
+                                                                                      (3, 8, 12.0), (4, 1, 10.0)]
+    assert top[0]["config"] == Config(2, 2, 0, "bf16").to_dict() and top[0]["of_budget"] == pytest.approx(0.6)
+    assert top[0]["peak_memory_bytes"] == int(1.2 * GiB) and top[0]["runs"] == 1
+    failures = {(f["status"], f["ran_out_of"]): f for f in doc["failures"]}
+    assert failures[("oom", "device_memory")]["count"] == 2 and failures[("oom", "device_memory")]["trials"] == [2, 7]
+    assert failures[("crash", None)]["cause"] == "exit code 1: RuntimeError: boom"
+    assert failures[("pruned", "device_memory")]["configs"] == [Config(1, 16, 1, "fp32").label()]
+    assert sum(f["count"] for f in doc["failures"]) == 4
 
 
 def test_report_settings_round_trip(settings):

@@ -309,7 +309,7 @@ def test_quiet_training_prints_its_result_alone(tmp_path, monkeypatch, capsys):
     rows = (Iteration(1, 10, 1, 0.5, 3.0, 0.1, 0.9, 0.2, 1.0),)
     monkeypatch.setattr("autotune.rl.train.train", fake_train([], rows))
     code, out, _ = cli(["rl", "train", "--iterations", "1", "--out", str(tmp_path / "p")], capsys)
-    assert code == 0 and "training a policy in" in out and "iter    1/1" in out and "done: 1 iterations" in out
+    assert code == 0 and "training a policy in" in out and "iter    1/1" in out and "done: 1 iteration;" in out
     code, out, _ = cli(["rl", "train", "--quiet", "--iterations", "1", "--out", str(tmp_path / "p")], capsys)
     assert code == 0 and out.splitlines() == [line for line in out.splitlines() if line.startswith("done: ")] != []
 

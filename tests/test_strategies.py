@@ -185,7 +185,7 @@ def test_random_is_uniform_over_the_space_without_replacement_and_seeded():
     budget = 100 * GiB
     backend = SimulatedBackend(space.workload, space.hardware, budget)
     first = sweep("random", space, backend, budget, trials=10**6, seed=5, stop_when=0)
-    assert first.stop_reason == StopReason.DONE
+    assert first.stop_reason == StopReason.EXHAUSTED
     assert sorted(r.config for r in first.results) == sorted(space)
     again = sweep("random", space, backend, budget, trials=10, seed=5)
     other = sweep("random", space, backend, budget, trials=10, seed=6)

@@ -205,6 +205,28 @@ def test_a_fatal_backend_stops_the_recording_and_an_interrupted_one_resumes(spac
     with pytest.raises(ConfigError, match="retries -1, repeats 1: need retries >= 0"):
         record_space(space, StopsAfter(9), out, retries=-1, progress=lambda _: None)
 
+def test_an_interrupted_record_says_what_it_kept_and_that_the_same_command_goes_on(space_file, tmp_path, capsys,
+                                                                                monkeypatch):
+    from autotune.backends.simulated import SimulatedBackend
+
+    run, calls = SimulatedBackend.run, []
+
+    def interrupted_third(self, config):
+        calls.append(config)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return run(self, config)
+
+    monkeypatch.setattr(SimulatedBackend, "run", interrupted_third)
+    out = tmp_path / "s.jsonl"
+    assert record(space_file, out) == 130
+    err = capsys.readouterr().err
+    assert (f"autotune surface record: interrupted: 2 configs recorded now in {out}, 2 of 4 measured; the same "
+            "command records the rest") in err, err
+    monkeypatch.setattr(SimulatedBackend, "run", run)
+    assert record(space_file, out) == 0 and "2 configs recorded now, 4 of 4 measured" in capsys.readouterr().out
+
+
 def test_repeats_measure_again_in_passes_and_replay_takes_the_median(space_file, tmp_path, capsys):
     out = tmp_path / "surface.jsonl"
     assert record(space_file, out) == 0

@@ -75,6 +75,16 @@ def test_a_trial_budget_spent_on_a_trial_that_showed_nothing_fits_says_nothing_f
     assert stop_of(run)[0] == StopReason.NOTHING_FITS.value
 
 
+def test_nothing_fits_at_the_start_names_no_trials_jsonl_it_never_wrote(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["tune", "--backend", "simulated", "--model", "tiny", "--memory-budget", "1MiB", "--trials", "3",
+                 "--out", str(run)]) == 1
+    out = capsys.readouterr().out
+    assert not (run / "trials.jsonl").exists()
+    assert f"stopped: {StopReason.NOTHING_FITS.text}; 0 trials launched, nothing recorded" in out, out
+    assert "trials.jsonl" not in out
+
+
 def test_the_stop_text_of_nothing_fits_holds_after_trials_ran():
     """A first run stops "nothing fits" after trials ran: its text must not say that nothing was run."""
     assert "nothing was run" not in StopReason.NOTHING_FITS.text
@@ -160,6 +170,10 @@ def test_an_interrupted_verdict_with_configs_left_says_no_more_than_to_resume(tm
     assert inner.startswith("no trial ran within the budget of 2 GiB yet, though") and "run more trials" not in inner
     assert ("the trials ran out of device memory (2)" in inner) == bool(launched)
     assert ": run more trials" in no_fit_verdict(settings, ran)  # not interrupted: as before
+    one = [c for c in space if c not in {r.config for r in ran}][:1]
+    others = [TrialResult(c, "oom", memory_budget_bytes=settings.memory_budget_bytes, backend="simulated",
+                          extra={"cause": "device_memory"}) for c in space if c not in one]
+    assert "though 1 untried config is predicted to fit" in no_fit_verdict(settings, others)
     text = interrupted_verdict(inner, ran, RunDir(tmp_path))
     when = "after 2 launched trials" if launched else "before any trial finished"
     assert text.startswith(f"interrupted {when}, unfinished: continue it with the same command and --resume")

@@ -29,6 +29,7 @@ from autotune.values.results import TrialResult, read_results, relabel_note, rel
 from autotune.values.settings import RunSettings
 from autotune.values.space import Choices, Space
 from autotune.values.workload import Workload, make_workload
+from autotune.values.units import counted
 
 if TYPE_CHECKING:
     from autotune.values.settings import RunSettings
@@ -199,7 +200,7 @@ class ReplayBackend:
             return self._replayed[config]
         except KeyError:
             raise ConfigError(f"{config.to_json()} was not measured in the surface {self.surface.path} "
-                              f"({len(self.surface)} configs): replay cannot run it") from None
+                              f"({counted(len(self.surface), 'config')}): replay cannot run it") from None
 
 
 def surface_choices(surface: Surface) -> Choices:

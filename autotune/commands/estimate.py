@@ -25,7 +25,7 @@ from autotune.search.pruning import Pruner
 from autotune.prediction.ranking import Ranking, rank_configs
 from autotune.search_spaces import space_note
 from autotune.values.settings import memory_budget
-from autotune.values.units import format_size
+from autotune.values.units import counted, format_size
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -95,7 +95,7 @@ def over_host_line(over_host: tuple[Estimate, ...], ranking: Ranking, hardware: 
     if not over_host:
         return None
     need = host_need_bytes(over_host[0], ranking.space.workload, hardware)
-    return (f"{len(over_host)} configs within the budget but over host memory, not ranked (their offloaded state needs "
+    return (f"{counted(len(over_host), 'config')} within the budget but over host memory, not ranked (their offloaded state needs "
             f"at least {format_size(need)} per node of the {hardware.name} profile's "
             f"{format_size(hardware.host_memory_bytes)}: {over_host[0].config.label()})")
 
@@ -108,13 +108,13 @@ def nothing_fits_line(ranking: Ranking, over_host: tuple[Estimate, ...], hardwar
     if over_host:
         need = host_need_bytes(over_host[0], ranking.space.workload, hardware)
         limit = hardware.host_memory_bytes
-        reasons.append(f"{'the' if ranking.too_big else 'all'} {len(over_host)} configs within the budget of "
+        reasons.append(f"{'the' if ranking.too_big else 'all'} {counted(len(over_host), 'config')} within the budget of "
                        f"{format_size(ranking.budget_bytes)} per device need at least {format_size(need)} of host "
                        f"memory per node for their offloaded state ({over_host[0].config.label()}), "
                        f"{format_size(need - limit)} over the {hardware.name} profile's {format_size(limit)}")
     if ranking.too_big:
         best = ranking.too_big[0]  # smallest peak first
-        others = f"the other {len(ranking.too_big)} configs' " if over_host else "the "
+        others = f"the other {counted(len(ranking.too_big), 'config')}' " if over_host else "the "
         reasons.append(f"{others}smallest predicted peak is {format_size(best.peak_bytes)} "
                        f"({best.config.label()}), {format_size(best.peak_bytes - ranking.budget_bytes)} over the "
                        f"budget of {format_size(ranking.budget_bytes)} per device")
@@ -169,7 +169,7 @@ def fit_table(ranking: Ranking, top: int, pruner: Pruner | None, *, terms: bool)
     """The configs predicted to fit, fastest first: each memory term a column too (`terms`), else only the peak,
     the host memory and the throughput, with short headers: 80 columns wide. A column too narrow folds, never cut."""
     workload = ranking.space.workload
-    title = f"Top {min(top, len(ranking.fits))} configs predicted to fit, fastest first"
+    title = f"Top {counted(min(top, len(ranking.fits)), 'config')} predicted to fit, fastest first"
     table = Table(title=title, show_edge=False)
     for column in ("#", *KNOB_COLUMNS[terms], "peak", *(_short(t) for t in MEMORY_TERMS if terms), "host",
                    *(("step s",) if terms else ()), "samples/s", *(("peak 90%", "fits") if pruner else ())):
@@ -214,7 +214,7 @@ def show(ranking: Ranking, hardware: Hardware, top: int, pruner: Pruner | None =
         console.print(table)
     if not ranking.too_big:
         return
-    groups = Table(title=f"{len(ranking.too_big)} configs predicted not to fit, by the term that breaks the budget",
+    groups = Table(title=f"{counted(len(ranking.too_big), 'config')} predicted not to fit, by the term that breaks the budget",
                    show_edge=False)
     for column in ("dominant term", "configs", "smallest peak", "its config"):
         groups.add_column(column, overflow="fold")

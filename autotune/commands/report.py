@@ -7,7 +7,7 @@ from autotune.values.argtypes import existing_dir
 from autotune.values.config import ConfigError
 from autotune.commands.common import add_json_argument, emit_json, json_command
 from autotune.api import own_outputs
-from autotune.outputs.report import write_outputs
+from autotune.outputs.report import tables, write_outputs
 from autotune.search.rundir import RunDir
 
 
@@ -28,7 +28,9 @@ def run(args: argparse.Namespace) -> int:
     with run_dir.locked():  # no tuner starts on it while the outputs are rewritten
         outputs = write_outputs(run_dir, settings, own=own_outputs(settings))
     if args.json:
-        emit_json(args, outputs.to_dict(run_dir.path))
+        # What report.md's tables say, from the same functions: the top configs and the failures by cause.
+        emit_json(args, {**outputs.to_dict(run_dir.path),
+                         **tables(run_dir.results(), settings.memory_budget_bytes)})
         return 0 if outputs.best is not None else 1
     print(outputs.verdict)
     for line in outputs.notes:  # script mode: how to use the script's own config

@@ -166,10 +166,10 @@ def run_train(args: argparse.Namespace) -> int:
 
     def begin(start: Start) -> None:  # said once the run folder is held and its settings checked, before Ray starts
         if start.nothing_to_train:
-            say(f"{out} is already trained to {start.done} iterations (--iterations {start.target} asks for no "
+            say(f"{out} is already trained to {counted(start.done, 'iteration')} (--iterations {start.target} asks for no "
                 f"more): nothing to train", highlight=False)
             return
-        say(f"{'resuming' if start.checkpoint else 'training'} a policy in {out}: PPO, {start.target} iterations "
+        say(f"{'resuming' if start.checkpoint else 'training'} a policy in {out}: PPO, {counted(start.target, 'iteration')} "
             f"of {settings.train_batch} steps, {backend}, seed {settings.seed}, "
             f"{counted(settings.workers, 'remote runner')}, Ray {'at ' + args.ray_address if args.ray_address else 'local'}"
             + (f"; from checkpoint {start.checkpoint.name}" if start.checkpoint else ""), highlight=False)
@@ -199,7 +199,7 @@ def run_train(args: argparse.Namespace) -> int:
         if args.json:
             emit_json(args, {"out": str(out), "interrupted": True})
         return 130
-    console.print(f"done: {result.iterations} iterations; checkpoint {result.checkpoint}; policy {result.policy}",
+    console.print(f"done: {counted(result.iterations, 'iteration')}; checkpoint {result.checkpoint}; policy {result.policy}",
                   highlight=False)
     if args.json:
         emit_json(args, {"out": str(result.out), "interrupted": False, "iterations": result.iterations,

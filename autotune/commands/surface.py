@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -30,8 +31,8 @@ from autotune.commands.common import (add_json_argument, add_workload_arguments,
 from autotune.files import is_file
 from autotune.values.results import STATUSES
 from autotune.values.settings import RunSettings, memory_budget
-from autotune.drivers.recording import describe_workload, record_surface
-from autotune.values.units import format_size
+from autotune.drivers.recording import RecordingInterrupted, describe_workload, record_surface
+from autotune.values.units import counted, format_size
 from autotune.worker.measure import MeasureSettings
 
 BACKENDS = backend_names(sweep=None, measures=True)  # replay reads a surface; script mode is `autotune tune --script`
@@ -110,9 +111,17 @@ def run_record(args: argparse.Namespace) -> int:
             preflight(list(space) if only is None else only, say)
         done = record_surface(space, backend, args.out, order_seed=args.seed, limit=args.limit, retries=args.retries,
                               repeats=args.repeats, only=only, progress=say)
+    except RecordingInterrupted as stop:  # every finished trial is in the file: the same command skips them
+        part = stop.recorded
+        print(f"{args._prog}: interrupted: {counted(part.recorded, 'config')} recorded now in {args.out}, "
+              f"{part.total_measured} of {part.total_measured + stop.left} measured; the same command records the "
+              "rest", file=sys.stderr)
+        if args.json:
+            emit_json(args, {"surface": str(args.out), **part.to_dict(), "left": stop.left, "interrupted": True})
+        return 130
     finally:
         backend.close()  # the next trial's ranks, started ahead for a trial that will not come
-    console.print(f"{args.out}: {done.recorded} configs recorded now, {done.total_measured} of {len(space)} measured")
+    console.print(f"{args.out}: {counted(done.recorded, 'config')} recorded now, {done.total_measured} of {len(space)} measured")
     if done.fatal:
         console.print(f"stopped: {done.fatal}")
     if args.json:
@@ -156,13 +165,13 @@ def run_show(args: argparse.Namespace) -> int:
     workload = surface.workload
     who = "unknown workload" if workload is None else describe_workload(workload.to_dict())
     counts = {s: sum(r.status == s for r in results) for s in STATUSES}
-    console.print(f"{args.surface}: {len(results)} configs of {who} on {surface.hardware or 'unknown hardware'}; "
+    console.print(f"{args.surface}: {counted(len(results), 'config')} of {who} on {surface.hardware or 'unknown hardware'}; "
                   + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
                   + (f" under a budget of {format_size(budget)}" if budget else ""))
     for note in (*surface.notes, *([f"{args.surface}: {surface.mixed}: replay refuses it"] if surface.mixed else [])):
         console.print(note)
     ranked = sorted((r for r in results if r.ok), key=lambda r: -(r.throughput_samples_per_s or 0))
-    table = Table(title=f"Fastest {min(args.top, len(ranked))} configs" + (f" within {format_size(budget)}" if budget
+    table = Table(title=f"Fastest {counted(min(args.top, len(ranked)), 'config')}" + (f" within {format_size(budget)}" if budget
                                                                            else ""))
     for column in ("#", "config", "samples/s", "step s", "peak", "trial s"):
         table.add_column(column, justify="right" if column != "config" else "left")

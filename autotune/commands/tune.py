@@ -257,7 +257,7 @@ def headline(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budge
         f"{'resuming' if resume else 'tuning'} {w.model.name} (global batch {w.global_batch}, {w.gpus} x "
         f"{settings.hardware.name}"
         + (f", predicting {settings.target_gpus}" if settings.target_gpus is not None else "") + f") under {format_size(settings.memory_budget_bytes)}: {settings.strategy} over "
-        f"{len(space)} configs, {settings.backend} backend, up to {budget.trials} trials"
+        f"{counted(len(space), 'config')}, {settings.backend} backend, up to {counted(budget.trials, 'trial')}"
         + (f"; {len(history)} recorded already" if history else "") + f" -> {run_dir.path}")
     if (hardware_note := space_note(settings.hardware, settings.choices)) is not None:
         lines.append(hardware_note)
@@ -272,8 +272,9 @@ def conclude(progress: ConsoleProgress, run_dir: RunDir, settings: RunSettings, 
     if len(pruned) > 1:
         progress.message(f"pruned {len(pruned)} configs in all: {describe_causes(cause_counts(pruned), 'predicted over')}"
                          " (each with its reason in trials.jsonl and report.md)")
-    progress.result(f"stopped: {result.stopped}; {counted(result.launched, 'trial')} launched, "
-                    f"{len(result.results)} recorded in {run_dir.trials_path}")
+    # No trials.jsonl where nothing was recorded (nothing fits at the start, no node): none is named.
+    recorded = f"{len(result.results)} recorded in {run_dir.trials_path}" if result.results else "nothing recorded"
+    progress.result(f"stopped: {result.stopped}; {counted(result.launched, 'trial')} launched, {recorded}")
     progress.result(result.verdict)
     unfinished = result.stop_reason == StopReason.INTERRUPTED
     if result.best is not None and not result.notes and not unfinished:  # an unfinished sweep recommends nothing yet

@@ -32,7 +32,7 @@ from autotune.values.config import Config
 from autotune.search.convergence import percent
 from autotune.search.pruning import cause_counts, describe_causes
 from autotune.values.results import TrialResult
-from autotune.values.units import format_size
+from autotune.values.units import counted, format_size
 
 LABEL_WIDTH = 28  # the config column's width until the space is known: most labels of a default space fit
 STATUS_STYLE = {"ok": "green", "oom": "red", "crash": "red", "timeout": "yellow", "unsupported": "yellow",
@@ -267,7 +267,7 @@ class ConsoleProgress:
         """What the live line says now."""
         now = self.clock()
         if not self.running:
-            return f"pruning: {len(self._pruned)} configs predicted not to fit so far"
+            return f"pruning: {counted(len(self._pruned), 'config')} predicted not to fit so far"
         eta = self.eta()
         eta_text = f" · sweep ETA {format_duration(eta)}" if eta is not None else ""
         if self.time_budget_s is not None and self.walls:

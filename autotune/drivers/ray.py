@@ -46,7 +46,7 @@ from autotune.drivers.stop import StopReason
 from autotune.drivers.progress import STATUS_STYLE, LiveProgress, Progress, _headline, pruned_line
 from autotune.drivers.sweep import Budget, Sweep
 from autotune.values.results import TrialResult
-from autotune.values.units import format_size
+from autotune.values.units import counted, format_size
 from autotune.trials.cluster import connect, disconnect
 
 if TYPE_CHECKING:
@@ -360,4 +360,4 @@ def describe_cluster() -> str:
     alive = [n for n in ray.nodes() if n.get("Alive")]
     totals = cluster_capacity()
     shown = {k: v for k, v in totals.items() if k in ("CPU", "GPU") or not (k.startswith("node:") or "memory" in k)}
-    return f"{len(alive)} nodes, " + ", ".join(f"{v:g} {k}" for k, v in sorted(shown.items()))
+    return f"{counted(len(alive), 'node')}, " + ", ".join(f"{v:g} {k}" for k, v in sorted(shown.items()))

@@ -24,7 +24,7 @@ from autotune.drivers.sweep import Budget
 from autotune.values.config import Config, ConfigError
 from autotune.values.results import TrialResult, append_result, read_results, repair_tail
 from autotune.values.space import Space
-from autotune.values.units import format_size
+from autotune.values.units import counted, format_size
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,15 @@ class Recorded:
 
     def to_dict(self) -> dict[str, int | str | None]:
         return {"recorded": self.recorded, "total_measured": self.total_measured, "fatal": self.fatal}
+
+
+class RecordingInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a recording once every finished trial was in the file: what it holds now (`recorded`), and
+    the configs still to measure (`left`), which the same call records when run again."""
+
+    def __init__(self, recorded: Recorded, left: int) -> None:
+        super().__init__()
+        self.recorded, self.left = recorded, left
 
 
 def record_surface(space: Space, backend: Backend, out: Path, *, order_seed: int = 0, limit: int | None = None,
@@ -49,7 +58,8 @@ def record_surface(space: Space, backend: Backend, out: Path, *, order_seed: int
     reasons that are not its config's (e.g. a port taken between choosing and binding it). Every attempt
     stays in the file; the replay backend uses the median of a config's measurements. The trials run on the sweeps'
     loop: a backend's fatal verdict, or a DeepSpeed op failing to build in a second trial, stops the recording
-    (`Recorded.fatal` says why); Ctrl-C raises KeyboardInterrupt once every finished trial is in the file.
+    (`Recorded.fatal` says why); Ctrl-C raises RecordingInterrupted (a KeyboardInterrupt) once every finished
+    trial is in the file.
     """
     if retries < 0 or repeats < 1:
         raise ConfigError(f"retries {retries!r}, repeats {repeats!r}: need retries >= 0 and repeats >= 1")
@@ -96,7 +106,7 @@ def record_surface(space: Space, backend: Backend, out: Path, *, order_seed: int
     if limit is not None:
         todo = todo[:limit]
     total = sum(1 for c in configs if missing(c) == 0)
-    progress(f"{out}: {len(space)} configs in the space{f', {len(configs)} to record' if only is not None else ''}"
+    progress(f"{out}: {counted(len(space), 'config')} in the space{f', {len(configs)} to record' if only is not None else ''}"
              f", {total} already measured{f' {repeats} times' if repeats > 1 else ''}, {len(todo)} to run "
              f"on the {backend.name} backend")
     backend = as_backend(backend)
@@ -105,9 +115,10 @@ def record_surface(space: Space, backend: Backend, out: Path, *, order_seed: int
     job = Job("record", recording, Budget(trials=len(todo) * (retries + 1)))
     # The one trial loop and its local executor, as a sweep's trials run (drivers/loop.py, drivers/local.py).
     reason = run_jobs([job], LocalExecutor(backend))[job.name]
+    done = Recorded(recording.done, sum(1 for c in configs if missing(c) == 0), job.fatal)
     if reason is StopReason.INTERRUPTED:  # every finished trial is in the file; a resume runs the rest
-        raise KeyboardInterrupt
-    return Recorded(recording.done, sum(1 for c in configs if missing(c) == 0), job.fatal)
+        raise RecordingInterrupted(done, sum(1 for c in configs if missing(c)))
+    return done
 
 
 class Recording:

@@ -12,7 +12,8 @@ class StopReason(str, Enum):
 
     TRIALS = "trials"
     TIME = "time"
-    DONE = "done"
+    DONE = "done"  # the strategy's own end, some config of the space untried
+    EXHAUSTED = "space exhausted"  # every config of the space tried or pruned (drivers/sweep.py `Sweep.ended`)
     CONVERGED = "converged"  # little chance that an untried config beats the best (autotune/search/convergence.py)
     NOT_WORTH = "not worth a trial"  # no untried config is expected to pay for its trial on the run (--train-for)
     STALLED = "stalled"
@@ -43,9 +44,11 @@ class StopReason(str, Enum):
 _TEXT = {
     StopReason.TRIALS: "trial budget spent",
     StopReason.TIME: "time budget spent (the next trial would not end within it)",
-    # Not "nothing left to try": `rl` ends at its policy's training horizon with untried configs left.
+    # Not "nothing left to try" (that is EXHAUSTED): `rl` ends at its policy's training horizon with untried configs
+    # left.
     StopReason.DONE: "the strategy proposes nothing more (its own end: grid's list or its early stop, rl's "
                      "training horizon)",
+    StopReason.EXHAUSTED: "every config of the space was tried or pruned",
     StopReason.CONVERGED: "search converged: little chance that an untried config is faster",
     StopReason.NOT_WORTH: "no untried config is expected to save the training run (--train-for) more time than its "
                           "trial costs",

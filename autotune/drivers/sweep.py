@@ -251,13 +251,16 @@ class Sweep:
     def ended(self) -> StopReason:
         """Why the search proposes nothing more: converged (or not worth another trial), nothing fits (no trial ran
         within the budget and what the trials taught leaves no config predicted to fit: what a resume would say at
-        its start), stalled or done, or the time budget, which no further trial is predicted to end within."""
+        its start), every config of the space tried or pruned (whatever the strategy), stalled or done (the
+        strategy's own end), or the time budget, which no further trial is predicted to end within."""
         if self.out_of_time:
             return StopReason.TIME
         if self.search_ended in EARLY:
             return self.search_ended
         if self._shown_nothing_fits():
             return StopReason.NOTHING_FITS
+        if self._space is not None and all(c in self.known for c in self._space):
+            return StopReason.EXHAUSTED
         return StopReason.STALLED if self.stalled else StopReason.DONE
 
     def _converged(self, budget: Budget | None) -> StopReason | None:
@@ -307,7 +310,7 @@ class Sweep:
         names = ", ".join(f"{c.config.label()} ({c.median:.3g} samples/s, {counted(c.runs, 'run')})"
                           for c in plan.finalists)
         short = f" ({counted(left, 'trial')} of --trials left for it)" if left < plan.wanted else ""
-        self.hooks.on_message(f"confirming the close calls in fresh processes, up to {1 + repeats} runs each{short}: {names} "
+        self.hooks.on_message(f"confirming the close calls in fresh processes, up to {counted(1 + repeats, 'run')} each{short}: {names} "
                         f"(within {plan.spread.typical:.0%} of the best: how much two launches of one config "
                         f"typically differ, from {plan.spread.source})")
 

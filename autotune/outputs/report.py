@@ -197,16 +197,15 @@ def no_fit_verdict(settings: RunSettings, results: Sequence[TrialResult] = (), i
     untried = sum(r is None for r in fate.values())
     ran = cause_counts(r for r in results if r.status != "pruned")
     if untried:
+        left = f"{counted(untried, 'untried config')} {'is' if untried == 1 else 'are'} predicted to fit"
         hit = f"; the trials ran out of {_cause_list(ran)}" if ran else ""
         if interrupted:  # interrupted_verdict says to go on with --resume: not "run more trials" (a new sweep)
-            return (f"no trial ran within the budget of {budget} yet, though {untried} untried configs are predicted "
-                    f"to fit{hit}")
+            return f"no trial ran within the budget of {budget} yet, though {left}{hit}"
         # The budget is the fix only for device memory, and only below the device's own.
         below = settings.memory_budget_bytes < settings.hardware.memory_bytes
         advice = "run more trials" + (" or raise the budget" if below and ran and ran.most_common(1)[0][0] == DEVICE_MEMORY
                                       else "")
-        return (f"no trial ran within the budget of {budget}, though {untried} untried configs are predicted to "
-                f"fit{hit}: {advice}")
+        return f"no trial ran within the budget of {budget}, though {left}{hit}: {advice}"
     counts = cause_counts(r for r in fate.values() if r is not None)
     if not counts:
         return f"no config ran within the budget of {budget}, for reasons other than memory (see the failures)"
@@ -225,7 +224,7 @@ def no_fit_verdict(settings: RunSettings, results: Sequence[TrialResult] = (), i
                      if r is not None and cause_of(r) == DEVICE_MEMORY)
         if device.budget_bytes > settings.memory_budget_bytes and helped:
             details.append(f"device budget {budget} of the {format_size(hw.memory_bytes)} of a {hw.name}")
-            fixes.append(f"raise the budget ({helped} more configs would fit in all of the device's memory)")
+            fixes.append(f"raise the budget ({counted(helped, 'more config')} would fit in all of the device's memory)")
         else:
             details.append(f"device memory {budget}")
             fixes.append("devices with more memory")
@@ -334,7 +333,7 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
                                             calibrated=calibration.samples))
         runs = best.runs
         verdict = (f"recommended {best.config.label()}: {best.throughput_samples_per_s:.3g} samples/s"
-                   + (f" (median of {runs} runs)" if runs else "") + ", "
+                   + (f" (median of {counted(runs, 'run')})" if runs else "") + ", "
                    f"peak {format_size(best.peak_memory_bytes)} of {format_size(settings.memory_budget_bytes)} "
                    + (f"(the highest of its runs; trial {summary['best_trial_index']} the first)" if runs
                       else f"(trial {summary['best_trial_index']})"))
@@ -349,9 +348,7 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
         verdict = interrupted_verdict(verdict, results, run, killed=not stop.interrupted)
     keep_study(run, settings, results)
     report = run.path / "report.md"
-    # A script that stopped its sweep at the first trial left no study to name (the search never opened one).
-    no_study = script is not None and bool(script.verdict) and settings.storage is None and not run.study_path.exists()
-    text = markdown(results, settings, summary, best, verdict, study=None if no_study else study_line(run, settings),
+    text = markdown(results, settings, summary, best, verdict, study=study_line(run, settings),
                     usage=usage, scaled=scaled, stop=stop, own=script)
     run.write_text("report.md", text + "\n".join(own_section))
     files.append(report)
@@ -419,7 +416,7 @@ def target_verdict(scaled: ScaleReport, settings: RunSettings) -> str:
                 "budget or measure more configs")
     close = (f"; a close call: {pick.fit_probability:.0%} likely to fit (the budget within its peak's 90% interval "
              f"or the calibration's {scaled.memory_error:.0%} memory error)" if pick.close else "")
-    return (f"recommended for {m} devices {pick.config.label()}: predicted {pick.throughput:.3g} samples/s, peak "
+    return (f"recommended for {counted(m, 'device')} {pick.config.label()}: predicted {pick.throughput:.3g} samples/s, peak "
             f"{format_size(pick.peak_bytes)} of {format_size(budget)} on {m} (measured on {n}: "
             f"{pick.measured_throughput:.3g} samples/s, peak {format_size(pick.measured_peak_bytes)}, trial "
             f"{pick.trial}){close}")
@@ -430,9 +427,9 @@ def target_table(scaled: ScaleReport | None) -> list[str]:
     if scaled is None:
         return []
     n, m = scaled.measured_gpus, scaled.target_gpus
-    lines = [f"## Predicted at {m} devices (measured at {n})", "",
+    lines = [f"## Predicted at {counted(m, 'device')} (measured at {n})", "",
              f"Each config measured within the budget on {counted(n, 'device')}, carried to {m} with the same global batch by "
-             f"the estimator calibrated on this run's {scaled.samples} measured trials (the change in ZeRO's "
+             f"the estimator calibrated on this run's {counted(scaled.samples, 'measured trial')} (the change in ZeRO's "
              f"partitioning, micro-steps and communication, anchored on the measurement). Memory error of the "
              f"calibrated estimator on those trials: {scaled.typical_memory_error:.1%} typical, "
              f"{scaled.memory_error:.1%} worst. The peak at {m} comes with its 90% interval (the error model of "
@@ -468,9 +465,13 @@ def check_output_paths(run: RunDir) -> None:
             raise ConfigError(f"{run.path / name} is a directory: the report writes a file there (remove or rename it)")
 
 
-def study_line(run: RunDir, settings: RunSettings) -> str:
+def study_line(run: RunDir, settings: RunSettings) -> str | None:
     """Where the Optuna study is and how its trial numbers map to this report's (strategies/optuna_search.py); a
-    strategy that samples no study of its own has its recorded trials written there too (StudyRecord)."""
+    strategy that samples no study of its own has its recorded trials written there too (StudyRecord). The storage
+    run.json names, else the run directory's study.db, where it exists: None where it does not (the search never
+    opened one: a script that stopped its sweep at the first trial; or it was removed since)."""
+    if settings.storage is None and not run.study_path.exists():
+        return None
     where = (f"`{masked(settings.storage)}`" if settings.storage else
              f"`{STUDY}` here (`optuna-dashboard sqlite:///{STUDY}` in this directory)")
     return (f"- Optuna study: `{run.study_name(settings.storage)}` in {where}; optuna-dashboard (`{DASHBOARD_EXTRA}`) "
@@ -521,7 +522,7 @@ def markdown(results: Sequence[TrialResult], settings: RunSettings, summary: dic
          f"global batch {w.global_batch}, {w.gpus} x {settings.hardware.name}"),
         f"- Memory budget: {format_size(budget)} per device",
         *([f"- {note[0].upper()}{note[1:]}"] if (note := space_note(settings.hardware, settings.choices)) else []),
-        *([f"- Target: {settings.target_gpus} devices, predicted from the trials on {w.gpus} (--target-gpus)"]
+        *([f"- Target: {counted(settings.target_gpus, 'device')}, predicted from the trials on {w.gpus} (--target-gpus)"]
           if settings.target_gpus is not None else []),
         f"- Strategy: {settings.strategy}, backend: {settings.backend}, seed {settings.seed}",
         *([f"- Figures {figures}: {why}; throughput, step time, peak memory and trial time below are not "
@@ -576,17 +577,37 @@ def _convergence(results: Sequence[TrialResult]) -> list[str]:
             f"model) after each trial: {convergence.describe_trace(points)}"]
 
 
+def top_configs(results: Sequence[TrialResult], budget: int) -> list[TrialResult]:
+    """The report's top configs within the budget, fastest first: one result per config, as the recommendation
+    counts it (the median of its runs where it was re-run, its highest peak)."""
+    return [as_one(c, budget) for c in candidates(results, budget)][:TOP]
+
+
+def tables(results: Sequence[TrialResult], budget: int) -> dict[str, list[dict[str, Any]]]:
+    """report.md's top-configs and failures tables as JSON types (`autotune report --json`)."""
+    top = [{"rank": rank, "trial": r.extra.get("trial"), "config": r.config.to_dict(), "label": r.config.label(),
+            "throughput_samples_per_s": r.throughput, "runs": r.extra.get("runs", 1), "tokens_per_s": r.tokens_per_s,
+            "step_time_s": r.step_time_s, "peak_memory_bytes": r.peak_memory_bytes,
+            "of_budget": r.peak_memory_bytes / budget if r.peak_memory_bytes else None,
+            "predicted_peak_bytes": r.extra.get("predicted_peak_bytes")}
+           for rank, r in enumerate(top_configs(results, budget), 1)]
+    failures = [{"status": status, "ran_out_of": limit, "cause": _clipped(group[0].error), "count": len(group),
+                 "trials": [r.extra.get("trial") for r in group], "configs": [r.config.label() for r in group]}
+                for (status, limit, _), group in failure_groups(results)]
+    return {"top_configs": top, "failures": failures}
+
+
 def _top_table(results: Sequence[TrialResult], budget: int) -> list[str]:
     # One row per config, as the recommendation counts it: the median of its runs where it was re-run (the
     # confirmation section has each run), so the table and the headline say the same figure.
-    fitting = [as_one(c, budget) for c in candidates(results, budget)]
+    fitting = top_configs(results, budget)
     if not fitting:
         return ["## Top configs", "", "No trial ran within the budget.", ""]
-    lines = [f"## Top {min(TOP, len(fitting))} configs within budget", "",
+    lines = [f"## Top {counted(len(fitting), 'config')} within budget", "",
              "| rank | trial | stage | micro | ckpt | precision | offload opt | offload param | samples/s | runs | "
              "tokens/s | step s | peak | of budget | predicted peak |",
              "| ---: | ---: | ---: | ---: | ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for rank, r in enumerate(fitting[:TOP], 1):
+    for rank, r in enumerate(fitting, 1):
         c: Config = r.config
         predicted = r.extra.get("predicted_peak_bytes")
         lines.append(
@@ -645,7 +666,7 @@ def _confirmation(results: Sequence[TrialResult], budget: int, backend: str) -> 
 def _confirmation_table(confirmed: Confirmation) -> list[str]:
     spread = confirmed.spread
     lines = ["## Confirmation of close calls", "",
-             f"{confirmed.repeats} repeat trials re-ran the best config and those within the launch spread of it "
+             f"{counted(confirmed.repeats, 'repeat trial')} re-ran the best config and those within the launch spread of it "
              f"in fresh processes; the recommendation is the best median. Launch spread: two launches of one config "
              f"differ by {spread.typical:.0%} typically (from {spread.source}).", "",
              "| config | trials | runs | median samples/s | min - max | pick faster in |",
@@ -653,7 +674,7 @@ def _confirmation_table(confirmed: Confirmation) -> list[str]:
     wins = {c.other.config: c for c in confirmed.comparisons}
     for c in confirmed.finalists:
         versus = wins.get(c.config)
-        faster = "(the pick)" if versus is None else f"{versus.wins} of {versus.pairs} pairs of runs"
+        faster = "(the pick)" if versus is None else f"{versus.wins} of {counted(versus.pairs, 'pair')} of runs"
         failed = f", {c.failed} failed" if c.failed else ""
         lines.append(f"| {c.config.label()} | {', '.join(f'#{t}' for t in c.trials)} | {c.runs}{failed} | "
                      f"{c.median:.3g} | {min(c.throughputs):.3g} - {max(c.throughputs):.3g} | {faster} |")
@@ -661,13 +682,13 @@ def _confirmation_table(confirmed: Confirmation) -> list[str]:
     pick = confirmed.pick
     if not confirmed.comparisons:
         lines += [f"How sure: {pick.config.label()} was the only config within the spread of the best after its "
-                  f"{pick.runs} runs: no close call.", ""]
+                  f"{counted(pick.runs, 'run')}: no close call.", ""]
         return lines
     runner = min(confirmed.comparisons, key=lambda c: c.gap)
     p = confirmed.probability
     chance = "" if p is None else f" (a {p:.0%} chance that it is faster than every other config listed, given that spread)"
     lines += [f"How sure: {confidence_words(p)}{chance}. Its median is {runner.gap:.0%} above the runner-up "
-              f"{runner.other.config.label()}'s, whose runs it beat in {runner.wins} of {runner.pairs} pairs."
+              f"{runner.other.config.label()}'s, whose runs it beat in {runner.wins} of {counted(runner.pairs, 'pair')}."
               + (" Either is a fine choice: the difference is within what one launch to the next varies."
                  if p is not None and p < 0.6 else ""), ""]
     return lines
@@ -690,17 +711,24 @@ def _limits(results: Sequence[TrialResult]) -> list[str]:
     return lines
 
 
-def _failures(results: Sequence[TrialResult]) -> list[str]:
-    groups: dict[tuple[str, str, str], list[TrialResult]] = defaultdict(list)
+def failure_groups(results: Sequence[TrialResult]) -> list[tuple[tuple[str, str | None, str], list[TrialResult]]]:
+    """The results that are not ok, grouped by status, the resource that ran out (a pruning cause, None for another
+    failure) and their error's first line with its numbers blanked; by status, the largest groups first."""
+    groups: dict[tuple[str, str | None, str], list[TrialResult]] = defaultdict(list)
     for r in results:
         if not r.ok:
-            limit = cause_of(r)
-            groups[(r.status, CAUSES[limit] if limit else "-", _cause(r.error))].append(r)
+            groups[(r.status, cause_of(r), _cause(r.error))].append(r)
+    return sorted(groups.items(), key=lambda item: (item[0][0], -len(item[1])))
+
+
+def _failures(results: Sequence[TrialResult]) -> list[str]:
+    groups = failure_groups(results)
     if not groups:
         return ["## Failures and pruned configs", "", "None: every trial ran within the budget.", ""]
     lines = ["## Failures and pruned configs, by cause", "",
              "| status | ran out of | cause | count | configs (first 3) |", "| --- | --- | --- | ---: | --- |"]
-    for (status, limit, cause), group in sorted(groups.items(), key=lambda item: (item[0][0], -len(item[1]))):
+    for (status, cause_key, _), group in groups:
+        limit = CAUSES[cause_key] if cause_key else "-"
         configs = "; ".join(f"#{r.extra.get('trial', '')} {r.config.label()}{_judged(r)}" for r in group[:3])
         # The first's own words, its figures kept (the others say the same with their own figures).
         said = ("" if len(group) == 1 else f"#{group[0].extra.get('trial', '')}: ") + _clipped(group[0].error)

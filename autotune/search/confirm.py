@@ -33,6 +33,7 @@ from typing import Any, Collection, Iterable, Sequence
 
 from autotune.values.config import Config
 from autotune.values.results import CONFIRM, TrialResult
+from autotune.values.units import counted
 
 DEFAULT_REPEATS = 2  # repeats per finalist for backends whose trials run on devices (deepspeed, script)
 MAX_FINALISTS = 3
@@ -148,7 +149,7 @@ def spread(cands: Sequence[Candidate], prior: float | None) -> Spread:
             groups += 1
     if dof >= MIN_DOF or (dof and prior is None):
         return Spread(math.sqrt(squares / dof), dof,
-                      f"this run's repeats ({groups} configs, {dof} degrees of freedom)")
+                      f"this run's repeats ({counted(groups, 'config')}, {counted(dof, 'degree')} of freedom)")
     if prior is None or prior == 0:
         return Spread(0.0, 0, "none assumed (no repeats yet)")
     # The machine prior was measured on the developers' 2-core CPU, not on the machine at hand: said so.

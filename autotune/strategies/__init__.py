@@ -12,7 +12,8 @@ or a callable that builds one from the sweep's `SearchContext` (a class whose `_
 What the sweep does with it, for any strategy:
 - a proposal already recorded is observed again with its recorded result and not run; one the pruner skips
   is observed as a `pruned` result; the others run, in the order proposed, until the budget ends the sweep
-  (or `propose()` returns None: StopReason.DONE);
+  (or `propose()` returns None: StopReason.DONE, or StopReason.EXHAUSTED once every config of the space was tried
+  or pruned);
 - a resumed sweep (`tune(..., resume=True)`, given the strategy again) observes every recorded search result
   in order before the first `propose()` (repeats of confirmation are not observed), so a strategy that
   proposes what it has not seen carries on where the first session stopped.
