@@ -15,6 +15,7 @@ truncating it.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import reprlib
@@ -296,3 +297,13 @@ def make_dir(path: Path, flag: str) -> Path:
     except OSError as err:
         raise ConfigError(f"{flag} {path}: cannot create the directory: {err.strerror or err}") from None
     return path
+
+
+def sha256(*paths: str | Path) -> str:
+    """The SHA-256 of the files' bytes, one after another (OSError where one cannot be read)."""
+    hasher = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                hasher.update(block)
+    return hasher.hexdigest()

@@ -5,7 +5,6 @@ forward pass of a small MLP."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +14,7 @@ import numpy as np
 import torch
 
 from autotune.values.config import ConfigError
-from autotune.files import atomic_output, load_json, write_atomic
+from autotune.files import atomic_output, load_json, sha256, write_atomic
 from autotune.rl.network import NetSpec, mask_logits, policy_net
 
 WEIGHTS = "policy.pt"
@@ -87,10 +86,7 @@ class Policy:
 
 def digest(folder: str | Path) -> str:
     """The SHA-256 of an exported policy's two files: what a sweep searched with, whatever its folder holds later."""
-    hasher = hashlib.sha256()
-    for name in (META, WEIGHTS):
-        hasher.update((Path(folder) / name).read_bytes())
-    return hasher.hexdigest()
+    return sha256(Path(folder) / META, Path(folder) / WEIGHTS)
 
 
 def training_run_hint(folder: str | Path) -> str:

@@ -21,7 +21,6 @@ Run directory (`--out`):
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import shlex
@@ -35,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from autotune.backends.factory import backend_names
 from autotune.values.config import ConfigError
-from autotune.files import write_atomic
+from autotune.files import sha256, write_atomic
 from autotune.trials.interrupts import sigterm_as_interrupt
 from autotune.search.rundir import RunFolder
 from autotune.values.settings import differences
@@ -432,14 +431,10 @@ def training_meta(run: TrainingRun, checkpoint: str) -> dict[str, Any]:
 
 def file_digest(path: str | Path) -> str | None:
     """The SHA-256 of a file's bytes, None where it cannot be read."""
-    hasher = hashlib.sha256()
     try:
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                hasher.update(block)
+        return sha256(path)
     except OSError:
         return None
-    return hasher.hexdigest()
 
 
 def export_checkpoint(checkpoint: str | Path, folder: str | Path, meta: Mapping[str, Any] | None = None) -> Path:
