@@ -183,6 +183,27 @@ def test_a_config_behind_the_best_stops_at_its_minimum_of_steps(tmp_path):
     assert backend._measure_for(None).best_step_s == 0.25
 
 
+def test_a_config_run_again_is_measured_in_full(tmp_path):
+    # Confirmation re-runs the best configs to measure them: a first step slowed by something else (script mode's
+    # lazy setup, 51x) stopped a repeat of the best as `slow` after one step, and that step entered its median.
+    from autotune.trials.runner import RunOutcome
+
+    seen = []
+
+    def ranks(spec, options):
+        seen.append(spec.measure)
+        return RunOutcome("crash", "rank 0 exited with code 1", (None,), 0.1, 0.0, spec.log_dir, (), (1,))
+
+    backend = DeepSpeedBackend(make_workload("tiny"), logs_dir=tmp_path, ranks_ahead=False)
+    backend.start_ranks = ranks
+    backend._fastest_step_s = 0.25  # an earlier trial measured a step of 0.25 s
+    first, other = Config(2, 4, 0, "fp32"), Config(1, 4, 0, "fp32")
+    for config in (first, other, first):
+        backend.run(config)
+    assert seen[0].best_step_s == seen[1].best_step_s == 0.25 and seen[0].slow_step_s() is not None
+    assert seen[2] == backend.measure and seen[2].slow_step_s() is None and seen[2].behind_step_s() is None
+
+
 def test_spread_statistics():
     assert median_rel_se([1.0]) == math.inf
     assert median_rel_se([2.0, 2.0, 2.0]) == 0.0

@@ -87,6 +87,7 @@ class DeepSpeedBackend:
         self._cpu_info: dict[str, Any] | None = None
         self._running: Path | None = None  # the log directory of the trial in flight
         self._fastest_step_s: float | None = None  # of this backend's ok trials: a config far behind it stops early
+        self._launched: set[Config] = set()  # configs this backend ran: another run is a re-measurement
         self._ops_ready: set[str] = set()  # the op builders a preflight of this backend loaded (or left to a trial)
         self._arch_said = False  # the arch list's note, said at the first preflight only
         self.launch = LaunchOptions(ranks=workload.gpus, timeout_s=timeout_s, memory_budget_bytes=memory_budget_bytes,
@@ -177,7 +178,8 @@ class DeepSpeedBackend:
         extra: dict[str, Any] = {"ranks": self.workload.gpus, "log_dir": str(log_dir), **self._trial_extra()}
         if predicted is not None:
             extra.update(predicted_peak_bytes=predicted.peak_bytes, predicted_step_time_s=predicted.step_time_s)
-        measure = self._measure_for(predicted)
+        measure = self._measure_for(predicted) if config not in self._launched else self.measure
+        self._launched.add(config)
         if measure.expected_step_s is not None:
             extra["expected_step_time_s"] = measure.expected_step_s
         try:
@@ -206,7 +208,9 @@ class DeepSpeedBackend:
         the fastest step so far and this config's prediction; one many times longer than both is far behind
         (MeasureSettings.slow_factor), and one whose every measured step is slower than the fastest so far stops at
         its minimum of steps (MeasureSettings.behind_margin). Before any measurement nothing is known to be behind:
-        full measurement."""
+        full measurement; so is a config run again (confirmation's repeats), whose purpose is its measurement: a
+        first step slowed by something else (script mode's lazy setup: 51x) stopped repeats of the best after one
+        step, and their one step pulled the recommendation's median down."""
         if self._fastest_step_s is None:
             return self.measure
         expected = max(self._fastest_step_s, predicted.step_time_s if predicted is not None else 0.0)
