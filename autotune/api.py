@@ -816,7 +816,8 @@ def check_out(run_dir: RunDir, resume: bool) -> None:
         raise RunDirBusy(f"{run_dir.path} is in use by another tuner (pid {holder}); wait for it to finish or choose "
                          "another --out")
     if resume and not run_dir.exists():
-        raise ConfigError(f"--resume: {run_dir.path} holds no sweep to resume")
+        raise ConfigError(f"--resume: {run_dir.path} holds no sweep to resume (nothing of one was recorded there, "
+                          "e.g. one interrupted in its first trial): run the command without --resume")
     if not resume and run_dir.exists():
         raise ConfigError(f"{run_dir.path} already holds a sweep: pass --resume (resume=True from Python) to continue "
                           "it, or choose another --out")

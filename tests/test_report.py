@@ -218,3 +218,19 @@ def test_the_memory_breakdown_is_the_calibrated_prediction(results, settings, tm
     drawn.clear()
     write_outputs(run, settings)
     assert drawn[0][0] == estimate(results[2].config, settings.workload, settings.hardware)
+
+
+def test_a_sweep_whose_every_trial_failed_says_to_fix_it_not_to_run_more(settings):
+    # A script crashing at step 3 in every trial: "run more trials" would crash them too.
+    from autotune.outputs.report import no_fit_verdict
+
+    crashes = [failed("crash", mb, "exit code 1: RuntimeError: boom at step 3\nTraceback ...", i)
+               for i, mb in enumerate((1, 2), 1)]
+    hung = TrialResult(Config(1, 4, 1, "fp32"), "timeout", memory_budget_bytes=BUDGET, wall_time_s=600.0,
+                       backend="deepspeed", error="no step within 600 s", extra={"trial": 3})
+    verdict = no_fit_verdict(settings, [*crashes, hung])
+    assert "every launched trial failed (2 crashes, 1 timeout; the first: exit code 1: RuntimeError: boom at step 3)" \
+        in verdict and verdict.endswith("then start again") and "run more trials" not in verdict
+    oom = failed("oom", 8, "peak 2.4 GiB exceeds the budget of 2 GiB", 4, 2.4)  # a verdict on a config: search on
+    assert "run more trials" in no_fit_verdict(settings, [*crashes, oom])
+

@@ -217,6 +217,14 @@ def test_an_existing_sweep_is_not_overwritten_without_resume(simulated_run, caps
     assert (simulated_run / "trials.jsonl").read_bytes() == before
 
 
+def test_a_resume_of_nothing_says_to_start_without_resume(tmp_path, capsys):
+    # As after a Ctrl-C in a script sweep's first trial: the folder exists, no sweep in it.
+    (tmp_path / "r").mkdir()
+    code, _, err = cli(["tune", "--backend", "simulated", "--out", str(tmp_path / "r"), "--resume"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "holds no sweep to resume" in err
+    assert "run the command without --resume" in err
+
+
 @pytest.fixture(scope="module")
 def surface_file(tmp_path_factory) -> Path:
     """A replay surface of the tiny CPU space recorded (without a budget) from the simulated backend."""

@@ -201,6 +201,13 @@ def no_fit_verdict(settings: RunSettings, results: Sequence[TrialResult] = (), i
         hit = f"; the trials ran out of {_cause_list(ran)}" if ran else ""
         if interrupted:  # interrupted_verdict says to go on with --resume: not "run more trials" (a new sweep)
             return f"no trial ran within the budget of {budget} yet, though {left}{hit}"
+        failed = [r for r in results if r.status in ("crash", "timeout")]
+        if failed and len(failed) == sum(r.status != "pruned" for r in results):
+            # Every trial failed without a verdict on its config (no oom, no unsupported): more trials of the same
+            # program fail the same way (a script crashing at step 3, hanging).
+            return (f"no trial ran within the budget of {budget}, though {left}: every launched trial failed "
+                    f"({_status_list(failed)}; the first: {error_line(failed[0].error)[:200]}): fix what fails "
+                    "(logs/ and the failures below), then start again")
         # The budget is the fix only for device memory, and only below the device's own.
         below = settings.memory_budget_bytes < settings.hardware.memory_bytes
         advice = "run more trials" + (" or raise the budget" if below and ran and ran.most_common(1)[0][0] == DEVICE_MEMORY
@@ -625,6 +632,12 @@ def run_calibration(run: RunDir) -> Calibration:
         return load_calibration(run.path) or Calibration()
     except ConfigError:
         return Calibration()
+
+
+def _status_list(results: Sequence[TrialResult]) -> str:
+    """'3 crashes, 1 timeout': the failures' statuses, counted."""
+    counts = Counter(r.status for r in results)
+    return ", ".join(counted(n, status, status + ("es" if status == "crash" else "s")) for status, n in counts.items())
 
 
 def _fits_with(term: str) -> str:
