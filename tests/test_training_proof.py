@@ -13,7 +13,8 @@ from autotune.backends.replay import ReplayBackend, load_surface
 from autotune.values.results import (FLAT, NONFINITE, OVERFLOW, TrialResult, as_recorded_proves, read_results,
                                      relabel_note, relabelled)
 from autotune.worker.measure import MAX_STEPS, MeasureSettings, stop_reason
-from autotune.worker.training import SETTLE_STEPS, TRAINING_EVIDENCE, Ledger, Untrained, scaler_gave_up
+from autotune.worker.training import (FLAT_STEPS_16BIT, SETTLE_STEPS, TRAINING_EVIDENCE, Ledger, Untrained,
+                                      scaler_gave_up, sixteen_bit)
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "benchmarks" / "gpu-runs"
@@ -76,6 +77,47 @@ def test_verdicts(losses, fault):
     assert (verdict[0] if verdict else None) == fault
     if verdict:
         assert "\n" not in verdict[1]
+
+
+def _verdict(losses):
+    ledger = Ledger()
+    for loss in losses:
+        ledger.record(True, loss, None)
+    verdict = ledger.verdict()
+    return verdict[0] if verdict else None
+
+
+def test_a_bf16_loss_on_one_quantum_is_not_flat_over_a_few_steps():
+    """`autotune trial --script plain_ckpt.py --zero-stage 3 --micro-batch 8 --precision bf16 --offload-param cpu`:
+    bf16 holds a loss near 6.4 in steps of 2^-5, so one that trains printed 6.4375 four times, then 5.7188."""
+    torch = pytest.importorskip("torch")
+    bf16 = [float(torch.tensor(v, dtype=torch.bfloat16).float()) for v in (6.44, 6.45, 6.43, 6.4375)]
+    assert set(bf16) == {6.4375} and sixteen_bit(bf16) == "bf16"
+    assert _verdict(bf16) is None
+    assert _verdict([6.4375] * 4 + [5.71875]) is None
+    fp16 = [float(torch.tensor(6.4401, dtype=torch.float16).float())] * 4
+    assert sixteen_bit(fp16) == "fp16" and _verdict(fp16) is None
+
+
+def test_an_fp32_loss_that_never_moves_is_flat_over_the_same_steps():
+    fp32 = [6.437712669372559] * 4  # a value of fp32, exact in neither 16-bit format
+    assert sixteen_bit(fp32) is None and _verdict(fp32) == FLAT
+    assert _verdict([6.437712669372559] * 2) == FLAT
+
+
+def test_a_16_bit_loss_that_never_moves_over_enough_steps_is_flat():
+    assert _verdict([6.4375] * (FLAT_STEPS_16BIT - 1)) is None
+    assert _verdict([6.4375] * FLAT_STEPS_16BIT) == FLAT
+    ledger = Ledger()
+    for _ in range(FLAT_STEPS_16BIT):
+        ledger.record(True, 0.0, None)  # a constant loss
+    assert ledger.verdict()[0] == FLAT and "held in bf16" in ledger.verdict()[1]
+
+
+def test_sixteen_bit_formats():
+    assert sixteen_bit([6.4375, 5.71875]) == "bf16" and sixteen_bit([1.0 + 2**-10]) == "fp16"
+    assert sixteen_bit([8.3]) is None and sixteen_bit([1e6 + 1]) is None and sixteen_bit([1e39]) is None
+    assert sixteen_bit([]) is None
 
 
 def test_evidence_is_json_even_for_a_loss_that_is_not_finite():

@@ -7,11 +7,16 @@ its scale, from 2^16 down, is warm-up), only applied steps are timed, the memory
 applied step (the optimizer's state exists), and at the end `verdict()` names what no measurement may hide: every step
 skipped, a loss that is not finite, or one that never moved. Overflow decisions are all-reduced inside DeepSpeed,
 so every rank's ledger agrees.
+
+A loss held in 16 bits moves in steps of its quantum (bf16: 2^-5 near 6.4, 8 bits of mantissa), so a run that trains
+can repeat one value for several steps; a loss whose values are all exactly representable in bf16 or fp16 counts as
+flat only after FLAT_STEPS_16BIT applied steps, any other (fp32) after 2.
 """
 
 from __future__ import annotations
 
 import math
+import struct
 import traceback
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +27,11 @@ from autotune.values.results import FLAT, NONFINITE, OVERFLOW, SCALER_AT_MINIMUM
 # one halving an overflow: 18 steps), after which it raises SCALER_AT_MINIMUM on the next overflow.
 SETTLE_STEPS = 24
 MIN_LOSS_SCALE = 1.0  # autotune.values.dsconfig's min_loss_scale: a step that overflows there never trains
+# Applied steps a loss must repeat one value over to be flat: one held in fp32 moves on every step that trains; one
+# held in 16 bits (its every value exact in bf16 or fp16) can stay on one quantum while it trains (a bf16 loss of
+# 6.4375 four times, then 5.7188): only so many repeats say its updates changed nothing.
+FLAT_STEPS = 2
+FLAT_STEPS_16BIT = 16
 
 
 # The keys of a rank's report, and of the trial's record, that show what its optimizer steps did (Ledger.evidence).
@@ -103,9 +113,12 @@ class Ledger:
         if bad is not None:
             return NONFINITE, (f"the loss was {self.losses[bad]} at applied step {bad + 1} of {self.applied}: the "
                                "steps did not train")
-        if len(self.losses) >= 2 and all(loss == self.losses[0] for loss in self.losses[1:]):
-            return FLAT, (f"the loss never moved over {self.applied} applied optimizer steps ({self.losses[0]:g}): "
-                          "the updates changed nothing")
+        if all(loss == self.losses[0] for loss in self.losses[1:]):
+            width = sixteen_bit(self.losses)
+            if len(self.losses) >= (FLAT_STEPS_16BIT if width else FLAT_STEPS):
+                held = f", held in {width}" if width else ""
+                return FLAT, (f"the loss never moved over {self.applied} applied optimizer steps ({self.losses[0]:g}"
+                              f"{held}): the updates changed nothing")
         return None
 
     def untrained(self, fault: str, message: str) -> Untrained:
@@ -126,6 +139,23 @@ class Ledger:
                   finite(self.losses[0] if self.losses else None), finite(self.losses[-1] if self.losses else None),
                   self.loss_scale, self.optimizer_state_bytes)
         return dict(zip(TRAINING_EVIDENCE, values))
+
+
+def sixteen_bit(losses: list[float]) -> str | None:
+    """"bf16" or "fp16" when every one of `losses` is exactly a value of that format (a loss held in it, whatever dtype
+    it was read in), else None: an fp32 loss is exact in bf16 only by chance (1 in 2^16)."""
+    def exact(loss: float, fmt: str) -> bool:
+        try:
+            if fmt == "bf16":  # fp32 whose low 16 bits are zero
+                bits = struct.unpack("<I", struct.pack("<f", loss))[0]
+                return struct.unpack("<f", struct.pack("<I", bits))[0] == loss and not bits & 0xFFFF
+            return struct.unpack("<e", struct.pack("<e", loss))[0] == loss
+        except (OverflowError, struct.error):
+            return False
+
+    if not losses:
+        return None
+    return next((fmt for fmt in ("bf16", "fp16") if all(exact(loss, fmt) for loss in losses)), None)
 
 
 def scaler_gave_up(err: BaseException) -> bool:
