@@ -254,25 +254,26 @@ USER_CONFIG = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 8, "zero
                "gradient_clipping": 0.5, "zero_optimization": {"stage": 0}}
 
 
-def recommended_run(tmp_path, via: str = "deepspeed.initialize") -> tuple[RunDir, Path]:
+def recommended_run(tmp_path, via: str = "deepspeed.initialize", args: tuple[str, ...] = ("--steps", "3"),
+                    best_config: Config = Config(1, 4, 0, "fp32"), switch: str | None = None) -> tuple[RunDir, Path]:
     """A script sweep's run directory as its trials leave it: the script builds its config (global batch 8) in
-    code, no argument names it; its best trial ran ZeRO 1 at micro-batch 4."""
+    code, no argument names it (unless `args` do); its best trial ran ZeRO 1 at micro-batch 4 (`best_config`)."""
     run_dir = RunDir(tmp_path / "run")
     run_dir.path.mkdir()
     script = tmp_path / "train.py"
     script.write_text(DICT_SCRIPT)
-    model = {**model_info(nn.Linear(4, 1)), "via": via,
+    model = {**model_info(nn.Linear(4, 1)), "via": via, "checkpoint_switch": switch,
              "batch": {"global_batch": 8, "micro_batch": 8, "accumulation": 1, "ranks": 1,
                        "source": "DeepSpeed config"}}
     settings, settled, notes = session.with_global_batch(script_settings(), model, None)
     log_dir = run_dir.logs_dir / "0002-z1_mb4_ck0_fp32"
     log_dir.mkdir(parents=True)
     (log_dir / "user_ds_config.json").write_text(json.dumps(USER_CONFIG))
-    best = TrialResult(Config(1, 4, 0, "fp32"), "ok", throughput_samples_per_s=100.0, step_time_s=0.08,
+    best = TrialResult(best_config, "ok", throughput_samples_per_s=100.0, step_time_s=0.08,
                        peak_memory_bytes=2**28, wall_time_s=5.0, backend="script",
                        extra={"trial": 1, "log_dir": str(log_dir), "script_model": model, "global_batch": 8})
     run_dir.append(best)
-    session.save(run_dir, Script(str(script), ("--steps", "3")), model, notes, None, settled)
+    session.save(run_dir, Script(str(script), args), model, notes, None, settled)
     run_dir.write_settings(settings)
     write_outputs(run_dir, settings, own=own_outputs(settings), stop_reason=StopReason.TRIALS.value)
     return run_dir, script
@@ -291,6 +292,28 @@ def test_launch_sh_applies_a_config_built_in_code_through_the_wrapper_and_says_s
     assert f"- Launch: `bash launch.sh torchrun {command}`" in report
     assert "so launch.sh applies best_ds_config.json through `python -m autotune.script.apply`" in report
     assert '"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2' in report
+
+
+def test_recommended_checkpointing_of_a_file_config_script_goes_through_the_wrapper(tmp_path):
+    # The script names its config file: launch.sh ran it with best_ds_config.json alone, and the recommended
+    # checkpointing (the model's switch, no config key) was dropped without a word; its peak was measured with it.
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps(USER_CONFIG))
+    run_dir, script = recommended_run(tmp_path, args=("--deepspeed_config", str(config), "--steps", "3"),
+                                      best_config=Config(1, 4, 1, "fp32"), switch="gradient_checkpointing_enable")
+    best = str(run_dir.path.resolve() / "best_ds_config.json")
+    command = shlex.join(["--module", "autotune.script.apply", "--checkpointing", "on", best, str(script.resolve()),
+                          "--deepspeed_config", best, "--steps", "3"])
+    launch = (run_dir.path / "launch.sh").read_text()
+    assert f"#   bash launch.sh torchrun {command}" in launch
+    assert "# The recommendation checkpoints activations: `--module autotune.script.apply --checkpointing on` calls" \
+        in launch
+    report = (run_dir.path / "report.md").read_text()
+    assert "call model.gradient_checkpointing_enable() before deepspeed.initialize" in report
+    # Without checkpointing recommended, the script runs as it is, the file in its argument.
+    (tmp_path / "plain").mkdir()
+    plain, _ = recommended_run(tmp_path / "plain", args=("--deepspeed_config", str(config)))
+    assert "autotune.script.apply" not in (plain.path / "launch.sh").read_text()
 
 
 def test_a_trainer_config_set_in_code_is_said_to_be_not_in_the_command(tmp_path):

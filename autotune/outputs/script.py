@@ -318,10 +318,20 @@ def outputs(run_dir: RunDir, settings: RunSettings, best: TrialResult | None) ->
         elif via in loops:
             text += f"; {advice}"
         lines.append(text)
-        if not names_config(program, config_path):  # no argument of the script names its config: set in code
+        plain = not trainer and via not in loops  # the config reaches deepspeed.initialize: the trials' merge applies
+        switch = (info.get("model") or {}).get("checkpoint_switch")
+        if names_config(program, config_path) and plain and switch and best.config.ckpt_interval > 0:
+            # No config key turns the model's checkpointing on: the trials called its switch, and so does the wrapper.
+            program = apply.command(config_path, program[0], program[1:], True)
+            lines.append(f"the recommendation checkpoints activations through the model's {switch}(), which no "
+                         f"DeepSpeed config key does: launch.sh runs the script through `python -m {apply.MODULE} "
+                         f"--checkpointing on`, as the trials did; without it, call model.{switch}() before "
+                         "deepspeed.initialize (its peak was measured with it)")
+            launch_notes += [f"The recommendation checkpoints activations: `--module {apply.MODULE} --checkpointing on` "
+                             f"calls the model's {switch}()", "before deepspeed.initialize, as the trials did."]
+        elif not names_config(program, config_path):  # no argument of the script names its config: set in code
             keys = json.dumps(tuned_keys(ds), separators=(", ", ": "))
-            if not trainer and via not in loops:  # the config reaches deepspeed.initialize: the trials' merge applies
-                switch = (info.get("model") or {}).get("checkpoint_switch")
+            if plain:
                 program = apply.command(config_path, program[0], program[1:],
                                         best.config.ckpt_interval > 0 if switch else None)
                 lines.append(f"no argument of the script names its DeepSpeed config (it builds it in code), so launch.sh "
