@@ -288,3 +288,20 @@ def test_the_first_trial_shows_the_tuner_an_eager_multihead_attention(tmp_path, 
     assert (model["attention"], model["attention_dropout"], model["tied_embeddings"]) == ("eager", True, False)
     assert "attention eager (s x s scores kept) (seen in the first forward), with dropout" in printed
     assert "attention eager" in (out / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_a_two_rank_trial_of_a_script_that_ends_with_destroy_process_group_keeps_its_measurement(tmp_path, capsys):
+    """The plain example runs to its end and calls torch.distributed.destroy_process_group(), as PyTorch asks: on
+    2 ranks the trial is measured (no barrier on the group the script has destroyed), not a crash in `done`."""
+    code = main(["trial", "--script", str(EXAMPLES / "train_plain.py"), "--script-args",
+                 f"--deepspeed_config {EXAMPLES / 'ds_config.json'} --steps 4 --layers 1 --hidden 32 --seq-len 16 "
+                 "--vocab 64", "--gpus", "2", "--zero-stage", "0", "--micro-batch", "4", "--precision", "fp32",
+                 "--run-dir", str(tmp_path / "t"), "--json"])
+    result = json.loads(capsys.readouterr().out)["result"]
+    assert code == 0 and result["status"] == "ok", result.get("error")
+    assert result["stop_reason"] == "script_ended" and result["steps_measured"] >= 1
+    assert result["ranks"] == 2 and result["step_time_s"] > 0 and result["peak_memory_bytes"] > 0
+    for rank in (0, 1):  # each rank's own report: measured, on a world of 2
+        report = json.loads((Path(result["log_dir"]) / f"rank{rank}.json").read_text())
+        assert (report["status"], report["world_size"], report["stop_reason"]) == ("ok", 2, "script_ended")

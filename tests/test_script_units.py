@@ -9,7 +9,9 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
+import torch
 from torch import nn
+from torch.overrides import _get_current_function_mode_stack
 
 from autotune.cli import main
 from autotune.values.config import Config, ConfigError
@@ -18,7 +20,7 @@ from autotune.values.hardware import PROFILES
 from autotune.backends.script import Script
 from autotune.search.rundir import RunDir, RunSettings
 from autotune.script import batch, merge
-from autotune.script.inspect_model import checkpoint_switch, model_info, shape_from_info
+from autotune.script.inspect_model import checkpoint_switch, model_info, shape_from_info, watch_attention
 from autotune.api import own_outputs
 from autotune.outputs.report import write_outputs
 from autotune.outputs.script import first_config, narrowed, placeholder, save, with_global_batch
@@ -108,6 +110,36 @@ def test_model_info_of_a_hugging_face_model_reads_its_config_and_switch():
     assert (info["layers"], info["hidden"], info["heads"], info["vocab"]) == (3, 32, 4, 100)
     assert info["source"] == "config" and checkpoint_switch(model) in ("activation_checkpointing_enable",
                                                                         "gradient_checkpointing_enable")
+
+
+class BuggyModel(nn.Module):
+    """A user's model whose first forward fails in its own code."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj, self.fail = nn.Linear(4, 4), True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fail:
+            raise ValueError("my model bug")
+        return self.proj(x)
+
+
+def test_a_first_forward_that_raises_surfaces_the_models_own_error():
+    """The attention watch's hooks must not replace the model's error ("OrderedDict mutated during iteration":
+    an always_call hook removing itself while torch iterates the hooks of a failed forward)."""
+    model, info, seen = BuggyModel(), model_info(BuggyModel()), []
+    watch_attention(model, info, lambda: seen.append(1))
+    later = []  # a forward hook registered after the watch's, as DeepSpeed's engine registers its own
+    model.register_forward_hook(lambda *_: later.append(1), always_call=True)
+    with pytest.raises(ValueError, match="my model bug") as raised:
+        model(torch.randn(2, 4))
+    assert raised.value.__context__ is None  # nothing raised while handling it
+    assert seen == [1] and not _get_current_function_mode_stack()  # the watch ended, its torch function mode left
+    model.fail = False
+    model(torch.randn(2, 4))  # a later forward is not watched, and takes the hooks off
+    model(torch.randn(2, 4))
+    assert seen == [1] and later == [1, 1, 1] and len(model._forward_hooks) == 1 and not model._forward_pre_hooks
 
 
 def test_shape_from_info_keeps_the_parameter_count():

@@ -202,13 +202,24 @@ def watch_attention(model: Any, info: dict[str, Any], seen: Callable[[], None]) 
             return func(*args, **kwargs)
 
     mode = Watch()
+    state = {"entered": False, "done": False}
 
+    # The hooks are removed by the pre-hook of the next forward, never by `leave` itself: when the forward
+    # raises, torch calls an always_call hook while iterating the module's forward hooks, and removing it there
+    # ("OrderedDict mutated during iteration") would replace the model's own error.
     def enter(*_: Any) -> None:
-        before.remove()
+        if state["done"]:
+            before.remove()
+            after.remove()
+        if state["entered"]:  # a later forward (or one inside the first): not watched
+            return
+        state["entered"] = True
         mode.__enter__()
 
     def leave(*_: Any) -> None:
-        after.remove()
+        if state["done"] or not state["entered"]:
+            return
+        state["done"] = True
         mode.__exit__(None, None, None)
         if calls:
             info["attention"] = calls.most_common(1)[0][0]

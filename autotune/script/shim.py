@@ -378,8 +378,10 @@ class Shim:
     def measured(self, reason: str) -> dict[str, Any]:
         self.lap("measure_s")
         self.phase("done")
-        if self.world > 1:
-            self.torch.distributed.barrier()  # every rank is past its last collective before anyone exits
+        # Every rank is past its last collective before anyone exits; a script that ran to its end may have
+        # destroyed the group already (torch.distributed.destroy_process_group()), its collectives all done.
+        if self.world > 1 and self.torch.distributed.is_initialized():
+            self.torch.distributed.barrier()
         engine, times = self.engine, self.times
         self.memory.finish()
         return {
