@@ -314,6 +314,7 @@ def test_recommended_checkpointing_of_a_file_config_script_goes_through_the_wrap
     (tmp_path / "plain").mkdir()
     plain, _ = recommended_run(tmp_path / "plain", args=("--deepspeed_config", str(config)))
     assert "autotune.script.apply" not in (plain.path / "launch.sh").read_text()
+    assert "recommended_trainer_flags" not in json.loads((plain.path / "script.json").read_text())  # no Trainer
 
 
 def test_a_trainer_config_set_in_code_is_said_to_be_not_in_the_command(tmp_path):

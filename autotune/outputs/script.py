@@ -304,8 +304,11 @@ def outputs(run_dir: RunDir, settings: RunSettings, best: TrialResult | None) ->
         if via in loops:  # the script's own DataLoader: its batch size is the script's to set (after validate:
             # the loop's framework fills some batch keys itself)
             ds, info["recommended_script_flags"], advice = loops[via](ds, info["model"], info["script"]["args"])
-        info["recommended_trainer_flags"] = flags
         trainer = (info.get("model") or {}).get("via") == "transformers.TrainingArguments"
+        if trainer:  # TrainingArguments' flags: a script of another stack takes none
+            info["recommended_trainer_flags"] = flags
+        else:
+            info.pop("recommended_trainer_flags", None)
         config_path = str(run_dir.path.resolve() / DS_CONFIG)
         program = with_recommendation(info["script"], config_path,
                                       flags if trainer else info.get("recommended_script_flags") or [],
