@@ -85,6 +85,16 @@ def test_a_scripts_exception_is_printed_from_its_own_first_frame_and_a_verdict_p
         assert capsys.readouterr().err == ""  # the verdict's message is the trial's error; argparse said its line
     print_failure(SystemExit("config.yaml not found"))  # as Python prints sys.exit("...")
     assert capsys.readouterr().err == "config.yaml not found\n"
+    # A script that does not compile has no frame of its own: Python's lines for it, none of the shim's.
+    script.write_text("def load(:\n    pass\n")
+    caught.clear()
+    exec(compile("try:\n    runpy.run_path(path, run_name='__main__')\nexcept SyntaxError as err:\n"
+                 "    caught.append(err)\n", shim.__file__, "exec"), {"runpy": runpy, "path": str(script),
+                                                                    "caught": caught})
+    print_failure(caught[0])
+    printed = capsys.readouterr().err
+    assert printed.startswith(f'  File "{script}", line 1') and "SyntaxError" in printed
+    assert shim.__file__ not in printed and "runpy" not in printed and "Traceback" not in printed
 
 
 def shim_for(tmp_path) -> Shim:

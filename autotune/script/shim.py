@@ -472,6 +472,10 @@ def print_failure(err: BaseException) -> None:
     tb = err.__traceback__
     while tb is not None and _internal(tb.tb_frame.f_code.co_filename):
         tb = tb.tb_next
+    if tb is None and isinstance(err, SyntaxError) and err.filename and not _internal(err.filename):
+        # The script did not compile: no frame of its own; Python's own lines name its file, line and caret.
+        traceback.print_exception(type(err), err, None)
+        return
     # All frames internal: the shim's own failure (an import, a build), printed whole.
     traceback.print_exception(type(err), err, tb if tb is not None else err.__traceback__)
 
