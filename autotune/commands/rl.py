@@ -174,7 +174,7 @@ def run_train(args: argparse.Namespace) -> int:
             f"{counted(settings.workers, 'remote runner')}, Ray {'at ' + args.ray_address if args.ray_address else 'local'}"
             + (f"; from checkpoint {start.checkpoint.name}" if start.checkpoint else ""), highlight=False)
 
-    logging.getLogger("ray").setLevel(logging.ERROR)  # RLlib's deprecation notices drown the progress lines
+    quiet_ray()
 
     def show(row) -> None:
         def pct(x: float | None) -> str:
@@ -208,8 +208,19 @@ def run_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def quiet_ray() -> None:
+    """Ray's and RLlib's notices (token authentication's default, the new API stack, deprecations, gputil) drown the
+    progress lines: errors only. After Ray's import, which sets its logger's level."""
+    import ray  # noqa: F401
+
+    for name in ("ray", "ray.rllib"):  # RLlib's has a level of its own
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def run_export(args: argparse.Namespace) -> int:
     from autotune.rl.train import export_checkpoint
+
+    quiet_ray()
 
     folder = export_checkpoint(args.checkpoint, args.out)
     provenance = (folder / "PROVENANCE.md").is_file()
