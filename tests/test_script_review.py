@@ -265,14 +265,15 @@ USER_CONFIG = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 8, "zero
 
 
 def recommended_run(tmp_path, via: str = "deepspeed.initialize", args: tuple[str, ...] = ("--steps", "3"),
-                    best_config: Config = Config(1, 4, 0, "fp32"), switch: str | None = None) -> tuple[RunDir, Path]:
+                    best_config: Config = Config(1, 4, 0, "fp32"), switch: str | None = None,
+                    seen: dict | None = None) -> tuple[RunDir, Path]:
     """A script sweep's run directory as its trials leave it: the script builds its config (global batch 8) in
     code, no argument names it (unless `args` do); its best trial ran ZeRO 1 at micro-batch 4 (`best_config`)."""
     run_dir = RunDir(tmp_path / "run")
     run_dir.path.mkdir()
     script = tmp_path / "train.py"
     script.write_text(DICT_SCRIPT)
-    model = {**model_info(nn.Linear(4, 1)), "via": via, "checkpoint_switch": switch,
+    model = {**model_info(nn.Linear(4, 1)), **(seen or {}), "via": via, "checkpoint_switch": switch,
              "batch": {"global_batch": 8, "micro_batch": 8, "accumulation": 1, "ranks": 1,
                        "source": "DeepSpeed config"}}
     settings, settled, notes = session.with_global_batch(script_settings(), model, None)
@@ -325,6 +326,19 @@ def test_recommended_checkpointing_of_a_file_config_script_goes_through_the_wrap
     plain, _ = recommended_run(tmp_path / "plain", args=("--deepspeed_config", str(config)))
     assert "autotune.script.apply" not in (plain.path / "launch.sh").read_text()
     assert "recommended_trainer_flags" not in json.loads((plain.path / "script.json").read_text())  # no Trainer
+
+
+def test_an_accelerate_loop_whose_config_is_set_in_code_is_launched_with_its_own_arguments(tmp_path):
+    # Its DataLoader's batch flag rewritten to the tuned micro-batch while the plugin kept the script's own
+    # accumulation: the command trained another global batch, on a config no trial measured.
+    from autotune.script import accelerate_loop
+
+    run_dir, script = recommended_run(tmp_path, via=accelerate_loop.VIA, args=("--bs", "8", "--accum", "1"),
+                                      seen={accelerate_loop.INFO: {"loader_batch": 8, "script_micro_batch": 8}})
+    launch = (run_dir.path / "launch.sh").read_text()
+    assert f"#   bash launch.sh torchrun {shlex.join([str(script.resolve()), '--bs', '8', '--accum', '1'])}" in launch
+    assert "# NOT TUNED" in launch
+    assert "and pass --bs 4: " in (run_dir.path / "report.md").read_text()
 
 
 def test_a_trainer_config_set_in_code_is_said_to_be_not_in_the_command(tmp_path):

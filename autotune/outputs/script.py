@@ -345,10 +345,14 @@ def outputs(run_dir: RunDir, settings: RunSettings, best: TrialResult | None) ->
                                  "the config it passes", "to deepspeed.initialize the tuned keys of best_ds_config.json, as "
                                  "the trials did. Without it, put these into it:", keys]
             else:
+                # Its own config, so its own arguments too: a loop's batch flag alone would change its global batch
+                # (a DataLoader of the tuned micro-batch at the script's own accumulation), a config never measured.
+                program = with_recommendation(info["script"], config_path, [], add=False)
                 lines.append("the recommendation is NOT in launch.sh's command: no argument of the script names its "
-                             "DeepSpeed config (it sets it in code), so the command runs the script's own config; put "
-                             "these keys of best_ds_config.json into that config (or have the script read the file): "
-                             + keys)
+                             "DeepSpeed config (it sets it in code), so the command runs the script's own config and "
+                             "arguments; put these keys of best_ds_config.json into that config (or have the script "
+                             "read the file)" + (f" and pass {' '.join(info['recommended_script_flags'])}"
+                                                 if info.get("recommended_script_flags") else "") + ": " + keys)
                 launch_notes += ["NOT TUNED: the script sets its DeepSpeed config in code and no argument names it, so "
                                  "this command", "runs the script's own config. Put these keys of best_ds_config.json "
                                  "into it (report.md, Script mode):", keys]
