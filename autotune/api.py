@@ -394,8 +394,9 @@ def _model_resolution(spec: TuneSpec) -> Resolved:
     if spec.backend == "replay":
         if spec.surface is None:
             raise ConfigError("the replay backend needs a surface (a JSONL of measured results)")
-        space = replay_space(spec.surface, spec.workload, spec.hardware, spec.space)
-        read_notes = load_surface(spec.surface).notes  # what reading it changed: a torn last line left out
+        surface = load_surface(spec.surface)
+        space = replay_space(surface, spec.workload, spec.hardware, spec.space)
+        read_notes = surface.notes  # what reading it changed: a torn last line left out
     else:
         read_notes = ()
         hardware = spec.trial_hardware

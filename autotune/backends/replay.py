@@ -257,14 +257,14 @@ def searched_space(settings: RunSettings) -> Space:
         return space
 
 
-def replay_space(surface_path: str | Path, workload: Workload, hardware: Hardware | str | None = None,
+def replay_space(surface_path: Surface | str | Path, workload: Workload, hardware: Hardware | str | None = None,
                  space: Choices | str | None = None) -> Space:
     """A replay sweep's space: the surface's measured knob values, narrowed by `space` (a preset, a YAML path
     or Choices), restricted to the configs it measured, on its hardware unless one is given."""
     from autotune.trials.devices import AUTO, resolve_hardware
     from autotune.search_spaces import load_choices
 
-    surface = load_surface(surface_path)
+    surface = surface_path if isinstance(surface_path, Surface) else load_surface(surface_path)
     given = hardware if isinstance(hardware, str) else None
     if hardware is None:
         hardware = load_hardware(surface.hardware or "cpu")
@@ -279,7 +279,7 @@ def replay_space(surface_path: str | Path, workload: Workload, hardware: Hardwar
             if not values:  # the knob emptied: name the values asked for and why none is left
                 asked = ", ".join(map(str, narrowed.knob_values(knob)))
                 measured = ", ".join(map(str, choices.knob_values(knob)))
-                raise ConfigError(f"--space {space}: {knob} {asked} was not measured in the surface {surface_path} "
+                raise ConfigError(f"--space {space}: {knob} {asked} was not measured in the surface {surface.path} "
                                   f"(it measured {knob} {measured}), so the space holds no {knob}: allowed a space "
                                   f"with one of {measured}")
         choices = Choices(**kept, nvme_path=narrowed.nvme_path)

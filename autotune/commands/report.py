@@ -26,11 +26,11 @@ def run(args: argparse.Namespace) -> int:
                           "(run autotune report then)")
     settings = run_dir.read_settings()
     with run_dir.locked():  # no tuner starts on it while the outputs are rewritten
-        outputs = write_outputs(run_dir, settings, own=own_outputs(settings))
+        results = run_dir.results()
+        outputs = write_outputs(run_dir, settings, results, own=own_outputs(settings))
     if args.json:
         # What report.md's tables say, from the same functions: the top configs and the failures by cause.
-        emit_json(args, {**outputs.to_dict(run_dir.path),
-                         **tables(run_dir.results(), settings.memory_budget_bytes)})
+        emit_json(args, {**outputs.to_dict(run_dir.path), **tables(results, settings.memory_budget_bytes)})
         return 0 if outputs.best is not None else 1
     print(outputs.verdict)
     for line in outputs.notes:  # script mode: how to use the script's own config
