@@ -174,6 +174,22 @@ def test_a_hand_written_accelerate_loop_is_tuned_and_its_recommendation_trains(t
 
 
 @pytest.mark.slow
+def test_an_accelerate_loop_too_short_for_the_trials_accumulation_names_its_batches_and_its_flag(tmp_path, capsys):
+    """Accelerate calls engine.step() at accumulation boundaries only: 6 batches at micro-batch 1 (accumulation 8)
+    step the optimizer never. The verdict counts the loop's batches (its backward passes), so it names the
+    script's --steps and how many batches measuring needs (2 optimizer steps x 8), not "never stepped"."""
+    code = main(["trial", "--script", str(SCRIPTS / "accelerate_loop_train.py"), "--script-args",
+                 f"--ds-config {SCRIPTS / 'accelerate_loop_config.json'} --batch-size 4 --steps 6",
+                 "--zero-stage", "0", "--micro-batch", "1", "--precision", "fp32", "--run-dir", str(tmp_path / "t"),
+                 "--json"])
+    result = json.loads(capsys.readouterr().out)["result"]
+    assert code == 1 and result["script_verdict"] == "too_few_steps", result
+    assert "6 micro-batches (engine.backward() calls), 0 optimizer steps at the trial's gradient accumulation 8" \
+        in result["error"]
+    assert "pass --steps 16 or more" in result["error"]
+
+
+@pytest.mark.slow
 def test_a_lightning_deepspeed_script_is_tuned_and_its_recommendation_trains(tmp_path, capsys):
     out = tmp_path / "run"
     code, printed = tune(out, SCRIPTS / "lightning_train.py", "--cpu --batch-size 4 --accumulate 2 --steps 5", capsys)

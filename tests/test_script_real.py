@@ -251,7 +251,7 @@ def test_a_script_that_cannot_be_tuned_stops_the_sweep_after_the_first_trial(ver
 
 @pytest.mark.slow
 def test_a_loop_too_short_for_the_trials_accumulation_names_the_micro_steps_and_the_flag(tmp_path, capsys):
-    """A global batch of 4 (train_batch_size 4) at micro-batch 1 is accumulation 4: 6 engine.step() calls are
+    """A global batch of 4 (train_batch_size 4) at micro-batch 1 is accumulation 4: 6 micro-batches are
     one optimizer step, all warm-up; the verdict asks for 8 through the script's own --steps."""
     config = tmp_path / "ds.json"
     config.write_text(json.dumps({**json.loads((SCRIPTS / "plain_ds_config.json").read_text()),
@@ -262,7 +262,7 @@ def test_a_loop_too_short_for_the_trials_accumulation_names_the_micro_steps_and_
     printed = json.loads(capsys.readouterr().out)
     result = printed["result"]
     assert code == 1 and result["script_verdict"] == "too_few_steps"
-    assert "6 micro-step(s) (engine.step() calls), 1 optimizer step(s) at the trial's gradient accumulation 4" \
+    assert "6 micro-batches (engine.backward() calls), 1 optimizer step at the trial's gradient accumulation 4" \
         in result["error"]
     assert "pass --steps 8 or more" in result["error"]
     assert printed["global_batch"]["script"]["global_batch"] == 4  # the script's, not the tuner's default of 16

@@ -281,10 +281,11 @@ def test_global_batch_given_overrides_the_scripts_and_says_the_recipe_changed(tm
 
 
 def test_too_few_steps_counts_micro_steps_at_the_trials_accumulation_and_names_the_scripts_flag():
-    # The issue: 30 engine.step() calls at accumulation 16 made 1 optimizer step; 2 are needed (1 of warm-up).
+    # The issue: 30 micro-batches at accumulation 16 made 1 optimizer step; 2 are needed (1 of warm-up).
     text = batch.steps_needed(30, 1, 16, 2, ["--deepspeed", "--deepspeed_config", "c.json", "--steps", "30"])
-    assert "30 micro-step(s) (engine.step() calls), 1 optimizer step(s) at the trial's gradient accumulation 16" in text
-    assert "i.e. 32 micro-steps" in text and text.endswith("pass --steps 32 or more (more give a steadier median)")
+    assert "30 micro-batches (engine.backward() calls), 1 optimizer step at the trial's gradient accumulation 16" \
+        in text
+    assert "i.e. 32 micro-batches" in text and text.endswith("pass --steps 32 or more (more give a steadier median)")
     # The Trainer's --max_steps counts optimizer steps.
     assert "pass --max_steps 2 or more" in batch.steps_needed(4, 1, 4, 2, ["--max_steps=1", "--bf16", "true"])
     assert "let the script run that long" in batch.steps_needed(3, 1, 2, 2, ["--epochs", "1"])

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Collection, Mapping, Sequence
 
 from autotune.values.config import ConfigError
+from autotune.values.units import counted
 from autotune.values.workload import accumulation as accumulation_steps, micro_batch_divisors
 
 DS_CONFIG = "DeepSpeed config"
@@ -192,23 +193,24 @@ def flag_with_value(script_args: Sequence[str], name_matches: re.Pattern[str], v
 
 def loop_flag(script_args: Sequence[str], *counts: int) -> tuple[str, int] | None:
     """The script's own flag that (probably) set its loop length: a step-like flag whose value is one of
-    `counts` (the micro-steps or optimizer steps the script ran), as (flag, value)."""
+    `counts` (the micro-batches or optimizer steps the script ran), as (flag, value)."""
     return flag_with_value(script_args, _LOOP_FLAG, counts)
 
 
 def steps_needed(micro_steps: int, optimizer_steps: int, accumulation: int, needed: int,
                  script_args: Sequence[str] = ()) -> str:
     """Why a script's loop is too short for the trial, in its own units: `needed` optimizer steps at this
-    accumulation are `needed x accumulation` micro-steps (engine.step() calls), and which flag to raise."""
+    accumulation are `needed x accumulation` micro-batches (engine.backward() calls), and which flag to raise."""
     micro_needed = needed * accumulation
-    text = (f"the script ended after {micro_steps} micro-step(s) (engine.step() calls), {optimizer_steps} optimizer "
-            f"step(s) at the trial's gradient accumulation {accumulation}; measuring needs {needed} optimizer steps "
-            f"(1 or more after warm-up), i.e. {micro_needed} micro-steps")
+    text = (f"the script ended after {counted(micro_steps, 'micro-batch', 'micro-batches')} (engine.backward() "
+            f"calls), {counted(optimizer_steps, 'optimizer step')} at the trial's gradient accumulation "
+            f"{accumulation}; measuring needs {needed} optimizer steps (1 or more after warm-up), i.e. "
+            f"{micro_needed} micro-batches")
     flag = loop_flag(script_args, micro_steps, optimizer_steps)
     if flag is not None:
         name, value = flag
-        # A flag equal to the micro-steps counts engine.step() calls; one equal to the optimizer steps counts
-        # those (the Trainer's --max_steps). Where both are equal (no accumulation), either reading agrees.
+        # A flag equal to the micro-batches counts loader batches (engine.backward() calls); one equal to the
+        # optimizer steps counts those (the Trainer's --max_steps). Where both are equal (no accumulation), either reading agrees.
         wanted = micro_needed if value == micro_steps else needed
         text += f": pass {name} {wanted} or more (more give a steadier median)"
     else:

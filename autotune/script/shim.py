@@ -114,7 +114,9 @@ class Shim:
         self.model: dict[str, Any] = {}
         self.user_config_recorded = False
         self.steps = 0  # optimizer steps so far
-        self.micro_steps = 0  # engine.step() calls so far
+        # engine.backward() calls so far: one per micro-batch, whether the loop calls engine.step() after each
+        # (DeepSpeed's convention) or only at accumulation boundaries (Accelerate's)
+        self.micro_steps = 0
         self.script_batch: script_batch.ScriptBatch | None = None  # the batch the script asked for
         self.times: list[float] = []
         self.peaks: list[int] = []
@@ -301,7 +303,6 @@ class Shim:
 
         def measured_step(*args: Any, **kwargs: Any) -> Any:
             before, skipped_before = engine.global_steps, engine.skipped_steps
-            self.micro_steps += 1
             out = step(*args, **kwargs)
             if engine.global_steps != before:  # a gradient-accumulation boundary: the optimizer stepped
                 self.optimizer_stepped(skipped_before)
@@ -309,6 +310,7 @@ class Shim:
 
         def kept_loss(loss: Any, *args: Any, **kwargs: Any) -> Any:
             self.loss = loss
+            self.micro_steps += 1
             return backward(loss, *args, **kwargs)
 
         engine.step, engine.backward = measured_step, kept_loss
@@ -405,7 +407,7 @@ class Shim:
         needed = max(self.spec.measure.warmup_steps, 1) + 1
         if self.steps == 0 and self.micro_steps == 0:
             raise ScriptVerdict("never_stepped", "the script called deepspeed.initialize but ended before any "
-                                "optimizer step (engine.step() at a gradient-accumulation boundary)")
+                                "backward pass (engine.backward())")
         if self.steps and not self.ledger.applied:  # however many steps it ran, none trained
             raise self.ledger.untrained(*(self.ledger.verdict() or ("overflow", "no optimizer step was applied")))
         if not self.times:  # counted in optimizer steps at this trial's accumulation, worded in the script's units
