@@ -276,10 +276,24 @@ class DeepSpeedLogs:
         ds_logger = logging.getLogger("DeepSpeed")
         level = logging.INFO if self.verbose else logging.WARNING  # DeepSpeed's own default: WARNING
         ds_logger.setLevel(level)
+        for kept in [f for f in ds_logger.filters if isinstance(f, _NotTheDriversAccelerator)]:
+            ds_logger.removeFilter(kept)  # an earlier command of this process (a test's) added it
+        if not self.verbose:
+            ds_logger.addFilter(_NotTheDriversAccelerator())
         for handler in ds_logger.handlers:
             if type(handler) is logging.StreamHandler:  # DeepSpeed's own: not a file's, not a test's capture
                 handler.stream = _Stderr()  # not setStream: it flushes the old stream, perhaps closed (a test's)
                 handler.setLevel(level)
+
+
+class _NotTheDriversAccelerator(logging.Filter):
+    """Drops DeepSpeed's accelerator detection line ("Setting accelerator to CPU. If you have GPU ... we were unable
+    to detect it") in this process: the tuner imports DeepSpeed only to check configs, and on a CPU machine the
+    line came amid the summary as if something failed. Trials pick their accelerator in their own processes, whose
+    logs keep the line; --verbose keeps it here too."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.filename != "real_accelerator.py"
 
 
 class _ThenCall:
