@@ -145,10 +145,37 @@ def test_resume_continues_the_parent_and_logs_each_trial_once(tmp_path, monkeypa
     results = read_results(run_dir / "trials.jsonl")
     check_children(children, results, parent.info.run_id)
     assert len(children) == 6 and {n: children[n].info.run_id for n in first_ids} == first_ids
+    # Those of the untracked session are marked: their runs' times are when they were logged, not when they ran.
+    assert {n for n, run in children.items() if run.data.tags.get("logged_late") == "true"} == {3, 4}
     parent = MlflowClient(uri).get_run(parent.info.run_id)
     assert parent.info.status == "FINISHED" and parent.data.metrics["trials_recorded"] == len(results)
     check_recommendation(uri, parent, run_dir)
     assert not (tmp_path / "mlruns").exists()
+
+
+def test_a_relative_sqlite_store_is_the_same_store_when_the_sweep_resumes_from_elsewhere(tmp_path, monkeypatch, capfd):
+    """sqlite:///rel.db is relative to where the tuner ran: resumed from another directory, it logged into a second
+    database under a new parent run (mlflow.json then pointed there). The path is made absolute when given."""
+    assert tracking.absolute_sqlite("sqlite:////abs/m.db") == "sqlite:////abs/m.db"
+    assert tracking.absolute_sqlite("postgresql://u@h/db") == "postgresql://u@h/db"
+    assert tracking.absolute_sqlite("sqlite://") == "sqlite://"
+    first, other = tmp_path / "a", tmp_path / "b"
+    first.mkdir(), other.mkdir()
+    monkeypatch.chdir(first)
+    assert tracking.absolute_sqlite("sqlite:///rel.db?timeout=5") == f"sqlite:///{first / 'rel.db'}?timeout=5"
+    run_dir = tmp_path / "run"
+    code, out, err = cli([*TUNE, "--trials", "2", "--out", str(run_dir), "--mlflow-uri", "sqlite:///rel.db"], capfd)
+    assert code == 0, err
+    uri = f"sqlite:///{first / 'rel.db'}"
+    assert f"MLflow: {uri}" in out
+    monkeypatch.chdir(other)
+    code, _, err = cli([*TUNE, "--trials", "3", "--out", str(run_dir), "--resume", "--mlflow-uri", "sqlite:///../a/rel.db"],
+                       capfd)
+    assert code == 0, err
+    assert not (other / "rel.db").exists()
+    parents, children = runs_in(uri)
+    assert len(parents) == 1 and sorted(children) == [1, 2, 3]
+    assert list(json.loads((run_dir / tracking.STATE).read_text())) == [uri]
 
 
 def test_failed_trials_carry_their_status_and_error(tmp_path, monkeypatch, capfd):

@@ -93,10 +93,17 @@ def test_a_sweep_is_a_group_of_a_parent_and_its_trials_and_a_resume_logs_only_th
     summary = json.loads((run / "summary.json").read_text())
     assert parent["config"]["strategy"] == "random" and parent["summary"]["stop_reason"] == "trials"
     assert parent["summary"]["best.config"] == config_label(summary) and parent["summary"]["trials_recorded"] == 3
-    assert (run / "wandb" / parent_folder(run, parent["id"]) / "files" / "report.md").is_file()  # the outputs
+    saved = run / "wandb" / parent_folder(run, parent["id"]) / "files"
+    assert (saved / "report.md").is_file() and (saved / "plots" / "best_so_far.png").is_file()  # the outputs
+    # Copies, not W&B's symlinks: the next session's outputs do not show through, nor does a synced copy dangle.
+    assert not (saved / "report.md").is_symlink()
+    first_report = (saved / "report.md").read_text()
+    assert first_report == (run / "report.md").read_text()
     # Resumed to 5 trials: the two new ones logged, none again; the parent continues (the same id).
     assert main([*argv, "--trials", "5", "--resume"]) == 0
+    assert (saved / "report.md").read_text() == first_report != (run / "report.md").read_text()
     again = offline_runs(run)
+    assert not any(r["summary"].get("logged_late") for r in again)  # each logged in the session that ran it
     assert len([r for r in again if r["job"] == "trial"]) == 5
     assert {r["id"] for r in again if r["job"] == "sweep"} == {parent["id"]}
     assert json.loads((run / "wandb.json").read_text())["proj"]["logged"] == [
@@ -118,8 +125,10 @@ def test_a_project_name_is_checked_and_a_missing_wandb_named(monkeypatch):
 
     from autotune.outputs.wandb_tracking import check_project
 
-    with pytest.raises(ConfigError, match="W&B project 'a/b': allowed a project name"):
-        check_project("a/b")
+    for name in ("a/b", "x:y", "a#1", "50%", "q?", "a\\b", "p" * 129):  # what W&B refuses, after the sweep ran
+        with pytest.raises(ConfigError, match="allowed a project name of at most 128 characters, none of "):
+            check_project(name)
+    check_project("p" * 128)
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
     with pytest.raises(ConfigError, match=r"--wandb proj: W&B tracking needs wandb: pip install 'ds-autotune\[wandb\]'"):
@@ -163,11 +172,29 @@ def test_without_an_api_key_the_runs_are_written_offline_and_one_line_says_how_t
     runs = offline_runs(run)
     assert sorted(r["job"] for r in runs) == ["sweep", "trial", "trial"] and {r["group"] for r in runs} == {"run"}
     assert json.loads((run / "wandb.json").read_text())["proj"]["logged"] == [1, 2]
-    lines = [line for line in text.splitlines() if "offline" in line]
+    lines = [line for line in text.splitlines() if line.startswith("W&B project")]
     assert lines == [f"W&B project proj runs offline (no API key configured): its runs stay in {run / 'wandb'}/; "
                      f"after `wandb login` (or with WANDB_API_KEY set), `wandb sync {run / 'wandb'}/offline-run-*` "
                      "uploads them"]
     assert "tracking stopped" not in text and "API key" not in text.replace(lines[0], "")
+    # The last lines say where the runs are, as they say MLflow's store.
+    assert f"W&B: project proj, group run, offline in {run / 'wandb'}/ (`wandb sync {run / 'wandb'}/offline-run-*` " \
+           "uploads them)" in out.out
+
+
+@pytest.mark.slow  # two simulated sweeps, four W&B runs: ~6 s
+def test_trials_of_a_session_without_tracking_are_logged_on_resume_and_marked_late(tmp_path, monkeypatch):
+    """trials.jsonl keeps no clock time: a trial logged in a later session says so (its run's times are the
+    logging's)."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run = tmp_path / "run"
+    argv = ["tune", "--backend", "simulated", "--strategy", "random", "--seed", "3", "--out", str(run)]
+    assert main([*argv, "--trials", "2"]) == 0
+    assert main([*argv, "--trials", "3", "--resume", "--wandb", "proj"]) == 0
+    trials = {r["summary"]["trial"]: r["summary"] for r in offline_runs(run) if r["job"] == "trial"}
+    assert sorted(trials) == [1, 2, 3]
+    assert [bool(trials[n].get("logged_late")) for n in (1, 2, 3)] == [True, True, False]
 
 
 def test_a_key_in_the_environment_or_the_netrc_is_online_and_wandb_mode_offline_says_so(no_wandb_key, monkeypatch):

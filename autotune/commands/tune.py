@@ -29,7 +29,7 @@ from autotune.prediction.scale import at_target
 from autotune.search_spaces import choices_for, space_note
 from autotune.commands.script import add_arguments as script_arguments, script_from
 from autotune.values.space import Space
-from autotune.outputs import tracking
+from autotune.outputs import tracking, wandb_tracking
 from autotune.values.units import counted, format_size
 from autotune.values.ds_autotuning import read_autotuning
 from autotune.files import load_json
@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     mlflow = tracking.resolve_uri(spec.mlflow_uri, result.run_dir)
     return conclude(progress, start.run_dir, start.settings, result, start.budget, mlflow,
-                    (lambda data: emit_json(args, data)) if args.json else None)
+                    (lambda data: emit_json(args, data)) if args.json else None, spec.wandb)
 
 
 def spec_from(args: argparse.Namespace) -> TuneSpec:
@@ -265,7 +265,7 @@ def headline(run_dir: RunDir, settings: RunSettings, space: Space, budget: Budge
 
 
 def conclude(progress: ConsoleProgress, run_dir: RunDir, settings: RunSettings, result: TuneResult, budget: Budget,
-             mlflow: str | None, emit: Callable[[dict], None] | None) -> int:
+             mlflow: str | None, emit: Callable[[dict], None] | None, wandb: str | None = None) -> int:
     """The console's account of a finished sweep (and --json's document); the exit code. Its results are said
     under --quiet too (progress.result), the rest is a note (progress.message)."""
     pruned = [r for r in result.results if r.status == "pruned"]
@@ -286,6 +286,8 @@ def conclude(progress: ConsoleProgress, run_dir: RunDir, settings: RunSettings, 
     progress.result(f"report: {run_dir.path / 'report.md'}")
     if mlflow is not None:
         progress.result(f"MLflow: {masked(mlflow)} (experiment and parent run in {run_dir.path / tracking.STATE})")
+    if wandb is not None:
+        progress.result(f"W&B: {wandb_tracking.where(run_dir, wandb)}")
     if emit is not None:
         emit({**result.to_dict(), "budget": {"trials": budget.trials, "time_s": budget.time_s, "confirm": budget.confirm,
                                              "stop_when": budget.stop_when, "train_s": budget.train_s},

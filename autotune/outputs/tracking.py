@@ -108,7 +108,18 @@ def resolve_uri(uri: str | bool | None, folder: str | Path) -> str | None:
     if uri is None or uri is False:
         return None
     check_uri(uri)
-    return local_uri(folder) if uri is True else str(uri).strip()
+    return local_uri(folder) if uri is True else absolute_sqlite(str(uri).strip())
+
+
+def absolute_sqlite(uri: str) -> str:
+    """A SQLite URI with a relative path (sqlite:///rel.db) made absolute: resumed from another directory, the
+    sweep would log into a second database and lose its parent run. Other URIs as they are."""
+    scheme, sep, rest = uri.partition(":///")
+    if not sep or scheme.split("+", 1)[0].lower() != "sqlite" or rest.startswith("/") or not rest \
+            or rest.startswith(":memory:"):
+        return uri
+    path, query, params = rest.partition("?")
+    return f"{scheme}:///{Path(path).resolve()}{query}{params}"
 
 
 def check_uri(uri: str | bool | None) -> None:
@@ -240,16 +251,18 @@ class MlflowTracker:
         for number, result in enumerate(history, 1):  # a session without tracking, or a crash in between
             if "trial" not in result.extra:  # a run directory from before trials were numbered
                 result = replace(result, extra={**result.extra, "trial": number})
-            tracker.trial(result)
+            tracker.trial(result, late=True)
         return tracker
 
-    def trial(self, result: TrialResult) -> None:
-        """Log a launched trial as a child run, once (pruned configs are counted at `finish`)."""
+    def trial(self, result: TrialResult, late: bool = False) -> None:
+        """Log a launched trial as a child run, once (pruned configs are counted at `finish`); `late`: it ran in
+        an earlier session, tagged `logged_late` (its run's times are when it was logged: trials.jsonl keeps no
+        clock time)."""
         number = result.extra.get("trial")
         if self.broken or result.status == "pruned" or not isinstance(number, int) or number in self.logged:
             return
         try:
-            self._log_trial(result, number)
+            self._log_trial(result, number, late)
         except Exception as err:  # noqa: BLE001  a store that fails must not end a sweep of real trials
             self._broke(err)
             return
@@ -294,12 +307,12 @@ class MlflowTracker:
         except Exception as err:  # noqa: BLE001
             self._broke(err)
 
-    def _log_trial(self, result: TrialResult, number: int) -> None:
+    def _log_trial(self, result: TrialResult, number: int, late: bool) -> None:
         from mlflow.entities import RunTag
 
         end = _now_ms()
         tags = {PARENT_TAG: self.run_id, TRIAL_TAG: str(number), "status": result.status,
-                "phase": result.phase, "backend": result.backend}
+                "phase": result.phase, "backend": result.backend, **({"logged_late": "true"} if late else {})}
         if result.error:
             tags["error"] = result.error[:TAG_LIMIT]
         if result.repeat_of is not None:

@@ -16,6 +16,7 @@ wandb is imported only when asked for (seconds).
 from __future__ import annotations
 
 import importlib.util
+import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 
 EXTRA = "wandb"  # pip install 'ds-autotune[wandb]'
 STATE = "wandb.json"  # in the run directory: per project, the parent run's id and the trials logged
+FORBIDDEN = "/\\#?%:"  # W&B's Settings.validate_project refuses these in a project name (and past 128 characters)
 SUMMARY = ("throughput_samples_per_s", "tokens_per_s", "peak_memory_bytes", "step_time_s", "wall_time_s",
            "predicted_peak_bytes", "predicted_throughput_samples_per_s", "chance_of_better")
 
@@ -37,8 +39,9 @@ def check_project(project: str | None) -> None:
     """A W&B project name and the wandb package there to log to it; ConfigError naming what to do."""
     if project is None:
         return
-    if not isinstance(project, str) or not project.strip() or "/" in project:
-        raise ConfigError(f"W&B project {project!r}: allowed a project name (letters, digits, - and _; no /)")
+    if not isinstance(project, str) or not project.strip() or len(project) > 128 or set(project) & set(FORBIDDEN):
+        raise ConfigError(f"W&B project {project!r}: allowed a project name of at most 128 characters, none of "
+                          f"{' '.join(FORBIDDEN)} (W&B refuses them)")
     try:
         found = importlib.util.find_spec("wandb") is not None
     except (ImportError, ValueError):
@@ -82,7 +85,7 @@ class WandbTracker:
         for number, result in enumerate(history, 1):  # a session without tracking, or a crash in between
             if "trial" not in result.extra:
                 result = replace(result, extra={**result.extra, "trial": number})
-            tracker.trial(result)
+            tracker.trial(result, late=True)
         return tracker
 
     def _init(self, job: str, name: str, run_id: str | None, config: Mapping[str, Any]) -> Any:
@@ -93,8 +96,9 @@ class WandbTracker:
                           settings=wandb.Settings(silent=True, console="off"),
                           mode="offline" if self.offline else None)  # offline: never W&B's login prompt
 
-    def trial(self, result: TrialResult) -> None:
-        """Log a launched trial as a run of the group, once (pruned configs are counted at `finish`)."""
+    def trial(self, result: TrialResult, late: bool = False) -> None:
+        """Log a launched trial as a run of the group, once (pruned configs are counted at `finish`); `late`: it ran
+        in an earlier session (its run's times are when it was logged: trials.jsonl keeps no clock time)."""
         number = result.extra.get("trial")
         if self.broken or result.status == "pruned" or not isinstance(number, int) or number in self.logged:
             return
@@ -104,7 +108,8 @@ class WandbTracker:
             run.summary.update({key: line[key] for key in SUMMARY if line.get(key) is not None})
             run.summary.update({"trial": number, "status": result.status, "phase": result.phase,
                                 "backend": result.backend, **({"error": result.error} if result.error else {}),
-                                **({"repeat_of": result.repeat_of} if result.repeat_of is not None else {})})
+                                **({"repeat_of": result.repeat_of} if result.repeat_of is not None else {}),
+                                **({"logged_late": True} if late else {})})
             run.finish(exit_code=0 if result.ok else 1)
         except Exception as err:  # noqa: BLE001  a tracker that fails must not end a sweep of real trials
             self._broke(err)
@@ -129,9 +134,13 @@ class WandbTracker:
         try:
             parent = self._init("sweep", f"sweep {self.group}", self.parent_id, self.config)
             parent.summary.update(values)
-            for path in files:
-                if Path(path).is_file():
-                    parent.save(str(path), base_path=str(self.run_dir.path), policy="now")
+            for path in map(Path, files):
+                if path.is_file():  # a copy in the run's files/: W&B's symlink would show the next session's
+                    copy = Path(parent.dir) / (path.relative_to(self.run_dir.path)  # outputs, and dangle once synced
+                                               if path.is_relative_to(self.run_dir.path) else path.name)
+                    copy.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(path, copy)
+                    parent.save(str(copy), base_path=parent.dir, policy="now")
             parent.finish(exit_code=1 if str(stop_reason) == "interrupted" else 0)
         except Exception as err:  # noqa: BLE001  as in trial(): the outputs are in the run directory anyway
             self._broke(err)
@@ -193,6 +202,16 @@ def _has_credentials(settings: Any) -> bool:
     if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
         return True
     return settings is not None and bool(getattr(settings, "api_key", None))
+
+
+def where(run_dir: "RunFolder", project: str) -> str:
+    """Where a sweep's W&B runs went, for its last lines: the project and group, and for offline runs the folder
+    and the command that uploads them."""
+    group = (_read_state(run_dir).get(project) or {}).get("group", run_dir.path.name)
+    text = f"project {project}, group {group}"
+    if offline_reason() is not None:
+        text += f", offline in {run_dir.path / 'wandb'}/ (`wandb sync {run_dir.path / 'wandb'}/offline-run-*` uploads them)"
+    return text
 
 
 def _read_state(run_dir: "RunFolder") -> dict[str, Any]:
