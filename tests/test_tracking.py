@@ -233,6 +233,14 @@ def test_a_bad_uri_is_one_line_before_anything_is_written(uri, named, tmp_path, 
     assert not (run_dir / "run.json").exists() and not (run_dir / tracking.STATE).exists()
 
 
+def test_a_database_store_without_its_driver_names_what_to_install(tmp_path, capfd, monkeypatch):
+    monkeypatch.setitem(sys.modules, "MySQLdb", None)  # not installed, whatever this machine has
+    code, out, err = cli([*TUNE, "--trials", "1", "--out", str(tmp_path / "run"), "--mlflow-uri",
+                          "mysql://u@127.0.0.1:1/db"], capfd)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "MLflow tracking URI mysql://u@127.0.0.1:1/db: " in err and "(pip install 'mysqlclient')" in err
+
+
 def test_a_store_that_cannot_be_opened_leaves_no_sweep_behind(tmp_path, capfd, monkeypatch):
     """The store is opened before the first trial: a server that does not answer is one line, exit 2, and
     the corrected command starts the sweep (nothing is left that says 'already holds a sweep')."""

@@ -111,6 +111,11 @@ def resolve_uri(uri: str | bool | None, folder: str | Path) -> str | None:
     return local_uri(folder) if uri is True else absolute_sqlite(str(uri).strip())
 
 
+# The pip name of the database driver SQLAlchemy imports for a scheme (postgresql, mysql, mssql), by module name
+DB_DRIVERS = {"psycopg": "psycopg[binary]", "psycopg2": "psycopg2-binary", "MySQLdb": "mysqlclient",
+              "pymysql": "pymysql", "pymssql": "pymssql", "pyodbc": "pyodbc"}
+
+
 def absolute_sqlite(uri: str) -> str:
     """A SQLite URI with a relative path (sqlite:///rel.db) made absolute: resumed from another directory, the
     sweep would log into a second database and lose its parent run. Other URIs as they are."""
@@ -246,7 +251,9 @@ class MlflowTracker:
         except ConfigError:
             raise
         except Exception as err:  # noqa: BLE001  MLflow's, SQLAlchemy's and requests' errors alike
-            raise ConfigError(f"MLflow tracking URI {key}: {_one_line(err)}") from None
+            driver = DB_DRIVERS.get(err.name or "", err.name) if isinstance(err, ModuleNotFoundError) else None
+            hint = f": the store's database driver is not installed here (pip install '{driver}')" if driver else ""
+            raise ConfigError(f"MLflow tracking URI {key}: {_one_line(err)}{hint}") from None
         tracker = cls(client, uri, experiment_id, run_id, logged, warn)
         for number, result in enumerate(history, 1):  # a session without tracking, or a crash in between
             if "trial" not in result.extra:  # a run directory from before trials were numbered
