@@ -198,6 +198,27 @@ def test_tune_refuses_more_ranks_than_the_whole_cluster_holds_in_one_line(cluste
     assert not (tmp_path / "refused" / "trials.jsonl").exists()
 
 
+@pytest.mark.slow
+def test_a_sweep_workload_the_cluster_cannot_place_gets_its_verdict_and_the_others_go_on(cluster, tmp_path):
+    """`tune` refuses such a command (above); in a sweep file it is one workload's verdict, named by the workload,
+    and the other workloads run (exit 1: one workload has no recommendation)."""
+    (tmp_path / "one.yaml").write_text("zero_stage: [0]\nmicro_batch: [1]\nckpt_interval: [0]\nprecision: [fp32]\n")
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("defaults: {hardware: cpu, memory_budget: 8GiB, confirm: 0}\nworkloads:\n"
+                     "  - {name: wide, model: tiny, gpus: 8, global_batch: 8, backend: deepspeed, space: one.yaml, "
+                     "trials: 1}\n"
+                     "  - {name: small, model: tiny, backend: simulated, trials: 2}\n")
+    run = subprocess.run(["nice", "-n", "19", sys.executable, "-m", "autotune.cli", "sweep", str(sweep), "--out",
+                          str(tmp_path / "out"), "--ray-address", cluster.address],
+                         env=cluster.env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "wide: gpus 8: the Ray cluster cannot place 8 ranks of 1 CPU, not even across its nodes: it holds 4" \
+        in run.stdout + run.stderr
+    summary = {name: json.loads((tmp_path / "out" / name / "summary.json").read_text()) for name in ("wide", "small")}
+    assert summary["wide"]["stop_reason"] == "no node" and summary["wide"]["trials"] == 0
+    assert summary["small"]["trials"] == 2 and summary["small"]["best"] is not None
+
+
 def _node_of(pid: int, cluster) -> str | None:
     """The cluster node (by name) that started `pid`: one of its ancestors (the rank's actor, the node's
     raylet) is in that node's process group."""

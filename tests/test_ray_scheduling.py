@@ -10,6 +10,7 @@ from autotune.drivers.sweep import Sweep
 from autotune.values.config import ConfigError
 from autotune.drivers.stop import StopReason
 from autotune.drivers.progress import QuietProgress
+from autotune.drivers.loop import TrialReply, run_jobs
 from autotune.drivers.ray import BackendSpec, Flight, Job, TrialResources, trial_resources
 from autotune.drivers.sweep import Budget
 from autotune.values.hardware import PROFILES
@@ -99,3 +100,48 @@ def test_a_fatal_backend_verdict_stops_the_job(tmp_path):
     j.in_flight.pop()
     j.waiting = False
     assert j.next_config() is None and j.reason == StopReason.FATAL
+
+
+class Devices:
+    """An executor of `capacity` devices (CPUs here), trials finishing in the order they started."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.flights: list = []
+        self.started: list[str] = []
+
+    def used(self) -> float:
+        return sum(f.job.resources.cpus for f in self.flights)
+
+    def room(self, job: Job) -> bool:
+        return self.used() + job.resources.cpus <= self.capacity
+
+    def submit(self, flight) -> None:
+        self.flights.append(flight)
+        self.started.append(flight.job.name)
+
+    def wait(self):
+        flight = self.flights.pop(0)
+        spec = flight.job.make_backend
+        return flight, TrialReply(spec().run(flight.config))
+
+    def in_flight(self) -> int:
+        return len(self.flights)
+
+    def cancel(self) -> None:
+        self.flights.clear()
+
+
+def test_a_workload_of_wider_trials_is_not_starved_by_a_narrower_one(tmp_path):
+    """Two devices; `narrow` trials take one, `wide` trials both. The free device waits for the workload served
+    least until its trial fits (it started only once `narrow` had run all its trials), so they take turns."""
+    jobs = []
+    for name, cpus in (("narrow", 1.0), ("wide", 2.0)):
+        s = settings("random")
+        run = RunDir(tmp_path / name)
+        run.write_settings(s)
+        jobs.append(Job(name, Sweep.open(run, s, s.space()), Budget(4, confirm=0), TrialResources(cpus=cpus),
+                        BackendSpec(s, str(run.path)), QuietProgress()))
+    executor = Devices(2)
+    assert run_jobs(jobs, executor) == {"narrow": StopReason.TRIALS, "wide": StopReason.TRIALS}
+    assert executor.started == ["narrow", "wide"] * 4

@@ -1,8 +1,8 @@
 """The one tuning loop: jobs (sweeps) propose configs, an executor runs them, results go back to their sweep.
 
-    fill the free slots: the job with the fewest devices in use proposes (Job.next_config: budget, fatal
-    verdict (the backend's, or a DeepSpeed op failing in a second trial), strategy done or stalled, a
-    sequential strategy waiting for its result); the executor submits;
+    fill the free slots: the job with the fewest devices in use proposes, or the free devices wait for it until
+    its trial fits (Job.next_config: budget, fatal verdict (the backend's, or a DeepSpeed op failing in a second
+    trial), strategy done or stalled, a sequential strategy waiting for its result); the executor submits;
     wait for one result; record it in its sweep; repeat until no job proposes and nothing is in flight.
 
 Executors only submit and wait: `LocalExecutor` runs one trial at a time in this process (drivers/local.py),
@@ -195,12 +195,24 @@ class Executor(Protocol):
 def run_jobs(jobs: Sequence[Job], executor: Executor, concurrency: int | None = None) -> dict[str, StopReason]:
     """Run every job to its end; returns each job's stop reason by name."""
 
+    def fairest(ready: Sequence[Job]) -> Job:
+        return min(ready, key=lambda j: (j.devices_in_use, j.sweep.launched))
+
     def fill() -> None:
         while concurrency is None or executor.in_flight() < concurrency:
-            ready = [j for j in jobs if j.reason is None and not j.waiting and executor.room(j)]
+            ready = [j for j in jobs if j.reason is None and not j.waiting]
             if not ready:
                 return
-            job = min(ready, key=lambda j: (j.devices_in_use, j.sweep.launched))
+            job = fairest(ready)
+            if not executor.room(job):
+                # The free devices wait for the workload served least, until enough of them are free for its
+                # wider trial: given to a narrower workload, they kept it waiting until that one had finished.
+                if executor.in_flight():
+                    return
+                ready = [j for j in ready if executor.room(j)]
+                if not ready:
+                    return
+                job = fairest(ready)
             config = job.next_config()
             if config is not None:
                 submit(Flight(job, config))

@@ -231,17 +231,18 @@ def run_ray(jobs: Sequence[Job], concurrency: int | None = None,
     return run_jobs(jobs, RayExecutor(max_failures, spans), concurrency)
 
 
-def check_placeable(resources: TrialResources) -> None:
-    """ConfigError (one line) when no node holds one trial and the cluster cannot spread its ranks either."""
+def unplaceable(resources: TrialResources) -> str | None:
+    """Why the cluster cannot run one trial (no node holds it and its ranks cannot be spread either), or None."""
     from autotune.drivers.ray_ranks import bundles_of, placeable
 
     bundles = bundles_of(resources)
     if bundles is None or fits_some_node(resources):
-        return  # fits, or cannot be spread: run_ray says so (StopReason.NO_NODE)
+        return None  # fits, or cannot be spread: run_ray says so (StopReason.NO_NODE)
     can = placeable(bundles)
     if can < bundles.ranks:
-        raise ConfigError(f"--gpus {bundles.ranks}: the Ray cluster cannot place {bundles.describe()}, not even "
-                          f"across its nodes: it holds {can} ({describe_cluster()}); allowed at most {can}")
+        return (f"the Ray cluster cannot place {bundles.describe()}, not even across its nodes: it holds {can} "
+                f"({describe_cluster()}); allowed at most {can}")
+    return None
 
 
 def _first(err: BaseException) -> str:
@@ -328,11 +329,16 @@ def run_on_cluster(runs: Sequence[ClusterRun], options: RayOptions, say: Callabl
         jobs = []
         for run in runs:
             resources = trial_resources(run.settings, run.gpus_per_trial)
-            check_placeable(resources)
+            unplaced = unplaceable(resources)
+            if unplaced is not None and len(runs) == 1:  # `tune`: the command is wrong for this cluster
+                raise ConfigError(f"--gpus {resources.ranks}: {unplaced}")
             if isinstance(run.progress, LiveProgress):  # its ETA divides the trials left among the slots
                 run.progress.set_slots(trial_slots(resources, options.concurrency))
             jobs.append(job_for(run.name, run.sweep, run.settings, run.run_dir, run.budget, resources, run.progress,
                                 run.options))
+            if unplaced is not None:  # one workload of a sweep file: its own verdict, the others go on
+                jobs[-1].reason = StopReason.NO_NODE
+                run.progress.message(f"{run.name}: gpus {resources.ranks}: {unplaced}: nothing runs for this workload")
         limit = f", at most {options.concurrency} in flight" if options.concurrency else ""
         shape = (f"one trial asks for {resources.describe()}" if len(runs) == 1 else
                  f"{len(runs)} workloads at once")
