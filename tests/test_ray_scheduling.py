@@ -145,3 +145,23 @@ def test_a_workload_of_wider_trials_is_not_starved_by_a_narrower_one(tmp_path):
     executor = Devices(2)
     assert run_jobs(jobs, executor) == {"narrow": StopReason.TRIALS, "wide": StopReason.TRIALS}
     assert executor.started == ["narrow", "wide"] * 4
+
+
+def test_an_interrupt_leaves_a_workload_that_had_finished_its_budget_finished(tmp_path):
+    """One device. Ctrl-C during `long`'s first trial: `short` had run its 1 trial (its budget spent, nothing in
+    flight; not asked to propose again yet) and is not marked interrupted; `long` is."""
+
+    class Interrupted(Devices):
+        def wait(self):
+            if "long" in self.started:
+                raise KeyboardInterrupt
+            return super().wait()
+
+    jobs = []
+    for name, trials in (("short", 1), ("long", 10)):
+        s = settings("random")
+        run = RunDir(tmp_path / name)
+        run.write_settings(s)
+        jobs.append(Job(name, Sweep.open(run, s, s.space()), Budget(trials, confirm=0), TrialResources(),
+                        BackendSpec(s, str(run.path)), QuietProgress()))
+    assert run_jobs(jobs, Interrupted(1)) == {"short": StopReason.TRIALS, "long": StopReason.INTERRUPTED}

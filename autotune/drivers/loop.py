@@ -9,7 +9,7 @@ Executors only submit and wait: `LocalExecutor` runs one trial at a time in this
 `RayExecutor` several at once on a Ray cluster (drivers/ray.py). A trial whose executor lost it (a dead Ray
 worker or node) comes back as no reply and is submitted again. Ctrl-C (KeyboardInterrupt) or SIGTERM: the
 executor cancels what is in flight (the deepspeed backend ends its trial's processes), nothing unfinished is
-recorded, every job stops as INTERRUPTED, and `--resume` runs the lost trials again.
+recorded, every job stops as INTERRUPTED (but one that had spent its budget), and `--resume` runs the lost trials again.
 """
 
 from __future__ import annotations
@@ -237,6 +237,6 @@ def run_jobs(jobs: Sequence[Job], executor: Executor, concurrency: int | None = 
     except KeyboardInterrupt:
         executor.cancel()
         for job in jobs:
-            if job.reason is None:
-                job.reason = StopReason.INTERRUPTED
+            if job.reason is None:  # one whose budget was spent, nothing in flight, ended before the interrupt
+                job.reason = (None if job.in_flight else job.sweep.budget_spent(job.budget)) or StopReason.INTERRUPTED
     return {job.name: job.reason or StopReason.DONE for job in jobs}
