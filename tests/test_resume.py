@@ -125,7 +125,7 @@ def test_interrupt_stops_cleanly_and_resume_finishes(sig, tmp_path, monkeypatch,
     killer.join()
     out = capsys.readouterr().out
     assert code == 130, out
-    assert "interrupted: continue with the same command and --resume" in out
+    assert out.count(f"continue it with the same command and --resume --out {run}") == 1  # said once
     assert "recommended config:" not in out and "best so far" in out  # no recommendation of an unfinished sweep
     before = read_results(run / "trials.jsonl")
     assert len(before) == 2  # the interrupted trial is not recorded...

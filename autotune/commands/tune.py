@@ -294,8 +294,7 @@ def conclude(progress: ConsoleProgress, run_dir: RunDir, settings: RunSettings, 
               "strategy": settings.strategy, "backend": settings.backend,
               "mlflow": None if mlflow is None else {"uri": masked(mlflow),
                                                      **tracking.parent_of(run_dir, mlflow)}})
-    if unfinished:
-        progress.result(f"interrupted: continue with the same command and --resume --out {run_dir.path}")
+    if unfinished:  # the verdict said how to continue it
         return 130
     return 0 if result.best is not None else 1
 
