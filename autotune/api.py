@@ -528,7 +528,8 @@ def tune_many(plans: Sequence[Plan], *, executor: "RayOptions | None" = None,
     differ is told to do. Returns each plan's TuneResult, in order."""
     remove_stale_shm_at_start()  # what trials of a killed tuner left in /dev/shm, whatever its run
     shows = [progress(plan) if progress is not None else QuietProgress() for plan in plans]
-    runs = [plan_run(plan.spec, plan.out, plan.resume, executor, show, plan.resolved) for plan, show in zip(plans, shows)]
+    runs = [plan_run(plan.spec, plan.out, plan.resume, executor, show, plan.resolved, plan.gpus_per_trial)
+            for plan, show in zip(plans, shows)]
     say = say or shows[0].message
     with ExitStack() as stack:
         if executor is not None:
@@ -613,15 +614,20 @@ class RunPlan:
 
 
 def plan_run(spec: TuneSpec, out: str | Path | None, resume: bool, executor: "RayOptions | None",
-             progress: Progress, resolved: Resolved | None = None) -> RunPlan:
+             progress: Progress, resolved: Resolved | None = None, gpus_per_trial: int | None = None) -> RunPlan:
     """Every check that can refuse a sweep, before anything is written to its run directory `out` (default
-    runs/<model>-<strategy>-<time>): the spec resolved (or `resolved`, already), a script's shipment to Ray,
-    the directory new or resumable, the study storage, the tracking URI."""
+    runs/<model>-<strategy>-<time>): the spec resolved (or `resolved`, already), a script's shipment to Ray and
+    what one trial asks the cluster for (`gpus_per_trial`), the directory new or resumable, the study storage,
+    the tracking URI."""
     mode = spec.mode
     if executor is not None:
         mode.check_shipping(out)
     resolved = resolved or resolution(spec)
     settings, space = resolved.settings, resolved.space
+    if executor is not None:
+        from autotune.drivers.ray import trial_resources
+
+        trial_resources(settings, gpus_per_trial)
     for note in resolved.notes:  # what reading the surface, the stack or the target changed
         progress.message(note)
     run_dir = RunDir(Path(out).expanduser() if out is not None else default_run_dir(mode.run_name(settings),
@@ -887,12 +893,15 @@ def open_sweep(stack: ExitStack, run_dir: RunDir, settings: RunSettings, space: 
     """The Sweep of a held run directory with its tracker (open for the rest of `stack`; `name`: the MLflow
     parent run's), both given every hook when made: the tracker, `progress`'s lines, the launch spread of its
     backend (`launch_sigma`; None: its kind's); and StopReason.NOTHING_FITS when no config of the space is
-    predicted to fit (nothing runs)."""
+    predicted to fit and nothing is recorded yet (nothing runs). A resumed sweep with a record carries on as the
+    session it resumes would have (Sweep.refused_at_start): that session went on recording what its strategy
+    proposed (each pruned) once its trials showed nothing fits, and stopping a resume of an interrupted one here
+    left the configs it had not reached out of the record."""
     tracker = stack.enter_context(tracked(tracking, run_dir, settings, run_dir.results(), progress.message, name=name,
                                           wandb=wandb))
     hooks = Hooks(tracker, progress.pruned, progress.message)
     sweep = Sweep.open(run_dir, settings, space, strategy, hooks=hooks, launch_sigma=launch_sigma)
-    return sweep, tracker, StopReason.NOTHING_FITS if sweep.nothing_fits(space) else None
+    return sweep, tracker, sweep.refused_at_start(space)
 
 
 def close_run(run_dir: RunDir, settings: RunSettings, sweep: Sweep, tracker: Tracker, reason: StopReason,

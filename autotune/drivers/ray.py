@@ -76,6 +76,9 @@ def trial_resources(settings: "RunSettings", gpus_per_trial: int | None = None) 
     if not backend_kind(settings.backend).real:
         return TrialResources(cpus=1.0)
     if settings.hardware.is_cpu:
+        if gpus_per_trial is not None:  # taken silently, it changed nothing
+            raise ConfigError(f"--gpus-per-trial {gpus_per_trial}: the {settings.hardware.name} profile's trials "
+                              "take one CPU per rank and no GPU: allowed with a GPU hardware profile only")
         return TrialResources(cpus=float(ranks), ranks=ranks, per_rank=(("CPU", 1.0),))
     return TrialResources(cpus=1.0, gpus=float(gpus_per_trial or ranks), ranks=ranks, per_rank=(("GPU", 1.0),))
 
