@@ -21,13 +21,17 @@ to the next):
     scripts/gpu-validate gpu-bundle -- --out DIR               # on the GPU machine: the whole call
     python benchmarks/gpu_kit.py --cpu --out DIR                # CI: the same phases at tiny scale, on the CPU
 
+A second call with the same --work resumes the recording with layouts not recorded yet (the surfaces are analysed
+whole) and runs tune in a fresh folder (work/tune-2, ...): no call reports an earlier call's results as its own.
+
 Exit 0 with results written, 1 when this machine cannot run the trials (the ops do not build, no GPU seen by the
-ranks; results written all the same), 2 on bad input, 130 when interrupted.
+ranks) or tune exits with an error (results written all the same), 2 on bad input, 130 when interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -48,7 +52,7 @@ sys.path.insert(0, str(HERE))  # the kit's modules beside this file
 import gpu_validation as gv  # noqa: E402
 import kit_plan as kp  # noqa: E402
 from kit_pack import MAX_FILES, pack  # noqa: E402
-from kit_tune import GRACE_S, TuneArgs, run_until, tune_outcome  # noqa: E402
+from kit_tune import GRACE_S, TuneArgs, fresh_run_dir, run_until, tune_outcome, tune_succeeded  # noqa: E402
 
 from autotune.values.argtypes import positive_float, positive_int  # noqa: E402
 from autotune.cli import ArgumentParser  # noqa: E402
@@ -57,7 +61,7 @@ from autotune.prediction.estimate import estimate  # noqa: E402
 from autotune.values.hardware import PROFILES, Hardware  # noqa: E402
 from autotune.values.results import TrialResult, read_results  # noqa: E402
 from autotune.values.space import Choices, Space  # noqa: E402
-from autotune.values.units import format_size  # noqa: E402
+from autotune.values.units import counted, format_size  # noqa: E402
 from autotune.values.workload import PRESETS, ModelShape, Workload  # noqa: E402
 
 GiB = 2**30
@@ -140,10 +144,14 @@ class PhaseRecord:
     end_s: float
     outcome: str
 
+    @property
+    def past_deadline_s(self) -> float:
+        return max(0.0, self.end_s - self.deadline_s)
+
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "deadline_s": round(self.deadline_s, 1), "start_s": round(self.start_s, 1),
                 "end_s": round(self.end_s, 1), "seconds": round(self.end_s - self.start_s, 1),
-                "outcome": self.outcome}
+                "past_deadline_s": round(self.past_deadline_s, 1), "outcome": self.outcome}
 
 
 # -- what to record -----------------------------------------------------------------------------------------
@@ -233,6 +241,23 @@ def cap_groups(groups: Sequence[kp.Group], max_configs: int | None) -> list[kp.G
             break
         out.append(group)
         n += len(group.configs)
+    return out
+
+
+def recorded_configs(path: Path) -> set[Config]:
+    """The configs a surface already holds, whatever their status: record_surface (retries 0) runs none of them
+    again."""
+    return {r.config for r in read_results(path)} if path.exists() else set()
+
+
+def unrecorded(groups: Sequence[kp.Group], recorded: set[Config]) -> list[kp.Group]:
+    """The groups less the configs an earlier call recorded (a group recorded whole is left out): a second call
+    with the same --work measures further layouts, as gpu_validation.py's second call does."""
+    out = []
+    for group in groups:
+        kept = [(c, s) for c, s in zip(group.configs, group.seconds) if c not in recorded]
+        if kept:
+            out.append(kp.Group(group.model, tuple(c for c, _ in kept), tuple(s for _, s in kept)))
     return out
 
 
@@ -365,7 +390,8 @@ def record(plans: Sequence[gv.Plan], groups: Sequence[kp.Group], mode: KitMode, 
     return {"configs": len(ran), "per_model": dict(per_model),
             "status_counts": dict(Counter(r.status for _, r in ran)),
             "trials_s": trials_s, "phase_s": elapsed, "trial_share": trials_s / elapsed if elapsed > 0 else None,
-            "groups_skipped": skipped, "time_scale": scale}
+            "groups_skipped": skipped, "time_scale": scale,
+            "recorded_before": {p.name: len(recorded_configs(p.path)) - per_model.get(p.name, 0) for p in plans}}
 
 
 def tune_phase(tune: TunePlan, mode: KitMode, hardware_arg: str, clock: Clock, deadline_s: float, scale: float,
@@ -377,12 +403,13 @@ def tune_phase(tune: TunePlan, mode: KitMode, hardware_arg: str, clock: Clock, d
     if available < fixed + trial_s:
         log(f"tune: {available:.0f} s left, less than one trial ({fixed + trial_s:.0f} s): not run")
         return {"ran": False, "note": f"{available:.0f} s left"}
-    space_file = work / "tune-space.yaml"
+    out = fresh_run_dir(work)  # never an earlier call's: its results stay, and this call reports its own
+    space_file = work / f"{out.name}-space.yaml"
     space_file.write_text(space_yaml(mode.tune_choices))
     trials = kp.tune_trials_for(available, fixed, trial_s)
     args = TuneArgs(tune.workload.model.name, mode.seq_len, mode.global_batch, hardware_arg, space_file,
                     tune.budget_bytes, min(trials, mode.max_tune_trials or trials),
-                    kp.tune_time_budget(available, fixed, trial_s), 1, work / "tune", seed,
+                    kp.tune_time_budget(available, fixed, trial_s), 1, out, seed,
                     tune.space.hardware.allocator)
     argv = args.argv()
     log(f"tune: {' '.join(argv[1:])}  (budget {format_size(tune.budget_bytes)}: {tune.fit_share:.0%} of its "
@@ -390,12 +417,23 @@ def tune_phase(tune: TunePlan, mode: KitMode, hardware_arg: str, clock: Clock, d
     ran = run_until(argv, clock.at(deadline_s), lambda line: log(f"tune: {line}"),
                     env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"})  # no wrapped lines in the log
     outcome = tune_outcome(args.out)
+    ok = tune_succeeded(ran.returncode, ran.interrupted, outcome["summary"])
     log(f"tune: exit {ran.returncode} after {ran.seconds:.0f} s{' (interrupted at the deadline)' if ran.interrupted else ''}"
-        f"; {outcome['trials']} trials, {outcome['confirm_repeats']} confirmation repeats")
-    return {"ran": True, "argv": argv[1:], "returncode": ran.returncode, "interrupted": ran.interrupted,
+        f"; {counted(outcome['trials'], 'trial')}, {counted(outcome['confirm_repeats'], 'confirmation repeat')}"
+        + ("" if ok else f"; error: tune failed (exit {ran.returncode})"))
+    return {"ran": True, "out": str(args.out), "succeeded": ok, "argv": argv[1:], "returncode": ran.returncode,
+            "interrupted": ran.interrupted,
             "killed": ran.killed, "seconds": ran.seconds, "budget_bytes": tune.budget_bytes,
             "fit_share": tune.fit_share, "space_configs": len(tune.space), "trials_given": args.trials,
-            "time_budget_s": args.time_budget_s, **outcome, "memory": tune_memory(args.out, tune)}
+            "time_budget_s": args.time_budget_s, **outcome, "memory": tune_memory(args.out, tune),
+            "measured": tune_measured(args.out)}
+
+
+def tune_measured(out: Path) -> list[dict[str, Any]]:
+    """Each trial tune launched (pruned ones were not): its status and measured peak."""
+    path = out / "trials.jsonl"
+    return [{"config": r.config.label(), "status": r.status, "peak_bytes": r.peak_memory_bytes}
+            for r in (read_results(path) if path.exists() else []) if r.status != "pruned"]
 
 
 def tune_memory(out: Path, tune: TunePlan) -> dict[str, Any]:
@@ -449,6 +487,132 @@ def analysis(plans: Sequence[gv.Plan], mode: KitMode, clock: Clock, deadline_s: 
     return surfaces
 
 
+# -- which autotune each phase imports ----------------------------------------------------------------------
+
+CHILD_PROBE = "import autotune; print(autotune.__file__)"
+MAPPED = ("envs", "search_spaces")  # a checkout's top-level folders that the install puts inside autotune/
+
+
+def package_files(package: Path) -> dict[str, str]:
+    """sha256 of each .py and .yaml file of an autotune copy, by its path inside the installed package (a checkout's
+    envs/ and search_spaces/ where the install puts them)."""
+    roots = [(package, "")] + [(package.parent / name, f"{name}/") for name in MAPPED
+                               if not (package / name).is_dir() and (package.parent / name).is_dir()]
+    files = {}
+    for root, prefix in roots:
+        for path in sorted(root.rglob("*")):
+            if path.suffix in (".py", ".yaml") and "__pycache__" not in path.parts and path.is_file():
+                files[prefix + path.relative_to(root).as_posix()] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return files
+
+
+def digest(files: dict[str, str]) -> str:
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def installed_version(package: Path) -> str | None:
+    """The version in the dist-info beside an installed copy (None for a checkout)."""
+    for meta in sorted(package.parent.glob("ds_autotune-*.dist-info/METADATA")):
+        for line in meta.read_text(errors="replace").splitlines():
+            if line.startswith("Version:"):
+                return line.split(":", 1)[1].strip()
+    return None
+
+
+def checkout_head(root: Path = HERE.parent) -> tuple[str | None, str]:
+    """The checkout's HEAD (`+changes` when its tree differs) and how it was found, or None and why not."""
+    git = shutil.which("git")
+    if git is None:
+        return None, "git is not installed here"
+    if not (root / ".git").exists():
+        return None, f"{root} is not a git checkout (no .git: a copy of the files)"
+    try:
+        head = subprocess.run([git, "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30)
+        if head.returncode != 0:
+            return None, f"git rev-parse HEAD failed: {head.stderr.strip()[:200]}"
+        dirty = subprocess.run([git, "-C", str(root), "diff", "--quiet", "HEAD"], capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return None, f"git failed: {err}"
+    return head.stdout.strip() + ("+changes" if dirty.returncode == 1 else ""), "git rev-parse HEAD"
+
+
+def bundle_built_from(bundle: Path | None) -> str | None:
+    if bundle is None or not (bundle / "BUNDLE.txt").is_file():
+        return None
+    for line in (bundle / "BUNDLE.txt").read_text(errors="replace").splitlines():
+        if line.startswith("built_from="):
+            return line.split("=", 1)[1].strip()
+    return None
+
+
+def same_commit(built_from: str, head: str) -> bool:
+    """BUNDLE.txt's short commit names the checkout's HEAD (uncommitted changes on either side: the files decide)."""
+    commit = built_from.split("+")[0]
+    return commit not in ("", "unknown") and head.split("+")[0].startswith(commit)
+
+
+def child_package(env: dict[str, str] | None = None, cwd: Path | None = None) -> tuple[Path | None, str]:
+    """The autotune/ that `python -m autotune...` started from this process's folder imports: tune, the preflight's
+    child and every trial's ranks (the folder comes first on their sys.path)."""
+    try:
+        done = subprocess.run([sys.executable, "-c", CHILD_PROBE], capture_output=True, text=True, timeout=120,
+                              env=env, cwd=cwd)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return None, f"probe failed: {err}"
+    if done.returncode != 0:
+        return None, f"probe failed: {(done.stderr.strip().splitlines() or ['exit %d' % done.returncode])[-1][:200]}"
+    return Path(done.stdout.strip().splitlines()[-1]).resolve().parent, "probe"
+
+
+def autotune_copies(bundle: Path | None, kit_package: Path | None = None, children: Path | None = None,
+                    head: tuple[str | None, str] | None = None) -> dict[str, Any]:
+    """Which autotune each phase imports, and whether one call runs one version: the kit's own process (plan,
+    recording's driver, analysis) imports the one on its sys.path (the bundle's, through scripts/gpu-validate); what it
+    starts with `python -m` (the preflight's child, the trials' ranks, tune) imports the folder it starts in first
+    (the checkout's, from the repository root). Warnings when the two differ or the bundle was built from another
+    commit than the checkout's HEAD."""
+    import autotune
+
+    kit_package = (kit_package or Path(autotune.__file__).parent).resolve()
+    if children is None:
+        children, how = child_package()
+    else:
+        how = "given"
+    head_commit, head_how = head or checkout_head()
+    built_from = bundle_built_from(bundle)
+    root = HERE.parent.resolve()
+
+    def describe(package: Path | None) -> dict[str, Any]:
+        if package is None:
+            return {"path": None}
+        files = package_files(package)
+        checkout = package == (root / "autotune")
+        return {"path": str(package), "files": len(files), "digest": digest(files),
+                "source": "checkout" if checkout else "installed", "version": installed_version(package),
+                "commit": head_commit if checkout else (built_from if bundle is not None else None)}
+
+    kit, child = describe(kit_package), describe(children)
+    differing = None
+    if kit["path"] and child["path"]:
+        a, b = package_files(kit_package), package_files(children)  # type: ignore[arg-type]
+        names = sorted(n for n in set(a) | set(b) if a.get(n) != b.get(n))
+        differing, examples = len(names), names[:5]
+    warnings = []
+    if built_from is not None and head_commit is not None and not same_commit(built_from, head_commit):
+        warnings.append(f"the bundle was built from {built_from} but the checkout is at {head_commit[:12]}"
+                        f"{'+changes' if head_commit.endswith('+changes') else ''}: rebuild it with scripts/gpu-bundle")
+    if differing:
+        warnings.append(f"the kit's autotune ({kit['path']}) and its children's ({child['path']}) differ in "
+                        f"{counted(differing, 'file')} ({', '.join(examples)}{', ...' if differing > 5 else ''}): "
+                        "this call runs two versions")
+    elif differing is None:
+        warnings.append(f"could not tell which autotune the children import ({how})")
+    return {"kit": kit, "children": child, "children_found_by": how, "differing": differing,
+            "bundle": None if bundle is None else str(bundle), "bundle_built_from": built_from, "checkout_head": head_commit,
+            "checkout_head_found": head_how if head_commit else f"not determinable here: {head_how}",
+            "warnings": warnings}
+
+
 # -- the results --------------------------------------------------------------------------------------------
 
 def training(paths: Sequence[Path]) -> list[dict[str, Any]]:
@@ -469,7 +633,10 @@ def training(paths: Sequence[Path]) -> list[dict[str, Any]]:
                          "loss_first": e.get("loss_first"), "loss_last": e.get("loss_last"),
                          "loss_scale": e.get("loss_scale"), "first_step_s": e.get("launch_to_first_step_s"),
                          "initialize_s": (e.get("phases_s") or {}).get("initialize_s"),
-                         "import_ahead_s": e.get("import_ahead_s")})
+                         "import_ahead_s": e.get("import_ahead_s"),
+                         # the memory window opens after an applied step: its number, and the state it found
+                         "first_applied_step": e.get("first_applied_step"),
+                         "optimizer_state_bytes": e.get("optimizer_state_bytes")})
     return rows
 
 
@@ -480,9 +647,30 @@ def trained(row: dict[str, Any]) -> bool:
         and last < first
 
 
+def tune_cliff(tune: dict) -> tuple[int, int]:
+    """tune's measured trials that fit its budget (ok, peak within it) and that did not (out of memory, or a peak past
+    the budget): one of each puts a measured cliff inside its space."""
+    budget = tune.get("budget_bytes")
+    fit = over = 0
+    for row in tune.get("measured", []):
+        if row["status"] == "oom" or (budget and row["peak_bytes"] and row["peak_bytes"] > budget):
+            over += 1
+        elif row["status"] == "ok":
+            fit += 1
+    return fit, over
+
+
+def state_before_peak(row: dict[str, Any]) -> bool:
+    """The trial's memory window opened after an applied step, with the optimizer's state allocated (issue 40: an
+    fp16 trial that never stepped measured its peak without Adam's state)."""
+    return row["first_applied_step"] is not None and bool(row["optimizer_state_bytes"])
+
+
 def checks(mode: KitMode, plan: kp.CallPlan, recording: dict, tune: dict, seconds: float, files: int,
-           steps: Sequence[dict[str, Any]] = ()) -> dict:
+           steps: Sequence[dict[str, Any]] = (), copies: dict[str, Any] | None = None) -> dict:
     configs = recording.get("configs", 0)
+    fit, over = tune_cliff(tune)
+    ok_rows = [r for r in steps if r["status"] == "ok"]
     fp16 = [row for row in steps if " fp16" in f" {row['config']}"]
     fp16_trained = sum(trained(row) for row in fp16)
     target = kp.MIN_CONFIGS if mode.name == "cuda" else min(kp.MIN_CONFIGS, mode.max_configs or kp.MIN_CONFIGS)
@@ -492,19 +680,60 @@ def checks(mode: KitMode, plan: kp.CallPlan, recording: dict, tune: dict, second
         "models_recorded": {"value": len(recording.get("per_model", {})), "target": "2",
                             "met": len(recording.get("per_model", {})) >= 2},
         "recording_trial_share": {"value": share, "target": ">= 0.70", "met": share is not None and share >= 0.7},
+        "tune_exit": {"value": tune.get("returncode") if tune.get("ran") else "not run",
+                      "target": "0 (130: stopped at its deadline, summary written)",
+                      "met": bool(tune.get("succeeded"))},
         "tune_confirmed": {"value": tune.get("confirm_repeats", 0), "target": ">= 1 repeat",
                            "met": tune.get("confirm_repeats", 0) >= 1},
-        "tune_cliff_inside": {"value": tune.get("fit_share"), "target": "0 < share fitting < 1",
-                              "met": tune.get("fit_share") is not None and 0 < tune["fit_share"] < 1},
+        # Predicted: the budget tune was given. Measured: what its trials then showed (the CPU check's host rarely
+        # takes a trial past the budget: its measured cliff is seldom inside).
+        "tune_cliff_predicted_inside": {"value": tune.get("fit_share"), "target": "0 < share predicted to fit < 1",
+                                        "met": tune.get("fit_share") is not None and 0 < tune["fit_share"] < 1},
+        "tune_cliff_measured_inside": {"value": f"{fit} fit, {over} over",
+                                       "target": ">= 1 trial fit, >= 1 over the budget",
+                                       "met": fit >= 1 and over >= 1},
         "call_seconds": {"value": round(seconds, 1), "target": f"<= {plan.limit_s:.0f}", "met": seconds <= plan.limit_s},
         "result_files": {"value": files, "target": f"<= {MAX_FILES}", "met": files <= MAX_FILES},
         # Every ok trial trained; on a GPU, an fp16 one among them (the CPU check runs fp32 only).
-        "ok_trials_trained": {"value": sum(trained(r) for r in steps if r["status"] == "ok"),
-                              "target": f"= {sum(r['status'] == 'ok' for r in steps)} (every ok trial)",
-                              "met": all(trained(r) for r in steps if r["status"] == "ok")},
+        "ok_trials_trained": {"value": sum(trained(r) for r in ok_rows),
+                              "target": f"= {len(ok_rows)} (every ok trial)", "met": all(trained(r) for r in ok_rows)},
+        "peak_after_optimizer_state": {"value": sum(state_before_peak(r) for r in ok_rows),
+                                       "target": f"= {len(ok_rows)} (every ok trial: an applied step, state bytes > 0)",
+                                       "met": all(state_before_peak(r) for r in ok_rows)},
         "fp16_trained": {"value": fp16_trained, "target": ">= 1" if mode.name == "cuda" else "- (fp32 on the CPU)",
                          "met": fp16_trained >= 1 or mode.name != "cuda"},
+        "one_autotune_copy": {"value": (copies or {}).get("differing", "-"),
+                              "target": "0 files differ between the kit's and its children's autotune",
+                              "met": (copies or {}).get("differing") == 0},
     }
+
+
+def bundle_from(seen: dict[str, Any]) -> str:
+    if seen.get("bundle_built_from"):
+        return str(seen["bundle_built_from"])
+    return "- (its BUNDLE.txt names none)" if seen.get("bundle") else "- (no --bundle: not run by scripts/gpu-validate)"
+
+
+def copies_markdown(seen: dict[str, Any] | None) -> list[str]:
+    """Which autotune each phase imported, the commits, and the warnings (autotune_copies)."""
+    if not seen:
+        return []
+
+    def cell(copy: dict[str, Any]) -> str:
+        if not copy.get("path"):
+            return "- (not found)"
+        made = (f"ds-autotune {copy['version']}" if copy.get("version") else copy.get("source", ""))
+        commit = f", commit {copy['commit']}" if copy.get("commit") else ""
+        return f"`{copy['path']}` ({made}{commit}; {copy['files']} files, digest {copy['digest']})"
+
+    lines = ["", "| phases | autotune imported |", "| --- | --- |",
+             f"| the kit's process: plan, recording's driver, analysis | {cell(seen['kit'])} |",
+             f"| started with `python -m` from its folder: preflight, trials' ranks, tune | {cell(seen['children'])} |",
+             "", f"Bundle built from {bundle_from(seen)}; checkout HEAD "
+             f"{seen.get('checkout_head') or seen.get('checkout_head_found')}."]
+    for warning in seen.get("warnings", []):
+        lines += ["", f"**WARNING: {warning}.**"]
+    return lines
 
 
 def fmt_s(value: float | None) -> str:
@@ -517,23 +746,29 @@ def kit_markdown(report: dict[str, Any]) -> str:
              f"{report['seconds']:.0f} s of a {report['limit_s']:.0f} s limit.", "",
              "| phase | deadline | start | end | took | outcome |", "| --- | ---: | ---: | ---: | ---: | --- |"]
     for p in report["phases"]:
+        late = p.get("past_deadline_s") or 0.0
+        flag = f" **{late:.0f} s past its deadline**" if late >= 1.0 else ""
         lines.append(f"| {p['name']} | {p['deadline_s']:.0f} | {p['start_s']:.0f} | {p['end_s']:.0f} | "
-                     f"{p['seconds']:.0f} s | {p['outcome']} |")
+                     f"{p['seconds']:.0f} s | {p['outcome']}{flag} |")
+    lines += copies_markdown(report.get("autotune"))
     lines += ["", "| check | value | target | met |", "| --- | ---: | --- | --- |"]
     for name, c in report["checks"].items():
         value = c["value"]
         text = f"{value:.0%}" if name == "recording_trial_share" and value is not None else str(value)
         lines.append(f"| {name} | {text} | {c['target']} | {'yes' if c['met'] else 'no'} |")
     plan, rec = report["plan"], report["recording"]
-    lines += ["", f"Planned: {plan['recording_configs']} configs {plan['recording_models']} in "
-              f"{plan['recording_trials_s']:.0f} s of trials, tune {plan['tune_trials']} trials of "
-              f"~{plan['tune_trial_s']:.0f} s. Recorded: {rec.get('configs', 0)} configs {rec.get('per_model', {})}, "
+    before = sum((rec.get("recorded_before") or {}).values())
+    lines += ["", f"Planned: {counted(plan['recording_configs'], 'config')} {plan['recording_models']} in "
+              f"{plan['recording_trials_s']:.0f} s of trials, tune {counted(plan['tune_trials'], 'trial')} of "
+              f"~{plan['tune_trial_s']:.0f} s. Recorded: {counted(rec.get('configs', 0), 'config')} "
+              f"{rec.get('per_model', {})}{f' (and {before} by earlier calls)' if before else ''}, "
               f"{rec.get('status_counts', {})}, {fmt_s(rec.get('trials_s'))} in trials of a "
               f"{fmt_s(rec.get('phase_s'))} phase; trial time scale {rec.get('time_scale', 1.0):.2f}."]
     tune = report["tune"]
     if tune.get("ran"):
-        lines += ["", f"tune: {tune['trials']} trials ({tune['status_counts']}), {tune['confirm_repeats']} confirmation "
-                  f"repeats, budget {format_size(tune['budget_bytes'])} ({tune['fit_share']:.0%} of "
+        lines += ["", f"tune (`{tune.get('out')}`): {counted(tune['trials'], 'trial')} ({tune['status_counts']}), "
+                  f"{counted(tune['confirm_repeats'], 'confirmation repeat')}, "
+                  f"budget {format_size(tune['budget_bytes'])} ({tune['fit_share']:.0%} of "
                   f"{tune['space_configs']} configs predicted to fit), exit {tune['returncode']}"
                   f"{', interrupted at its deadline' if tune['interrupted'] else ''}; best {tune['best']}.", "",
                   "| tune trial | peak | predicted (raw) | predicted / peak |", "| --- | ---: | ---: | ---: |"]
@@ -542,11 +777,11 @@ def kit_markdown(report: dict[str, Any]) -> str:
                          f"| {row['ratio']:.2f} |")
         mode = tune["memory"].get("allocator", "default")
         pairs = tune.get("allocator_pairs") or []
-        lines += ["", f"tune ran with the allocator `{mode}`, the recording with `default`: "
-                  f"{len(pairs)} config(s) of the first model ran in both."]
-        if pairs:
-            lines += ["", f"| config | peak default | peak {mode} | allocated default | allocated {mode} | "
-                      f"samples/s default | samples/s {mode} |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        if pairs:  # none (the CPU check: both default): no line to read
+            lines += ["", f"tune ran with the allocator `{mode}`, the recording with `default`: "
+                      f"{counted(len(pairs), 'config')} of the first model ran in both.", "",
+                      f"| config | peak: recording (default) | tune ({mode}) | allocated: recording | tune | "
+                      "samples/s: recording | tune |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
             for row in pairs:
                 cells = [format_size(row[k]) if row[k] else "-" for k in
                          ("peak_default", "peak_tuned", "allocated_default", "allocated_tuned")]
@@ -556,16 +791,21 @@ def kit_markdown(report: dict[str, Any]) -> str:
         lines += ["", f"tune: not run ({tune.get('note', '')})."]
     if report.get("training"):
         lines += ["", "What each trial's optimizer steps did (a trial that did not train is `untrained`, not a "
-                  "measurement), and its launch to first measured step (imports made ahead: on ranks started during "
-                  "the trial before):", "", "| source | config | status | steps applied | skipped | loss first -> last | "
-                  "loss scale | launch to 1st step | initialize | imports made ahead |",
-                  "| --- | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |"]
+                  "measurement; its peak was read from the first applied step on, with the optimizer state shown "
+                  "allocated), and its launch to first measured step (imports made ahead: on ranks started during "
+                  "the trial before):", "", "| source | config | status | steps applied | skipped | first applied | "
+                  "optimizer state | loss first -> last | loss scale | launch to 1st step | initialize | "
+                  "imports made ahead |",
+                  "| --- | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |"]
         for row in report["training"]:
             loss = (f"{row['loss_first']:.4g} -> {row['loss_last']:.4g}"
                     if row["loss_first"] is not None and row["loss_last"] is not None else "-")
             status = row["status"] + (f" ({row['fault']})" if row["fault"] else "")
+            first = row.get("first_applied_step")
             lines.append(f"| {row['source']} | {row['config']} | {status} | {row['steps_applied']} | "
-                         f"{row['steps_skipped']} | {loss} | {row['loss_scale'] if row['loss_scale'] else '-'} | "
+                         f"{row['steps_skipped']} | {'-' if first is None else first} | "
+                         f"{format_size(row.get('optimizer_state_bytes'))} | {loss} | "
+                         f"{row['loss_scale'] if row['loss_scale'] else '-'} | "
                          f"{fmt_s(row.get('first_step_s'))} | {fmt_s(row.get('initialize_s'))} | "
                          f"{fmt_s(row.get('import_ahead_s'))} |")
     if report.get("analysis"):
@@ -591,7 +831,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                              "tiny,tiny-llama)")
     parser.add_argument("--seq-len", type=positive_int, default=None,
                         help=f"tokens per sample (default {GPU_KIT.seq_len} on a GPU, the models' own with --cpu)")
+    parser.add_argument("--global-batch", type=positive_int, default=None,
+                        help=f"samples per optimizer step, recording and tune (default {GPU_KIT.global_batch}; --cpu "
+                             f"{CPU_KIT.global_batch}); micro-batches that do not divide it leave the space")
     parser.add_argument("--seed", type=int, default=0, help="tune's seed and the trials' (default: %(default)s)")
+    parser.add_argument("--bundle", type=Path, default=None,
+                        help="the bundle folder scripts/gpu-validate installed (its BUNDLE.txt: which commit it was "
+                             "built from)")
     parser.add_argument("--started-at", type=float, default=None,
                         help="epoch seconds the call started (scripts/gpu-validate: before its install)")
     parser.add_argument("--install-s", type=float, default=None, help="seconds the install took (scripts/gpu-validate)")
@@ -606,6 +852,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         mode = replace(mode, models=args.models)
     if args.seq_len is not None:
         mode = replace(mode, seq_len=args.seq_len)
+    if args.global_batch is not None:
+        mode = replace(mode, global_batch=args.global_batch)
     if args.limit is not None:
         mode = replace(mode, limit_s=args.limit)
     args.mode = mode
@@ -650,16 +898,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         hardware, machine, hardware_arg = detect(mode)
         plans = make_plans(mode, hardware, args.work)
         tune = make_tune_plan(mode, hardware)
-        queue = kp.interleave([cap_groups(recording_groups(p, mode.times), None) for p in plans])
+        recorded = {p.name: recorded_configs(p.path) for p in plans}  # by an earlier call with this --work
+        queue = kp.interleave([unrecorded(recording_groups(p, mode.times), recorded[p.name]) for p in plans])
         queue = cap_groups(queue, mode.max_configs)
-        call = kp.plan_call(mode.limit_s, mode.overheads, queue, tune.trial_s)
+        call = kp.plan_call(mode.limit_s, mode.overheads, queue, tune.trial_s,
+                            tune_trials=mode.max_tune_trials or kp.TUNE_TRIALS)
     except (ConfigError, kp.PlanError) as err:
         print(f"gpu_kit: error: {err}", file=sys.stderr)
         return 2
     args.work.mkdir(parents=True, exist_ok=True)
-    report.update(machine=machine, hardware=hardware.name, plan=call.to_dict(), recording={}, tune={})
-    models = ", ".join(f"{p.name} ({p.workload.model.params / 1e9:.2f}B, seq {p.workload.model.seq_len})" for p in plans)
-    log(f"{machine}: profile {hardware.name}; models {models}; recording budget {format_size(plans[0].trial_budget)}")
+    report.update(machine=machine, hardware=hardware.name, plan=call.to_dict(), recording={}, tune={},
+                  global_batch=mode.global_batch)
+    models = ", ".join(f"{p.name} ({gv.format_params(p.workload.model.params)}, seq {p.workload.model.seq_len})"
+                       for p in plans)
+    log(f"{machine}: profile {hardware.name}; models {models}, global batch {mode.global_batch}; recording budget "
+        f"{format_size(plans[0].trial_budget)}")
+    report["autotune"] = seen = autotune_copies(args.bundle)
+    log(f"autotune: the kit {seen['kit']['path']} ({seen['kit'].get('digest')}), its children (preflight, trials, "
+        f"tune) {seen['children']['path']} ({seen['children'].get('digest')}); checkout HEAD "
+        f"{seen['checkout_head'] or seen['checkout_head_found']}; bundle built from {bundle_from(seen)}")
+    for warning in seen["warnings"]:
+        log(f"WARNING: {warning}")
+    earlier = sum(map(len, recorded.values()))
+    if earlier:
+        log(f"recording: {counted(earlier, 'config')} recorded by earlier calls in {args.work}: this call measures "
+            "further layouts; the analysis takes them all")
     log(f"plan ({mode.limit_s:.0f} s): " + ", ".join(f"{n} by {t:.0f} s" for n, t in call.deadlines)
         + f"; recording {call.recording_configs} configs {call.models()} in {call.recording_trials_s:.0f} s of "
           f"{call.planned_s('recording'):.0f} s; tune {call.tune_trials} trials of ~{call.tune_trial_s:.0f} s")
@@ -694,11 +957,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         report["tune"] = tune_phase(tune, mode, hardware_arg, clock, call.deadline("tune"), scale, args.work,
                                     args.seed, log)
         if report["tune"].get("ran"):
-            report["tune"]["allocator_pairs"] = allocator_pairs(plans[0].path, args.work / "tune")
+            report["tune"]["allocator_pairs"] = allocator_pairs(plans[0].path, Path(report["tune"]["out"]))
+        tuned = report["tune"]
         phases.append(PhaseRecord("tune", call.deadline("tune"), start, clock.now(),
-                                  f"{report['tune'].get('trials', 0)} trials, "
-                                  f"{report['tune'].get('confirm_repeats', 0)} repeats"
-                                  if report["tune"].get("ran") else "not run"))
+                                  f"{counted(tuned.get('trials', 0), 'trial')}, "
+                                  f"{counted(tuned.get('confirm_repeats', 0), 'repeat')}, exit {tuned['returncode']}"
+                                  f" in {Path(tuned['out']).name}" if tuned.get("ran") else "not run"))
+        if tuned.get("ran") and not tuned["succeeded"]:
+            log(f"gpu_kit: tune failed (exit {tuned['returncode']}): see its lines above")
+            code = 1
     except gv.KitError as err:
         log(f"gpu_kit: this machine cannot run the trials: {err}")
         code = 1
@@ -719,16 +986,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         smi.terminate()
         smi.wait()
     start = clock.now()
-    copies = {p.path.name: p.path for p in plans}
-    copies.update({"tune-summary.json": args.work / "tune" / "summary.json",
-                   "tune-report.md": args.work / "tune" / "report.md"})
-    files = sum(path.is_file() for path in copies.values()) + 4  # kit.md, kit.json, logs.tar.gz, console.log
+    tune_out = Path(report["tune"]["out"]) if report["tune"].get("out") else None
+    copies: dict[str, Path | None] = {p.path.name: p.path for p in plans}
+    # this call's tune only (None: no file, and pack removes an earlier call's from --out)
+    copies.update({"tune-summary.json": tune_out / "summary.json" if tune_out else None,
+                   "tune-report.md": tune_out / "report.md" if tune_out else None})
+    # and kit.md, kit.json, logs.tar.gz, console.log
+    files = sum(path is not None and path.is_file() for path in copies.values()) + 4
     report["seconds"] = clock.now()
     phases.append(PhaseRecord("pack", call.deadline("pack"), start, clock.now(), f"{files} files"))
     report["phases"] = [p.to_dict() for p in phases]
-    report["training"] = training([*(p.path for p in plans), args.work / "tune" / "trials.jsonl"])
+    report["training"] = training([*(p.path for p in plans), *([tune_out / "trials.jsonl"] if tune_out else [])])
     report["checks"] = checks(mode, call, report["recording"], report["tune"], report["seconds"], files,
-                              report["training"])
+                              report["training"], copies=report["autotune"])
     texts = {"kit.json": json.dumps(gv.finite(report), indent=1) + "\n", "kit.md": kit_markdown(report)}
     written = pack(args.out, copies, texts, args.work, reserved=1)
     log(kit_markdown(report))

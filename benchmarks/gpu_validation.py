@@ -533,6 +533,14 @@ def fmt(value: Any, kind: str = "g") -> str:
     return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
+def format_params(params: float) -> str:
+    """A parameter count in three significant figures: '1.10B', '6.55M' (a tiny model is not '0.00B')."""
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if params >= scale * 0.9995:
+            return f"{params / scale:.3g}{unit}"
+    return f"{params:.0f}"
+
+
 def markdown(report: Mapping[str, Any]) -> str:
     lines = ["# GPU validation", "",
              f"`{report['command']}` on {report['machine']} (profile `{report['hardware']}`, DeepSpeed's "
@@ -550,7 +558,7 @@ def markdown(report: Mapping[str, Any]) -> str:
         fit, verdicts = s.get("fit_agreement", {}), s.get("cliff_verdicts", {})
         statuses = ", ".join(f"{n} {k}" for k, n in sorted(s["status_counts"].items()))
         lines.append(
-            f"| {s['model']} | {s['params'] / 1e9:.2f}B | {format_size(s['budget_bytes']) if s['budget_bytes'] else '-'} | "
+            f"| {s['model']} | {format_params(s['params'])} | {format_size(s['budget_bytes']) if s['budget_bytes'] else '-'} | "
             f"{s['measured']}/{s['space_configs']} | {statuses} | {fmt(mem.get('mape_uncalibrated'), '%')} | "
             f"{fmt(mem.get('mape_calibrated_held_out'), '%')} ({mem.get('held_out', 0)}) | "
             f"{fmt(step.get('mape_uncalibrated'), '%')} | {fmt(thr.get('spearman_uncalibrated'))} | "
@@ -685,7 +693,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         hardware, machine, models = detect(args)
         console.print(f"{machine}: profile {hardware.name}, {format_size(hardware.memory_bytes)} per device; "
-                      f"models {', '.join(f'{m.name} ({m.params / 1e9:.2f}B)' for m in models)}"
+                      f"models {', '.join(f'{m.name} ({format_params(m.params)})' for m in models)}"
                       + (f", {args.seq_len} tokens per sample" if args.seq_len else ""))
         plans = make_plans(args.mode, hardware, models, args.surfaces, args.logs, args.seq_len)
         args.surfaces.mkdir(parents=True, exist_ok=True)

@@ -17,14 +17,15 @@ class PackError(ValueError):
     """More files than the folder may hold (a bug of the caller: one line)."""
 
 
-def pack(out: Path, copies: Mapping[str, Path], texts: Mapping[str, str], work: Path,
+def pack(out: Path, copies: Mapping[str, Path | None], texts: Mapping[str, str], work: Path,
          reserved: int = 0) -> list[Path]:
-    """Into `out`: each of `copies` (name -> file; a missing file is left out), each of `texts` (name -> content)
-    and the tarball of `work`, leaving room for `reserved` files written later (the console log). Returns the
-    files written. Raises PackError before writing anything when they would exceed MAX_FILES."""
+    """Into `out`: each of `copies` (name -> file; a missing file, or None, is left out, and a file of that name an
+    earlier call left in `out` is removed: `out` never shows an earlier call's result as this one's), each of `texts`
+    (name -> content) and the tarball of `work`, leaving room for `reserved` files written later (the console log).
+    Returns the files written. Raises PackError before writing anything when they would exceed MAX_FILES."""
     if out.resolve().is_relative_to(work.resolve()):
         raise PackError(f"results folder {out} is inside the work folder {work}: the tarball would hold itself")
-    present = {name: path for name, path in copies.items() if path.is_file()}
+    present = {name: path for name, path in copies.items() if path is not None and path.is_file()}
     count = len(present) + len(texts) + 1 + reserved
     if count > MAX_FILES:
         raise PackError(f"{count} result files: at most {MAX_FILES} come back from a device call")
@@ -32,6 +33,9 @@ def pack(out: Path, copies: Mapping[str, Path], texts: Mapping[str, str], work: 
         if "/" in name or not name:
             raise PackError(f"result file name {name!r}: a plain file name")
     out.mkdir(parents=True, exist_ok=True)
+    for name in copies:
+        if name not in present and "/" not in name and name and (out / name).is_file():
+            (out / name).unlink()  # an earlier call's: this call has none
     written = []
     for name, path in present.items():
         shutil.copyfile(path, out / name)

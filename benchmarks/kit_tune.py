@@ -50,6 +50,24 @@ class TuneArgs:
         return argv + (["--seq-len", str(self.seq_len)] if self.seq_len else [])
 
 
+def fresh_run_dir(work: Path, name: str = "tune") -> Path:
+    """A run directory no earlier call used: `work/tune`, else `work/tune-2`, `tune-3`, ... (never an earlier call's,
+    whose results stay: tune refuses a folder that holds a sweep unless resumed, and the kit must report this
+    call's tune, not the last one's)."""
+    n = 1
+    while True:
+        path = work / (name if n == 1 else f"{name}-{n}")
+        if not path.exists():
+            return path
+        n += 1
+
+
+def tune_succeeded(returncode: int | None, interrupted: bool, summary: bool) -> bool:
+    """tune ended as planned: exit 0, or stopped by the kit's deadline (its Ctrl-C: exit 130) with its summary written.
+    Anything else (a bad argument: 2, an error or no recommendation: 1, killed after the grace) is a failure."""
+    return returncode == 0 or (interrupted and returncode == 130 and summary)
+
+
 @dataclass(frozen=True)
 class Ran:
     returncode: int | None

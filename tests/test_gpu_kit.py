@@ -4,6 +4,7 @@ call on the CPU through scripts/gpu-validate with an offline bundle."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -250,22 +251,215 @@ def test_pack_writes_at_most_eight_files_and_tars_the_work_folder(tmp_path):
 def test_checks_hold_the_issue_targets():
     plan = kp.plan_call(540, kp.GPU_OVERHEADS, groups("a", 40), tune_trial_s=25)
     recording = {"configs": 10, "per_model": {"a": 6, "b": 4}, "trial_share": 0.8}
-    tune = {"confirm_repeats": 1, "fit_share": 0.5}
-    fp16 = {"config": "z1 mb4 ck0 fp16", "status": "ok", "steps_applied": 4, "loss_first": 10.4, "loss_last": 10.1}
-    checks = k.checks(k.GPU_KIT, plan, recording, tune, 500.0, 8, [fp16])
-    assert all(c["met"] for c in checks.values())
+    tune = {"ran": True, "returncode": 0, "succeeded": True, "confirm_repeats": 1, "fit_share": 0.5,
+            "budget_bytes": 26 * GiB, "measured": [{"config": "z0 mb4", "status": "ok", "peak_bytes": 20 * GiB},
+                                                   {"config": "z0 mb8", "status": "oom", "peak_bytes": None}]}
+    fp16 = {"config": "z1 mb4 ck0 fp16", "status": "ok", "steps_applied": 4, "loss_first": 10.4, "loss_last": 10.1,
+            "first_applied_step": 1, "optimizer_state_bytes": 8 * GiB}
+    checks = k.checks(k.GPU_KIT, plan, recording, tune, 500.0, 8, [fp16], copies={"differing": 0})
+    assert all(c["met"] for c in checks.values()), checks
     short = k.checks(k.GPU_KIT, plan, {**recording, "configs": 9, "trial_share": 0.6}, {}, 560.0, 9)
     assert not any(short[name]["met"] for name in ("recorded_configs", "recording_trial_share", "tune_confirmed",
-                                                   "call_seconds", "result_files", "tune_cliff_inside"))
+                                                   "call_seconds", "result_files", "tune_cliff_predicted_inside",
+                                                   "tune_exit", "tune_cliff_measured_inside", "one_autotune_copy"))
+
+
+def test_tune_checks_say_what_they_measure():
+    """A budget that half the space is predicted to fit is a predicted cliff; the measured one needs a trial past the
+    budget (the CPU check's: every peak under it); a tune that exits 2 fails its check."""
+    plan = kp.plan_call(540, kp.GPU_OVERHEADS, groups("a", 40), tune_trial_s=25)
+    under = {"ran": True, "returncode": 2, "succeeded": False, "confirm_repeats": 1, "fit_share": 0.75,
+             "budget_bytes": 768 * MiB, "measured": [{"config": "z0 mb16", "status": "ok", "peak_bytes": 550 * MiB},
+                                                     {"config": "z2 mb16", "status": "ok", "peak_bytes": 624 * MiB}]}
+    checks = k.checks(k.CPU_KIT, plan, {}, under, 100.0, 8)
+    assert "tune_cliff_inside" not in checks  # it counted configs predicted to fit, no measured cliff
+    predicted, measured = checks["tune_cliff_predicted_inside"], checks["tune_cliff_measured_inside"]
+    assert predicted["met"] and "predicted" in predicted["target"]
+    assert not measured["met"] and measured["value"] == "2 fit, 0 over"
+    assert not checks["tune_exit"]["met"] and checks["tune_exit"]["value"] == 2
+    over = {**under, "measured": [*under["measured"], {"config": "z0 mb32", "status": "ok", "peak_bytes": 800 * MiB}]}
+    assert k.checks(k.CPU_KIT, plan, {}, over, 100.0, 8)["tune_cliff_measured_inside"]["value"] == "2 fit, 1 over"
+
+
+def test_every_ok_trial_shows_its_peak_was_read_with_the_optimizer_state_allocated():
+    plan = kp.plan_call(540, kp.GPU_OVERHEADS, groups("a", 40), tune_trial_s=25)
+    row = {"source": "tune", "config": "z0 mb4 ck0 fp32", "status": "ok", "fault": None, "steps_applied": 4,
+           "steps_skipped": 0, "loss_first": 8.3, "loss_last": 8.1, "loss_scale": None, "first_step_s": 3.0,
+           "initialize_s": 1.0, "import_ahead_s": None, "first_applied_step": 1, "optimizer_state_bytes": 3 * MiB}
+    stale = {**row, "first_applied_step": None, "optimizer_state_bytes": None}  # a record without the evidence
+    assert k.checks(k.CPU_KIT, plan, {}, {}, 1.0, 8, [row])["peak_after_optimizer_state"]["met"]
+    assert not k.checks(k.CPU_KIT, plan, {}, {}, 1.0, 8, [row, stale])["peak_after_optimizer_state"]["met"]
+    text = k.kit_markdown(report_for_markdown(training=[row]))
+    assert "| first applied | optimizer state |" in text and "| 4 | 0 | 1 | 3 MiB | 8.3 -> 8.1 |" in text
+
+
+def report_for_markdown(**over):
+    """The least kit.json that kit_markdown reads."""
+    plan = kp.plan_call(1200, kp.CPU_OVERHEADS, groups("a", 40), tune_trial_s=13, tune_trials=4)
+    report = {"command": "gpu_kit.py --cpu", "machine": "cpu", "hardware": "cpu", "seconds": 100.0, "limit_s": 1200.0,
+              "phases": [k.PhaseRecord("preflight", 70.0, 2.0, 400.0, "ops ready: fused_adam").to_dict(),
+                         k.PhaseRecord("recording", 500.0, 400.0, 450.0, "4 configs").to_dict()],
+              "checks": {}, "plan": plan.to_dict(), "recording": {}, "tune": {}, "training": [], "analysis": None}
+    return {**report, **over}
+
+
+def test_kit_md_flags_a_phase_past_its_deadline_and_counts_in_words():
+    text = k.kit_markdown(report_for_markdown())
+    assert "| ops ready: fused_adam **330 s past its deadline** |" in text
+    assert "| 4 configs |" in text  # recording ended inside its deadline: no flag
+    assert "tune 4 trials of ~13 s" in text
+    tune = {"ran": True, "out": "/w/tune", "trials": 1, "status_counts": {"ok": 1}, "confirm_repeats": 1,
+            "budget_bytes": GiB, "fit_share": 0.75, "space_configs": 12, "returncode": 0, "interrupted": False,
+            "best": None, "memory": {"allocator": "default", "trials": []}, "allocator_pairs": []}
+    text = k.kit_markdown(report_for_markdown(tune=tune))
+    assert "1 trial (" in text and "1 confirmation repeat," in text and "repeats" not in text
+    assert "tune ran with the allocator" not in text  # no config ran in both modes: no line
+    assert "(0 config(s)" not in text
+
+
+def test_a_tiny_model_has_its_parameters_in_millions_not_zero_billions():
+    from autotune.values.workload import PRESETS
+
+    assert k.gv.format_params(PRESETS["tiny"].params).endswith(("M", "K")) and k.gv.format_params(1.1e9) == "1.1B"
+    assert k.gv.format_params(3.02e9) == "3.02B" and k.gv.format_params(6_550_000) == "6.55M"
 
 
 @pytest.mark.parametrize("flags, word", [(["--models", "llama-1b"], "two"), (["--models", "tiny-llama,tiny"], "preset"),
-                                         (["--limit", "0"], "0"), (["--seq-len", "x"], "x")])
+                                         (["--limit", "0"], "0"), (["--seq-len", "x"], "x"),
+                                         (["--global-batch", "0"], "0")])
 def test_bad_flags_exit_2_with_one_line(flags, word, capsys):
     with pytest.raises(SystemExit) as exit_:
         k.parse_args(["--cpu", *flags])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and word in err and len(err.strip().splitlines()) == 1
+
+
+def test_global_batch_is_an_option_with_the_documented_defaults():
+    assert k.parse_args(["--cpu"]).mode.global_batch == 16 and k.parse_args([]).mode.global_batch == 32
+    mode = k.parse_args(["--cpu", "--global-batch", "8"]).mode
+    assert mode.global_batch == 8
+    assert k.kit_workload(mode.models[0], mode).global_batch == 8
+    assert all(p.workload.global_batch == 8 for p in k.make_plans(mode, PROFILES["cpu"], Path("/nonexistent")))
+    assert k.make_tune_plan(mode, PROFILES["cpu"]).workload.global_batch == 8
+
+
+# -- a second call, and which autotune each phase imports ------------------------------------------------------
+
+def test_each_tune_runs_in_a_fresh_folder_and_its_exit_decides(tmp_path):
+    assert kit_tune.fresh_run_dir(tmp_path) == tmp_path / "tune"
+    (tmp_path / "tune").mkdir()
+    (tmp_path / "tune-2").mkdir()
+    assert kit_tune.fresh_run_dir(tmp_path) == tmp_path / "tune-3"
+    assert kit_tune.tune_succeeded(0, False, True) and kit_tune.tune_succeeded(130, True, True)
+    assert not kit_tune.tune_succeeded(2, False, False)  # "already holds a sweep: pass --resume"
+    assert not kit_tune.tune_succeeded(130, True, False) and not kit_tune.tune_succeeded(-9, True, True)
+    assert not kit_tune.tune_succeeded(130, False, True)  # a Ctrl-C that was not the kit's deadline
+
+
+def test_the_unrecorded_configs_of_each_pair_are_what_a_second_call_records():
+    queue = groups("a", 10, 20, 30)
+    done = {queue[0].configs[0], queue[0].configs[1], queue[1].configs[0]}
+    left = k.unrecorded(queue, done)
+    assert [g.configs for g in left] == [queue[1].configs[1:], queue[2].configs]
+    assert [g.seconds for g in left] == [(10.0,), (15.0, 15.0)]
+
+
+def fake_tune(code: str, seen: list):
+    """TuneArgs.argv replaced: a child that runs `code` instead of autotune tune (its arguments kept in `seen`)."""
+    def argv(self, python: str = sys.executable) -> list[str]:
+        seen.append(self)
+        return [python, "-c", code]
+    return argv
+
+
+def test_a_second_call_measures_new_layouts_runs_tune_afresh_and_fails_when_tune_fails(tmp_path, monkeypatch):
+    """The reviewer's second call with the same --out: it re-planned the recorded configs ("2 already measured, 0 to
+    run"), its tune refused the first call's folder (exit 2) and kit.md showed that call's tune, exit 0. Here the
+    phases that run trials are stand-ins; planning, tune's folder and exit, checks and pack are the kit's."""
+    from autotune.values.results import TrialResult, append_result
+
+    out, work = tmp_path / "out", tmp_path / "out-work"
+    mode = dataclasses.replace(k.CPU_KIT, global_batch=8)
+    plans = k.make_plans(mode, PROFILES["cpu"], work)
+    first = k.cap_groups(kp.interleave([k.recording_groups(p, mode.times) for p in plans]), mode.max_configs)
+    surface = {p.name: p.path for p in plans}
+    for group in first:  # what the first call recorded
+        for config in group.configs:
+            append_result(surface[group.model],
+                          TrialResult(config, "ok", 1.0, 64.0, 1.0, 500 * MiB, 24 * GiB, 10.0, "deepspeed"))
+    old = work / "tune"
+    old.mkdir(parents=True)
+    (old / "summary.json").write_text('{"best": {"config": {"zero_stage": 0}}}')
+    out.mkdir()
+    (out / "tune-summary.json").write_text("the first call's")
+    queued: list = []
+
+    def record(plans, queue, mode, clock, deadline, seed, log):
+        queued.extend(queue)
+        return {"configs": 0, "per_model": {}, "status_counts": {}, "trials_s": 0.0, "phase_s": 1.0,
+                "trial_share": 0.0, "groups_skipped": 0, "time_scale": 1.0}
+
+    tune_args: list = []
+    monkeypatch.setattr(k, "preflight", lambda *a: ("fused_adam",))
+    monkeypatch.setattr(k, "record", record)
+    monkeypatch.setattr(k, "analysis", lambda *a: [])
+    monkeypatch.setattr(kit_tune.TuneArgs, "argv", fake_tune(
+        "import sys; print('autotune tune: error: it already holds a sweep'); sys.exit(2)", tune_args))
+    code = k.main(["--cpu", "--out", str(out), "--global-batch", "8"])
+    assert code == 1  # tune failed: the call says so
+    recorded = {c for g in first for c in g.configs}
+    assert queued and not recorded & {c for g in queued for c in g.configs}  # further layouts, none measured before
+    report = json.loads((out / "kit.json").read_text())
+    assert report["tune"]["out"] == str(work / "tune-2") and tune_args[0].out == work / "tune-2"
+    assert tune_args[0].global_batch == 8 and tune_args[0].trials == report["plan"]["tune_trials"] == 4
+    assert report["tune"]["returncode"] == 2 and report["tune"]["trials"] == 0 and not report["tune"]["summary"]
+    assert not report["checks"]["tune_exit"]["met"]
+    assert not (out / "tune-summary.json").exists()  # not the first call's, shown as this one's
+    assert (old / "summary.json").exists()  # the first call's results stay
+    text = (out / "kit.md").read_text()
+    assert "| tune_exit | 2 |" in text and "exit 2 in tune-2" in text
+    assert "| the kit's process" in text and report["autotune"]["differing"] == 0  # this checkout, both
+
+
+def test_kit_md_names_the_autotune_each_phase_imported_and_warns_when_they_differ(tmp_path):
+    def copy(name: str, body: str) -> Path:
+        package = tmp_path / name / "autotune"
+        (package / "values").mkdir(parents=True)
+        (package / "__init__.py").write_text("")
+        (package / "values" / "config.py").write_text(body)
+        return package
+
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "BUNDLE.txt").write_text("python_version=3.12\nbuilt_from=1a613f5\n")
+    same = k.autotune_copies(bundle, copy("a", "x = 1\n"), copy("b", "x = 1\n"), head=("1a613f5e" + "0" * 32, "git"))
+    assert same["differing"] == 0 and same["warnings"] == []
+    moved = k.autotune_copies(bundle, copy("c", "x = 1\n"), copy("d", "x = 2\n"), head=("380565a" + "0" * 33, "git"))
+    assert moved["differing"] == 1 and len(moved["warnings"]) == 2
+    assert "built from 1a613f5 but the checkout is at 380565a" in moved["warnings"][0]
+    assert "values/config.py" in moved["warnings"][1] and "two versions" in moved["warnings"][1]
+    unknown = k.autotune_copies(bundle, copy("e", ""), copy("f", ""), head=(None, "git is not installed here"))
+    assert unknown["checkout_head_found"] == "not determinable here: git is not installed here"
+    text = k.kit_markdown(report_for_markdown(autotune=moved))
+    assert text.count("**WARNING:") == 2 and str(tmp_path / "c" / "autotune") in text
+    assert "Bundle built from 1a613f5;" in text
+    assert "checkout HEAD not determinable here: git is not installed" in k.kit_markdown(
+        report_for_markdown(autotune=unknown))
+
+
+def test_the_checkouts_envs_and_search_spaces_count_where_the_install_puts_them():
+    files = k.package_files(ROOT / "autotune")
+    assert "envs/__init__.py" in files and "search_spaces/__init__.py" in files and "cli.py" in files
+    assert k.child_package()[0] is not None  # what `python -m autotune...` from here imports
+
+
+def test_pack_removes_a_result_an_earlier_call_left_that_this_call_lacks(tmp_path):
+    out, work = tmp_path / "out", tmp_path / "work"
+    out.mkdir()
+    work.mkdir()
+    (out / "tune-summary.json").write_text("old")
+    kit_pack.pack(out, {"tune-summary.json": None, "tune-report.md": work / "absent.md"}, {"kit.md": ""}, work)
+    assert sorted(p.name for p in out.iterdir()) == ["kit.md", "logs.tar.gz"]
 
 
 # -- the whole call on the CPU -------------------------------------------------------------------------------
@@ -326,6 +520,10 @@ def test_the_cpu_form_runs_every_phase_in_one_call_and_writes_at_most_eight_file
     assert sorted(r["import_ahead_s"] is not None for r in recorded) == [False, False, True, True], recorded
     tune = report["tune"]
     assert tune["ran"] and tune["returncode"] == 0 and "--confirm" in tune["argv"]
+    assert report["checks"]["tune_exit"]["met"]
+    assert tune["out"] == str(tmp_path / "out-work" / "tune")
+    # The kit imports the installed copy, its children the checkout's: the same files here (the wheel is this tree's).
+    assert report["autotune"]["children"]["path"] == str(ROOT / "autotune") and report["autotune"]["differing"] == 0
     assert tune["confirm_repeats"] >= 1 and tune["summary"] and 0 < tune["fit_share"] < 1
     assert len(report["analysis"]["surfaces"]) == 2
     assert report["checks"]["result_files"]["met"] and report["checks"]["tune_confirmed"]["met"]
