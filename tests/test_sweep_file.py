@@ -76,6 +76,17 @@ workloads:
     ("defaults: {name: x}\nworkloads:\n  - {name: a}", "defaults: unknown key 'name'"),
     ("concurrency: 0\nworkloads:\n  - {name: a}", "concurrency: 0: allowed a positive integer"),
     ("workload:\n  - {name: a}", "unknown key 'workload': allowed defaults, workloads, concurrency"),
+    # a key whose value is text takes a string only, never its str() (`wandb: 5` logged to a project named "5")
+    ("workloads:\n  - {name: a, wandb: 5}", "workloads[0].wandb: 5: allowed a W&B project name (a string)"),
+    ("defaults: {wandb: true}\nworkloads:\n  - {name: a}", "defaults.wandb: True: allowed a W&B project name (a string)"),
+    ("workloads:\n  - {name: a, mlflow_uri: true}", "workloads[0].mlflow_uri: True: allowed an MLflow tracking URI (a string"),
+    ("workloads:\n  - {name: a, storage: [a]}", "workloads[0].storage: ['a']: allowed an Optuna storage (a string"),
+    ("workloads:\n  - {name: a, backend: replay, surface: 5}", "workloads[0].surface: 5: allowed a replay surface's path (a string"),
+    ("workloads:\n  - {name: a, strategy: rl, policy: 5}", "workloads[0].policy: 5: allowed an exported policy's folder (a string"),
+    ("workloads:\n  - {name: a, hardware: true}", "workloads[0].hardware: True: allowed a hardware profile's name, auto, or"),
+    ("workloads:\n  - {name: 7}", "workloads[0].name: 7: allowed a name (a string of letters, digits"),
+    ("workloads:\n  - {name: a, space: nope.yaml}", "workloads[0].space: 'nope.yaml': no such file (nor /"),
+    ("defaults: {space: nope}\nworkloads:\n  - {name: a}", "defaults.space: 'nope': no such file (nor /"),
 ])
 def test_bad_sweep_files_get_one_line_errors(tmp_path, body, expected):
     path = write(tmp_path, body)
@@ -114,3 +125,100 @@ def test_cli_usage_errors(tmp_path, capsys):
     code = main(["tune", "--backend", "simulated", "--trials", "1", "--concurrency", "2", "--out", str(tmp_path / "t")])
     err = capsys.readouterr().err
     assert code == 2 and "--concurrency 2: only with --ray-address" in err
+
+
+@pytest.mark.parametrize("key, value", [
+    ("wandb", "5"), ("wandb", "[p]"), ("mlflow_uri", "5"), ("storage", "7"), ("storage", "{a: 1}"), ("surface", "true"),
+    ("policy", "true"), ("hardware", "[cpu]"), ("space", "5"), ("script", "5"), ("model", "5"), ("name", "false"),
+    ("stack", "5"), ("allocator", "true"), ("strategy", "5"), ("backend", "[simulated]"), ("trials", "true"),
+    ("seed", "1.5"), ("confirm", "true"), ("gpus", "[1]"), ("global_batch", "true"), ("gpus_per_trial", "1.5"),
+    ("memory_budget", "true"), ("time_budget", "[1]"), ("train_for", "true"), ("trial_timeout", "{a: 1}"),
+    ("target_gpus", "true"), ("stop_when", "[0.1]"), ("script_args", "'--a b'"),
+])
+def test_a_wrong_type_for_any_workload_key_is_refused_naming_the_key(tmp_path, key, value):
+    """Every key of a workload (in `defaults:` too) refuses a value of the wrong type: none slips through as its str()."""
+    for body in (f"workloads:\n  - {{name: a, {key}: {value}}}", f"defaults: {{{key}: {value}}}\nworkloads:\n  - {{name: a}}"):
+        if key == "name" and body.startswith("defaults"):
+            continue  # not a defaults key (refused as unknown)
+        if key == "script_args":  # only with a script
+            (tmp_path / "train.py").write_text("")
+            body = body.replace("{name: a", "{name: a, script: train.py")
+        path = write(tmp_path, body)
+        with pytest.raises(ConfigError) as err:
+            load_sweep(path)
+        where = "defaults" if body.startswith("defaults") else "workloads[0]"
+        message = str(err.value)
+        assert "\n" not in message and message.startswith(f"{path}: {where}.{key}: ") and "allowed" in message, message
+
+
+def test_space_and_other_paths_resolve_from_the_sweep_files_folder(tmp_path, monkeypatch):
+    (tmp_path / "spaces").mkdir()
+    (tmp_path / "spaces" / "small").write_text("zero_stage: [1, 2]\nprecision: [fp32]\n")
+    path = write(tmp_path, "workloads:\n  - {name: a, space: spaces/small}\n")
+    monkeypatch.chdir(tmp_path.parent)  # not the sweep file's folder
+    (spec,) = load_sweep(path).workloads
+    assert spec.tune.space == str(tmp_path / "spaces" / "small") and set(spec.space.choices.zero_stage) == {1, 2}
+
+
+def test_neither_model_nor_script_tunes_tiny_and_says_so(tmp_path):
+    """As `autotune tune` without --model: tiny, with a note the console shows; with backend replay, the surface's."""
+    surface = Path(__file__).resolve().parents[1] / "benchmarks" / "surfaces" / "small-llama-cpu.jsonl"
+    a, b, c = load_sweep(write(tmp_path, f"""
+workloads:
+  - {{name: a}}
+  - {{name: b, model: gpt2-small}}
+  - {{name: c, backend: replay, surface: {surface}}}
+""")).workloads
+    assert a.settings.workload.model.name == "tiny" and a.notes == ("model: tiny (the default; model: or script: to choose)",)
+    assert b.notes == () and c.notes == ()
+    assert c.settings.workload.model.name == "small-llama"  # the surface's, not tiny (once refused as --model tiny)
+    assert (a.settings.hardware.name, a.settings.memory_budget_bytes) == ("cpu", 24 * 2**30)  # as docs/ray.md says
+    assert b.settings.hardware.name == "a100-80gb"
+
+
+def test_sweep_command_says_the_default_model_and_takes_wandb_for_every_workload(tmp_path, monkeypatch, capsys):
+    """`--wandb PROJECT` takes the place of every workload's own wandb key, as --mlflow does of mlflow_uri; the
+    default-model note comes before anything runs. tune_many is stubbed: no Ray, no trial."""
+    import autotune.api
+
+    seen = []
+
+    def stub(plans, **_):
+        seen.extend(plans)
+        raise ConfigError("stub: nothing runs")
+    monkeypatch.setattr(autotune.api, "tune_many", stub)
+    path = write(tmp_path, "workloads:\n  - {name: a, wandb: own}\n  - {name: b, model: tiny}\n")
+    assert main(["sweep", str(path), "--out", str(tmp_path / "out"), "--wandb", "shared"]) == 2
+    out = capsys.readouterr().out
+    assert "a: model: tiny (the default; model: or script: to choose)" in out and "b: model" not in out
+    assert [plan.spec.wandb for plan in seen] == ["shared", "shared"]
+    seen.clear()
+    assert main(["sweep", str(path), "--out", str(tmp_path / "out2")]) == 2
+    assert [plan.spec.wandb for plan in seen] == ["own", None]
+    seen.clear()
+    assert main(["sweep", str(path), "--out", str(tmp_path / "out3"), "--wandb", "a/b"]) == 2
+    assert "W&B project 'a/b'" in capsys.readouterr().err and seen == []  # refused before anything runs
+
+
+def test_sweep_help_offers_wandb_as_it_offers_mlflow(capsys):
+    with pytest.raises(SystemExit):
+        main(["sweep", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--mlflow" in text and "--wandb PROJECT" in text and "in place of the workloads' own wandb keys" in text
+
+
+def test_a_directory_is_not_a_sweep_file(tmp_path, capsys):
+    assert main(["sweep", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "a directory: allowed a sweep YAML file" in err and "no such file" not in err
+
+
+def test_docs_ray_md_says_the_sweep_files_defaults_concurrency_and_relative_paths():
+    paragraph = (Path(__file__).resolve().parent.parent / "docs" / "ray.md").read_text().split("**Batch sweeps.**")[1]
+    paragraph = " ".join(paragraph.split("**The summary.**")[0].split())
+    for said in ("top-level `concurrency:`", "`--concurrency` takes its place", "hardware `cpu` (24 GiB",
+                 "`a100-80gb` for another model", "neither `model:` nor `script:` tunes `tiny`",
+                 "model: tiny (the default; model: or script: to choose)", "`wandb: 5` is refused",
+                 "`--wandb PROJECT`"):
+        assert said in paragraph, said
+    assert "(`script:`, `space:`, `surface:`, `policy:`, a hardware or model YAML) are relative to the sweep file's folder" in paragraph

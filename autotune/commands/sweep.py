@@ -13,6 +13,7 @@ from autotune.values.argtypes import output_dir, positive_int, ray_address
 from autotune.values.config import ConfigError
 from autotune.commands.common import add_json_argument, emit_json, json_command
 from autotune.commands.tune import add_tracking_arguments, tracking_uri
+from autotune.outputs import wandb_tracking
 from autotune.values.units import counted
 
 
@@ -30,6 +31,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=output_dir, default=None, help="sweep directory (default: runs/sweep-<file>-<time>)")
     parser.add_argument("--resume", action="store_true", help="continue the sweep in --out")
     add_tracking_arguments(parser)  # --mlflow: sqlite:///<out>/mlflow.db, one parent run per workload
+    parser.add_argument("--wandb", default=None, metavar="PROJECT",
+                        help="log every workload's trials and recommendation to this Weights & Biases project, a "
+                             "group per workload, in place of the workloads' own wandb keys, as --mlflow/--mlflow-uri "
+                             "take the place of their mlflow_uri (default: each workload's wandb key, else off; needs "
+                             f"the {wandb_tracking.EXTRA} extra: pip install 'ds-autotune[{wandb_tracking.EXTRA}]')")
     add_json_argument(parser)
 
 
@@ -54,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     out = args.out or Path("runs") / f"sweep-{args.sweep_file.stem}-{datetime.now():%Y%m%d-%H%M%S}"
     args._run_dir = out  # an internal error's traceback goes to its logs/ (autotune.cli), once it exists
     mlflow = tracking_uri(args, out)
+    wandb_tracking.check_project(args.wandb)  # a name W&B refuses, or no wandb package: one line, nothing run
     if args.ray_address == LOCAL:  # this machine runs the real trials: refuse what it cannot run, up front
         for spec in sweep_file.workloads:
             if backend_kind(spec.settings.backend).real:
@@ -69,7 +76,10 @@ def run(args: argparse.Namespace) -> int:
     if args.resume and not any(held):
         raise ConfigError(f"--resume: {out} holds no sweep of {sweep_file.path} to resume")
     console = Console(soft_wrap=True)  # one line per event, wrapped by the terminal (COLUMNS where set)
-    plans = [spec.plan(out, mlflow) for spec in sweep_file.workloads]
+    plans = [spec.plan(out, mlflow, args.wandb) for spec in sweep_file.workloads]
+    for spec in sweep_file.workloads:  # what a workload took by default (a model: tiny, as `autotune tune` says)
+        for note in spec.notes:
+            console.print(f"{spec.name}: {note}", highlight=False)
     names = [spec.name for spec in sweep_file.workloads]
     shows = {name: LabelledProgress(name, plan.spec.trials, console) for name, plan in zip(names, plans)}
     executor = RayOptions(args.ray_address, args.concurrency or sweep_file.concurrency)

@@ -21,8 +21,11 @@ Workload keys: name, model, script, script_args, gpus, global_batch, hardware, g
 space, seed, surface, storage, confirm, mlflow_uri, stack, target_gpus, stop_when, train_for, trial_timeout, wandb,
 allocator, policy: an exported policy's folder, relative to this file's folder, for strategy rl or hybrid); `space:`
 may also be written out, a mapping of knob -> list of values as a search-space YAML holds
-(`space: {zero_stage: [1, 2], precision: [bf16]}`). Every error names the file, the key (`defaults.<key>` for a
-value the workload takes from defaults), the value and what is allowed. A model the built-in trial model does not
+(`space: {zero_stage: [1, 2], precision: [bf16]}`). A key whose value is text (a path, a URI, a W&B project) takes a
+string only; a count, size or duration a number or its text, as its flag does. Neither model nor script: the model is
+tiny, as `autotune tune`'s (WorkloadSpec.notes says so). `concurrency:` (top level): trials in flight at most, over all
+workloads. Every error names the file, the key (`defaults.<key>` for a value the workload takes from defaults), the
+value and what is allowed. A model the built-in trial model does not
 build (a mixture of experts, multi-head latent attention) is refused with backend deepspeed, before anything runs.
 
 A workload may tune the user's own training script instead of a model, as `autotune tune --script` does:
@@ -41,6 +44,7 @@ backend deepspeed (the default for a script); model and surface are not allowed 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -48,9 +52,10 @@ from typing import Any
 
 from autotune.api import BUILT_IN_TRAINER, Plan, Resolved, TuneSpec, refuse_untrained, resolution, spec_options
 from autotune.backends.replay import replay_workload
+from autotune.commands.tune import DEFAULT_MODEL
 from autotune.files import exists, is_file, load_yaml, short
 from autotune.search.rundir import RunDir
-from autotune.search_spaces import PRESETS as SPACE_PRESETS
+from autotune.search_spaces import PRESETS as SPACE_PRESETS, load_choices
 from autotune.trials.devices import AUTO
 from autotune.values.argtypes import positive_int
 from autotune.values.config import ConfigError
@@ -77,6 +82,7 @@ class WorkloadSpec:
     tune: TuneSpec
     resolved: Resolved
     gpus_per_trial: int | None = None
+    notes: tuple[str, ...] = ()  # what the console says of it first (a model it took by default)
 
     @property
     def settings(self):  # noqa: ANN201  (RunSettings; read by the sweep command's checks and the tests)
@@ -95,10 +101,12 @@ class WorkloadSpec:
         """memory_budget as the file gives it (None: the hardware's, its default)."""
         return self.tune.memory_budget_bytes
 
-    def plan(self, out: Path, mlflow: str | None) -> Plan:
-        """Its run in the sweep directory `out`: <out>/<name>, resumed if it holds one."""
+    def plan(self, out: Path, mlflow: str | None, wandb: str | None = None) -> Plan:
+        """Its run in the sweep directory `out`: <out>/<name>, resumed if it holds one; `mlflow` and `wandb` (the
+        command's --mlflow/--mlflow-uri and --wandb) in place of the workload's own mlflow_uri and wandb."""
         run_dir = out / self.name
         tune = self.tune if mlflow is None else replace(self.tune, mlflow_uri=mlflow)
+        tune = tune if wandb is None else replace(tune, wandb=wandb)
         return Plan(tune, run_dir, resume=RunDir(run_dir).exists(), name=self.name,
                     resolved=self.resolved, gpus_per_trial=self.gpus_per_trial,
                     tracking_name=f"{out.name}/{self.name}")
@@ -114,6 +122,10 @@ class SweepFile:
 def load_sweep(path: str | Path) -> SweepFile:
     path = Path(path)
     if not is_file(path):
+        if os.path.isdir(path):
+            raise ConfigError(f"sweep file {str(path)!r}: a directory: allowed a sweep YAML file")
+        if exists(path):
+            raise ConfigError(f"sweep file {str(path)!r}: not a regular file: allowed a sweep YAML file")
         raise ConfigError(f"sweep file {str(path)!r}: no such file")
     data = load_yaml(path, f"a sweep file (YAML with {', '.join(TOP_KEYS)})")
     if not isinstance(data, dict):
@@ -182,7 +194,16 @@ def _options(entry: dict[str, Any], where: _Where, base: Path) -> dict[str, Any]
         if opt.key == "space" and not isinstance(raw, str):
             values[name] = _inline_space(raw, where.at(opt.key))
             continue
+        if (opt.path or opt.parse is str) and opt.choices is None and not isinstance(raw, str):
+            # text taken as given (a path, a URI, a project): anything but a string is a mistake, never its str()
+            raise ConfigError(f"{where.at(opt.key)}: {short(raw)}: allowed {TEXT_KEYS.get(opt.key, 'a string')}")
         try:
+            if opt.key == "space":  # a preset or a search-space YAML: refused here, naming the key, when neither
+                values[name] = raw if raw in SPACE_PRESETS else _folder(raw, base)
+                if raw not in SPACE_PRESETS and not is_file(Path(values[name])):
+                    raise ConfigError(f"{short(raw)}: no such file (nor {(base / raw).resolve()}): {ALLOWED_SPACE}")
+                load_choices(values[name])
+                continue
             if opt.key == "policy":  # a folder, never a preset's name: relative to this file's folder if there
                 values[name] = _folder(raw, base)
                 if not exists(Path(values[name])):
@@ -210,10 +231,16 @@ def _workload(entry: dict[str, Any], where: _Where, base: Path) -> WorkloadSpec:
     if name is None:
         raise ConfigError(f"{where}: no name: each workload needs one, its run directory's (<out>/<name>): letters, "
                           "digits, '.', '_' and '-', at most 100")
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str):
+        raise ConfigError(f"{where}.name: {short(name)}: allowed a name (a string of letters, digits, '.', '_' and "
+                          "'-', at most 100: its run directory's)")
+    if not _NAME.match(name):
         raise ConfigError(f"{where}.name: {short(name)}: allowed letters, digits, '.', '_' and '-', at most 100 (a directory name)")
     script = entry.get("script")
-    model = entry.get("model", "tiny" if script is None else None)
+    model = entry.get("model")
+    notes: tuple[str, ...] = ()
+    if model is None and script is None and entry.get("backend") != "replay":  # as `autotune tune` without --model
+        model, notes = DEFAULT_MODEL, (f"model: {DEFAULT_MODEL} (the default; model: or script: to choose)",)
     if script is not None:
         script_path, script_args = _script(entry, where, base)
         if entry.get("backend", "deepspeed") != "deepspeed":
@@ -232,6 +259,8 @@ def _workload(entry: dict[str, Any], where: _Where, base: Path) -> WorkloadSpec:
     if entry.get("hardware") == AUTO:
         hardware = AUTO
     elif entry.get("hardware") is not None:
+        if not isinstance(entry["hardware"], str):
+            raise ConfigError(f"{where.at('hardware')}: {short(entry['hardware'])}: allowed {TEXT_KEYS['hardware']}")
         try:
             hardware = load_hardware(_path_or_name(entry["hardware"], base))
         except ConfigError as err:
@@ -261,7 +290,7 @@ def _workload(entry: dict[str, Any], where: _Where, base: Path) -> WorkloadSpec:
     except ConfigError as err:
         message = str(err)
         raise ConfigError(message if where.names(message) else f"{where}: {message}") from None
-    return WorkloadSpec(name, tune, resolved, gpus_per_trial)
+    return WorkloadSpec(name, tune, resolved, gpus_per_trial, notes)
 
 
 def _script(entry: dict[str, Any], where: _Where, base: Path) -> tuple[str, tuple[str, ...]]:
@@ -322,13 +351,26 @@ ALLOWED_MODELS = (f"allowed {', '.join(PRESETS)}, a Hugging Face config.json or 
                   "Hugging Face cache, a YAML/JSON shape file, or a mapping of shape keys")
 
 
+ALLOWED_SPACE = (f"allowed a preset name ({', '.join(SPACE_PRESETS)}), a search-space YAML path (relative to the "
+                 "sweep file's folder), or a mapping of knob -> list of values")
+# What a key whose value is text (a path, a URI, a name) allows: anything but a string is refused with this.
+TEXT_KEYS = {
+    "wandb": "a W&B project name (a string)",
+    "mlflow_uri": "an MLflow tracking URI (a string: sqlite:///PATH, http://SERVER:5000, postgresql://...)",
+    "storage": "an Optuna storage (a string: an RDB URL such as sqlite:///PATH, or a journal file's path)",
+    "surface": "a replay surface's path (a string: a JSONL file, relative to the sweep file's folder)",
+    "policy": "an exported policy's folder (a string: `autotune rl export --out`, relative to the sweep file's folder)",
+    "hardware": "a hardware profile's name, auto, or a hardware YAML's path (a string, relative to the sweep file's "
+                "folder)",
+}
+
+
 def _inline_space(value: Any, key: str) -> Choices:
     """`space:` written out in the sweep file, a mapping of knob -> list of values as a search-space YAML holds
     (autotune.values.space.parse_choices), its first bad value named; anything else that is not a preset name or a
     path is refused naming what is allowed."""
     if not isinstance(value, dict):
-        raise ConfigError(f"{key}: {short(value)}: allowed a preset name ({', '.join(SPACE_PRESETS)}), a search-space "
-                          "YAML path (relative to the sweep file's folder), or a mapping of knob -> list of values")
+        raise ConfigError(f"{key}: {short(value)}: {ALLOWED_SPACE}")
     return parse_choices(value, key)
 
 
