@@ -339,7 +339,7 @@ def _resume_hint(run_dir: Path | None) -> str:
     if (Path(run_dir) / SETTINGS).is_file():
         return (f"; {run_dir} keeps every recorded trial: continue with the same command and --resume (`autotune "
                 f"report {run_dir}` writes its outputs so far)")
-    from autotune.commands.sweep import SWEEP_COPY
+    from autotune.search.rundir import SWEEP_COPY
 
     if (Path(run_dir) / SWEEP_COPY).is_file():
         return f"; {run_dir} keeps every recorded trial: continue with the same command and --resume --out {run_dir}"

@@ -177,3 +177,15 @@ def test_an_interrupted_verdict_with_configs_left_says_no_more_than_to_resume(tm
     text = interrupted_verdict(inner, ran, RunDir(tmp_path))
     when = "after 2 launched trials" if launched else "before any trial finished"
     assert text.startswith(f"interrupted {when}, unfinished: continue it with the same command and --resume")
+
+
+def test_a_workload_of_a_sweep_is_continued_through_its_sweep(tmp_path):
+    """A workload's report and summary.json named its own folder with `--out`; only the sweep's command and its
+    directory (which keeps the sweep file) continue it."""
+    sweep = tmp_path / "sweep"
+    (sweep / "tiny").mkdir(parents=True)
+    (sweep / "sweep.yaml").write_text("workloads: [{name: tiny}]\n")
+    text = interrupted_verdict("best so far", [], RunDir(sweep / "tiny"))
+    assert f"unfinished: continue it with the same `autotune sweep` command and --resume --out {sweep}; " in text
+    alone = RunDir(tmp_path / "run")
+    assert alone.resume_hint() == f"continue it with the same command and --resume --out {tmp_path / 'run'}"

@@ -14,10 +14,10 @@ from autotune.values.config import ConfigError
 from autotune.commands.common import add_json_argument, emit_json, json_command
 from autotune.commands.tune import add_tracking_arguments, tracking_uri
 from autotune.outputs import wandb_tracking
+from autotune.search.rundir import SWEEP_COPY
 from autotune.values.units import counted
 
 
-SWEEP_COPY = "sweep.yaml"  # the sweep file as the sweep directory keeps it
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

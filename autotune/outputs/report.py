@@ -34,7 +34,6 @@ from autotune.values.units import counted, format_size
 
 TOP = 10
 OPTUNA_STRATEGIES = ("optuna", "optuna-gp", "hybrid")  # the strategies that keep an Optuna study
-RESUME = "continue it with the same command and --resume"
 DASHBOARD_EXTRA = "pip install 'ds-autotune[dashboard]'"  # optuna-dashboard (pyproject.toml's extra)
 # What a backend's figures are, where they are no measurement of this sweep: (the word for them, why).
 FIGURES = {"simulated": ("predicted", "the simulated backend predicts every figure from the estimator: no trial ran"),
@@ -66,7 +65,7 @@ class Stopped:
 
     def to_dict(self, run: RunDir) -> dict[str, Any]:
         """summary.json's keys, the resume hint first for an unfinished sweep."""
-        hint = {"resume": f"{RESUME} --out {run.path}"} if self.unfinished else {}
+        hint = {"resume": run.resume_hint()} if self.unfinished else {}
         return {**hint, "stop_reason": self.reason, "stopped": self.text}
 
 
@@ -397,7 +396,7 @@ def interrupted_verdict(verdict: str, results: Sequence[TrialResult], run: RunDi
     best = re.sub(r"^recommended\b", "best so far", verdict) if verdict.startswith("recommended") else verdict
     when = f"after {counted(launched, 'launched trial')}" if launched else "before any trial finished"
     how = "ended without writing its outputs (killed?)" if killed else "interrupted"
-    return f"{how} {when}, unfinished: {RESUME} --out {run.path}; {best}"
+    return f"{how} {when}, unfinished: {run.resume_hint()}; {best}"
 
 
 def scale_report(results: Sequence[TrialResult], settings: RunSettings) -> ScaleReport | None:

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 TRIALS = "trials.jsonl"
 STUDY = "study.db"
 LOCK = ".lock"
+SWEEP_COPY = "sweep.yaml"  # a sweep file as its sweep directory keeps it: each workload's run directory is inside
 
 
 class RunDirBusy(ConfigError):
@@ -235,6 +236,18 @@ class RunDir(RunFolder):
                 raise ConfigError(f"{self.settings_path}: study: {short(data['study'])}: allowed a study name")
             return data["study"]
         return study_name(self.path, url)
+
+    @property
+    def sweep_dir(self) -> Path | None:
+        """The sweep directory of `autotune sweep` this run directory is a workload of (it keeps the sweep file),
+        else None: a workload is continued through its sweep."""
+        return self.path.parent if (self.path.parent / SWEEP_COPY).is_file() else None
+
+    def resume_hint(self) -> str:
+        """How to continue this sweep: its own command, or its sweep's for a workload of one."""
+        if self.sweep_dir is not None:
+            return f"continue it with the same `autotune sweep` command and --resume --out {self.sweep_dir}"
+        return f"continue it with the same command and --resume --out {self.path}"
 
     def exists(self) -> bool:
         """Holds a sweep (settings or trials), as opposed to an empty or absent folder."""
