@@ -172,9 +172,18 @@ class Sweep:
         """Every config would be pruned: say so rather than record the whole space."""
         return not any(self.pruner.check(c, self.backend_name) is None for c in space)
 
+    def refused_at_start(self, space: Space) -> StopReason | None:
+        """NOTHING_FITS for a sweep with nothing recorded whose space is all predicted not to fit: it runs nothing.
+        A sweep with a record (resumed) is never refused here: a session whose trials showed nothing fits goes on
+        recording each config its strategy proposes as pruned until the strategy ends (`ended` then says nothing
+        fits), so a resume of an interrupted session must carry on as that session would have, or the configs it
+        had not reached yet are missing from the record; a resume of a session that ended proposes nothing new
+        (its budget is spent, or its strategy has nothing left), and says nothing fits as that session did."""
+        return StopReason.NOTHING_FITS if not self.results and self.nothing_fits(space) else None
+
     def budget_spent(self, budget: Budget, in_flight: int = 0) -> StopReason | None:
         """TRIALS or TIME once no further trial may start (trials in flight count as launched); NOTHING_FITS in
-        their place where the trials that ran leave no config predicted to fit (what a resume says at its start)."""
+        their place where the trials that ran leave no config predicted to fit (what a resume of it says too)."""
         if self.launched + in_flight >= budget.trials:
             if not in_flight and self._shown_nothing_fits():
                 return StopReason.NOTHING_FITS

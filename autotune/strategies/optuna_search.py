@@ -69,6 +69,9 @@ METRIC = "throughput_samples_per_s"
 CONSTRAINTS_KEY = "constraints"  # the trial system attribute optuna-dashboard reads feasibility from
 MEASURES = ("throughput_samples_per_s", "tokens_per_s", "step_time_s", "peak_memory_bytes")
 REASON_CHARS = 500  # a failure's error, as a user attribute, is cut to this
+# The status of a sampled proposal refused as unlikely to fit (FIT_TO_RUN): told to the study, neither run nor
+# recorded, and still untried (a resumed study does not count it as tried either).
+UNLIKELY = "unlikely to fit"
 # With the sweep's forecast (SearchContext.forecast) every proposal is the most valuable untried config (probability
 # of fitting x expected gain over the best, per second of its trial: guide.most_valuable), the first one the
 # likeliest best; TPE proposes when that config is not worth its risk (below), and a TPE proposal less likely than
@@ -125,6 +128,10 @@ class OptunaStrategy:
         for trial in trials:
             config = self.config_of(trial.params)
             if trial.state in (TrialState.COMPLETE, TrialState.PRUNED) and config is not None:
+                if trial.user_attrs.get("status") == UNLIKELY:
+                    # Refused, never run nor recorded: untried, as it stayed in the session that refused it (a later
+                    # proposal may run it, or the pruner record it), so the resumed search reaches what that one did.
+                    continue
                 value = trial.value if trial.state == TrialState.COMPLETE else PENALTY
                 assert value is not None, "a complete trial of a single-objective study has its value"
                 self.outcomes.setdefault(config, (value, sum(trial.constraints.values())))
@@ -230,7 +237,7 @@ class OptunaStrategy:
         own = {"expected gain", "near the best", "likeliest to fit", "nearest untried", self.name}
         return sum(1 for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
                    and t.user_attrs.get("proposed_by") in own
-                   and t.user_attrs.get("status") not in ("unlikely to fit", "invalid"))
+                   and t.user_attrs.get("status") not in (UNLIKELY, "invalid"))
 
     def best_value(self) -> float:
         """The best throughput told of a config that fit."""
@@ -247,7 +254,7 @@ class OptunaStrategy:
         if p >= FIT_TO_RUN:
             return True
         attrs = {**config.to_dict(), "config": config.label(), "proposed_by": self._proposer(trial),
-                 "status": "unlikely to fit", "fit_probability": p, "feasible": False,
+                 "status": UNLIKELY, "fit_probability": p, "feasible": False,
                  "predicted_peak_bytes": int(forecast.peak_bytes)}
         self._finish(trial, TrialState.PRUNED, None, max(forecast.peak_bytes / self.context.budget_bytes - 1.0, 0.01),
                      attrs)

@@ -1,0 +1,129 @@
+"""Ctrl-C, then --resume, loses no config from the record: the resumed trials.jsonl holds the configs an uninterrupted
+sweep records, each once, with the same outcome.
+
+The case that lost them: llama-70b on one 40 GiB device, where the first trial shows that the offloaded state needs
+more host memory than the node has, after which no config of the space is predicted to fit. An uninterrupted
+sweep goes on recording every config its strategy proposes as pruned until the strategy ends; a resume stopped at
+its start ("nothing fits", Sweep.refused_at_start), so every config the interrupted session had not reached was
+missing (`autotune sweep examples/sweep.yaml` interrupted at 25 s: 539 of 540 lines). And a resumed Optuna study
+counted the proposals it had refused as unlikely to fit (never run nor recorded) as tried, so the resumed search
+never reached them. The interrupt comes at a chosen moment: at the Nth line written to trials.jsonl, or at the
+Nth proposal asked of the Optuna study."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable
+
+import optuna
+import pytest
+
+import autotune
+from autotune import TuneSpec, make_workload
+from autotune.api import resolve
+from autotune.drivers.sweep import Sweep
+from autotune.drivers.stop import StopReason
+from autotune.search.rundir import RunDir
+from autotune.strategies.optuna_search import UNLIKELY, OptunaStrategy
+from autotune.values.config import Config
+from autotune.values.results import read_results
+
+# The first trial (ZeRO 3, both states offloaded: the only layout predicted to fit the device) runs out of host
+# memory; then every config is pruned, each recorded with its reason.
+SPACE = """\
+zero_stage: [0, 1, 2, 3]
+micro_batch: [1, 2, 4, 8]
+ckpt_interval: [0, 1]
+precision: [bf16]
+offload_optimizer: [none, cpu]
+offload_param: [none, cpu]
+nvme_path: null
+"""
+
+
+def spec(tmp_path: Path, strategy: str = "optuna") -> TuneSpec:
+    space = tmp_path / "space.yaml"
+    space.write_text(SPACE)
+    return TuneSpec(make_workload("llama-70b", 8, 1), "a100-40gb", memory_budget_bytes=40 * 2**30,
+                    strategy=strategy, backend="simulated", trials=16, space=str(space))
+
+
+def record(run: Path) -> list[tuple[Config, str]]:
+    return [(r.config, r.status) for r in read_results(run / "trials.jsonl")]
+
+
+def interrupted_at(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str, n: int) -> Callable[[], None]:
+    """`owner.name` raises KeyboardInterrupt (Ctrl-C) at its `n`th call; returns what restores it."""
+    original = getattr(owner, name)
+    calls = [0]
+
+    def interrupting(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == n:
+            raise KeyboardInterrupt
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, interrupting)
+    return lambda: monkeypatch.setattr(owner, name, original)
+
+
+def interrupt_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, owner: Any, name: str, n: int,
+                         strategy: str = "optuna") -> None:
+    """The uninterrupted sweep's record, and the record of the same sweep interrupted at the `n`th call of
+    `owner.name` and resumed: the same configs, each once, with the same outcomes."""
+    whole = tmp_path / "whole"
+    autotune.tune(spec(tmp_path, strategy), whole)
+    expected = record(whole)
+    assert len(expected) > 40 and Counter(s for _, s in expected)["oom"] == 1  # one trial, the rest pruned
+
+    run = tmp_path / "interrupted"
+    restore = interrupted_at(monkeypatch, owner, name, n)
+    first = autotune.tune(spec(tmp_path, strategy), run)
+    restore()
+    assert first.stop_reason is StopReason.INTERRUPTED
+    assert 0 < len(record(run)) < len(expected)  # interrupted with configs left to record
+
+    resumed = autotune.tune(spec(tmp_path, strategy), run, resume=True)
+    got = record(run)
+    configs = [c for c, _ in got]
+    assert len(configs) == len(set(configs)), "a config recorded twice"
+    missing = {c.label() for c, _ in expected} - {c.label() for c in configs}
+    assert not missing, f"lost from the record after the resume: {sorted(missing)}"
+    assert sorted(got, key=lambda p: p[0].label()) == sorted(expected, key=lambda p: p[0].label())
+    assert resumed.stop_reason is StopReason.NOTHING_FITS
+
+
+@pytest.mark.parametrize("n", [2, 30])
+def test_a_resume_records_every_config_the_interrupted_session_had_not_reached(tmp_path, monkeypatch, n):
+    """Interrupted at the nth line of trials.jsonl (the oom is the first, each pruned config one more)."""
+    interrupt_and_resume(tmp_path, monkeypatch, RunDir, "append", n)
+
+
+@pytest.mark.parametrize("n", [5, 9])
+def test_a_resumed_optuna_study_does_not_count_its_refused_proposals_as_tried(tmp_path, monkeypatch, n):
+    """Every turn TPE's (no guided pick): each sampled proposal unlikely to fit is refused (told to the study, not
+    recorded) and the nearest untried config runs in its place (here, pruned); the refused configs stay untried,
+    and later proposals reach them. Interrupted at the nth proposal asked of the study, the resumed search must
+    reach them too."""
+    monkeypatch.setattr(OptunaStrategy, "_guided", lambda self: None)
+    interrupt_and_resume(tmp_path, monkeypatch, optuna.Study, "ask", n)
+
+
+def test_a_resumed_study_keeps_a_refused_proposal_untried(tmp_path, monkeypatch):
+    """The strategy's own state: what a refused proposal is in the session that refused it (untried), it is in a
+    study loaded by a resumed sweep."""
+    monkeypatch.setattr(OptunaStrategy, "_guided", lambda self: None)
+    run = tmp_path / "run"
+    restore = interrupted_at(monkeypatch, optuna.Study, "ask", 7)
+    autotune.tune(spec(tmp_path), run)
+    restore()
+    study = optuna.load_study(study_name="autotune", storage=f"sqlite:///{run / 'study.db'}")
+    refused = {t.user_attrs["config"] for t in study.trials if t.user_attrs.get("status") == UNLIKELY}
+    recorded = {c.label() for c, _ in record(run)}
+    assert refused - recorded, "no refused proposal left unrecorded: the case is not tested"
+
+    run_dir = RunDir(run)
+    sweep = Sweep.open(run_dir, run_dir.read_settings(), resolve(spec(tmp_path))[1])
+    tried = {c.label() for c in sweep.strategy.outcomes}  # type: ignore[attr-defined]
+    assert tried == recorded
