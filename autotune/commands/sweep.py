@@ -18,8 +18,6 @@ from autotune.search.rundir import SWEEP_COPY
 from autotune.values.units import counted
 
 
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("sweep_file", type=Path, help="sweep YAML listing the workloads (see examples/sweep.yaml)")
     parser.add_argument("--ray-address", type=ray_address, default="local",
