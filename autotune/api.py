@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 from autotune.backends import Backend
 from autotune.backends.replay import load_surface, replay_space
 from autotune.backends.factory import TrialOptions, as_backend, backend_kind, backend_names, make_backend, simulated_sleep_s
-from autotune.prediction.calibrate import quality, save_calibration
+from autotune.prediction.calibrate import CALIBRATION_FILE, quality, save_calibration
 from autotune.values.config import ConfigError
 from autotune.search.confirm import prior_sigma
 from autotune.values.allocator import ALLOCATORS, check_allocator
@@ -41,7 +41,7 @@ from autotune.files import SQLITE_FULL, NoSpaceLeft, disk_full, make_dir, short
 from autotune.outputs.handoff import narrow_choices
 from autotune.outputs.launch import ORIGIN_FILE, Origin
 from autotune.values.hardware import Hardware, load_hardware
-from autotune.outputs.report import Outputs, OwnWriter, write_outputs
+from autotune.outputs.report import STOP_FILE, Outputs, OwnWriter, write_outputs
 from autotune.values.results import TrialResult, relabel_note, relabelled
 from autotune.trials.runner import remove_stale_shm_at_start
 from autotune.search.rundir import STUDY, RunDir, RunDirBusy, read_only_named
@@ -909,7 +909,10 @@ def close_run(run_dir: RunDir, settings: RunSettings, sweep: Sweep, tracker: Tra
     """The outputs of a sweep whose trials have ended (close_sweep), told to its tracker; `progress` hears a
     script sweep's lines on its own config."""
     outputs = close_sweep(run_dir, settings, sweep, reason)
-    tracker.finish(outputs.best, outputs.summary, outputs.files, outputs.verdict, reason.value)
+    # The tracker keeps the record beside the outputs: every trial, why the session ended, the calibration
+    record = [path for path in (run_dir.trials_path, run_dir.path / STOP_FILE, run_dir.path / CALIBRATION_FILE)
+              if path.is_file()]
+    tracker.finish(outputs.best, outputs.summary, [*outputs.files, *record], outputs.verdict, reason.value)
     for line in [*getattr(sweep.strategy, "notes", ()), *outputs.notes]:  # what following trials.jsonl changed
         progress.message(line)
     return TuneResult(outputs.best, tuple(sweep.results), reason, run_dir.path, outputs.summary, outputs.verdict,

@@ -81,6 +81,7 @@ def check_recommendation(uri: str, parent, run_dir: Path) -> None:
     client = MlflowClient(uri)
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"best_ds_config.json", "best_hf_ds_config.json", "summary.json", "report.md", "plots"} <= artifacts
+    assert {"trials.jsonl", "stop.json", "calibration.json"} <= artifacts  # the record beside the outputs
     local = Path(client.download_artifacts(parent.info.run_id, "best_ds_config.json", str(run_dir.parent)))
     assert json.loads(local.read_text()) == json.loads((run_dir / "best_ds_config.json").read_text())
 
@@ -348,3 +349,20 @@ def test_a_store_failing_mid_sweep_warns_once_and_the_sweep_goes_on():
     tracker.end("FINISHED")
     assert len(warnings) == 1 and "the tracking server went away" in warnings[0] and "--resume" in warnings[0]
     assert tracker.logged == set()
+
+
+def test_a_trials_evidence_that_it_trained_is_logged_with_its_figures(tmp_path):
+    """Steps applied and skipped and the loss at the first and last applied step: what makes a measurement one
+    (values.results) goes to the tracker too, so that a run in MLflow shows it trained."""
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("e")
+    parent = client.create_run(experiment).info.run_id
+    tracker = tracking.MlflowTracker(client, uri, experiment, parent, set(), print)
+    config = autotune.Config(0, 4, 0, "fp32", "none", "none")
+    tracker.trial(autotune.TrialResult(config, "ok", throughput_samples_per_s=3.0, extra={
+        "trial": 1, "steps_applied": 6, "steps_skipped": 0, "first_applied_step": 1, "loss_first": 5.5,
+        "loss_last": 5.25}))
+    (child,) = [r for r in client.search_runs([experiment]) if r.info.run_id != parent]
+    assert {k: child.data.metrics[k] for k in ("steps_applied", "steps_skipped", "loss_first", "loss_last")} == \
+        {"steps_applied": 6, "steps_skipped": 0, "loss_first": 5.5, "loss_last": 5.25}

@@ -17,6 +17,17 @@ from autotune.values.config import ConfigError
 
 pytest.importorskip("wandb")  # the wandb extra, which the suite installs (scripts/test)
 
+@pytest.fixture(autouse=True)
+def fresh_wandb_session():
+    """Each test its own W&B session: one an earlier test of this process left may name a service that is gone
+    ("Failed to connect to service on socket", seen in CI), and W&B reads its settings once per session."""
+    import wandb
+
+    wandb.teardown()
+    yield
+    wandb.teardown()
+
+
 BLOCK = 32768  # W&B's .wandb files are LevelDB logs: 32 KiB blocks of records, each a protobuf Record
 
 
@@ -95,6 +106,7 @@ def test_a_sweep_is_a_group_of_a_parent_and_its_trials_and_a_resume_logs_only_th
     assert parent["summary"]["best.config"] == config_label(summary) and parent["summary"]["trials_recorded"] == 3
     saved = run / "wandb" / parent_folder(run, parent["id"]) / "files"
     assert (saved / "report.md").is_file() and (saved / "plots" / "best_so_far.png").is_file()  # the outputs
+    assert (saved / "trials.jsonl").read_text() == (run / "trials.jsonl").read_text()  # and the record
     # Copies, not W&B's symlinks: the next session's outputs do not show through, nor does a synced copy dangle.
     assert not (saved / "report.md").is_symlink()
     first_report = (saved / "report.md").read_text()

@@ -51,8 +51,11 @@ LOCAL_ARTIFACTS = "mlartifacts"
 DEFAULT_EXPERIMENT = "ds-autotune"  # MLFLOW_EXPERIMENT_NAME, MLflow's own variable, names another
 TRIAL_TAG = "autotune.trial"  # a child run's trial number (1-based, the report's)
 PARENT_TAG = "mlflow.parentRunId"  # what makes a run nested, in MLflow's UI and search
+# A trial's figures as trackers log them (MLflow's metrics, W&B's summary): its measurement, what it was launched on,
+# and the evidence that its steps trained (optimizer steps applied and skipped, the loss at the first and last)
 METRICS = ("throughput_samples_per_s", "tokens_per_s", "peak_memory_bytes", "step_time_s", "wall_time_s",
-           "predicted_peak_bytes", "predicted_throughput_samples_per_s", "chance_of_better")
+           "predicted_peak_bytes", "predicted_throughput_samples_per_s", "chance_of_better",
+           "steps_applied", "steps_skipped", "loss_first", "loss_last")
 TAG_LIMIT = 5000  # MLflow caps tag values (8000 characters in MLflow 3); an error text is cut to this
 PROBE_TIMEOUT_S = 5.0  # a tracking server's first answer, before the sweep: connect, then the response's start
 

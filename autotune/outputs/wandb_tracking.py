@@ -21,6 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
+from autotune.outputs.tracking import METRICS
 from autotune.values.config import ConfigError
 from autotune.values.results import TrialResult
 
@@ -31,8 +32,6 @@ if TYPE_CHECKING:
 EXTRA = "wandb"  # pip install 'ds-autotune[wandb]'
 STATE = "wandb.json"  # in the run directory: per project, the parent run's id and the trials logged
 FORBIDDEN = "/\\#?%:"  # W&B's Settings.validate_project refuses these in a project name (and past 128 characters)
-SUMMARY = ("throughput_samples_per_s", "tokens_per_s", "peak_memory_bytes", "step_time_s", "wall_time_s",
-           "predicted_peak_bytes", "predicted_throughput_samples_per_s", "chance_of_better")
 
 
 def check_project(project: str | None) -> None:
@@ -105,7 +104,7 @@ class WandbTracker:
         try:
             run = self._init("trial", f"#{number} {result.config.label()}", None, result.config.to_dict())
             line = result.to_dict()
-            run.summary.update({key: line[key] for key in SUMMARY if line.get(key) is not None})
+            run.summary.update({key: line[key] for key in METRICS if line.get(key) is not None})
             run.summary.update({"trial": number, "status": result.status, "phase": result.phase,
                                 "backend": result.backend, **({"error": result.error} if result.error else {}),
                                 **({"repeat_of": result.repeat_of} if result.repeat_of is not None else {}),
