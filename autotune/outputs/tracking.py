@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Protocol, Se
 
 from autotune.backends.replay import searched_space
 from autotune.values.config import ConfigError
-from autotune.values.results import TrialResult
+from autotune.values.results import TRACKED_FIGURES, TrialResult
 from autotune.values.settings import masked
 
 if TYPE_CHECKING:
@@ -51,11 +51,6 @@ LOCAL_ARTIFACTS = "mlartifacts"
 DEFAULT_EXPERIMENT = "ds-autotune"  # MLFLOW_EXPERIMENT_NAME, MLflow's own variable, names another
 TRIAL_TAG = "autotune.trial"  # a child run's trial number (1-based, the report's)
 PARENT_TAG = "mlflow.parentRunId"  # what makes a run nested, in MLflow's UI and search
-# A trial's figures as trackers log them (MLflow's metrics, W&B's summary): its measurement, what it was launched on,
-# and the evidence that its steps trained (optimizer steps applied and skipped, the loss at the first and last)
-METRICS = ("throughput_samples_per_s", "tokens_per_s", "peak_memory_bytes", "step_time_s", "wall_time_s",
-           "predicted_peak_bytes", "predicted_throughput_samples_per_s", "chance_of_better",
-           "steps_applied", "steps_skipped", "loss_first", "loss_last")
 TAG_LIMIT = 5000  # MLflow caps tag values (8000 characters in MLflow 3); an error text is cut to this
 PROBE_TIMEOUT_S = 5.0  # a tracking server's first answer, before the sweep: connect, then the response's start
 
@@ -331,7 +326,7 @@ class MlflowTracker:
                                      run_name=f"#{number} {result.config.label()}")
         run_id = run.info.run_id
         # the parent tag goes in the same batch as the values: a child is complete or absent from the parent
-        values = {key: result.to_dict().get(key) for key in METRICS}
+        values = {key: result.to_dict().get(key) for key in TRACKED_FIGURES}
         self.client.log_batch(run_id, metrics=_metrics(values, end, 0), params=_params(result.config.to_dict()),
                               tags=[RunTag(k, v) for k, v in tags.items()])
         self.client.set_terminated(run_id, status="FINISHED" if result.ok else "FAILED", end_time=end)

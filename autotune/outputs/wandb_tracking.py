@@ -21,9 +21,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from autotune.outputs.tracking import METRICS
 from autotune.values.config import ConfigError
-from autotune.values.results import TrialResult
+from autotune.values.results import TRACKED_FIGURES, TrialResult
 
 if TYPE_CHECKING:
     from autotune.search.rundir import RunFolder
@@ -104,7 +103,7 @@ class WandbTracker:
         try:
             run = self._init("trial", f"#{number} {result.config.label()}", None, result.config.to_dict())
             line = result.to_dict()
-            run.summary.update({key: line[key] for key in METRICS if line.get(key) is not None})
+            run.summary.update({key: line[key] for key in TRACKED_FIGURES if line.get(key) is not None})
             run.summary.update({"trial": number, "status": result.status, "phase": result.phase,
                                 "backend": result.backend, **({"error": result.error} if result.error else {}),
                                 **({"repeat_of": result.repeat_of} if result.repeat_of is not None else {}),

@@ -42,6 +42,13 @@ DEVICE_MEMORY, HOST_MEMORY, NVME_SPACE, VALUE = "device_memory", "host_memory", 
 CAUSE_NAMES = (DEVICE_MEMORY, HOST_MEMORY, NVME_SPACE, VALUE)
 
 
+# A trial's figures as trackers log them (MLflow's metrics, W&B's summary; autotune.outputs): its measurement, what
+# it was launched on, and the evidence that its steps trained (optimizer steps applied and skipped, first/last loss)
+TRACKED_FIGURES = ("throughput_samples_per_s", "tokens_per_s", "peak_memory_bytes", "step_time_s", "wall_time_s",
+                   "predicted_peak_bytes", "predicted_throughput_samples_per_s", "chance_of_better",
+                   "steps_applied", "steps_skipped", "loss_first", "loss_last")
+
+
 @dataclass(frozen=True)
 class TrialResult:
     config: Config
