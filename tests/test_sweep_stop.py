@@ -152,6 +152,9 @@ def test_ctrl_c_before_any_trial_finished_says_to_resume_not_to_run_more_trials(
     assert "untried configs are predicted to fit" in verdict
     assert "**Interrupted before any trial finished, unfinished:" in report
     assert out.count("--resume --out") == 1  # said once, in the verdict
+    # "0 trials launched" alone read as if nothing had started: the trial stopped in flight is named
+    assert "stopped: interrupted; 0 trials launched, nothing recorded; stopped in flight, not recorded (--resume " \
+           "runs it again): z" in out
     # The resume itself runs the trials.
     assert main([*command, "--resume"]) == 0
     assert sum(r.status != "pruned" for r in read_results(run / "trials.jsonl")) == 6

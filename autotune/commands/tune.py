@@ -274,9 +274,12 @@ def conclude(progress: ConsoleProgress, run_dir: RunDir, settings: RunSettings, 
                          " (each with its reason in trials.jsonl and report.md)")
     # No trials.jsonl where nothing was recorded (nothing fits at the start, no node): none is named.
     recorded = f"{len(result.results)} recorded in {run_dir.trials_path}" if result.results else "nothing recorded"
-    progress.result(f"stopped: {result.stopped}; {counted(result.launched, 'trial')} launched, {recorded}")
-    progress.result(result.verdict)
     unfinished = result.stop_reason == StopReason.INTERRUPTED
+    stopped = [run.config.label() for run in progress.running.values()] if unfinished else []
+    progress.result(f"stopped: {result.stopped}; {counted(result.launched, 'trial')} launched, {recorded}"
+                    + (f"; stopped in flight, not recorded (--resume runs it again): {', '.join(stopped)}"
+                       if stopped else ""))
+    progress.result(result.verdict)
     if result.best is not None and not result.notes and not unfinished:  # an unfinished sweep recommends nothing yet
         for line in Handoff.of(result.best.config, at_target(settings), run_dir.path).console_lines():
             progress.result(line)
