@@ -26,12 +26,14 @@ def settings(strategy: str, backend: str = "simulated", model: str = "tiny", gpu
                        0, choices)
 
 
-def job(tmp_path, strategy: str, trials: int = 10) -> Job:
+def job(tmp_path, strategy: str, trials: int = 10, name: str | None = None, cpus: float = 1.0,
+        budget: Budget | None = None) -> Job:
     s = settings(strategy)
-    run = RunDir(tmp_path / strategy)
+    run = RunDir(tmp_path / (name or strategy))
     run.write_settings(s)
     sweep = Sweep.open(run, s, s.space())
-    return Job(strategy, sweep, Budget(trials), TrialResources(), BackendSpec(s, str(run.path)), QuietProgress())
+    return Job(name or strategy, sweep, budget or Budget(trials), TrialResources(cpus=cpus),
+               BackendSpec(s, str(run.path)), QuietProgress())
 
 
 def fly(j: Job, config) -> None:
@@ -148,13 +150,8 @@ class Devices:
 def test_a_workload_of_wider_trials_is_not_starved_by_a_narrower_one(tmp_path):
     """Two devices; `narrow` trials take one, `wide` trials both. The free device waits for the workload served
     least until its trial fits (it started only once `narrow` had run all its trials), so they take turns."""
-    jobs = []
-    for name, cpus in (("narrow", 1.0), ("wide", 2.0)):
-        s = settings("random")
-        run = RunDir(tmp_path / name)
-        run.write_settings(s)
-        jobs.append(Job(name, Sweep.open(run, s, s.space()), Budget(4, confirm=0), TrialResources(cpus=cpus),
-                        BackendSpec(s, str(run.path)), QuietProgress()))
+    jobs = [job(tmp_path, "random", name=name, cpus=cpus, budget=Budget(4, confirm=0))
+            for name, cpus in (("narrow", 1.0), ("wide", 2.0))]
     executor = Devices(2)
     assert run_jobs(jobs, executor) == {"narrow": StopReason.TRIALS, "wide": StopReason.TRIALS}
     assert executor.started == ["narrow", "wide"] * 4
@@ -170,11 +167,6 @@ def test_an_interrupt_leaves_a_workload_that_had_finished_its_budget_finished(tm
                 raise KeyboardInterrupt
             return super().wait()
 
-    jobs = []
-    for name, trials in (("short", 1), ("long", 10)):
-        s = settings("random")
-        run = RunDir(tmp_path / name)
-        run.write_settings(s)
-        jobs.append(Job(name, Sweep.open(run, s, s.space()), Budget(trials, confirm=0), TrialResources(),
-                        BackendSpec(s, str(run.path)), QuietProgress()))
+    jobs = [job(tmp_path, "random", name=name, budget=Budget(trials, confirm=0))
+            for name, trials in (("short", 1), ("long", 10))]
     assert run_jobs(jobs, Interrupted(1)) == {"short": StopReason.TRIALS, "long": StopReason.INTERRUPTED}

@@ -77,9 +77,8 @@ class WandbTracker:
         tracker = cls(project, run_dir, group, parent_id, set(state[project]["logged"]), warn, settings.to_dict())
         tracker.offline = offline_reason()
         if tracker.offline is not None:
-            folder = run_dir.path / "wandb"
-            warn(f"W&B project {project} runs offline ({tracker.offline}): its runs stay in {folder}/; after "
-                 f"`wandb login` (or with WANDB_API_KEY set), `wandb sync {folder}/offline-run-*` uploads them")
+            warn(f"W&B project {project} runs offline ({tracker.offline}): its runs stay in {run_dir.path / 'wandb'}/;"
+                 f" after `wandb login` (or with WANDB_API_KEY set), {sync_command(run_dir)} uploads them")
         for number, result in enumerate(history, 1):  # a session without tracking, or a crash in between
             if "trial" not in result.extra:
                 result = replace(result, extra={**result.extra, "trial": number})
@@ -208,8 +207,13 @@ def where(run_dir: "RunFolder", project: str) -> str:
     group = (_read_state(run_dir).get(project) or {}).get("group", run_dir.path.name)
     text = f"project {project}, group {group}"
     if offline_reason() is not None:
-        text += f", offline in {run_dir.path / 'wandb'}/ (`wandb sync {run_dir.path / 'wandb'}/offline-run-*` uploads them)"
+        text += f", offline in {run_dir.path / 'wandb'}/ ({sync_command(run_dir)} uploads them)"
     return text
+
+
+def sync_command(run_dir: "RunFolder") -> str:
+    """The command that uploads a sweep's offline W&B runs."""
+    return f"`wandb sync {run_dir.path / 'wandb'}/offline-run-*`"
 
 
 def _read_state(run_dir: "RunFolder") -> dict[str, Any]:
