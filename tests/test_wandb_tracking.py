@@ -132,6 +132,41 @@ def parent_folder(run: Path, run_id: str) -> str:
     return sorted(p.name for p in (run / "wandb").glob(f"offline-run-*-{run_id}"))[-1]
 
 
+def test_mlflow_refusing_leaves_no_wandb_state_and_wandb_failing_ends_mlflow_failed(tmp_path, monkeypatch):
+    """Both trackers on: MLflow's store is opened first (it is the one that refuses), so a refusal leaves no W&B
+    state in the run directory; W&B failing to open after it ends MLflow's parent FAILED, not left RUNNING."""
+    from autotune.outputs import tracking, wandb_tracking
+    from autotune.search.rundir import RunDir
+
+    run_dir = RunDir(tmp_path / "run")
+    run_dir.path.mkdir()
+    settings = None  # neither open that runs here reads them
+
+    def refused():
+        raise ConfigError("MLflow tracking URI x: refused")
+
+    monkeypatch.setattr(tracking.MlflowTracker, "open", classmethod(lambda cls, *a, **k: refused()))
+    with pytest.raises(ConfigError, match="refused"):
+        with tracking.tracked("x", run_dir, settings, [], warn=print, wandb="proj"):
+            pass
+    assert not (run_dir.path / wandb_tracking.STATE).exists()
+
+    ended = []
+
+    class Parent:
+        final_status = "FINISHED"
+
+        def end(self, status):
+            ended.append(status)
+
+    monkeypatch.setattr(tracking.MlflowTracker, "open", classmethod(lambda cls, *a, **k: Parent()))
+    monkeypatch.setattr(wandb_tracking.WandbTracker, "open", classmethod(lambda cls, *a, **k: refused()))
+    with pytest.raises(ConfigError):
+        with tracking.tracked("x", run_dir, settings, [], warn=print, wandb="proj"):
+            pass
+    assert ended == ["FAILED"]
+
+
 def test_a_project_name_is_checked_and_a_missing_wandb_named(monkeypatch):
     import importlib.util
 

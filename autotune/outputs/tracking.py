@@ -188,25 +188,25 @@ def tracked(uri: str | None, run_dir: "RunFolder", settings: "RunSettings", hist
     """The sweep's tracker for one session: MLflow at `uri` and W&B project `wandb` (autotune.outputs.wandb_tracking),
     either, both or none (NO_TRACKING); each one's parent run opened or continued, the history not yet logged logged
     now. MLflow's parent ends FINISHED (KILLED when the sweep was interrupted, or on Ctrl-C), FAILED on an error."""
-    trackers: list[Tracker] = []
-    if wandb is not None:
-        from autotune.outputs.wandb_tracking import WandbTracker
-
-        trackers.append(WandbTracker.open(wandb, run_dir, settings, history, warn=warn, name=name))
-    if uri is None:
-        yield Trackers(tuple(trackers)) if trackers else NO_TRACKING
-        return
-    tracker = MlflowTracker.open(uri, run_dir, settings, history, warn=warn, name=name)
-    trackers.append(tracker)
+    # MLflow first: its open is the one that refuses (a store it cannot reach), before W&B writes its state
+    mlflow = None if uri is None else MlflowTracker.open(uri, run_dir, settings, history, warn=warn, name=name)
     try:
-        yield Trackers(tuple(trackers)) if len(trackers) > 1 else tracker
+        trackers: list[Tracker] = [] if mlflow is None else [mlflow]
+        if wandb is not None:
+            from autotune.outputs.wandb_tracking import WandbTracker
+
+            trackers.append(WandbTracker.open(wandb, run_dir, settings, history, warn=warn, name=name))
+        yield trackers[0] if len(trackers) == 1 else Trackers(tuple(trackers)) if trackers else NO_TRACKING
     except KeyboardInterrupt:
-        tracker.end("KILLED")
+        if mlflow is not None:
+            mlflow.end("KILLED")
         raise
     except BaseException:
-        tracker.end("FAILED")
+        if mlflow is not None:
+            mlflow.end("FAILED")
         raise
-    tracker.end(tracker.final_status)
+    if mlflow is not None:
+        mlflow.end(mlflow.final_status)
 
 
 class MlflowTracker:
