@@ -52,6 +52,7 @@ def test_user_hardware_profile_from_yaml(tmp_path, capsys):
     (["--gpu-memory=-3GB"], "size '-3GB' must be positive"),
     (["--gpu-memory", "0GiB"], "size '0GiB' must be positive"),
     (["--hardware", "tpu-v9"], "unknown hardware 'tpu-v9'"),
+    (["--hardware", "nowhere/a6000.yaml"], "hardware nowhere/a6000.yaml: no such file; allowed ['a100-40gb'"),
     (["--space", "nowhere.yaml"], "search space 'nowhere.yaml': no such file"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(args, fragment, capsys):
@@ -61,6 +62,11 @@ def test_bad_input_is_one_line_and_exit_code_2(args, fragment, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert fragment in err and err.count("\n") == 1
+
+
+def test_the_header_names_the_sequence_length(capsys):
+    assert main(["estimate", "--top", "1", "--seq-len", "96"]) == 0
+    assert "tiny: 4.3M parameters, seq 96, global batch 16," in capsys.readouterr().out
 
 
 def test_console_script_runs():

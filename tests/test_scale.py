@@ -140,6 +140,9 @@ def test_micro_batches_invalid_at_the_target_leave_the_space_or_refuse_it():
     with pytest.raises(ConfigError, match=r"no micro-batch of the space \(8\) divides the global batch 16 at both 1 "
                                           r"and 4 device\(s\): allowed micro-batches dividing 4 \(1, 2, 4\)"):
         narrow_choices(Choices(micro_batch=(8,)), w, 4)
+    # Only what the target leaves out is named: micro-batch 8 is refused at the trials' own 4 devices already
+    choices, note = narrow_choices(Choices(micro_batch=(1, 2, 4, 8)), _w(4, global_batch=16), 8)
+    assert choices.micro_batch == (1, 2) and "micro-batch 4 left out" in note
 
 
 def test_tunespec_and_run_json_keep_the_target_and_old_run_json_files_load():

@@ -196,7 +196,8 @@ def show(ranking: Ranking, hardware: Hardware, top: int, pruner: Pruner | None =
     ranking, over_host = host_split(ranking, hardware)
     model = workload.model
     active = f" ({model.active_params / 1e6:,.1f}M active per token)" if model.moe else ""  # experts: a share computes
-    console.print(f"{model.name}: {model.params / 1e6:,.1f}M parameters{active}, global batch {workload.global_batch}, "
+    console.print(f"{model.name}: {model.params / 1e6:,.1f}M parameters{active}, seq {model.seq_len}, global "
+                  f"batch {workload.global_batch}, "
                   f"{workload.gpus} x {hardware.name}, budget {format_size(ranking.budget_bytes)} per device; "
                   f"{len(ranking.space)} valid configs, {len(ranking.fits)} predicted to fit", soft_wrap=True)
     if not hardware.is_cpu:  # the reserve column depends on it (autotune.prediction.cuda_memory)

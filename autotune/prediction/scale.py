@@ -67,7 +67,8 @@ def narrow_choices(choices: Choices, workload: Workload, target_gpus: int | None
                           f"divides the global batch {workload.global_batch} at both {workload.gpus} and {target_gpus} "
                           f"device(s): allowed micro-batches dividing {workload.global_batch // target_gpus} "
                           f"({', '.join(map(str, divisors(workload.global_batch // target_gpus)))})")
-    dropped = [m for m in choices.micro_batch if m not in kept]
+    # named only where the target is why: a micro-batch the trials' own device count refuses is no loss of it
+    dropped = [m for m in choices.micro_batch if m not in kept and workload.grad_accumulation(m)]
     if not dropped:
         return choices, None
     note = (f"--target-gpus {target_gpus}: micro-batch {', '.join(map(str, dropped))} left out of the space (global "

@@ -14,7 +14,7 @@ from typing import Any
 
 from autotune.values.allocator import ALLOCATORS, DEFAULT_ALLOCATOR
 from autotune.values.config import PRECISIONS, ConfigError
-from autotune.files import is_file, load_yaml, short
+from autotune.files import exists, is_file, load_yaml, short
 from autotune.values.models import did_you_mean
 from autotune.values.units import parse_size
 
@@ -264,7 +264,11 @@ def load_hardware(name_or_path: str) -> Hardware:
     if name_or_path in PROFILES:
         return PROFILES[name_or_path]
     path = Path(name_or_path)
-    if path.suffix not in (".yaml", ".yml") or not is_file(path):
+    if path.suffix in (".yaml", ".yml") and not is_file(path):
+        what = "not a file" if exists(path) else "no such file"
+        raise ConfigError(f"hardware {name_or_path}: {what}; allowed {sorted(PROFILES)} or a YAML file of "
+                          "profile keys")
+    if path.suffix not in (".yaml", ".yml"):
         hint = did_you_mean(name_or_path, PROFILES)  # h100 -> h100-80gb
         raise ConfigError(
             f"unknown hardware {name_or_path!r}{hint}: allowed {sorted(PROFILES)} or a YAML file of profile keys")
