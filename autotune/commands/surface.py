@@ -32,6 +32,7 @@ from autotune.files import is_file
 from autotune.values.results import STATUSES
 from autotune.values.settings import RunSettings, memory_budget
 from autotune.drivers.recording import RecordingInterrupted, describe_workload, record_surface
+from autotune.trials.interrupts import stop_signals_as_interrupt
 from autotune.values.units import counted, format_size
 from autotune.worker.measure import MeasureSettings
 
@@ -106,11 +107,12 @@ def run_record(args: argparse.Namespace) -> int:
     if target.detected():
         say(target.detected())
     try:
-        preflight = getattr(backend, "preflight", None)
-        if preflight is not None:  # the C++ ops the configs need, built before the first trial (autotune.trials.ops)
-            preflight(list(space) if only is None else only, say)
-        done = record_surface(space, backend, args.out, order_seed=args.seed, limit=args.limit, retries=args.retries,
-                              repeats=args.repeats, only=only, progress=say)
+        with stop_signals_as_interrupt():  # a process manager's SIGTERM, a closed terminal: as Ctrl-C
+            preflight = getattr(backend, "preflight", None)
+            if preflight is not None:  # the C++ ops the configs need, built before the first trial (trials.ops)
+                preflight(list(space) if only is None else only, say)
+            done = record_surface(space, backend, args.out, order_seed=args.seed, limit=args.limit,
+                                  retries=args.retries, repeats=args.repeats, only=only, progress=say)
     except RecordingInterrupted as stop:  # every finished trial is in the file: the same command skips them
         part = stop.recorded
         print(f"{args._prog}: interrupted: {counted(part.recorded, 'config')} recorded now in {args.out}, "

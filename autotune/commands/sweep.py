@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     from autotune.outputs.sweep import SUMMARY_CSV, SUMMARY_MD, summary_row, write_summary
     from autotune.search.rundir import RunDir
     from autotune.trials.cluster import LOCAL
-    from autotune.trials.interrupts import sigterm_as_interrupt
+    from autotune.trials.interrupts import stop_signals_as_interrupt
     from autotune.values.settings import masked
 
     sweep_file = load_sweep(args.sweep_file)
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
 
     def started() -> None:  # every run directory held: what produced them
         write_atomic(out / SWEEP_COPY, read_bytes(sweep_file.path, "the sweep file"))
-    with sigterm_as_interrupt():
+    with stop_signals_as_interrupt():
         try:
             results = tune_many(plans, executor=executor, progress=lambda plan: shows[str(plan.name)],
                                 say=lambda line: console.print(line, highlight=False),

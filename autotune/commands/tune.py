@@ -17,7 +17,7 @@ from autotune.commands import script as script_command
 from autotune.commands.common import (add_json_argument, add_workload_arguments, emit_json, json_command, positive_int,
                                       target_from)
 from autotune.values.config import ConfigError
-from autotune.trials.interrupts import sigterm_as_interrupt
+from autotune.trials.interrupts import stop_signals_as_interrupt
 from autotune.drivers.progress import ConsoleProgress
 from autotune.drivers.stop import StopReason
 from autotune.drivers.sweep import Budget
@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     ray = ray_options(args)
     notes = ([DEFAULT_MODEL_NOTE] if defaulted else []) + getattr(args, "_notes", [])
     progress = TuneConsole(args, spec.trials, notes, spec.time_budget_s)
-    with sigterm_as_interrupt():
+    with stop_signals_as_interrupt():
         try:
             result = autotune.tune(spec, args.out, resume=args.resume, executor=ray, callbacks=progress)
         finally:

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 from autotune.backends.factory import backend_names
 from autotune.values.config import ConfigError
 from autotune.files import sha256, write_atomic
-from autotune.trials.interrupts import sigterm_as_interrupt
+from autotune.trials.interrupts import stop_signals_as_interrupt
 from autotune.search.rundir import RunFolder
 from autotune.values.settings import differences
 from autotune.values.units import format_size
@@ -540,7 +540,7 @@ def train(out: str | Path, settings: TrainSettings, *, ray_address: str | None =
         connected = connect_ray(ray_address, settings.workers)
         algo = None
         try:
-            with sigterm_as_interrupt():  # installed after Ray's own handler
+            with stop_signals_as_interrupt():  # installed after Ray's own handler
                 algo = algorithm_config(settings, env).build_algo()
                 resumed_from = 0
                 if checkpoint is not None:
