@@ -159,10 +159,13 @@ def differences(recorded: Mapping[str, Any], given: Mapping[str, Any], prefix: s
     out = []
     for key in [*recorded, *(k for k in given if k not in recorded)]:
         a, b = recorded.get(key), given.get(key)
-        if isinstance(a, dict) and isinstance(b, dict) and key != "space":  # the space reads best whole
+        if isinstance(a, dict) and isinstance(b, dict):  # the keys that differ (space.precision), not the whole
             out += differences(a, b, f"{prefix}{key}.")
         elif a != b:
-            out.append(f"{prefix}{key}: recorded {_shown(key, a)}, given {_shown(key, b)}")
+            # a knob's values in another order: the same configs, proposed in another order (grid, Optuna's indices)
+            reordered = isinstance(a, list) and isinstance(b, list) and sorted(map(repr, a)) == sorted(map(repr, b))
+            out.append(f"{prefix}{key}: recorded {_shown(key, a)}, given {_shown(key, b)}"
+                       + (" (the same values in another order)" if reordered else ""))
     return out
 
 
