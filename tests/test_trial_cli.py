@@ -96,3 +96,26 @@ def test_an_out_of_memory_trials_peak_is_shown_as_a_bound_without_a_ratio(tmp_pa
     for name in ("peak memory per device", "growth over baseline"):
         measured, predicted, ratio = rows[name][:3]
         assert measured.startswith(">= ") and predicted and ratio == "", rows[name]  # a bound: no ratio
+
+
+def test_at_80_columns_the_rows_names_stay_whole(tmp_path, capsys, monkeypatch):
+    """A terminal of 80 columns folded 'optimizer_states' and 'allocator_reserve' in two."""
+    from autotune.commands.trial import show
+    from autotune.prediction.estimate import MEMORY_TERMS, Calibration, estimate
+    from autotune.values.config import Config
+    from autotune.values.hardware import PROFILES
+    from autotune.values.results import TrialResult
+    from autotune.values.workload import make_workload
+
+    monkeypatch.setenv("COLUMNS", "80")
+    config, workload = Config(0, 8, 0, "fp32"), make_workload("tiny", global_batch=16)
+    result = TrialResult(config, "ok", throughput_samples_per_s=4.5, step_time_s=3.5, peak_memory_bytes=500 * 2**20,
+                         wall_time_s=75.0, extra={"peak_memory_growth_bytes": 300 * 2**20, "step_time_iqr_s": 0.4,
+                                                  "baseline_memory_bytes": 200 * 2**20, "steps_measured": 6,
+                                                  "stop_reason": "time_limit", "launch_to_first_step_s": 8.7,
+                                                  "steps_applied": 7, "steps_skipped": 0, "loss_first": 8.365,
+                                                  "loss_last": 7.914})
+    show(result, estimate(config, workload, PROFILES["cpu"]), Calibration(), workload, PROFILES["cpu"], tmp_path)
+    names = [line.split("│")[1].strip() for line in capsys.readouterr().out.splitlines() if line.count("│") > 4]
+    assert all(len(line) <= 80 for line in names)
+    assert {term for term in MEMORY_TERMS} <= set(names)

@@ -185,9 +185,9 @@ def show(result: TrialResult, prediction: Estimate | None, calibration: Calibrat
     cal = f"calibrated on {counted(calibration.samples, 'trial')}" if calibration.samples else "uncalibrated"
     table = Table(title=f"Trial {result.status}: measured vs predicted ({hardware.name} profile, {cal})")
     columns: tuple[tuple[str, JustifyMethod], ...] = (
-        ("", "left"), ("measured", "right"), ("predicted", "right"), ("predicted / measured", "right"))
-    for column, justify in columns:
-        table.add_column(column, justify=justify, overflow="fold")  # a narrow terminal folds cells, never cuts them
+        ("", "left"), ("measured", "right"), ("predicted", "right"), ("pred/meas", "right"))
+    for column, justify in columns:  # a narrow terminal folds cells, never cuts them; the names' words stay whole
+        table.add_column(column, justify=justify, overflow="fold", min_width=21 if not column else None)
 
     # An out-of-memory trial's peak is where it was stopped or died: a lower bound, no figure to divide by.
     stopped = result.status == "oom"
