@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from autotune.values.config import Config
+from autotune.values.config import Config, ConfigError
 from autotune.values.hardware import PROFILES
 from autotune.outputs.plots import pareto_front
 from autotune.outputs.report import NOT_RECORDED, _confirmation_table, _top_table, summarize, tables, write_outputs
@@ -214,8 +214,14 @@ def test_the_memory_breakdown_is_the_calibrated_prediction(results, settings, tm
     assert est == estimate(results[2].config, settings.workload, settings.hardware, calibration)
     assert est.peak_bytes != estimate(results[2].config, settings.workload, settings.hardware).peak_bytes
     assert kwargs["calibrated"] == 4
-    (run.path / "calibration.json").write_text("{not json")  # unreadable: the estimator's own, the report written
+    # Unreadable: refused before anything is written (the breakdown drawn uncalibrated disagreed with report.md).
+    (run.path / "calibration.json").write_text("{not json")
+    before = {name: (run.path / name).read_bytes() for name in ("summary.json", "report.md")}
     drawn.clear()
+    with pytest.raises(ConfigError, match=r"calibration.json: not valid JSON \(.*column 2\)"):
+        write_outputs(run, settings)
+    assert not drawn and {name: (run.path / name).read_bytes() for name in before} == before
+    (run.path / "calibration.json").unlink()  # none: the estimator's own
     write_outputs(run, settings)
     assert drawn[0][0] == estimate(results[2].config, settings.workload, settings.hardware)
 

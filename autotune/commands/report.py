@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import sys
+
 from autotune.values.argtypes import existing_dir
 from autotune.values.config import ConfigError
 from autotune.commands.common import add_json_argument, emit_json, json_command
 from autotune.api import own_outputs
-from autotune.outputs.report import tables, write_outputs
+from autotune.outputs.report import check_record, tables, write_outputs
 from autotune.search.rundir import RunDir
 
 
@@ -25,8 +27,13 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"{run_dir.path} is in use by pid {holder}: its report is written when the sweep ends "
                           "(run autotune report then)")
     settings = run_dir.read_settings()
+    # stop.json and calibration.json readable, the record there: else one line naming the file, nothing written
+    check_record(run_dir)
     with run_dir.locked():  # no tuner starts on it while the outputs are rewritten
+        for note in run_dir.notes:  # what taking it repaired (a torn last line moved aside), as `tune` says it
+            print(note, file=sys.stderr, flush=True)
         results = run_dir.results()
+        check_record(run_dir, results)  # a record whose only line was torn is gone too
         outputs = write_outputs(run_dir, settings, results, own=own_outputs(settings))
     if args.json:
         # What report.md's tables say, from the same functions: the top configs and the failures by cause.

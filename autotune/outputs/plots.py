@@ -6,7 +6,7 @@ breakdown of the recommended config. `figures` names what the trials' figures ar
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
@@ -36,21 +36,55 @@ def pareto_front(results: Sequence[TrialResult]) -> list[TrialResult]:
     return front
 
 
+# How far the memory axis reaches past the larger of the budget and the highest peak of a trial that ran: beyond
+# it, failed and pruned configs (predicted peaks out to 20x the budget) would squeeze every point that ran into the
+# axis's first few percent; they are drawn at its right edge instead, counted in the legend.
+X_MARGIN = 1.15
+HEADROOM = 1.12  # the top of the throughput axis over the highest point: the recommended star is drawn whole
+
+
 def throughput_vs_memory(results: Sequence[TrialResult], budget_bytes: int, best: TrialResult | None,
                          path: Path, figures: str = "measured") -> Path:
-    fig = Figure(figsize=(8, 5), layout="constrained")
+    """Every trial's throughput against its peak memory per device, the budget line and the Pareto front; failed
+    and pruned configs on the throughput axis's zero line (failures drawn over pruned ones and the budget line).
+    The memory axis is linear, up to X_MARGIN over the budget and every peak of a trial that ran: what sits past it
+    (configs pruned far over the budget) is drawn at its right edge as a '>' and counted in its legend entry.
+    A log axis was the other way; it keeps the far configs but spreads the ones that ran (a few GiB apart near the
+    budget) over a sliver of it, and reads less directly as GiB against the budget."""
+    fig = Figure(figsize=(8, 5.5), layout="constrained")
     ax = fig.subplots()
     ok = [r for r in results if r.ok and r.peak_memory_bytes]
+    failed = [r for r in results if r.status in FAILURES and r.peak_memory_bytes]
+    pruned = [r for r in results if r.status == "pruned" and r.extra.get("predicted_peak_bytes")]
+    x_max = X_MARGIN * max([budget_bytes / GiB, *(r.peak_bytes / GiB for r in ok)])
+
+    past: list[tuple[str, list[float]]] = []  # (what, peaks) beyond the axis, said at its right edge
+
+    def zero_line(points: Sequence[float], marker: str, what: str, label: str, **style: Any) -> None:
+        """Configs with no throughput on the zero line at their peak; those past the axis at its edge, as '>'."""
+        inside = [x for x in points if x <= x_max]
+        beyond = [x for x in points if x > x_max]
+        if inside:
+            ax.scatter(inside, [0] * len(inside), marker=marker, label=label, **style)
+            label = "_"  # one legend entry
+        if beyond:
+            ax.scatter([x_max] * len(beyond), [0] * len(beyond), marker=">", label=label, clip_on=False, **style)
+            past.append((what, beyond))
+
     ax.scatter([r.peak_bytes / GiB for r in ok], [r.throughput for r in ok],
                s=28, color="tab:blue", label=f"ran ({len(ok)})", zorder=3)
-    failed = [r for r in results if r.status in FAILURES and r.peak_memory_bytes]
-    if failed:
-        ax.scatter([r.peak_bytes / GiB for r in failed], [0] * len(failed), marker="x", color="tab:red",
-                   label=f"failed, {figures} peak ({len(failed)})", zorder=3)
-    pruned = [r for r in results if r.status == "pruned" and r.extra.get("predicted_peak_bytes")]
     if pruned:
-        ax.scatter([r.extra["predicted_peak_bytes"] / GiB for r in pruned], [0] * len(pruned), marker="v",
-                   color="grey", alpha=0.5, label=f"pruned, predicted peak ({len(pruned)})", zorder=2)
+        zero_line([r.extra["predicted_peak_bytes"] / GiB for r in pruned], "v", "pruned",
+                  f"pruned, predicted peak ({len(pruned)})", s=30, color="grey", alpha=0.5, zorder=2)
+    if failed:  # over the pruned triangles and the budget line: at y=0 both would hide them
+        zero_line([r.peak_bytes / GiB for r in failed], "x", "failed", f"failed, {figures} peak ({len(failed)})",
+                  s=60, color="tab:red", linewidths=2, zorder=5)
+    if past:
+        farthest = max(max(peaks) for _, peaks in past)
+        ax.annotate(f"{' and '.join(f'{len(peaks)} {what}' for what, peaks in past)} past {x_max:.3g} GiB "
+                    f"(up to {farthest:.3g} GiB) at the edge", xy=(x_max, 0), xytext=(-6, 9),
+                    textcoords="offset points", ha="right", va="bottom", fontsize="small", color="dimgrey",
+                    bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1}, zorder=6)
     front = pareto_front(ok)
     if front:
         ax.step([r.peak_bytes / GiB for r in front], [r.throughput for r in front],
@@ -58,13 +92,16 @@ def throughput_vs_memory(results: Sequence[TrialResult], budget_bytes: int, best
     if best is not None and best.peak_memory_bytes:
         ax.scatter([best.peak_memory_bytes / GiB], [best.throughput], marker="*", s=220,
                    color="gold", edgecolor="black", label="recommended", zorder=4)
-    ax.axvline(budget_bytes / GiB, color="tab:red", linestyle="--", label=f"budget {budget_bytes / GiB:.3g} GiB")
+    ax.axvline(budget_bytes / GiB, color="tab:red", linestyle="--", linewidth=1.2, zorder=1.5,
+               label=f"budget {budget_bytes / GiB:.3g} GiB")
     ax.set_xlabel("peak memory per device (GiB)")
     ax.set_ylabel("throughput (samples/s)")
     ax.set_title("Throughput against peak memory, every trial" + ("" if figures == "measured" else f" ({figures})"))
-    ax.set_ylim(bottom=0)
+    top = max([r.throughput for r in ok], default=0.0) * HEADROOM or 1.0
+    ax.set_ylim(-0.04 * top, top)  # below 0: the zero line's markers whole, not cut by the axis
+    ax.set_xlim(0, x_max)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small", loc="best")
+    fig.legend(fontsize="small", loc="outside lower center", ncol=3)  # beside the points, never over them
     _save(fig, path)
     return path
 
@@ -94,8 +131,12 @@ def best_so_far(results: Sequence[TrialResult], budget_bytes: int, path: Path) -
 
 
 def memory_breakdown(est: Estimate, budget_bytes: int, measured_bytes: int | None, path: Path,
-                     figures: str = "measured", calibrated: int = 0) -> Path:
-    fig = Figure(figsize=(8, 3.6), layout="constrained")
+                     figures: str = "measured", calibrated: int = 0, devices: int = 1,
+                     measured_devices: int | None = None) -> Path:
+    """The estimator's breakdown of `est`'s config on `devices` devices, beside the budget and its peak:
+    `measured_bytes` as the trials' `figures` say, or with `measured_devices` (a --target-gpus recommendation, its
+    breakdown on the target) the peak predicted there from the trials on that many."""
+    fig = Figure(figsize=(8, 3.8), layout="constrained")
     ax = fig.subplots()
     left = 0.0
     colors = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:olive", "tab:cyan", "tab:gray")
@@ -105,11 +146,17 @@ def memory_breakdown(est: Estimate, budget_bytes: int, measured_bytes: int | Non
         left += width
     ax.axvline(budget_bytes / GiB, color="tab:red", linestyle="--", label="budget")
     if measured_bytes:
-        ax.axvline(measured_bytes / GiB, color="black", linestyle=":", label=f"{figures} peak {measured_bytes / GiB:.3g} GiB")
+        at = "" if measured_devices is None else f" on {devices} (from the trials on {measured_devices})"
+        ax.axvline(measured_bytes / GiB, color="black", linestyle=":",
+                   label=f"{'predicted' if measured_devices is not None else figures} peak{at} {measured_bytes / GiB:.3g} GiB")
     ax.set_yticks([0], [est.config.label()])
     ax.set_xlabel("GiB per device")
-    ax.set_title("Estimator's memory breakdown of the recommended config"
-                 + (f", calibrated on {counted(calibrated, 'trial')}" if calibrated else ""))
+    where = counted(devices, "device") + ("" if measured_devices is None else
+                                          f" (the target; the trials ran on {measured_devices})")
+    # Two lines: one at 8 inches was cut at the right edge ("calibrated on 12 t").
+    ax.set_title("Estimator's memory breakdown of the recommended config\n"
+                 f"on {where}" + (f", calibrated on {counted(calibrated, 'trial')}" if calibrated else ""),
+                 fontsize="medium")
     fig.legend(fontsize="small", loc="outside lower center", ncol=3)
     _save(fig, path)
     return path

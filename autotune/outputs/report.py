@@ -6,6 +6,8 @@ DeepSpeed's own parser), `best_hf_ds_config.json`, `recommended_trainer_args.jso
 
 from __future__ import annotations
 
+import math
+import os
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, replace
@@ -20,6 +22,7 @@ from autotune.outputs.handoff import ACCELERATE_CONFIG, DS_CONFIG, HF_DS_CONFIG,
 from autotune.outputs.launch import LAUNCH_FILE, ORIGIN_FILE, Origin, template_reason
 from autotune.search.confirm import (DEFAULT_REPEATS, SHARE, Confirmation, as_one, candidates, confidence_words,
                                      confirmation, is_repeat, prior_sigma, recommend, trials_to_confirm)
+from autotune.files import load_json, short
 from autotune.prediction.calibrate import load_calibration
 from autotune.prediction.estimate import Calibration, estimate
 from autotune.search.pruning import (CAUSES, DEVICE_MEMORY, HOST_MEMORY, NVME_SPACE, Pruner, cause_counts, cause_of,
@@ -52,6 +55,7 @@ class Stopped:
 
     reason: str | None  # a StopReason's value; None: not recorded
     text: str
+    lost: int = 0  # trials stop.json counted that the record no longer holds (a torn last line moved aside)
 
     @property
     def interrupted(self) -> bool:
@@ -59,8 +63,8 @@ class Stopped:
 
     @property
     def unfinished(self) -> bool:
-        """Interrupted, or its last session ended without saying why (killed: SIGKILL, a crash of the machine): a
-        sweep that may go on, whose best so far is no recommendation."""
+        """Interrupted, or its last session ended without saying why (killed: SIGKILL, a crash of the machine), or
+        its record lost trials since: a sweep that may go on, whose best so far is no recommendation."""
         return self.interrupted or self.reason is None
 
     def to_dict(self, run: RunDir) -> dict[str, Any]:
@@ -69,8 +73,10 @@ class Stopped:
         return {**hint, "stop_reason": self.reason, "stopped": self.text}
 
 
-NOT_RECORDED = ("not recorded: the sweep's last session ended without writing its outputs (killed?), or before "
-                "stop reasons were recorded")
+NOT_RECORDED = ("not recorded: the sweep's last session ended without writing its outputs (killed?), its record lost "
+                "trials since they were written (a torn last line moved aside), or it ran before stop reasons were "
+                "recorded")
+STOP_WHAT = "why the sweep's last session ended (JSON: stop_reason and trials)"
 
 
 def stop_reason_of(reason: str) -> StopReason:
@@ -85,20 +91,75 @@ def record_stop(run: RunDir, results: Sequence[TrialResult], reason: str) -> Pat
     return run.write_json(STOP_FILE, {"stop_reason": stop_reason_of(reason).value, "trials": len(results)})
 
 
+def read_stop(run: RunDir) -> tuple[StopReason, int] | None:
+    """stop.json's reason and count of trials; None where there is none. A file that is not one (not JSON, a
+    reason or count it cannot hold) is a one-line ConfigError naming it, as a damaged run.json is: the outputs are
+    not rewritten from a record that is not what the sweep wrote."""
+    path = run.path / STOP_FILE
+    if not os.path.lexists(path):
+        return None
+    data = load_json(path, STOP_WHAT)  # ConfigError naming file:line
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: {short(data)}: expected a JSON object: {STOP_WHAT}")
+    missing = [key for key in ("stop_reason", "trials") if key not in data]
+    if missing:
+        raise ConfigError(f"{path}: missing key(s) {', '.join(missing)}: expected {STOP_WHAT}")
+    count = data["trials"]
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise ConfigError(f"{path}: trials: {short(count)}: expected a whole number of trials >= 0")
+    reason = data["stop_reason"]
+    if not isinstance(reason, str):
+        raise ConfigError(f"{path}: stop_reason: {short(reason)}: allowed {', '.join(r.value for r in StopReason)}")
+    try:
+        return stop_reason_of(reason), count
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
+
+
 def stopped(run: RunDir, results: Sequence[TrialResult]) -> Stopped:
     """Why the sweep stopped, as stop.json recorded it while the record held these same trials; else not recorded
-    (a killed session, a record grown since, a stop.json unreadable: the outputs are written all the same)."""
-    try:
-        recorded = run.read_json(STOP_FILE)
-    except ConfigError:
-        recorded = None
-    if not isinstance(recorded, dict) or recorded.get("trials") != len(results):
-        return Stopped(None, NOT_RECORDED)
-    try:
-        why = stop_reason_of(str(recorded.get("stop_reason")))
-    except ConfigError:
-        return Stopped(None, NOT_RECORDED)
+    (a killed session, a record grown since, or one that lost trials since: `lost`). A stop.json that cannot be read
+    is a ConfigError (read_stop)."""
+    recorded = read_stop(run)
+    if recorded is None or recorded[1] != len(results):
+        lost = recorded[1] - len(results) if recorded is not None and recorded[1] > len(results) else 0
+        return Stopped(None, NOT_RECORDED, lost)
+    why = recorded[0]
     return Stopped(why.value, why.describe(convergence.recorded(results)))
+
+
+def check_record(run: RunDir, results: Sequence[TrialResult] | None = None) -> None:
+    """Before `autotune report` rewrites a run directory's outputs: the files they are made of that a sweep wrote
+    beside trials.jsonl (stop.json, calibration.json) readable, and a record that is there. A run directory whose
+    trials.jsonl is gone (or empty) while its outputs describe trials is refused: rewriting them would say that no
+    trial ran beside the recommendation files left from before. `results`: the record as read under the lock (None:
+    before it, where a missing or empty file is what counts). One-line ConfigErrors naming the file."""
+    recorded = read_stop(run)
+    run_calibration(run)
+    gone = (not results) if results is not None else (not os.path.lexists(run.trials_path)
+                                                      or os.path.getsize(run.trials_path) == 0)
+    if not gone:
+        return
+    what = "no trials.jsonl" if not os.path.lexists(run.trials_path) else "an empty trials.jsonl"
+    if os.path.lexists(run.path / "summary.json"):
+        try:
+            summary = run.read_json("summary.json")
+        except ConfigError as err:
+            raise ConfigError(f"{run.path}: {what}, but a summary.json from an earlier write ({err}): the record is "
+                              "gone; nothing rewritten") from None
+        count = summary.get("trials") if isinstance(summary, dict) else None
+        if not isinstance(count, int) or isinstance(count, bool) or count != 0:
+            counts = (f"counts {counted(count, 'trial')}" if isinstance(count, int) and not isinstance(count, bool)
+                      else "is from an earlier write")
+            raise ConfigError(f"{run.path}: {what}, but its summary.json {counts}: the record is gone; nothing "
+                              "rewritten")
+    if recorded is not None and recorded[1]:
+        raise ConfigError(f"{run.path}: {what}, but its {STOP_FILE} counts {counted(recorded[1], 'trial')}: the "
+                          "record is gone; nothing rewritten")
+    for name in (DS_CONFIG, LAUNCH_FILE):
+        if os.path.lexists(run.path / name):
+            raise ConfigError(f"{run.path}: {what}, but its {name} holds a recommendation from trials: the record "
+                              "is gone; nothing rewritten")
 
 
 @dataclass(frozen=True)
@@ -110,9 +171,10 @@ class Outputs:
     notes: tuple[str, ...] = ()  # script mode: how to use the script's own config (replaces the handoff's lines)
 
     def to_dict(self, run_dir: Path) -> dict[str, Any]:
-        """What `autotune report --json` prints (and `tune --json`, with the stop reason): JSON types only."""
+        """What `autotune report --json` prints (and `tune --json`, with the stop reason): JSON types only, byte
+        counts whole (whole_bytes)."""
         best = self.best
-        return {
+        return whole_bytes({
             "run_dir": str(run_dir), "verdict": self.verdict,
             "best": None if best is None else {**best.to_dict(), "label": best.config.label(),
                                                "trial": self.summary.get("best_trial_index")},
@@ -123,7 +185,20 @@ class Outputs:
                             if p.name.startswith(("best_", "recommended_")) and p.parent == Path(run_dir)},
             "report": str(Path(run_dir) / "report.md"),
             "files": [str(p) for p in self.files],
-        }
+        })
+
+
+def whole_bytes(value: Any, key: str = "") -> Any:
+    """`value` (JSON types) with every byte count a whole number: a key ending in `_bytes` that holds a float (a
+    record's predicted peak is read back as one: values.results parses it as a number) or a list of them holds ints,
+    as every measured peak does."""
+    if isinstance(value, dict):
+        return {k: whole_bytes(v, k) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [whole_bytes(v, key) for v in value]
+    if key.endswith("_bytes") and isinstance(value, float) and math.isfinite(value):
+        return round(value)
+    return value
 
 
 def recommendation(results: Sequence[TrialResult],
@@ -296,8 +371,11 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
     check_output_paths(run)
     if stop_reason is not None:
         record_stop(run, results, stop_reason)
-    stop = stopped(run, results)
+    stop = stopped(run, results)  # a stop.json that is not one: ConfigError, before anything is written
     best, scaled = recommendation(results, settings)
+    # As `autotune estimate --calibration <run>` predicts it: the report's figures are the calibrated ones. Read
+    # before anything is written: a calibration.json that is not one is refused (run_calibration).
+    calibration = run_calibration(run) if best is not None else Calibration()
     summary = {**stop.to_dict(run), **_summary(results, settings, best, scaled)}
     files = [run.write_json("summary.json", summary)]
     figures = FIGURES.get(settings.backend, ("measured", ""))[0]
@@ -331,12 +409,7 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
             own_notes += launch.console_lines(str(run.path / LAUNCH_FILE))
             own_section.insert(-1, f"- Launch: `bash {LAUNCH_FILE} torchrun {launch.train()}` (or `deepspeed`): "
                                    f"{counted(launch.processes, 'process', 'processes')} in the environment the trials ran in")
-        # As `autotune estimate --calibration <run>` predicts it: the report's figures are the calibrated ones.
-        calibration = run_calibration(run)
-        est = estimate(best.config, settings.workload, settings.hardware, calibration)
-        files.append(plots.memory_breakdown(est, settings.memory_budget_bytes, best.peak_memory_bytes,
-                                            run.plots_dir / "memory_breakdown.png", figures=figures,
-                                            calibrated=calibration.samples))
+        files.append(breakdown_plot(run, settings, best, scaled, calibration, figures))
         runs = best.runs
         verdict = (f"recommended {best.config.label()}: {best.throughput_samples_per_s:.3g} samples/s"
                    + (f" (median of {counted(runs, 'run')})" if runs else "") + ", "
@@ -351,7 +424,7 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
         if scaled.rows:  # else no trial fits even here: the verdict above says why
             verdict = target_verdict(scaled, settings)
     if stop.unfinished:  # what to do first, then the best so far: no recommendation of an unfinished sweep
-        verdict = interrupted_verdict(verdict, results, run, killed=not stop.interrupted)
+        verdict = interrupted_verdict(verdict, results, run, killed=not stop.interrupted, lost=stop.lost)
     keep_study(run, settings, results)
     report = run.path / "report.md"
     text = markdown(results, settings, summary, best, verdict, study=study_line(run, settings),
@@ -389,14 +462,40 @@ def keep_study(run: RunDir, settings: RunSettings, results: Sequence[TrialResult
             storage.engine.dispose()
 
 
-def interrupted_verdict(verdict: str, results: Sequence[TrialResult], run: RunDir, killed: bool = False) -> str:
-    """The verdict of an interrupted sweep (`killed`: one whose last session ended without saying why): that it is
+def interrupted_verdict(verdict: str, results: Sequence[TrialResult], run: RunDir, killed: bool = False,
+                        lost: int = 0) -> str:
+    """The verdict of an interrupted sweep (`killed`: one whose last session ended without saying why; `lost`: the
+    trials its record lost since its last outputs were written, a torn last line moved aside): that it is
     unfinished and how to continue it first, then the best so far (not called a recommendation)."""
     launched = sum(r.status != "pruned" for r in results)
     best = re.sub(r"^recommended\b", "best so far", verdict) if verdict.startswith("recommended") else verdict
+    if lost:  # its last session did write its outputs: the record is what changed since (a resume runs them again)
+        return (f"its record lost {counted(lost, 'trial')} since its outputs were written ({len(results)} of "
+                f"{len(results) + lost} left in {run.trials_path.name}), unfinished: {run.resume_hint()}; {best}")
     when = f"after {counted(launched, 'launched trial')}" if launched else "before any trial finished"
     how = "ended without writing its outputs (killed?)" if killed else "interrupted"
     return f"{how} {when}, unfinished: {run.resume_hint()}; {best}"
+
+
+def breakdown_plot(run: RunDir, settings: RunSettings, best: TrialResult, scaled: ScaleReport | None,
+                   calibration: Calibration, figures: str) -> Path:
+    """plots/memory_breakdown.png: the estimator's breakdown of the recommended config, calibrated as the report's
+    predictions are, on the devices it is recommended for: with --target-gpus the target's (beside its predicted
+    peak there, report.md's table's figure), else the trials' (beside the peak measured)."""
+    from autotune.outputs import plots
+
+    pick = scaled.pick if scaled is not None else None
+    if pick is not None and pick.config == best.config:
+        target = at_target(settings)
+        est = estimate(best.config, target.workload, settings.hardware, calibration)
+        return plots.memory_breakdown(est, settings.memory_budget_bytes, pick.peak_bytes,
+                                      run.plots_dir / "memory_breakdown.png", figures="predicted",
+                                      calibrated=calibration.samples, devices=target.workload.gpus,
+                                      measured_devices=settings.workload.gpus)
+    est = estimate(best.config, settings.workload, settings.hardware, calibration)
+    return plots.memory_breakdown(est, settings.memory_budget_bytes, best.peak_memory_bytes,
+                                  run.plots_dir / "memory_breakdown.png", figures=figures,
+                                  calibrated=calibration.samples, devices=settings.workload.gpus)
 
 
 def scale_report(results: Sequence[TrialResult], settings: RunSettings) -> ScaleReport | None:
@@ -600,7 +699,7 @@ def tables(results: Sequence[TrialResult], budget: int) -> dict[str, list[dict[s
     failures = [{"status": status, "ran_out_of": limit, "cause": _clipped(group[0].error), "count": len(group),
                  "trials": [r.extra.get("trial") for r in group], "configs": [r.config.label() for r in group]}
                 for (status, limit, _), group in failure_groups(results)]
-    return {"top_configs": top, "failures": failures}
+    return whole_bytes({"top_configs": top, "failures": failures})
 
 
 def _top_table(results: Sequence[TrialResult], budget: int) -> list[str]:
@@ -625,12 +724,10 @@ def _top_table(results: Sequence[TrialResult], budget: int) -> list[str]:
 
 
 def run_calibration(run: RunDir) -> Calibration:
-    """The calibration the sweep saved (none: the estimator's own; one a report cannot read is left out, as the
-    sweep's figures do not depend on it)."""
-    try:
-        return load_calibration(run.path) or Calibration()
-    except ConfigError:
-        return Calibration()
+    """The calibration the sweep saved (none: the estimator's own). One that cannot be read is a one-line
+    ConfigError naming it, as a damaged run.json is: a breakdown drawn without it would disagree with the report's
+    calibrated predictions."""
+    return load_calibration(run.path) or Calibration()
 
 
 def _status_list(results: Sequence[TrialResult]) -> str:

@@ -37,7 +37,7 @@ import numpy as np
 from scipy.optimize import lsq_linear
 
 from autotune.values.config import Config, ConfigError
-from autotune.files import load_json, write_atomic
+from autotune.files import load_json, short, write_atomic
 from autotune.prediction.estimate import Calibration, estimate
 from autotune.values.hardware import Hardware
 from autotune.values.results import TrialResult
@@ -294,5 +294,28 @@ def load_calibration(path: str | Path, workload: Workload | None = None,
                               f"{workload.global_batch}, {workload.gpus} GPU(s)")
     if hardware is not None and data.get("hardware") not in (None, hardware.name):
         raise ConfigError(f"{path}: fitted for hardware {data['hardware']!r}, not {hardware.name!r}")
+    return Calibration(**_terms(data, path))
+
+
+def _terms(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The Calibration's terms of a calibration file, each checked (a file's other keys: the workload, hardware and
+    fit it was made for); one-line ConfigError for a term that is not what it holds."""
     known = {f.name for f in fields(Calibration)}
-    return Calibration(**{k: v for k, v in data.items() if k in known})
+    terms = {}
+    for name, value in data.items():
+        if name not in known:
+            continue
+        if name == "precision_scales":
+            if not isinstance(value, dict) or not all(_finite(v) for v in value.values()):
+                raise ConfigError(f"{path}: precision_scales: {short(value)}: expected an object of precision: factor")
+        elif name == "samples":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"{path}: samples: {short(value)}: expected a whole number >= 0")
+        elif not (_finite(value) or (value is None and name in ("overhead_bytes", "step_overhead_s"))):
+            raise ConfigError(f"{path}: {name}: {short(value)}: expected a number")
+        terms[name] = value
+    return terms
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
