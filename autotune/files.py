@@ -127,7 +127,8 @@ def parse_json(text: str, where: str | Path, what: str = "JSON") -> Any:
     except json.JSONDecodeError as err:
         # Some of json's messages end in "at" ("Unterminated string starting at"): no second one.
         at = "" if err.msg.endswith(" at") else " at"
-        raise ConfigError(f"{where}: not valid JSON ({err.msg}{at} column {err.colno}): expected {what}") from None
+        line = f"line {err.lineno} " if "\n" in text.rstrip("\n") else ""  # a file's JSON of several lines
+        raise ConfigError(f"{where}: not valid JSON ({err.msg}{at} {line}column {err.colno}): expected {what}") from None
     except (ValueError, RecursionError) as err:  # an integer too long to convert, nesting too deep
         raise ConfigError(f"{where}: not valid JSON ({' '.join(str(err).split())[:200]}): expected {what}") from None
 

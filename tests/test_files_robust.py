@@ -418,3 +418,12 @@ def current_umask() -> int:
         if line.startswith("Umask:"):
             return int(line.split()[1], 8)
     return 0o022
+
+
+def test_invalid_json_of_several_lines_names_its_line():
+    from autotune.files import parse_json
+
+    with pytest.raises(ConfigError, match=r"run.json: not valid JSON \(Expecting ',' delimiter at line 3 column 3\)"):
+        parse_json('{\n  "a": 1\n  "b": 2\n}\n', "run.json")
+    with pytest.raises(ConfigError, match=r"x.json: not valid JSON \(Expecting value at column 7\)"):
+        parse_json('{"a": }', "x.json")  # one line: its column says where
