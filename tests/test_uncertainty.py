@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import math
 from pathlib import Path
 
@@ -119,7 +120,7 @@ def test_replay_reaches_the_optimum_of_the_committed_surface_and_never_prunes_it
             assert r.extra["cause"] != "device_memory" or r.extra["fit_probability"] < 0.05
 
 
-def test_estimate_with_a_runs_calibration_shows_each_peaks_interval_and_probability(tmp_path, capfd):
+def test_estimate_with_a_runs_calibration_shows_each_peaks_interval_and_probability(tmp_path, capfd, monkeypatch):
     run = tmp_path / "r"
     args = ["--model", "tiny", "--hardware", "cpu"]
     assert cli(["tune", *args, "--backend", "simulated", "--memory-budget", "0.7GiB", "--strategy", "optuna",
@@ -131,6 +132,13 @@ def test_estimate_with_a_runs_calibration_shows_each_peaks_interval_and_probabil
     assert all(lo < r["memory"]["total"] * 1.5 and lo < hi for r in rows for lo, hi in [r["peak_interval_bytes"]])
     code, out, _ = cli(["estimate", *args, "--gpu-memory", "0.7GiB", "--calibration", str(run)], capfd)
     assert code == 0 and "90%" in out and "fits" in out  # the interval and probability columns
+    # At 80 columns each config is one line, its knobs as its label, its interval in one unit (0.55-0.82 GiB):
+    # the knobs' seven columns folded each row over four lines ("sampl / es/s", "677 / MiB- / 1.06 / GiB").
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, _ = cli(["estimate", *args, "--gpu-memory", "0.7GiB", "--calibration", str(run), "--top", "3"], capfd)
+    rows = [line for line in out.splitlines() if line.lstrip()[:1] in ("1", "2", "3") and "│" in line]
+    assert code == 0 and len(rows) == 3 and all(len(line) <= 80 for line in out.splitlines() if "│" in line or "┃" in line)
+    assert all(re.search(r"│ z\d mb\d+ ck\d+ \w+.*│ [\d.]+-[\d.]+ [KMG]iB │", line) for line in rows), rows
     # A calibration fitted for another workload is refused: one line, exit 2.
     code, _, err = cli(["estimate", "--model", "gpt2-small", "--hardware", "cpu", "--calibration", str(run)], capfd)
     assert code == 2 and "another workload" in err

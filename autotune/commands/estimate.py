@@ -151,7 +151,15 @@ def _interval_cells(pruner: Pruner | None, est: Estimate) -> tuple[str, ...]:
         return ()
     found = _uncertain(pruner, est)
     low, high = found["peak_interval_bytes"]
-    return f"{format_size(low)}-{format_size(high)}", f"{found['fit_probability']:.0%}"
+    return _span(low, high), f"{found['fit_probability']:.0%}"
+
+
+def _span(low: float, high: float) -> str:
+    """An interval of sizes in the unit of its upper end, written once: 0.66-1.06 GiB, 677-904 MiB."""
+    high_text = format_size(high)
+    unit = high_text.rsplit(" ", 1)[1]
+    value = low / 1024 ** ("B", "KiB", "MiB", "GiB", "TiB").index(unit)
+    return f"{value:{'.0f' if unit == 'B' or value >= 999.5 else '.3g'}}-{high_text}"
 
 
 def _short(term: str) -> str:
@@ -165,19 +173,24 @@ KNOB_COLUMNS = {True: ("stage", "micro", "accum", "ckpt", "prec", "off opt", "of
                 False: ("z", "mb", "acc", "ck", "prec", "oo", "op")}
 
 
-def fit_table(ranking: Ranking, top: int, pruner: Pruner | None, *, terms: bool) -> Table:
+def fit_table(ranking: Ranking, top: int, pruner: Pruner | None, *, terms: bool, label: bool = False) -> Table:
     """The configs predicted to fit, fastest first: each memory term a column too (`terms`), else only the peak,
-    the host memory and the throughput, with short headers: 80 columns wide. A column too narrow folds, never cut."""
+    the host memory and the throughput, with short headers: 80 columns wide; `label`: the knobs as one column, the
+    config's label (z2 mb4 ck1 bf16 oo=cpu), where even that is too wide. A column too narrow folds, never cut."""
     workload = ranking.space.workload
     title = f"Top {counted(min(top, len(ranking.fits)), 'config')} predicted to fit, fastest first"
     table = Table(title=title, show_edge=False)
-    for column in ("#", *KNOB_COLUMNS[terms], "peak", *(_short(t) for t in MEMORY_TERMS if terms), "host",
+    knobs = ("config", "acc") if label else KNOB_COLUMNS[terms]
+    for column in ("#", *knobs, "peak", *(_short(t) for t in MEMORY_TERMS if terms), "host",
                    *(("step s",) if terms else ()), "samples/s", *(("peak 90%", "fits") if pruner else ())):
-        table.add_column(column, justify="right", overflow="fold")
+        table.add_column(column, justify="left" if column == "config" else "right", overflow="fold")
     for i, est in enumerate(ranking.fits[:top], 1):
         c, mem = est.config, est.memory
-        table.add_row(str(i), str(c.zero_stage), str(c.micro_batch), str(workload.grad_accumulation(c.micro_batch)),
-                      str(c.ckpt_interval), c.precision, c.offload_optimizer, c.offload_param,
+        accumulation = str(workload.grad_accumulation(c.micro_batch))
+        knob_cells = (c.label(), accumulation) if label else (
+            str(c.zero_stage), str(c.micro_batch), accumulation, str(c.ckpt_interval), c.precision,
+            c.offload_optimizer, c.offload_param)
+        table.add_row(str(i), *knob_cells,
                       format_size(est.peak_bytes), *(format_size(getattr(mem, t)) for t in MEMORY_TERMS if terms),
                       format_size(est.host_bytes), *((f"{est.step_time_s:.3g}",) if terms else ()),
                       f"{est.throughput_samples_per_s:.3g}", *_interval_cells(pruner, est))
@@ -211,6 +224,8 @@ def show(ranking: Ranking, hardware: Hardware, top: int, pruner: Pruner | None =
         table = fit_table(ranking, top, pruner, terms=True)
         if natural_width(console, table) > console.width:  # too wide for this terminal: a column for each config
             table = fit_table(ranking, top, pruner, terms=False)
+            if natural_width(console, table) > console.width:  # the 90% intervals beside: the knobs as one label
+                table = fit_table(ranking, top, pruner, terms=False, label=True)
             table.caption = "memory terms and step times: --json, or a wider terminal (COLUMNS=200)"
         console.print(table)
     if not ranking.too_big:
