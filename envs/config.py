@@ -8,8 +8,10 @@ settings to a WorkloadSampler, ...) and raises a one-line ConfigError naming wha
 
 from __future__ import annotations
 
+import numbers
 import os
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, Mapping
 
 from autotune.backends.factory import backend_names
@@ -17,8 +19,8 @@ from autotune.values.config import ConfigError
 from autotune.prediction.estimate import Calibration
 from autotune.values.hardware import Hardware, load_hardware
 from autotune.search_spaces import load_choices
-from autotune.values.space import Choices
-from autotune.values.units import parse_size
+from autotune.values.space import Choices, parse_choices
+from autotune.values.units import parse_size, shown
 from autotune.values.workload import Workload, make_workload
 
 from autotune.envs.reward import Reward
@@ -42,8 +44,9 @@ class EnvConfig:
     hardware        profile name, YAML path or Hardware (default: the surface's, cpu for tiny, else a100-80gb;
                     on replay, a hardware or workload other than the surface's is refused)
     memory_budget   bytes or a size like "2GiB", or a list of them drawn per episode (default: device memory)
-    space           search-space preset, YAML path or Choices (default: cpu on CPU hardware, else default;
-                    on replay, the surface's measured values)
+    space           search-space preset name, YAML path, Choices, or a mapping of knob -> list of values (a
+                    space YAML's content) (default: cpu on CPU hardware, else default; on replay, the surface's
+                    measured values)
     surface         replay: a surface path, or a list of them drawn per episode
     horizon         steps per episode (default 16)
     start           "random" (default) | "default" (the space's default config) | "estimator" (best
@@ -62,7 +65,7 @@ class EnvConfig:
     reference_throughput  object/deepspeed backends: the reward's normaliser instead of the estimator's best
     backend_options deepspeed: keyword arguments of DeepSpeedBackend
     cache_size      landscapes kept per environment (default 256)
-    seed            seed of the first reset when reset() is given none
+    seed            seed of the first reset when reset() is given none: an integer >= 0 (default None)
 
     The fields hold the normalised values (Workload, WorkloadSampler, Hardware, Choices, bytes, ...);
     None means "not given". `sampler` stays None when the default sampler applies (`task_sampler()`).
@@ -103,6 +106,7 @@ class EnvConfig:
         put("chance_info", bool(self.chance_info))
         put("calibration", _calibration(self.calibration))
         _positive_int(self.cache_size, "cache_size")
+        put("seed", _seed(self.seed))
         backend = self.backend
         if not isinstance(backend, str):
             if not callable(getattr(backend, "run", None)):
@@ -120,7 +124,7 @@ class EnvConfig:
             raise ConfigError(f"reference_throughput={reference!r}: must be a positive number")
         put("memory_budget", _budgets(self.memory_budget))
         if self.space is not None and not isinstance(self.space, Choices):
-            put("space", load_choices(self.space))
+            put("space", _space(self.space))
         if self.hardware is not None and not isinstance(self.hardware, Hardware):
             put("hardware", load_hardware(str(self.hardware)))
         surface = self.surface
@@ -208,6 +212,27 @@ def _positive_int(value: Any, name: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ConfigError(f"{name}={value!r}: must be a positive integer")
     return value
+
+
+def _seed(value: Any) -> int | None:
+    """None, or an integer >= 0 (numpy's too) as gymnasium's reset(seed=...) takes it."""
+    if value is None:
+        return None
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"seed={shown(value)}: allowed an integer >= 0 or None")
+    return int(value)
+
+
+def _space(value: Any) -> Choices:
+    """Choices from a preset name or YAML path (search_spaces.load_choices), or from a mapping of knob -> list of
+    values, as a space YAML holds (values.space.parse_choices)."""
+    if isinstance(value, Mapping):
+        data = {k: list(v) if isinstance(v, tuple) else v for k, v in value.items()}
+        return parse_choices(data, "env_config['space']")
+    if isinstance(value, (str, os.PathLike)):
+        return load_choices(value if isinstance(value, str) else Path(value))
+    raise ConfigError(f"space {shown(value)}: allowed a preset name, a YAML file path, a mapping of knob -> list of "
+                      f"values, or Choices")
 
 
 def _workload(value: Any) -> Workload:

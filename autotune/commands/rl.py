@@ -2,12 +2,13 @@
 
     autotune rl train [--iterations N] [--backend simulated|replay] [--surface FILE ...] [--memory-budget SIZE[,SIZE...]]
                       [--workers K] [--out runs/policy-NAME] [--ray-address ADDR] [--seed N] ...
-    autotune rl export CHECKPOINT --out DIR
+    autotune rl export RUN | RUN/checkpoints/NNNNNN | RUN/checkpoints/latest --out DIR
 
 `train` resumes the run in --out when there is one (from its last checkpoint), and prints one line per
-iteration (under --quiet only its result, the `done:` line, and errors). The exported policy (DIR/policy.pt +
-policy.json) is what `autotune tune --strategy rl --policy DIR` (or `--strategy hybrid --policy DIR`) loads,
-without Ray.
+iteration (under --quiet only its result, the `done:` line, and errors); --out is a new or empty folder or one of
+its runs, anything else (a sweep's, an exported policy's) is refused. `export` writes the checkpoint given, or the
+latest of a run (RUN, RUN/checkpoints/latest), and says which. The exported policy (DIR/policy.pt + policy.json)
+is what `autotune tune --strategy rl --policy DIR` (or `--strategy hybrid --policy DIR`) loads, without Ray.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from autotune.values.argtypes import (input_dir, input_file, int_range, non_negative_float, output_dir, positive_int,
-                               ray_address, seed, size)
+from autotune.values.argtypes import (input_file, int_range, non_negative_float, output_dir, positive_int, ray_address,
+                                      seed, shown_path, size)
 from autotune.commands.common import add_json_argument, emit_json, json_command
 from autotune.values.config import ConfigError
 from autotune.values.units import counted, shown
@@ -42,6 +43,32 @@ def widths(text: str) -> tuple[int, ...]:
     if not values or min(values) <= 0 or max(values) > MAX_WIDTH:
         raise argparse.ArgumentTypeError(f"{shown(text)}: expected {allowed}")
     return values
+
+
+MAX_KEPT = 1_000_000  # --keep-checkpoints past this is a typo ("all" or 0 keeps every one)
+
+
+def kept_checkpoints(text: str) -> int:
+    """--keep-checkpoints: how many of the newest checkpoints a run keeps; 0 or `all`: every one (0)."""
+    if text.strip().lower() == "all":
+        return 0
+    allowed = f"expected a count of checkpoints from 1 to {MAX_KEPT}, or 0 or all to keep every one"
+    if len(text) > 12:
+        raise argparse.ArgumentTypeError(f"{shown(text)}: {allowed}")
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{shown(text)}: {allowed}") from None
+    if not 0 <= value <= MAX_KEPT:
+        raise argparse.ArgumentTypeError(f"{shown(text)}: {allowed}")
+    return value
+
+
+def checkpoint_path(text: str) -> Path:
+    """`rl export`'s CHECKPOINT: any path (what it names is resolved by autotune.rl.train.resolve_checkpoint)."""
+    if not text or "\0" in text:
+        raise argparse.ArgumentTypeError(f"{shown_path(text)}: no such checkpoint")
+    return Path(text)
 
 
 MAX_BUDGETS = 64  # --memory-budget sizes of replay training: more is a typo
@@ -108,12 +135,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="training tasks drawn once by the GPU sampler (the CPU one draws a quarter as many) "
                             "(default: %(default)s)")
     train.add_argument("--hiddens", type=widths, default=defaults.hiddens,
-                       help="hidden layer widths of the policy and value networks, e.g. 128,128 "
-                            "(default: %(default)s)")
+                       help="hidden layer widths of the policy and value networks, comma-separated "
+                            f"(default: {','.join(map(str, defaults.hiddens))})")
     train.add_argument("--envs-per-worker", type=int_range(1, MAX_RUNNERS, " copies"), default=defaults.envs_per_worker,
                        help="environment copies per runner, at most 4096 (default: %(default)s)")
     train.add_argument("--checkpoint-every", type=positive_int, default=defaults.checkpoint_every,
                        help="iterations between checkpoints (default: %(default)s)")
+    train.add_argument("--keep-checkpoints", type=kept_checkpoints, default=defaults.keep_checkpoints,
+                       metavar="N", help="the newest checkpoints a run keeps, older ones removed as training goes on; "
+                                         "0 or all: every one (default: %(default)s)")
     add_json_argument(train)
     train.set_defaults(_rl=run_train, _prog=train.prog)  # errors name "autotune rl train"
 
@@ -121,7 +151,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             description="Write the policy of an RLlib checkpoint of `autotune rl train` as policy.pt + "
                                         "policy.json into --out DIR, which `autotune tune --strategy rl --policy DIR` "
                                         "(or --strategy hybrid) loads without Ray.")
-    export.add_argument("checkpoint", type=input_dir, help="a checkpoint directory (RUN/checkpoints/NNNNNN)")
+    export.add_argument("checkpoint", type=checkpoint_path,
+                        help="a training run's folder RUN (its latest checkpoint), RUN/checkpoints/latest, or a "
+                             "checkpoint RUN/checkpoints/NNNNNN")
     export.add_argument("--out", type=output_dir, required=True,
                         help="directory to write the policy to (DIR of `autotune tune --policy DIR`)")
     add_json_argument(export)
@@ -134,7 +166,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from autotune.rl.train import RunDir, Start, TrainSettings, replay_budgets, shown_budgets, train
+    from autotune.rl.train import (RunDir, Start, TrainSettings, check_replay_budgets, check_run_folder,
+                                   replay_budgets, shown_budgets, train)
 
     if args.backend == "replay" and not args.surface:
         raise ConfigError("--backend replay needs --surface FILE (one or more)")
@@ -148,6 +181,8 @@ def run_train(args: argparse.Namespace) -> int:
     # read here, before Ray starts, so that a bad surface is one line at once
     surfaces = [load_surface(path) for path in args.surface]
     budgets = args.memory_budget or (replay_budgets(surfaces) if args.backend == "replay" else ())
+    # budgets nothing fits: refused where every episode would run out of memory, else said before training
+    budget_warning = check_replay_budgets(surfaces, budgets)
     settings = TrainSettings(
         iterations=args.iterations, backend=args.backend, surfaces=tuple(str(p.resolve()) for p in args.surface),
         memory_budget_bytes=tuple(budgets),
@@ -155,8 +190,10 @@ def run_train(args: argparse.Namespace) -> int:
         noise=args.noise, randomize=args.randomize, trial_cost=args.trial_cost, second_cost=args.second_cost,
         observe_seconds=args.observe_seconds, oom_penalty=args.oom_penalty,
         train_batch=args.train_batch, minibatch=args.minibatch,
-        epochs=args.epochs, pool_size=args.pool_size, hiddens=args.hiddens, checkpoint_every=args.checkpoint_every)
+        epochs=args.epochs, pool_size=args.pool_size, hiddens=args.hiddens, checkpoint_every=args.checkpoint_every,
+        keep_checkpoints=args.keep_checkpoints)
     out = args.out or Path("runs") / f"policy-{datetime.now():%Y%m%d-%H%M%S}"
+    check_run_folder(out)  # a sweep's, an exported policy's or any other folder: refused before anything is said
     args._run_dir = out  # an internal error's traceback goes to its logs/ (autotune.cli), once it exists
     console = Console(soft_wrap=True)  # one line per iteration, wrapped by the terminal (COLUMNS where set)
     # --quiet: the result (`done:`) and errors only; the banner and the iterations are progress
@@ -169,6 +206,8 @@ def run_train(args: argparse.Namespace) -> int:
             say(f"{out} is already trained to {counted(start.done, 'iteration')} (--iterations {start.target} asks for no "
                 f"more): nothing to train", highlight=False)
             return
+        if budget_warning:  # said even under --quiet, as errors are
+            console.print(budget_warning, highlight=False)
         say(f"{'resuming' if start.checkpoint else 'training'} a policy in {out}: PPO, {counted(start.target, 'iteration')} "
             f"of {settings.train_batch} steps, {backend}, seed {settings.seed}, "
             f"{counted(settings.workers, 'remote runner')}, Ray {'at ' + args.ray_address if args.ray_address else 'local'}"
@@ -192,12 +231,10 @@ def run_train(args: argparse.Namespace) -> int:
     try:
         result = train(out, settings, ray_address=args.ray_address, on_iteration=show, on_start=begin)
     except KeyboardInterrupt:
-        saved = RunDir(out).latest_checkpoint()
-        console.print(f"interrupted: the same command resumes from checkpoint {saved}" if saved else
-                      "interrupted before the first checkpoint: nothing was saved, the same command starts over",
-                      highlight=False)
+        console.print(interrupted(RunDir(out)), highlight=False)
         if args.json:
-            emit_json(args, {"out": str(out), "interrupted": True})
+            saved = RunDir(out).latest_checkpoint()
+            emit_json(args, {"out": str(out), "interrupted": True, "checkpoint": str(saved) if saved else None})
         return 130
     console.print(f"done: {counted(result.iterations, 'iteration')}; checkpoint {result.checkpoint}; policy {result.policy}",
                   highlight=False)
@@ -206,6 +243,23 @@ def run_train(args: argparse.Namespace) -> int:
                          "resumed_from": result.resumed_from, "checkpoint": result.checkpoint, "policy": result.policy,
                          "last": result.last, "settings": RunDir(out).settings() or settings})
     return 0
+
+
+def interrupted(run) -> str:
+    """What an interrupted `rl train` leaves: the checkpoint the same command resumes from, or (none) a folder
+    that any command starts over in, unless its settings stayed (a second interrupt while training took them back)."""
+    saved = run.latest_checkpoint()
+    if saved:
+        return f"interrupted: the same command resumes from checkpoint {saved}"
+    try:
+        kept = run.settings() is not None
+    except ConfigError:
+        kept = True
+    if kept:
+        return (f"interrupted before the first checkpoint: nothing was saved, the same command starts over; "
+                f"{run.path / 'settings.json'} keeps its settings, so other flags are refused there until it is removed")
+    return (f"interrupted before the first checkpoint: nothing was saved, the same command starts over, as does one "
+            f"with other flags ({run.path} keeps no settings)")
 
 
 def quiet_ray() -> None:
@@ -218,15 +272,16 @@ def quiet_ray() -> None:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from autotune.rl.train import export_checkpoint
+    from autotune.rl.train import export_checkpoint, resolve_checkpoint
 
+    checkpoint = resolve_checkpoint(args.checkpoint)  # before Ray's import: a wrong path is one line at once
     quiet_ray()
 
-    folder = export_checkpoint(args.checkpoint, args.out)
+    folder = export_checkpoint(checkpoint, args.out)
     provenance = (folder / "PROVENANCE.md").is_file()
     if args.json:
-        emit_json(args, {"policy": folder, "files": sorted(str(p) for p in folder.iterdir() if p.is_file()),
-                         "provenance": provenance})
+        emit_json(args, {"policy": folder, "checkpoint": str(checkpoint),
+                         "files": sorted(str(p) for p in folder.iterdir() if p.is_file()), "provenance": provenance})
         return 0
-    print(f"policy written to {folder}" + (" with PROVENANCE.md" if provenance else ""))
+    print(f"policy of checkpoint {checkpoint} written to {folder}" + (" with PROVENANCE.md" if provenance else ""))
     return 0

@@ -11,18 +11,25 @@ Run directory (`--out`):
                         `iterations`: the most asked for or trained, never fewer than its checkpoints hold)
     progress.jsonl      one line per iteration: timesteps, episodes, return, trials per episode,
                         fraction of episodes within 2% of the optimum, OOM trials, seconds
-    checkpoints/NNNNNN  RLlib algorithm checkpoints (the last `keep_checkpoints` are kept);
+    checkpoints/NNNNNN  RLlib algorithm checkpoints: the last `keep_checkpoints` (2 by default, `--keep-checkpoints`;
+                        0 keeps every one), the older ones removed as each new one completes
     checkpoints/latest  the name of the newest complete one (written after it)
     policy/             the policy exported at the last checkpoint (policy.pt + policy.json), what
                         `autotune tune --strategy rl --policy RUN/policy` loads without Ray (as it loads
                         any folder `autotune rl export` writes)
     .lock               held by the training process (autotune.search.rundir.RunFolder): a second one is refused
+    logs/               an internal error's traceback (autotune.cli)
+
+`--out` is a new or empty folder, or one of these (`check_run_folder`): a folder holding anything else (a sweep's,
+an exported policy) is refused before anything is written. A session stopped before its first checkpoint takes
+back what it wrote (settings.json, progress.jsonl, a checkpoint cut short): the folder starts over with any flags.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import shlex
 import shutil
 import sys
@@ -38,7 +45,7 @@ from autotune.files import sha256, write_atomic
 from autotune.trials.interrupts import stop_signals_as_interrupt
 from autotune.search.rundir import RunFolder
 from autotune.values.settings import differences
-from autotune.values.units import format_size
+from autotune.values.units import format_size, shown
 
 if TYPE_CHECKING:
     from autotune.backends.replay import Surface
@@ -103,7 +110,7 @@ class TrainSettings:
     entropy: float = 0.01
     gamma: float = 0.95
     checkpoint_every: int = 5
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = 2  # the newest checkpoints kept; 0: every one (`--keep-checkpoints`)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -117,10 +124,13 @@ class TrainSettings:
             if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
                 raise ConfigError(f"memory_budget_bytes: {budget!r}: must be a positive integer (bytes)")
         for name in ("iterations", "envs_per_worker", "horizon", "pool_size", "train_batch", "minibatch", "epochs",
-                     "checkpoint_every", "keep_checkpoints"):
+                     "checkpoint_every"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name}={value!r}: must be a positive integer")
+        keep = self.keep_checkpoints
+        if not isinstance(keep, int) or isinstance(keep, bool) or keep < 0:
+            raise ConfigError(f"keep_checkpoints={keep!r}: must be 0 (every one) or a positive integer")
         if self.workers < 0:
             raise ConfigError(f"workers={self.workers!r}: must be 0 or more")
         if not 0 <= self.cpu_share < 1:
@@ -163,7 +173,7 @@ class TrainSettings:
                           ("--second-cost", "second_cost"),
                           ("--oom-penalty", "oom_penalty"), ("--train-batch", "train_batch"), ("--minibatch", "minibatch"),
                           ("--epochs", "epochs"), ("--pool-size", "pool_size"), ("--envs-per-worker", "envs_per_worker"),
-                          ("--checkpoint-every", "checkpoint_every")):
+                          ("--checkpoint-every", "checkpoint_every"), ("--keep-checkpoints", "keep_checkpoints")):
             if key in used:
                 flags += [flag, str(getattr(self, key))]
         flags += ["--hiddens", ",".join(map(str, self.hiddens))]
@@ -298,6 +308,27 @@ class TrainingRun(RunFolder):
         data = self.read_json(SETTINGS)
         return TrainSettings.from_dict(data) if data is not None else None
 
+    def checkpoint_names(self) -> list[str]:
+        """The checkpoint folders it holds (NNNNNN), oldest first."""
+        if not self.checkpoints.is_dir():
+            return []
+        return sorted(p.name for p in self.checkpoints.iterdir() if p.is_dir() and p.name.isdigit())
+
+    def discard(self, kept: Iterable[str] = ()) -> None:
+        """Take back what a session that completed no checkpoint wrote: settings.json, progress.jsonl and the
+        checkpoint folders other than `kept` (one cut short by the stop). Without them the folder holds no run, and
+        training there starts over with any flags."""
+        for name in (SETTINGS, PROGRESS):
+            (self.path / name).unlink(missing_ok=True)
+        for name in self.checkpoint_names():
+            if name not in kept:
+                shutil.rmtree(self.checkpoints / name, ignore_errors=True)
+        pointer = self.checkpoints / "latest"
+        if not kept and os.path.lexists(pointer):
+            pointer.unlink()
+        if self.checkpoints.is_dir() and not any(self.checkpoints.iterdir()):
+            self.checkpoints.rmdir()
+
     def write_settings(self, settings: TrainSettings) -> None:
         self.write_json(SETTINGS, settings.to_dict())
 
@@ -327,6 +358,52 @@ class TrainingRun(RunFolder):
 RunDir = TrainingRun  # the name callers (autotune/commands/rl.py, tests) import
 
 
+# What a training run's folder holds (module doc); anything else in --out is another tool's.
+OWN_FILES = (SETTINGS, PROGRESS, "checkpoints", "policy", ".lock", "logs")
+SWEEP_FILES = ("run.json", "trials.jsonl", "summary.json", "study.db")  # a `tune` sweep's (search/rundir.py)
+POLICY_FILES = ("policy.pt", "policy.json")  # an exported policy's (rl/policy.py)
+CHECKPOINT_FILES = ("rllib_checkpoint.json", "learner_group", "algorithm_state.pkl")  # an RLlib checkpoint's
+
+
+def _own(name: str) -> bool:
+    """One of a training run's files, or the temporary file of an atomic write of one (files.atomic_output)."""
+    return name in OWN_FILES or (name.endswith(".tmp") and any(name.startswith(f".{own}.") for own in OWN_FILES))
+
+
+def check_run_folder(out: str | Path) -> None:
+    """ConfigError, one line, where `out` is neither new, nor empty, nor a training run's folder: a `tune` sweep's,
+    an exported policy's, a checkpoint's or any other folder of files is refused before anything is written there."""
+    path = Path(out)
+    if not os.path.lexists(path):
+        return
+    if not path.is_dir():
+        raise ConfigError(f"{path} exists and is not a directory: give --out a new folder or a training run's")
+    try:
+        names = sorted(os.listdir(path))
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot list it ({err.strerror or err.__class__.__name__})") from None
+    foreign = [name for name in names if not _own(name)]
+    if not foreign:
+        return
+
+    def some(found: list[str]) -> str:
+        listed = ", ".join(shown(n, 60) if not n.isprintable() or len(n) > 60 else n for n in found[:3])
+        return listed + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+
+    for kind, files in (("a `tune` sweep", SWEEP_FILES), ("an exported policy", POLICY_FILES),
+                        ("an RLlib checkpoint", CHECKPOINT_FILES)):
+        if found := [n for n in files if n in names]:
+            what = f"{kind} ({some(found)})"
+            break
+    else:
+        if path.name == "checkpoints" and "latest" in names:
+            what = f"a training run's checkpoints (the run is {path.parent})"
+        else:
+            what = f"files that are not a training run's ({some(foreign)})"
+    raise ConfigError(f"{path} holds {what}, not an `autotune rl train` run: --out takes a new or empty folder, or "
+                      f"the folder of a training run to resume it")
+
+
 def check_resumable(run: TrainingRun, settings: TrainSettings) -> None:
     """ConfigError, one line, where `run` holds a training run whose settings that shape the policy differ."""
     previous = run.settings()
@@ -336,8 +413,78 @@ def check_resumable(run: TrainingRun, settings: TrainSettings) -> None:
     recorded = {k: v for k, v in previous.to_dict().items() if k in given}
     differ = differences(recorded, given)
     if differ:
+        unsaved = "" if run.latest_checkpoint() is not None else \
+            f" (it holds no checkpoint: remove {run.path / SETTINGS} to start over there with other settings)"
         raise ConfigError(f"{run.path} holds a training run with other settings ({'; '.join(differ)}): "
-                          f"use another --out, or the same settings to resume it")
+                          f"use another --out, or the same settings to resume it{unsaved}")
+
+
+def resolve_checkpoint(given: str | Path) -> Path:
+    """The checkpoint folder `autotune rl export` exports: `given` itself (RUN/checkpoints/NNNNNN), or the one a
+    `latest` pointer names, or the latest of a training run's folder (RUN) or of its `checkpoints` folder.
+    ConfigError, one line, where there is none."""
+    path = Path(given)
+    if not os.path.lexists(path):
+        hint = ""
+        if path.parent.name == "checkpoints":
+            run = TrainingRun(path.parent.parent)
+            held = run.checkpoint_names()
+            try:
+                keep = (run.settings() or TrainSettings()).keep_checkpoints
+            except ConfigError:
+                keep = TrainSettings().keep_checkpoints
+            kept = f"its newest {keep}" if keep else "every one"
+            hint = (f" ({path.parent} holds {', '.join(held)}: the run keeps {kept}, --keep-checkpoints)"
+                    if held else f" ({path.parent} holds no checkpoint)")
+        raise ConfigError(f"{path}: no such checkpoint{hint}")
+    if path.is_dir() and path.name == "checkpoints" and (path / "latest").is_file():
+        path = path / "latest"
+    elif path.is_dir() and (path / "checkpoints").is_dir() and not (path / "learner_group").exists():
+        run = TrainingRun(path)
+        latest = run.latest_checkpoint()
+        if latest is None:
+            held = run.checkpoint_names()
+            raise ConfigError(f"{path}: a training run without a complete checkpoint" +
+                              (f" (its checkpoints folder holds {', '.join(held)}, none marked complete by "
+                               f"checkpoints/latest)" if held else ": train it further, `autotune rl train --out "
+                                                                   f"{path}`"))
+        return latest
+    if path.is_file():
+        if path.name != "latest":
+            raise ConfigError(f"{path} is a file: give a checkpoint folder (RUN/checkpoints/NNNNNN), a training run's "
+                              f"folder (RUN: its latest checkpoint) or its checkpoints/latest")
+        try:
+            name = path.read_text().strip()
+        except (OSError, UnicodeDecodeError) as err:
+            raise ConfigError(f"{path}: cannot be read ({err.__class__.__name__})") from None
+        target = path.parent / name
+        if not name or "/" in name or not target.is_dir():
+            raise ConfigError(f"{path} names checkpoint {shown(name)}, which {path.parent} does not hold")
+        return target
+    return path
+
+
+def check_replay_budgets(surfaces: Iterable["Surface"], budgets: Iterable[int]) -> str | None:
+    """Replay training's budgets against its surfaces: ConfigError, one line, where no config of any surface fits
+    any of them (every episode would run out of memory, and nothing would be learnt of throughput); a one-line
+    warning where some of them fit none (their episodes all run out of memory); None where every one fits some."""
+    surfaces, budgets = list(surfaces), sorted(budgets)
+    unfit = [b for b in budgets if not any(s.best(b) is not None for s in surfaces)]
+    if not unfit:
+        return None
+    peaks = [r.peak_memory_bytes for s in surfaces for r in s.results.values() if r.ok and r.peak_memory_bytes]
+    shown_unfit = shown_budgets(unfit)
+    if not peaks:
+        raise ConfigError(f"--memory-budget {shown_unfit}: no config of the surfaces ran (none is ok): every episode "
+                          f"would fail")
+    least = min(peaks)
+    why = (f"no config of any surface fits {'it' if len(unfit) == 1 else 'them'} (the smallest measured peak is "
+           f"{format_size(least)}, {least} bytes)")
+    if len(unfit) == len(budgets):
+        raise ConfigError(f"--memory-budget {shown_unfit}: {why}: every episode would run out of memory; give "
+                          f"budgets of at least {-(-least // 2**20)}MiB")
+    return (f"warning: --memory-budget {shown_unfit}: {why}: the episodes drawn at "
+            f"{'it' if len(unfit) == 1 else 'them'} ({len(unfit)} of {len(budgets)} budgets) all run out of memory")
 
 
 def checkpoint_iteration(checkpoint: Path | None) -> int:
@@ -438,13 +585,14 @@ def file_digest(path: str | Path) -> str | None:
 
 
 def export_checkpoint(checkpoint: str | Path, folder: str | Path, meta: Mapping[str, Any] | None = None) -> Path:
-    """The policy network of an RLlib checkpoint as policy.pt + policy.json (loads without Ray), with
-    PROVENANCE.md: the training command, seed and figures, when the checkpoint lies in a training run."""
+    """The policy network of an RLlib checkpoint (or of the latest of a training run, `resolve_checkpoint`) as
+    policy.pt + policy.json (loads without Ray), with PROVENANCE.md: the training command, seed and figures, when the
+    checkpoint lies in a training run."""
     from ray.rllib.core.rl_module.rl_module import RLModule
 
     from autotune.rl.policy import layout, save_policy
 
-    checkpoint = Path(checkpoint)
+    checkpoint = resolve_checkpoint(checkpoint)  # a run's folder or its checkpoints/latest: the one it names
     module_dir = checkpoint / "learner_group" / "learner" / "rl_module" / "default_policy"
     if not module_dir.is_dir():
         raise ConfigError(f"{checkpoint}: not an RLlib algorithm checkpoint of this policy ({module_dir} is missing)")
@@ -529,6 +677,7 @@ def train(out: str | Path, settings: TrainSettings, *, ray_address: str | None =
     from autotune.trials.cluster import disconnect
     from autotune.rl.policy import layout
 
+    check_run_folder(out)
     with TrainingRun(out).locked():
         run, _, checkpoint = prepare(out, settings)
         begun = Start(run.path, settings.iterations, checkpoint_iteration(checkpoint), checkpoint)
@@ -537,9 +686,11 @@ def train(out: str | Path, settings: TrainSettings, *, ray_address: str | None =
             rows = [r for r in run.progress() if r.iteration <= begun.done]
             policy = run.policy if (run.policy / "policy.pt").is_file() else None
             return TrainResult(run.path, begun.done, begun.done, rows[-1] if rows else None, checkpoint, policy)
-        connected = connect_ray(ray_address, settings.workers)
+        held = run.checkpoint_names() if checkpoint is None else []
+        connected = False
         algo = None
         try:
+            connected = connect_ray(ray_address, settings.workers)
             with stop_signals_as_interrupt():  # installed after Ray's own handler
                 algo = algorithm_config(settings, env).build_algo()
                 resumed_from = 0
@@ -561,6 +712,10 @@ def train(out: str | Path, settings: TrainSettings, *, ray_address: str | None =
                         checkpoint = _checkpoint(algo, run, settings, last, meta)
                 policy = run.policy if (run.policy / "policy.pt").is_file() else None
                 return TrainResult(run.path, int(algo.iteration), resumed_from, last, checkpoint, policy)
+        except BaseException:
+            if checkpoint is None and run.latest_checkpoint() is None:  # stopped before its first checkpoint
+                run.discard(kept=held)
+            raise
         finally:
             if algo is not None:
                 algo.stop()
@@ -577,7 +732,9 @@ def _checkpoint(algo: Any, run: TrainingRun, settings: TrainSettings, row: Itera
     algo.save_to_path(str(path.resolve()))  # RLlib's filesystem layer needs absolute paths
     # The pointer moves only once the checkpoint is complete: a kill mid-save resumes from the previous one.
     run.point_latest(name)
-    for old in sorted(p for p in run.checkpoints.iterdir() if p.is_dir())[:-settings.keep_checkpoints]:
-        shutil.rmtree(old, ignore_errors=True)
+    held = run.checkpoint_names()
+    if settings.keep_checkpoints:  # 0: every one is kept
+        for old in held[:-settings.keep_checkpoints]:
+            shutil.rmtree(run.checkpoints / old, ignore_errors=True)
     export_checkpoint(path, run.policy, {**meta, "training": training_meta(run, name)})
     return path
