@@ -62,10 +62,10 @@ if TYPE_CHECKING:
     from autotune.backends import Backend
     from autotune.backends.factory import BackendKind, TrialOptions, make_backend, register_backend
     from autotune.drivers.progress import ConsoleProgress, Progress, QuietProgress
+    from autotune.drivers.ray import RayOptions
     from autotune.drivers.stop import StopReason
     from autotune.prediction.estimate import Calibration, Estimate
-    from autotune.prediction.estimate import estimate as predict
-    from autotune.prediction.ranking import Ranking, rank_configs
+    from autotune.prediction.ranking import Ranking, predict, rank_configs
     from autotune.values.hardware import Hardware, load_hardware
     from autotune.drivers.recording import Recorded, record_surface
     from autotune.search.rundir import RunDir
@@ -79,7 +79,8 @@ _LAZY = {
     "register_backend": "autotune.backends.factory",
     "Progress": "autotune.drivers.progress", "ConsoleProgress": "autotune.drivers.progress",
     "QuietProgress": "autotune.drivers.progress", "StopReason": "autotune.drivers.stop",
-    "predict": "autotune.prediction.estimate", "Estimate": "autotune.prediction.estimate",
+    "RayOptions": "autotune.drivers.ray",
+    "predict": "autotune.prediction.ranking", "Estimate": "autotune.prediction.estimate",
     "Calibration": "autotune.prediction.estimate",
     "rank_configs": "autotune.prediction.ranking", "Ranking": "autotune.prediction.ranking",
     "Hardware": "autotune.values.hardware", "load_hardware": "autotune.values.hardware",
@@ -92,8 +93,7 @@ _LAZY = {
 def __getattr__(name: str) -> Any:
     if name not in _LAZY:
         raise AttributeError(f"module 'autotune' has no attribute {name!r}")
-    # `predict` is autotune.prediction.estimate.estimate: the name `autotune.prediction.estimate` is the module.
-    value = getattr(import_module(_LAZY[name]), "estimate" if name == "predict" else name)
+    value = getattr(import_module(_LAZY[name]), name)
     globals()[name] = value
     return value
 
@@ -101,7 +101,8 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "Config", "ConfigError", "ModelShape", "TrialResult", "Workload", "make_workload",
     "tune", "TuneSpec", "TuneResult", "Backend", "BackendKind", "TrialOptions", "make_backend",
-    "register_backend", "Progress", "ConsoleProgress", "QuietProgress", "StopReason", "predict", "Estimate",
+    "register_backend", "Progress", "ConsoleProgress", "QuietProgress", "RayOptions", "StopReason", "predict",
+    "Estimate",
     "Calibration", "rank_configs", "Ranking", "Hardware", "load_hardware", "record_surface", "Recorded",
     "RunDir", "RunSettings", "Choices", "Space",
 ]

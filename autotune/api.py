@@ -15,21 +15,23 @@ one) or any object with `run(config) -> TrialResult` (a user's own objective, ru
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Collection, Iterable, Iterator, Sequence
 
 from autotune.backends import Backend
 from autotune.backends.replay import load_surface, replay_space
 from autotune.backends.factory import TrialOptions, as_backend, backend_kind, backend_names, make_backend, simulated_sleep_s
 from autotune.prediction.calibrate import CALIBRATION_FILE, quality, save_calibration
 from autotune.values.config import ConfigError
-from autotune.search.confirm import prior_sigma
+from autotune.search.confirm import prior_sigma, recommend
 from autotune.values.allocator import ALLOCATORS, check_allocator
-from autotune.values.argtypes import duration, non_negative_int, positive_int, seed as seed_value, size, stop_probability
+from autotune.values.argtypes import (check_seed, duration, given_path, non_negative_int, positive_int, seed as seed_value,
+                                      size, stop_probability)
 from autotune.trials.cluster import LOCAL, connect
 from autotune.trials.devices import AUTO, resolve_hardware
 from autotune.search.convergence import DEFAULT_STOP_WHEN, Convergence, check_stop_when, check_seconds
@@ -45,8 +47,8 @@ from autotune.outputs.report import STOP_FILE, Outputs, OwnWriter, write_outputs
 from autotune.values.results import TrialResult, relabel_note, relabelled
 from autotune.trials.runner import remove_stale_shm_at_start
 from autotune.search.rundir import STUDY, RunDir, RunDirBusy, read_only_named
-from autotune.values.settings import (DEFAULT_STACK, SETTINGS, STACKS, RunSettings, check_budget, check_stack, masked,
-                                      memory_budget)
+from autotune.values.settings import (DEFAULT_STACK, SETTINGS, STACKS, RunSettings, check_budget, check_stack, is_url,
+                                      masked, memory_budget)
 from autotune.prediction.scale import check_target, narrow_choices as narrow_for_target
 from autotune.search_spaces import choices_for
 from autotune.values.space import Choices, Space
@@ -147,8 +149,7 @@ class TuneSpec:
     # Choices, a preset name or a YAML path; default: cpu or default preset
     space: Choices | str | None = option(None, "--space", "search-space YAML, or a preset name: default, cpu (default: "
                                          "cpu on CPU hardware)", path=True, workload=True)
-    seed: int = option(0, "--seed", "seed of the strategy, 0 to 2**32-1 (default: %(default)s)", seed_value,
-                       allowed="a non-negative integer")
+    seed: int = option(0, "--seed", "seed of the strategy, 0 to 2**32-1 (default: %(default)s)", seed_value)
     surface: str | None = option(None, "--surface", "replay surface (JSONL of results), for --backend replay",
                                  path=True)
     # Where the Optuna study lives (autotune.search.study_storage): an Optuna RDB URL (sqlite:///..., postgresql://...)
@@ -238,6 +239,7 @@ class TuneSpec:
         if not isinstance(self.workload, Workload):
             raise ConfigError(f"workload {short(self.workload)}: allowed a Workload, e.g. autotune.make_workload("
                               "'llama-7b', global_batch=256, gpus=8)")
+        self._expand_paths()
         check_stack(self.stack)
         self.mode.check(self)
         if self.allocator is not None:
@@ -246,6 +248,10 @@ class TuneSpec:
         check_strategy(self.strategy)
         if isinstance(self.trials, bool) or not isinstance(self.trials, int) or self.trials <= 0:
             raise ConfigError(f"trials {short(self.trials)}: must be a positive integer")
+        try:  # the CLI's --seed check: numpy's and Optuna's samplers refuse more, deep inside a sweep
+            check_seed(self.seed)
+        except argparse.ArgumentTypeError as err:
+            raise ConfigError(f"seed {err}") from None
         if self.memory_budget_bytes is not None:
             check_budget(self.memory_budget_bytes)
         check_seconds(self.time_budget_s, "time budget")
@@ -262,6 +268,28 @@ class TuneSpec:
         check_stop_when(self.stop_when)
         if self.policy is not None:
             check_policy(self.policy, self.strategy)
+
+    def _expand_paths(self) -> None:
+        """Every path of the spec checked for its type and `~` expanded (argtypes.given_path, as `out` is): the
+        space's YAML file, the hardware's, the replay surface, the policy's folder, the script, a journal storage.
+        A preset's or a profile's name is no path and stays as it is (none starts with `~`)."""
+        def expanded(name: str, value: Any, allowed: str, keep: tuple[type, ...] = (), text: bool = False) -> None:
+            """`text`: kept as a str whatever it was given as (run.json keeps it so)."""
+            if value is None or isinstance(value, keep) or (name == "space" and value == ""):  # "": the default
+                return
+            path = given_path(value, name, allowed)
+            object.__setattr__(self, name, str(path) if text or isinstance(value, str) else path)
+
+        expanded("hardware", self.hardware, "a profile's name (e.g. cpu, a100-80gb), 'auto', a YAML file of profile "
+                 "keys, a Hardware (autotune.load_hardware) or None", (Hardware,))
+        expanded("space", self.space, "a preset's name (default, cpu), a YAML file, a Choices or None", (Choices,))
+        expanded("surface", self.surface, "a replay surface's JSONL file (with backend 'replay') or None", text=True)
+        expanded("policy", self.policy, "the folder of an exported policy (policy.pt + policy.json) or None")
+        expanded("script", self.script, "a training script's path (TuneSpec.for_script) or None", text=True)
+        storage = self.storage
+        if not (isinstance(storage, str) and is_url(storage)):
+            expanded("storage", storage, "an Optuna RDB URL (sqlite:///PATH, postgresql://...), a journal file's path "
+                     "or None", text=True)
 
     @property
     def strategy_name(self) -> str:
@@ -389,8 +417,17 @@ def resolution(spec: TuneSpec) -> Resolved:
     return spec.mode.resolution(spec)
 
 
+def check_surface(spec: TuneSpec, got: str) -> None:
+    """A replay surface only with the replay backend (the CLI's refusal too: one place, one message), else a
+    sweep would record a surface it never reads, and its resume without it would be refused. `got`: what the spec
+    asks instead, in the CLI's words."""
+    if spec.surface is not None and spec.backend != "replay":
+        raise ConfigError(f"--surface {spec.surface} is only for --backend replay (got {got})")
+
+
 def _model_resolution(spec: TuneSpec) -> Resolved:
     """The built-in model's settings and space (a replay surface's, where it replays one)."""
+    check_surface(spec, f"--backend {spec.backend_name}")
     if spec.backend == "replay":
         if spec.surface is None:
             raise ConfigError("the replay backend needs a surface (a JSONL of measured results)")
@@ -417,6 +454,7 @@ def _model_resolution(spec: TuneSpec) -> Resolved:
 def _script_resolution(spec: TuneSpec) -> Resolved:
     """A script sweep's settings before the script has shown its model (`autotune tune --script`'s, from the
     library): the placeholder workload, the space unchecked (the first trial settles the global batch)."""
+    check_surface(spec, "--script")
     hardware = spec.trial_hardware
     choices = spec.space if isinstance(spec.space, Choices) else choices_for(spec.space, hardware)
     choices, stack_note = narrow_choices(choices, spec.stack)
@@ -478,9 +516,46 @@ def tune(spec: TuneSpec, out: str | Path | None = None, *, resume: bool = False,
     """Run the sweep `spec` describes into the run directory `out` (default runs/<model>-<strategy>-<time>),
     or continue it there (`resume`), on this machine or on a Ray cluster (`executor`). `callbacks` hears of
     every trial (autotune.drivers.progress.Progress; ConsoleProgress prints what `autotune tune` prints).
-    The one runner's case of one sweep (tune_many)."""
+    The one runner's case of one sweep (tune_many). Each argument of the wrong kind is one ConfigError naming it,
+    before anything is written."""
+    if not isinstance(spec, TuneSpec):
+        raise ConfigError(f"spec {short(spec)}: allowed a TuneSpec, e.g. autotune.TuneSpec(autotune.make_workload("
+                          "'tiny'), 'cpu', backend='simulated')")
+    out = check_out_arg(out)
+    if not isinstance(resume, bool):
+        raise ConfigError(f"resume {short(resume)}: allowed True (continue the sweep in `out`) or False")
+    if executor is not None:
+        from autotune.drivers.ray import RayOptions
+
+        if not isinstance(executor, RayOptions):
+            raise ConfigError(f"executor {short(executor)}: allowed autotune.RayOptions(address) (trials on a Ray "
+                              "cluster) or None (this machine)")
+    check_callbacks(callbacks)
     plan = Plan(spec, out, resume, gpus_per_trial=executor.gpus_per_trial if executor is not None else None)
     return tune_many([plan], executor=executor, progress=lambda _: callbacks or QuietProgress())[0]
+
+
+PROGRESS_METHODS = ("started", "finished", "pruned", "message")  # autotune.drivers.progress.Progress
+
+
+def check_callbacks(callbacks: Any) -> None:
+    """tune()'s `callbacks`: None, or a Progress (every one of its methods: a sweep calls each); else one line
+    naming what is missing."""
+    if callbacks is None:
+        return
+    missing = [name for name in PROGRESS_METHODS if not callable(getattr(callbacks, name, None))]
+    if missing:
+        raise ConfigError(f"callbacks {short(callbacks)}: allowed None or a Progress, an object with methods "
+                          f"{', '.join(PROGRESS_METHODS)} (missing: {', '.join(missing)}), e.g. "
+                          "autotune.ConsoleProgress() or a subclass of autotune.QuietProgress")
+
+
+def check_out_arg(out: Any) -> Path | None:
+    """tune()'s (and a Plan's) `out`: None (a new folder under runs/) or a folder's path, `~` expanded."""
+    if out is None:
+        return None
+    return given_path(out, "out", "a run directory's path (str or pathlib.Path), or None: a new folder "
+                      "runs/<model>-<strategy>-<time>")
 
 
 @dataclass(frozen=True)
@@ -525,66 +600,167 @@ def tune_many(plans: Sequence[Plan], *, executor: "RayOptions | None" = None,
     here: run_here; on a Ray cluster all at once, one driver sharing it: drivers.ray.run_on_cluster), and its
     outputs written (close_run). `progress(plan)` gives each sweep's display (default: quiet); `say` hears the
     runner's own lines (default: the first sweep's display); `resume_hint`: what a resumed sweep whose settings
-    differ is told to do. Returns each plan's TuneResult, in order."""
+    differ is told to do. Returns each plan's TuneResult, in order. Ctrl-C (KeyboardInterrupt) during the checks
+    raises (nothing was written); from the first run directory held on, anywhere, it ends every sweep with
+    StopReason.INTERRUPTED, no exception (_Session)."""
     remove_stale_shm_at_start()  # what trials of a killed tuner left in /dev/shm, whatever its run
     shows = [progress(plan) if progress is not None else QuietProgress() for plan in plans]
-    runs = [plan_run(plan.spec, plan.out, plan.resume, executor, show, plan.resolved, plan.gpus_per_trial)
-            for plan, show in zip(plans, shows)]
+    runs: list[RunPlan] = []
+    for plan, show in zip(plans, shows):
+        if not isinstance(plan, Plan) or not isinstance(plan.spec, TuneSpec):
+            raise ConfigError(f"plan {short(plan)}: allowed a Plan of a TuneSpec")
+        runs.append(plan_run(plan.spec, plan.out, plan.resume, executor, show, plan.resolved, plan.gpus_per_trial,
+                             taken=[run.run_dir.path for run in runs]))
     say = say or shows[0].message
-    with ExitStack() as stack:
-        if executor is not None:
-            stack.callback(_disconnect)  # a script's first trial may have connected (drivers/ray_script_first)
-            if executor.address != LOCAL:  # a cluster that cannot be reached: one line before any run directory
-                connect(executor.address)
-        for run, show in zip(runs, shows):
-            hold(stack, run, show, resume_hint or RESUME_HINT)
+    session = _Session(plans, runs, shows, executor)
+    results: list[TuneResult] = []
+    try:
+        with ExitStack() as stack:
+            if executor is not None:
+                stack.callback(_disconnect)  # a script's first trial may have connected (drivers/ray_script_first)
+                if executor.address != LOCAL:  # a cluster that cannot be reached: one line before any run directory
+                    connect(executor.address)
+            session.checked = True
+            try:
+                session.hold_and_open(stack, resume_hint or RESUME_HINT, started)
+                session.run(say)
+            except KeyboardInterrupt:  # before the trials, or between them: every sweep ends INTERRUPTED
+                session.interrupt()
+            results = session.close()
+    except KeyboardInterrupt:  # while the run directories were let go: what the sweeps were, nothing more written
+        if not session.checked:
+            raise  # during the checks (the cluster's connection): nothing was written
+        return results or [session.interrupted(i) for i in range(len(runs))]
+    return results
+
+
+class _Session:
+    """tune_many's sweeps from the moment their run directories are held: each held (hold), opened (open_sweep),
+    run (here or on Ray) and closed (close_run). Ctrl-C (KeyboardInterrupt) anywhere in that ends every sweep
+    INTERRUPTED, no exception: one opened has its outputs so far written, as an interrupted trial's sweep has; one
+    not opened yet is told as it stands (`interrupted`), its directory as the same call accepts it again (a new
+    sweep that recorded nothing: check_out)."""
+
+    def __init__(self, plans: Sequence[Plan], runs: list[RunPlan], shows: list[Progress],
+                 executor: "RayOptions | None") -> None:
+        self.plans, self.runs, self.shows, self.executor = plans, runs, shows, executor
+        self.checked = False  # every check passed: from here an interrupt ends the sweeps, not the call
+        self.opened: dict[int, tuple[Sweep, Tracker]] = {}
+        self.reasons: dict[int, StopReason] = {}
+        self.backends: dict[int, Backend] = {}  # this machine's, until their loop (or an interrupt) closes them
+
+    def hold_and_open(self, stack: ExitStack, resume_hint: str, started: Callable[[], None] | None) -> None:
+        for run, show in zip(self.runs, self.shows):
+            hold(stack, run, show, resume_hint)
         if started is not None:
             started()
-        opened: dict[int, tuple[Sweep, Tracker]] = {}
-        reasons: dict[int, StopReason] = {}
-        backends: dict[int, Backend] = {}
-        for i, (plan, run, show) in enumerate(zip(plans, runs, shows)):
+        for i, (plan, run, show) in enumerate(zip(self.plans, self.runs, self.shows)):
             if run.ended is not None:  # a script's first trial showed it cannot be tuned as it is
                 continue
             begun = getattr(show, "begun", None)
             if callable(begun):  # a display's headline (`autotune tune`), once the run directory is held
                 begun(SweepStart(run.run_dir, run.settings, run.space, plan.spec.budget(), run.resume))
             own = plan.spec.search_strategy()  # None: settings.strategy's registered defaults
-            if executor is None:  # this machine runs the trials: the backend now, its launch spread known
-                backends[i] = run.objective or make_backend(  # closed by its loop (drivers/local.py)
+            if self.executor is None:  # this machine runs the trials: the backend now, its launch spread known
+                self.backends[i] = run.objective or make_backend(  # closed by its loop (drivers/local.py)
                     run.settings, run.run_dir, replace(plan.spec.trial_options(), in_sequence=True))
-            sigma = prior_sigma(run.settings.backend, backends.get(i))  # a simulation's own noise, if it says
+            sigma = prior_sigma(run.settings.backend, self.backends.get(i))  # a simulation's own noise, if it says
             sweep, tracker, reason = open_sweep(stack, run.run_dir, run.settings, run.space, show, run.tracking, own,
                                                 plan.tracking_name, sigma, plan.spec.wandb)
-            opened[i] = sweep, tracker
+            self.opened[i] = sweep, tracker
             if reason is not None:
-                reasons[i] = reason
-                if i in backends:  # no loop will run it
-                    backends[i].close()
-                if len(plans) > 1:
+                self.reasons[i] = reason
+                self._close_backend(i)  # no loop will run it
+                if len(self.plans) > 1:
                     show.message("no config of the space is predicted to fit: nothing runs for this workload")
-        todo = [i for i in opened if i not in reasons]
-        if executor is None:
+
+    def run(self, say: Callable[[str], None]) -> None:
+        todo = [i for i in self.opened if i not in self.reasons]
+        if self.executor is None:
             for i in todo:
-                reasons[i] = run_here(opened[i][0], backends[i], plans[i].spec.budget(), shows[i])
+                backend = self.backends.pop(i)  # run_here closes it
+                self.reasons[i] = run_here(self.opened[i][0], backend, self.plans[i].spec.budget(), self.shows[i])
+                if self.reasons[i] is StopReason.INTERRUPTED:  # Ctrl-C in a trial: the next sweeps do not start
+                    self.interrupt()
+                    return
         elif todo:
             from autotune.drivers.ray import ClusterRun, run_on_cluster
 
-            ran = run_on_cluster([ClusterRun(plans[i].name or runs[i].settings.workload.model.name, opened[i][0],
-                                             runs[i].settings, runs[i].run_dir, plans[i].spec.budget(), shows[i],
+            plans, runs = self.plans, self.runs
+            ran = run_on_cluster([ClusterRun(plans[i].name or runs[i].settings.workload.model.name, self.opened[i][0],
+                                             runs[i].settings, runs[i].run_dir, plans[i].spec.budget(), self.shows[i],
                                              plans[i].gpus_per_trial, plans[i].spec.trial_options()) for i in todo],
-                                  executor, say)
-            reasons.update(zip(todo, ran))
-        return [run.ended if run.ended is not None
-                else close_run(run.run_dir, run.settings, opened[i][0], opened[i][1], reasons[i], shows[i])
-                for i, run in enumerate(runs)]
+                                 self.executor, say)
+            self.reasons.update(zip(todo, ran))
+
+    def interrupt(self) -> None:
+        """Ctrl-C: every sweep without a stop reason stops INTERRUPTED, no backend is left open."""
+        for i in list(self.backends):
+            self._close_backend(i)
+        for i in self.opened:
+            self.reasons.setdefault(i, StopReason.INTERRUPTED)
+
+    def close(self) -> list[TuneResult]:
+        """Each sweep's result: its outputs written (close_run) when it was opened; a second Ctrl-C while they are
+        written leaves the rest as they stand."""
+        results = []
+        hurried = False  # Ctrl-C while outputs were written
+        for i, run in enumerate(self.runs):
+            if i not in self.opened or hurried:  # ended by a script's first trial (its own result), or interrupted
+                results.append(self.interrupted(i))
+                continue
+            sweep, tracker = self.opened[i]
+            try:
+                results.append(close_run(run.run_dir, run.settings, sweep, tracker, self.reasons[i], self.shows[i]))
+            except KeyboardInterrupt:
+                hurried = True
+                results.append(self.interrupted(i))
+        return results
+
+    def interrupted(self, i: int) -> TuneResult:
+        """Sweep `i` as Ctrl-C left it, its outputs not (re)written: what its record holds and its recommendation."""
+        run = self.runs[i]
+        if run.ended is not None:
+            return run.ended
+        opened = self.opened.get(i)
+        if opened is not None:
+            results, best = tuple(opened[0].results), opened[0].best
+        else:
+            results = tuple(recorded(run.run_dir))
+            best = recommend(results, run.settings.memory_budget_bytes)
+        if results:
+            verdict = (f"interrupted: {len(results)} recorded in {run.run_dir.trials_path}; the same command with "
+                       "--resume (resume=True from Python) continues it")
+        else:
+            verdict = (f"interrupted before its first trial: nothing was recorded in {run.run_dir.path}; the same "
+                       "command starts the sweep")
+        return TuneResult(best, results, StopReason.INTERRUPTED, run.run_dir.path, verdict=verdict)
+
+    def _close_backend(self, i: int) -> None:
+        backend = self.backends.pop(i, None)
+        if backend is not None:
+            backend.close()
+
+
+def recorded(run_dir: RunDir) -> list[TrialResult]:
+    """The trials a run directory records ([] where it records none, or where they cannot be read now)."""
+    if not run_dir.trials_path.is_file():
+        return []
+    try:
+        return run_dir.results()
+    except (ConfigError, OSError, ValueError):
+        return []
 
 
 def run_here(sweep: Sweep, backend: Backend, budget: Budget, progress: Progress) -> StopReason:
     """One open sweep's trials on this machine (each op its backend's trials load built before the first trial that
     loads it: drivers/local.py); returns why it stopped."""
-    for note in getattr(backend, "notes", ()):  # what reading its records changed (a replay surface's)
-        progress.message(note)
+    try:
+        for note in getattr(backend, "notes", ()):  # what reading its records changed (a replay surface's)
+            progress.message(note)
+    except BaseException:  # Ctrl-C before its loop, which closes it
+        backend.close()
+        raise
     return run_local(sweep, backend, budget, progress)
 
 
@@ -614,11 +790,13 @@ class RunPlan:
 
 
 def plan_run(spec: TuneSpec, out: str | Path | None, resume: bool, executor: "RayOptions | None",
-             progress: Progress, resolved: Resolved | None = None, gpus_per_trial: int | None = None) -> RunPlan:
+             progress: Progress, resolved: Resolved | None = None, gpus_per_trial: int | None = None,
+             taken: Collection[Path] = ()) -> RunPlan:
     """Every check that can refuse a sweep, before anything is written to its run directory `out` (default
-    runs/<model>-<strategy>-<time>): the spec resolved (or `resolved`, already), a script's shipment to Ray and
-    what one trial asks the cluster for (`gpus_per_trial`), the directory new or resumable, the study storage,
-    the tracking URI."""
+    runs/<model>-<strategy>-<time>, a new folder: none of `taken`, the other plans' run directories): the spec
+    resolved (or `resolved`, already), a script's shipment to Ray and what one trial asks the cluster for
+    (`gpus_per_trial`), the directory new or resumable, the study storage, the tracking URI."""
+    out = check_out_arg(out)
     mode = spec.mode
     if executor is not None:
         mode.check_shipping(out)
@@ -630,8 +808,7 @@ def plan_run(spec: TuneSpec, out: str | Path | None, resume: bool, executor: "Ra
         trial_resources(settings, gpus_per_trial)
     for note in resolved.notes:  # what reading the surface, the stack or the target changed
         progress.message(note)
-    run_dir = RunDir(Path(out).expanduser() if out is not None else default_run_dir(mode.run_name(settings),
-                                                                                     settings.strategy))
+    run_dir = RunDir(out if out is not None else default_run_dir(mode.run_name(settings), settings.strategy, taken))
     check_out(run_dir, resume)
     check_storage(settings.storage, run_dir.study_name(settings.storage), resume)
     objective = None if isinstance(spec.backend, str) else as_backend(spec.backend)
@@ -648,13 +825,20 @@ RESUME_HINT = "repeat the original command with --resume"
 
 
 def hold(stack: ExitStack, plan: RunPlan, progress: Progress, resume_hint: str = RESUME_HINT) -> RunPlan:
-    """Take the planned run directory for the rest of `stack` (its lock; the startup files undone if the sweep
-    fails before its first trial; a full disk named), run a script's first trial (or read what a resumed one
-    learned), and write the settings of a new sweep or check a resumed one's (`resume_hint`: what to do when
-    they differ). `plan.ended` is set when the script's first trial ended the sweep."""
+    """Take the planned run directory for the rest of `stack` (its lock; the startup files of a sweep that
+    recorded no trial there before removed, for a new sweep, check_out; its own undone if it fails before its first
+    trial; a full disk named), run a script's first trial (or read what a resumed one learned), and write the
+    settings of a new sweep or check a resumed one's (`resume_hint`: what to do when they differ). `plan.ended` is
+    set when the script's first trial ended the sweep."""
     run_dir = plan.run_dir
     make_dir(run_dir.path, plan.dir_flag)
     stack.enter_context(run_dir.locked())
+    if not plan.resume and plan.before:  # a sweep that recorded no trial before (check_out): this one starts over
+        if holds_trials(run_dir):  # recorded meanwhile, by a tuner that held it between the check and the lock
+            raise already_held(run_dir)
+        for name in STARTUP_FILES:
+            (run_dir.path / name).unlink(missing_ok=True)
+        plan.before = set()
     stack.enter_context(undone_unless_started(run_dir, plan.before))
     stack.enter_context(no_space_named(run_dir, plan.settings.storage))
     plan.settings, plan.space, plan.ended = plan.spec.mode.start(run_dir, plan.settings, plan.space, plan.resume,
@@ -810,24 +994,47 @@ class SweepStart:
     resumed: bool
 
 
-def default_run_dir(name: str, strategy: str) -> Path:
-    """runs/<model>-<strategy>-<time>; a Hub id's owner/name becomes owner--name (one folder)."""
-    return Path("runs") / f"{name.replace('/', '--')}-{strategy}-{datetime.now():%Y%m%d-%H%M%S}"
+def default_run_dir(name: str, strategy: str, taken: Collection[Path] = ()) -> Path:
+    """runs/<model>-<strategy>-<time>; a Hub id's owner/name becomes owner--name (one folder). A default run
+    directory is a new one: where that folder exists already (two sweeps started in one second) or another plan of
+    the same call took it (`taken`), the first of <...>-2, <...>-3, ... that is free."""
+    base = Path("runs") / f"{name.replace('/', '--')}-{strategy}-{datetime.now():%Y%m%d-%H%M%S}"
+    path, n = base, 1
+    while os.path.lexists(path) or path in taken:
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
 
 
 def check_out(run_dir: RunDir, resume: bool) -> None:
-    """A new sweep needs a directory that holds none; a resumed one, the directory of one; neither one that a live
-    tuner holds (named first: its pid, not "pass --resume")."""
+    """A new sweep needs a directory that holds none, or one whose sweep recorded no trial (interrupted before its
+    first result: it starts over, `hold`); a resumed one, the directory of one (its settings written); neither one
+    that a live tuner holds (named first: its pid, not "pass --resume")."""
     holder = run_dir.busy()
     if holder is not None:
         raise RunDirBusy(f"{run_dir.path} is in use by another tuner (pid {holder}); wait for it to finish or choose "
                          "another --out")
     if resume and not run_dir.exists():
         raise ConfigError(f"--resume: {run_dir.path} holds no sweep to resume (nothing of one was recorded there, "
-                          "e.g. one interrupted in its first trial): run the command without --resume")
-    if not resume and run_dir.exists():
-        raise ConfigError(f"{run_dir.path} already holds a sweep: pass --resume (resume=True from Python) to continue "
-                          "it, or choose another --out")
+                          "e.g. one interrupted before it wrote its settings, or a script's interrupted in its first "
+                          "trial): run the command without --resume")
+    if not resume and holds_trials(run_dir):
+        raise already_held(run_dir)
+
+
+def already_held(run_dir: RunDir) -> ConfigError:
+    return ConfigError(f"{run_dir.path} already holds a sweep: pass --resume (resume=True from Python) to continue it, "
+                       "or choose another --out")
+
+
+def holds_trials(run_dir: RunDir) -> bool:
+    """A trial is recorded there (trials.jsonl is not empty): the directory holds a sweep a new one must not
+    replace. Its settings alone (run.json, the study, origin.json) are what a sweep interrupted before its first
+    result left, which the same call, with resume or without, takes up."""
+    try:
+        return os.lstat(run_dir.trials_path).st_size > 0 or not run_dir.trials_path.is_file()
+    except OSError:  # none there, or no folder to hold one (what making it says: make_dir)
+        return False
 
 
 # What a new sweep writes before its first trial (the lock stays: it records nothing). Removed again when the

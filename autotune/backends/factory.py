@@ -13,6 +13,7 @@ A user adds a kind with `register_backend`, or hands the library any object with
 from __future__ import annotations
 
 import os
+import re
 import time
 from importlib import import_module
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from autotune.backends import Backend
+from autotune.files import short
+from autotune.values.argtypes import given_path
 from autotune.values.config import Config, ConfigError
 from autotune.values.results import TrialResult
 
@@ -61,6 +64,9 @@ class RunHome(Protocol):
 Builder = Callable[["RunSettings", "RunHome | None", TrialOptions], Backend]
 
 
+KIND_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # a name `--backend` takes, and run.json keeps
+
+
 @dataclass(frozen=True)
 class BackendKind:
     name: str
@@ -71,6 +77,20 @@ class BackendKind:
     env: bool = False  # the Gymnasium environment offers it (`EnvConfig.backend`)
     train: bool = False  # RL training runs on it (`autotune rl train --backend`)
     ships: bool = False  # its trials need the sweep's own files on a Ray node (script mode: drivers/ray_script.py)
+
+    def __post_init__(self) -> None:
+        """A kind the registry can name and build (a bad one registered would break every later error that lists
+        the kinds): one line naming what is wrong."""
+        if not isinstance(self.name, str) or not KIND_NAME.fullmatch(self.name):
+            raise ConfigError(f"BackendKind name {short(self.name)}: allowed a name of letters, digits, '-', '_' and "
+                              "'.' (what --backend and run.json say), e.g. 'mine'")
+        if not callable(self.build):
+            raise ConfigError(f"BackendKind {self.name!r} build {short(self.build)}: allowed a callable "
+                              "build(settings, run_dir, options) -> Backend")
+        for flag in ("real", "sweep", "measures", "env", "train", "ships"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ConfigError(f"BackendKind {self.name!r} {flag} {short(getattr(self, flag))}: allowed True or "
+                                  "False")
 
 
 _REGISTRY: dict[str, BackendKind] = {}
@@ -97,6 +117,9 @@ def simulated_sleep_s(backend: str) -> float:
 
 def register_backend(kind: BackendKind) -> None:
     """Add (or replace) a backend kind; `RunSettings.backend` names it."""
+    if not isinstance(kind, BackendKind):
+        raise ConfigError(f"backend kind {short(kind)}: allowed a BackendKind(name, build), e.g. autotune.BackendKind("
+                          "'mine', lambda settings, run_dir, options: Mine())")
     _REGISTRY[kind.name] = kind
 
 
@@ -116,16 +139,41 @@ def backend_names(*, sweep: bool | None = True, measures: bool | None = None, en
                  if all(value is None or getattr(kind, flag) == value for flag, value in wanted.items()))
 
 
-def make_backend(settings: "RunSettings", run_dir: "RunHome | None" = None,
+def make_backend(settings: "RunSettings", run_dir: "RunHome | str | os.PathLike[str] | None" = None,
                  options: TrialOptions = TrialOptions()) -> Backend:
-    """The backend of a sweep with these settings (trial logs under `run_dir`'s logs/ or options.logs_dir)."""
-    backend = backend_kind(settings.backend).build(settings, run_dir, options)
+    """The backend of a sweep with these settings (trial logs under `run_dir`'s logs/ or options.logs_dir;
+    `run_dir`: a RunDir, or a folder's path). A wrong argument is one ConfigError naming it."""
+    from autotune.values.settings import RunSettings
+
+    if not isinstance(settings, RunSettings):
+        raise ConfigError(f"settings {short(settings)}: allowed a RunSettings, a sweep's settings, e.g. "
+                          "autotune.TuneSpec(...).settings() or autotune.RunDir(path).read_settings()")
+    home: RunHome | None
+    if run_dir is None or not isinstance(run_dir, (str, os.PathLike)) and hasattr(run_dir, "path") and hasattr(
+            run_dir, "logs_dir"):
+        home = run_dir
+    else:  # a folder's path (`~` expanded), or one line naming what it is not
+        home = Home(given_path(run_dir, "run_dir", "a RunDir (autotune.RunDir(path)), a folder's path or None"))
+    if not isinstance(options, TrialOptions):
+        raise ConfigError(f"options {short(options)}: allowed a TrialOptions (autotune.TrialOptions(...))")
+    backend = backend_kind(settings.backend).build(settings, home, options)
     return SleepingBackend(backend, options.sleep_s) if options.sleep_s > 0 else backend
+
+
+@dataclass(frozen=True)
+class Home:
+    """A folder as a builder's RunHome (make_backend given a path): trial logs in its logs/, as a RunDir's."""
+
+    path: Path
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.path / "logs"
 
 
 def _logs_dir(run_dir: "RunHome | None", options: TrialOptions) -> Path:
     if options.logs_dir is not None:
-        return Path(options.logs_dir)
+        return given_path(options.logs_dir, "TrialOptions.logs_dir", "a folder's path or None")
     if run_dir is None:
         raise ConfigError("real trials need a directory for their logs: a run directory or TrialOptions.logs_dir")
     return run_dir.logs_dir

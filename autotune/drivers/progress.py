@@ -23,12 +23,12 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Iterable, Protocol, Sequence, runtime_checkable
 
 from rich.console import Console
 from rich.status import Status
 
-from autotune.values.config import Config
+from autotune.values.config import Config, ConfigError
 from autotune.search.convergence import percent
 from autotune.search.pruning import cause_counts, describe_causes
 from autotune.values.results import TrialResult
@@ -141,11 +141,19 @@ class PhaseWatch:
 
 
 class ConsoleProgress:
-    def __init__(self, total_trials: int, console: Console | None = None, *,
+    """What `autotune tune` prints, for a sweep from Python too (`autotune.tune(spec, callbacks=ConsoleProgress())`).
+    `total_trials`: the trials a line counts to (`trial 3/30`); None, and whenever a sweep tells it its start
+    (`begun`, as tune() does), the sweep's own budget (TuneSpec.trials), which a line never contradicts."""
+
+    def __init__(self, total_trials: int | None = None, console: Console | None = None, *,
                  clock: Callable[[], float] = time.monotonic, slots: int = 1, phase_every_s: float = 0.5,
                  quiet: bool = False, verbose: bool = False, errors: Console | None = None,
                  time_budget_s: float | None = None) -> None:
-        self.total = total_trials
+        if total_trials is not None and (isinstance(total_trials, bool) or not isinstance(total_trials, int)
+                                         or total_trials <= 0):
+            raise ConfigError(f"total_trials {total_trials!r}: allowed a positive integer, or None (the sweep's "
+                              "trials, told when it begins)")
+        self.total: int | None = total_trials
         # --time-budget: no trial starts that is expected to end after it (drivers/sweep.py), so the ETA is the sooner
         # of the trials left and the trials of the median's length that still fit in it; `walls` are the recorded
         # wall times (a simulated trial's is a GPU's, not this clock's), every session's (`resumed_with`).
@@ -171,6 +179,17 @@ class ConsoleProgress:
         self.label_width = LABEL_WIDTH  # the config column's: the space's longest label once known (use_space)
 
     # -- what drivers tell it (LiveProgress) ------------------------------------------------------------
+    def begun(self, start: Any) -> None:
+        """The sweep's start (autotune.api.SweepStart: its run directory held, before its first trial): its trial
+        budget and time budget are what the lines count to, its space sizes the config column, a resumed sweep's
+        earlier trials count in its time budget."""
+        self.total = start.budget.trials
+        if start.budget.time_s is not None:
+            self.time_budget_s = start.budget.time_s
+        self.use_space(start.space)
+        if start.resumed:
+            self.resumed_with(start.run_dir.results())
+
     def follow(self, phase: PhaseSource) -> None:
         """Read the running trial's phase from `phase` (a backend's `phase`)."""
         self._phase = phase
@@ -191,7 +210,7 @@ class ConsoleProgress:
         self._phase_read = (-math.inf, None)
         self._show()
         if self.verbose and self._phase is not None and self._watch is None:
-            label = f"trial {launched}/{self.total} (#{number}) {config.label()}"
+            label = f"trial {launched}/{self._total} (#{number}) {config.label()}"
             self._watch = PhaseWatch(self._phase, lambda phase: self.errors.print(f"{label}: {phase}"),
                                      self._phase_every_s)
 
@@ -223,7 +242,7 @@ class ConsoleProgress:
         eta_text = f"  ETA {format_duration(eta)}" if eta else ""
         error = f"  {_headline(result.error)}" if result.error and not result.ok else _far_behind(result)
         self.console.print(
-            f"trial {launched:>3}/{self.total} #{result.extra.get('trial', '?'):<4} {result.config.label():<{self.label_width}} "
+            f"trial {launched:>3}/{self._total} #{result.extra.get('trial', '?'):<4} {result.config.label():<{self.label_width}} "
             f"[{style}]{result.status:<11}[/{style}] {throughput}  peak {format_size(result.peak_memory_bytes):>9}  "
             f"{result.wall_time_s:6.1f} s  {best_text}{eta_text}{error}", highlight=False)
 
@@ -255,6 +274,8 @@ class ConsoleProgress:
     # -- the live line -------------------------------------------------------------------------------
     def eta(self) -> float | None:
         """Seconds until the sweep's trial budget (or its time budget) is spent, at the median trial time so far."""
+        if self.total is None:  # not told yet: no ETA
+            return None
         remaining = self.total - self.done
         if self.time_budget_s is not None and self.walls:
             left_s = self.time_budget_s - sum(self.walls)
@@ -278,11 +299,15 @@ class ConsoleProgress:
         if len(self.running) == 1:
             run = next(iter(self.running.values()))
             phase = self._current_phase(now) or "running"
-            return (f"trial {run.launched}/{self.total} (#{run.number}) {run.config.label()}: {phase} · "
+            return (f"trial {run.launched}/{self._total} (#{run.number}) {run.config.label()}: {phase} · "
                     f"{format_clock(now - run.since)}{eta_text}")
         oldest = min(self.running.values(), key=lambda r: r.since)
         return (f"{len(self.running)} trials running (longest: {oldest.config.label()}, "
                 f"{format_clock(now - oldest.since)}){eta_text}")
+
+    @property
+    def _total(self) -> str:
+        return "?" if self.total is None else str(self.total)
 
     def __rich__(self) -> str:
         return self.live_line()

@@ -21,6 +21,8 @@ from autotune.drivers.local import LocalExecutor
 from autotune.drivers.loop import Job, run_jobs
 from autotune.drivers.stop import StopReason
 from autotune.drivers.sweep import Budget
+from autotune.files import short
+from autotune.values.argtypes import given_path
 from autotune.values.config import Config, ConfigError
 from autotune.values.results import TrialResult, append_result, read_results, repair_tail
 from autotune.values.space import Space
@@ -61,14 +63,19 @@ def record_surface(space: Space, backend: Backend, out: Path, *, order_seed: int
     (`Recorded.fatal` says why); Ctrl-C raises RecordingInterrupted (a KeyboardInterrupt) once every finished
     trial is in the file.
     """
-    if retries < 0 or repeats < 1:
-        raise ConfigError(f"retries {retries!r}, repeats {repeats!r}: need retries >= 0 and repeats >= 1")
+    if not isinstance(space, Space):
+        raise ConfigError(f"space {short(space)}: allowed a Space, e.g. autotune.Space(choices, workload, hardware)")
+    budget = getattr(backend, "memory_budget_bytes", None)  # the backend's own (as_backend may wrap it)
+    backend = as_backend(backend)  # an object with run(config) -> TrialResult, or one line saying what it lacks
+    out = given_path(out, "out", "a surface's JSONL file (str or pathlib.Path)")  # `~` expanded, as every path
+    if any(isinstance(n, bool) or not isinstance(n, int) for n in (retries, repeats)) or retries < 0 or repeats < 1:
+        raise ConfigError(f"retries {short(retries)}, repeats {short(repeats)}: need retries >= 0 and repeats >= 1 "
+                          "(whole numbers)")
     workload, hardware = space.workload, space.hardware
     repaired = repair_tail(out)  # before the first append: a torn last line is moved aside, not merged into
     if repaired:
         progress(repaired)
     existing = read_results(out)
-    budget = getattr(backend, "memory_budget_bytes", None)
     for result in existing:
         recorded_for = result.extra.get("workload")
         if recorded_for is not None and recorded_for != workload.to_dict():
@@ -109,7 +116,6 @@ def record_surface(space: Space, backend: Backend, out: Path, *, order_seed: int
     progress(f"{out}: {counted(len(space), 'config')} in the space{f', {len(configs)} to record' if only is not None else ''}"
              f", {total} already measured{f' {repeats} times' if repeats > 1 else ''}, {len(todo)} to run "
              f"on the {backend.name} backend")
-    backend = as_backend(backend)
     recording = Recording(out, todo, {"workload": workload.to_dict(), "hardware": hardware.name}, crashes, measured,
                           retries, progress, backend.name)
     job = Job("record", recording, Budget(trials=len(todo) * (retries + 1)))

@@ -17,13 +17,14 @@ from autotune.search import confirm
 from autotune.backends.deepspeed import settle_log_dir
 from autotune.prediction.calibrate import calibrator
 from autotune.search.convergence import DEFAULT_STOP_WHEN, Convergence, StopRule, assess, recorded
-from autotune.values.config import Config
+from autotune.files import short
+from autotune.values.config import KNOBS, Config, ConfigError
 from autotune.drivers.stop import StopReason
 from autotune.prediction.estimate import Calibration
 from autotune.search.pruning import LivePruner, Pruner, cause_of
 from autotune.values.results import TrialResult
 from autotune.values.space import Space
-from autotune.strategies import SearchContext, Strategy, make_strategy
+from autotune.strategies import SearchContext, Strategy, make_strategy, strategy_name
 from autotune.values.units import counted
 
 if TYPE_CHECKING:
@@ -330,6 +331,7 @@ class Sweep:
             config = self.strategy.propose()
             if config is None:
                 return None
+            self._check_proposal(config)
             if config in self.known:
                 self.strategy.observe(config, self.known[config])
             else:
@@ -342,6 +344,24 @@ class Sweep:
             idle += 1
         self.stalled = True
         return None
+
+    def _check_proposal(self, config: Any) -> None:
+        """A strategy's proposal is a Config whose every knob value is one of the space's: anything else (a user's
+        strategy's mistake) is refused before it is recorded, as one line naming the strategy, what it proposed
+        and what the space allows, the record so far intact. A value outside the space would be recorded, then
+        refused by the outputs' Optuna study (its distributions are the space's values); a combination the
+        space's rules refuse (offload without ZeRO, say) is the pruner's and the backend's to answer, as ever."""
+        name = strategy_name(self.strategy)
+        if not isinstance(config, Config):
+            raise ConfigError(f"strategy {name!r}: propose() returned {short(config)}: allowed a Config of the space "
+                              "(autotune.Config), or None when it has nothing left to propose")
+        if self._space is None:
+            return
+        for knob in KNOBS:
+            value, allowed = getattr(config, knob), self._space.choices.knob_values(knob)
+            if value not in allowed:
+                raise ConfigError(f"strategy {name!r}: propose() returned {config.label()}, outside the space: "
+                                  f"{knob} {value!r} is not one of its values (allowed {', '.join(map(repr, allowed))})")
 
     def finish(self, config: Config, result: TrialResult) -> TrialResult:
         """Record a launched trial's result (a peak over budget becomes `oom`) and tell the strategy; a

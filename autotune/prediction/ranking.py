@@ -1,12 +1,21 @@
 """The estimator over a whole space: which configs are predicted to fit a budget, fastest first, and which
-term breaks the budget for the others (`autotune estimate`)."""
+term breaks the budget for the others (`autotune estimate`); and the library's one-config prediction
+(`autotune.predict`). Both check what they are given: a wrong argument is one ConfigError naming it and what is
+allowed, not an AttributeError from deep inside the arithmetic."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Mapping
 
+from autotune.files import short
 from autotune.prediction.estimate import Calibration, Estimate, estimate
-from autotune.values.space import Space
+from autotune.values.argtypes import given_path
+from autotune.values.config import Config, ConfigError
+from autotune.values.hardware import Hardware, load_hardware
+from autotune.values.space import Choices, Space
+from autotune.values.units import parse_size
+from autotune.values.workload import Workload
 
 
 @dataclass(frozen=True)
@@ -26,9 +35,60 @@ class Ranking:
         return sorted(by_term.items(), key=lambda item: -len(item[1]))
 
 
-def rank_configs(space: Space, budget_bytes: int, calibration: Calibration = Calibration()) -> Ranking:
-    """Every config of `space` predicted: those that fit `budget_bytes` fastest first, the others by peak."""
+def rank_configs(space: Space, budget_bytes: int | float | str,
+                 calibration: Calibration = Calibration()) -> Ranking:
+    """Every config of `space` predicted: those that fit `budget_bytes` (a positive number of bytes, or a size such
+    as '40GiB') fastest first, the others by peak."""
+    if not isinstance(space, Space):
+        instead = (" (Choices are the knobs' values: a Space adds the workload and hardware)"
+                   if isinstance(space, Choices) else "")
+        raise ConfigError(f"space {short(space)}: allowed a Space, e.g. autotune.Space(choices, workload, "
+                          f"hardware){instead}")
+    budget = budget_of(budget_bytes)
+    calibration = _calibration(calibration)
     estimates = [estimate(config, space.workload, space.hardware, calibration) for config in space]
-    fits = sorted((e for e in estimates if e.fits(budget_bytes)), key=lambda e: -e.throughput_samples_per_s)
-    too_big = sorted((e for e in estimates if not e.fits(budget_bytes)), key=lambda e: e.peak_bytes)
-    return Ranking(space, budget_bytes, tuple(fits), tuple(too_big))
+    fits = sorted((e for e in estimates if e.fits(budget)), key=lambda e: -e.throughput_samples_per_s)
+    too_big = sorted((e for e in estimates if not e.fits(budget)), key=lambda e: e.peak_bytes)
+    return Ranking(space, budget, tuple(fits), tuple(too_big))
+
+
+def predict(config: Config | Mapping[str, Any], workload: Workload, hardware: Hardware | str,
+            calibration: Calibration = Calibration()) -> Estimate:
+    """One config's memory and step time (`autotune.predict`): `config` a Config or a mapping of its knobs,
+    `hardware` a Hardware or a profile's name or YAML file (autotune.load_hardware)."""
+    if isinstance(config, Mapping):
+        config = Config.from_dict(dict(config))
+    if not isinstance(config, Config):
+        raise ConfigError(f"config {short(config)}: allowed a Config, e.g. autotune.Config(zero_stage=2, "
+                          "micro_batch=4, ckpt_interval=0, precision='bf16'), or a dict of its knobs")
+    if not isinstance(workload, Workload):
+        raise ConfigError(f"workload {short(workload)}: allowed a Workload, e.g. autotune.make_workload('llama-7b', "
+                          "global_batch=256, gpus=8)")
+    return estimate(config, workload, hardware_of(hardware), _calibration(calibration))
+
+
+def hardware_of(hardware: Any) -> Hardware:
+    """A Hardware, or the profile a name or YAML file names (`~` expanded); else ConfigError."""
+    if isinstance(hardware, Hardware):
+        return hardware
+    allowed = "a Hardware (autotune.load_hardware), a profile's name (e.g. cpu, a100-80gb) or a YAML file of profile keys"
+    return load_hardware(str(given_path(hardware, "hardware", allowed)))
+
+
+def budget_of(budget: Any) -> int:
+    """A memory budget given to the library: a positive number of bytes, or a size such as '40GiB' (parse_size:
+    NaN, infinity and sizes past its maximum refused)."""
+    allowed = "a positive number of bytes, or a size such as 40GiB or 2GB"
+    if isinstance(budget, bool) or not isinstance(budget, (int, float, str)):
+        raise ConfigError(f"budget_bytes {short(budget)}: allowed {allowed}")
+    try:
+        return parse_size(budget)
+    except ValueError as err:
+        raise ConfigError(f"budget_bytes: {err} (allowed {allowed})") from None
+
+
+def _calibration(calibration: Any) -> Calibration:
+    if not isinstance(calibration, Calibration):
+        raise ConfigError(f"calibration {short(calibration)}: allowed a Calibration (autotune.Calibration(); "
+                          "a run directory's calibration.json, autotune.prediction.calibrate)")
+    return calibration

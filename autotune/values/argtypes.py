@@ -13,8 +13,9 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
+from autotune.errors import ConfigError
 from autotune.values.units import parse_size, shown
 
 MAX_INT = 2**31 - 1  # counts (trials, steps, batch, tokens): C code below us takes int32; more is a typo
@@ -48,7 +49,34 @@ def int_range(low: int, high: int, what: str = "") -> Callable[[str], int]:
 positive_int = int_range(1, MAX_INT)
 non_negative_int = int_range(0, MAX_INT)
 gpu_count = int_range(1, MAX_GPUS, " GPUs")
-seed = int_range(0, MAX_SEED, ", the seeds numpy and Optuna accept")
+SEEDS = f"0 to {MAX_SEED} (2**32 - 1), the seeds numpy and Optuna accept"
+
+
+def check_seed(value: Any, text: str | None = None) -> int:
+    """A strategy's seed, the one check of the CLI's --seed (`seed`) and the library's TuneSpec.seed: a whole
+    number from 0 to MAX_SEED, else ArgumentTypeError naming the value (`text`: as typed) and the range."""
+    named = shown(value if text is None else text)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise argparse.ArgumentTypeError(f"{named} is not a whole number: allowed {SEEDS}")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{named} must be 0 or a positive integer: allowed {SEEDS}")
+    if value > MAX_SEED:
+        raise argparse.ArgumentTypeError(f"{named} is too large: allowed {SEEDS}")
+    return value
+
+
+def seed(text: str) -> int:
+    """--seed: check_seed of the number typed."""
+    try:
+        value = int(text)
+    except ValueError:
+        if _DIGITS.fullmatch(text):  # only digits, but past Python's 4300-digit conversion limit
+            raise argparse.ArgumentTypeError(f"{shown(text)} is too large: allowed {SEEDS}") from None
+        raise argparse.ArgumentTypeError(f"{shown(text)} is not an integer: allowed {SEEDS}") from None
+    return check_seed(value, text)
+
+
+seed.__name__ = f"integer from 0 to {MAX_SEED}"  # argparse names the type in its own messages
 
 
 def size(text: str) -> int:
@@ -117,6 +145,24 @@ def ray_address(text: str) -> str:
         return text
     raise argparse.ArgumentTypeError(f"{shown(text)} is not a Ray address: allowed local, auto or host:port "
                                      "(port 1 to 65535), e.g. 10.0.0.5:6379")
+
+
+# -- paths the library is given ------------------------------------------------------------------------------
+
+def given_path(value: Any, name: str, allowed: str = "a path (str or pathlib.Path)") -> Path:
+    """A path handed to the library (TuneSpec's files, tune()'s `out`, record_surface's file...): a non-empty str
+    or os.PathLike, with `~` expanded as the CLI's shell expands it for the CLI (a `~user` that names no user is
+    left as it is); else ConfigError naming it (`name`) and what is `allowed`. The one place the library expands
+    `~`, so that no path it takes creates a folder named `~`."""
+    text: Any = None
+    if isinstance(value, (str, os.PathLike)):
+        try:
+            text = os.fspath(value)
+        except TypeError:  # a __fspath__ that returns neither str nor bytes
+            text = None
+    if not isinstance(text, str) or not text or "\0" in text:
+        raise ConfigError(f"{name} {shown(value)}: allowed {allowed}")
+    return Path(os.path.expanduser(text))
 
 
 # -- paths read ---------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ backends and the drivers can all import it without a circle (issue 26)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -30,9 +31,11 @@ def check_stack(stack: str) -> str:
 
 
 def check_budget(value: Any) -> int:
-    """A memory budget per device: a positive number of bytes (one-line ConfigError naming the value)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ConfigError(f"memory budget {value!r}: must be a positive number of bytes")
+    """A memory budget per device: a positive number of bytes (one-line ConfigError naming the value); a float
+    must be finite (NaN and infinity are no number of bytes)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or (
+            isinstance(value, float) and not math.isfinite(value)):
+        raise ConfigError(f"memory budget {short(value)}: must be a positive number of bytes")
     return int(value)
 
 
