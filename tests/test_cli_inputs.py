@@ -82,8 +82,8 @@ def one_line_error(code, err: str, prog: str, *fragments: str) -> None:
     (["sweep", "s.yaml", "--ray-address", "host"], "'host' is not a Ray address"),
     (["estimate", "--model", "1" * 300], "argument --model: model '111"),  # too long a name for a file: not OSError
     (["estimate", "--hardware", "1" * 300], "argument --hardware:"),
-    (["rl", "export", "1" * 300, "--out", "x"], "argument checkpoint: '111"),
-    (["rl", "export", "nope", "--out", "x"], "argument checkpoint: 'nope': no such directory"),
+    (["rl", "export", "1" * 300, "--out", "x"], "autotune rl export: error: '111"),
+    (["rl", "export", "nope", "--out", "x"], "autotune rl export: error: 'nope': no such checkpoint"),
     (["estimate", "--model", "x\ry\u2028z"], "argument --model: model x\\ry\\u2028z"),  # one line, whatever it holds
 ])
 def test_bad_numbers_are_one_line_exit_2_and_write_nothing(argv, fragment, workdir, capsys):

@@ -77,3 +77,57 @@ def test_a_closed_terminal_ends_the_sweep_with_its_outputs_written_and_nohup_out
         proc.send_signal(signal.SIGHUP)
         assert proc.wait(timeout=60) == 0
     assert json.loads((ignored / "stop.json").read_text())["stop_reason"] == "trials"
+
+
+def test_ctrl_c_before_the_headline_is_exit_130_one_line_and_the_same_command_starts_over(tmp_path, monkeypatch,
+                                                                                          capsys):
+    from autotune import api
+    from autotune.cli import main
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    argv = ["tune", "--backend", "simulated", "--strategy", "random", "--trials", "2", "--out", str(tmp_path / "run")]
+    with monkeypatch.context() as patched:
+        patched.setattr(api, "hold", interrupt)  # the run directory's lock: before the sweep's headline
+        assert main(argv) == 130
+    out, err = capsys.readouterr()
+    assert "stopped after the first trial" not in out + err and err.count("\n") == 1
+    assert err.startswith("autotune tune: interrupted before its first trial: nothing was recorded in ")
+    with monkeypatch.context() as patched:
+        patched.setattr(api, "open_sweep", interrupt)  # after the headline and run.json: no report is written
+        assert main(argv) == 130
+    out, err = capsys.readouterr()
+    assert "interrupted before its first trial" in out and "report:" not in out
+    assert main(argv) == 0  # the same command, without --resume
+
+
+def test_a_sweep_interrupted_before_its_first_trial_is_exit_130_and_the_same_command_starts_it(tmp_path, monkeypatch,
+                                                                                                capsys):
+    from autotune import api
+    from autotune.cli import main
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("defaults: {backend: simulated, strategy: random, trials: 2}\n"
+                     "workloads:\n  - {name: a, model: tiny}\n  - {name: b, model: tiny}\n")
+    argv = ["sweep", str(sweep), "--out", str(tmp_path / "out")]
+    with monkeypatch.context() as patched:
+        patched.setattr(api, "open_sweep", interrupt)  # run.json written, nothing recorded
+        assert main(argv) == 130
+    capsys.readouterr()
+    assert (tmp_path / "out" / "a" / "run.json").is_file()
+    assert "a | tiny" in (tmp_path / "out" / "sweep_summary.md").read_text()  # each workload's row, as it stands
+
+    class Reached(Exception):
+        pass
+
+    def reached(plans, **kwargs):
+        raise Reached  # the runner: the same command was not refused ("already holds this sweep")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(api, "tune_many", reached)
+        assert main(argv) == 1
+    assert "internal error: Reached" in capsys.readouterr().err

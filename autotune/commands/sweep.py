@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from autotune.backends.factory import backend_kind
 from autotune.trials.devices import require_here
@@ -16,6 +17,11 @@ from autotune.commands.tune import add_tracking_arguments, tracking_uri
 from autotune.outputs import wandb_tracking
 from autotune.search.rundir import SWEEP_COPY
 from autotune.values.units import counted
+
+if TYPE_CHECKING:
+    from autotune.api import Plan
+    from autotune.search.rundir import RunDir
+    from autotune.values.settings import RunSettings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     """The sweep file's workloads -> the one runner (autotune.api.tune_many), on the Ray cluster -> the summary."""
     from rich.console import Console
 
-    from autotune.api import tune_many
+    from autotune.api import holds_trials, tune_many
     from autotune.commands.sweep_file import load_sweep
     from autotune.drivers.ray import LabelledProgress, RayOptions
     from autotune.files import read_bytes, write_atomic
@@ -66,12 +72,14 @@ def run(args: argparse.Namespace) -> int:
                     require_here(spec.settings.hardware, spec.settings.workload.gpus, spec.chosen_budget)
                 except ConfigError as err:
                     raise ConfigError(f"{sweep_file.path}: workload {spec.name!r}: {err}") from None
-    held = [RunDir(out / spec.name).exists() for spec in sweep_file.workloads]
+    # A workload's directory with a trial recorded holds the sweep; one interrupted before its first, its settings
+    # only, is started over by the same command (api.check_out), and continued by --resume
+    held = [holds_trials(RunDir(out / spec.name)) for spec in sweep_file.workloads]
     if not args.resume and any(held):
         busy = sweep_file.workloads[held.index(True)].name
         raise ConfigError(f"{out} already holds this sweep (workload {busy!r}): pass --resume to continue it, "
                           "or choose another --out")
-    if args.resume and not any(held):
+    if args.resume and not any(RunDir(out / spec.name).exists() for spec in sweep_file.workloads):
         raise ConfigError(f"--resume: {out} holds no sweep of {sweep_file.path} to resume")
     console = Console(soft_wrap=True)  # one line per event, wrapped by the terminal (COLUMNS where set)
     plans = [spec.plan(out, mlflow, args.wandb) for spec in sweep_file.workloads]
@@ -92,8 +100,9 @@ def run(args: argparse.Namespace) -> int:
         finally:
             for show in shows.values():
                 show.close()  # the last batch of pruned configs
-    rows = {name: summary_row(name, RunDir(result.run_dir).read_settings(), result.run_dir, out, result.best,
-                              result.summary, result.verdict, result.stopped) for name, result in zip(names, results)}
+    rows = {name: summary_row(name, _settings(RunDir(result.run_dir), plan), result.run_dir, out, result.best,
+                              result.summary, result.verdict, result.stopped)
+            for name, plan, result in zip(names, plans, results)}
     write_summary(out, list(rows.values()))
     for name, row in rows.items():  # why each one stopped, as its report says it (a resume says the same)
         console.print(f"[bold]{name}[/bold] stopped: {row['stopped']}; {counted(row['trials'], 'trial')} launched, "
@@ -110,3 +119,11 @@ def run(args: argparse.Namespace) -> int:
     # 1 when any workload got no recommendation (nothing fits, a script that cannot be tuned, no trial within the
     # budget): the others' outputs are written all the same (docs/ray.md, "Exit status").
     return 0 if all(r["recommended"] for r in rows.values()) else 1
+
+
+def _settings(run_dir: "RunDir", plan: "Plan") -> "RunSettings":
+    """A workload's settings as its run directory keeps them; as its plan resolves them where Ctrl-C came before
+    they were written."""
+    from autotune.api import resolution
+
+    return run_dir.read_settings() if run_dir.exists() else (plan.resolved or resolution(plan.spec)).settings

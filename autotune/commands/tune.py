@@ -5,6 +5,7 @@ report into the run directory."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -138,9 +139,15 @@ def run(args: argparse.Namespace) -> int:
         finally:
             progress.close()  # the last batch of pruned configs, before the summary; the live line ends on any error
     start = progress.start
+    if start is None and result.stop_reason is StopReason.INTERRUPTED:  # Ctrl-C before the sweep's headline
+        print(f"{args._prog}: {result.verdict}", file=sys.stderr)
+        if args.json:
+            emit_json(args, result.to_dict())
+        return 130
     if start is None:  # a script's first trial showed it cannot be tuned as it is: tune() ended before the search
-        progress.result(f"stopped after the first trial; recorded in {result.run_dir / 'trials.jsonl'}; report: "
-                        f"{result.run_dir / 'report.md'}")
+        report = result.run_dir / "report.md"
+        progress.result(f"stopped after the first trial; recorded in {result.run_dir / 'trials.jsonl'}"
+                        + (f"; report: {report}" if report.is_file() else ""))
         if args.json:
             emit_json(args, result.to_dict())
         return 1
@@ -159,8 +166,6 @@ def spec_from(args: argparse.Namespace) -> TuneSpec:
         workload = replay_workload(args.surface, args.model, args.global_batch, args.gpus)
         hardware = args.hardware
     else:
-        if args.surface is not None:
-            raise ConfigError(f"--surface {args.surface} is only for --backend replay (got --backend {args.backend})")
         args.model = args.model or DEFAULT_MODEL
         if args.backend == BUILT_IN_TRAINER:  # first: no other setting would let real trials train it
             refuse_untrained(load_model(args.model, getattr(args, "seq_len", None)), f"--model {args.model}",
@@ -179,8 +184,6 @@ def script_spec_from(args: argparse.Namespace) -> TuneSpec:
         raise ConfigError(f"--model {args.model} with --script {args.script}: choose one (the script brings its model)")
     if args.backend != "deepspeed":
         raise ConfigError(f"--backend {args.backend} with --script: a script's trials are real runs (--backend deepspeed)")
-    if args.surface is not None:
-        raise ConfigError(f"--surface {args.surface} is only for --backend replay (got --script)")
     if args.target_gpus is not None:
         raise ConfigError(f"--target-gpus {args.target_gpus}: not with --script (a script's trials run at the scale it "
                           "is launched with)")
@@ -286,7 +289,8 @@ def conclude(progress: ConsoleProgress, run_dir: RunDir, settings: RunSettings, 
     elif progress.quiet:  # a script's own lines (Outputs.notes) came from tune() as notes, unsaid under --quiet
         for line in result.notes:
             progress.result(line)
-    progress.result(f"report: {run_dir.path / 'report.md'}")
+    if (run_dir.path / "report.md").is_file():  # none where Ctrl-C came before the sweep was opened
+        progress.result(f"report: {run_dir.path / 'report.md'}")
     if mlflow is not None:
         progress.result(f"MLflow: {masked(mlflow)} (experiment and parent run in {run_dir.path / tracking.STATE})")
     if wandb is not None:

@@ -38,7 +38,7 @@ def summary_row(name: str, settings: RunSettings, run_dir: Path, out: Path, best
         "workload": name, "model": w.model.name, "gpus": w.gpus, "global_batch": w.global_batch,
         "hardware": settings.hardware.name, "memory_budget": format_size(settings.memory_budget_bytes),
         "strategy": settings.strategy, "backend": settings.backend,
-        "trials": summary["trials"] - pruned, "pruned": pruned,
+        "trials": summary.get("trials", 0) - pruned, "pruned": pruned,  # none: interrupted before it was opened
         "recommended": best.config.label() if best else "",
         "config_json": best.config.to_json() if best else "",
         "throughput_samples_per_s": round(best.throughput, 3) if best else "",

@@ -436,7 +436,7 @@ def resolve_checkpoint(given: str | Path) -> Path:
             kept = f"its newest {keep}" if keep else "every one"
             hint = (f" ({path.parent} holds {', '.join(held)}: the run keeps {kept}, --keep-checkpoints)"
                     if held else f" ({path.parent} holds no checkpoint)")
-        raise ConfigError(f"{path}: no such checkpoint{hint}")
+        raise ConfigError(f"{shown(str(path), 200)}: no such checkpoint{hint}")
     if path.is_dir() and path.name == "checkpoints" and (path / "latest").is_file():
         path = path / "latest"
     elif path.is_dir() and (path / "checkpoints").is_dir() and not (path / "learner_group").exists():
