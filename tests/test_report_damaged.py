@@ -321,3 +321,35 @@ def test_report_json_byte_counts_are_whole_numbers(run, capfd):
     # As the record is read back (its predicted peak parsed as a number), the table's row says it whole.
     rows = tables(read_results(run / "trials.jsonl"), doc["memory_budget_bytes"])["top_configs"]
     assert all(type(r["predicted_peak_bytes"]) is int for r in rows)
+
+
+def test_a_record_holding_a_config_outside_the_space_still_reports(tmp_path, capsys):
+    """A user's strategy could propose a knob value outside the space before the sweep refused such proposals; the
+    recorded line made every later `autotune report` an internal error (the study's distributions are the space's)."""
+    import autotune
+    from autotune.cli import main
+    from autotune.values.config import Config
+
+    class Outside:
+        name = "outside"
+
+        def __init__(self):
+            self.order = [Config(0, 2, 0, "fp32"), Config(0, 4, 0, "fp32")]
+
+        def propose(self):
+            return self.order.pop(0) if self.order else None
+
+        def observe(self, config, result):
+            pass
+
+    out = tmp_path / "run"
+    spec = autotune.TuneSpec(autotune.make_workload("tiny", global_batch=16), autotune.load_hardware("cpu"),
+                             strategy=Outside(), trials=2, backend="simulated", stop_when=0.0)
+    autotune.tune(spec, out=out)
+    lines = (out / "trials.jsonl").read_text().splitlines()
+    line = json.loads(lines[-1])
+    line["config"]["micro_batch"], line["trial"] = 1024, len(lines) + 1
+    with open(out / "trials.jsonl", "a") as record:
+        record.write(json.dumps(line) + "\n")
+    capsys.readouterr()
+    assert main(["report", str(out)]) == 0, capsys.readouterr().err

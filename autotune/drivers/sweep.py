@@ -18,7 +18,7 @@ from autotune.backends.deepspeed import settle_log_dir
 from autotune.prediction.calibrate import calibrator
 from autotune.search.convergence import DEFAULT_STOP_WHEN, Convergence, StopRule, assess, recorded
 from autotune.files import short
-from autotune.values.config import KNOBS, Config, ConfigError
+from autotune.values.config import Config, ConfigError
 from autotune.drivers.stop import StopReason
 from autotune.prediction.estimate import Calibration
 from autotune.search.pruning import LivePruner, Pruner, cause_of
@@ -357,11 +357,11 @@ class Sweep:
                               "(autotune.Config), or None when it has nothing left to propose")
         if self._space is None:
             return
-        for knob in KNOBS:
-            value, allowed = getattr(config, knob), self._space.choices.knob_values(knob)
-            if value not in allowed:
-                raise ConfigError(f"strategy {name!r}: propose() returned {config.label()}, outside the space: "
-                                  f"{knob} {value!r} is not one of its values (allowed {', '.join(map(repr, allowed))})")
+        outside = self._space.choices.outside(config)
+        if outside is not None:
+            knob, value, allowed = outside
+            raise ConfigError(f"strategy {name!r}: propose() returned {config.label()}, outside the space: "
+                              f"{knob} {value!r} is not one of its values (allowed {', '.join(map(repr, allowed))})")
 
     def finish(self, config: Config, result: TrialResult) -> TrialResult:
         """Record a launched trial's result (a peak over budget becomes `oom`) and tell the strategy; a

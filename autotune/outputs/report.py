@@ -454,7 +454,9 @@ def keep_study(run: RunDir, settings: RunSettings, results: Sequence[TrialResult
                                 study_name=run.study_name(settings.storage))
         study = StudyRecord(context, settings.strategy)
         for result in results:
-            if not is_repeat(result):  # as the sweep tells a strategy its record
+            # as the sweep tells a strategy its record; a config outside the space (a user's strategy's, recorded
+            # before the sweep refused such proposals) has no place among the study's distributions
+            if not is_repeat(result) and context.space.choices.outside(result.config) is None:
                 study.observe(result.config, result)
         study.follow_record()
     finally:

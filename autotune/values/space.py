@@ -40,6 +40,13 @@ class Choices:
     def knob_values(self, knob: str) -> tuple:
         return getattr(self, knob)
 
+    def outside(self, config: Config) -> tuple[str, Any, tuple] | None:
+        """The first knob of `config` whose value is none of the space's: (knob, value, the values allowed)."""
+        for knob in KNOBS:
+            if getattr(config, knob) not in self.knob_values(knob):
+                return knob, getattr(config, knob), self.knob_values(knob)
+        return None
+
     def default(self) -> dict[str, object]:
         return {knob: getattr(self, knob)[0] for knob in KNOBS}
 
@@ -77,9 +84,10 @@ class Space:
     only: frozenset[Config] | None = field(default=None, compare=False)  # e.g. the configs of a replay surface
 
     def invalid_reason(self, config: Config) -> str | None:
-        for knob in KNOBS:
-            if getattr(config, knob) not in self.choices.knob_values(knob):
-                return f"{knob}={getattr(config, knob)!r} is not in the space: allowed {list(self.choices.knob_values(knob))}"
+        outside = self.choices.outside(config)
+        if outside is not None:
+            knob, value, allowed = outside
+            return f"{knob}={value!r} is not in the space: allowed {list(allowed)}"
         reason = invalid_reason(config, self.workload, self.hardware, self.choices.nvme_path)
         if reason is None and self.only is not None and config not in self.only:
             reason = "not measured in the replay surface"
