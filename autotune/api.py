@@ -1107,8 +1107,17 @@ def open_sweep(stack: ExitStack, run_dir: RunDir, settings: RunSettings, space: 
     tracker = stack.enter_context(tracked(tracking, run_dir, settings, run_dir.results(), progress.message, name=name,
                                           wandb=wandb))
     hooks = Hooks(tracker, progress.pruned, progress.message)
-    sweep = Sweep.open(run_dir, settings, space, strategy, hooks=hooks, launch_sigma=launch_sigma)
+    storage = run_dir.storage(settings.storage)
+    stack.callback(release_storage, storage)  # a notebook's process outlives the sweep: no connection left open
+    sweep = Sweep.open(run_dir, settings, space, strategy, hooks=hooks, launch_sigma=launch_sigma, storage=storage)
     return sweep, tracker, sweep.refused_at_start(space)
+
+
+def release_storage(storage: Any) -> None:
+    """The connections an Optuna RDB storage pools (study.db and its -wal and -shm files stay open otherwise)."""
+    engine = getattr(storage, "engine", None)
+    if engine is not None:
+        engine.dispose()
 
 
 def close_run(run_dir: RunDir, settings: RunSettings, sweep: Sweep, tracker: Tracker, reason: StopReason,

@@ -373,3 +373,15 @@ def test_record_surface_checks_its_arguments(space, tmp_path, monkeypatch):
             call()
         one_line(err, named)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_no_connection_to_the_study_is_left_open_after_tune_returns(tmp_path):
+    """A notebook's process outlives its sweeps: study.db, -wal and -shm stayed open after tune() returned (copying
+    study.db alone from a live notebook could then miss what the write-ahead log held)."""
+    import os
+
+    out = tmp_path / "run"
+    autotune.tune(spec(strategy="optuna"), out=out)
+    fds = Path("/proc/self/fd")
+    held = [os.readlink(fd) for fd in fds.iterdir() if os.path.exists(fd)]
+    assert not [path for path in held if path.startswith(str(out))], held

@@ -127,15 +127,15 @@ class Sweep:
 
     @classmethod
     def open(cls, run_dir: "RunDir", settings: "RunSettings", space: Space, strategy: Any = None, *,
-             hooks: Hooks = Hooks(), launch_sigma: float | None = None) -> "Sweep":
-        """The sweep of a run directory: its recorded history, strategy (its study in the run's storage), pruner.
-        `strategy`: the user's own Strategy object or builder (autotune.strategies), which `settings.strategy`
-        names; None: the registered strategy `settings.strategy`. `launch_sigma`: the spread its backend's launches
-        have (confirm.prior_sigma; None: its kind's)."""
+             hooks: Hooks = Hooks(), launch_sigma: float | None = None, storage: Any = None) -> "Sweep":
+        """The sweep of a run directory: its recorded history, strategy (its study in the run's storage: `storage`,
+        else opened here), pruner. `strategy`: the user's own Strategy object or builder (autotune.strategies), which
+        `settings.strategy` names; None: the registered strategy `settings.strategy`. `launch_sigma`: the spread its
+        backend's launches have (confirm.prior_sigma; None: its kind's)."""
         pruner = Pruner.for_settings(settings)
         live = LivePruner(pruner)
         context = SearchContext(space, settings.memory_budget_bytes, settings.seed, pruner.predict,
-                                run_dir.storage(settings.storage), run_dir.study_name(settings.storage),
+                                storage or run_dir.storage(settings.storage), run_dir.study_name(settings.storage),
                                 forecast=live.forecast, uncertainty=live.uncertainty, trial_seconds=live.trial_seconds)
         chosen = settings.strategy if strategy is None else strategy
         return cls(make_strategy(chosen, context), pruner, run_dir.append, settings.backend,
