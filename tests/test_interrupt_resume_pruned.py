@@ -71,7 +71,7 @@ def interrupted_at(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str, n: in
 def interrupt_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, owner: Any, name: str, n: int,
                          strategy: str = "optuna") -> None:
     """The uninterrupted sweep's record, and the record of the same sweep interrupted at the `n`th call of
-    `owner.name` and resumed: the same configs, each once, with the same outcomes."""
+    `owner.name` and resumed: the same configs, each once, with the same outcomes, in the same order."""
     whole = tmp_path / "whole"
     autotune.tune(spec(tmp_path, strategy), whole)
     expected = record(whole)
@@ -91,13 +91,16 @@ def interrupt_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, owner:
     missing = {c.label() for c, _ in expected} - {c.label() for c in configs}
     assert not missing, f"lost from the record after the resume: {sorted(missing)}"
     assert sorted(got, key=lambda p: p[0].label()) == sorted(expected, key=lambda p: p[0].label())
+    assert got == expected  # and in the same order: the same seed, the same sweep (tests/test_resume_same_sweep.py)
     assert resumed.stop_reason is StopReason.NOTHING_FITS
 
 
+@pytest.mark.parametrize("strategy", ["optuna", "hybrid"])
 @pytest.mark.parametrize("n", [2, 30])
-def test_a_resume_records_every_config_the_interrupted_session_had_not_reached(tmp_path, monkeypatch, n):
-    """Interrupted at the nth line of trials.jsonl (the oom is the first, each pruned config one more)."""
-    interrupt_and_resume(tmp_path, monkeypatch, RunDir, "append", n)
+def test_a_resume_records_every_config_the_interrupted_session_had_not_reached(tmp_path, monkeypatch, n, strategy):
+    """Interrupted at the nth line of trials.jsonl (the oom is the first, each pruned config one more). The hybrid's
+    policy has its turns among the pruned configs (each of its proposals refused as unlikely to fit, or pruned)."""
+    interrupt_and_resume(tmp_path, monkeypatch, RunDir, "append", n, strategy)
 
 
 @pytest.mark.parametrize("n", [5, 9])

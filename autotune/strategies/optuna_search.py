@@ -38,11 +38,15 @@ The constraint is written as the system attribute `constraints` (a list, the for
 The study lives in the storage of the run directory when one is given (autotune.search.study_storage). A resumed
 study keeps what it learnt; a trial left RUNNING by a killed tuner is taken over: told from the recorded
 result if the driver recorded one, and otherwise proposed again before anything else (ahead of warm-start
-trials still waiting in the queue), so the config that was in flight runs again first.
+trials still waiting in the queue), so the config that was in flight runs again first. What the study does not
+hold is kept beside it, as its system attribute RANDOM_STATE_KEY after each proposal: the samplers' random state
+(sampler_view) and the generator that breaks the nearest untried config's ties, so that a resumed sweep draws what
+the uninterrupted one would have drawn next (the same seed, the same sweep: docs/tune.md).
 """
 
 from __future__ import annotations
 
+import json
 import random
 import time
 import warnings
@@ -89,6 +93,9 @@ STOP_GAIN = 0.002  # below this x best, no untried config's probability x expect
 # small-llama surface at 1.19 GiB spent one trial in 14 out of memory after its optimum); TPE, whose
 # proposals are all likely to fit, takes that turn instead.
 GAMBLE_GAIN = 0.02
+# The study's system attribute keeping the random state a resumed sweep draws on (module doc): {"sampler": the
+# samplers' generators (SamplerView.random_state), "nearest": the tie-breaking generator's state}.
+RANDOM_STATE_KEY = "autotune:random_state"
 
 
 def tpe(context: SearchContext, strategy: str = "optuna") -> "OptunaStrategy":
@@ -146,9 +153,11 @@ class OptunaStrategy:
                     self.resumed.append(config)
             elif trial.state == TrialState.WAITING:
                 self._requeue(trial)
+        self._kept_state = self._restore_random_state()
         self.guided = context.forecast is not None  # the guided picks read the forecast alone
         # Guided proposals since the first one (hybrid's policy waits for GUIDED_TURNS of them): a resumed study
-        # goes on where it was.
+        # goes on where it was (the trials it was told; a proposal in flight counts when it is proposed again, and the
+        # hybrid sets the count again from its replay of the record).
         self.turn = self._turns_taken(trials) if self.guided else 0
         # Nothing untried is worth a trial (probability x expected gain) nor likely to fit: proposals end.
         self.exhausted = False
@@ -164,10 +173,17 @@ class OptunaStrategy:
     # -- the Strategy interface
 
     def propose(self) -> Config | None:
+        config = self._propose()
+        self._keep_random_state()
+        return config
+
+    def _propose(self) -> Config | None:
         self.follow_record()
         while self.resumed:
             resumed = self.resumed.pop(0)
             if resumed in self.pending:  # not already told from the recorded history
+                if self.guided and (set(self.outcomes) | set(self.pending)) - {resumed}:
+                    self.turn += 1  # the guided turn that proposed it, taken again (its study counts told trials)
                 return resumed
         if self.guided and not self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
             picked = self._guided()
@@ -406,6 +422,32 @@ class OptunaStrategy:
 
     # -- helpers
 
+    def _random_state(self) -> dict[str, Any]:
+        version, state, gauss = self.rng.getstate()
+        sampler = self.study.sampler
+        return {"sampler": sampler.random_state() if isinstance(sampler, SamplerView) else {},
+                "nearest": [version, list(state), gauss]}
+
+    def _restore_random_state(self) -> str:
+        """The random state a stored study kept (module doc) set again; returns the state as JSON, as kept."""
+        kept = self.study._storage.get_study_system_attrs(self.study._study_id).get(RANDOM_STATE_KEY)
+        if isinstance(kept, dict):
+            sampler = self.study.sampler
+            if isinstance(sampler, SamplerView) and isinstance(kept.get("sampler"), dict):
+                sampler.set_random_state(kept["sampler"])
+            if isinstance(kept.get("nearest"), list):
+                version, state, gauss = kept["nearest"]
+                self.rng.setstate((version, tuple(state), gauss))
+        return json.dumps(self._random_state())
+
+    def _keep_random_state(self) -> None:
+        """Keep the random state in the study where a proposal drew on it (module doc)."""
+        state = self._random_state()
+        text = json.dumps(state)
+        if text != self._kept_state:
+            self.study._storage.set_study_system_attr(self.study._study_id, RANDOM_STATE_KEY, state)
+            self._kept_state = text
+
     def _proposer(self, trial: optuna.trial.Trial) -> str:
         """Who proposed an asked trial: an enqueued trial says so itself (warm start, nearest untried)."""
         return str(trial.user_attrs.get("proposed_by", self.name))
@@ -547,10 +589,14 @@ class Record:
         kept_as = f"{name} (before following trials.jsonl, {when})"
         optuna.copy_study(from_study_name=name, from_storage=storage, to_storage=storage, to_study_name=kept_as)
         attrs = dict(study.user_attrs)
+        # What the strategies keep beside the trials (the metric's name, the random state, the hybrid's refusals).
+        system = storage.get_study_system_attrs(study._study_id)
         optuna.delete_study(study_name=name, storage=storage)
         followed = optuna.create_study(storage=storage, study_name=name, direction="maximize", sampler=study.sampler)
         for key, value in attrs.items():
             followed.set_user_attr(key, value)
+        for key, value in system.items():
+            storage.set_study_system_attr(followed._study_id, key, value)
         followed.add_trials([t for t in trials if t.number not in stale])
         kept = {pair for n, pair in claimed.items() if n not in stale}
         for (number, config), result in pairs.items():  # recorded, but under another number in the study

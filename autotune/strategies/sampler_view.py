@@ -9,6 +9,12 @@ micro-batch 4 lies between 2 and 8 (a categorical hides the order); and a failur
 in its system attribute SAMPLER_VALUE_KEY (0.0), so the GP, which models COMPLETE trials only, still learns
 the failed region from it (TPE ranks infeasible PRUNED and COMPLETE trials alike, by their constraint).
 A study of either encoding, or of both (one resumed across the change), so samples exactly as before.
+
+The samplers' random state (`random_state`, `set_random_state`: every numpy generator the sampler draws from, its
+own and its fallback sampler's) is what a study does not hold: a resumed sweep's sampler, seeded afresh, would
+draw what the first session's drew at its start, not what it would have drawn next. The optuna strategy keeps it in
+the study after each proposal and sets it again when the study is resumed (strategies/optuna_search.py), so that
+the same seed samples the same sweep across a resume.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import copy
 from collections.abc import Container, Mapping, Sequence
 from typing import Any, cast
 
+import numpy as np
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
@@ -118,6 +125,43 @@ class SamplerView(optuna.samplers.BaseSampler):
 
     def reseed_rng(self) -> None:
         self.inner.reseed_rng()
+
+    # -- the random state, kept across a resume (module doc)
+
+    def random_state(self) -> dict[str, Any]:
+        """Every generator the sampler draws from, by attribute path, as JSON."""
+        return {path: _encoded(state.get_state()) for path, state in random_states(self.inner).items()}
+
+    def set_random_state(self, kept: Mapping[str, Any]) -> None:
+        """The generators as `random_state` gave them; one it does not name (another sampler's) is left as it is."""
+        for path, state in random_states(self.inner).items():
+            if isinstance(kept.get(path), list):
+                state.set_state(_decoded(kept[path]))
+
+
+def random_states(sampler: optuna.samplers.BaseSampler, path: str = "") -> dict[str, np.random.RandomState]:
+    """The numpy generators a sampler draws from, by attribute path: its own (`_rng`) and those of the samplers it
+    falls back on (TPE's `_random_sampler`, the GP's `_independent_sampler`)."""
+    found: dict[str, np.random.RandomState] = {}
+    for name, value in sorted(vars(sampler).items()):
+        if type(value).__name__ == "LazyRandomState":  # Optuna's own lazily seeded one (a private class: by name)
+            found[path + name] = value.rng
+        elif isinstance(value, np.random.RandomState):
+            found[path + name] = value
+        elif isinstance(value, optuna.samplers.BaseSampler) and value is not sampler and path.count(".") < 2:
+            found.update(random_states(value, f"{path}{name}."))
+    return found
+
+
+def _encoded(state: Any) -> list[Any]:
+    """A numpy generator's state (MT19937: its key, position and cached Gaussian) as JSON."""
+    _, key, position, has_gauss, cached = state
+    return [[int(k) for k in key], int(position), int(has_gauss), float(cached)]
+
+
+def _decoded(kept: list[Any]) -> tuple[Any, ...]:
+    key, position, has_gauss, cached = kept
+    return "MT19937", np.array(key, dtype=np.uint32), int(position), int(has_gauss), float(cached)
 
 
 class _StudyView:
