@@ -160,6 +160,20 @@ def test_ctrl_c_before_any_trial_finished_says_to_resume_not_to_run_more_trials(
     assert sum(r.status != "pruned" for r in read_results(run / "trials.jsonl")) == 6
 
 
+def test_ctrl_c_just_after_a_trial_was_recorded_does_not_call_it_stopped_in_flight(tmp_path, monkeypatch, capsys):
+    from autotune.drivers.progress import ConsoleProgress
+
+    def interrupted(self, result, launched, best):
+        raise KeyboardInterrupt  # its line is written; the display has not heard of it yet
+
+    run = tmp_path / "run"
+    with monkeypatch.context() as patch:
+        patch.setattr(ConsoleProgress, "finished", interrupted)
+        assert main(["tune", "--backend", "simulated", "--trials", "3", "--out", str(run)]) == 130
+    out = capsys.readouterr().out
+    assert "stopped: interrupted; 1 trial launched, 1 recorded in" in out and "stopped in flight" not in out, out
+
+
 @pytest.mark.parametrize("launched", [0, 2])
 def test_an_interrupted_verdict_with_configs_left_says_no_more_than_to_resume(tmp_path, launched):
     """Interrupted with configs predicted to fit still untried, whether or not some trials ran (out of memory,

@@ -278,7 +278,9 @@ def conclude(progress: ConsoleProgress, run_dir: RunDir, settings: RunSettings, 
     # No trials.jsonl where nothing was recorded (nothing fits at the start, no node): none is named.
     recorded = f"{len(result.results)} recorded in {run_dir.trials_path}" if result.results else "nothing recorded"
     unfinished = result.stop_reason == StopReason.INTERRUPTED
-    stopped = [run.config.label() for run in progress.running.values()] if unfinished else []
+    # in flight at Ctrl-C and not recorded: one whose line was written just before it is not said again
+    numbers = {r.extra.get("trial") for r in result.results}
+    stopped = [run.config.label() for run in progress.running.values() if run.number not in numbers] if unfinished else []
     progress.result(f"stopped: {result.stopped}; {counted(result.launched, 'trial')} launched, {recorded}"
                     + (f"; stopped in flight, not recorded (--resume runs it again): {', '.join(stopped)}"
                        if stopped else ""))
