@@ -43,7 +43,7 @@ from autotune.files import SQLITE_FULL, NoSpaceLeft, disk_full, make_dir, short
 from autotune.outputs.handoff import narrow_choices
 from autotune.outputs.launch import ORIGIN_FILE, Origin
 from autotune.values.hardware import Hardware, load_hardware
-from autotune.outputs.report import STOP_FILE, Outputs, OwnWriter, write_outputs
+from autotune.outputs.report import STOP_FILE, Outputs, OwnWriter, check_not_gone, write_outputs
 from autotune.values.results import TrialResult, relabel_note, relabelled
 from autotune.trials.runner import remove_stale_shm_at_start
 from autotune.search.rundir import STUDY, RunDir, RunDirBusy, read_only_named
@@ -1020,6 +1020,8 @@ def check_out(run_dir: RunDir, resume: bool) -> None:
                           "trial): run the command without --resume")
     if not resume and holds_trials(run_dir):
         raise already_held(run_dir)
+    if run_dir.exists():  # its trials.jsonl gone while its outputs count trials: not a sweep to start over on them
+        check_not_gone(run_dir)
 
 
 def already_held(run_dir: RunDir) -> ConfigError:

@@ -53,9 +53,9 @@ def snapshot(run: Path) -> dict[str, bytes]:
     return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file() and p.name != ".lock"}
 
 
-def one_line_error(code: int, err: str, *words: str) -> None:
+def one_line_error(code: int, err: str, *words: str, command: str = "report") -> None:
     assert code == 2, err
-    assert err.count("\n") == 1 and err.startswith("autotune report: error: ") and "Traceback" not in err, err
+    assert err.count("\n") == 1 and err.startswith(f"autotune {command}: error: ") and "Traceback" not in err, err
     for word in words:
         assert word in err, err
 
@@ -148,6 +148,17 @@ def test_a_run_whose_trials_jsonl_is_gone_is_refused_not_rewritten_as_no_trial_r
     (run / "stop.json").unlink()
     code, _, err = cli(["report", str(run)], capsys)
     one_line_error(code, err, "but its best_ds_config.json holds a recommendation")
+
+
+@pytest.mark.parametrize("resume", [["--resume"], []], ids=["resume", "new"])
+def test_tune_over_a_run_whose_trials_jsonl_is_gone_is_refused_too(run, capsys, resume):
+    """A resume (or the same command without it) started over there and wrote 'no trial ran' over the outputs."""
+    (run / "trials.jsonl").unlink()
+    before = snapshot(run)
+    code, _, err = cli([*TUNE, "--trials", "5", "--out", str(run), *resume], capsys)
+    one_line_error(code, err, f"{run}: no trials.jsonl, but its summary.json counts 5 trials: the record is gone",
+                   command="tune")
+    assert snapshot(run) == before
 
 
 def test_a_torn_only_line_leaves_no_record_and_is_refused_after_the_repair_is_said(run, capsys):

@@ -134,12 +134,20 @@ def check_record(run: RunDir, results: Sequence[TrialResult] | None = None) -> N
     trials.jsonl is gone (or empty) while its outputs describe trials is refused: rewriting them would say that no
     trial ran beside the recommendation files left from before. `results`: the record as read under the lock (None:
     before it, where a missing or empty file is what counts). One-line ConfigErrors naming the file."""
-    recorded = read_stop(run)
+    read_stop(run)
     run_calibration(run)
+    check_not_gone(run, results)
+
+
+def check_not_gone(run: RunDir, results: Sequence[TrialResult] | None = None) -> None:
+    """check_record's refusal of a run directory whose trials.jsonl is gone (or empty) while what was written from
+    it (summary.json, stop.json, the recommendation) counts trials; `autotune tune --resume` asks it too, before a
+    sweep started over would write its outputs over them."""
     gone = (not results) if results is not None else (not os.path.lexists(run.trials_path)
                                                       or os.path.getsize(run.trials_path) == 0)
     if not gone:
         return
+    recorded = read_stop(run)
     what = "no trials.jsonl" if not os.path.lexists(run.trials_path) else "an empty trials.jsonl"
     if os.path.lexists(run.path / "summary.json"):
         try:
