@@ -131,3 +131,23 @@ def test_a_sweep_interrupted_before_its_first_trial_is_exit_130_and_the_same_com
         patched.setattr(api, "tune_many", reached)
         assert main(argv) == 1
     assert "internal error: Reached" in capsys.readouterr().err
+
+
+def test_a_ctrl_c_swallowed_by_a_finalizer_is_raised_again():
+    """A Ctrl-C that landed in a weakref callback run by the garbage collector was printed as 'Exception ignored'
+    and lost: a sweep ran on to its end and exited 0 (a reviewer's `autotune sweep`, SIGINT at 1 s)."""
+    import gc
+
+    class Finalized:
+        def __del__(self):
+            raise KeyboardInterrupt  # as a SIGINT arriving while the collector runs it
+
+    before = sys.unraisablehook
+    with pytest.raises(KeyboardInterrupt):
+        with stop_signals_as_interrupt():
+            Finalized()
+            gc.collect()
+            deadline = time.monotonic() + 30  # the SIGINT sent again (after 0.05 s) is met at a step of this loop
+            while time.monotonic() < deadline:
+                time.sleep(0.01)
+    assert sys.unraisablehook is before

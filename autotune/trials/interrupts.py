@@ -8,13 +8,16 @@ import signal
 import sys
 import threading
 from contextlib import contextmanager
-from typing import Any, Iterator, TextIO
+from typing import Any, Callable, Iterator, TextIO
+
+
+AGAIN_S = 0.05  # after a swallowed Ctrl-C, when SIGINT comes again (_interrupt_again)
 
 
 @contextmanager
 def stop_signals_as_interrupt() -> Iterator[None]:
-    """Within the block, SIGTERM and SIGHUP raise KeyboardInterrupt in the main thread; the previous handlers come
-    back afterwards. A SIGHUP already ignored stays ignored (`nohup autotune ...`: asked to outlive the terminal).
+    """Within the block, SIGTERM and SIGHUP raise KeyboardInterrupt in the main thread, and a Ctrl-C the garbage
+    collector swallowed is raised again (_interrupt_again); the previous handlers come back afterwards. A SIGHUP already ignored stays ignored (`nohup autotune ...`: asked to outlive the terminal).
     Outside the main thread (where handlers cannot be set) it does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -31,11 +34,31 @@ def stop_signals_as_interrupt() -> Iterator[None]:
     if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
         handled.append(signal.SIGHUP)
     previous = {signum: signal.signal(signum, interrupt) for signum in handled}
+    unraisable = sys.unraisablehook
+    sys.unraisablehook = _interrupt_again(unraisable)
     try:
         yield
     finally:
+        sys.unraisablehook = unraisable
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def _interrupt_again(previous: Callable[[Any], None]) -> Callable[[Any], None]:
+    """An unraisable-exception hook that gives a swallowed Ctrl-C back: a KeyboardInterrupt raised where Python can
+    only print it (a finalizer or a weakref callback run by the garbage collector: "Exception ignored in ...") was
+    lost, and the sweep ran on to its end. SIGINT is sent again a moment later, from a thread: the main thread meets it
+    at its next step (raised at once, it would land in this hook, and be swallowed again)."""
+
+    def hook(unraisable: Any) -> None:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            again = threading.Timer(AGAIN_S, os.kill, (os.getpid(), signal.SIGINT))
+            again.daemon = True
+            again.start()
+            return
+        previous(unraisable)
+
+    return hook
 
 
 def _terminals() -> list[tuple[TextIO, int]]:
