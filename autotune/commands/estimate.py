@@ -25,7 +25,7 @@ from autotune.search.pruning import Pruner
 from autotune.prediction.ranking import Ranking, rank_configs
 from autotune.search_spaces import space_note
 from autotune.values.settings import memory_budget
-from autotune.values.units import counted, format_size
+from autotune.values.units import counted, format_size, format_span
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -151,15 +151,7 @@ def _interval_cells(pruner: Pruner | None, est: Estimate) -> tuple[str, ...]:
         return ()
     found = _uncertain(pruner, est)
     low, high = found["peak_interval_bytes"]
-    return _span(low, high), f"{found['fit_probability']:.0%}"
-
-
-def _span(low: float, high: float) -> str:
-    """An interval of sizes in the unit of its upper end, written once: 0.66-1.06 GiB, 677-904 MiB."""
-    high_text = format_size(high)
-    unit = high_text.rsplit(" ", 1)[1]
-    value = low / 1024 ** ("B", "KiB", "MiB", "GiB", "TiB").index(unit)
-    return f"{value:{'.0f' if unit == 'B' or value >= 999.5 else '.3g'}}-{high_text}"
+    return format_span(low, high), f"{found['fit_probability']:.0%}"
 
 
 def _short(term: str) -> str:

@@ -9,7 +9,7 @@ from autotune.values.argtypes import existing_dir
 from autotune.values.config import ConfigError
 from autotune.commands.common import add_json_argument, emit_json, json_command
 from autotune.api import own_outputs
-from autotune.outputs.report import check_record, tables, write_outputs
+from autotune.outputs.report import check_not_gone, check_record, tables, write_outputs
 from autotune.search.rundir import RunDir
 
 
@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
         for note in run_dir.notes:  # what taking it repaired (a torn last line moved aside), as `tune` says it
             print(note, file=sys.stderr, flush=True)
         results = run_dir.results()
-        check_record(run_dir, results)  # a record whose only line was torn is gone too
+        check_not_gone(run_dir, results)  # a record whose only line was torn is gone too
         outputs = write_outputs(run_dir, settings, results, own=own_outputs(settings))
     if args.json:
         # What report.md's tables say, from the same functions: the top configs and the failures by cause.

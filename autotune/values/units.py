@@ -59,6 +59,9 @@ def parse_size(text: str | int | float) -> int:
     return size
 
 
+SIZE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+
+
 def format_size(num_bytes: float | None) -> str:
     """Binary units with three significant figures, e.g. '1.50 GiB'."""
     if num_bytes is None:
@@ -66,10 +69,21 @@ def format_size(num_bytes: float | None) -> str:
     value = float(num_bytes)
     sign = "-" if value < 0 else ""
     value = abs(value)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+    for unit in SIZE_UNITS:
         if value < 1024 or unit == "TiB":
-            # 1000-1023 of a unit in whole units ('1020 MiB'): three significant figures would write '1.02e+03'
-            digits = ".0f" if unit == "B" or value >= 999.5 else ".3g"
-            return f"{sign}{value:{digits}} {unit}"
+            return f"{sign}{_figures(value, unit)} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def _figures(value: float, unit: str) -> str:
+    """A size's number in `unit`: three significant figures; 1000-1023 of a unit in whole units ('1020 MiB', not
+    '1.02e+03'), bytes whole."""
+    return f"{value:{'.0f' if unit == 'B' or value >= 999.5 else '.3g'}}"
+
+
+def format_span(low: float, high: float) -> str:
+    """An interval of sizes in the unit of its upper end, the unit written once: '0.66-1.06 GiB', '677-904 MiB'."""
+    high_text = format_size(high)
+    unit = high_text.rsplit(" ", 1)[1]
+    return f"{_figures(low / 1024 ** SIZE_UNITS.index(unit), unit)}-{high_text}"
