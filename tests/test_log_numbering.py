@@ -171,3 +171,24 @@ def test_a_crash_after_the_move_before_the_record_loses_nothing(tmp_path):
     assert Path(recorded.extra["log_dir"]).name == f"0001-{folder_label(config)}-attempt2"
     assert read_results(run.trials_path)[0].extra["log_dir"] == recorded.extra["log_dir"]
     assert (kept / "rank0.stderr").is_file()
+
+
+def test_a_first_trial_run_again_after_an_interrupt_is_number_one_again(tmp_path):
+    """A run directory whose first trial was interrupted before anything was recorded (a script's first trial) keeps
+    that attempt's folder; the same command's first trial is 0001 again (-attempt2 for the same config), and the
+    second is 0002: no two trials recorded under one number (a reviewer's logs held 0001 stale, then trials 1 and 2
+    both at 0002)."""
+    run, sweep = open_sweep(tmp_path / "run")
+    backend = fake_deepspeed(run.path)
+    configs = [c for c in settings().space() if sweep.pruner.check(c, "deepspeed") is None][:2]
+    (run.logs_dir / f"0001-{folder_label(configs[0])}").mkdir(parents=True)  # the interrupted attempt's
+    first = backend.run(configs[0])  # recorded as it is, as a script's first trial is (outputs/script.first_trial)
+    run.append(replace(first, extra={**first.extra, "trial": 1}))
+    second = backend.run(configs[1])
+    assert [Path(r.extra["log_dir"]).name for r in (first, second)] == [
+        f"0001-{folder_label(configs[0])}-attempt2", f"0002-{folder_label(configs[1])}"]
+    # Outside a run directory the folders already there are counted instead.
+    outside = DeepSpeedBackend(make_workload("tiny"), BUDGET, PROFILES["cpu"], logs_dir=tmp_path / "loose",
+                               ranks_ahead=False)
+    (tmp_path / "loose" / "0001-x").mkdir(parents=True)
+    assert outside._new_log_dir(configs[0]).name == f"0002-{folder_label(configs[0])}"

@@ -255,15 +255,19 @@ class DeepSpeedBackend:
         time (this machine's sweeps) that is its number; with several in flight (a Ray sweep) another may be
         recorded first, and the sweep moves the folder to the number it records the result under
         (`settle_log_dir`). A second folder of this config at that number (the trial was interrupted, then resumed)
-        gets `-attempt<k>`. Logs outside a run directory (no record beside them) are numbered after the trial
-        folders already there."""
+        gets `-attempt<k>`. A run directory that recorded nothing yet (its `.lock` or run.json beside logs/, no
+        record: a first trial interrupted, then run again) numbers from 1 again, whatever folders that attempt
+        left. Logs outside a run directory are numbered after the trial folders already there."""
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         record = self.logs_dir.parent / "trials.jsonl"  # autotune.search.rundir.TRIALS, a layer above
         try:
             with open(record, "rb") as handle:
                 number = sum(chunk.count(b"\n") for chunk in iter(lambda: handle.read(1 << 20), b"")) + 1
         except FileNotFoundError:
-            number = sum(1 for p in self.logs_dir.iterdir() if p.is_dir() and re.match(r"\d{4}-", p.name)) + 1
+            # autotune.search.rundir's LOCK and SETTINGS, a layer above: the run directory held or begun
+            in_run_dir = any((self.logs_dir.parent / name).exists() for name in (".lock", "run.json"))
+            number = 1 if in_run_dir else sum(
+                1 for p in self.logs_dir.iterdir() if p.is_dir() and re.match(r"\d{4}-", p.name)) + 1
         except OSError as err:
             raise ConfigError(f"{record}: cannot be read ({err.strerror or err}): a trial's log folder is numbered "
                               "after it") from None
