@@ -250,6 +250,28 @@ def test_a_script_that_cannot_be_tuned_stops_the_sweep_after_the_first_trial(ver
 
 
 @pytest.mark.slow
+def test_a_script_failing_at_its_third_step_whatever_the_config_stops_the_sweep_in_one_line(space_file, tmp_path,
+                                                                                             capsys):
+    """Past the first trial: three configs (two ZeRO stages) crashing alike end the sweep (drivers/loop.py), where
+    a reviewer's sweep ran all its trials into the same `fatal: bad data (exit code 3)`."""
+    script = tmp_path / "train.py"
+    script.write_text("import sys, deepspeed, torch\nmodel = torch.nn.Linear(4, 1)\n"
+                      "engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config={"
+                      "'train_batch_size': 8, 'optimizer': {'type': 'AdamW', 'params': {'torch_adam': True}}})\n"
+                      "for step in range(10):\n"
+                      "    x = torch.randn(engine.train_micro_batch_size_per_gpu(), 4)\n"
+                      "    for _ in range(engine.gradient_accumulation_steps()):\n"
+                      "        engine.backward(engine(x).sum()); engine.step()\n"
+                      "    if step == 2:\n        sys.exit('fatal: bad data')\n")
+    code, printed = tune(tmp_path / "run", space_file, script, "", capsys, trials=8)
+    assert code == 1
+    results = read_results(tmp_path / "run" / "trials.jsonl")
+    assert len(results) == 4 and {r.status for r in results} == {"crash"}  # the first trial, then three alike
+    assert "configs crashed alike" in printed and "fatal: bad data" in printed
+    assert "stopped: a failure no other config can avoid" in printed
+
+
+@pytest.mark.slow
 def test_a_loop_too_short_for_the_trials_accumulation_names_the_micro_steps_and_the_flag(tmp_path, capsys):
     """A global batch of 4 (train_batch_size 4) at micro-batch 1 is accumulation 4: 6 micro-batches are
     one optimizer step, all warm-up; the verdict asks for 8 through the script's own --steps."""

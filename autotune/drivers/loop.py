@@ -1,9 +1,10 @@
 """The one tuning loop: jobs (sweeps) propose configs, an executor runs them, results go back to their sweep.
 
     fill the free slots: the job with the fewest devices in use proposes, or the free devices wait for it until
-    its trial fits (Job.next_config: budget, fatal verdict (the backend's, or a DeepSpeed op failing in a second
-    trial), strategy done or stalled, a sequential strategy waiting for its result); the executor submits;
-    wait for one result; record it in its sweep; repeat until no job proposes and nothing is in flight.
+    its trial fits (Job.next_config: budget, fatal verdict (the backend's, a DeepSpeed op failing in a second
+    trial, or three configs crashing alike before any ran), strategy done or stalled, a sequential strategy
+    waiting for its result); the executor submits; wait for one result; record it in its sweep; repeat until no
+    job proposes and nothing is in flight.
 
 Executors only submit and wait: `LocalExecutor` runs one trial at a time in this process (drivers/local.py),
 `RayExecutor` several at once on a Ray cluster (drivers/ray.py). A trial whose executor lost it (a dead Ray
@@ -25,9 +26,12 @@ from autotune.drivers.progress import Progress, QuietProgress
 from autotune.drivers.stop import StopReason
 from autotune.drivers.sweep import Budget
 from autotune.trials.ops import REPEATED_BUILD_FAILURES, build_failure
-from autotune.values.results import TrialResult
+from autotune.values.results import STDERR_TAIL, TrialResult
 
 ASKS_PER_SLOT = 3  # proposals asked for one free slot before a sweep waits for a result in flight
+# Crashes alike (one cause, word for word) of this many configs, none having run, after which a sweep stops: a
+# script or environment that fails whatever the config would crash every trial (Job._repeated_crash).
+REPEATED_CRASHES = 3
 
 
 @dataclass(frozen=True)
@@ -123,6 +127,8 @@ class Job:
         self.reason: StopReason | None = None  # why it stopped, once it has
         self.fatal: str | None = None  # the backend said no config can succeed: propose nothing more
         self.build_failures: Counter[str | None] = Counter()  # op -> trials that crashed loading it (autotune.trials.ops)
+        self.crashes: list[TrialResult] = []  # while no trial has run: the crashes, for _repeated_crash
+        self.ran = False  # some trial of this job ran (ok)
 
     @property
     def devices_in_use(self) -> float:
@@ -152,7 +158,7 @@ class Job:
     def record(self, flight: Flight, reply: TrialReply) -> None:
         result = self.sweep.finish(flight.config, reply.result)
         self.progress.finished(result, self.sweep.launched, self.sweep.best)
-        fatal = reply.fatal or self._repeated_build_failure(reply.result)
+        fatal = reply.fatal or self._repeated_build_failure(reply.result) or self._repeated_crash(result)
         if fatal and not self.fatal:
             self.fatal = fatal
             self.progress.message(f"stopping: {self.fatal}")
@@ -166,6 +172,28 @@ class Job:
             return None
         self.build_failures[failure.op] += 1
         return failure.line() if self.build_failures[failure.op] >= REPEATED_BUILD_FAILURES else None
+
+    def _repeated_crash(self, result: TrialResult) -> str | None:
+        """The same crash (its cause up to the quoted stderr) in REPEATED_CRASHES configs while no trial has run,
+        among them ZeRO stage 0 and a partitioned stage, and fp32 or two precisions: the script's or the environment's
+        failure (a script that exits at its fifth step whatever the config), so every other config would spend its
+        trial on it too: the line that stops the sweep. Crashes alike only where ZeRO partitions (a script's
+        optimizer DeepSpeed will not partition) or only in one reduced precision (a loop that feeds fp32 into a bf16
+        model) are those configs' own. Not timeouts: a slow config times out in the same words as a hung one."""
+        self.ran = self.ran or result.status == "ok"
+        if self.ran or result.status != "crash" or not result.error:
+            return None
+        self.crashes.append(result)
+        cause = result.error.split(STDERR_TAIL, 1)[0]
+        alike = [r for r in self.crashes if (r.error or "").split(STDERR_TAIL, 1)[0] == cause]
+        configs = [r.config for r in alike]
+        stages, precisions = {c.zero_stage > 0 for c in configs}, {c.precision for c in configs}
+        if len(alike) < REPEATED_CRASHES or len(stages) < 2 or ("fp32" not in precisions and len(precisions) < 2):
+            return None
+        logs = result.extra.get("log_dir")
+        return (f"{len(alike)} configs crashed alike ({', '.join(c.label() for c in configs)}) and none has run: "
+                f"{cause}: a failure of the script or the environment, not of a config; fix it"
+                + (f" (logs: {logs})" if logs else "") + " and start again")
 
     def _stop(self, reason: StopReason) -> None:
         if self.in_flight:
