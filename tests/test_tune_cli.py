@@ -156,8 +156,9 @@ def test_a_resumed_sweep_without_strategy_goes_on_with_the_one_it_was_started_wi
     assert code == 0 and "was started with --strategy random: it goes on with it" in out
     assert len(read_results(tmp_path / "r" / "trials.jsonl")) == 4
     assert json.loads((tmp_path / "r" / "run.json").read_text())["strategy"] == "random"
-    code, _, err = cli(args + ["--strategy", "grid", "--trials", "5", "--resume"], capsys)  # a flag still must match
-    assert code == 2 and "strategy: recorded 'random', given 'grid'" in err and err.count("\n") == 1
+    for given in ("grid", "optuna"):  # a flag still must match, the default's value too
+        code, _, err = cli(args + ["--strategy", given, "--trials", "5", "--resume"], capsys)
+        assert code == 2 and f"strategy: recorded 'random', given '{given}'" in err and err.count("\n") == 1
 
 
 def test_a_second_tuner_on_the_same_directory_is_refused(simulated_run, capsys):

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import autotune
-from autotune.api import (BUILT_IN_TRAINER, DEFAULT_STRATEGY, SweepStart, TuneResult, TuneSpec, refuse_untrained,
+from autotune.api import (BUILT_IN_TRAINER, SweepStart, TuneResult, TuneSpec, refuse_untrained,
                           spec_options)
 from autotune.values.argtypes import (gpu_count, output_dir, ray_address)
 from autotune.backends.replay import replay_workload
@@ -67,9 +67,20 @@ def add_option_arguments(parser: argparse.ArgumentParser) -> None:
         if opt.workload or opt.flag == "--mlflow-uri":  # --mlflow-uri beside --mlflow: add_tracking_arguments
             continue
         if opt.choices is not None:
-            parser.add_argument(opt.flag, choices=list(opt.choices()), default=default, help=opt.help)
+            parser.add_argument(opt.flag, choices=list(opt.choices()), default=default, help=opt.help, action=Given)
         else:
-            parser.add_argument(opt.flag, type=opt.parse, default=default, metavar=opt.metavar, help=opt.help)
+            parser.add_argument(opt.flag, type=opt.parse, default=default, metavar=opt.metavar, help=opt.help,
+                                action=Given)
+
+
+class Given(argparse.Action):
+    """Store the value and note that the flag was given (`args._given`): a value equal to the default cannot say
+    whether the user typed it (`--resume --strategy optuna` on a random sweep is a difference to refuse)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace._given = {*getattr(namespace, "_given", ()), self.dest}
 
 
 def spec_options_from(args: argparse.Namespace) -> dict[str, Any]:
@@ -85,7 +96,7 @@ def resumed_strategy(args: argparse.Namespace) -> dict[str, Any]:
     """On --resume where no flag sets the strategy, the one the sweep was started with: a sweep begun under the
     earlier default (hybrid, until 2026-11-29) goes on as it began rather than refusing its own command; every
     other setting must still match (api.begin)."""
-    if not args.resume or args.out is None or args.strategy != DEFAULT_STRATEGY:
+    if not args.resume or args.out is None or "strategy" in getattr(args, "_given", ()):
         return {}
     try:
         recorded = RunDir(args.out).read_settings().strategy
