@@ -66,6 +66,7 @@ def one_line_error(code, err: str, prog: str, *fragments: str) -> None:
     (["trial", "--zero-stage", "3", "--micro-batch", "1", "--precision", "bf16", "--offload-param", "nvme",
       "--nvme-path", "/nonexistent/nvme"], "argument --nvme-path: '/nonexistent/nvme': no such directory"),
     (FAST_TUNE + ["--time-budget", NINES], "is too long: allowed more than 0 s, at most 366d"),
+    (FAST_TUNE + ["--time-budget", "1h30"], "duration '1h30' is not understood: give each number its unit"),
     (FAST_TUNE + ["--strategy", "optuna", "--seed", "1180591620717411303424"],
      "argument --seed: '1180591620717411303424' is too large: allowed 0 to 4294967295"),
     (FAST_TUNE + ["--seed", "-1"], "argument --seed: '-1' must be 0 or a positive integer"),

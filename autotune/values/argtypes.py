@@ -91,13 +91,17 @@ _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def duration(text: str) -> float:
-    """Seconds from '8h', '90m', '1h30m', '45s' or a plain number of seconds: more than 0, at most a year."""
+    """Seconds from '8h', '90m', '1h30m', '45s' or a plain number of seconds (a number alone: '1h30' is
+    refused): more than 0, at most a year."""
     compact = text.strip().lower().replace(" ", "")
     if compact.startswith("-"):
         raise argparse.ArgumentTypeError(f"duration {shown(text)} must be positive")
     parts = _DURATION.findall(compact)
     if not compact or "".join(n + u for n, u in parts) != compact:
         raise argparse.ArgumentTypeError(f"duration {shown(text)} is not understood: use e.g. 8h, 90m, 1h30m, 45s")
+    if len(parts) > 1 and any(not unit for _, unit in parts):  # '1h30': 1 h 30 s as read, 90 min as meant
+        raise argparse.ArgumentTypeError(f"duration {shown(text)} is not understood: give each number its unit, "
+                                         "e.g. 1h30m, 90m")
     seconds = sum(float(n) * _SECONDS[u] for n, u in parts)
     if seconds <= 0:
         raise argparse.ArgumentTypeError(f"duration {shown(text)} must be positive")
