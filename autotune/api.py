@@ -787,6 +787,7 @@ class RunPlan:
     before: set[str]  # the startup files already there (undone_unless_started)
     dir_flag: str  # how errors creating the directory name it
     ended: TuneResult | None = None
+    notes: tuple[str, ...] = ()  # what reading the surface, the stack or the target changed: said once held (hold)
 
 
 def plan_run(spec: TuneSpec, out: str | Path | None, resume: bool, executor: "RayOptions | None",
@@ -806,8 +807,6 @@ def plan_run(spec: TuneSpec, out: str | Path | None, resume: bool, executor: "Ra
         from autotune.drivers.ray import trial_resources
 
         trial_resources(settings, gpus_per_trial)
-    for note in resolved.notes:  # what reading the surface, the stack or the target changed
-        progress.message(note)
     run_dir = RunDir(out if out is not None else default_run_dir(mode.run_name(settings), settings.strategy, taken))
     check_out(run_dir, resume)
     check_storage(settings.storage, run_dir.study_name(settings.storage), resume)
@@ -818,7 +817,7 @@ def plan_run(spec: TuneSpec, out: str | Path | None, resume: bool, executor: "Ra
     if tracking is not None:  # a server that does not answer: one line before anything is written, not minutes
         check_reachable_tracking(tracking)
     return RunPlan(spec, run_dir, resume, settings, space, executor, tracking, objective, startup_files(run_dir, resume),
-                   "--out" if out is not None else "the default run directory")
+                   "--out" if out is not None else "the default run directory", notes=resolved.notes)
 
 
 RESUME_HINT = "repeat the original command with --resume"
@@ -843,9 +842,12 @@ def hold(stack: ExitStack, plan: RunPlan, progress: Progress, resume_hint: str =
     stack.enter_context(no_space_named(run_dir, plan.settings.storage))
     plan.settings, plan.space, plan.ended = plan.spec.mode.start(run_dir, plan.settings, plan.space, plan.resume,
                                                                   progress, plan.executor)
+    if plan.ended is None:
+        begin(run_dir, plan.settings, plan.resume, resume_hint)
+    for note in plan.notes:  # after a resumed sweep's settings are checked: a refusal is its one line
+        progress.message(note)
     if plan.ended is not None:
         return plan
-    begin(run_dir, plan.settings, plan.resume, resume_hint)
     if plan.resume:  # records that do not show training are read as untrained: say so once
         note = relabel_note(relabelled(run_dir.results()), run_dir.trials_path)
         if note:

@@ -161,6 +161,15 @@ def test_a_resumed_sweep_without_strategy_goes_on_with_the_one_it_was_started_wi
         assert code == 2 and f"strategy: recorded 'random', given '{given}'" in err and err.count("\n") == 1
 
 
+def test_a_resume_refused_for_a_flag_that_narrows_the_space_is_one_line_naming_the_flag_first(tmp_path, capsys):
+    args = ["tune", "--backend", "simulated", "--memory-budget", "2GiB", "--trials", "2", "--out", str(tmp_path / "r")]
+    assert cli(args, capsys)[0] == 0
+    for flag, setting in ((["--stack", "accelerate"], "stack: recorded 'deepspeed', given 'accelerate'; space."),
+                          (["--target-gpus", "4"], "target_gpus: recorded None, given 4; space.micro_batch")):
+        code, out, err = cli(args + flag + ["--resume"], capsys)
+        assert code == 2 and out == "" and err.count("\n") == 1 and setting in err, (out, err)
+
+
 def test_a_second_tuner_on_the_same_directory_is_refused(simulated_run, capsys):
     with RunDir(simulated_run).locked():
         code, _, err = cli(["tune", "--model", "tiny", "--strategy", "optuna", "--memory-budget", "0.85GiB", "--trials", "9",

@@ -152,8 +152,9 @@ class RunSettings:
 
     def differences(self, given: "RunSettings") -> list[str]:
         """`key: recorded X, given Y` for every setting that differs, `self` being the recorded settings
-        (`hardware.allocator: ...` inside a mapping)."""
-        return differences(self.to_dict(), given.to_dict())
+        (`hardware.allocator: ...` inside a mapping); the space's last, as --stack and --target-gpus narrow it: the
+        flag at fault first."""
+        return sorted(differences(self.to_dict(), given.to_dict()), key=lambda line: line.startswith("space."))
 
 
 def differences(recorded: Mapping[str, Any], given: Mapping[str, Any], prefix: str = "") -> list[str]:
