@@ -108,5 +108,5 @@ def test_plain_calibration_files_load_and_absent_ones_are_none(tmp_path):
     (tmp_path / CALIBRATION_FILE).write_text(json.dumps(TRUE.to_dict()))  # as a sweep writes it
     assert load_calibration(tmp_path, TINY, CPU) == TRUE
     (tmp_path / CALIBRATION_FILE).write_text("{not json")
-    with pytest.raises(ConfigError, match="not a calibration file"):
+    with pytest.raises(ConfigError, match=r"calibration.json: not valid JSON \(.*\): expected a calibration file \(JSON\)$"):
         load_calibration(tmp_path)

@@ -277,10 +277,7 @@ def load_calibration(path: str | Path, workload: Workload | None = None,
         path = path / CALIBRATION_FILE
     if not path.exists():
         return None
-    try:
-        data = load_json(path, "a calibration file (JSON)")
-    except ConfigError as err:
-        raise ConfigError(f"not a calibration file: {err}") from None
+    data = load_json(path, "a calibration file (JSON)")  # its error names the path and what was expected
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: not a calibration file (expected a JSON object)")
     if workload is not None and "workload" in data:
