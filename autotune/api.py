@@ -687,10 +687,13 @@ class _Session:
             from autotune.drivers.ray import ClusterRun, run_on_cluster
 
             plans, runs = self.plans, self.runs
+            executor = self.executor
+            if executor.refuse_unplaceable is None:  # one workload (tune()): refused; several: each its verdict
+                executor = replace(executor, refuse_unplaceable=len(plans) == 1)
             ran = run_on_cluster([ClusterRun(plans[i].name or runs[i].settings.workload.model.name, self.opened[i][0],
                                              runs[i].settings, runs[i].run_dir, plans[i].spec.budget(), self.shows[i],
                                              plans[i].gpus_per_trial, plans[i].spec.trial_options()) for i in todo],
-                                 self.executor, say)
+                                 executor, say)
             self.reasons.update(zip(todo, ran))
 
     def interrupt(self) -> None:
@@ -844,8 +847,8 @@ def hold(stack: ExitStack, plan: RunPlan, progress: Progress, resume_hint: str =
                                                                   progress, plan.executor)
     if plan.ended is None:
         begin(run_dir, plan.settings, plan.resume, resume_hint)
-    for note in plan.notes:  # after a resumed sweep's settings are checked: a refusal is its one line
-        progress.message(note)
+    for line in plan.notes:  # after a resumed sweep's settings are checked: a refusal is its one line
+        progress.message(line)
     if plan.ended is not None:
         return plan
     if plan.resume:  # records that do not show training are read as untrained: say so once
