@@ -240,3 +240,18 @@ def test_a_sweep_whose_every_trial_failed_says_to_fix_it_not_to_run_more(setting
     oom = failed("oom", 8, "peak 2.4 GiB exceeds the budget of 2 GiB", 4, 2.4)  # a verdict on a config: search on
     assert "run more trials" in no_fit_verdict(settings, [*crashes, oom])
 
+
+
+def test_a_sweep_no_node_could_run_says_so_not_to_run_more_trials(settings, tmp_path):
+    # StopReason.NO_NODE (drivers/ray.py): the cluster, not the budget, kept every trial from running.
+    run = RunDir(tmp_path / "run")
+    wide = replace(settings, workload=make_workload("tiny", gpus=4))
+    run.write_settings(wide)
+    outputs = write_outputs(run, wide, [], stop_reason="no node")
+    assert outputs.verdict == ("no trial could run: no node of the Ray cluster, nor all its nodes together, has what "
+                               "one trial needs (4 ranks, one CPU per rank): run it on a cluster with such nodes, or "
+                               "with fewer gpus")
+    report = (run.path / "report.md").read_text()
+    failures = report.split("## Failures and pruned configs", 1)[1].split("##", 1)[0]
+    assert "None: no trial ran, and no node of the Ray cluster has the resources one trial needs" in failures
+    assert "every trial ran within the budget" not in report and "run more trials" not in report

@@ -88,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"{spec.name}: {note}", highlight=False)
     names = [spec.name for spec in sweep_file.workloads]
     shows = {name: LabelledProgress(name, plan.spec.trials, console) for name, plan in zip(names, plans)}
-    executor = RayOptions(args.ray_address, args.concurrency or sweep_file.concurrency)
+    # A workload the cluster cannot place gets its own verdict (no node), the others go on: never tune's refusal
+    executor = RayOptions(args.ray_address, args.concurrency or sweep_file.concurrency, refuse_unplaceable=False)
 
     def started() -> None:  # every run directory held: what produced them
         write_atomic(out / SWEEP_COPY, read_bytes(sweep_file.path, "the sweep file"))

@@ -63,6 +63,12 @@ class RayOptions:
     concurrency: int | None = None  # trials in flight at most (None: as many as the cluster holds)
     gpus_per_trial: int | None = None  # None: the workload's data-parallel size
     max_failures: int = MAX_FAILURES
+    # A workload whose trial the cluster cannot place, even spread over its nodes: True: the call is refused, one
+    # ConfigError, as the command is wrong for this cluster; False (`autotune sweep`): that workload stops
+    # StopReason.NO_NODE, its own verdict, and the others go on; None: True where the call tunes one workload
+    # (tune()), False for several (tune_many), never by the workloads left when the cluster's turn comes (a sweep's
+    # others may have ended before it).
+    refuse_unplaceable: bool | None = None
 
 
 def trial_resources(settings: "RunSettings", gpus_per_trial: int | None = None) -> TrialResources:
@@ -224,11 +230,12 @@ def run_ray(jobs: Sequence[Job], concurrency: int | None = None,
             bundles = bundles_of(job.resources)
             if bundles is not None and placeable(bundles) >= bundles.ranks:
                 spans[job.name] = bundles
-                job.progress.message(f"{job.name}: no node of the cluster has {job.resources.describe()} for one "
+                job.progress.message(f"no node of the cluster has {job.resources.describe()} for one "
                                      f"trial: each trial spreads its {bundles.describe()} over several nodes")
                 continue
             job.reason = StopReason.NO_NODE
-            job.progress.message(f"{job.name}: no node of the cluster has {job.resources.describe()} for one "
+            # no name: a sweep's display prefixes its workload's (LabelledProgress), tune's has one sweep
+            job.progress.message(f"no node of the cluster has {job.resources.describe()} for one "
                                  + (f"trial, nor can all its nodes together place {bundles.describe()}"
                                     if bundles is not None else "trial") + ": nothing runs for this workload")
     return run_jobs(jobs, RayExecutor(max_failures, spans), concurrency)
@@ -326,14 +333,15 @@ class ClusterRun:
 def run_on_cluster(runs: Sequence[ClusterRun], options: RayOptions, say: Callable[[str], None]) -> list[StopReason]:
     """Every open sweep's trials at once on the cluster at `options.address` (connected here, disconnected at the
     end), one driver sharing it fairly: `autotune tune --ray-address` (one sweep), `autotune sweep` (several).
-    Returns why each stopped, in order; ConfigError first when some trial fits no node."""
+    Returns why each stopped, in order. A trial the cluster cannot place: a ConfigError first, nothing run
+    (`options.refuse_unplaceable`, tune's), else that sweep's StopReason.NO_NODE, said by `say` naming it."""
     connect(options.address)
     try:
         jobs = []
         for run in runs:
             resources = trial_resources(run.settings, run.gpus_per_trial)
             unplaced = unplaceable(resources)
-            if unplaced is not None and len(runs) == 1:  # `tune`: the command is wrong for this cluster
+            if unplaced is not None and options.refuse_unplaceable:  # `tune`: the command is wrong for this cluster
                 raise ConfigError(f"--gpus {resources.ranks}: {unplaced}")
             if isinstance(run.progress, LiveProgress):  # its ETA divides the trials left among the slots
                 run.progress.set_slots(trial_slots(resources, options.concurrency))
@@ -341,7 +349,8 @@ def run_on_cluster(runs: Sequence[ClusterRun], options: RayOptions, say: Callabl
                                 run.options))
             if unplaced is not None:  # one workload of a sweep file: its own verdict, the others go on
                 jobs[-1].reason = StopReason.NO_NODE
-                run.progress.message(f"{run.name}: gpus {resources.ranks}: {unplaced}: nothing runs for this workload")
+                # The runner's line (unlabelled), naming the workload and its key once: not tune's --gpus flag
+                say(f"{run.name}: gpus {resources.ranks}: {unplaced}: nothing runs for this workload")
         limit = f", at most {options.concurrency} in flight" if options.concurrency else ""
         shape = (f"one trial asks for {resources.describe()}" if len(runs) == 1 else
                  f"{len(runs)} workloads at once")

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
+from autotune.backends.factory import backend_kind
 from autotune.backends.replay import searched_space
 from autotune.drivers.stop import StopReason
 from autotune.search import convergence
@@ -263,11 +264,15 @@ def _summary(results: Sequence[TrialResult], settings: RunSettings, best: TrialR
     return summary
 
 
-def no_fit_verdict(settings: RunSettings, results: Sequence[TrialResult] = (), interrupted: bool = False) -> str:
+def no_fit_verdict(settings: RunSettings, results: Sequence[TrialResult] = (), interrupted: bool = False,
+                   no_node: bool = False) -> str:
     """Why there is no recommendation, naming the resource that ran out (device memory, host memory for
     offloaded state, NVMe space): configs predicted to fit are still untried (`interrupted`: no advice, as
     interrupted_verdict puts the resume first), or none is left. The budget is named as the fix only where raising
-    it would let some config run."""
+    it would let some config run. `no_node`: the sweep stopped because the Ray cluster cannot run one trial
+    (StopReason.NO_NODE), which no budget or further trial on it changes."""
+    if no_node:
+        return no_node_verdict(settings)
     space = searched_space(settings)
     pruner = Pruner.for_settings(settings)
     budget = format_size(settings.memory_budget_bytes)
@@ -330,6 +335,20 @@ def no_fit_verdict(settings: RunSettings, results: Sequence[TrialResult] = (), i
         fixes.append("more free space at the NVMe path")
     return (f"no config fits: {describe_causes(counts, 'configs over')} ({'; '.join(details)}); it needs "
             f"{', '.join(fixes[:-1])} or {fixes[-1]}")
+
+
+def no_node_verdict(settings: RunSettings) -> str:
+    """No node of the Ray cluster (nor its nodes together, for ranks that can be spread) holds one trial: what one
+    trial asks for (drivers/ray.trial_resources) and the two ways out."""
+    ranks = settings.workload.gpus
+    if not backend_kind(settings.backend).real:
+        need, fewer = "1 CPU", ""
+    else:
+        device = "one CPU" if settings.hardware.is_cpu else "at least one GPU"
+        need = f"{counted(ranks, 'rank')}, {device} per rank"
+        fewer = ", or with fewer gpus" if ranks > 1 else ""
+    return (f"no trial could run: no node of the Ray cluster, nor all its nodes together, has what one trial needs "
+            f"({need}): run it on a cluster with such nodes{fewer}")
 
 
 def _cause_list(counts: Counter[str]) -> str:
@@ -427,7 +446,7 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
     elif script is not None and script.verdict:  # the script, not the configs, stopped the sweep: no "run more"
         verdict = script.verdict
     else:
-        verdict = no_fit_verdict(settings, results, stop.unfinished)
+        verdict = no_fit_verdict(settings, results, stop.unfinished, no_node=stop.reason == StopReason.NO_NODE.value)
     if scaled is not None:
         if scaled.rows:  # else no trial fits even here: the verdict above says why
             verdict = target_verdict(scaled, settings)
@@ -673,7 +692,7 @@ def markdown(results: Sequence[TrialResult], settings: RunSettings, summary: dic
     lines += _top_table(results, budget)
     lines += target_table(scaled)
     lines += _confirmation(results, budget, settings.backend)
-    lines += _failures(results)
+    lines += _failures(results, stop)
     lines += usage
     lines += ["## Plots", "", "![throughput against peak memory](plots/throughput_vs_memory.png)", "",
               "![best so far](plots/best_so_far.png)", ""]
@@ -840,8 +859,12 @@ def failure_groups(results: Sequence[TrialResult]) -> list[tuple[tuple[str, str 
     return sorted(groups.items(), key=lambda item: (item[0][0], -len(item[1])))
 
 
-def _failures(results: Sequence[TrialResult]) -> list[str]:
+def _failures(results: Sequence[TrialResult], stop: Stopped | None = None) -> list[str]:
     groups = failure_groups(results)
+    if not groups and stop is not None and stop.reason == StopReason.NO_NODE.value:  # not "every trial ran"
+        ran = "no trial failed" if results else "no trial ran"
+        return ["## Failures and pruned configs", "",
+                f"None: {ran}, and no node of the Ray cluster has the resources one trial needs (see the verdict).", ""]
     if not groups:
         return ["## Failures and pruned configs", "", "None: every trial ran within the budget.", ""]
     lines = ["## Failures and pruned configs, by cause", "",
