@@ -67,9 +67,18 @@ def test_bad_script_workloads_get_one_line_errors(folder, workload, expected):
     assert "\n" not in message and message.startswith(str(path)) and expected in message, message
 
 
-def test_defaults_cannot_give_a_script_workload_a_model(folder):
-    path = write(folder, "defaults: {model: tiny}\nworkloads:\n  - {name: s, script: job/plain_ds_train.py}\n")
-    with pytest.raises(ConfigError, match=r"workloads\[0\].model: 'tiny': a workload tunes a model or a script"):
+def test_a_workloads_own_script_replaces_the_defaults_model_and_its_own_model_their_script(folder):
+    path = write(folder, "defaults: {model: tiny, trials: 1}\nworkloads:\n  - {name: s, script: job/plain_ds_train.py}\n"
+                         "  - {name: m}\n")
+    script, model = load_sweep(path).workloads
+    assert script.settings.backend == "script" and model.settings.workload.model.name == "tiny"
+    path = write(folder, "defaults: {script: job/plain_ds_train.py, script_args: [--steps, 3]}\nworkloads:\n"
+                         "  - {name: m, model: tiny}\n")
+    (model,) = load_sweep(path).workloads
+    assert model.tune.script is None and model.settings.workload.model.name == "tiny"
+    # both from defaults: named there (none is the workload's own)
+    path = write(folder, "defaults: {model: tiny, script: job/plain_ds_train.py}\nworkloads:\n  - {name: s}\n")
+    with pytest.raises(ConfigError, match=r"sweep.yaml: defaults.model: 'tiny': a workload tunes a model or a script"):
         load_sweep(path)
 
 

@@ -23,10 +23,12 @@ allocator, policy: an exported policy's folder, relative to this file's folder, 
 may also be written out, a mapping of knob -> list of values as a search-space YAML holds
 (`space: {zero_stage: [1, 2], precision: [bf16]}`). A key whose value is text (a path, a URI, a W&B project) takes a
 string only; a count, size or duration a number or its text, as its flag does. Neither model nor script: the model is
-tiny, as `autotune tune`'s (WorkloadSpec.notes says so). `concurrency:` (top level): trials in flight at most, over all
-workloads. Every error names the file, the key (`defaults.<key>` for a value the workload takes from defaults), the
-value and what is allowed. A model the built-in trial model does not
-build (a mixture of experts, multi-head latent attention) is refused with backend deepspeed, before anything runs.
+tiny, as `autotune tune`'s (WorkloadSpec.notes says so). A workload's own `script:` replaces the defaults' `model:`,
+and its own `model:` the defaults' `script:` and `script_args:` (REPLACES); both in one workload is an error.
+`concurrency:` (top level): trials in flight at most, over all workloads. Every error names the file, the key
+(`defaults.<key>` for a value the workload takes from defaults), the value and what is allowed. A model the built-in
+trial model does not build (a mixture of experts, multi-head latent attention) is refused with backend deepspeed,
+before anything runs.
 
 A workload may tune the user's own training script instead of a model, as `autotune tune --script` does:
 
@@ -144,7 +146,8 @@ def load_sweep(path: str | Path) -> SweepFile:
         if not isinstance(entry, dict):
             raise ConfigError(f"{where}: expected a mapping of {', '.join(WORKLOAD_KEYS)}, got {short(entry)}")
         _check_keys(entry, WORKLOAD_KEYS, where)
-        spec = _workload({**defaults, **entry}, _Where(where, f"{path}: defaults", frozenset(defaults) - set(entry)),
+        taken = _taken(defaults, entry)
+        spec = _workload({**taken, **entry}, _Where(where, f"{path}: defaults", frozenset(taken) - set(entry)),
                          path.parent)
         if spec.name in names:
             raise ConfigError(f"{where}.name: {spec.name!r} is used twice: names must be unique (one run directory each)")
@@ -154,6 +157,17 @@ def load_sweep(path: str | Path) -> SweepFile:
     if concurrency is not None and (not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1):
         raise ConfigError(f"{path}: concurrency: {short(concurrency)}: allowed a positive integer")
     return SweepFile(path, tuple(specs), concurrency)
+
+
+# A workload tunes a model or a script: its own one replaces the other that defaults give, as its own keys replace
+# the defaults' (a script's arguments go with the script).
+REPLACES = {"script": ("model",), "model": ("script", "script_args")}
+
+
+def _taken(defaults: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
+    """The defaults a workload takes: all but those its own keys replace (REPLACES)."""
+    replaced = {key for own in entry for key in REPLACES.get(own, ())}
+    return {key: value for key, value in defaults.items() if key not in replaced}
 
 
 @dataclass(frozen=True)
@@ -244,11 +258,11 @@ def _workload(entry: dict[str, Any], where: _Where, base: Path) -> WorkloadSpec:
     if script is not None:
         script_path, script_args = _script(entry, where, base)
         if entry.get("backend", "deepspeed") != "deepspeed":
-            raise ConfigError(f"{where}.backend: {short(entry['backend'])}: a script's trials are real runs: allowed "
-                              "deepspeed (or no backend key)")
+            raise ConfigError(f"{where.at('backend')}: {short(entry['backend'])}: a script's trials are real runs: "
+                              "allowed deepspeed (or no backend key)")
         entry = {**entry, "backend": "deepspeed"}
     elif entry.get("script_args") is not None:
-        raise ConfigError(f"{where}.script_args: {short(entry['script_args'])}: only with script (allowed: a "
+        raise ConfigError(f"{where.at('script_args')}: {short(entry['script_args'])}: only with script (allowed: a "
                           "workload that names a script)")
     options = _options(entry, where, base)
     backend = options["backend"]
@@ -297,9 +311,9 @@ def _script(entry: dict[str, Any], where: _Where, base: Path) -> tuple[str, tupl
     """`script:` (a Python file, relative to the sweep file's folder) and `script_args:` (a list of strings) of
     a workload that tunes the user's script, as `autotune tune --script FILE --script-args ARGS`."""
     script, args = entry["script"], entry.get("script_args")
-    if entry.get("model") is not None:
-        raise ConfigError(f"{where}.model: {short(entry['model'])}: a workload tunes a model or a script, not both "
-                          "(allowed: one of model, script)")
+    if entry.get("model") is not None:  # both the workload's own, or both the defaults' (REPLACES)
+        raise ConfigError(f"{where.at('model')}: {short(entry['model'])}: a workload tunes a model or a script, not "
+                          "both (allowed: one of model, script)")
     if not isinstance(script, str) or not script.strip():
         raise ConfigError(f"{where.at('script')}: {short(script)}: allowed a Python script's path, relative to the "
                           "sweep file's folder")
