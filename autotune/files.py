@@ -98,9 +98,32 @@ def load_yaml(path: str | Path, what: str = "a YAML file") -> Any:
     return parse_yaml(read_text(path, what), path, what)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (it keeps the last silently: `trials: 3` then
+    `trials: 4` ran 4). Merge keys (`<<: *base`) still merge, the mapping's own keys overriding the merged ones."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):  # before flatten_mapping folds the merged keys in
+            lines: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    first = lines.get(key)
+                except TypeError:  # an unhashable key: SafeConstructor's own error says so
+                    continue
+                if first is not None:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {short(key)} given twice (first on line {first}): allowed each key once "
+                        "in a mapping", key_node.start_mark)
+                lines[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
+
+
 def parse_yaml(text: str, path: str | Path, what: str = "a YAML file") -> Any:
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)

@@ -159,7 +159,7 @@ def test_the_report_of_a_script_that_cannot_be_tuned_says_why_first_and_no_place
     assert "4.3M" not in report and "global batch 16" not in report and "run more trials" not in report
     assert "Optuna study" not in report  # the search never opened one
     assert head.index("**The script cannot be tuned") < head.index("- Stopped: a failure no other config can avoid "
-                                                                    "(above)")
+                                                                    "(the verdict names it)")
     section = report.split("## Script mode")[1]
     assert f"- Script: `{script.resolve()}` (no arguments)\n" in section and "` ``" not in section
     assert "  ```\n  Traceback (most recent call last):" in section  # the stderr lines fenced, not in a bullet

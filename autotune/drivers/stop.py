@@ -54,7 +54,7 @@ _TEXT = {
                           "trial costs",
     StopReason.STALLED: "the strategy kept proposing known or pruned configs",
     StopReason.INTERRUPTED: "interrupted",
-    StopReason.FATAL: "a failure no other config can avoid (above)",
+    StopReason.FATAL: "a failure no other config can avoid (the verdict names it)",
     # Also where trials ran first and showed it (a launched config out of host memory, say): "nothing (more)".
     StopReason.NOTHING_FITS: "no config of the space is predicted to fit, nothing (more) to run",
     StopReason.NO_NODE: "no node of the Ray cluster has the resources one trial needs, nothing was run",

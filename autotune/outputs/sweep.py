@@ -57,10 +57,10 @@ def write_summary(out: Path, rows: list[dict]) -> tuple[Path, Path]:
              "peak memory | stopped | report |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- | --- |"]
     for r in rows:
-        lines.append(f"| {r['workload']} | {r['model']} | {r['gpus']} | {r['global_batch']} | {r['memory_budget']} | "
-                     f"{r['trials']} | {r['pruned']} | {r['recommended'] or 'none: ' + r['verdict']} | "
-                     f"{r['throughput_samples_per_s']} | {r['peak_memory']} | {r['stopped']} | "
-                     f"[report]({r['report']}) |")
+        cells = (r["workload"], r["model"], r["gpus"], r["global_batch"], r["memory_budget"], r["trials"], r["pruned"],
+                 r["recommended"] or "none: " + r["verdict"], r["throughput_samples_per_s"], r["peak_memory"],
+                 r["stopped"], f"[report]({r['report']})")
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     lines += ["", LEGEND, ""]
     write_atomic(md, "\n".join(lines))
     table = io.StringIO(newline="")
@@ -69,3 +69,9 @@ def write_summary(out: Path, rows: list[dict]) -> tuple[Path, Path]:
     writer.writerows(rows)
     write_atomic(csv_path, table.getvalue())
     return md, csv_path
+
+
+def _cell(value: Any) -> str:
+    """A value as one markdown table cell: on one line (a verdict may quote a script's stderr over several, which
+    would end the row), its '|' escaped (which would split the cell)."""
+    return " ".join(str(value).split()).replace("|", "\\|")
