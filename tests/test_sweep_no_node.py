@@ -83,3 +83,19 @@ def test_a_workload_whose_trial_no_node_holds_is_named_once_and_told_what_one_tr
     assert "sim sim:" not in out
     verdict = (tmp_path / "o" / "sim" / "report.md").read_text()
     assert "one trial needs (1 CPU): run it on a cluster with such nodes." in verdict
+
+
+def test_tune_many_of_several_workloads_gives_each_its_verdict_by_default(tmp_path, two_cpu_cluster):
+    """From Python, RayOptions' default decides by the call: several workloads (tune_many) each get their verdict,
+    as `autotune sweep`'s do; one (tune()) is refused."""
+    import autotune
+    from autotune.api import Plan, tune_many
+    from autotune.drivers.ray import RayOptions
+    from autotune.values.config import ConfigError
+
+    spec = autotune.TuneSpec(autotune.make_workload("tiny", gpus=3, global_batch=12), autotune.load_hardware("cpu"),
+                             trials=1, backend="deepspeed")
+    results = tune_many([Plan(spec, tmp_path / "a"), Plan(spec, tmp_path / "b")], executor=RayOptions("local"))
+    assert [r.stop_reason for r in results] == [StopReason.NO_NODE] * 2
+    with pytest.raises(ConfigError, match="cannot place 3 ranks"):
+        autotune.tune(spec, out=tmp_path / "c", executor=RayOptions("local"))
