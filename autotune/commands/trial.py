@@ -175,12 +175,14 @@ def _recalibrate(run_dir: Path, workload: Workload, hardware: Hardware) -> Calib
 
 
 def show(result: TrialResult, prediction: Estimate | None, calibration: Calibration, workload: Workload,
-         hardware: Hardware, run_dir: Path) -> None:
+         hardware: Hardware, run_dir: Path, unseen: str = "") -> None:
+    """`unseen`: a script's trial that never showed its model: what the header says instead of the placeholder's
+    name, size and global batch."""
     console = Console()  # the terminal's width (COLUMNS where set), never forced wider
     extra = result.extra
     model = workload.model
-    console.print(f"{model.name}: {model.params / 1e6:,.1f}M parameters, global batch {workload.global_batch}, "
-                  f"{counted(workload.gpus, 'rank')}; {result.config.label()}; "
+    what = unseen or (f"{model.name}: {model.params / 1e6:,.1f}M parameters, global batch {workload.global_batch}")
+    console.print(f"{what}, {counted(workload.gpus, 'rank')}; {result.config.label()}; "
                   f"budget {format_size(result.memory_budget_bytes) if result.memory_budget_bytes else 'none'}")
     cal = f"calibrated on {counted(calibration.samples, 'trial')}" if calibration.samples else "uncalibrated"
     table = Table(title=f"Trial {result.status}: measured vs predicted ({hardware.name} profile, {cal})")
@@ -241,8 +243,12 @@ def run_script_trial(args: argparse.Namespace) -> int:
     if not keep and workload.grad_accumulation(config.micro_batch) is None:
         raise ConfigError(f"{config.label()}: global batch {workload.global_batch} is not a multiple of micro_batch "
                           f"{config.micro_batch} x {workload.gpus} rank(s)")
-    checked = replace(workload, model=replace(workload.model, layers=10**6),
-                      global_batch=config.micro_batch * workload.gpus if keep else workload.global_batch)
+    default = workload.global_batch
+    if keep and workload.grad_accumulation(config.micro_batch) is None:
+        # The shim runs the script's own global batch; the workload's is run only where the script states none:
+        # the tuner's default where this micro-batch divides it, else one micro-batch per rank (no accumulation).
+        workload = replace(workload, global_batch=config.micro_batch * workload.gpus)
+    checked = replace(workload, model=replace(workload.model, layers=10**6))
     check_config(config, checked, hardware, args.nvme_path)
     check_budget_here(args.memory_budget, hardware)
     measure = measure_settings(args)
@@ -266,8 +272,15 @@ def run_script_trial(args: argparse.Namespace) -> int:
                          "model": model, "global_batch": settled.to_dict() if settled else None,
                          "run_dir": str(run_dir)})
     else:
-        show(result, prediction, calibrator(workload, hardware)([]), workload, hardware, run_dir)
-        if settled is not None:
+        unseen = "" if model else (f"{Path(script.path).name}: its model not seen (the trial did not reach "
+                                   "deepspeed.initialize), global batch "
+                                   + ("not read" if keep else f"{workload.global_batch} (--global-batch)"))
+        show(result, prediction, calibrator(workload, hardware)([]), workload, hardware, run_dir, unseen)
+        if settled is not None and settled.defaulted and settled.global_batch != default:
+            print(f"global batch {settled.global_batch}: micro-batch {config.micro_batch} x "
+                  f"{counted(workload.gpus, 'rank')}, as the script states no batch size where DeepSpeed gets it and "
+                  f"the tuner's default {default} is no multiple of it; pass --global-batch to set it")
+        elif settled is not None:
             print(settled.line())
         if model:
             print(f"model seen at deepspeed.initialize: {model.get('class')}, {model['params']:,} parameters, "

@@ -21,6 +21,8 @@ user to set; only the hardware profile's accelerator and the sweep's allocator s
     bash launch.sh torchrun train.py [args]     torchrun --nnodes 1 --nproc_per_node N train.py [args]
     bash launch.sh deepspeed train.py [args]    deepspeed --num_gpus N train.py [args]
     bash launch.sh accelerate train.py [args]   accelerate launch --config_file .../best_accelerate_config.yaml ...
+Options between the launcher's name and the script go to the launcher (`bash launch.sh deepspeed --no_local_rank
+train.py`, for a script that takes no --local_rank; in script mode the script may be left out: the tuned command).
 """
 
 from __future__ import annotations
@@ -209,10 +211,12 @@ class Launch:
             why = "DeepSpeed's accelerator of the hardware profile" if self.template and setting.name == "DS_ACCELERATOR" \
                 else setting.why
             lines += [f"# {why}", setting.export()]
-        lines += ["", 'launcher="${1-}"', "shift || true"]
+        lines += ["", 'launcher="${1-}"', "shift || true",
+                  "# Options before the script are the launcher's (e.g. deepspeed --no_local_rank; --flag=value form).",
+                  "options=()", 'while [ $# -gt 0 ] && [[ "$1" == -* ]]; do options+=("$1"); shift; done']
         if self.program:  # script mode: the tuned script's own command unless another is given
             lines += [f"[ $# -gt 0 ] || set -- {self.train()}"]
-        lines += ['case "$launcher" in']
+        lines += ['set -- ${options[@]+"${options[@]}"} "$@"', 'case "$launcher" in']
         lines += [f'  {name}) exec {form} "$@" ;;' for name, form in self.launchers().items()]
         lines += [f'  *) echo "usage: bash $0 {"|".join(self.launchers())} train.py [arguments]" >&2; exit 2 ;;',
                   "esac"]
@@ -225,8 +229,8 @@ class Launch:
                          "takes none.")
         if self.stack == "accelerate":
             notes.append("# torchrun and deepspeed: only with DeepSpeedPlugin(hf_ds_config=...) in the script (report.md).")
-        notes.append("# DeepSpeed's launcher passes --local_rank=N to the script: `deepspeed --no_local_rank` if it "
-                     "takes none.")
+        notes.append(f"# DeepSpeed's launcher passes --local_rank=N to the script: `bash {LAUNCH_FILE} deepspeed "
+                     "--no_local_rank ...` if it takes none.")
         if self.nodes > 1:
             notes.append("# Several machines: torchrun on each (NODE_RANK, MASTER_ADDR); DeepSpeed's launcher on "
                          "machine 0 starts the others over ssh with the variables named in ./.deepspeed_env.")

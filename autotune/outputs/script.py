@@ -88,7 +88,8 @@ def with_global_batch(settings: RunSettings, model: dict[str, Any] | None,
     settled = batch.settle(found, given, DEFAULT_GLOBAL_BATCH)
     workload = replace(settings.workload, global_batch=settled.global_batch)
     choices = settings.choices
-    own = found.micro_batch if found is not None and not settled.changed else None
+    # The script's own micro-batch joins the space; none where its keys disagree (the split is the tuner's)
+    own = found.micro_batch if found is not None and not settled.changed and not found.conflict else None
     kept, removed = batch.micro_batches(choices.micro_batch, settled.global_batch, workload.gpus, own)
     notes = [settled.line()]
     if removed:
@@ -113,7 +114,22 @@ def narrowed(settings: RunSettings, model: dict[str, Any]) -> tuple[RunSettings,
                      "(gradient_checkpointing_enable), so activation checkpointing was removed from the space")
     if not kept:
         kept = (0,)
-    return replace(settings, choices=replace(choices, ckpt_interval=kept)), notes
+    precision, more = script_precision(choices.precision, model)
+    return replace(settings, choices=replace(choices, ckpt_interval=kept, precision=precision)), notes + more
+
+
+def script_precision(wanted: tuple[str, ...], model: dict[str, Any]) -> tuple[tuple[str, ...], list[str]]:
+    """The space's precisions for a script whose framework runs one of its own (an Accelerate loop's
+    mixed_precision, a Lightning Trainer's precision: the loop casts its inputs to it, so another precision's model
+    fails on them or trains another recipe): that one alone, with a note; the space's own where none is known."""
+    own, source = model.get("script_precision"), model.get("script_precision_source") or "the script"
+    if not own or wanted == (own,):
+        return wanted, []
+    if own not in wanted:
+        return wanted, [f"precision: the script runs {own} ({source}), which the space ({list(wanted)}) does not "
+                        f"hold: its trials may fail or train another recipe; give the space {own}"]
+    return (own,), [f"precision: {own} only, the script's own ({source}): its loop feeds the model inputs of that "
+                    f"precision (removed: {[p for p in wanted if p != own]})"]
 
 
 def first_trial(run_dir: RunDir, settings: RunSettings, space: Space, script: Script,
@@ -156,6 +172,8 @@ def first_trial(run_dir: RunDir, settings: RunSettings, space: Space, script: Sc
         settings = replace(settings, workload=learned_workload(model, settings.workload, script))
         settings, more = narrowed(settings, model)
         notes += more
+        for line in more:  # before the search: what the space lost and why
+            say(line)
         if settings.hardware.supports(config.precision):
             est = estimate(config, settings.workload, settings.hardware)
             result = replace(result, extra={**result.extra, "predicted_peak_bytes": est.peak_bytes,
@@ -321,6 +339,18 @@ def outputs(run_dir: RunDir, settings: RunSettings, best: TrialResult | None) ->
         elif via in loops:
             text += f"; {advice}"
         lines.append(text)
+        if (info.get("model") or {}).get("takes_local_rank") is False:
+            # launch.sh puts options given before the script on the launcher's command line (autotune.outputs.launch)
+            lines.append("the script's parser takes no --local_rank, which DeepSpeed's launcher passes it: launch it "
+                         "with `bash launch.sh deepspeed --no_local_rank` (torchrun passes none)")
+            launch_notes += ["This script takes no --local_rank: `bash launch.sh deepspeed --no_local_rank` (torchrun "
+                             "passes none)."]
+        dropped = [key for key in merge.DROPPED if key in (user_config(best) or {})]
+        if dropped:
+            lines.append(f"best_ds_config.json leaves out the script's {', '.join(map(repr, dropped))} block, as every "
+                         "trial did: DeepSpeed's own autotuner's instructions (the tuner read them), not training "
+                         "config; enabled, DeepSpeed's engine would profile every step and end the training after "
+                         "its end_profile_step + 1 steps")
         plain = not trainer and via not in loops  # the config reaches deepspeed.initialize: the trials' merge applies
         switch = (info.get("model") or {}).get("checkpoint_switch")
         if names_config(program, config_path) and plain and switch and best.config.ckpt_interval > 0:

@@ -15,7 +15,10 @@ engine exists:
   engine's boundary from `sync_gradients`);
 - the plugin's config is the one the engine got (Accelerate reads its ZeRO stage when saving or unwrapping);
 - a loop that steps at every batch although the trial accumulates (no `accelerator.accumulate`) is stopped
-  with the verdict `ignores_accumulation`: it cannot keep its global batch at another micro-batch.
+  with the verdict `ignores_accumulation`: it cannot keep its global batch at another micro-batch;
+- the script's precision (`accelerator.mixed_precision` before the engine is built: the Accelerator's argument and
+  the plugin's config) is recorded (`script_precision`): the loop feeds the model inputs of that precision, so the
+  sweep narrows the space to it (autotune.outputs.script.narrowed).
 A Trainer script goes through Accelerate too; its batch is already the trial's (TrainingArguments), so the
 patch leaves it alone.
 
@@ -33,6 +36,7 @@ from autotune.script.loaders import batch_flag, rebatched
 from autotune.script.verdict import ScriptVerdict
 
 VIA = "accelerate.Accelerator"  # model.json "via" of a hand-written Accelerate loop
+PRECISIONS = {"no": "fp32", "bf16": "bf16", "fp16": "fp16"}  # Accelerate's mixed_precision -> the knob's value
 INFO = "accelerate"  # model.json key: what the patch did to the loop
 
 
@@ -41,6 +45,8 @@ class Shim(Protocol):
 
     via_trainer: bool
     model: dict[str, Any]
+    # The precision the script's framework runs (fp32/bf16/fp16) and what set it, for model.json (None: not known)
+    script_precision: tuple[str, str] | None
 
     def write_model(self) -> None: ...
 
@@ -70,6 +76,9 @@ def patch(module: Any, shim: Shim) -> None:
         if shim.via_trainer:
             return original(self, *args)
         before = copy.deepcopy(self.deepspeed_plugin.deepspeed_config)  # the script's, its "auto" not yet filled
+        # Read off the plugin's config before the trial's replaces it: Accelerator(mixed_precision=...) set it there
+        own = PRECISIONS.get(self.mixed_precision)
+        shim.script_precision = (own, f"the Accelerator's mixed_precision {self.mixed_precision!r}") if own else None
         had_engine = self.deepspeed_engine_wrapped is not None
         result = list(original(self, *args))
         wrapped = self.deepspeed_engine_wrapped

@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Collection, Mapping, Sequence
 
+from autotune.script.merge import BATCH_KEYS
 from autotune.values.config import ConfigError
 from autotune.values.units import counted
 from autotune.values.workload import accumulation as accumulation_steps, micro_batch_divisors
@@ -37,6 +38,9 @@ class ScriptBatch:
     accumulation: int
     ranks: int
     source: str  # where it was read: DS_CONFIG, TRAINING_ARGUMENTS, ...
+    # Where the config's batch keys disagree at these ranks (DeepSpeed would refuse it): what they make instead of
+    # train_batch_size, which is kept (micro_batch and accumulation are then a split of it, not the script's own).
+    conflict: str = ""
 
     def __post_init__(self) -> None:
         for key in ("global_batch", "micro_batch", "accumulation", "ranks"):
@@ -53,16 +57,22 @@ class ScriptBatch:
 
     def describe(self) -> str:
         """e.g. `1 (micro-batch 1 x gradient accumulation 1 x 1 rank, from the DeepSpeed config)`."""
+        if self.conflict:
+            return (f"{self.global_batch} (train_batch_size of the {self.source}; the script's batch keys disagree "
+                    f"at {self.ranks} rank{'s' if self.ranks > 1 else ''}, which DeepSpeed refuses: {self.conflict}; "
+                    "train_batch_size wins)")
         return (f"{self.global_batch} (micro-batch {self.micro_batch} x gradient accumulation {self.accumulation} "
                 f"x {self.ranks} rank{'s' if self.ranks > 1 else ''}, from the {self.source})")
 
     def to_dict(self) -> dict[str, Any]:
         return {"global_batch": self.global_batch, "micro_batch": self.micro_batch,
-                "accumulation": self.accumulation, "ranks": self.ranks, "source": self.source}
+                "accumulation": self.accumulation, "ranks": self.ranks, "source": self.source,
+                **({"conflict": self.conflict} if self.conflict else {})}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ScriptBatch":
-        return cls(data["global_batch"], data["micro_batch"], data["accumulation"], data["ranks"], data["source"])
+        return cls(data["global_batch"], data["micro_batch"], data["accumulation"], data["ranks"], data["source"],
+                   data.get("conflict", ""))
 
 
 def _positive(value: Any) -> int | None:
@@ -75,27 +85,31 @@ def _positive(value: Any) -> int | None:
 def from_ds_config(config: Mapping[str, Any], ranks: int, source: str = DS_CONFIG) -> ScriptBatch | None:
     """The batch a DeepSpeed config asks for on `ranks` data-parallel ranks, by DeepSpeed's rules
     (deepspeed.runtime.config: any two of the three keys fix the third; one key alone means no accumulation);
-    None when it sets no batch size (or only "auto") or its keys do not agree."""
+    None when it sets no batch size (or only "auto"). Keys that disagree at these ranks (DeepSpeed refuses such a
+    config: e.g. train_batch_size 8 with train_micro_batch_size_per_gpu 8 on 2 ranks) keep train_batch_size, the
+    samples per optimizer step the recipe states, split as micro-batch train_batch_size / ranks (`conflict` says
+    what the keys made); ConfigError where train_batch_size is no multiple of the ranks (no split keeps it)."""
     total = _positive(config.get("train_batch_size"))
     micro = _positive(config.get("train_micro_batch_size_per_gpu"))
     accumulation = _positive(config.get("gradient_accumulation_steps"))
-    try:
-        if total is not None:
-            if micro is None:
-                accumulation = accumulation or 1
-                micro, rest = divmod(total, accumulation * ranks)
-                if rest or micro == 0:
-                    return None
-            elif accumulation is None:
-                accumulation, rest = divmod(total, micro * ranks)
-                if rest or accumulation == 0:
-                    return None
-            return ScriptBatch(total, micro, accumulation, ranks, source)
-        if micro is not None:
-            return ScriptBatch.of(micro, accumulation or 1, ranks, source)
-    except ConfigError:  # the three keys disagree: DeepSpeed refuses such a config itself, with its own words
-        return None
-    return None
+    if total is None:
+        return ScriptBatch.of(micro, accumulation or 1, ranks, source) if micro is not None else None
+    if micro is None:
+        micro, rest = divmod(total, (accumulation or 1) * ranks)
+        accumulation = accumulation or 1
+    elif accumulation is None:
+        accumulation, rest = divmod(total, micro * ranks)
+    else:
+        rest = total - micro * accumulation * ranks
+    if not rest and micro and accumulation:
+        return ScriptBatch(total, micro, accumulation, ranks, source)
+    if total % ranks:
+        raise ConfigError(f"the script's {source} sets train_batch_size {total}, which is no multiple of its {ranks} "
+                          "ranks: no micro-batch x gradient accumulation keeps it; give it a multiple of the ranks, "
+                          "or pass --global-batch")
+    given = [f"{key} {config[key]}" for key in BATCH_KEYS[1:] if _positive(config.get(key)) is not None]
+    made = " x ".join([*given, f"{ranks} rank{'s' if ranks > 1 else ''}"])
+    return ScriptBatch(total, total // ranks, 1, ranks, source, conflict=f"{made} is no split of train_batch_size {total}")
 
 
 def from_training_arguments(args: Any, ranks: int) -> ScriptBatch | None:
@@ -145,6 +159,11 @@ class Settled:
     @property
     def changed(self) -> bool:
         return self.given is not None and self.script is not None and self.given != self.script.global_batch
+
+    @property
+    def defaulted(self) -> bool:
+        """Neither the script nor --global-batch stated it: the tuner's choice."""
+        return self.given is None and self.script is None
 
     def line(self) -> str:
         """One line for the console and the report."""

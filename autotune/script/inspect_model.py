@@ -45,6 +45,7 @@ HEAD_ATTRS = ("num_heads", "n_head", "num_attention_heads", "n_heads", "nhead")
 EXPERT_KEYS = {"experts": ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"),
                "experts_per_token": ("num_experts_per_tok", "moe_top_k")}
 DROPOUT_KEYS = ("attn_pdrop", "attention_dropout", "attention_probs_dropout_prob", "attn_dropout")
+NONE_SEEN = "none seen"  # attention_source where the first forward ran no attention torch could see (an MLP)
 # Hugging Face attn_implementation values -> the estimator's attention (flex attention is a fused kernel).
 HF_ATTENTION = {"eager": "eager", "sdpa": "sdpa", "flash_attention_2": "flash", "flash_attention_3": "flash",
                 "flex_attention": "sdpa"}
@@ -225,6 +226,8 @@ def watch_attention(model: Any, info: dict[str, Any], seen: Callable[[], None]) 
             info["attention"] = calls.most_common(1)[0][0]
             info["attention_source"] = "first forward"
             info["attention_calls"] = dict(calls)
+        elif "attention" not in info:  # an MLP, or a kernel outside torch: nothing to say it runs one
+            info["attention_source"] = NONE_SEEN
         seen()
 
     before = model.register_forward_pre_hook(enter)
@@ -282,8 +285,11 @@ def describe(info: dict[str, Any]) -> str:
         info.get("attention_source") or "", info.get("attention_source") or "assumed: nothing showed it")
     words = {"eager": "eager (s x s scores kept)", "math": "SDPA on torch's math kernel (s x s scores kept in fp32)",
              "sdpa": "fused SDPA", "flash": "flash"}
-    parts = [f"attention {words.get(attention, attention)} ({source})"
-             + (", with dropout" if info.get("attention_dropout") and attention in ("eager", "math") else "")]
+    if info.get("attention_source") == NONE_SEEN and not info.get("attention"):
+        parts = ["no attention seen in the first forward (no s x s scores priced)"]
+    else:
+        parts = [f"attention {words.get(attention, attention)} ({source})"
+                 + (", with dropout" if info.get("attention_dropout") and attention in ("eager", "math") else "")]
     if int(info.get("experts") or 1) > 1:
         parts.append(f"{info['experts']} experts ({info.get('experts_per_token', 1)} per token)")
     if info.get("tied_embeddings") is not None:

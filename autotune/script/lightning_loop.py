@@ -10,7 +10,9 @@ is imported, `lightning.pytorch` or `pytorch_lightning`) aligns the loop around 
   decides when to call the optimizer step), and the strategy's config is the one the engine got;
 - `DeepSpeedStrategy.process_dataloader` (Lightning's hook for each loader it sets up after `setup`): a
   DataLoader that yields the script's micro-batch is rebuilt at the trial's (autotune.script.loaders).
-`max_steps` counts optimizer steps at the trial's accumulation, as the shim does.
+`max_steps` counts optimizer steps at the trial's accumulation, as the shim does. The Trainer's `precision` (its
+DeepSpeed precision plugin casts the inputs to it) is recorded as the script's precision (`script_precision`),
+to which the sweep narrows the space (autotune.outputs.script.narrowed).
 
 `recommendation` words the tuned config for such a script: the DataLoader's batch size and
 `accumulate_grad_batches` (the script's own flags where they set them) and the config for the strategy.
@@ -57,6 +59,8 @@ def patch(module: Any, shim: Shim) -> None:
     setup, process_dataloader = cls.setup, cls.process_dataloader
 
     def patched_setup(self: Any, trainer: Any) -> None:
+        own = precision_of(getattr(trainer, "precision", None))  # before the engine: the Trainer's own
+        shim.script_precision = (own, f"the Trainer's precision {trainer.precision!r}") if own else None
         setup(self, trainer)
         engine = self.model
         if not hasattr(engine, "gradient_accumulation_steps"):
@@ -81,6 +85,16 @@ def patch(module: Any, shim: Shim) -> None:
         return rebatched(dataloader, loop.micro) or dataloader  # its own batch sampler: the shim's check names it
 
     cls.setup, cls.process_dataloader = patched_setup, patched_process_dataloader
+
+
+def precision_of(precision: Any) -> str | None:
+    """The knob's precision of a Lightning Trainer's `precision` ("32-true", "bf16-mixed", "16-mixed", ...): what
+    its DeepSpeed precision plugin casts the inputs to; None for any other (64-bit, transformer-engine, ...)."""
+    text = str(precision or "")
+    for prefix, value in (("bf16", "bf16"), ("16", "fp16"), ("32", "fp32")):
+        if text.startswith(prefix):
+            return value
+    return None
 
 
 def recommendation(ds: Mapping[str, Any], model: Mapping[str, Any],

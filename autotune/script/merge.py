@@ -3,7 +3,10 @@
 The trial's DeepSpeed config (autotune.values.dsconfig.ds_config) decides the memory-relevant keys: the batch
 arithmetic, precision, the ZeRO section (stage, buckets, offloads) and `zero_force_ds_cpu_optimizer`.
 Everything else the script wrote (optimizer, scheduler, gradient clipping, logging, ...) is kept, and
-within the sections the trial touches the script's other keys stay too (e.g. fp16 loss scaling).
+within the sections the trial touches the script's other keys stay too (e.g. fp16 loss scaling). Dropped: the
+"autotuning" block (DROPPED), DeepSpeed's own autotuner's instructions, which the tuner reads before its first trial
+(autotune.values.ds_autotuning): enabled, it turns DeepSpeed's engine into one of that autotuner's experiments,
+whose timers and flops profiler run every step and which ends the process after `end_profile_step` + 1 steps.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from autotune.values.config import ConfigError
 
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 OFFLOAD_KEYS = ("offload_optimizer", "offload_param")
+# Not training config: DeepSpeed's autotuner's instructions (enabled: the engine exits at end_profile_step + 1).
+DROPPED = ("autotuning",)
 
 
 def load_config(source: Any) -> dict[str, Any]:
@@ -62,8 +67,8 @@ def pop_config(given: dict[str, Any]) -> Any:
 
 
 def merge(user: Mapping[str, Any], trial: Mapping[str, Any]) -> dict[str, Any]:
-    """`user` with the memory-relevant keys of `trial` (a complete config from dsconfig.ds_config)."""
-    out = copy.deepcopy(dict(user))
+    """`user` with the memory-relevant keys of `trial` (a complete config from dsconfig.ds_config), less DROPPED."""
+    out = {key: copy.deepcopy(value) for key, value in user.items() if key not in DROPPED}
     for key in BATCH_KEYS:
         out[key] = trial[key]
     for name in ("bf16", "fp16"):

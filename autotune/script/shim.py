@@ -129,6 +129,10 @@ class Shim:
         self.world = 1
         self.model_switch: str | None = None
         self.via_trainer = False  # the config came through Hugging Face TrainingArguments
+        # The precision the script's framework runs and what set it (accelerate_loop, lightning_loop): None unknown
+        self.script_precision: tuple[str, str] | None = None
+        # Whether the script's own parser takes DeepSpeed's launcher's --local_rank=N (watch_local_rank): None unknown
+        self.takes_local_rank: bool | None = None
         self.stderr: StderrTail | None = None  # what the script wrote to sys.stderr (its last line), while it ran
         self.env_watch: _EnvBeforeImport | None = None  # whether the script set the environment before its frameworks
 
@@ -194,6 +198,7 @@ class Shim:
         if self.spec.extra.get(SCRIPT_CWD):
             os.chdir(self.spec.extra[SCRIPT_CWD])  # relative paths as on the driver, in the shipped copy
         self.phase("script")
+        watch_local_rank(self)
         self.env_watch = _EnvBeforeImport(FRAMEWORK_PACKAGES)
         sys.meta_path.insert(0, self.env_watch)
         self.stderr = StderrTail(sys.stderr)  # the script's own last words (argparse's error line) for its failure
@@ -227,6 +232,16 @@ class Shim:
                     "or pass --global-batch to change the recipe")) from None
         return prepared_ds_config(merge.merge(user, trial))
 
+    def batch_of(self, user: dict[str, Any]) -> script_batch.ScriptBatch | None:
+        """The global batch the script's DeepSpeed config asks for; one no split keeps (train_batch_size no multiple
+        of the ranks) is the verdict where the trial must run it, else unknown (the tuner's is run)."""
+        try:
+            return script_batch.from_ds_config(user, self.ranks)
+        except ConfigError as err:
+            if self.spec.extra.get(KEEP_SCRIPT_BATCH):
+                raise ScriptVerdict("global_batch_indivisible", str(err)) from None
+            return None
+
     def patch_training_arguments(self, module: Any) -> None:
         cls = module.TrainingArguments
         original = cls.__post_init__
@@ -257,7 +272,7 @@ class Shim:
         self.phase("initialize")
         given = inspect.signature(self.original_initialize).bind_partial(*args, **kwargs).arguments
         user = merge.load_config(merge.pop_config(given))
-        ds = self.trial_config(user, script_batch.from_ds_config(user, self.ranks))
+        ds = self.trial_config(user, self.batch_of(user))
         self.write(USED_CONFIG_FILE, ds)
         model = given.get("model")
         if model is None:
@@ -268,6 +283,10 @@ class Shim:
         self.model["checkpointing_on"] = bool(self.spec.config.ckpt_interval) and self.model_switch is not None
         self.model["batch"] = self.script_batch.to_dict() if self.script_batch else None  # the script's recipe
         self.model["global_batch"] = ds["train_batch_size"]  # what this trial ran
+        if self.takes_local_rank is not None:  # launch.sh's DeepSpeed launcher needs --no_local_rank where False
+            self.model["takes_local_rank"] = self.takes_local_rank
+        if self.script_precision is not None:  # the loop feeds inputs of this precision: the sweep keeps it
+            self.model["script_precision"], self.model["script_precision_source"] = self.script_precision
         # A framework imported ahead reads the environment before the script could set it (HF_HUB_OFFLINE, HF_HOME are
         # read at import): none is named where the script changed the environment before importing its first.
         changed = self.env_watch is None or self.env_watch.changed
@@ -309,7 +328,7 @@ class Shim:
             return out
 
         def kept_loss(loss: Any, *args: Any, **kwargs: Any) -> Any:
-            self.loss = loss
+            self.loss = self.unscaled(loss)
             self.micro_steps += 1
             return backward(loss, *args, **kwargs)
 
@@ -317,6 +336,15 @@ class Shim:
         self.hook = engine.register_forward_pre_hook(self.first_batch, with_kwargs=True)
         self.accel.synchronize()
         self.mark = time.perf_counter()
+
+    def unscaled(self, loss: Any) -> Any:
+        """The loss a micro-batch computed, as recorded (loss_first, loss_last): the Hugging Face Trainer and
+        Lightning hand engine.backward their loss already divided by the gradient accumulation (DeepSpeed's own
+        loops and Accelerate's let the engine scale it), so that trials at different accumulations would record
+        losses that differ by it; times the engine's accumulation, theirs compare with every other trial's."""
+        if loss is not None and (self.via_trainer or self.model.get("via") == lightning_loop.VIA):
+            return loss.detach() * self.engine.gradient_accumulation_steps()
+        return loss
 
     def first_batch(self, module: Any, args: tuple, kwargs: dict) -> None:
         self.hook.remove()
@@ -523,6 +551,27 @@ def import_frameworks(names: str) -> float:
             except Exception:  # noqa: BLE001  (the script's own import says what is wrong, in its trial)
                 pass
     return time.time() - t0
+
+
+def watch_local_rank(shim: Shim) -> None:
+    """Record in `shim.takes_local_rank` whether the script's command-line parser (the first `parse_args()` of a
+    parser named after the script, which reads sys.argv) would take the `--local_rank=N` DeepSpeed's launcher adds:
+    a strict parser without it exits on it ("unrecognized arguments"). `parse_known_args` takes anything: not
+    recorded, nor is another parser (a library's own prog)."""
+    original = argparse.ArgumentParser.parse_args
+    prog = os.path.basename(sys.argv[0])
+
+    def parse_args(parser: argparse.ArgumentParser, args: Any = None, namespace: Any = None) -> Any:
+        if args is None and shim.takes_local_rank is None and parser.prog == prog:
+            options = list(parser._option_string_actions)  # argparse's own index of its option strings
+            shim.takes_local_rank = any(o == "--local_rank" or (parser.allow_abbrev and o.startswith("--local_rank"))
+                                        for o in options)
+            if shim.model:  # parsed after deepspeed.initialize
+                shim.model["takes_local_rank"] = shim.takes_local_rank
+                shim.write_model()
+        return original(parser, args, namespace)
+
+    argparse.ArgumentParser.parse_args = parse_args  # type: ignore[method-assign,assignment]  # watched on purpose
 
 
 def after_import(name: str, callback: Callable[[Any], None]) -> None:
