@@ -232,8 +232,15 @@ class TuneConsole(ConsoleProgress):
         super().__init__(trials, quiet=getattr(args, "quiet", False), verbose=getattr(args, "verbose", False),
                          time_budget_s=time_budget_s)
         self.args = args
-        self.notes = notes or []  # said first in the headline: after every check passed, nothing before a refusal
+        # Said first: before the sweep's first line (a script's first trial's, or the headline), after every check
+        # that can refuse the command, so nothing comes before a refusal.
+        self.notes = notes or []
         self.start: SweepStart | None = None
+
+    def message(self, text: str) -> None:
+        notes, self.notes = self.notes, []
+        for line in [*notes, text]:
+            super().message(line)
 
     def begun(self, start: SweepStart) -> None:
         self.start = start
@@ -241,7 +248,7 @@ class TuneConsole(ConsoleProgress):
         self.args._run_dir = start.run_dir.path  # an internal error's traceback goes to its logs/ (autotune.cli)
         if start.resumed:
             self.resumed_with(start.run_dir.results())
-        for line in self.notes + headline(start.run_dir, start.settings, start.space, start.budget, start.resumed):
+        for line in headline(start.run_dir, start.settings, start.space, start.budget, start.resumed):
             self.message(line)
 
 
