@@ -366,3 +366,78 @@ def test_a_trials_evidence_that_it_trained_is_logged_with_its_figures(tmp_path):
     (child,) = [r for r in client.search_runs([experiment]) if r.info.run_id != parent]
     assert {k: child.data.metrics[k] for k in ("steps_applied", "steps_skipped", "loss_first", "loss_last")} == \
         {"steps_applied": 6, "steps_skipped": 0, "loss_first": 5.5, "loss_last": 5.25}
+
+
+def interrupt_logging(monkeypatch, number: int) -> None:
+    """Ctrl-C while trial `number`'s run is being logged: after its run is created, before its values."""
+    real = MlflowClient.log_batch
+
+    def log_batch(self, run_id, *args, **kwargs):
+        if any(p.key == "zero_stage" for p in kwargs.get("params") or ()) \
+                and self.get_run(run_id).info.run_name.startswith(f"#{number} "):
+            raise KeyboardInterrupt
+        return real(self, run_id, *args, **kwargs)
+
+    monkeypatch.setattr(MlflowClient, "log_batch", log_batch)
+
+
+def check_resumed(uri: str, run_dir: Path, late: set[int]) -> None:
+    """One parent, each launched trial once as its nested run, complete; the half-logged one logged again, late."""
+    parents, children = runs_in(uri)
+    assert len(parents) == 1, [p.info.run_name for p in parents]
+    check_children(children, read_results(run_dir / "trials.jsonl"), parents[0].info.run_id)
+    assert {n for n, run in children.items() if run.data.tags.get("logged_late") == "true"} == late
+
+
+def test_a_trial_interrupted_while_it_is_logged_leaves_no_orphan_and_is_logged_once_on_resume(tmp_path, monkeypatch,
+                                                                                             capfd):
+    """The child run was created without its tags, which a second call added: a Ctrl-C in between left a
+    top-level run RUNNING beside the parent, and the resume logged the trial again beside it."""
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "run"
+    uri = tracking.local_uri(run_dir)
+    interrupt_logging(monkeypatch, 2)
+    code, _, err = cli([*TUNE, "--trials", "3", "--out", str(run_dir), "--mlflow"], capfd)
+    assert code == 130, err
+    (parent,), children = runs_in(uri)
+    assert parent.info.status == "KILLED" and sorted(children) == [1]  # the half-logged child is deleted
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli([*TUNE, "--trials", "3", "--out", str(run_dir), "--resume", "--mlflow"], capfd)
+    assert code == 0, err
+    check_resumed(uri, run_dir, late={2})
+
+
+KILLER = """import os, signal, sys
+from mlflow.tracking import MlflowClient
+real = MlflowClient.log_batch
+def log_batch(self, run_id, *args, **kwargs):
+    if any(p.key == "zero_stage" for p in kwargs.get("params") or ()) \\
+            and self.get_run(run_id).info.run_name.startswith("#2 "):
+        os.kill(os.getpid(), signal.SIG{name})  # SIGTERM: the tuner's Ctrl-C (autotune.trials.interrupts)
+        signal.pause()
+    return real(self, run_id, *args, **kwargs)
+MlflowClient.log_batch = log_batch
+from autotune.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("name", ["TERM", "KILL"])
+def test_a_tuner_killed_while_it_logs_a_trial_is_logged_once_on_resume(name, tmp_path, monkeypatch, capfd):
+    """A real signal mid-log, in a tuner of its own: SIGTERM ends it as Ctrl-C does (the child deleted as it
+    ends), SIGKILL leaves the child RUNNING, which the resume deletes before it logs the trial again."""
+    import subprocess
+
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "run"
+    uri = tracking.local_uri(run_dir)
+    root = Path(autotune.__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", KILLER.format(name=name), *TUNE, "--trials", "3", "--out",
+                           str(run_dir), "--mlflow"], cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == (130 if name == "TERM" else -9), done.stderr
+    children = runs_in(uri)[1]
+    assert sorted(children) == ([1] if name == "TERM" else [1, 2])  # 2: half-logged, RUNNING
+    code, _, err = cli([*TUNE, "--trials", "3", "--out", str(run_dir), "--resume", "--mlflow"], capfd)
+    assert code == 0, err
+    check_resumed(uri, run_dir, late={2})

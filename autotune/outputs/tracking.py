@@ -15,6 +15,8 @@ refuses to start unless MLFLOW_ALLOW_FILE_STORE=true, so the local default is SQ
 Resume: the parent's id is kept in the run directory (`mlflow.json`, per store), so a resumed sweep continues
 the same parent run; trials are matched by their number (tag `autotune.trial`), so none is logged twice and
 any recorded but not yet logged (a crash in between, a session without tracking) are logged on the next start.
+A child is created with its tags (nested from the start); one left half-logged (not FINISHED or FAILED) by a stop
+is deleted, as the session ends (Ctrl-C) or by the next one (SIGKILL), and its trial logged again.
 A store that fails mid-sweep does not stop the sweep: tracking stops for the session with one warning.
 
 A tracking server (http(s)://) is asked once, within `PROBE_TIMEOUT_S`, before the sweep opens it
@@ -222,6 +224,7 @@ class MlflowTracker:
         self.warn = warn
         self.broken: str | None = None  # why tracking stopped for this session
         self.final_status = "FINISHED"  # the parent's at the end of the session (KILLED: interrupted)
+        self.partial: str | None = None  # the child run being logged (an interrupt can leave it half-logged)
 
     @classmethod
     def open(cls, uri: str, run_dir: "RunFolder", settings: "RunSettings", history: Sequence[TrialResult], *,
@@ -306,15 +309,16 @@ class MlflowTracker:
             self._broke(err)
 
     def end(self, status: str) -> None:
-        """Mark the parent run ended for this session (a resumed sweep sets it running again)."""
+        """Mark the parent run ended for this session (a resumed sweep sets it running again); a child left
+        half-logged by Ctrl-C is deleted (the next session logs its trial: a child is complete or absent)."""
         try:
+            if self.partial is not None and not self.broken:
+                _delete_runs(self.client, [self.partial])
             self.client.set_terminated(self.run_id, status=status)
         except Exception as err:  # noqa: BLE001
             self._broke(err)
 
     def _log_trial(self, result: TrialResult, number: int, late: bool) -> None:
-        from mlflow.entities import RunTag
-
         end = _now_ms()
         tags = {PARENT_TAG: self.run_id, TRIAL_TAG: str(number), "status": result.status,
                 "phase": result.phase, "backend": result.backend, **({"logged_late": "true"} if late else {})}
@@ -322,14 +326,16 @@ class MlflowTracker:
             tags["error"] = result.error[:TAG_LIMIT]
         if result.repeat_of is not None:
             tags["repeat_of"] = str(result.repeat_of)
+        # Created with its tags: never a top-level orphan. Until set_terminated ends it, it is RUNNING: a Ctrl-C
+        # before then has `end` delete it, a SIGKILL the next session's _logged_trials; its trial is logged again.
         run = self.client.create_run(self.experiment_id, start_time=end - int(1000 * result.wall_time_s),
-                                     run_name=f"#{number} {result.config.label()}")
-        run_id = run.info.run_id
-        # the parent tag goes in the same batch as the values: a child is complete or absent from the parent
+                                     run_name=f"#{number} {result.config.label()}", tags=tags)
+        self.partial = run.info.run_id
         values = {key: result.to_dict().get(key) for key in TRACKED_FIGURES}
-        self.client.log_batch(run_id, metrics=_metrics(values, end, 0), params=_params(result.config.to_dict()),
-                              tags=[RunTag(k, v) for k, v in tags.items()])
-        self.client.set_terminated(run_id, status="FINISHED" if result.ok else "FAILED", end_time=end)
+        self.client.log_batch(run.info.run_id, metrics=_metrics(values, end, 0),
+                              params=_params(result.config.to_dict()))
+        self.client.set_terminated(run.info.run_id, status="FINISHED" if result.ok else "FAILED", end_time=end)
+        self.partial = None
 
     def _broke(self, err: Exception) -> None:
         if self.broken is None:
@@ -474,19 +480,36 @@ def _sqlite_path(uri: str) -> Path | None:
     return None if not database or database == ":memory:" else Path(database)
 
 
+LOGGED = ("FINISHED", "FAILED")  # a child's status once _log_trial ended it (FAILED: the trial failed)
+
+
 def _logged_trials(client: Any, experiment_id: str, run_id: str) -> set[int]:
+    """The trial numbers the parent has a child run for. A child still RUNNING (or killed) was interrupted while
+    it was logged, in an earlier session (only one session holds the run directory): it is deleted, so that its
+    trial is logged again, once, rather than left beside a second run."""
     numbers: set[int] = set()
+    partial: list[str] = []
     token = None
     while True:
         page = client.search_runs([experiment_id], filter_string=f"tags.`{PARENT_TAG}` = '{run_id}'",
                                   max_results=1000, page_token=token)
         for run in page:
             number = run.data.tags.get(TRIAL_TAG, "")
-            if number.isdigit():
+            if run.info.status not in LOGGED:
+                partial.append(run.info.run_id)
+            elif number.isdigit():
                 numbers.add(int(number))
         token = page.token
         if not token:
-            return numbers
+            break
+    _delete_runs(client, partial)
+    return numbers
+
+
+def _delete_runs(client: Any, run_ids: Sequence[str]) -> None:
+    """Half-logged child runs, deleted (MLflow's soft delete: out of searches, restorable in its UI)."""
+    for run_id in run_ids:
+        client.delete_run(run_id)
 
 
 def _parent_tags(run_dir: "RunFolder", settings: "RunSettings") -> dict[str, str]:
