@@ -266,3 +266,45 @@ def test_a_key_in_the_environment_or_the_netrc_is_online_and_wandb_mode_offline_
     monkeypatch.setenv("WANDB_MODE", "disabled")
     wandb.teardown()
     assert offline_reason() is None  # nothing logged at all: W&B's no-op runs
+
+
+@pytest.mark.slow  # two simulated sweeps, five W&B runs: ~8 s
+def test_a_trial_interrupted_while_it_is_logged_is_one_run_after_the_resume(tmp_path, monkeypatch):
+    """Each attempt at a trial's run had a random id: a Ctrl-C (or SIGKILL) while W&B logged it left a partial run
+    in the group, some without even a run record, which the printed `wandb sync` picked up, and the resume added a
+    second run for the trial. A trial's id is now the same in every session, and partial folders are dropped."""
+    import wandb
+
+    from autotune.outputs import wandb_tracking
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run = tmp_path / "run"
+    argv = ["tune", "--backend", "simulated", "--strategy", "random", "--seed", "3", "--wandb", "proj", "--out", str(run),
+            "--trials", "3"]
+    real = wandb_tracking.WandbTracker._init
+
+    def interrupted(self, job, name, run_id, config):
+        started = real(self, job, name, run_id, config)
+        if job == "trial" and name.startswith("#2 "):
+            raise KeyboardInterrupt  # the run started, its values not logged yet
+        return started
+
+    monkeypatch.setattr(wandb_tracking.WandbTracker, "_init", interrupted)
+    assert main(argv) == 130
+    monkeypatch.undo()
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    wandb.teardown()  # the process ends: W&B finishes what it left running
+    parent_id = json.loads((run / "wandb.json").read_text())["proj"]["parent_id"]
+    assert [r["summary"]["trial"] for r in offline_runs(run) if r["job"] == "trial"] == [1]  # nothing to sync of #2
+    # What a SIGKILL during wandb.init leaves: a folder of trial 2's run with no run record.
+    partial = run / "wandb" / f"offline-run-20260101_000000-{parent_id}-2"
+    partial.mkdir()
+    (partial / f"run-{parent_id}-2.wandb").write_bytes(b":W&B\x00\x00\x00")
+    assert main([*argv, "--resume"]) == 0
+    runs = [r for r in offline_runs(run) if r["job"] == "trial"]
+    assert sorted(r["id"] for r in runs) == [f"{parent_id}-{n}" for n in (1, 2, 3)] and not partial.exists()
+    trials = {r["id"]: r["summary"] for r in runs}
+    assert [bool(trials[f"{parent_id}-{n}"].get("logged_late")) for n in (1, 2, 3)] == [False, True, False]
+    assert json.loads((run / "wandb.json").read_text())["proj"]["logged"] == [1, 2, 3]

@@ -9,7 +9,10 @@ Offline where WANDB_MODE=offline (W&B's own variable) or no API key is configure
 netrc entry, W&B's settings files; found as wandb.init would, without prompting and without the network): the runs
 stay in `<run dir>/wandb/`, one line says so, and `wandb sync <run dir>/wandb/offline-run-*` uploads them later.
 Resume: the parent's id and the trial numbers already logged are kept in the run directory (`wandb.json`, per
-project), so a resumed sweep continues the same parent and logs only what is missing. A W&B failure mid-sweep stops tracking for the session with one warning, never the sweep.
+project), so a resumed sweep continues the same parent and logs only what is missing. A trial's run id is the same in
+every session (`<parent id>-<trial>`): one a stop left half-logged is logged again into the same run, its partial
+offline folder dropped first, so that `wandb sync` uploads one run per trial. A W&B failure mid-sweep stops
+tracking for the session with one warning, never the sweep.
 wandb is imported only when asked for (seconds).
 """
 
@@ -79,11 +82,27 @@ class WandbTracker:
         if tracker.offline is not None:
             warn(f"W&B project {project} runs offline ({tracker.offline}): its runs stay in {run_dir.path / 'wandb'}/;"
                  f" after `wandb login` (or with WANDB_API_KEY set), {sync_command(run_dir)} uploads them")
+        tracker._drop_partial()
         for number, result in enumerate(history, 1):  # a session without tracking, or a crash in between
             if "trial" not in result.extra:
                 result = replace(result, extra={**result.extra, "trial": number})
             tracker.trial(result, late=True)
         return tracker
+
+    def trial_id(self, number: int) -> str:
+        """A trial's run id, the same in every session: a trial interrupted while it was logged is logged again
+        into the same run (resume="allow"), never beside it as a second one."""
+        return f"{self.parent_id}-{number}"
+
+    def _drop_partial(self) -> None:
+        """Remove the offline folders of this group's trials not logged (an earlier session stopped while it
+        logged them, some without even a run record): their trials are logged again now, in a folder of the same
+        run id, so `wandb sync` uploads one complete run per trial. Online, the run itself is continued."""
+        ids = {self.trial_id(n) for n in self.logged}
+        for folder in (self.run_dir.path / "wandb").glob(f"offline-run-*-{self.parent_id}-*"):
+            run_id = folder.name.split("-", 3)[-1]  # offline-run-<YYYYMMDD_HHMMSS>-<run id>
+            if run_id.startswith(f"{self.parent_id}-") and run_id not in ids and not folder.is_symlink():
+                shutil.rmtree(folder, ignore_errors=True)
 
     def _init(self, job: str, name: str, run_id: str | None, config: Mapping[str, Any]) -> Any:
         import wandb
@@ -100,7 +119,8 @@ class WandbTracker:
         if self.broken or result.status == "pruned" or not isinstance(number, int) or number in self.logged:
             return
         try:
-            run = self._init("trial", f"#{number} {result.config.label()}", None, result.config.to_dict())
+            run = self._init("trial", f"#{number} {result.config.label()}", self.trial_id(number),
+                             result.config.to_dict())
             line = result.to_dict()
             run.summary.update({key: line[key] for key in TRACKED_FIGURES if line.get(key) is not None})
             run.summary.update({"trial": number, "status": result.status, "phase": result.phase,
@@ -128,6 +148,7 @@ class WandbTracker:
                            ("throughput_samples_per_s", "tokens_per_s", "peak_memory_bytes", "step_time_s")})
             values.update({f"best.{knob}": value for knob, value in best.config.to_dict().items()},
                           **{"best.config": best.config.label(), "best.trial": summary.get("best_trial_index")})
+        self._drop_partial()  # a trial this session stopped logging (Ctrl-C): not among the folders to sync
         try:
             parent = self._init("sweep", f"sweep {self.group}", self.parent_id, self.config)
             parent.summary.update(values)
