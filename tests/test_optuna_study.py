@@ -290,6 +290,32 @@ def test_a_bad_storage_is_one_line_exit_2_and_nothing_written(storage, says, syn
     assert sorted(p.name for p in tmp_path.iterdir()) == before and not out.exists()
 
 
+def test_a_database_of_another_application_is_refused_unchanged_and_an_empty_one_taken(tmp_path, capsys):
+    """RDBStorage added Optuna's tables to a database of another application (an MLflow store) before refusing it
+    with Optuna's version message: its tables are looked at, read-only, before Optuna opens it."""
+    import hashlib
+    import sqlite3
+
+    database = tmp_path / "mlflow.db"
+    with sqlite3.connect(database) as connection:
+        connection.executescript("CREATE TABLE experiments (id INTEGER); CREATE TABLE runs (id INTEGER);"
+                                 "CREATE TABLE alembic_version (version_num TEXT);")
+    connection.close()
+    digest = hashlib.sha256(database.read_bytes()).hexdigest()
+    url, out = f"sqlite:///{database}", tmp_path / "run"
+    code, stdout, err = cli(["tune", "--backend", "simulated", "--trials", "2", "--out", str(out), "--storage", url],
+                            capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and stdout == "" and len(lines) == 1, err
+    assert (f"storage '{url}': not an Optuna storage (it holds tables alembic_version, experiments, runs): give an "
+            "empty database or an Optuna one") in lines[0]
+    assert hashlib.sha256(database.read_bytes()).hexdigest() == digest and not out.exists()
+    empty = tmp_path / "empty.db"
+    sqlite3.connect(empty).close()  # a database file without tables: Optuna's to set up
+    tune(out, "optuna", "--storage", f"sqlite:///{empty}", trials=2)
+    assert len(optuna.get_all_study_summaries(f"sqlite:///{empty}")) == 1
+
+
 def test_a_new_sweep_does_not_take_over_a_study_an_earlier_one_left(tmp_path, capsys):
     url = f"sqlite:///{tmp_path / 'shared.db'}"
     run = tmp_path / "run"

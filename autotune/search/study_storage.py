@@ -6,9 +6,10 @@ run directory still holds everything else (run.json, trials.jsonl, outputs, logs
 
 Accepted: an SQLAlchemy URL that Optuna's RDBStorage opens (`sqlite:///PATH`, `postgresql://USER:PASS@HOST/DB`,
 `mysql+pymysql://USER:PASS@HOST/DB`, with the database's driver installed), or the path of an Optuna journal
-file (JournalFileBackend; created if absent, in a folder that exists). A relative SQLite or journal path is
-made absolute, so that a resumed sweep started elsewhere opens the same file. A URL's password is never
-written to the run directory: run.json and the report show it masked.
+file (JournalFileBackend; created if absent, in a folder that exists). An existing database must be empty or
+Optuna's: another application's is refused before RDBStorage would add its tables to it (`_check_tables`). A
+relative SQLite or journal path is made absolute, so that a resumed sweep started elsewhere opens the same file. A
+URL's password is never written to the run directory: run.json and the report show it masked.
 
 Study name: `autotune` in the run directory's own study.db (one study per file). In a storage the user
 names, one study per sweep, named after the host and the run directory (`autotune <host>:<path>`) when it
@@ -102,12 +103,38 @@ def open_storage(storage: str) -> "optuna.storages.BaseStorage":
     from sqlalchemy.exc import SQLAlchemyError
 
     try:
+        _check_tables(storage)
         return optuna.storages.RDBStorage(storage)
+    except ConfigError:  # _check_tables' own line (a ValueError too)
+        raise
     except ImportError:
         raise _refuse(storage, "its database driver is not installed (pip install psycopg2-binary for "
                                "postgresql://, pymysql for mysql+pymysql://)") from None
     except (SQLAlchemyError, ValueError, RuntimeError) as err:
         raise _refuse(storage, f"cannot be opened ({first_line(err)})") from None
+
+
+OPTUNA_TABLES = {"studies", "version_info"}  # what every Optuna RDB schema has (with trials, alembic_version...)
+
+
+def _check_tables(storage: str) -> None:
+    """Refuse a database that holds another application's tables, read-only and before RDBStorage opens it:
+    RDBStorage would add its tables to it first and refuse it after. Empty, or Optuna's already: allowed."""
+    from sqlalchemy import create_engine, inspect
+    from sqlalchemy.engine import make_url
+
+    url = make_url(storage)
+    if url.get_backend_name() == "sqlite" and not Path(url.database or "").is_file():
+        return  # RDBStorage creates it; connecting here would too
+    engine = create_engine(url)
+    try:
+        tables = set(inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+    if tables and not OPTUNA_TABLES <= tables:
+        shown = ", ".join(sorted(tables)[:4]) + (", ..." if len(tables) > 4 else "")
+        raise _refuse(storage, f"not an Optuna storage (it holds tables {shown}): give an empty database or an "
+                               "Optuna one")
 
 
 def study_name(run_path: str | Path, storage: str | None) -> str:
