@@ -53,7 +53,7 @@ from autotune.prediction.scale import check_target, narrow_choices as narrow_for
 from autotune.search_spaces import choices_for
 from autotune.values.space import Choices, Space
 from autotune.strategies import POLICY_STRATEGIES, STRATEGIES, check_strategy, strategy_name, with_policy
-from autotune.search.study_storage import canonical as canonical_storage, check_storage
+from autotune.search.study_storage import canonical as canonical_storage, check_storage, optuna_warnings_only
 from autotune.outputs.tracking import (Tracker, check_reachable as check_reachable_tracking, check_uri as check_tracking_uri,
                                        resolve_uri as tracking_uri, tracked)
 from autotune.outputs.wandb_tracking import check_project
@@ -571,22 +571,6 @@ class Plan:
     resolved: Resolved | None = None
     gpus_per_trial: int | None = None
     tracking_name: str | None = None
-
-
-@contextmanager
-def optuna_warnings_only() -> Iterator[None]:
-    """While sweeps run, Optuna says warnings only (not "A new study created", "Trial N finished" for each trial):
-    the sweep's display says what matters. A level the user set (other than Optuna's default INFO) is kept, and
-    Optuna's level is restored after."""
-    import optuna
-
-    level = optuna.logging.get_verbosity()
-    if level == optuna.logging.INFO:
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        yield
-    finally:
-        optuna.logging.set_verbosity(level)
 
 
 @optuna_warnings_only()

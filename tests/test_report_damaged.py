@@ -92,6 +92,15 @@ def test_a_torn_last_line_is_said_as_tune_says_it_and_the_verdict_follows_it(run
     assert code == 0 and err == "" and again.splitlines()[0] == verdict
 
 
+def test_the_study_following_the_torn_record_is_said_once_without_optunas_own_lines(run, capfd):
+    """A random sweep's study held the torn trial: report brings it to the record and says so as `tune --resume`
+    does; Optuna's "A new study created in RDB" INFO lines stay out (a reviewer saw two on stderr)."""
+    tear(run)
+    code, out, err = cli(["report", str(run)], capfd)
+    assert code == 0 and "A new study created" not in out + err
+    assert "the Optuna study 'autotune' followed trials.jsonl: it held report_trial 5" in out
+
+
 def test_report_json_says_the_repair_on_stderr_and_keeps_stdout_one_document(run, capfd):
     tear(run)
     code, out, err = cli(["report", str(run), "--json"], capfd)

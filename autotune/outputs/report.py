@@ -30,6 +30,7 @@ from autotune.search.pruning import (CAUSES, DEVICE_MEMORY, HOST_MEMORY, NVME_SP
                               describe_causes, host_need_bytes)
 from autotune.values.results import STATUSES, TrialResult, error_line
 from autotune.search.rundir import STUDY, RunDir
+from autotune.search.study_storage import optuna_warnings_only
 from autotune.values.settings import RunSettings
 from autotune.prediction.scale import ScaleReport, at_target, project
 from autotune.search_spaces import space_note
@@ -452,7 +453,8 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
             verdict = target_verdict(scaled, settings)
     if stop.unfinished:  # what to do first, then the best so far: no recommendation of an unfinished sweep
         verdict = interrupted_verdict(verdict, results, run, killed=not stop.interrupted, lost=stop.lost)
-    keep_study(run, settings, results)
+    with optuna_warnings_only():  # Optuna's "A new study created" lines: the study's own note says what changed
+        own_notes += keep_study(run, settings, results)
     report = run.path / "report.md"
     text = markdown(results, settings, summary, best, verdict, study=study_line(run, settings),
                     usage=usage, scaled=scaled, stop=stop, own=script)
@@ -461,12 +463,14 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
     return Outputs(best, summary, tuple(files), verdict, tuple(own_notes))
 
 
-def keep_study(run: RunDir, settings: RunSettings, results: Sequence[TrialResult]) -> None:
+def keep_study(run: RunDir, settings: RunSettings, results: Sequence[TrialResult]) -> list[str]:
     """The record in the sweep's Optuna study, for a strategy that keeps no study of its own (rl, a user's; random
     and grid write theirs as they go: optuna_search.StudyRecord), so that every strategy's study loads and reads
-    alike. A storage that cannot be opened for writing (a read-only copy of a run) is left as it is."""
+    alike; what following the record changed in it (a line of trials.jsonl gone: the study as it was kept as a
+    copy), as `tune --resume` says it. A storage that cannot be opened for writing (a read-only copy of a run) is
+    left as it is."""
     if settings.strategy in OPTUNA_STRATEGIES:
-        return
+        return []
     import optuna
 
     from autotune.strategies import SearchContext
@@ -475,7 +479,7 @@ def keep_study(run: RunDir, settings: RunSettings, results: Sequence[TrialResult
     try:
         storage = run.storage(settings.storage)
     except ConfigError:
-        return
+        return []
     try:
         context = SearchContext(searched_space(settings), settings.memory_budget_bytes, settings.seed, storage=storage,
                                 study_name=run.study_name(settings.storage))
@@ -486,6 +490,7 @@ def keep_study(run: RunDir, settings: RunSettings, results: Sequence[TrialResult
             if not is_repeat(result) and context.space.choices.outside(result.config) is None:
                 study.observe(result.config, result)
         study.follow_record()
+        return study.notes
     finally:
         if isinstance(storage, optuna.storages.RDBStorage):
             storage.engine.dispose()

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import json
 import socket
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 from autotune.values.config import ConfigError, first_line
 from autotune.values.settings import is_url, masked
@@ -168,3 +169,19 @@ def check_storage(storage: str | None, study: str, resume: bool) -> None:
         raise ConfigError(f"storage {masked(storage)!r} already holds study {study!r} of an earlier sweep in "
                           f"this run directory: resume that sweep with --resume, delete the study (optuna "
                           f"delete-study --study-name {study!r} --storage URL), or choose another --out")
+
+
+@contextmanager
+def optuna_warnings_only() -> Iterator[None]:
+    """While sweeps run or a report keeps the study, Optuna says warnings only (not "A new study created", "Trial
+    N finished" for each trial): the sweep's display says what matters. A level the user set (other than Optuna's default INFO) is kept, and
+    Optuna's level is restored after."""
+    import optuna
+
+    level = optuna.logging.get_verbosity()
+    if level == optuna.logging.INFO:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        yield
+    finally:
+        optuna.logging.set_verbosity(level)
