@@ -436,3 +436,18 @@ def test_the_written_torchrun_form_trains_and_reuses_the_tuners_op_build(recomme
     after = {p: p.stat().st_mtime_ns for p in extensions.rglob("*.so")}
     assert after and all(after[p] == mtime for p, mtime in built.items())  # loaded from the tuner's dir, none rebuilt
     assert "Building extension module" not in done.stderr + done.stdout
+
+
+def test_checking_a_config_with_deepspeeds_parser_prints_nothing(tmp_path):
+    """`autotune.tune()` prints nothing: DeepSpeed's import, in the tuner's own process to check the recommended
+    config, logged "Setting accelerator to CPU. If you have GPU ..." on stdout where no GPU is seen (a reviewer's
+    notebook run); its other warnings stay."""
+    code = ("import logging\nfrom autotune.outputs.handoff import validate\n"
+            "validate({'train_batch_size': 4, 'train_micro_batch_size_per_gpu': 4})\n"
+            "logging.getLogger('DeepSpeed').warning('still said')\n")
+    env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
+    ran = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stderr
+    said = ran.stdout + ran.stderr
+    assert "Setting accelerator" not in said and "still said" in said, said

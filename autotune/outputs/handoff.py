@@ -34,7 +34,7 @@ from autotune.outputs.launch import LAUNCH_FILE, Launch, Origin, template_reason
 from autotune.values.settings import DEFAULT_STACK, STACKS, RunSettings, check_stack  # noqa: F401  (the stacks' names are settings)
 from autotune.values.space import Choices
 from autotune.values.workload import Workload
-from autotune.worker.imports import mlflow_kept_out
+from autotune.worker.imports import accelerator_guess_unsaid, mlflow_kept_out
 from autotune.values.units import counted
 
 if TYPE_CHECKING:  # rundir reads the stack names from here
@@ -368,7 +368,8 @@ def validate(ds: dict[str, Any], world_size: int = 1) -> Any:
     Without an initialised process group the parser assumes one rank, so the batch is checked per rank
     (train_batch_size / world_size = micro-batch x accumulation) — the same arithmetic.
     """
-    with mlflow_kept_out():  # 1-4 s of the tuner's start; autotune.outputs.tracking may still import MLflow later
+    # MLflow kept out: 1-4 s of the tuner's start (autotune.outputs.tracking may still import MLflow later)
+    with mlflow_kept_out(), accelerator_guess_unsaid():
         from deepspeed.runtime.config import DeepSpeedConfig
 
     checked = copy.deepcopy(ds)

@@ -9,6 +9,7 @@ and by the tuner's own config checks. DeepSpeed then only records `has_mlflow = 
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
 from typing import Iterator
 
@@ -32,3 +33,22 @@ def mlflow_kept_out() -> Iterator[None]:
     finally:
         if added and sys.modules.get(_MODULE, False) is None:
             del sys.modules[_MODULE]
+
+
+class _AcceleratorGuess(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Setting accelerator to CPU")
+
+
+@contextlib.contextmanager
+def accelerator_guess_unsaid() -> Iterator[None]:
+    """While inside, DeepSpeed's "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to
+    detect it." (its logger's warning, on stdout, at `import deepspeed` where no GPU is seen) is left out: the tuner's
+    own process imports DeepSpeed only to check configs (autotune.outputs.handoff.validate), `autotune.tune()` prints
+    nothing, and the trials name their accelerator themselves (DS_ACCELERATOR)."""
+    logger, guess = logging.getLogger("DeepSpeed"), _AcceleratorGuess()
+    logger.addFilter(guess)
+    try:
+        yield
+    finally:
+        logger.removeFilter(guess)
