@@ -359,6 +359,7 @@ def _config_file(tmp_path: Path, name: str, content: bytes) -> Path:
      ["num_hidden_layers='32'"]),
     (lambda d: str(_config_file(d, "shape.yaml", b"layers: 2\nwidth: 8\n")), ["unknown key(s) width"]),
     (lambda d: str(_config_file(d, "shape.yaml", b"layers: [2\n")), ["not valid YAML"]),
+    (lambda d: str(_config_file(d, "shape.yaml", b"layers: 2\nlayers: 3\n")), ["shape.yaml:2", "'layers' given twice"]),
     (lambda d: str(_config_file(d, "model.txt", b"hello")), ["expected a Hugging Face config.json"]),
     (lambda d: "no-such-org/no-such-model", ["not in the local Hugging Face cache", "config.json"]),
 ])

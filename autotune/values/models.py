@@ -27,8 +27,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-import yaml
-
+from autotune.files import parse_yaml
 from autotune.values.config import ConfigError
 from autotune.values.shapes import PRESETS, ModelShape, with_seq_len
 
@@ -148,13 +147,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(_text(path))
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(err, "problem", None) or str(err)
-        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(problem).split())}{where}") from None
+    data = parse_yaml(_text(path), path, "a mapping of model shape keys")  # a key given twice refused too
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of model shape keys, got {type(data).__name__}")
     return data
