@@ -280,12 +280,17 @@ def write_launch(tmp_path: Path, handoff: Handoff) -> tuple[str, Path]:
     return path.read_text(), path
 
 
-def test_launch_file_has_both_forms_and_the_environment_the_trials_got(tmp_path, monkeypatch):
+def test_launch_file_has_both_forms_and_the_environment_the_trials_got(tmp_path, tmp_path_factory, monkeypatch):
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0a")  # autotune.trials.ops rewrites it for DeepSpeed's op builder
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))  # the ops folder: none built yet
     handoff = Handoff(Config(2, 4, 0, "bf16"), make_workload("tiny", 16, 2), PROFILES["cpu"], "deepspeed", tmp_path)
+    # No op built there (a simulated sweep's): nothing is promised reused (a reviewer's said "no rebuild")
+    assert "none built here yet" in "\n".join(handoff.console_lines()) and "no rebuild" not in handoff.launch().script()
+    assert "no trial of this sweep built one here" in "\n".join(handoff.markdown())
+    (Path(extensions_dir(sys.executable)) / "fused_adam").mkdir(parents=True)  # as a trial builds it
     text, path = write_launch(tmp_path, handoff)
     assert "torchrun) exec torchrun --nnodes 1 --nproc_per_node 2 \"$@\"" in text
     assert "deepspeed) exec deepspeed --num_gpus 2 \"$@\"" in text and "accelerate" not in text
@@ -319,6 +324,8 @@ def test_a_report_written_elsewhere_keeps_the_trials_environment(tmp_path, monke
     out = tmp_path / "run"
     monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    (Path(extensions_dir(sys.executable)) / "cpu_adam").mkdir(parents=True)  # as the trials built it
     assert main(["tune", "--model", "tiny", "--backend", "simulated", "--trials", "2", "--space", "cpu",
                  "--out", str(out), "--quiet"]) == 0
     origin = Origin.read(out / ORIGIN_FILE)

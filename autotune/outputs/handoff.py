@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.values.config import Config, ConfigError
 from autotune.values.dsconfig import RECIPE_AUTO, DsOptions, ds_config, hf_ds_config
 from autotune.values.hardware import Hardware
-from autotune.outputs.launch import LAUNCH_FILE, Launch, Origin, template_reason, trials_environment
+from autotune.outputs.launch import LAUNCH_FILE, Launch, Origin, ops_built, template_reason, trials_environment
 from autotune.values.settings import DEFAULT_STACK, STACKS, RunSettings, check_stack  # noqa: F401  (the stacks' names are settings)
 from autotune.values.space import Choices
 from autotune.values.workload import Workload
@@ -264,7 +264,10 @@ class Handoff:
                 else f"`TORCH_EXTENSIONS_DIR={extensions}` is where the tuner built DeepSpeed's C++ ops (cpu_adam, "
                 "fused_adam, as the trials needed them): with it, and the tuner's Python first on `PATH` (its "
                 "ninja), your first run loads them instead of rebuilding them under `~/.cache/torch_extensions` "
-                "(minutes). Another Python environment or machine builds its own once.", ""]
+                "(minutes). Another Python environment or machine builds its own once." if ops_built(extensions)
+                else f"`TORCH_EXTENSIONS_DIR={extensions}` is where DeepSpeed builds its C++ ops on first use (cpu_adam, "
+                "fused_adam): no trial of this sweep built one here, so your first run builds those it needs once "
+                "(minutes), and later runs load them.", ""]
 
     def _stack_sentence(self) -> str:
         if self.stack == "deepspeed":

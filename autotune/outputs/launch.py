@@ -106,8 +106,22 @@ def trials_environment(accelerator: str, ranks_per_node: int, allocator: str = D
     env["OMP_NUM_THREADS"] = rank_threads(env, ranks_per_node, origin.cpus)
     bin_dir = env["PATH"].split(os.pathsep)[0]
     names = [*_WHY, *sorted(name for name in env if ALLOCATOR_ENV.fullmatch(name))]
-    return bin_dir, tuple(Setting(name, env[name], _WHY.get(name, "the allocator's settings of the trials"))
+    why = dict(_WHY)
+    if not ops_built(env.get("TORCH_EXTENSIONS_DIR")):  # no trial built one here (simulated, replay): none to reuse
+        why["TORCH_EXTENSIONS_DIR"] = UNBUILT
+    return bin_dir, tuple(Setting(name, env[name], why.get(name, "the allocator's settings of the trials"))
                           for name in names if name in env)
+
+
+UNBUILT = "where DeepSpeed builds its C++ ops on first use and loads them after; none built here yet: no trial needed one"
+
+
+def ops_built(folder: str | None) -> bool:
+    """Some DeepSpeed op was built in `folder` (a trial's TORCH_EXTENSIONS_DIR): what launch.sh can promise reused."""
+    try:
+        return folder is not None and any(Path(folder).iterdir())
+    except OSError:
+        return False
 
 
 def template_reason(backend: str, hardware: Hardware) -> str:
@@ -260,5 +274,7 @@ class Launch:
             return [first, f"  it sets {set_ or 'nothing'}: the Python environment, ops folder and threads are the target's "
                            "to set"]
         extensions = self.env().get("TORCH_EXTENSIONS_DIR")
-        return [first, f"  it sets TORCH_EXTENSIONS_DIR={extensions} (DeepSpeed's ops as the tuner built them: your run "
-                       f"reuses them, no rebuild), {set_}, and the tuner's Python first on PATH ({self.bin_dir})"]
+        ops = ("DeepSpeed's ops as the tuner built them: your run reuses them, no rebuild" if ops_built(extensions)
+               else UNBUILT)
+        return [first, f"  it sets TORCH_EXTENSIONS_DIR={extensions} ({ops}), {set_}, and the tuner's Python first on "
+                       f"PATH ({self.bin_dir})"]
