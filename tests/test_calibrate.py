@@ -56,6 +56,18 @@ def test_fit_learns_a_speed_per_precision_and_keeps_it_through_the_file(tmp_path
     assert load_calibration(tmp_path) == fitted
 
 
+def test_fit_follows_a_cpu_far_faster_than_the_profiles_guess():
+    # The cpu profile's 0.1 TFLOPS against a many-core CPU: fp32 30x, bf16 (AMX) 150x. Capped at 20x the fit
+    # left step times 90% off (a reviewer's refit on 2 cores of an AMD EPYC needed 14x for bf16 already).
+    truth = Calibration(overhead_bytes=300 * 2**20, flops_scale=30.0, precision_scales=(("bf16", 5.0),),
+                        step_overhead_s=0.01)
+    results = [measured(c, truth) for c in CONFIGS]
+    fitted = fit_calibration(results, TINY, CPU)
+    assert fitted.flops_scale_for("bf16") == pytest.approx(150.0, rel=0.05)
+    assert fitted.flops_scale_for("fp32") == pytest.approx(30.0, rel=0.05)
+    assert quality(results, TINY, CPU, fitted).time_after < 0.02
+
+
 def test_fit_separates_overhead_from_model_states_when_they_vary():
     workload = make_workload("gpt2-small", global_batch=8, gpus=8)
     gpu = PROFILES["a100-80gb"]

@@ -53,6 +53,10 @@ PRIOR_WEIGHT = 0.01
 MEMORY_SCALE_PRIOR = 0.1
 GiB = 2**30
 SCALE_BOUNDS = (0.05, 20.0)
+# FLOP/s scales may go far higher: the cpu profile's 0.1 TFLOPS is a guess that a 2-core AMD EPYC's native bf16
+# already beats 14x (fitted on 5 trials of tiny) and a many-core CPU with AMX by 100x or more; capped at 20x, such a
+# machine's calibrated step times stayed 90% off.
+TIME_SCALE_BOUNDS = (SCALE_BOUNDS[0], 1000.0)
 # A CUDA trial's allocator figures (autotune.worker.device), each fitted against its own term.
 BREAKDOWN_KEYS = ("peak_allocated_bytes", "peak_reserved_bytes", "outside_allocator_bytes")
 CUDA_PRIOR = 1.0  # one trial's worth of pull towards the model (_fit_memory_cuda)
@@ -230,8 +234,8 @@ def _fit_time(rows: list[TrialResult], workload: Workload, hardware: Hardware) -
     for i in range(len(precisions)):
         a.append([PRIOR_WEIGHT if j == i else 0.0 for j in range(len(precisions) + 1)])
         b.append(PRIOR_WEIGHT)
-    lower = [1.0 / SCALE_BOUNDS[1]] * len(precisions) + [0.0]
-    upper = [1.0 / SCALE_BOUNDS[0]] * len(precisions) + [max(r.step_time for r in rows)]
+    lower = [1.0 / TIME_SCALE_BOUNDS[1]] * len(precisions) + [0.0]
+    upper = [1.0 / TIME_SCALE_BOUNDS[0]] * len(precisions) + [max(r.step_time for r in rows)]
     *inverses, overhead = lsq_linear(np.array(a), np.array(b), bounds=(lower, upper)).x
     return {p: float(1.0 / inv) for p, inv in zip(precisions, inverses)}, float(overhead)
 
