@@ -237,10 +237,10 @@ def test_launch_sh_under_deepspeeds_launcher_runs_a_script_without_local_rank(tm
     monkeypatch.setattr(test_script_review, "DICT_SCRIPT", STRICT_SCRIPT)
     run_dir, _ = test_script_review.recommended_run(tmp_path, seen={"takes_local_rank": False})
     launch = (run_dir.path / "launch.sh").read_text()
-    assert "# This script takes no --local_rank: `bash launch.sh deepspeed --no_local_rank`" in launch
-    assert "launch it with `bash launch.sh deepspeed --no_local_rank`" in (run_dir.path / "report.md").read_text()
-    ran = subprocess.run(["bash", str(run_dir.path / "launch.sh"), "deepspeed", "--no_local_rank",
-                          f"--master_port={free_port()}"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    assert "# This script takes no --local_rank: the deepspeed form passes --no_local_rank." in launch
+    assert "deepspeed) exec deepspeed --num_gpus 1 --no_local_rank \"$@\"" in launch
+    assert "launch.sh's deepspeed form passes --no_local_rank" in (run_dir.path / "report.md").read_text()
+    ran = subprocess.run(["bash", str(run_dir.path / "launch.sh"), "deepspeed", f"--master_port={free_port()}"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     lines = [line for line in ran.stdout.splitlines() if line.startswith("ENGINE ")]
     assert ran.returncode == 0 and lines, ran.stderr[-3000:]

@@ -159,6 +159,7 @@ class Launch:
     # What goes after the launcher: script mode's own script and arguments with the recommendation in them; else
     # "train.py" (with the Trainer's flags)
     program: tuple[str, ...] = ()
+    no_local_rank: bool = False  # the script's parser takes no --local_rank: DeepSpeed's launcher must not pass it
 
     @property
     def nodes(self) -> int:
@@ -184,6 +185,8 @@ class Launch:
                                  '--master_port "${MASTER_PORT:-29500}"',
                      "deepspeed": f"deepspeed --num_nodes {n} --num_gpus {p} "
                                   '--hostfile "${HOSTFILE:?set HOSTFILE: one line per machine, <host> slots=' f'{p}' '}"'}
+        if self.no_local_rank:
+            forms["deepspeed"] += " --no_local_rank"
         if self.stack == "accelerate":
             forms = {"accelerate": f"accelerate launch --config_file {shlex.quote(self.accelerate_config)}", **forms}
         return forms

@@ -384,6 +384,9 @@ class OwnOutputs(Protocol):
     @property
     def launch_notes(self) -> tuple[str, ...]: ...  # comment lines for launch.sh: how its command applies the config
 
+    @property
+    def no_local_rank(self) -> bool: ...  # the program takes no --local_rank: DeepSpeed's launcher must not pass it
+
 
 OwnWriter = Callable[[RunDir, RunSettings, "TrialResult | None"], OwnOutputs]
 
@@ -430,7 +433,7 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
             usage = handoff.markdown()
         else:  # the script's own command under a launcher, in the environment its trials ran in
             launch = replace(Handoff.of(best.config, at_target(settings), run.path, origin).launch(), stack="deepspeed",
-                             trainer_flags=(), program=script.program)
+                             trainer_flags=(), program=script.program, no_local_rank=script.no_local_rank)
             sh = launch.script().split("\n")
             sh[2:2] = [f"# {line}" for line in script.launch_notes]  # after the shebang and the title line
             files.append(run.write_text(LAUNCH_FILE, "\n".join(sh)))

@@ -261,6 +261,7 @@ class ScriptOutputs:
     title: str = ""
     workload: str = ""
     launch_notes: tuple[str, ...] = ()  # comment lines for launch.sh's header: how its command applies the config
+    no_local_rank: bool = False  # the script's parser takes no --local_rank (launch.sh's deepspeed form says so)
 
 
 # What to do about each verdict, where its message does not say it already.
@@ -313,6 +314,7 @@ def outputs(run_dir: RunDir, settings: RunSettings, best: TrialResult | None) ->
         lines.insert(0, line)
     program: tuple[str, ...] = ()
     launch_notes: list[str] = []
+    no_local_rank = (info.get("model") or {}).get("takes_local_rank") is False  # as its trials' shim saw it parse
     if best is not None:
         ds, flags = recommendation(best, settings)
         via = (info.get("model") or {}).get("via")
@@ -339,12 +341,10 @@ def outputs(run_dir: RunDir, settings: RunSettings, best: TrialResult | None) ->
         elif via in loops:
             text += f"; {advice}"
         lines.append(text)
-        if (info.get("model") or {}).get("takes_local_rank") is False:
-            # launch.sh puts options given before the script on the launcher's command line (autotune.outputs.launch)
-            lines.append("the script's parser takes no --local_rank, which DeepSpeed's launcher passes it: launch it "
-                         "with `bash launch.sh deepspeed --no_local_rank` (torchrun passes none)")
-            launch_notes += ["This script takes no --local_rank: `bash launch.sh deepspeed --no_local_rank` (torchrun "
-                             "passes none)."]
+        if no_local_rank:
+            lines.append("the script's parser takes no --local_rank, which DeepSpeed's launcher passes by default: "
+                         "launch.sh's deepspeed form passes --no_local_rank (torchrun passes none)")
+            launch_notes += ["This script takes no --local_rank: the deepspeed form passes --no_local_rank."]
         dropped = [key for key in merge.DROPPED if key in (user_config(best) or {})]
         if dropped:
             lines.append(f"best_ds_config.json leaves out the script's {', '.join(map(repr, dropped))} block, as every "
@@ -408,7 +408,7 @@ def outputs(run_dir: RunDir, settings: RunSettings, best: TrialResult | None) ->
     section.append("")
     console = [lines[0] + "".join(f"\n  {t}" for t in tail), *lines[1:]] if verdict else lines
     return ScriptOutputs(tuple(files), tuple(section), tuple(console), program, verdict, title, workload,
-                         tuple(launch_notes))
+                         tuple(launch_notes), no_local_rank)
 
 
 def unseen_workload(settings: RunSettings, info: dict[str, Any]) -> tuple[str, str]:
