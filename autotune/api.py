@@ -69,6 +69,9 @@ if TYPE_CHECKING:
 # 217 s; `hybrid` faster in 20 of 240 runs, slower in 52: benchmarks/results/search_seconds.md).
 DEFAULT_STRATEGY = "optuna"
 DEFAULT_TRIALS = 30
+# TuneSpec's fields that make a session's budget (TuneSpec.budget): run.json keeps the last session's, which a
+# resume may change (autotune tune --resume takes it where no flag sets one)
+BUDGET_FIELDS = ("trials", "time_budget_s", "confirm", "stop_when", "train_for_s")
 
 
 OPTION = "option"  # the metadata key of a TuneSpec field that is an option of the sweep
@@ -341,6 +344,10 @@ class TuneSpec:
 
     def budget(self) -> Budget:
         return Budget(self.trials, self.time_budget_s, self.confirm, self.stop_when, self.train_for_s)
+
+    def budget_record(self) -> dict[str, Any]:
+        """The budget by its fields' names (BUDGET_FIELDS), as run.json keeps the last session's."""
+        return {name: getattr(self, name) for name in BUDGET_FIELDS}
 
     def trial_options(self) -> TrialOptions:
         """How each trial runs, wherever it runs (this machine, a Ray node): the options that take effect in a trial's
@@ -652,6 +659,8 @@ class _Session:
             sweep, tracker, reason = open_sweep(stack, run.run_dir, run.settings, run.space, show, run.tracking, own,
                                                 plan.tracking_name, sigma, plan.spec.wandb)
             self.opened[i] = sweep, tracker
+            if run.resume:  # opened: its record read, nothing refused; `tune --resume` takes this budget next
+                run.run_dir.record_budget(plan.spec.budget_record())
             if reason is not None:
                 self.reasons[i] = reason
                 self._close_backend(i)  # no loop will run it
@@ -830,7 +839,7 @@ def hold(stack: ExitStack, plan: RunPlan, progress: Progress, resume_hint: str =
     plan.settings, plan.space, plan.ended = plan.spec.mode.start(run_dir, plan.settings, plan.space, plan.resume,
                                                                   progress, plan.executor)
     if plan.ended is None:
-        begin(run_dir, plan.settings, plan.resume, resume_hint)
+        begin(run_dir, plan.settings, plan.resume, resume_hint, plan.spec.budget_record())
     for line in plan.notes:  # after a resumed sweep's settings are checked: a refusal is its one line
         progress.message(line)
     if plan.ended is not None:
@@ -1071,16 +1080,18 @@ def startup_files(run_dir: RunDir, resume: bool) -> set[str]:
     return set(STARTUP_FILES) if resume else {n for n in STARTUP_FILES if (run_dir.path / n).exists()}
 
 
-def begin(run_dir: RunDir, settings: RunSettings, resume: bool, hint: str = RESUME_HINT) -> None:
+def begin(run_dir: RunDir, settings: RunSettings, resume: bool, hint: str = RESUME_HINT,
+          budget: dict[str, Any] | None = None) -> None:
     """Write a new sweep's settings, or check that a resumed one is started with the same (under its lock;
-    `hint`: what the refusal tells the user to do)."""
+    `hint`: what the refusal tells the user to do); a new one's with this session's `budget` (a resumed one's is
+    recorded once its sweep opened: _Session.hold_and_open)."""
     if resume:
         differences = run_dir.read_settings().differences(settings)
         if differences:
             raise ConfigError(f"--resume: {run_dir.path} was started with other settings ({'; '.join(differences)}): "
                               f"{hint}")
     else:
-        run_dir.write_settings(settings)
+        run_dir.write_settings(settings, budget)
     # This session's trials start here: launch.sh, also as `autotune report` writes it elsewhere, gives their environment.
     run_dir.write_json(ORIGIN_FILE, Origin.here().to_dict())
 

@@ -161,6 +161,18 @@ def test_a_resumed_sweep_without_strategy_goes_on_with_the_one_it_was_started_wi
         assert code == 2 and f"strategy: recorded 'random', given '{given}'" in err and err.count("\n") == 1
 
 
+def test_a_resume_without_budget_flags_goes_on_with_the_last_sessions_budget(tmp_path, capsys):
+    # `--resume` alone ran to the default 30 trials, whatever the sweep was given; a flag given wins and is kept.
+    args = ["tune", "--backend", "simulated", "--memory-budget", "2GiB", "--stop-when", "0", "--out", str(tmp_path / "r")]
+    assert cli(args + ["--trials", "2"], capsys)[0] == 0
+    assert cli(args + ["--trials", "4", "--resume"], capsys)[0] == 0
+    code, out, _ = cli(["tune", "--backend", "simulated", "--memory-budget", "2GiB", "--out", str(tmp_path / "r"),
+                        "--resume"], capsys)
+    assert code == 0 and "--resume: as its last session, where no flag says otherwise: --trials 4, --stop-when 0" in out
+    assert len(read_results(tmp_path / "r" / "trials.jsonl")) == 4 and "trial budget spent" in out
+    assert json.loads((tmp_path / "r" / "run.json").read_text())["budget"]["trials"] == 4
+
+
 def test_a_resume_refused_for_a_flag_that_narrows_the_space_is_one_line_naming_the_flag_first(tmp_path, capsys):
     args = ["tune", "--backend", "simulated", "--memory-budget", "2GiB", "--trials", "2", "--out", str(tmp_path / "r")]
     assert cli(args, capsys)[0] == 0

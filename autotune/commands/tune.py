@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import autotune
-from autotune.api import (BUILT_IN_TRAINER, SweepStart, TuneResult, TuneSpec, refuse_untrained,
+from autotune.api import (BUDGET_FIELDS, BUILT_IN_TRAINER, SweepStart, TuneResult, TuneSpec, refuse_untrained,
                           spec_options)
 from autotune.values.argtypes import (gpu_count, output_dir, ray_address)
 from autotune.backends.replay import replay_workload
@@ -89,7 +89,35 @@ def spec_options_from(args: argparse.Namespace) -> dict[str, Any]:
     values["mlflow_uri"] = mlflow_choice(args)
     values["surface"] = None if args.surface is None else str(args.surface)
     values.update(resumed_strategy(args))
+    values.update(resumed_budget(args))
     return values
+
+
+def resumed_budget(args: argparse.Namespace) -> dict[str, Any]:
+    """On --resume, the budget of the sweep's last session (run.json's, RunDir.record_budget) where no flag sets
+    it: `--resume` alone goes on to the trials and time the sweep was given, not to the defaults. A flag given wins
+    (and is kept for the next resume)."""
+    if not args.resume or args.out is None:
+        return {}
+    try:
+        recorded = RunDir(args.out).recorded_budget()
+    except ConfigError:
+        return {}  # not a run directory (yet), or a run.json the library's refusal names
+    given: set[str] = getattr(args, "_given", set())
+    flags = {name: opt for name, opt, _ in spec_options() if name in BUDGET_FIELDS}
+    taken = {name: recorded[name] for name, opt in flags.items()
+             if name in recorded and opt.key not in given and recorded[name] != getattr(args, opt.key)}
+    if taken:
+        args._notes = [*getattr(args, "_notes", []), "--resume: as its last session, where no flag says otherwise: "
+                       + ", ".join(f"{flags[name].flag} {shown_budget(name, value)}" for name, value in taken.items())]
+    return taken
+
+
+def shown_budget(name: str, value: Any) -> str:
+    """A budget value as its flag takes it (seconds with their unit; None, a flag not given then: 'none')."""
+    if value is None:
+        return "none"
+    return f"{value:g}s" if name.endswith("_s") else f"{value:g}"
 
 
 def resumed_strategy(args: argparse.Namespace) -> dict[str, Any]:

@@ -30,7 +30,7 @@ import sqlite3
 import stat
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, TypeVar
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, TypeVar
 
 from autotune.values.config import ConfigError, first_line
 from autotune.files import append_line, disk_full, load_json, open_lock, short, write_atomic
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 TRIALS = "trials.jsonl"
 STUDY = "study.db"
 LOCK = ".lock"
+BUDGET = "budget"  # run.json's key of the last session's budget (RunDir.record_budget)
 SWEEP_COPY = "sweep.yaml"  # a sweep file as its sweep directory keeps it: each workload's run directory is inside
 
 
@@ -270,8 +271,22 @@ class RunDir(RunFolder):
         data = load_json(self.settings_path, "the run settings a sweep wrote (JSON)")
         return RunSettings.from_dict(data, str(self.settings_path))
 
-    def write_settings(self, settings: RunSettings) -> None:
-        """A new sweep's run.json: its settings and, in a storage the user named, its study's name."""
+    def write_settings(self, settings: RunSettings, budget: Mapping[str, Any] | None = None) -> None:
+        """A new sweep's run.json: its settings and, in a storage the user named, its study's name; `budget`: its
+        session's (record_budget)."""
         study = {} if settings.storage is None else {"study": self.study_name(settings.storage)}
-        self.write_json(SETTINGS, {**settings.to_dict(), **study})
+        self.write_json(SETTINGS, {**settings.to_dict(), **study, **({BUDGET: dict(budget)} if budget else {})})
+
+    def record_budget(self, budget: Mapping[str, Any]) -> None:
+        """run.json's `budget`: the trials, time and stop rules of the session that began last (TuneSpec's names),
+        which `autotune tune --resume` takes where no flag sets them. Not a setting: a resume may change it."""
+        data = self.read_json(SETTINGS)
+        if isinstance(data, dict) and data.get(BUDGET) != budget:
+            self.write_json(SETTINGS, {**data, BUDGET: dict(budget)})
+
+    def recorded_budget(self) -> dict[str, Any]:
+        """The budget of the session that began last ({} where run.json has none: a sweep from before it)."""
+        data = self.read_json(SETTINGS)
+        budget = data.get(BUDGET) if isinstance(data, dict) else None
+        return dict(budget) if isinstance(budget, dict) else {}
 
