@@ -140,4 +140,6 @@ workloads:
     assert results[2].status == "ok" and results[2].extra["trial"] == 3 and "first trial of" not in printed.out
     # Run from a fresh shipped copy, its log files landed on the driver (not carried in the result).
     assert Path(results[2].extra["script_copy"]).parent != folder / "job" and LOG_FILES not in results[2].extra
-    assert json.loads((out / "plain" / "run.json").read_text()) == settings
+    resumed = json.loads((out / "plain" / "run.json").read_text())
+    assert resumed.pop("budget")["trials"] == 3 and settings.pop("budget")["trials"] == 2  # the session's, kept
+    assert resumed == settings
