@@ -131,6 +131,26 @@ def test_launch_options_and_helpers():
     assert describe_exit(3) == "exited with code 3"
 
 
+def test_rank_0_names_a_taken_rendezvous_port_and_its_report_says_which(monkeypatch):
+    """The bind's EADDRINUSE becomes PortTaken, whose report carries the port the runner relaunches on; any other
+    failure's report carries none."""
+    import datetime
+
+    import torch
+
+    from autotune.worker.main import PortTaken, host_store, port_evidence
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        for name, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1"}.items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+        with pytest.raises(PortTaken, match=f"127.0.0.1:{port} was taken by another process") as raised:
+            host_store(torch, datetime.timedelta(seconds=5))
+    assert port_evidence(raised.value) == {"port_taken": port}
+    assert port_evidence(OSError(98, "Address already in use")) == {}
+
+
 def test_a_config_deepspeed_cannot_express_is_unsupported_without_a_launch(tmp_path):
     backend = DeepSpeedBackend(make_workload("tiny"), 2**30, logs_dir=tmp_path)
     result = backend.run(Config(3, 4, 0, "bf16", "nvme"))

@@ -2,14 +2,16 @@
 
 One session fixture runs each trial once; the tests read its results. Together the trials cover ZeRO 0-3,
 fp32 and bf16, optimizer offload at stages 1, 2 and 3, parameter offload at stage 3, checkpointing on and
-off, two ranks, the compiled DeepSpeedCPUAdam (one trial), a real oom under a tiny budget, fp16 refused by
-the accelerator, fp16 through DeepSpeed's loss scaler (settling after overflows, and overflowing every step), and a
-rank killed mid-measurement. The global batch is 4 (not tiny's 16) to keep steps
-short; a few measured steps suffice to check the measurements are there and sane.
+off, two ranks (launched again: their first rendezvous port was taken), the compiled DeepSpeedCPUAdam (one trial),
+a real oom under a tiny budget, fp16 refused by the accelerator, fp16 through DeepSpeed's loss scaler (settling
+after overflows, and overflowing every step), and a rank killed mid-measurement. The global batch is 4 (not tiny's
+16) to keep steps short; a few measured steps suffice to check the measurements are there and sane.
 """
 
+import json
 import os
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -20,6 +22,8 @@ import pytest
 from autotune.backends.deepspeed import DeepSpeedBackend
 from autotune.prediction.calibrate import fit_calibration, quality
 from autotune.commands.trial import show
+from autotune.trials import runner
+from autotune.trials.runner import claim_port
 from autotune.values.config import Config
 from autotune.values.dsconfig import DsOptions
 from autotune.prediction.estimate import Calibration
@@ -41,6 +45,7 @@ OK_TRIALS = {
     # The one trial through the compiled DeepSpeedCPUAdam (its first build on a machine takes minutes).
     "z3-fp32-ckpt-offload-both-cpuadam": (Config(3, 2, 1, "fp32", "cpu", "cpu"), 1, DsOptions()),
 }
+PORT_TAKEN = "z2-fp32-ckpt2-offload-2ranks"  # the trial whose first launch finds its rendezvous port taken
 NO_FP16_CPU = {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}  # oneDNN's documented cap: a CPU without fp16
 
 
@@ -73,7 +78,16 @@ def real(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("real_trials")
     out = {}
     for name, (config, ranks, options) in OK_TRIALS.items():
-        out[name] = _backend(tmp / name, ranks, options).run(config)
+        if name != PORT_TAKEN:
+            out[name] = _backend(tmp / name, ranks, options).run(config)
+            continue
+        # Its first launch's rendezvous port is one another process listens on (as when anything on the machine
+        # binds the claimed port before rank 0 does): rank 0 fails to bind it, and the runner launches it again.
+        with socket.create_server(("127.0.0.1", 0)) as taken, pytest.MonkeyPatch.context() as patch:
+            ports = iter([taken.getsockname()[1]])
+            patch.setattr(runner, "claim_port", lambda: next(ports, None) or claim_port())
+            out[name] = _backend(tmp / name, ranks, options).run(config)
+            out["taken_port"] = taken.getsockname()[1]
     # A budget a little above an idle process's (torch and DeepSpeed imported, ~310 MiB here): the model
     # and its training state need more.
     first = out["z0-fp32"]
@@ -122,6 +136,23 @@ def test_real_trial_measures_throughput_and_true_peak(real, name):
     assert r.extra["steps_skipped"] == 0 and r.extra["steps_applied"] == 1 + r.extra["steps_measured"]
     assert r.extra["loss_last"] < r.extra["loss_first"] and r.extra["model_revision"] == 2
     assert r.extra["optimizer_state_bytes"] * ranks >= 8 * make_workload("tiny").model.params
+
+
+def test_a_trial_whose_rendezvous_port_was_taken_is_launched_again_on_another(real):
+    """The 2-rank trial's first launch met its port bound by another process (the fixture's socket): rank 0's bind
+    failed, rank 1 waited on a store that never answered, and the runner launched both again on a new port. The
+    record says so, keeps the first launch's logs apart, and counts its seconds."""
+    r, port = real[PORT_TAKEN], real["taken_port"]
+    assert r.status == "ok", r.error
+    (first,) = r.extra["relaunched"]
+    assert first["port"] == port != r.extra["master_port"]
+    aside = Path(r.extra["log_dir"], f"port-taken-{port}")
+    assert first["logs"] == aside.name and first["seconds"] > 0
+    report = json.loads((aside / "rank0.json").read_text())
+    assert report["status"] == "crash" and report["port_taken"] == port and "was taken" in report["error"]
+    assert sorted(p.name for p in aside.iterdir() if p.name.endswith(".json")) == ["rank0.json"]
+    assert (aside / "rank1.stderr").exists()  # rank 1's launch, killed after rank 0's failure
+    assert r.wall_time_s > first["seconds"] + r.extra["phases_s"]["measure_s"]
 
 
 def test_real_trials_used_the_configured_optimizers(real):

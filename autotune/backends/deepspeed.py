@@ -274,8 +274,11 @@ class DeepSpeedBackend:
         return claim_log_dir(self.logs_dir, number, folder_label(config))
 
     def _result(self, config: Config, outcome: RunOutcome, extra: dict[str, Any]) -> TrialResult:
-        budget, wall_time_s = self.memory_budget_bytes, outcome.wall_time_s
-        extra = {**extra, "master_port": outcome.master_port}
+        budget = self.memory_budget_bytes
+        # A launch lost to a taken rendezvous port (runner.port_taken) cost the sweep its seconds too.
+        wall_time_s = outcome.wall_time_s + sum(r["seconds"] for r in outcome.relaunched)
+        extra = {**extra, "master_port": outcome.master_port,
+                 **({"relaunched": [dict(r) for r in outcome.relaunched]} if outcome.relaunched else {})}
         if outcome.status != "ok":
             fatal = next((r["error"] for r in outcome.reports if r and r.get("fatal")), None)
             self.fatal = self.fatal or fatal

@@ -344,15 +344,20 @@ def calibrated(model: TrialTimeModel, results: Sequence[TrialResult], workload: 
 
 def without_ops_s(result: TrialResult) -> float:
     """A trial's recorded wall seconds less the loading and building of its ops (`phases_s` build_ops_s, where
-    recorded)."""
+    recorded) and any launch lost to a taken rendezvous port (`relaunched`)."""
     phases = result.extra.get("phases_s") or {}
-    return result.wall_time_s - float(phases.get("build_ops_s", 0.0))
+    return _launched_s(result) - float(phases.get("build_ops_s", 0.0))
+
+
+def _launched_s(result: TrialResult) -> float:
+    """The wall seconds of the launch that ran the trial (autotune.trials.runner's relaunches apart)."""
+    return result.wall_time_s - sum(float(r.get("seconds", 0.0)) for r in result.extra.get("relaunched") or ())
 
 
 def _groups(result: TrialResult, phases: Mapping[str, float], predicted: TrialTime) -> dict[str, tuple[float, float]]:
     """(recorded, predicted) seconds of each calibrated group of one trial; the exit is what the wall time holds
     beyond the recorded phases."""
-    exit_s = max(result.wall_time_s - sum(phases.values()), 0.0)
+    exit_s = max(_launched_s(result) - sum(phases.values()), 0.0)
     fixed = sum(phases.get(k, 0.0) for k in ("spawn_s", "import_s", "dist_init_s", "build_s")) + exit_s
     steps = phases.get("warmup_s", 0.0) + phases.get("measure_s", 0.0)
     return {"fixed": (fixed, predicted.launch_s + predicted.build_s + predicted.exit_s),

@@ -44,7 +44,7 @@ from typing import Any, Callable
 from autotune.worker.device import AcceleratorMismatch, open_device
 from autotune.worker.imports import mlflow_kept_out
 from autotune.worker.main import (Unsupported, agree, check_supported, classify, die_with_parent, oom_cause,
-                                  host_store_on_loopback, load_ops, prepared_ds_config, spare_imports,
+                                  host_store, load_ops, port_evidence, prepared_ds_config, spare_imports,
                                   untrained_evidence, wait_for_trial)
 from autotune.worker.training import Ledger, Untrained, state_bytes
 from autotune.worker.measure import iqr, median_rel_se, stop_reason
@@ -181,7 +181,7 @@ class Shim:
         from deepspeed.constants import default_pg_timeout
 
         # The script's own env:// initialization joins this loopback-only store instead of opening one.
-        self.store = host_store_on_loopback(torch, default_pg_timeout)
+        self.store = host_store(torch, default_pg_timeout)
         self.baseline = self.memory.current()
         self.original_initialize = deepspeed.initialize
         deepspeed.initialize = self.initialize
@@ -464,7 +464,7 @@ class Shim:
             message = str(err)
         return {"status": status, "error": message, "exception": type(err).__name__, "phase": self.last_phase,
                 "rank": self.rank, "pid": os.getpid(), "verdict": verdict, "model": self.model or None,
-                "fatal": isinstance(err, AcceleratorMismatch), **untrained_evidence(err),
+                "fatal": isinstance(err, AcceleratorMismatch), **untrained_evidence(err), **port_evidence(err),
                 **({"cause": oom_cause(err, self.spec.accelerator)} if status == "oom" else {})}
 
     def exit_message(self, err: SystemExit) -> str:

@@ -23,6 +23,8 @@ memory budget: each rank's VmHWM (a true peak, so a spike between polls is not m
 On timeout, budget breach, a failed rank (after a short grace for the others to report), or an exception
 in the runner itself (KeyboardInterrupt: the tuner's interruption), every process of the trial is killed
 (process groups, then any descendant that left them) and reaped before `run_worker` returns or raises.
+A trial whose rank 0 found its rendezvous port taken (another process bound it after the claim) is launched
+again once on a newly claimed port, the first launch's rank files set aside in its log folder; its outcome says so.
 
 Spares (issue 41: cheaper trials): a runner given `Spares` starts, while a trial runs, the next trial's ranks
 (`python -m autotune.worker --spare`, script mode's `python -m autotune.script --spare`) once the trial's own
@@ -49,7 +51,7 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from subprocess import DEVNULL, PIPE, Popen
 from typing import Any, Callable, Mapping, Sequence
@@ -73,6 +75,7 @@ OWNER_PREFIX = "ds-autotune_trial"  # SHM_DIR/<prefix>_<uid>_<port>.owner: the r
 STALE_MARKER_AGE_S = 60.0  # an unreadable marker this old was left by a runner killed while writing it
 SPARE_MODULES = ("autotune.worker", "autotune.script")  # the ranks that can be started ahead of a trial (`--spare`)
 PER_TRIAL_ENV = ("MASTER_PORT",)  # what a trial's ranks' environment holds that the spares' cannot know yet
+RELAUNCHES = 1  # a trial whose rendezvous port another process took is launched again, on another port, this often
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,8 @@ class RunOutcome:
     exit_codes: tuple[int | None, ...]  # per launched process; negative: killed by that signal
     observed_peaks: tuple[int, ...] = ()  # CPU ranks: the highest VmHWM the runner read, per rank seen
     master_port: int = 0  # of the trial's rendezvous (and of its shared-memory segments)
+    # Launches before this one whose rendezvous port another process took (`relaunch`): port, seconds, logs moved to.
+    relaunched: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -527,13 +532,39 @@ def run_worker(spec: WorkerSpec, options: LaunchOptions, spares: Spares | None =
     log_dir = Path(spec.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     remove_stale_shm()  # what earlier trials of killed tuners left behind
-    trial = Trial(spec, options, log_dir, spares)
-    try:
-        trial.launch()
-        trial.watch()
-    finally:
-        trial.end()  # also on KeyboardInterrupt / SystemExit: no process of the trial outlives this call
-    return trial.outcome()
+    relaunched: list[dict[str, Any]] = []
+    while True:
+        trial = Trial(spec, options, log_dir, spares)
+        try:
+            trial.launch()
+            trial.watch()
+        finally:
+            trial.end()  # also on KeyboardInterrupt / SystemExit: no process of the trial outlives this call
+        outcome = replace(trial.outcome(), relaunched=tuple(relaunched))
+        taken = port_taken(outcome)
+        if taken is None or len(relaunched) >= RELAUNCHES:
+            return outcome
+        relaunched.append(set_aside(outcome, taken))
+
+
+def port_taken(outcome: RunOutcome) -> int | None:
+    """The rendezvous port a crashed trial's rank 0 found taken by another process (autotune.worker.main.PortTaken):
+    anything on the machine can bind a port between the runner's claim and the rank's bind."""
+    if outcome.status != "crash":
+        return None
+    return next((int(r["port_taken"]) for r in outcome.reports if r and r.get("port_taken")), None)
+
+
+def set_aside(outcome: RunOutcome, port: int) -> dict[str, Any]:
+    """Move a launch's rank files into a folder of their own (`port-taken-<port>/`), so that the trial launched
+    again writes its own beside the backend's; returns what the record keeps of that launch."""
+    log_dir = Path(outcome.log_dir)
+    aside = log_dir / f"port-taken-{port}"
+    aside.mkdir(exist_ok=True)
+    for path in log_dir.iterdir():
+        if path.is_file() and path.name.startswith(("rank", "launcher.")):
+            path.replace(aside / path.name)
+    return {"port": port, "seconds": round(outcome.wall_time_s, 2), "logs": aside.name}
 
 
 class Trial:
@@ -631,8 +662,8 @@ class Trial:
             self._build_pause += now - self._last  # a first-use op build is not the config's fault
         self._last = now
         reports = [read_report(self.log_dir, r) for r in self.rank_ids]
-        if all(r is not None for r in reports):
-            return True
+        if all(r is not None for r in reports) or any(r is not None and r.get("port_taken") for r in reports):
+            return True  # (with the port taken, the other ranks wait for a store that will never answer)
         if self.failing(reports):
             self.failed_at = self.failed_at or now
             if now - self.failed_at >= o.grace_s or all(p.poll() is not None for p in self.procs):

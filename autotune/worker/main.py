@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import copy
 import ctypes
+import errno
 import importlib
 import json
 import os
@@ -71,6 +72,16 @@ class UnsupportedModel(Unsupported):
     """The built-in model cannot be built in this shape (a mixture of experts): no config would run."""
 
 
+class PortTaken(OSError):
+    """Another process bound the trial's rendezvous port between the runner's claim and rank 0's bind: the
+    machine's doing, not the config's; the runner launches the trial again on another port."""
+
+    def __init__(self, addr: str, port: int) -> None:
+        super().__init__(errno.EADDRINUSE, f"the trial's rendezvous port {addr}:{port} was taken by another "
+                                           "process before rank 0 bound it")
+        self.port = port
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m autotune.worker")
     parser.add_argument("spec", nargs="?")
@@ -100,7 +111,7 @@ def main(argv: list[str]) -> int:
         report = {"status": status, "error": message, "exception": type(err).__name__,
                   "phase": _last_phase, "rank": rank, "pid": os.getpid(),
                   "fatal": isinstance(err, (AcceleratorMismatch, UnsupportedModel)),  # nor would any other config
-                  **untrained_evidence(err)}
+                  **untrained_evidence(err), **port_evidence(err)}
         if status == "oom":
             report["cause"] = oom_cause(err, spec.accelerator)
         if _last_phase == "build_ops":  # the op, and whether TORCH_CUDA_ARCH_LIST is to blame (autotune.trials.ops)
@@ -145,6 +156,11 @@ def classify(err: BaseException) -> tuple[str, str]:
 def untrained_evidence(err: BaseException) -> dict[str, Any]:
     """An untrained trial's fault and its ledger (autotune.worker.training), for its report; else nothing."""
     return {"fault": err.fault, **err.evidence} if isinstance(err, Untrained) else {}
+
+
+def port_evidence(err: BaseException) -> dict[str, Any]:
+    """The rendezvous port a failure found taken (PortTaken), for its report; else nothing."""
+    return {"port_taken": err.port} if isinstance(err, PortTaken) else {}
 
 
 def _overflow_fault(fault: str | None) -> int:
@@ -541,7 +557,12 @@ def host_store(torch: Any, timeout: Any) -> Any:
     if int(os.environ.get("RANK", "0")) != 0:
         return None
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    listener = socket.create_server((addr, int(port)), family=socket.AF_INET6 if ":" in addr else socket.AF_INET)
+    try:
+        listener = socket.create_server((addr, int(port)), family=socket.AF_INET6 if ":" in addr else socket.AF_INET)
+    except OSError as err:
+        if err.errno == errno.EADDRINUSE:
+            raise PortTaken(addr, int(port)) from err
+        raise
     try:
         server = torch.distributed.TCPStore(addr, int(port), world, True, timeout, wait_for_workers=False,
                                             master_listen_fd=listener.fileno())
@@ -550,9 +571,6 @@ def host_store(torch: Any, timeout: Any) -> Any:
         raise
     listener.detach()  # the store owns the descriptor now (and closes it)
     return server
-
-
-host_store_on_loopback = host_store  # its earlier name (autotune.script.shim imports it)
 
 
 # Modules deepspeed.initialize imports at its first call (DeepSpeed 0.19.8): its optimizer check imports its Muon
