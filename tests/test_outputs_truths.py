@@ -125,11 +125,13 @@ def test_an_interrupted_sweep_says_so_first_with_how_to_continue_it(simulated):
 
 def test_a_simulated_runs_figures_are_called_predicted(simulated, monkeypatch):
     legends: dict[str, list[str]] = {}
+    titles: dict[str, str] = {}
     save = plots._save
 
-    def keep(fig, path):  # the plots' legends, as drawn
+    def keep(fig, path):  # the plots' legends and titles, as drawn
         legends[path.name] = [t.get_text() for legend in [*fig.legends, *(ax.get_legend() for ax in fig.axes)]
                               if legend is not None for t in legend.get_texts()]
+        titles[path.name] = " ".join(ax.get_title() for ax in fig.axes)
         save(fig, path)
 
     monkeypatch.setattr(plots, "_save", keep)
@@ -140,6 +142,9 @@ def test_a_simulated_runs_figures_are_called_predicted(simulated, monkeypatch):
     breakdown = legends["memory_breakdown.png"]
     assert any(t.startswith("predicted peak ") for t in breakdown)
     assert not any("measured" in t for t in breakdown + legends["throughput_vs_memory.png"])
+    # Its calibration was fitted to the estimator's own figures: the title said "calibrated on 20 trials".
+    assert "predicted: no trial ran" in titles["memory_breakdown.png"]
+    assert "calibrated" not in titles["memory_breakdown.png"]
 
 
 def test_launch_sh_is_a_template_where_no_trial_ran_in_this_environment(tmp_path, capsys, monkeypatch):

@@ -155,7 +155,9 @@ def memory_breakdown(est: Estimate, budget_bytes: int, measured_bytes: int | Non
                                           f" (the target; the trials ran on {measured_devices})")
     # Two lines: one at 8 inches was cut at the right edge ("calibrated on 12 t").
     ax.set_title("Estimator's memory breakdown of the recommended config\n"
-                 f"on {where}" + (f", calibrated on {counted(calibrated, 'trial')}" if calibrated else ""),
+                 f"on {where}" + (f", calibrated on {counted(calibrated, 'trial')}" if calibrated else
+                                  ", predicted: no trial ran" if figures == "predicted" and measured_devices is None
+                                  else ""),
                  fontsize="medium")
     fig.legend(fontsize="small", loc="outside lower center", ncol=3)
     _save(fig, path)

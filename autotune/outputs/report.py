@@ -530,9 +530,11 @@ def breakdown_plot(run: RunDir, settings: RunSettings, best: TrialResult, scaled
                                       calibrated=calibration.samples, devices=target.workload.gpus,
                                       measured_devices=settings.workload.gpus)
     est = estimate(best.config, settings.workload, settings.hardware, calibration)
+    # A simulated sweep's "calibration" is fitted to the estimator's own figures: no trial calibrated it.
     return plots.memory_breakdown(est, settings.memory_budget_bytes, best.peak_memory_bytes,
                                   run.plots_dir / "memory_breakdown.png", figures=figures,
-                                  calibrated=calibration.samples, devices=settings.workload.gpus)
+                                  calibrated=0 if figures == FIGURES["simulated"][0] else calibration.samples,
+                                  devices=settings.workload.gpus)
 
 
 def scale_report(results: Sequence[TrialResult], settings: RunSettings) -> ScaleReport | None:

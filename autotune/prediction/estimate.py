@@ -40,7 +40,7 @@ from autotune.prediction.cuda_memory import (allocator_reserve_bytes, logit_grad
                                              outside_allocator_bytes,
                                              zero3_live_params_bytes, zero3_step_allocated_bytes)
 from autotune.prediction.trial_time import DEFAULT_MEASURE, Measure, TrialTime, TrialTimeModel, trial_time
-from autotune.values.dsconfig import Buckets
+from autotune.values.dsconfig import NVME_OPTIMIZER_BUFFERS, NVME_PARAM_BUFFER_ELEMENTS, NVME_PARAM_BUFFERS, Buckets
 from autotune.values.hardware import Hardware
 from autotune.values.workload import ModelShape, Workload
 
@@ -303,7 +303,9 @@ def estimate(config: Config, workload: Workload, hardware: Hardware,
         grads = p * n if stage == 1 else 0
         if config.offload_optimizer == "nvme":
             nvme += moved
-            host_optim += 4 * 10**8 * 4 // dp  # pinned swap buffers (buffer_count x buffer_size)
+            # Pinned swap buffers, per rank: buffer_count x the largest sub-group of its partition, in fp32
+            # (deepspeed/runtime/swap_tensor/optimizer_utils.py: SwapBufferManager(largest_numel, buffer_count)).
+            host_optim += NVME_OPTIMIZER_BUFFERS * min(buckets.sub_group, n_local) * 4
         else:
             host_optim += moved
         if stage in (1, 2) and (workload.grad_accumulation(config.micro_batch) or 1) > 1:
@@ -313,7 +315,9 @@ def estimate(config: Config, workload: Workload, hardware: Hardware,
     if config.offload_param != "none":
         if config.offload_param == "nvme":
             nvme += weights
-            host_weights += 5 * 10**8 * p // dp  # buffer_count x buffer_size
+            # Pinned swap buffers, per rank whatever the ranks: buffer_count x buffer_size in the training dtype
+            # (partitioned_param_swapper.py).
+            host_weights += NVME_PARAM_BUFFERS * NVME_PARAM_BUFFER_ELEMENTS * p
         else:
             host_weights += weights
         weights = 0

@@ -45,13 +45,22 @@ class Buckets:
                    prefetch=max(int(0.9 * hidden * hidden), MIN_BUCKET), param_persistence_threshold=10 * hidden)
 
 
+# NVMe offload's pinned host buffers (DeepSpeed's swappers): the optimizer's `buffer_count` buffers of its largest
+# sub-group partition in fp32; the parameters' `buffer_count` buffers of `buffer_size` elements. The estimator prices
+# these very numbers (autotune.prediction.estimate).
+NVME_OPTIMIZER_BUFFERS = 4
+NVME_PARAM_BUFFERS = 5
+NVME_PARAM_BUFFER_ELEMENTS = 10**8
+
+
 def _offload(device: str, nvme_path: str | None, *, param: bool) -> dict[str, Any]:
     if device == "cpu":
         return {"device": "cpu", "pin_memory": True}
     if not nvme_path:
         raise ConfigError("NVMe offload needs an nvme_path")
     section: dict[str, Any] = {"device": "nvme", "nvme_path": nvme_path, "pin_memory": True}
-    section.update({"buffer_count": 5, "buffer_size": 10**8, "max_in_cpu": 10**9} if param else {"buffer_count": 4})
+    section.update({"buffer_count": NVME_PARAM_BUFFERS, "buffer_size": NVME_PARAM_BUFFER_ELEMENTS, "max_in_cpu": 10**9}
+                   if param else {"buffer_count": NVME_OPTIMIZER_BUFFERS})
     return section
 
 
