@@ -58,7 +58,7 @@ def _serve_checkout_folders() -> None:
 _serve_checkout_folders()
 
 if TYPE_CHECKING:
-    from autotune.api import TuneResult, TuneSpec, tune
+    from autotune.api import Plan, TuneResult, TuneSpec, tune, tune_many
     from autotune.backends import Backend
     from autotune.backends.factory import BackendKind, TrialOptions, make_backend, register_backend
     from autotune.drivers.progress import ConsoleProgress, Progress, QuietProgress
@@ -74,6 +74,7 @@ if TYPE_CHECKING:
 
 _LAZY = {
     "tune": "autotune.api", "TuneSpec": "autotune.api", "TuneResult": "autotune.api",
+    "tune_many": "autotune.api", "Plan": "autotune.api",
     "Backend": "autotune.backends", "BackendKind": "autotune.backends.factory",
     "TrialOptions": "autotune.backends.factory", "make_backend": "autotune.backends.factory",
     "register_backend": "autotune.backends.factory",
@@ -100,7 +101,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "Config", "ConfigError", "ModelShape", "TrialResult", "Workload", "make_workload",
-    "tune", "TuneSpec", "TuneResult", "Backend", "BackendKind", "TrialOptions", "make_backend",
+    "tune", "TuneSpec", "TuneResult", "tune_many", "Plan", "Backend", "BackendKind", "TrialOptions", "make_backend",
     "register_backend", "Progress", "ConsoleProgress", "QuietProgress", "RayOptions", "StopReason", "predict",
     "Estimate",
     "Calibration", "rank_configs", "Ranking", "Hardware", "load_hardware", "record_surface", "Recorded",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, fields, replace
@@ -565,6 +566,25 @@ def check_out_arg(out: Any) -> Path | None:
                       "runs/<model>-<strategy>-<time>")
 
 
+def check_plans(plans: Any) -> None:
+    """tune_many's plans: one or more Plans of a TuneSpec, no two with the same run directory (the second would
+    find the first's lock, held by this very process)."""
+    if isinstance(plans, (str, bytes)) or not isinstance(plans, Sequence) or not plans:
+        raise ConfigError(f"plans {short(plans)}: allowed a list of one or more Plans")
+    seen: dict[Path, int] = {}
+    for i, plan in enumerate(plans):
+        if not isinstance(plan, Plan) or not isinstance(plan.spec, TuneSpec):
+            raise ConfigError(f"plan {short(plan)}: allowed a Plan of a TuneSpec")
+        out = check_out_arg(plan.out)
+        if out is None:
+            continue
+        key = Path(os.path.abspath(out))
+        if key in seen:
+            raise ConfigError(f"plans {seen[key]} and {i} both have out={str(out)!r}: allowed one plan per run "
+                              "directory (out=None gives each a new one)")
+        seen[key] = i
+
+
 @dataclass(frozen=True)
 class Plan:
     """One sweep of the runner: what to tune, its run directory (None: runs/<model>-<strategy>-<time>) and whether
@@ -594,12 +614,11 @@ def tune_many(plans: Sequence[Plan], *, executor: "RayOptions | None" = None,
     differ is told to do. Returns each plan's TuneResult, in order. Ctrl-C (KeyboardInterrupt) during the checks
     raises (nothing was written); from the first run directory held on, anywhere, it ends every sweep with
     StopReason.INTERRUPTED, no exception (_Session)."""
+    check_plans(plans)
     remove_stale_shm_at_start()  # what trials of a killed tuner left in /dev/shm, whatever its run
     shows = [progress(plan) if progress is not None else QuietProgress() for plan in plans]
     runs: list[RunPlan] = []
     for plan, show in zip(plans, shows):
-        if not isinstance(plan, Plan) or not isinstance(plan.spec, TuneSpec):
-            raise ConfigError(f"plan {short(plan)}: allowed a Plan of a TuneSpec")
         runs.append(plan_run(plan.spec, plan.out, plan.resume, executor, show, plan.resolved, plan.gpus_per_trial,
                              taken=[run.run_dir.path for run in runs]))
     say = say or shows[0].message
@@ -873,6 +892,9 @@ class BuiltIn:
     def check(self, spec: TuneSpec) -> None:
         """Real trials of a model the built-in model does not build are refused (the front ends refuse it first,
         in their own words: autotune.commands.tune, autotune.commands.sweep_file)."""
+        if isinstance(spec.backend, str) and spec.backend not in backend_names():
+            kept = " (a training script's trials: TuneSpec.for_script)" if spec.backend in backend_names(sweep=None) else ""
+            raise ConfigError(f"backend {spec.backend!r}: allowed {', '.join(backend_names())}{kept}")
         if spec.backend == BUILT_IN_TRAINER:
             refuse_untrained(spec.workload.model, f"model {spec.workload.model.name}",
                              "use backend 'simulated' to estimate it, or TuneSpec.for_script with your own training "
@@ -996,6 +1018,8 @@ def default_run_dir(name: str, strategy: str, taken: Collection[Path] = ()) -> P
     """runs/<model>-<strategy>-<time>; a Hub id's owner/name becomes owner--name (one folder). A default run
     directory is a new one: where that folder exists already (two sweeps started in one second) or another plan of
     the same call took it (`taken`), the first of <...>-2, <...>-3, ... that is free."""
+    # One folder under runs/ whatever the names hold: a user strategy's name is the user's to choose ("a/../../x").
+    strategy = re.sub(r"[/\\\x00]+", "-", strategy)
     base = Path("runs") / f"{name.replace('/', '--')}-{strategy}-{datetime.now():%Y%m%d-%H%M%S}"
     path, n = base, 1
     while os.path.lexists(path) or path in taken:

@@ -117,8 +117,13 @@ def test_bad_specs_are_one_line_errors(tmp_path):
         spec("annealing", "simulated")
     with pytest.raises(ConfigError, match="trials 0"):
         spec("grid", "simulated", trials=0)
-    with pytest.raises(ConfigError, match="backend 'quantum': allowed deepspeed, simulated, replay, script"):
+    with pytest.raises(ConfigError, match="backend 'quantum': allowed deepspeed, simulated, replay$"):
         autotune.tune(spec("grid", "quantum"), out=tmp_path / "run")
+    # The script kind runs TuneSpec.for_script's trials: given by name it made a run directory, then failed there.
+    with pytest.raises(ConfigError, match=r"backend 'script': allowed deepspeed, simulated, replay \(a training "
+                                          r"script's trials: TuneSpec.for_script\)"):
+        spec("grid", "script")
+    assert not (tmp_path / "run").exists()
     with pytest.raises(ConfigError, match="needs a run\\(config\\)"):
         autotune.tune(spec("grid", object()), out=tmp_path / "other")
     autotune.tune(spec("grid", "simulated", trials=1), out=tmp_path / "done")
@@ -184,6 +189,48 @@ def test_a_hub_id_names_one_run_folder():
 
     path = default_run_dir("meta-llama/Meta-Llama-3-8B", "optuna")
     assert path.parent.name == "runs" and path.name.startswith("meta-llama--Meta-Llama-3-8B-optuna-")
+
+
+def test_a_strategys_own_name_cannot_take_the_default_folder_out_of_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+
+    class Escaping:
+        name = "a/../../evil"
+
+        def propose(self):
+            return autotune.Config(0, 1, 0, "fp32")
+
+        def observe(self, config, result):
+            pass
+
+    result = autotune.tune(spec(Escaping(), "simulated", trials=1))
+    assert result.run_dir.parent.resolve() == (tmp_path / "runs").resolve()
+    assert result.run_dir.name.startswith("tiny-a-..-..-evil-") and not list(tmp_path.parent.glob("evil-*"))
+
+
+def test_tune_many_takes_one_or_more_plans_each_with_its_own_folder(tmp_path):
+    with pytest.raises(ConfigError, match=r"plans \[\]: allowed a list of one or more Plans"):
+        autotune.tune_many([])
+    one = autotune.Plan(spec("grid", "simulated", trials=1), tmp_path / "same")
+    # The second found the first's lock and named this very process as "another tuner", the first folder made.
+    with pytest.raises(ConfigError, match="plans 0 and 1 both have out=.*same'. allowed one plan per run directory"):
+        autotune.tune_many([one, autotune.Plan(one.spec, str(tmp_path / "x" / ".." / "same"))])
+    assert not (tmp_path / "same").exists()
+    (result,) = autotune.tune_many([one])
+    assert result.run_dir == tmp_path / "same" and len(result.results) == 1
+
+
+@pytest.mark.parametrize("changes, named", [
+    ({"address": 5}, "RayOptions address 5: allowed a cluster's address"),
+    ({"gpus_per_trial": "2"}, "RayOptions gpus_per_trial '2': allowed a whole number >= 1 or None"),
+    ({"concurrency": 0}, "RayOptions concurrency 0: allowed a whole number >= 1 or None"),
+    ({"max_failures": -1}, "RayOptions max_failures -1: allowed a whole number >= 0"),
+    ({"refuse_unplaceable": 1}, "RayOptions refuse_unplaceable 1: allowed True, False or None"),
+])
+def test_ray_options_are_checked_when_made(changes, named):
+    """They raised TypeError deep in the run (`argument of type 'int' is not iterable`), after the checks."""
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        autotune.RayOptions(**{"address": "local", **changes})
 
 
 def test_the_trial_timeout_reaches_each_trials_backend_from_the_cli_and_a_sweep_file(tmp_path, monkeypatch):

@@ -31,6 +31,7 @@ trials they leave RUNNING are taken over by the resumed study.
 
 from __future__ import annotations
 
+import numbers
 import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -69,6 +70,21 @@ class RayOptions:
     # (tune()), False for several (tune_many), never by the workloads left when the cluster's turn comes (a sweep's
     # others may have ended before it).
     refuse_unplaceable: bool | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.address, str) or not self.address.strip():
+            raise ConfigError(f"RayOptions address {self.address!r}: allowed a cluster's address (host:port or "
+                              "'auto') or 'local' (a private cluster on this machine)")
+        for name, least in (("concurrency", 1), ("gpus_per_trial", 1), ("max_failures", 0)):
+            value = getattr(self, name)
+            if value is None and name != "max_failures":
+                continue
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+                raise ConfigError(f"RayOptions {name} {value!r}: allowed a whole number >= {least}"
+                                  + ("" if name == "max_failures" else " or None"))
+            object.__setattr__(self, name, int(value))
+        if not (self.refuse_unplaceable is None or isinstance(self.refuse_unplaceable, bool)):
+            raise ConfigError(f"RayOptions refuse_unplaceable {self.refuse_unplaceable!r}: allowed True, False or None")
 
 
 def trial_resources(settings: "RunSettings", gpus_per_trial: int | None = None) -> TrialResources:
