@@ -391,11 +391,11 @@ def check_policy(policy: str | Path, strategy: Any) -> None:
     """TuneSpec.policy: only for a policy strategy (`rl`, `hybrid`), and the folder of an exported policy that fits
     the environment (strategies/rl.py load_policy); else ConfigError, one line."""
     if not (isinstance(policy, (str, Path)) and str(policy)):
-        raise ConfigError(f"--policy {short(policy)}: allowed the folder of an exported policy (policy.pt + "
+        raise ConfigError(f"--policy (`policy`) {short(policy)}: allowed the folder of an exported policy (policy.pt + "
                           "policy.json)")
     if not (isinstance(strategy, str) and strategy in POLICY_STRATEGIES):
-        raise ConfigError(f"--policy: only with --strategy {' or '.join(POLICY_STRATEGIES)} (got --strategy "
-                          f"{strategy_name(strategy)})")
+        raise ConfigError(f"--policy (`policy`): only with --strategy (`strategy`) {' or '.join(POLICY_STRATEGIES)} "
+                          f"(got {strategy_name(strategy)})")
     from autotune.strategies.rl import load_policy
 
     load_policy(policy)
@@ -832,10 +832,10 @@ def plan_run(spec: TuneSpec, out: str | Path | None, resume: bool, executor: "Ra
     if tracking is not None:  # a server that does not answer: one line before anything is written, not minutes
         check_reachable_tracking(tracking)
     return RunPlan(spec, run_dir, resume, settings, space, executor, tracking, objective, startup_files(run_dir, resume),
-                   "--out" if out is not None else "the default run directory", notes=resolved.notes)
+                   "--out (`out`)" if out is not None else "the default run directory", notes=resolved.notes)
 
 
-RESUME_HINT = "repeat the original command with --resume"
+RESUME_HINT = "repeat the original command with --resume (from Python: the original TuneSpec with resume=True)"
 
 
 def hold(stack: ExitStack, plan: RunPlan, progress: Progress, resume_hint: str = RESUME_HINT) -> RunPlan:
@@ -1035,11 +1035,11 @@ def check_out(run_dir: RunDir, resume: bool) -> None:
     holder = run_dir.busy()
     if holder is not None:
         raise RunDirBusy(f"{run_dir.path} is in use by another tuner (pid {holder}); wait for it to finish or choose "
-                         "another --out")
+                         "another --out (`out` from Python)")
     if resume and not run_dir.exists():
-        raise ConfigError(f"--resume: {run_dir.path} holds no sweep to resume (nothing of one was recorded there, "
-                          "e.g. one interrupted before it wrote its settings, or a script's interrupted in its first "
-                          "trial): run the command without --resume")
+        raise ConfigError(f"--resume (resume=True): {run_dir.path} holds no sweep to resume (nothing of one was "
+                          "recorded there, e.g. one interrupted before it wrote its settings, or a script's interrupted in "
+                          "its first trial): run the command without --resume (the call with resume=False)")
     if not resume and holds_trials(run_dir):
         raise already_held(run_dir)
     if run_dir.exists():  # its trials.jsonl gone while its outputs count trials: not a sweep to start over on them
@@ -1048,7 +1048,7 @@ def check_out(run_dir: RunDir, resume: bool) -> None:
 
 def already_held(run_dir: RunDir) -> ConfigError:
     return ConfigError(f"{run_dir.path} already holds a sweep: pass --resume (resume=True from Python) to continue it, "
-                       "or choose another --out")
+                       "or choose another --out (`out`)")
 
 
 def holds_trials(run_dir: RunDir) -> bool:

@@ -269,3 +269,16 @@ def test_each_trial_records_one_prediction_its_step_time_and_throughput_agree(tm
     for r in (r for r in result.results if r.status != "pruned"):
         extra = r.extra
         assert extra["predicted_throughput_samples_per_s"] == pytest.approx(batch / extra["predicted_step_time_s"])
+
+
+def test_refusals_a_python_caller_meets_name_its_arguments_beside_the_flags(tmp_path):
+    """They named only the CLI's flags (`--out`, `--resume`, `--target-gpus`, `--policy`) to a notebook's user."""
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ConfigError, match=r"--out \(`out`\) .*afile/run: cannot create the directory"):
+        autotune.tune(spec("grid", "simulated", trials=1), out=tmp_path / "afile" / "run")
+    with pytest.raises(ConfigError, match=r"--resume \(resume=True\): .* \(the call with resume=False\)"):
+        autotune.tune(spec("grid", "simulated", trials=1), out=tmp_path / "none", resume=True)
+    with pytest.raises(ConfigError, match=r"--target-gpus \(`target_gpus`\) 0: allowed"):
+        spec("grid", "simulated", target_gpus=0)
+    with pytest.raises(ConfigError, match=r"--policy \(`policy`\): only with --strategy \(`strategy`\) rl or hybrid"):
+        spec("grid", "simulated", policy=str(tmp_path))

@@ -276,7 +276,7 @@ def test_ctrl_c_while_a_resumed_sweep_starts_or_writes_its_outputs_keeps_its_rec
 
 def test_a_resume_of_an_empty_folder_says_to_run_without_resume(tmp_path):
     (tmp_path / "run").mkdir()
-    with pytest.raises(ConfigError, match="holds no sweep to resume .*: run the command without --resume"):
+    with pytest.raises(ConfigError, match=r"holds no sweep to resume .*: run the command without --resume \(the call with resume=False\)"):
         autotune.tune(spec(), out=tmp_path / "run", resume=True)
 
 

@@ -95,7 +95,7 @@ def test_a_sweep_files_policy_reaches_the_strategy(exported, loads, tmp_path):
     assert set(loads) == {(folder / "pol").resolve(), policy_path().resolve()}
     assert json.loads((out / "mine" / "run.json").read_text())["policy"] == str((folder / "pol").resolve())
     assert configs(out / "mine") != configs(out / "shipped")
-    with pytest.raises(ConfigError, match=r"workloads\[0\].*--policy: only with --strategy rl or hybrid"):
+    with pytest.raises(ConfigError, match=r"workloads\[0\].*--policy \(`policy`\): only with --strategy \(`strategy`\) rl or hybrid"):
         sweep.write_text("workloads:\n  - {name: mine, model: gpt2-medium, strategy: optuna, policy: pol}\n")
         load_sweep(sweep)
 
@@ -135,8 +135,8 @@ def test_a_policy_of_another_layout_is_refused(exported, tmp_path, capsys):
 @pytest.mark.parametrize("strategy", ["optuna", "grid", "random", "optuna-gp"])
 def test_policy_with_another_strategy_is_refused(strategy, exported, tmp_path, capsys):
     err = one_line_refusal([*FLAGS, "--strategy", strategy, "--policy", str(exported)], tmp_path / "a", capsys)
-    assert "--policy: only with --strategy rl or hybrid" in err
-    with pytest.raises(ConfigError, match="only with --strategy rl or hybrid"):
+    assert "--policy (`policy`): only with --strategy (`strategy`) rl or hybrid" in err
+    with pytest.raises(ConfigError, match=r"only with --strategy \(`strategy`\) rl or hybrid"):
         TuneSpec(WORKLOAD, "a100-40gb", strategy=strategy, backend="simulated", policy=exported)
 
 

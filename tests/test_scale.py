@@ -122,12 +122,12 @@ def test_profiles_and_calibrations_written_before_the_new_keys_still_load(tmp_pa
 
 @pytest.mark.parametrize("target", [0, 1, 2.5, True, "4"])
 def test_a_target_below_the_trials_gpus_or_not_whole_is_refused(target):
-    with pytest.raises(ConfigError, match=r"--target-gpus .*allowed a whole number >= --gpus \(2\)"):
+    with pytest.raises(ConfigError, match=r"--target-gpus .*allowed a whole number >= the workload.s --gpus \(2\)"):
         check_target(target, _w(2))
 
 
 def test_a_target_that_does_not_divide_the_global_batch_is_refused_naming_the_ones_that_do():
-    with pytest.raises(ConfigError, match=r"--target-gpus 3: the global batch 16 does not divide over 3 devices: "
+    with pytest.raises(ConfigError, match=r"--target-gpus \(`target_gpus`\) 3: the global batch 16 does not divide over 3 devices: "
                                           r"allowed a target that divides it \(1, 2, 4, 8, 16\)"):
         check_target(3, _w(1, global_batch=16))
 
@@ -156,7 +156,7 @@ def test_tunespec_and_run_json_keep_the_target_and_old_run_json_files_load():
     assert RunSettings.from_dict(old).target_gpus is None
     with pytest.raises(ConfigError, match="run.json: target_gpus: 0: allowed null or a whole number"):
         RunSettings.from_dict({**data, "target_gpus": 0})
-    with pytest.raises(ConfigError, match="--target-gpus 0"):
+    with pytest.raises(ConfigError, match=r"--target-gpus \(`target_gpus`\) 0"):
         TuneSpec(_w(1), CPU, backend="simulated", target_gpus=0)
 
 
@@ -165,8 +165,8 @@ def test_cli_refuses_a_bad_target_in_one_line_and_records_nothing(tmp_path, caps
     code, _, err = cli(["tune", "--model", "tiny", "--backend", "simulated", "--gpus", "2", "--target-gpus", "1",
                         "--hardware", "cpu", "--out", str(out)], capsys)
     assert code == 2 and not out.exists()
-    assert err.strip().splitlines() == ["autotune tune: error: --target-gpus 1: allowed a whole number >= --gpus (2): "
-                                        "trials run at --gpus and predict the larger job"]
+    assert err.strip().splitlines() == ["autotune tune: error: --target-gpus (`target_gpus`) 1: allowed a whole number "
+                                        ">= the workload's --gpus (2): trials run at --gpus and predict the larger job"]
 
 
 # -- projection, flags and the report --------------------------------------------------------------

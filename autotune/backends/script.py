@@ -47,9 +47,9 @@ class Script:
 
     def __post_init__(self) -> None:
         if not Path(self.path).is_file():
-            raise ConfigError(f"--script {self.path!r}: no such file")
+            raise ConfigError(f"--script (TuneSpec.for_script's script) {self.path!r}: no such file")
         if not str(self.path).endswith(".py"):
-            raise ConfigError(f"--script {self.path!r}: expected a Python file (.py)")
+            raise ConfigError(f"--script (TuneSpec.for_script's script) {self.path!r}: expected a Python file (.py)")
 
     @property
     def absolute(self) -> str:

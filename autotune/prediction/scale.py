@@ -45,10 +45,10 @@ def check_target(target_gpus: Any, workload: Workload) -> None:
     if target_gpus is None:
         return
     if isinstance(target_gpus, bool) or not isinstance(target_gpus, int) or target_gpus < workload.gpus:
-        raise ConfigError(f"--target-gpus {target_gpus!r}: allowed a whole number >= --gpus ({workload.gpus}): "
-                          "trials run at --gpus and predict the larger job")
+        raise ConfigError(f"--target-gpus (`target_gpus`) {target_gpus!r}: allowed a whole number >= the workload's "
+                          f"--gpus ({workload.gpus}): trials run at --gpus and predict the larger job")
     if workload.global_batch % target_gpus:
-        raise ConfigError(f"--target-gpus {target_gpus}: the global batch {workload.global_batch} does not divide "
+        raise ConfigError(f"--target-gpus (`target_gpus`) {target_gpus}: the global batch {workload.global_batch} does not divide "
                           f"over {target_gpus} devices: allowed a target that divides it "
                           f"({', '.join(str(d) for d in divisors(workload.global_batch) if d >= workload.gpus)}) or another "
                           "--global-batch")
