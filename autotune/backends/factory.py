@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from autotune.backends import Backend
 from autotune.files import short
-from autotune.values.argtypes import given_path
+from autotune.values.argtypes import given_path, takes
 from autotune.values.config import Config, ConfigError
 from autotune.values.results import TrialResult
 
@@ -84,9 +84,11 @@ class BackendKind:
         if not isinstance(self.name, str) or not KIND_NAME.fullmatch(self.name):
             raise ConfigError(f"BackendKind name {short(self.name)}: allowed a name of letters, digits, '-', '_' and "
                               "'.' (what --backend and run.json say), e.g. 'mine'")
-        if not callable(self.build):
+        # Its signature asked now, not a TypeError from make_backend in the middle of a run (a TypeError raised
+        # inside the builder itself stays its own).
+        if not callable(self.build) or not takes(self.build, 3):
             raise ConfigError(f"BackendKind {self.name!r} build {short(self.build)}: allowed a callable "
-                              "build(settings, run_dir, options) -> Backend")
+                              "build(settings, run_dir, options) -> Backend (it is called with those three)")
         for flag in ("real", "sweep", "measures", "env", "train", "ships"):
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigError(f"BackendKind {self.name!r} {flag} {short(getattr(self, flag))}: allowed True or "
@@ -156,7 +158,8 @@ def make_backend(settings: "RunSettings", run_dir: "RunHome | str | os.PathLike[
         home = Home(given_path(run_dir, "run_dir", "a RunDir (autotune.RunDir(path)), a folder's path or None"))
     if not isinstance(options, TrialOptions):
         raise ConfigError(f"options {short(options)}: allowed a TrialOptions (autotune.TrialOptions(...))")
-    backend = backend_kind(settings.backend).build(settings, home, options)
+    kind = backend_kind(settings.backend)
+    backend = as_backend(kind.build(settings, home, options), f"backend kind {kind.name!r}: its build returned")
     return SleepingBackend(backend, options.sleep_s) if options.sleep_s > 0 else backend
 
 
@@ -277,20 +280,32 @@ class SleepingBackend:
 
 class ObjectiveBackend:
     """Any object with `run(config) -> TrialResult` (and optionally `name`, `fatal`, `close`) as a Backend:
-    a user's own objective, or a test's fake."""
+    a user's own objective or backend, or a test's fake. What its `run` returns is checked: anything but a
+    TrialResult is one ConfigError here, not an AttributeError where the sweep reads it. Every other attribute
+    is the objective's (a `prepare`, `phase` or `notes` the drivers ask for)."""
 
-    def __init__(self, objective: Any, name: str | None = None) -> None:
+    def __init__(self, objective: Any, name: str | None = None, given: str = "backend") -> None:
         if not callable(getattr(objective, "run", None)):
-            raise ConfigError(f"backend {objective!r}: needs a run(config) -> TrialResult method")
+            raise ConfigError(f"{given} {short(objective)}: needs a run(config) -> TrialResult method")
         self.objective = objective
         self.name = name or getattr(objective, "name", None) or type(objective).__name__
+
+    def __getattr__(self, attribute: str) -> Any:  # only what this class does not define itself
+        if attribute == "objective":  # not set yet (copy, pickle): no recursion through the lookup below
+            raise AttributeError(attribute)
+        return getattr(self.objective, attribute)
 
     @property
     def fatal(self) -> str | None:
         return getattr(self.objective, "fatal", None)
 
     def run(self, config: Config) -> TrialResult:
-        return self.objective.run(config)
+        result = self.objective.run(config)
+        if not isinstance(result, TrialResult):
+            raise ConfigError(f"backend {self.name!r}: run({config.label()}) returned {short(result)} (a "
+                              f"{type(result).__name__}): allowed a TrialResult, e.g. autotune.TrialResult(config, "
+                              "'ok', throughput_samples_per_s=..., step_time_s=..., peak_memory_bytes=...)")
+        return result
 
     def close(self) -> None:
         close = getattr(self.objective, "close", None)
@@ -298,8 +313,16 @@ class ObjectiveBackend:
             close()
 
 
-def as_backend(obj: Any) -> Backend:
-    """`obj` itself if it is a full Backend, else adapted (ObjectiveBackend)."""
-    if isinstance(obj, Backend):
+def as_backend(obj: Any, given: str = "backend") -> Backend:
+    """`obj` itself if it is one of this package's backends, else adapted (ObjectiveBackend), so that what a user's
+    backend returns is checked (a full Backend of the user's too); `given` names it in the refusal of an object
+    without `run`."""
+    if isinstance(obj, Backend) and _ours(obj):
         return obj
-    return ObjectiveBackend(obj)
+    return ObjectiveBackend(obj, given=given)
+
+
+def _ours(obj: Any) -> bool:
+    """Built by this package (or a subclass of one of its backends: a user's DeepSpeedBackend with other settings):
+    its results are TrialResults by construction, and the drivers set attributes on it (`start_ranks`)."""
+    return any(cls.__module__.startswith("autotune.backends") for cls in type(obj).__mro__)

@@ -13,7 +13,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Collection
+from typing import Any, Callable, Collection
 
 from autotune.backends import Backend
 from autotune.backends.factory import as_backend
@@ -22,11 +22,20 @@ from autotune.drivers.loop import Job, run_jobs
 from autotune.drivers.stop import StopReason
 from autotune.drivers.sweep import Budget
 from autotune.files import short
-from autotune.values.argtypes import given_path
+from autotune.values.argtypes import given_path, whole
 from autotune.values.config import Config, ConfigError
 from autotune.values.results import TrialResult, append_result, read_results, repair_tail
 from autotune.values.space import Space
 from autotune.values.units import counted, format_size
+
+
+def _limit(limit: Any) -> int | None:
+    """How many configs a call records at most: None (all) or a positive whole number of any integer type; else one
+    line (a slice would take -1 as "all but the last" and 0 as nothing, and "3" would be a TypeError)."""
+    number = whole(limit)
+    if limit is not None and (number is None or number < 1):
+        raise ConfigError(f"limit {short(limit)}: allowed None (every config) or a positive whole number")
+    return number
 
 
 @dataclass(frozen=True)
@@ -71,6 +80,7 @@ def record_surface(space: Space, backend: Backend, out: Path, *, order_seed: int
     if any(isinstance(n, bool) or not isinstance(n, int) for n in (retries, repeats)) or retries < 0 or repeats < 1:
         raise ConfigError(f"retries {short(retries)}, repeats {short(repeats)}: need retries >= 0 and repeats >= 1 "
                           "(whole numbers)")
+    limit = _limit(limit)
     workload, hardware = space.workload, space.hardware
     repaired = repair_tail(out)  # before the first append: a torn last line is moved aside, not merged into
     if repaired:

@@ -5,12 +5,13 @@ allowed, not an AttributeError from deep inside the arithmetic."""
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from autotune.files import short
 from autotune.prediction.estimate import Calibration, Estimate, estimate
-from autotune.values.argtypes import given_path
+from autotune.values.argtypes import given_path, whole
 from autotune.values.config import Config, ConfigError
 from autotune.values.hardware import Hardware, load_hardware
 from autotune.values.space import Choices, Space
@@ -79,10 +80,13 @@ def budget_of(budget: Any) -> int:
     """A memory budget given to the library: a positive number of bytes, or a size such as '40GiB' (parse_size:
     NaN, infinity and sizes past its maximum refused)."""
     allowed = "a positive number of bytes, or a size such as 40GiB or 2GB"
-    if isinstance(budget, bool) or not isinstance(budget, (int, float, str)):
+    number: int | float | None = whole(budget)  # any integer type (numpy's np.int64) as an int, exact
+    if number is None and isinstance(budget, numbers.Real) and not isinstance(budget, bool):
+        number = float(budget)  # numpy's float32 as a float
+    if number is None and not isinstance(budget, str):
         raise ConfigError(f"budget_bytes {short(budget)}: allowed {allowed}")
     try:
-        return parse_size(budget)
+        return parse_size(budget if number is None else number)
     except ValueError as err:
         raise ConfigError(f"budget_bytes: {err} (allowed {allowed})") from None
 

@@ -32,6 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, TypeVar
 
+from autotune.values.argtypes import given_path
 from autotune.values.config import ConfigError, first_line
 from autotune.files import append_line, disk_full, load_json, open_lock, short, write_atomic
 from autotune.values.results import TrialResult, append_result, read_results, repair_tail
@@ -62,7 +63,8 @@ class RunFolder:
     holder = "process"  # who holds the lock, as the refusal names it: "in use by another <holder>"
 
     def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
+        # `~` expanded as every path the library takes (docs/python.md); RunDir(5) is one line, not pathlib's TypeError
+        self.path = given_path(path, f"{type(self).__name__} path", "a folder's path (str or pathlib.Path)")
         self.notes: list[str] = []  # what taking the lock repaired (a torn record moved aside), for the caller to say
 
     @contextmanager

@@ -27,6 +27,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, runtime_checkable
 
+from autotune.values.argtypes import takes
 from autotune.values.config import Config, ConfigError
 from autotune.prediction.estimate import Estimate
 from autotune.files import short
@@ -103,6 +104,16 @@ def _not_a_strategy(obj: Any) -> ConfigError:
                        f"{', '.join(STRATEGIES)}")
 
 
+def _check_builder(builder: Any) -> None:
+    """A builder the sweep can call with its SearchContext alone (docs/python.md), asked of its signature: a class
+    whose __init__ takes other arguments is one line naming it, not a TypeError from deep inside the sweep (a
+    TypeError raised inside the builder itself stays its own)."""
+    if not takes(builder, 1):
+        raise ConfigError(f"strategy {short(builder)}: a builder is called with one argument, the sweep's "
+                          "SearchContext: allowed a callable (a class whose __init__ takes it) builder(context) -> "
+                          "Strategy, a Strategy object or a name")
+
+
 def check_strategy(strategy: Any) -> None:
     """A registered name, a Strategy object, or a callable building one from the SearchContext; else one line
     naming what is missing."""
@@ -110,8 +121,10 @@ def check_strategy(strategy: Any) -> None:
         if strategy not in STRATEGIES:
             hint = did_you_mean(strategy, STRATEGIES)
             raise ConfigError(f"strategy {strategy!r}{hint}: allowed {', '.join(STRATEGIES)}")
-    elif not (_is_strategy_object(strategy) or callable(strategy)):
-        raise _not_a_strategy(strategy)
+    elif not _is_strategy_object(strategy):
+        if not callable(strategy):
+            raise _not_a_strategy(strategy)
+        _check_builder(strategy)
 
 
 def strategy_name(strategy: Any) -> str:
@@ -140,6 +153,7 @@ def make_strategy(strategy: Any, context: SearchContext) -> Strategy:
         return strategy
     if not callable(strategy):
         raise _not_a_strategy(strategy)
+    _check_builder(strategy)
     built = strategy(context)
     if not _is_strategy_object(built):
         raise _not_a_strategy(built)

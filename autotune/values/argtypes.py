@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import errno
+import inspect
 import math
+import numbers
 import os
 import re
 from pathlib import Path
@@ -52,12 +54,23 @@ gpu_count = int_range(1, MAX_GPUS, " GPUs")
 SEEDS = f"0 to {MAX_SEED} (2**32 - 1), the seeds numpy and Optuna accept"
 
 
+def whole(value: Any) -> int | None:
+    """`value` as an int if it is a whole number of any integer type (numpy's np.int64 as Python's int), else None;
+    a bool is no number here (True is no seed or batch)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        return None
+    return int(value)
+
+
 def check_seed(value: Any, text: str | None = None) -> int:
     """A strategy's seed, the one check of the CLI's --seed (`seed`) and the library's TuneSpec.seed: a whole
-    number from 0 to MAX_SEED, else ArgumentTypeError naming the value (`text`: as typed) and the range."""
+    number (any integer type) from 0 to MAX_SEED, returned as an int, else ArgumentTypeError naming the value
+    (`text`: as typed) and the range."""
     named = shown(value if text is None else text)
-    if isinstance(value, bool) or not isinstance(value, int):
+    number = whole(value)
+    if number is None:
         raise argparse.ArgumentTypeError(f"{named} is not a whole number: allowed {SEEDS}")
+    value = number
     if value < 0:
         raise argparse.ArgumentTypeError(f"{named} must be 0 or a positive integer: allowed {SEEDS}")
     if value > MAX_SEED:
@@ -167,6 +180,21 @@ def given_path(value: Any, name: str, allowed: str = "a path (str or pathlib.Pat
     if not isinstance(text, str) or not text or "\0" in text:
         raise ConfigError(f"{name} {shown(value)}: allowed {allowed}")
     return Path(os.path.expanduser(text))
+
+
+def takes(function: Any, count: int) -> bool:
+    """Whether `function` (a class: its __init__) can be called with `count` positional arguments, asked of its
+    signature before the call, so that a user's builder with the wrong parameters is one line naming it, while a
+    TypeError raised inside it stays its own. True where no signature can be read (some builtins)."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return True
+    try:
+        signature.bind(*[None] * count)
+    except TypeError:
+        return False
+    return True
 
 
 # -- paths read ---------------------------------------------------------------------------------------------

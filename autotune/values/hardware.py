@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.values.allocator import ALLOCATORS, DEFAULT_ALLOCATOR
+from autotune.values.argtypes import given_path
 from autotune.values.config import PRECISIONS, ConfigError
 from autotune.files import exists, is_file, load_yaml, short
 from autotune.values.models import did_you_mean
@@ -259,19 +260,20 @@ def hardware_from_dict(data: Any, source: str) -> Hardware:
         raise ConfigError(f"{source}: {err}") from None
 
 
-def load_hardware(name_or_path: str) -> Hardware:
-    """A built-in profile by name, or a YAML file: `base: a100-80gb` plus the keys to change."""
-    if name_or_path in PROFILES:
+def load_hardware(name_or_path: str | Path) -> Hardware:
+    """A built-in profile by name, or a YAML file (`~` expanded): `base: a100-80gb` plus the keys to change."""
+    if isinstance(name_or_path, str) and name_or_path in PROFILES:
         return PROFILES[name_or_path]
-    path = Path(name_or_path)
+    path = given_path(name_or_path, "hardware", f"a profile's name ({', '.join(sorted(PROFILES))}) or a YAML file of "
+                      "profile keys (str or pathlib.Path)")
     if path.suffix in (".yaml", ".yml") and not is_file(path):
         what = "not a file" if exists(path) else "no such file"
         raise ConfigError(f"hardware {name_or_path}: {what}; allowed {sorted(PROFILES)} or a YAML file of "
                           "profile keys")
     if path.suffix not in (".yaml", ".yml"):
-        hint = did_you_mean(name_or_path, PROFILES)  # h100 -> h100-80gb
+        hint = did_you_mean(str(name_or_path), PROFILES)  # h100 -> h100-80gb
         raise ConfigError(
-            f"unknown hardware {name_or_path!r}{hint}: allowed {sorted(PROFILES)} or a YAML file of profile keys")
+            f"unknown hardware {str(name_or_path)!r}{hint}: allowed {sorted(PROFILES)} or a YAML file of profile keys")
     data = load_yaml(path, "a hardware profile (YAML keys of autotune.values.hardware.Hardware)")
     data = {} if data is None else data
     if not isinstance(data, dict):

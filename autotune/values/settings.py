@@ -7,11 +7,13 @@ backends and the drivers can all import it without a circle (issue 26)."""
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from autotune.values.config import ConfigError
 from autotune.files import short
+from autotune.values.argtypes import whole
 from autotune.values.hardware import Hardware, hardware_from_dict
 from autotune.values.space import Choices, Space, parse_choices
 from autotune.values.units import format_size
@@ -32,11 +34,13 @@ def check_stack(stack: str) -> str:
 
 def check_budget(value: Any) -> int:
     """A memory budget per device: a positive number of bytes (one-line ConfigError naming the value); a float
-    must be finite (NaN and infinity are no number of bytes)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or (
-            isinstance(value, float) and not math.isfinite(value)):
+    must be finite (NaN and infinity are no number of bytes). Any integer or real type (numpy's too); an int back."""
+    number = whole(value)
+    if number is None and not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value):
+        number = int(float(value))  # numpy's float32 too
+    if number is None or not number > 0:
         raise ConfigError(f"memory budget {short(value)}: must be a positive number of bytes")
-    return int(value)
+    return number
 
 
 def memory_budget(chosen: int | None, hardware: Hardware) -> int:
@@ -77,21 +81,24 @@ class RunSettings:
     policy_sha256: str | None = None
 
     def __post_init__(self) -> None:
-        # Every builder of settings gets the same one-line refusal, naming the value and what is allowed.
-        if not isinstance(self.memory_budget_bytes, int):  # a whole number of bytes, as run.json keeps it
-            raise ConfigError(f"memory budget {self.memory_budget_bytes!r}: must be a positive number of bytes")
-        check_budget(self.memory_budget_bytes)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= 2**63 - 1:
+        # Every builder of settings gets the same one-line refusal, naming the value and what is allowed. A whole
+        # number of any integer type (numpy's) is kept as an int, as run.json writes it (json refuses np.int64).
+        if whole(self.memory_budget_bytes) is None:  # a whole number of bytes, as run.json keeps it
+            raise ConfigError(f"memory budget {short(self.memory_budget_bytes)}: must be a positive number of bytes")
+        object.__setattr__(self, "memory_budget_bytes", check_budget(self.memory_budget_bytes))
+        seed = whole(self.seed)
+        if seed is None or not 0 <= seed <= 2**63 - 1:
             raise ConfigError(f"seed {short(self.seed)}: allowed a whole number >= 0")
+        object.__setattr__(self, "seed", seed)
         for key in ("strategy", "backend"):  # a user's own strategy or backend object is named, not listed
             if not isinstance(getattr(self, key), str) or not getattr(self, key):
                 raise ConfigError(f"{key} {short(getattr(self, key))}: allowed a name")
         check_stack(self.stack)
-        target = self.target_gpus
-        if target is not None and (isinstance(target, bool) or not isinstance(target, int)
-                                   or target < self.workload.gpus):
-            raise ConfigError(f"target_gpus {short(target)}: allowed null or a whole number >= the workload's gpus "
-                              f"({self.workload.gpus})")
+        target = self.target_gpus if self.target_gpus is None else whole(self.target_gpus)
+        if self.target_gpus is not None and (target is None or target < self.workload.gpus):
+            raise ConfigError(f"target_gpus {short(self.target_gpus)}: allowed null or a whole number >= the "
+                              f"workload's gpus ({self.workload.gpus})")
+        object.__setattr__(self, "target_gpus", target)
 
     def space(self) -> Space:
         return Space(self.choices, self.workload, self.hardware)

@@ -13,6 +13,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from autotune.files import short
 from autotune.values.config import KNOBS, OFFLOADS, PRECISIONS, ZERO_STAGES, Config, ConfigError
+from autotune.values.argtypes import whole
 from autotune.values.hardware import Hardware
 from autotune.values.workload import Workload, divisors
 
@@ -31,7 +32,8 @@ class Choices:
 
     def __post_init__(self) -> None:
         for knob in KNOBS:
-            values = getattr(self, knob)
+            values = knob_values(knob, getattr(self, knob))
+            object.__setattr__(self, knob, values)  # a tuple (hashable, as a frozen value is), of ints or strs
             if not values:
                 raise ConfigError(f"{knob}: needs at least one value")
             if len(set(values)) != len(values):
@@ -223,6 +225,30 @@ _ALLOWED: dict[str, tuple[str, Any]] = {
     "offload_param": ("one of " + ", ".join(OFFLOADS), lambda v: v in OFFLOADS),
 }
 _INT_KNOBS = {"zero_stage", "micro_batch", "ckpt_interval"}
+_EXAMPLE = {knob: list(getattr(Choices, knob)) for knob in KNOBS}  # the defaults, as an example
+
+
+def knob_value(knob: str, value: Any) -> Any:
+    """One value of `knob` as a Config takes it (a whole number of any integer type as an int: numpy's np.int64);
+    None where it is not one of the values the knob allows."""
+    if knob in _INT_KNOBS:
+        value = whole(value)
+    elif not isinstance(value, str):
+        value = None
+    return value if value is not None and _ALLOWED[knob][1](value) else None
+
+
+def knob_values(knob: str, raw: Any) -> tuple:
+    """A knob's values given to Choices (a list or tuple; a str is no list of values: '12' would be 1 and 2), as a
+    tuple; else one line naming the knob, the bad value and what is allowed."""
+    allowed = _ALLOWED[knob][0]
+    if isinstance(raw, (str, bytes)) or not isinstance(raw, Sequence):
+        raise ConfigError(f"Choices {knob} {short(raw)}: allowed a list of {allowed}, e.g. {knob}={_EXAMPLE[knob]}")
+    values = tuple(knob_value(knob, value) for value in raw)
+    for value, checked in zip(raw, values):
+        if checked is None:
+            raise ConfigError(f"Choices {knob}: bad value {short(value)}: allowed {allowed}")
+    return values
 
 
 def parse_choices(data: Any, source: str = "<space>") -> Choices:
@@ -241,15 +267,11 @@ def parse_choices(data: Any, source: str = "<space>") -> Choices:
                 raise ConfigError(f"{source}: nvme_path: {short(raw)} must be a directory path or null")
             values[knob] = raw
             continue
-        allowed, ok = _ALLOWED[knob]
+        allowed = _ALLOWED[knob][0]
         if not isinstance(raw, list) or not raw:
             raise ConfigError(f"{source}: {knob}: {short(raw)} must be a non-empty list of {allowed}")
         for value in raw:
-            if knob in _INT_KNOBS:
-                good_type = isinstance(value, int) and not isinstance(value, bool)
-            else:
-                good_type = isinstance(value, str)
-            if not good_type or not ok(value):
+            if knob_value(knob, value) is None:
                 raise ConfigError(f"{source}: {knob}: bad value {short(value)}: allowed {allowed}")
         values[knob] = tuple(raw)
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from autotune.values.argtypes import whole
 from autotune.values.config import ConfigError
 from autotune.values.models import load_model
 # The shape and its presets live in autotune.values.shapes; they are importable from here as they always were.
@@ -45,9 +46,10 @@ class Workload:
 
     def __post_init__(self) -> None:
         for key in ("global_batch", "gpus"):
-            value = getattr(self, key)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"{key}={value!r}: must be a positive integer")
+            value = whole(getattr(self, key))  # any integer type (numpy's np.int64), kept as an int: json writes it
+            if value is None or value <= 0:
+                raise ConfigError(f"{key}={getattr(self, key)!r}: must be a positive integer")
+            object.__setattr__(self, key, value)
 
     def grad_accumulation(self, micro_batch: int) -> int | None:
         """global_batch / (micro_batch * gpus) if that is a positive integer, else None."""
