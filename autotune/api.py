@@ -32,7 +32,7 @@ from autotune.values.config import ConfigError
 from autotune.search.confirm import prior_sigma, recommend
 from autotune.values.allocator import ALLOCATORS, check_allocator
 from autotune.values.argtypes import (check_seed, duration, given_path, non_negative_int, positive_int, seed as seed_value,
-                                      size, stop_probability)
+                                      size, stop_probability, whole)
 from autotune.trials.cluster import LOCAL, connect
 from autotune.trials.devices import AUTO, resolve_hardware
 from autotune.search.convergence import DEFAULT_STOP_WHEN, Convergence, check_stop_when, check_seconds
@@ -250,23 +250,26 @@ class TuneSpec:
             check_allocator(self.allocator)
         check_target(self.target_gpus, self.workload)
         check_strategy(self.strategy)
-        if isinstance(self.trials, bool) or not isinstance(self.trials, int) or self.trials <= 0:
+        # Whole numbers of any integer type (numpy's np.int64) are kept as ints: run.json's JSON takes no np.int64.
+        if whole(self.trials) is None or self.trials <= 0:
             raise ConfigError(f"trials {short(self.trials)}: must be a positive integer")
+        object.__setattr__(self, "trials", whole(self.trials))
         try:  # the CLI's --seed check: numpy's and Optuna's samplers refuse more, deep inside a sweep
-            check_seed(self.seed)
+            object.__setattr__(self, "seed", check_seed(self.seed))
         except argparse.ArgumentTypeError as err:
             raise ConfigError(f"seed {err}") from None
         if self.memory_budget_bytes is not None:
             check_budget(self.memory_budget_bytes)
-        check_seconds(self.time_budget_s, "time budget")
-        check_seconds(self.train_for_s, "train for")
-        check_seconds(self.trial_timeout_s, "trial timeout")
+        for name, said in (("time_budget_s", "time budget"), ("train_for_s", "train for"),
+                           ("trial_timeout_s", "trial timeout")):
+            object.__setattr__(self, name, check_seconds(getattr(self, name), said))
         if self.storage is not None:
             canonical_storage(self.storage)
-        if self.confirm is not None and (isinstance(self.confirm, bool) or not isinstance(self.confirm, int)
-                                         or self.confirm < 0):
-            raise ConfigError(f"confirm {self.confirm!r}: must be a whole number of repeats >= 0 (0: no "
-                              "confirmation; None: the backend's default)")
+        if self.confirm is not None:
+            if whole(self.confirm) is None or self.confirm < 0:
+                raise ConfigError(f"confirm {self.confirm!r}: must be a whole number of repeats >= 0 (0: no "
+                                  "confirmation; None: the backend's default)")
+            object.__setattr__(self, "confirm", whole(self.confirm))
         check_tracking_uri(self.mlflow_uri)
         check_project(self.wandb)
         check_stop_when(self.stop_when)
@@ -366,9 +369,11 @@ class TuneSpec:
         if isinstance(script_args, (str, bytes)):  # tuple("--steps 6") would be its characters
             raise ConfigError(f"script_args {short(script_args)}: allowed a list of arguments, e.g. ['--steps', '6'] "
                               "(shlex.split splits a command line)")
-        if global_batch is not None and (isinstance(global_batch, bool) or not isinstance(global_batch, int)
-                                         or global_batch <= 0):
-            raise ConfigError(f"global_batch {short(global_batch)}: allowed a positive integer, or None (the script's)")
+        if global_batch is not None:
+            if whole(global_batch) is None or global_batch <= 0:
+                raise ConfigError(f"global_batch {short(global_batch)}: allowed a positive integer, or None (the "
+                                  "script's)")
+            global_batch = whole(global_batch)
         return cls(placeholder(global_batch, gpus), script=str(script), script_args=tuple(script_args),
                    script_global_batch=global_batch, **options)
 

@@ -110,7 +110,7 @@ def test_an_interrupted_sweep_says_so_first_with_how_to_continue_it(simulated):
     rd = RunDir(simulated)
     first = rd.results()[:1]
     outputs = rewrite(simulated, "interrupted", first)
-    hint = f"continue it with the same command and --resume --out {rd.path}"
+    hint = f"continue it with the same command and --resume --out {rd.path} (resume=True from Python)"
     assert outputs.verdict.startswith("interrupted after 1 launched trial, unfinished: " + hint)
     assert "; best so far z" in outputs.verdict and "recommended" not in outputs.verdict
     lines = (simulated / "report.md").read_text().splitlines()

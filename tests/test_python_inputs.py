@@ -149,6 +149,22 @@ def test_numpy_integers_are_taken_as_whole_numbers(space):
     assert autotune.rank_configs(space, np.float32(2**30)).budget_bytes == 2**30
 
 
+def test_a_sweep_of_numpy_numbers_runs_and_records_plain_ones(tmp_path):
+    """trials, confirm, a time budget and a target of numpy's types were refused (or, as np.float32, reached
+    run.json's JSON, which takes none)."""
+    import json
+
+    workload = autotune.make_workload("tiny", global_batch=16, gpus=1)
+    given = spec(workload=workload, trials=np.int64(2), seed=np.int64(3), confirm=np.int64(0),
+                 time_budget_s=np.float32(600), target_gpus=np.int64(2))
+    assert (type(given.trials), type(given.seed), type(given.confirm), type(given.time_budget_s)) == (int, int, int,
+                                                                                                     float)
+    result = autotune.tune(given, out=tmp_path / "run")
+    assert len(result.results) == 2
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert run["seed"] == 3 and run["target_gpus"] == 2 and run["budget"]["time_budget_s"] == 600
+
+
 def test_bool_is_still_no_number():
     for call, named in ((lambda: spec(memory_budget_bytes=True), "memory budget True"),
                         (lambda: spec(seed=True), "seed True is not a whole number"),

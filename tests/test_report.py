@@ -99,7 +99,8 @@ def test_outputs_from_a_run_directory(results, settings, tmp_path):
         assert (run.path / name).is_file(), name
     # ...and why the sweep stopped: not recorded here (no runner wrote outputs for these trials before)
     assert json.loads((run.path / "summary.json").read_text()) == {
-        "resume": f"continue it with the same command and --resume --out {run.path}", "stop_reason": None,
+        "resume": f"continue it with the same command and --resume --out {run.path} (resume=True from Python)",
+        "stop_reason": None,
         "stopped": NOT_RECORDED, **summarize(results, settings)}
     report = (run.path / "report.md").read_text()
     assert report.split("\n")[2].startswith("**Ended without writing its outputs (killed?)")  # first, not "Recommended"

@@ -81,7 +81,8 @@ def test_a_torn_last_line_is_said_as_tune_says_it_and_the_verdict_follows_it(run
     # The record lost its last trial: unfinished (a resume runs it again), but not "killed": its outputs were written.
     verdict = out.splitlines()[0]
     assert verdict.startswith("its record lost 1 trial since its outputs were written (4 of 5 left in trials.jsonl), "
-                              f"unfinished: continue it with the same command and --resume --out {run}; best so far ")
+                              f"unfinished: continue it with the same command and --resume --out {run} (resume=True from "
+                              "Python); best so far ")
     assert "killed" not in verdict and code == 0
     summary = json.loads((run / "summary.json").read_text())
     assert summary["stop_reason"] is None and summary["trials"] == 4 and "resume" in summary

@@ -205,4 +205,5 @@ def test_a_workload_of_a_sweep_is_continued_through_its_sweep(tmp_path):
     text = interrupted_verdict("best so far", [], RunDir(sweep / "tiny"))
     assert f"unfinished: continue it with the same `autotune sweep` command and --resume --out {sweep}; " in text
     alone = RunDir(tmp_path / "run")
-    assert alone.resume_hint() == f"continue it with the same command and --resume --out {tmp_path / 'run'}"
+    assert alone.resume_hint() == (f"continue it with the same command and --resume --out {tmp_path / 'run'} "
+                                   "(resume=True from Python)")

@@ -90,15 +90,17 @@ def record_surface(space: Space, backend: Backend, out: Path, *, order_seed: int
         recorded_for = result.extra.get("workload")
         if recorded_for is not None and recorded_for != workload.to_dict():
             raise ConfigError(f"{out} was recorded for another workload ({describe_workload(recorded_for)}): "
-                              f"choose another --out or the same --model/--gpus/--global-batch")
+                              f"choose another --out (`out`) or the same --model/--gpus/--global-batch (the space's "
+                              "workload)")
         on = result.extra.get("hardware")
         if on is not None and on != hardware.name:
-            raise ConfigError(f"{out} was recorded on {on!r}, not {hardware.name!r}: choose another --out or the "
-                              "same --hardware")
+            raise ConfigError(f"{out} was recorded on {on!r}, not {hardware.name!r}: choose another --out (`out`) or "
+                              "the same --hardware (the space's)")
         # A trial past its budget is stopped as out of memory: measurements at two budgets are not one surface.
         if budget is not None and result.memory_budget_bytes not in (None, budget):
             raise ConfigError(f"{out} was recorded under a memory budget of {format_size(result.memory_budget_bytes)}, "
-                              f"not {format_size(budget)}: choose another --out or the same --memory-budget")
+                              f"not {format_size(budget)}: choose another --out (`out`) or the same --memory-budget "
+                              "(the backend's)")
     if only is not None:
         for config in only:
             if config not in space:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Sequence
 
 from autotune.prediction.calibrate import fit_calibration, fit_uncertainty, usable
+from autotune.values.argtypes import whole
 from autotune.values.config import Config, ConfigError
 from autotune.prediction.estimate import Calibration, estimate
 from autotune.values.hardware import Hardware
@@ -44,7 +45,7 @@ def check_target(target_gpus: Any, workload: Workload) -> None:
     global batch."""
     if target_gpus is None:
         return
-    if isinstance(target_gpus, bool) or not isinstance(target_gpus, int) or target_gpus < workload.gpus:
+    if whole(target_gpus) is None or target_gpus < workload.gpus:  # any integer type (numpy's)
         raise ConfigError(f"--target-gpus (`target_gpus`) {target_gpus!r}: allowed a whole number >= the workload's "
                           f"--gpus ({workload.gpus}): trials run at --gpus and predict the larger job")
     if workload.global_batch % target_gpus:

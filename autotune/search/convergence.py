@@ -74,6 +74,7 @@ simulated worlds rather than the issue's 12: benchmarks/stop_floor.py (results/s
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
@@ -172,9 +173,11 @@ def check_stop_when(value: Any, name: str = "stop_when") -> float:
 
 def check_seconds(value: float | None, name: str = "train_s") -> float | None:
     """`value` (None: off) as a positive number of seconds (a time budget, a training run), or ConfigError naming it."""
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
         raise ConfigError(f"{name} {value!r}: must be a positive number of seconds")
-    return value
+    return float(value)  # numpy's too, as a float (run.json's JSON takes no np.float32)
 
 
 def margin_of(launch_sigma: float | None) -> float:

@@ -250,7 +250,7 @@ class RunDir(RunFolder):
         """How to continue this sweep: its own command, or its sweep's for a workload of one."""
         if self.sweep_dir is not None:
             return f"continue it with the same `autotune sweep` command and --resume --out {self.sweep_dir}"
-        return f"continue it with the same command and --resume --out {self.path}"
+        return f"continue it with the same command and --resume --out {self.path} (resume=True from Python)"
 
     def exists(self) -> bool:
         """Holds a sweep (settings or trials), as opposed to an empty or absent folder."""
