@@ -198,7 +198,7 @@ class TuneSpec:
         DEFAULT_STOP_WHEN, "--stop-when", "end the search once the chance that an untried config is faster than the "
         "best by more than the launch noise falls below P (after a few trials; the estimator's error model gives the "
         "chance, shown after each trial); then confirmation runs; --trials stays the upper bound; 0: off (default: "
-        "%(default)s)", stop_probability, metavar="P", allowed="a probability from 0 to 1; 0: off")
+        "%(default)s)", stop_probability, metavar="P", allowed="a probability from 0 to below 1; 0: off")
     # The stop in seconds (autotune/search/convergence.py StopRule.train_s): how long the recommendation will train;
     # the search also ends once no untried config is expected to save that run more seconds than its trial costs.
     train_for_s: float | None = option(

@@ -93,9 +93,11 @@ def test_stop_when_zero_turns_it_off(tmp_path):
 
 
 @pytest.mark.parametrize("value, fragment", [
-    ("-0.1", "'-0.1' must be a probability from 0 to 1"),
-    ("1.5", "'1.5' must be a probability from 0 to 1"),
-    ("abc", "'abc' is not a number: allowed a probability from 0 to 1"),
+    ("-0.1", "'-0.1' must be a probability from 0 to below 1"),
+    ("1.5", "'1.5' must be a probability from 0 to below 1"),
+    # 1 stopped every sweep at its 6th trial, saying "search converged: 99% chance an untried config is faster".
+    ("1", "'1' must be a probability from 0 to below 1"),
+    ("abc", "'abc' is not a number: allowed a probability from 0 to below 1"),
 ])
 def test_bad_stop_when_is_one_line_exit_2(tmp_path, monkeypatch, capsys, value, fragment):
     monkeypatch.chdir(tmp_path)
@@ -107,9 +109,9 @@ def test_bad_stop_when_is_one_line_exit_2(tmp_path, monkeypatch, capsys, value, 
     assert not list(tmp_path.iterdir())  # nothing written
 
 
-@pytest.mark.parametrize("value", [-1, 1.01, "0.05", True, float("nan")])
+@pytest.mark.parametrize("value", [-1, 1, 1.01, "0.05", True, float("nan")])
 def test_bad_stop_when_in_the_library(value):
-    with pytest.raises(ConfigError, match="stop_when .*: must be a probability from 0 to 1"):
+    with pytest.raises(ConfigError, match="stop_when .*: allowed a probability from 0 to below 1"):
         spec(SMALL, 1.19, stop_when=value)
 
 

@@ -81,6 +81,7 @@ from typing import Any, Callable, Iterable, Protocol, Sequence
 import numpy as np
 from scipy.special import ndtr
 
+from autotune.values.argtypes import STOP_WHEN_ALLOWED
 from autotune.values.config import KNOBS, Config, ConfigError
 from autotune.search.confirm import MACHINE_SIGMA
 from autotune.prediction.uncertainty import NOISE_TIME, ErrorModel, Forecast, Uncertainty
@@ -165,9 +166,8 @@ class StopRule:
 
 def check_stop_when(value: Any, name: str = "stop_when") -> float:
     """`value` as a threshold, or ConfigError naming it and what is allowed."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-        raise ConfigError(f"{name} {value!r}: must be a probability from 0 to 1 (e.g. 0.05; 0 turns the "
-                          "convergence stop off)")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < 1:
+        raise ConfigError(f"{name} {value!r}: allowed {STOP_WHEN_ALLOWED}")
     return float(value)
 
 

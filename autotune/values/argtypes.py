@@ -141,11 +141,15 @@ def positive_float(text: str) -> float:
     return _number(text, "a finite number > 0", lambda v: v > 0)
 
 
+STOP_WHEN_ALLOWED = "a probability from 0 to below 1, e.g. 0.05 (0 turns the convergence stop off)"
+
+
 def stop_probability(text: str) -> float:
-    """--stop-when: a probability from 0 to 1 (0: the convergence stop off)."""
-    allowed = "a probability from 0 to 1, e.g. 0.05 (0 turns the convergence stop off)"
+    """--stop-when: a probability from 0 to below 1 (0: the convergence stop off; 1 would stop every sweep at its
+    first chance, whatever the chance, and call it converged)."""
+    allowed = STOP_WHEN_ALLOWED
     try:
-        return _number(text, allowed, lambda v: 0 <= v <= 1)
+        return _number(text, allowed, lambda v: 0 <= v < 1)
     except argparse.ArgumentTypeError as err:
         if str(err).endswith("must be " + allowed):
             raise
