@@ -111,10 +111,10 @@ def test_an_interrupted_sweep_says_so_first_with_how_to_continue_it(simulated):
     first = rd.results()[:1]
     outputs = rewrite(simulated, "interrupted", first)
     hint = f"continue it with the same command and --resume --out {rd.path} (resume=True from Python)"
-    assert outputs.verdict.startswith("interrupted after 1 launched trial, unfinished: " + hint)
+    assert outputs.verdict.startswith("interrupted after 1 finished trial, unfinished: " + hint)
     assert "; best so far z" in outputs.verdict and "recommended" not in outputs.verdict
     lines = (simulated / "report.md").read_text().splitlines()
-    assert lines[2].startswith("**Interrupted after 1 launched trial, unfinished: " + hint)  # right after the title
+    assert lines[2].startswith("**Interrupted after 1 finished trial, unfinished: " + hint)  # right after the title
     assert "- Stopped: interrupted" in lines
     assert not any(line.startswith("**Recommended") for line in lines)  # no bold recommendation of 1 trial
     summary = json.loads((simulated / "summary.json").read_text())

@@ -91,7 +91,7 @@ def test_outputs_from_a_run_directory(results, settings, tmp_path):
     outputs = write_outputs(run, settings)
     assert outputs.best == results[2]
     # Trials recorded and no stop.json: the session that ran them was killed; its best is no recommendation yet.
-    assert outputs.verdict.startswith("ended without writing its outputs (killed?) after 7 launched trials, "
+    assert outputs.verdict.startswith("ended without writing its outputs (killed?) after 7 finished trials, "
                                       f"unfinished: continue it with the same command and --resume --out {run.path}; ")
     assert "best so far z2 mb2 ck0 bf16" in outputs.verdict and "(trial 3)" in outputs.verdict
     for name in ("summary.json", "best_ds_config.json", "best_hf_ds_config.json", "report.md",

@@ -192,7 +192,7 @@ def test_an_interrupted_verdict_with_configs_left_says_no_more_than_to_resume(tm
                           extra={"cause": "device_memory"}) for c in space if c not in one]
     assert "though 1 untried config is predicted to fit" in no_fit_verdict(settings, others)
     text = interrupted_verdict(inner, ran, RunDir(tmp_path))
-    when = "after 2 launched trials" if launched else "before any trial finished"
+    when = "after 2 finished trials" if launched else "before any trial finished"
     assert text.startswith(f"interrupted {when}, unfinished: continue it with the same command and --resume")
 
 

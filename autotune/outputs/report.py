@@ -509,7 +509,7 @@ def interrupted_verdict(verdict: str, results: Sequence[TrialResult], run: RunDi
     if lost:  # its last session did write its outputs: the record is what changed since (a resume runs them again)
         return (f"its record lost {counted(lost, 'trial')} since its outputs were written ({len(results)} of "
                 f"{len(results) + lost} left in {run.trials_path.name}), unfinished: {run.resume_hint()}; {best}")
-    when = f"after {counted(launched, 'launched trial')}" if launched else "before any trial finished"
+    when = f"after {counted(launched, 'finished trial')}" if launched else "before any trial finished"
     how = "ended without writing its outputs (killed?)" if killed else "interrupted"
     return f"{how} {when}, unfinished: {run.resume_hint()}; {best}"
 
