@@ -167,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
 
 def run_train(args: argparse.Namespace) -> int:
     from autotune.rl.train import (RunDir, Start, TrainSettings, check_replay_budgets, check_run_folder,
-                                   replay_budgets, shown_budgets, train)
+                                   deferred_signals, replay_budgets, shown_budgets, train)
 
     if args.backend == "replay" and not args.surface:
         raise ConfigError("--backend replay needs --surface FILE (one or more)")
@@ -228,21 +228,50 @@ def run_train(args: argparse.Namespace) -> int:
             f"best/optimum {num(row.best_over_optimum, '.3f')}  oom/episode {num(row.oom_trials, '.2f')}  "
             f"{row.seconds / 60:6.1f} min", highlight=False)
 
+    ignore_stops_at_exit()  # after Ray's import: this process's exit handlers (Ray's shutdown) meet no Ctrl-C
     try:
         result = train(out, settings, ray_address=args.ray_address, on_iteration=show, on_start=begin)
     except KeyboardInterrupt:
-        console.print(interrupted(RunDir(out)), highlight=False)
-        if args.json:
-            saved = RunDir(out).latest_checkpoint()
-            emit_json(args, {"out": str(out), "interrupted": True, "checkpoint": str(saved) if saved else None})
+        with deferred_signals():  # the outcome is decided: a second Ctrl-C cuts its report short no more
+            console.print(interrupted(RunDir(out)), highlight=False)
+            if args.json:
+                saved = RunDir(out).latest_checkpoint()
+                emit_json(args, {"out": str(out), "interrupted": True, "checkpoint": str(saved) if saved else None})
         return 130
-    console.print(f"done: {counted(result.iterations, 'iteration')}; checkpoint {result.checkpoint}; policy {result.policy}",
-                  highlight=False)
-    if args.json:
-        emit_json(args, {"out": str(result.out), "interrupted": False, "iterations": result.iterations,
-                         "resumed_from": result.resumed_from, "checkpoint": result.checkpoint, "policy": result.policy,
-                         "last": result.last, "settings": RunDir(out).settings() or settings})
+    with deferred_signals():  # trained and exported: a Ctrl-C now changes nothing (exit 0, no traceback)
+        policy = result.policy if result.policy is not None else "not exported (said above)"
+        console.print(f"done: {counted(result.iterations, 'iteration')}; checkpoint {result.checkpoint}; policy {policy}",
+                      highlight=False)
+        if args.json:
+            emit_json(args, {"out": str(result.out), "interrupted": False, "iterations": result.iterations,
+                             "resumed_from": result.resumed_from, "checkpoint": result.checkpoint,
+                             "policy": result.policy, "last": result.last,
+                             "settings": RunDir(out).settings() or settings})
     return 0
+
+
+_IGNORING_AT_EXIT: list[bool] = []
+
+
+def ignore_stops_at_exit() -> None:
+    """At this process's exit, before the exit handlers registered until now (Ray's shutdown, registered at its
+    import), ignore Ctrl-C, SIGTERM and SIGHUP: the command's outcome and exit status are decided by then, and a
+    KeyboardInterrupt there would print a traceback ("Exception ignored in atexit callback"). Once per process."""
+    import atexit
+    import signal
+
+    if _IGNORING_AT_EXIT:
+        return
+    _IGNORING_AT_EXIT.append(True)
+
+    def ignore() -> None:
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            try:
+                signal.signal(signum, signal.SIG_IGN)
+            except (ValueError, OSError):  # not the main thread
+                pass
+
+    atexit.register(ignore)
 
 
 def interrupted(run) -> str:
@@ -272,9 +301,12 @@ def quiet_ray() -> None:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from autotune.rl.train import export_checkpoint, resolve_checkpoint
+    from autotune.rl.train import check_policy_folder, export_checkpoint, resolve_checkpoint
 
-    checkpoint = resolve_checkpoint(args.checkpoint)  # before Ray's import: a wrong path is one line at once
+    # before Ray's import: a wrong path is one line at once; --out takes a new or empty folder or an exported policy's
+    # (which the export replaces whole), never a training run's, a sweep's or other files
+    check_policy_folder(args.out)
+    checkpoint = resolve_checkpoint(args.checkpoint)
     quiet_ray()
 
     folder = export_checkpoint(checkpoint, args.out)

@@ -6,6 +6,7 @@ forward pass of a small MLP."""
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -14,6 +15,7 @@ import numpy as np
 import torch
 
 from autotune.values.config import ConfigError
+from autotune.values.units import shown
 from autotune.files import atomic_output, load_json, sha256, write_atomic
 from autotune.rl.network import NetSpec, mask_logits, policy_net
 
@@ -56,9 +58,15 @@ class Policy:
         if check_layout and not any(all(meta.get(k) == v for k, v in layout(seconds).items()) for seconds in (False, True)):
             raise ConfigError(f"policy {str(path)!r} was trained on another environment layout (actions or features "
                               f"differ): retrain it with `autotune rl train`")
+        from autotune.envs import ENV_ID
+
+        env = meta.get("env", ENV_ID)  # a policy saved without it (save_policy's callers) is taken as this one's
+        if env != ENV_ID:
+            raise ConfigError(f"policy {str(path)!r} was trained on environment {shown(str(env), 80)}, not {ENV_ID}: "
+                              f"train one with `autotune rl train`")
         spec = NetSpec.from_dict(meta["spec"])
         net = policy_net(spec)
-        net.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+        net.load_state_dict(load_weights(weights))
         net.eval()
         return cls(spec, net, meta, folder)
 
@@ -82,6 +90,41 @@ class Policy:
         logits = self.logits(observation)
         logits[mask <= 0.5] = -np.inf
         return int(np.argmax(logits))
+
+
+class NotWeights(ConfigError):
+    """policy.pt is not a torch weights file (random bytes, another file, one cut short)."""
+
+
+def load_weights(path: Path) -> Any:
+    """policy.pt's state dict (torch's weights-only loader: no code in it runs); ConfigError, one line, for a file that
+    is not a torch weights file, without torch's advice to load it with weights_only=False (arbitrary code)."""
+    try:
+        with warnings.catch_warnings():  # "Detected pickle protocol ..." of a file that is no torch save anyway
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except (FileNotFoundError, PermissionError, IsADirectoryError):  # unreadable: said as such (strategies.rl)
+        raise
+    except Exception as err:  # noqa: BLE001  torch's loaders raise anything on random bytes (IndexError, KeyError ...)
+        raise NotWeights(f"{path} is not a torch weights file ({weights_error(err)}): export it again") from None
+    if not isinstance(state, dict):
+        raise NotWeights(f"{path} is not a torch weights file (it holds a {type(state).__name__}, not a state dict): "
+                          f"export it again")
+    return state
+
+
+def weights_error(err: BaseException) -> str:
+    """What torch.load said of a file it could not read, short, without its advice on weights_only."""
+    text = str(err)
+    if "WeightsUnpickler error:" in text:  # the weights-only loader's cause, after its advice
+        text = text.split("WeightsUnpickler error:", 1)[1].strip().split("\n\n", 1)[0]
+    elif "weights_only" in text:
+        text = ""
+    else:
+        text = text.strip().split("\n", 1)[0].split(". ", 1)[0]
+    text = " ".join(text.split())
+    name = type(err).__name__
+    return f"{name}: {text[:117] + '...' if len(text) > 120 else text}" if text else name
 
 
 def digest(folder: str | Path) -> str:

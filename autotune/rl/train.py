@@ -13,8 +13,9 @@ Run directory (`--out`):
                         fraction of episodes within 2% of the optimum, OOM trials, seconds
     checkpoints/NNNNNN  RLlib algorithm checkpoints: the last `keep_checkpoints` (2 by default, `--keep-checkpoints`;
                         0 keeps every one), the older ones removed as each new one completes
-    checkpoints/latest  the name of the newest complete one (written after it)
-    policy/             the policy exported at the last checkpoint (policy.pt + policy.json), what
+    checkpoints/latest  the name of the newest complete one (written after it and its policy's export)
+    policy/             the policy exported at the last checkpoint (policy.pt + policy.json + PROVENANCE.md, written
+                        whole beside it and swapped in: the previous complete policy or the new one), what
                         `autotune tune --strategy rl --policy RUN/policy` loads without Ray (as it loads
                         any folder `autotune rl export` writes)
     .lock               held by the training process (autotune.search.rundir.RunFolder): a second one is refused
@@ -27,21 +28,26 @@ back what it wrote (settings.json, progress.jsonl, a checkpoint cut short): the 
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import os
 import shlex
 import shutil
+import signal
 import sys
+import tempfile
+import threading
 import time
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
 from autotune.backends.factory import backend_names
 from autotune.values.config import ConfigError
-from autotune.files import sha256, write_atomic
+from autotune.files import _umask, fsync_dir, sha256, write_atomic
 from autotune.trials.interrupts import stop_signals_as_interrupt
 from autotune.search.rundir import RunFolder
 from autotune.values.settings import differences
@@ -365,43 +371,71 @@ POLICY_FILES = ("policy.pt", "policy.json")  # an exported policy's (rl/policy.p
 CHECKPOINT_FILES = ("rllib_checkpoint.json", "learner_group", "algorithm_state.pkl")  # an RLlib checkpoint's
 
 
-def _own(name: str) -> bool:
-    """One of a training run's files, or the temporary file of an atomic write of one (files.atomic_output)."""
-    return name in OWN_FILES or (name.endswith(".tmp") and any(name.startswith(f".{own}.") for own in OWN_FILES))
+RUN_FILES = (SETTINGS, PROGRESS, "checkpoints")  # a training run's own (OWN_FILES without the lock, logs, policy)
+EXPORT_FILES = (*POLICY_FILES, "PROVENANCE.md")  # what `autotune rl export` writes into its --out (export_checkpoint)
+
+
+def _own(name: str, own: Iterable[str] = OWN_FILES) -> bool:
+    """One of `own` (a training run's files by default), or the temporary file or folder of an atomic write of one
+    (files.atomic_output, export_checkpoint)."""
+    own = tuple(own)
+    return name in own or (name.endswith(".tmp") and any(name.startswith(f".{o}.") for o in own))
+
+
+def _foreign_folder(path: Path, own: Iterable[str], kinds: Iterable[tuple[str, tuple[str, ...]]]) -> str | None:
+    """What `path` holds when it is neither absent, nor empty, nor a folder of only `own` files: the first of `kinds`
+    ((what, its files)) whose files it holds, or the files that are not `own`; None where it is one of those.
+    ConfigError, one line, for a path that is not a folder or cannot be listed."""
+    if not os.path.lexists(path):
+        return None
+    if not path.is_dir():
+        return "a file"
+    try:
+        names = sorted(os.listdir(path))
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot list it ({err.strerror or err.__class__.__name__})") from None
+    own = tuple(own)
+    foreign = [name for name in names if not _own(name, own)]
+    if not foreign:
+        return None
+
+    def some(found: list[str]) -> str:
+        listed = ", ".join(shown(n, 60) if not n.isprintable() or len(n) > 60 else n for n in found[:3])
+        return listed + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+
+    for kind, files in kinds:
+        if found := [n for n in files if n in names]:
+            return f"{kind} ({some(found)})"
+    if path.name == "checkpoints" and "latest" in names:
+        return f"a training run's checkpoints (the run is {path.parent})"
+    return f"files that are not {'a training run' if own == OWN_FILES else 'an exported policy'}'s ({some(foreign)})"
 
 
 def check_run_folder(out: str | Path) -> None:
     """ConfigError, one line, where `out` is neither new, nor empty, nor a training run's folder: a `tune` sweep's,
     an exported policy's, a checkpoint's or any other folder of files is refused before anything is written there."""
     path = Path(out)
-    if not os.path.lexists(path):
-        return
-    if not path.is_dir():
+    what = _foreign_folder(path, OWN_FILES, (("a `tune` sweep", SWEEP_FILES), ("an exported policy", POLICY_FILES),
+                                             ("an RLlib checkpoint", CHECKPOINT_FILES)))
+    if what == "a file":
         raise ConfigError(f"{path} exists and is not a directory: give --out a new folder or a training run's")
-    try:
-        names = sorted(os.listdir(path))
-    except OSError as err:
-        raise ConfigError(f"{path}: cannot list it ({err.strerror or err.__class__.__name__})") from None
-    foreign = [name for name in names if not _own(name)]
-    if not foreign:
-        return
+    if what is not None:
+        raise ConfigError(f"{path} holds {what}, not an `autotune rl train` run: --out takes a new or empty folder, "
+                          f"or the folder of a training run to resume it")
 
-    def some(found: list[str]) -> str:
-        listed = ", ".join(shown(n, 60) if not n.isprintable() or len(n) > 60 else n for n in found[:3])
-        return listed + (f" and {len(found) - 3} more" if len(found) > 3 else "")
 
-    for kind, files in (("a `tune` sweep", SWEEP_FILES), ("an exported policy", POLICY_FILES),
-                        ("an RLlib checkpoint", CHECKPOINT_FILES)):
-        if found := [n for n in files if n in names]:
-            what = f"{kind} ({some(found)})"
-            break
-    else:
-        if path.name == "checkpoints" and "latest" in names:
-            what = f"a training run's checkpoints (the run is {path.parent})"
-        else:
-            what = f"files that are not a training run's ({some(foreign)})"
-    raise ConfigError(f"{path} holds {what}, not an `autotune rl train` run: --out takes a new or empty folder, or "
-                      f"the folder of a training run to resume it")
+def check_policy_folder(out: str | Path) -> None:
+    """ConfigError, one line, where `out` (where `autotune rl export` writes a policy) is neither new, nor empty, nor
+    an exported policy's folder (policy.pt, policy.json, PROVENANCE.md, which the export replaces): a training run's,
+    a `tune` sweep's, a checkpoint's or any other folder of files is refused before anything is written there."""
+    path = Path(out)
+    what = _foreign_folder(path, EXPORT_FILES, (("an `autotune rl train` run", RUN_FILES), ("a `tune` sweep", SWEEP_FILES),
+                                                ("an RLlib checkpoint", CHECKPOINT_FILES)))
+    if what == "a file":
+        raise ConfigError(f"{path} exists and is not a directory: give --out a new folder or an exported policy's")
+    if what is not None:
+        raise ConfigError(f"{path} holds {what}, not an exported policy: --out takes a new or empty folder, or the "
+                          f"folder of an earlier exported policy to replace it")
 
 
 def check_resumable(run: TrainingRun, settings: TrainSettings) -> None:
@@ -587,43 +621,111 @@ def file_digest(path: str | Path) -> str | None:
 def export_checkpoint(checkpoint: str | Path, folder: str | Path, meta: Mapping[str, Any] | None = None) -> Path:
     """The policy network of an RLlib checkpoint (or of the latest of a training run, `resolve_checkpoint`) as
     policy.pt + policy.json (loads without Ray), with PROVENANCE.md: the training command, seed and figures, when the
-    checkpoint lies in a training run."""
-    from ray.rllib.core.rl_module.rl_module import RLModule
-
-    from autotune.rl.policy import layout, save_policy
-
+    checkpoint lies in a training run. `folder` is new, empty or an exported policy's (check_policy_folder): the
+    policy is written into a temporary folder beside it, then swapped in whole (swap_in)."""
     checkpoint = resolve_checkpoint(checkpoint)  # a run's folder or its checkpoints/latest: the one it names
     module_dir = checkpoint / "learner_group" / "learner" / "rl_module" / "default_policy"
     if not module_dir.is_dir():
         raise ConfigError(f"{checkpoint}: not an RLlib algorithm checkpoint of this policy ({module_dir} is missing)")
+    check_policy_folder(folder)  # never over a run's, a sweep's or anyone's files: they would be replaced
+    from ray.rllib.core.rl_module.rl_module import RLModule
+
+    from autotune.rl.policy import layout, save_policy
+
     module: Any = RLModule.from_checkpoint(module_dir.resolve())  # a MaskedPolicyModule (spec, policy_state)
     if meta is None:
+        from autotune.envs import ENV_ID
         from autotune.envs.observation import size
 
-        meta = {**layout(module.spec.obs_dim == size(seconds=True)), "env": "autotune/DeepSpeedMemory-v0"}
+        meta = {**layout(module.spec.obs_dim == size(seconds=True)), "env": ENV_ID}
         run = TrainingRun(checkpoint.parent.parent)
         if run.settings() is not None:
             meta["training"] = training_meta(run, checkpoint.name)
-    folder = save_policy(folder, module.spec, module.policy_state(), meta)
-    if meta.get("training"):
-        write_atomic(folder / "PROVENANCE.md", provenance(meta["training"]))
-    return folder
+    final = Path(folder)
+    if final.is_symlink():
+        final = final.resolve()  # the folder it names is replaced, the link stays
+    final.parent.mkdir(parents=True, exist_ok=True)
+    # Written whole beside it, then swapped in: the folder is the old complete policy or the new one, never a mix
+    # or a half-written one (a Ctrl-C or a kill mid-export leaves at most a `.NAME.*.tmp` folder beside it).
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    try:
+        os.chmod(staging, 0o777 & ~_umask())  # what mkdir would have made (mkdtemp makes it 0700)
+        save_policy(staging, module.spec, module.policy_state(), meta)
+        if meta.get("training"):
+            write_atomic(staging / "PROVENANCE.md", provenance(meta["training"]))
+        fsync_dir(staging)
+        swap_in(staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return final
+
+
+RENAME_EXCHANGE = 2  # renameat2(2): swap two names in one step (Linux 3.15+, most local filesystems)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the names `a` and `b` in one step (renameat2 RENAME_EXCHANGE); False where the system cannot."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # not glibc 2.28+, or not Linux
+        return False
+    renameat2.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
+    at_cwd = -100  # AT_FDCWD
+    return renameat2(at_cwd, os.fsencode(a), at_cwd, os.fsencode(b), RENAME_EXCHANGE) == 0
+
+
+def swap_in(new: Path, folder: Path) -> None:
+    """Put the complete folder `new` at `folder` (same parent), the folder there before removed: in one step where
+    the system can exchange two names, else by moving the old one aside first (a kill between the two renames leaves
+    no folder, and the old one as a `.NAME.*.tmp` beside it)."""
+    if os.path.lexists(folder) and _exchange(new, folder):
+        shutil.rmtree(new, ignore_errors=True)  # `new` now names the old folder
+    else:
+        if os.path.lexists(folder):
+            aside = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
+            os.rename(folder, aside)  # onto the empty folder just made
+            os.rename(new, folder)
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            os.rename(new, folder)
+    fsync_dir(folder.parent)
+
+
+def policy_exported(run: TrainingRun, checkpoint: Path) -> bool:
+    """Whether the run's policy/ is complete (policy.pt, and policy.json that reads) and exported at `checkpoint`."""
+    if not (run.policy / "policy.pt").is_file():
+        return False
+    try:
+        meta = json.loads((run.policy / "policy.json").read_text())
+    except (OSError, ValueError):
+        return False
+    training = meta.get("training") if isinstance(meta, dict) else None
+    return isinstance(training, dict) and training.get("checkpoint") == checkpoint.name
+
+
+PROVENANCE_ROWS = 30  # iterations PROVENANCE.md's figures show one by one; a longer run's table is thinned
 
 
 def provenance(training: Mapping[str, Any]) -> str:
     """PROVENANCE.md of an exported policy."""
     settings = training.get("settings") or {}
+    rows = training.get("progress") or []
+    if len(rows) <= PROVENANCE_ROWS:
+        shown, which = rows, "per iteration"
+    else:  # a long run: its first iteration, every 5th and its last (progress.jsonl and policy.json hold every one)
+        last = rows[-1]["iteration"]
+        shown = [r for r in rows if r["iteration"] % 5 == 0 or r["iteration"] in (1, last)]
+        which = f"iteration 1, every 5th and {last}, of {len(rows)} iterations; policy.json holds every one"
     lines = ["# Policy provenance", "",
              f"Trained by: `{training.get('command')}`", "",
              f"Seed {settings.get('seed')}; checkpoint {training.get('checkpoint')}; exported {training.get('exported')}.",
              "Algorithm: PPO (RLlib new API stack), masked MLP policy (autotune/rl/module.py) on "
              f"autotune/DeepSpeedMemory-v0 {environment(settings, training.get('surfaces'))}", "",
              "Settings: " + ", ".join(f"{k}={v}" for k, v in applied(settings).items()), "",
-             "## Training figures (per iteration; means over the last 500 episodes)", "",
+             f"## Training figures ({which}; means over the last 500 episodes)", "",
              "| iteration | env steps | episodes | return | trials/episode | within 2% of optimum | best/optimum "
              "| OOM trials/episode | minutes |", "|---|---|---|---|---|---|---|---|---|"]
-    rows = training.get("progress") or []
-    shown = [r for r in rows if r["iteration"] % 5 == 0 or r["iteration"] in (1, rows[-1]["iteration"])]
 
     def f(x: Any, pattern: str) -> str:
         return "-" if x is None else format(x, pattern)
@@ -671,11 +773,12 @@ def train(out: str | Path, settings: TrainSettings, *, ray_address: str | None =
           policy_meta: Mapping[str, Any] | None = None) -> TrainResult:
     """Train until `settings.iterations` (counted over resumed sessions), checkpointing every
     `checkpoint_every` iterations and at the end; a run whose checkpoint holds as many trains nothing (and
-    starts no Ray). `on_start` is told what it will do once the run folder is held and the settings are
-    checked, before Ray starts. Ctrl-C or SIGTERM raise KeyboardInterrupt after stopping the algorithm and
-    the Ray instance this call started; the last checkpoint stays."""
+    starts no Ray), but exports its policy again where policy/ is missing, incomplete or of another checkpoint.
+    `on_start` is told what it will do once the run folder is held and the settings are checked, before Ray starts.
+    Ctrl-C or SIGTERM raise KeyboardInterrupt after stopping the algorithm and the Ray instance this call started;
+    the last checkpoint stays. A stop that comes once every iteration is trained and the policy exported (while the
+    algorithm and Ray stop) is no interrupt: the run is done."""
     from autotune.trials.cluster import disconnect
-    from autotune.rl.policy import layout
 
     check_run_folder(out)
     with TrainingRun(out).locked():
@@ -683,12 +786,14 @@ def train(out: str | Path, settings: TrainSettings, *, ray_address: str | None =
         begun = Start(run.path, settings.iterations, checkpoint_iteration(checkpoint), checkpoint)
         on_start(begun)
         if begun.nothing_to_train:
+            assert checkpoint is not None
             rows = [r for r in run.progress() if r.iteration <= begun.done]
-            policy = run.policy if (run.policy / "policy.pt").is_file() else None
+            policy = _policy_of(run, checkpoint, policy_meta)
             return TrainResult(run.path, begun.done, begun.done, rows[-1] if rows else None, checkpoint, policy)
         held = run.checkpoint_names() if checkpoint is None else []
         connected = False
         algo = None
+        done: TrainResult | None = None  # every iteration trained, its checkpoint complete and its policy exported
         try:
             connected = connect_ray(ray_address, settings.workers)
             with stop_signals_as_interrupt():  # installed after Ray's own handler
@@ -701,40 +806,118 @@ def train(out: str | Path, settings: TrainSettings, *, ray_address: str | None =
                 offset = rows[-1].seconds if rows else 0.0
                 start = time.monotonic()
                 last = rows[-1] if rows else None
-                meta = dict(policy_meta) if policy_meta is not None else \
-                    {**layout(settings.observe_seconds), "env": "autotune/DeepSpeedMemory-v0"}
+                meta = dict(policy_meta) if policy_meta is not None else _default_meta(settings.observe_seconds)
                 while algo.iteration < settings.iterations:
                     result = algo.train()
                     last = iteration_row(result, offset + time.monotonic() - start)
                     run.append_progress(last)
                     on_iteration(last)
                     if last.iteration % settings.checkpoint_every == 0 or last.iteration >= settings.iterations:
-                        checkpoint = _checkpoint(algo, run, settings, last, meta)
-                policy = run.policy if (run.policy / "policy.pt").is_file() else None
-                return TrainResult(run.path, int(algo.iteration), resumed_from, last, checkpoint, policy)
+                        checkpoint = _checkpoint(algo, run, last, meta)
+                        if last.iteration >= settings.iterations:
+                            done = TrainResult(run.path, last.iteration, resumed_from, last, checkpoint, run.policy)
+                        _prune(run, settings)
+                if done is None:  # restored at (or past) the iterations asked for: its policy as it is
+                    assert checkpoint is not None
+                    done = TrainResult(run.path, int(algo.iteration), resumed_from, last, checkpoint,
+                                       _policy_of(run, checkpoint, meta))
+        except KeyboardInterrupt:
+            if done is None:
+                if checkpoint is None and run.latest_checkpoint() is None:  # stopped before its first checkpoint
+                    run.discard(kept=held)
+                raise
+            # trained and exported: a stop now (while checkpoints are pruned) ends no work
         except BaseException:
-            if checkpoint is None and run.latest_checkpoint() is None:  # stopped before its first checkpoint
+            if checkpoint is None and run.latest_checkpoint() is None:
                 run.discard(kept=held)
             raise
         finally:
+            _stop(algo, disconnect if connected else None, finished=done is not None)
+        assert done is not None
+        return done
+
+
+def _default_meta(seconds: bool) -> dict[str, Any]:
+    from autotune.envs import ENV_ID
+    from autotune.rl.policy import layout
+
+    return {**layout(seconds), "env": ENV_ID}
+
+
+def _policy_of(run: TrainingRun, checkpoint: Path, policy_meta: Mapping[str, Any] | None) -> Path | None:
+    """The run's policy/ exported at `checkpoint`: exported again where it is missing, incomplete (an export cut
+    short by an older version) or another checkpoint's. None, with a warning on stderr, where the checkpoint does
+    not export (it is not an RLlib checkpoint of this policy)."""
+    if policy_exported(run, checkpoint):
+        return run.policy
+    settings = run.settings()
+    meta = dict(policy_meta) if policy_meta is not None else \
+        _default_meta(settings.observe_seconds if settings is not None else False)
+    try:
+        return export_checkpoint(checkpoint, run.policy, {**meta, "training": training_meta(run, checkpoint.name)})
+    except ConfigError as err:
+        print(f"warning: {run.policy} could not be exported again from checkpoint {checkpoint.name}: {err}",
+              file=sys.stderr)
+        return None
+
+
+def _stop(algo: Any, disconnect: Callable[[], None] | None, finished: bool) -> None:
+    """Stop the algorithm and Ray with Ctrl-C, SIGTERM and SIGHUP held back: one that comes meanwhile cuts neither
+    short (Ray's shutdown half done would leave its processes, and its exit handler would meet the signal). It
+    changes nothing: a `finished` run is done, any other is ending on an exception (a stop: KeyboardInterrupt)
+    already. A second signal stops the stopping (KeyboardInterrupt, unless the run is `finished`)."""
+    try:
+        with deferred_signals():
             if algo is not None:
                 algo.stop()
-            if connected:
+            if disconnect is not None:
                 disconnect()
+    except KeyboardInterrupt:
+        if not finished:
+            raise
 
 
-def _checkpoint(algo: Any, run: TrainingRun, settings: TrainSettings, row: Iteration, meta: Mapping[str, Any]) -> Path:
+@contextmanager
+def deferred_signals() -> Iterator[list[int]]:
+    """Within the block, the first SIGINT, SIGTERM or SIGHUP (unless ignored) is noted in the list yielded rather than
+    raised; a second raises KeyboardInterrupt. The previous handlers come back afterwards. Outside the main thread it
+    notes nothing."""
+    caught: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield caught
+        return
+
+    def note(signum: int, frame: Any) -> None:
+        if caught:
+            raise KeyboardInterrupt
+        caught.append(signum)
+
+    handled = [signal.SIGINT, signal.SIGTERM] + \
+        ([signal.SIGHUP] if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN else [])
+    previous = {signum: signal.signal(signum, note) for signum in handled}
+    try:
+        yield caught
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _checkpoint(algo: Any, run: TrainingRun, row: Iteration, meta: Mapping[str, Any]) -> Path:
+    """Save checkpoint NNNNNN, export its policy, then point `latest` at it: a stop before the pointer moves
+    resumes from the previous one, whatever policy/ holds (the old complete one or the new one)."""
     run.checkpoints.mkdir(parents=True, exist_ok=True)
     name = f"{row.iteration:06d}"
     path = run.checkpoints / name
     if path.exists():
         shutil.rmtree(path)
     algo.save_to_path(str(path.resolve()))  # RLlib's filesystem layer needs absolute paths
-    # The pointer moves only once the checkpoint is complete: a kill mid-save resumes from the previous one.
-    run.point_latest(name)
-    held = run.checkpoint_names()
-    if settings.keep_checkpoints:  # 0: every one is kept
-        for old in held[:-settings.keep_checkpoints]:
-            shutil.rmtree(run.checkpoints / old, ignore_errors=True)
     export_checkpoint(path, run.policy, {**meta, "training": training_meta(run, name)})
+    run.point_latest(name)
     return path
+
+
+def _prune(run: TrainingRun, settings: TrainSettings) -> None:
+    """Remove the checkpoints older than the newest `keep_checkpoints` (0: every one is kept)."""
+    if settings.keep_checkpoints:
+        for old in run.checkpoint_names()[:-settings.keep_checkpoints]:
+            shutil.rmtree(run.checkpoints / old, ignore_errors=True)

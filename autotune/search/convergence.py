@@ -166,7 +166,7 @@ class StopRule:
 
 def check_stop_when(value: Any, name: str = "stop_when") -> float:
     """`value` as a threshold, or ConfigError naming it and what is allowed."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < 1:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= float(value) < 1:
         raise ConfigError(f"{name} {value!r}: allowed {STOP_WHEN_ALLOWED}")
     return float(value)
 

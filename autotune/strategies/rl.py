@@ -190,7 +190,7 @@ def load_policy(folder: str | Path) -> "Policy":
     observation and action spaces (DeepSpeedMemoryEnv's: a feature per observation, a logit per action)."""
     from autotune.envs.actions import ACTIONS
     from autotune.envs.observation import size
-    from autotune.rl.policy import META, WEIGHTS, Policy, training_run_hint
+    from autotune.rl.policy import META, WEIGHTS, NotWeights, Policy, training_run_hint
 
     path = Path(folder)
     expected = f"expected a folder holding {WEIGHTS} and {META}, as `autotune rl export` writes"
@@ -201,6 +201,8 @@ def load_policy(folder: str | Path) -> "Policy":
         raise ConfigError(f"--policy {folder}: no {' or '.join(missing)} there{training_run_hint(path)}: {expected}")
     try:
         policy = Policy.load(path)
+    except NotWeights as err:  # random bytes: torch's own words advise loading it as code (weights_only=False)
+        raise ConfigError(f"--policy {folder}: its {WEIGHTS} and {META} do not load as a policy: {err}") from None
     except ConfigError as err:
         raise ConfigError(f"--policy {folder}: {err}") from None
     except (OSError, RuntimeError, ValueError, KeyError, TypeError, EOFError, pickle.UnpicklingError) as err:
