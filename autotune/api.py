@@ -435,7 +435,7 @@ def check_surface(spec: TuneSpec, got: str) -> None:
     sweep would record a surface it never reads, and its resume without it would be refused. `got`: what the spec
     asks instead, in the CLI's words."""
     if spec.surface is not None and spec.backend != "replay":
-        raise ConfigError(f"--surface {spec.surface} is only for --backend replay (got {got})")
+        raise ConfigError(f"--surface (`surface`) {spec.surface} is only for --backend replay (got {got})")
 
 
 def _model_resolution(spec: TuneSpec) -> Resolved:
@@ -1117,7 +1117,7 @@ def begin(run_dir: RunDir, settings: RunSettings, resume: bool, hint: str = RESU
     if resume:
         differences = run_dir.read_settings().differences(settings)
         if differences:
-            raise ConfigError(f"--resume: {run_dir.path} was started with other settings ({'; '.join(differences)}): "
+            raise ConfigError(f"--resume (resume=True): {run_dir.path} was started with other settings ({'; '.join(differences)}): "
                               f"{hint}")
     else:
         run_dir.write_settings(settings, budget)

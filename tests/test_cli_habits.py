@@ -279,7 +279,7 @@ def test_auto_on_a_machine_without_gpus_refuses_more_ranks_than_cores(monkeypatc
     machine = LocalMachine((), 24 * GiB, 2, "emulated")
     monkeypatch.setattr(devices, "probe", lambda *args, **kwargs: machine)
     code, _, err = cli(["estimate", "--hardware", "auto", "--gpus", "8"], capsys)
-    one_line_error(code, err, "autotune estimate", "--gpus 8 with --hardware auto: auto found no CUDA GPU, CPU only "
+    one_line_error(code, err, "autotune estimate", "--gpus (the workload's `gpus`) 8 with --hardware auto: auto found no CUDA GPU, CPU only "
                    "(2 cores, 24 GiB RAM, bf16 emulated), whose cpu profile runs 1 to 2 ranks; to predict 8 GPUs pass "
                    "--hardware <a GPU profile> (v100-32gb, a100-40gb")
     code, out, _ = cli(["estimate", "--hardware", "auto", "--gpus", "2", "--top", "1", "--json"], capsys)

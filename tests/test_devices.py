@@ -106,12 +106,12 @@ def test_probe_here_finds_this_machine():
 
 
 def test_a_gpu_profile_is_refused_where_there_is_no_gpu():
-    with pytest.raises(ConfigError, match=r"--hardware a100-80gb is a GPU profile, but this machine has no CUDA GPU"):
+    with pytest.raises(ConfigError, match=r"--hardware \(`hardware`\) a100-80gb is a GPU profile, but this machine has no CUDA GPU"):
         check_machine(PROFILES["a100-80gb"], 1, CPU_BOX)
     check_machine(PROFILES["cpu"], 2, gpus("NVIDIA H100 80GB HBM3", 1, 79.1))  # CPU trials run anywhere
     node = gpus("NVIDIA H100 80GB HBM3", 2, 79.1)
     check_machine(PROFILES["h100-80gb"], 2, node, 70 * GiB)
-    with pytest.raises(ConfigError, match=r"--gpus 4: .* this machine has 2 .*allowed 1 to 2"):
+    with pytest.raises(ConfigError, match=r"--gpus \(the workload.s `gpus`\) 4: .* this machine has 2 .*allowed 1 to 2"):
         check_machine(PROFILES["h100-80gb"], 4, node)
     with pytest.raises(ConfigError, match=r"memory budget 80 GiB .* more than this machine's GPU holds"):
         check_machine(PROFILES["h100-80gb"], 1, node, 80 * GiB)

@@ -157,7 +157,7 @@ def test_a_proposal_outside_the_space_is_refused_before_it_is_recorded(tmp_path)
 # -- 5: a surface without the replay backend -----------------------------------------------------------------
 
 def test_a_surface_with_another_backend_is_refused_as_the_cli_refuses_it(tmp_path, capsys):
-    expected = f"--surface {SURFACE} is only for --backend replay (got --backend simulated)"
+    expected = f"--surface (`surface`) {SURFACE} is only for --backend replay (got --backend simulated)"
     with pytest.raises(ConfigError) as err:
         autotune.tune(spec(surface=str(SURFACE)), out=tmp_path / "run")
     assert str(err.value) == expected

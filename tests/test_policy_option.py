@@ -107,7 +107,7 @@ def test_a_folder_that_is_no_exported_policy_is_refused(exported, tmp_path, caps
     empty = tmp_path / "empty"
     empty.mkdir()
     err = one_line_refusal([*argv, str(empty)], tmp_path / "a", capsys)
-    assert f"--policy {empty}" in err and "policy.json" in err and "policy.pt" in err and "autotune rl export" in err
+    assert f"--policy (`policy`) {empty}" in err and "policy.json" in err and "policy.pt" in err and "autotune rl export" in err
     damaged = tmp_path / "damaged"
     shutil.copytree(exported, damaged)
     (damaged / "policy.pt").write_bytes(b"not torch")

@@ -341,7 +341,7 @@ def test_a_wrong_token_or_none_is_refused_at_once_in_one_line(cluster, tmp_path)
             # Ray's own warning, repeated every second while ray.init retried a refused token, is not shown: one
             # line says why, within the probe's bound rather than ray.init's 20 s.
             lines = [line for line in run.stderr.splitlines() if not line.startswith("tuning tiny")]
-            assert lines == [f"autotune tune: error: --ray-address {cluster.address}: the cluster refused this process "
+            assert lines == [f"autotune tune: error: --ray-address (RayOptions' `address`) {cluster.address}: the cluster refused this process "
                              "(RPC error: InvalidAuthToken: Authentication token is missing or incorrect); are "
                              "RAY_AUTH_MODE=token and its token (RAY_AUTH_TOKEN_PATH=FILE, RAY_AUTH_TOKEN, or "
                              "~/.ray/auth_token) set in this environment?"], (case, run.stderr)

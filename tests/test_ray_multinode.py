@@ -193,7 +193,7 @@ def test_tune_refuses_more_ranks_than_the_whole_cluster_holds_in_one_line(cluste
     run = subprocess.run(cmd, env=cluster.env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 2, run.stdout[-2000:] + run.stderr[-2000:]
     last = run.stderr.strip().splitlines()[-1]
-    assert last.startswith("autotune tune: error: --gpus 8: the Ray cluster cannot place 8 ranks of 1 CPU, not even "
+    assert last.startswith("autotune tune: error: --gpus (the workload's `gpus`) 8: the Ray cluster cannot place 8 ranks of 1 CPU, not even "
                            "across its nodes: it holds 4"), last
     assert not (tmp_path / "refused" / "trials.jsonl").exists()
 

@@ -85,9 +85,9 @@ def test_what_a_trial_asks_the_cluster_for():
     gpu = settings("optuna", "deepspeed", model="gpt2-xl", gpus=4, hardware="a100-40gb")
     assert trial_resources(gpu).demand() == {"CPU": 1.0, "GPU": 4.0}
     assert trial_resources(gpu, 8).options()["num_gpus"] == 8.0
-    with pytest.raises(ConfigError, match="--gpus-per-trial 2: a trial of this workload runs 4 ranks"):
+    with pytest.raises(ConfigError, match=r"--gpus-per-trial \(RayOptions' `gpus_per_trial`\) 2: a trial of this workload runs 4 ranks"):
         trial_resources(gpu, 2)
-    with pytest.raises(ConfigError, match="--gpus-per-trial 3: the cpu profile's trials take one CPU per rank"):
+    with pytest.raises(ConfigError, match=r"--gpus-per-trial \(RayOptions' `gpus_per_trial`\) 3: the cpu profile's trials take one CPU per rank"):
         trial_resources(settings("optuna", "deepspeed", gpus=2), 3)
 
 
@@ -98,7 +98,7 @@ def test_a_trial_the_cluster_flags_refuse_is_refused_before_anything_is_written(
     assert main(["tune", "--backend", "simulated", "--gpus", "2", "--gpus-per-trial", "1", "--ray-address", "local",
                  "--out", str(out)]) == 2
     captured = capsys.readouterr()
-    assert captured.out == "" and "--gpus-per-trial 1: a trial of this workload runs 2 ranks" in captured.err
+    assert captured.out == "" and "--gpus-per-trial (RayOptions' `gpus_per_trial`) 1: a trial of this workload runs 2 ranks" in captured.err
     assert not out.exists()
     slots = TrialResources(cpus=0.0, custom=(("slot", 1.0),))
     assert slots.demand() == {"slot": 1.0} and slots.devices == 1.0

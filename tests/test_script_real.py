@@ -86,7 +86,7 @@ def test_plain_script_with_a_config_path_is_tuned_and_its_recommendation_trains(
     code, printed = tune(out, space_file, EXAMPLES / "train_plain.py", script_args, capsys, trials=4, resume=True)
     assert code == 0, printed
     assert tune(out, space_file, EXAMPLES / "train_plain.py", "--steps 5", capsys, trials=5, resume=True)[0] == 2
-    with pytest.raises(ConfigError, match="--resume: .* tuned .*train_plain.py"):
+    with pytest.raises(ConfigError, match=r"--resume \(resume=True\): .* tuned .*train_plain.py"):
         autotune.tune(autotune.TuneSpec.for_script(EXAMPLES / "train_plain.py", ["--steps", "5"],
                                                    memory_budget_bytes=6 * 2**30, space=str(space_file),
                                                    strategy="optuna", trials=5), out, resume=True)

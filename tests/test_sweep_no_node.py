@@ -67,7 +67,7 @@ def test_tune_still_refuses_a_trial_the_cluster_cannot_place_in_one_line(tmp_pat
     code = main(["tune", "--model", "tiny", "--gpus", "3", "--global-batch", "12", "--backend", "deepspeed",
                  "--hardware", "cpu", "--trials", "1", "--out", str(tmp_path / "t"), "--ray-address", "local"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and err[-1].startswith("autotune tune: error: --gpus 3: the Ray cluster cannot place 3 ranks"), err
+    assert code == 2 and err[-1].startswith("autotune tune: error: --gpus (the workload's `gpus`) 3: the Ray cluster cannot place 3 ranks"), err
     assert not (tmp_path / "t" / "trials.jsonl").exists()
 
 

@@ -178,7 +178,7 @@ def test_a_project_name_is_checked_and_a_missing_wandb_named(monkeypatch):
     check_project("p" * 128)
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
-    with pytest.raises(ConfigError, match=r"--wandb proj: W&B tracking needs wandb: pip install 'ds-autotune\[wandb\]'"):
+    with pytest.raises(ConfigError, match=r"--wandb \(`wandb`\) proj: W&B tracking needs wandb: pip install 'ds-autotune\[wandb\]'"):
         check_project("proj")
 
 

@@ -279,7 +279,7 @@ def replay_space(surface_path: Surface | str | Path, workload: Workload, hardwar
             if not values:  # the knob emptied: name the values asked for and why none is left
                 asked = ", ".join(map(str, narrowed.knob_values(knob)))
                 measured = ", ".join(map(str, choices.knob_values(knob)))
-                raise ConfigError(f"--space {space}: {knob} {asked} was not measured in the surface {surface.path} "
+                raise ConfigError(f"--space (`space`) {space}: {knob} {asked} was not measured in the surface {surface.path} "
                                   f"(it measured {knob} {measured}), so the space holds no {knob}: allowed a space "
                                   f"with one of {measured}")
         choices = Choices(**kept, nvme_path=narrowed.nvme_path)

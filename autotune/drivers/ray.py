@@ -93,13 +93,13 @@ def trial_resources(settings: "RunSettings", gpus_per_trial: int | None = None) 
     estimate or read a table and take one CPU."""
     ranks = settings.workload.gpus
     if gpus_per_trial is not None and gpus_per_trial < ranks:
-        raise ConfigError(f"--gpus-per-trial {gpus_per_trial}: a trial of this workload runs {ranks} ranks, "
+        raise ConfigError(f"--gpus-per-trial (RayOptions' `gpus_per_trial`) {gpus_per_trial}: a trial of this workload runs {ranks} ranks, "
                           f"one per device: allowed {ranks} or more")
     if not backend_kind(settings.backend).real:
         return TrialResources(cpus=1.0)
     if settings.hardware.is_cpu:
         if gpus_per_trial is not None:  # taken silently, it changed nothing
-            raise ConfigError(f"--gpus-per-trial {gpus_per_trial}: the {settings.hardware.name} profile's trials "
+            raise ConfigError(f"--gpus-per-trial (RayOptions' `gpus_per_trial`) {gpus_per_trial}: the {settings.hardware.name} profile's trials "
                               "take one CPU per rank and no GPU: allowed with a GPU hardware profile only")
         return TrialResources(cpus=float(ranks), ranks=ranks, per_rank=(("CPU", 1.0),))
     return TrialResources(cpus=1.0, gpus=float(gpus_per_trial or ranks), ranks=ranks, per_rank=(("GPU", 1.0),))
@@ -358,7 +358,7 @@ def run_on_cluster(runs: Sequence[ClusterRun], options: RayOptions, say: Callabl
             resources = trial_resources(run.settings, run.gpus_per_trial)
             unplaced = unplaceable(resources)
             if unplaced is not None and options.refuse_unplaceable:  # `tune`: the command is wrong for this cluster
-                raise ConfigError(f"--gpus {resources.ranks}: {unplaced}")
+                raise ConfigError(f"--gpus (the workload's `gpus`) {resources.ranks}: {unplaced}")
             if isinstance(run.progress, LiveProgress):  # its ETA divides the trials left among the slots
                 run.progress.set_slots(trial_slots(resources, options.concurrency))
             jobs.append(job_for(run.name, run.sweep, run.settings, run.run_dir, run.budget, resources, run.progress,

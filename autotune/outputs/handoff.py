@@ -74,7 +74,7 @@ def narrow_choices(choices: Choices, stack: str) -> tuple[Choices, str | None]:
     kept = tuple(v for v in wanted if v in SWITCH_INTERVALS)
     removed = [v for v in wanted if v not in SWITCH_INTERVALS]
     if not kept:
-        raise ConfigError(f"--stack {stack}: the space's ckpt_interval {list(wanted)} holds no value {_STACK_NAMES[stack]} "
+        raise ConfigError(f"--stack (`stack`) {stack}: the space's ckpt_interval {list(wanted)} holds no value {_STACK_NAMES[stack]} "
                           "can apply: allowed 0 (off) and 1 (every layer)")
     if not removed:
         return choices, None

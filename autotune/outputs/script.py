@@ -210,7 +210,7 @@ def resumed(run_dir: RunDir, settings: RunSettings, script: Script, global_batch
     global batch included, unless --global-batch names another: the differences check refuses that)."""
     stored = Script.from_dict(load(run_dir)["script"])
     if (stored.absolute, stored.args) != (script.absolute, script.args):
-        raise ConfigError(f"--resume: {run_dir.path} tuned {stored.absolute} {shlex.join(stored.args)!r}, not "
+        raise ConfigError(f"--resume (resume=True): {run_dir.path} tuned {stored.absolute} {shlex.join(stored.args)!r}, not "
                           f"{script.absolute} {shlex.join(script.args)!r}")
     known = run_dir.read_settings()
     wanted = known.workload.global_batch if global_batch is None else global_batch

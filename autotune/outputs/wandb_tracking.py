@@ -48,7 +48,7 @@ def check_project(project: str | None) -> None:
     except (ImportError, ValueError):
         found = False
     if not found:
-        raise ConfigError(f"--wandb {project}: W&B tracking needs wandb: pip install 'ds-autotune[{EXTRA}]'")
+        raise ConfigError(f"--wandb (`wandb`) {project}: W&B tracking needs wandb: pip install 'ds-autotune[{EXTRA}]'")
 
 
 class WandbTracker:

@@ -64,7 +64,7 @@ def narrow_choices(choices: Choices, workload: Workload, target_gpus: int | None
     target = workload.with_(gpus=target_gpus)
     kept = tuple(m for m in choices.micro_batch if workload.grad_accumulation(m) and target.grad_accumulation(m))
     if not kept:
-        raise ConfigError(f"--target-gpus {target_gpus}: no micro-batch of the space ({', '.join(map(str, choices.micro_batch))}) "
+        raise ConfigError(f"--target-gpus (`target_gpus`) {target_gpus}: no micro-batch of the space ({', '.join(map(str, choices.micro_batch))}) "
                           f"divides the global batch {workload.global_batch} at both {workload.gpus} and {target_gpus} "
                           f"device(s): allowed micro-batches dividing {workload.global_batch // target_gpus} "
                           f"({', '.join(map(str, divisors(workload.global_batch // target_gpus)))})")
@@ -81,7 +81,7 @@ def for_target(settings: "RunSettings", target_gpus: int, *, script: bool = Fals
     """`settings` tuned for `target_gpus` devices: checked, the space's micro-batches narrowed to those valid at
     both sizes; the note of narrow_choices."""
     if script:
-        raise ConfigError(f"--target-gpus {target_gpus}: not with --script (a script's trials run at the scale it "
+        raise ConfigError(f"--target-gpus (`target_gpus`) {target_gpus}: not with --script (a script's trials run at the scale it "
                           "is launched with)")
     check_target(target_gpus, settings.workload)
     choices, note = narrow_choices(settings.choices, settings.workload, target_gpus)

@@ -113,7 +113,7 @@ def plan(script: str, args: tuple[str, ...], exclude: tuple[str | Path, ...] = (
             continue
         paths.append(PathArg(index, prefix, target))
     if size > limit:
-        raise ConfigError(f"--script {script} with --ray-address: the script's directory and the files its "
+        raise ConfigError(f"--script (`script`) {script} with --ray-address: the script's directory and the files its "
                           f"arguments name hold {format_size(size)}, more than the {format_size(limit)} a Ray "
                           "trial ships; keep large data where every node reads it by an absolute path")
     node_cwd = f"{top}/{base.relative_to(root).as_posix()}" if base.is_relative_to(root) and base != root else top

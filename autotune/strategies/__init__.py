@@ -89,7 +89,7 @@ def with_policy(name: str, policy: Any) -> Callable[[SearchContext], Strategy]:
     """The builder of the registered policy strategy `name` searching with `policy` (a loaded
     autotune.rl.policy.Policy) in place of the shipped one: what Sweep.open builds the sweep's strategy from."""
     if name not in POLICY_STRATEGIES:
-        raise ConfigError(f"--policy: only with --strategy {' or '.join(POLICY_STRATEGIES)} (got --strategy {name})")
+        raise ConfigError(f"--policy (`policy`): only with --strategy {' or '.join(POLICY_STRATEGIES)} (got --strategy {name})")
     module_name, factory = STRATEGIES[name].split(":")
     return functools.partial(getattr(importlib.import_module(module_name), factory), policy=policy)
 

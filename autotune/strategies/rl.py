@@ -195,23 +195,23 @@ def load_policy(folder: str | Path) -> "Policy":
     path = Path(folder)
     expected = f"expected a folder holding {WEIGHTS} and {META}, as `autotune rl export` writes"
     if not path.is_dir():
-        raise ConfigError(f"--policy {folder}: {'not a folder' if path.exists() else 'no such folder'}: {expected}")
+        raise ConfigError(f"--policy (`policy`) {folder}: {'not a folder' if path.exists() else 'no such folder'}: {expected}")
     missing = [name for name in (META, WEIGHTS) if not (path / name).is_file()]
     if missing:
-        raise ConfigError(f"--policy {folder}: no {' or '.join(missing)} there{training_run_hint(path)}: {expected}")
+        raise ConfigError(f"--policy (`policy`) {folder}: no {' or '.join(missing)} there{training_run_hint(path)}: {expected}")
     try:
         policy = Policy.load(path)
     except NotWeights as err:  # random bytes: torch's own words advise loading it as code (weights_only=False)
-        raise ConfigError(f"--policy {folder}: its {WEIGHTS} and {META} do not load as a policy: {err}") from None
+        raise ConfigError(f"--policy (`policy`) {folder}: its {WEIGHTS} and {META} do not load as a policy: {err}") from None
     except ConfigError as err:
-        raise ConfigError(f"--policy {folder}: {err}") from None
+        raise ConfigError(f"--policy (`policy`) {folder}: {err}") from None
     except (OSError, RuntimeError, ValueError, KeyError, TypeError, EOFError, pickle.UnpicklingError) as err:
         # a spec without its keys, weights that are not its network's (another shape), a damaged policy.pt
-        raise ConfigError(f"--policy {folder}: its {WEIGHTS} and {META} do not load as a policy ({first_line(err)}): export "
+        raise ConfigError(f"--policy (`policy`) {folder}: its {WEIGHTS} and {META} do not load as a policy ({first_line(err)}): export "
                           "it again with `autotune rl export`") from None
     obs_dim, n_actions = size(policy.observes_seconds), len(ACTIONS)
     if (policy.spec.obs_dim, policy.spec.n_actions) != (obs_dim, n_actions):
-        raise ConfigError(f"--policy {folder}: its network takes {policy.spec.obs_dim} observation features and "
+        raise ConfigError(f"--policy (`policy`) {folder}: its network takes {policy.spec.obs_dim} observation features and "
                           f"gives {policy.spec.n_actions} actions; the environment has {obs_dim} and {n_actions}: "
                           "retrain it with `autotune rl train`")
     return policy

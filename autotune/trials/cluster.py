@@ -54,7 +54,7 @@ def connect(address: str, num_cpus: int | None = None) -> None:
                  "set in this environment?")
     refused = _ask_gcs(address, CONNECT_TIMEOUT_S)
     if refused:
-        raise ConfigError(f"--ray-address {address}: the cluster refused this process ({refused}); are {token_set}")
+        raise ConfigError(f"--ray-address (RayOptions' `address`) {address}: the cluster refused this process ({refused}); are {token_set}")
     err = (TimeoutError(f"no Ray cluster answered within {CONNECT_TIMEOUT_S:g} s") if refused is None
            else _init_within(ray, address, CONNECT_TIMEOUT_S))
     # A cluster that wants a token Ray was not given may also just never answer: the hint names both causes.
@@ -63,7 +63,7 @@ def connect(address: str, num_cpus: int | None = None) -> None:
         raise ConfigError(f"cannot reach Ray cluster at {address}: {err}; is it a Ray cluster's address "
                           f"(the head's GCS port, or ray://HOST:PORT of its Ray Client server)? And {token}")
     if err is not None:
-        raise ConfigError(f"--ray-address {address}: cannot connect to Ray: {first_line(err)}; is it running, and "
+        raise ConfigError(f"--ray-address (RayOptions' `address`) {address}: cannot connect to Ray: {first_line(err)}; is it running, and "
                           f"{token}") from None
 
 
@@ -288,7 +288,7 @@ def check_reachable(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
     host, sep, port = target.rpartition(":")
     host = host.strip("[]")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"--ray-address {address}: allowed local, auto, HOST:PORT or ray://HOST:PORT")
+        raise ConfigError(f"--ray-address (RayOptions' `address`) {address}: allowed local, auto, HOST:PORT or ray://HOST:PORT")
     if not client:
         host = _ray_host(address, host)
     try:

@@ -210,11 +210,11 @@ def check_machine(hardware: Hardware, ranks: int, machine: LocalMachine, memory_
     if hardware.is_cpu:
         return  # DeepSpeed's CPU accelerator runs on any machine
     if not machine.gpus:
-        raise ConfigError(f"--hardware {hardware.name} is a GPU profile, but this machine has {machine.describe()}: "
+        raise ConfigError(f"--hardware (`hardware`) {hardware.name} is a GPU profile, but this machine has {machine.describe()}: "
                           "real trials need the GPUs they are measured on; use --hardware auto (or cpu) here, or "
                           "the simulated backend to predict a GPU")
     if ranks > len(machine.gpus):
-        raise ConfigError(f"--gpus {ranks}: a trial runs one rank per GPU and this machine has {len(machine.gpus)} "
+        raise ConfigError(f"--gpus (the workload's `gpus`) {ranks}: a trial runs one rank per GPU and this machine has {len(machine.gpus)} "
                           f"({machine.describe()}): allowed 1 to {len(machine.gpus)}")
     smallest = min(g.memory_bytes for g in machine.gpus)
     if memory_budget_bytes is not None and memory_budget_bytes > smallest:
@@ -256,7 +256,7 @@ def check_auto_ranks(machine: LocalMachine, ranks: int) -> None:
     if machine.gpus or ranks <= machine.cpu_count:
         return
     gpu_profiles = ", ".join(name for name, profile in PROFILES.items() if not profile.is_cpu)
-    raise ConfigError(f"--gpus {ranks} with --hardware auto: auto found {machine.describe()}, whose cpu profile runs "
+    raise ConfigError(f"--gpus (the workload's `gpus`) {ranks} with --hardware auto: auto found {machine.describe()}, whose cpu profile runs "
                       f"1 to {machine.cpu_count} ranks; to predict {ranks} GPUs pass --hardware <a GPU profile> "
                       f"({gpu_profiles}) or a YAML file")
 
