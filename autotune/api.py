@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Collection, Iterable, Iterator, Sequence
 
 from autotune.backends import Backend
-from autotune.backends.replay import load_surface, replay_space
+from autotune.backends.replay import check_replay_budget, load_surface, replay_space
 from autotune.backends.factory import TrialOptions, as_backend, backend_kind, backend_names, make_backend, simulated_sleep_s
 from autotune.prediction.calibrate import CALIBRATION_FILE, quality, save_calibration
 from autotune.values.config import ConfigError
@@ -446,6 +446,8 @@ def _model_resolution(spec: TuneSpec) -> Resolved:
             raise ConfigError("the replay backend needs a surface (a JSONL of measured results)")
         surface = load_surface(spec.surface)
         space = replay_space(surface, spec.workload, spec.hardware, spec.space)
+        if spec.memory_budget_bytes is not None:
+            check_replay_budget(surface, spec.memory_budget_bytes)
         read_notes = surface.notes  # what reading it changed: a torn last line left out
     else:
         read_notes = ()

@@ -1,5 +1,6 @@
 """`autotune surface record` / `show`: resumable recording, metadata, refusals."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -143,7 +144,7 @@ class CrashingFirst:
         self.runs.append(config)
         if self.runs.count(config) == 1:
             return TrialResult(config, "crash", backend=self.name, error="EADDRINUSE")
-        return self.inner.run(config)
+        return replace(self.inner.run(config), backend=self.name)  # as a backend's results say: its own name
 
 
 def test_crashed_trials_are_run_again_and_every_attempt_kept(space_file, tmp_path):
@@ -181,7 +182,7 @@ class StopsAfter(CrashingFirst):
             if self.interrupt:
                 raise KeyboardInterrupt
             self.fatal = "every trial fails the same way"
-        return self.inner.run(config)
+        return replace(self.inner.run(config), backend=self.name)
 
 
 def test_a_fatal_backend_stops_the_recording_and_an_interrupted_one_resumes(space_file, tmp_path, capsys):
@@ -284,3 +285,40 @@ def test_a_real_recording_runs_its_second_trial_on_ranks_started_ahead_and_leave
     assert first.extra["import_ahead_s"] is None and second.extra["import_ahead_s"] > 0
     assert second.extra["steps_applied"] >= 1 and second.extra["loss_first"] != second.extra["loss_last"]
     assert not list((logs / "spares").iterdir())  # none left for a trial that will not come
+
+
+def test_a_surface_holds_one_backends_lines_and_replays_no_budget_its_ooms_say_nothing_of(space_file, tmp_path,
+                                                                                        capsys):
+    """A simulated recording appended into a measured surface replayed as measurements; a budget above the one its
+    out-of-memory configs were recorded under replayed them as out of memory, recommending a slower config."""
+    from dataclasses import replace as changed
+
+    from autotune.values.results import append_result
+
+    out = tmp_path / "surface.jsonl"
+    assert record(space_file, out) == 0
+    measured = tmp_path / "measured.jsonl"
+    lines = read_results(out)
+    for line in lines:
+        append_result(measured, changed(line, backend="deepspeed"))
+    assert record(space_file, measured) == 2
+    assert "was recorded by the deepspeed backend, not simulated" in capsys.readouterr().err
+    mixed = tmp_path / "mixed.jsonl"
+    for line in (changed(lines[0], backend="deepspeed"), *lines[1:]):
+        append_result(mixed, line)
+    assert main(["tune", "--backend", "replay", "--surface", str(mixed), "--out", str(tmp_path / "m")]) == 2
+    assert "recorded by two backends, deepspeed and simulated" in capsys.readouterr().err
+    budget = 800 * 2**20
+    ooms = tmp_path / "ooms.jsonl"
+    for line in (changed(lines[0], status="oom", memory_budget_bytes=budget, throughput_samples_per_s=None,
+                         tokens_per_s=None, step_time_s=None), *lines[1:]):
+        append_result(ooms, changed(line, memory_budget_bytes=budget))
+    assert main(["tune", "--backend", "replay", "--surface", str(ooms), "--memory-budget", "2GiB", "--out",
+                 str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "--memory-budget (`memory_budget_bytes`) 2 GiB: the surface" in err and "allowed up to 800 MiB" in err
+    assert main(["tune", "--backend", "replay", "--surface", str(ooms), "--memory-budget", "800MiB", "--trials", "2",
+                 "--out", str(tmp_path / "fine")]) == 0
+    assert main(["tune", "--backend", "replay", "--surface", str(out), "--seq-len", "512", "--out",
+                 str(tmp_path / "s")]) == 2
+    assert "--seq-len 512: the surface" in capsys.readouterr().err  # it replayed seq 256 and said nothing

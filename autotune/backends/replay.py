@@ -29,7 +29,7 @@ from autotune.values.results import TrialResult, read_results, relabel_note, rel
 from autotune.values.settings import RunSettings
 from autotune.values.space import Choices, Space
 from autotune.values.workload import Workload, make_workload
-from autotune.values.units import counted
+from autotune.values.units import counted, format_size
 
 if TYPE_CHECKING:
     from autotune.values.settings import RunSettings
@@ -76,6 +76,7 @@ def load_surface(path: str | Path) -> Surface:
     results = {config: replayed_run(config_runs) for config, config_runs in runs.items()}
     workloads: dict[str, Any] = {}  # each recorded workload once, in the order first seen
     hardware_names: dict[str, None] = {}
+    backends = list(dict.fromkeys(r.backend for r in lines))  # a simulation's lines are no measurements'
     for r in lines:
         if r.extra.get("workload") is not None:
             workloads.setdefault(_json_key(r.extra["workload"]), r.extra["workload"])
@@ -88,6 +89,8 @@ def load_surface(path: str | Path) -> Surface:
     elif len(hardware_names) > 1:
         first, second = list(hardware_names)[:2]
         mixed = f"its lines were recorded on two hardwares, {first} and {second}"
+    elif len(backends) > 1:
+        mixed = f"its lines were recorded by two backends, {backends[0]} and {backends[1]}"
     workload = recorded[0] if len(recorded) == 1 else None
     hardware = next(iter(hardware_names)) if len(hardware_names) == 1 else None
     notes = (relabel_note(relabelled(lines), path), torn_tail(path))
@@ -130,26 +133,28 @@ def median_run(runs: list[TrialResult]) -> TrialResult:
 
 
 # How check_replay names what it was given: tune's flags, or the environment's keys.
-FLAGS = {"model": "--model", "global_batch": "--global-batch", "gpus": "--gpus", "hardware": "--hardware"}
+FLAGS = {"model": "--model", "global_batch": "--global-batch", "gpus": "--gpus", "hardware": "--hardware",
+         "seq_len": "--seq-len"}
 ENV_KEYS = {"model": "env_config['workload']", "global_batch": "env_config['workload'] global_batch",
-            "gpus": "env_config['workload'] gpus", "hardware": "env_config['hardware']"}
+            "gpus": "env_config['workload'] gpus", "hardware": "env_config['hardware']",
+            "seq_len": "env_config['workload'] seq_len"}
 
 
 def check_replay(surface: Surface, *, model: str | None = None, global_batch: int | None = None,
                  gpus: int | None = None, hardware: Hardware | None = None, given_hardware: str | None = None,
-                 names: Mapping[str, str] = FLAGS) -> None:
+                 names: Mapping[str, str] = FLAGS, seq_len: int | None = None) -> None:
     """Refuse, in one line, to replay `surface` as anything but what it recorded: a surface whose lines disagree on
     the workload or the hardware, or a model, global batch, GPU count or hardware (the profile's name) other than
     its own. What the surface does not record (old records) is not checked. `given_hardware`: how the hardware
     was asked for, where that is not its name (`auto`); `names`: the flags or keys to name."""
     if surface.mixed:
         raise ConfigError(f"surface {surface.path}: {surface.mixed}: replay refuses a surface of several; "
-                          "split it into one surface per workload and hardware")
+                          "split it into one surface per workload, hardware and backend")
     recorded = surface.workload
     if recorded is not None:
         for key, given, value in (("model", model, recorded.model.name), ("global_batch", global_batch,
                                                                            recorded.global_batch),
-                                  ("gpus", gpus, recorded.gpus)):
+                                  ("gpus", gpus, recorded.gpus), ("seq_len", seq_len, recorded.model.seq_len)):
             if given is not None and given != value:
                 raise ConfigError(f"{names[key]} {given}: the surface {surface.path} was recorded with {value}")
     if hardware is not None and surface.hardware is not None and hardware.name != surface.hardware:
@@ -233,12 +238,12 @@ def surface_space(surface: Surface, hardware: Hardware | None = None, workload: 
 
 
 def replay_workload(surface_path: str | Path, model: str | None = None, global_batch: int | None = None,
-                    gpus: int | None = None) -> Workload:
+                    gpus: int | None = None, seq_len: int | None = None) -> Workload:
     """A replay sweep's workload: the surface's (a given model, batch or GPU count must agree with it: check_replay),
     or, when no line of the surface records one (records older than that key), the one these name (tiny by
     default)."""
     surface = load_surface(surface_path)
-    check_replay(surface, model=model, global_batch=global_batch, gpus=gpus)
+    check_replay(surface, model=model, global_batch=global_batch, gpus=gpus, seq_len=seq_len)
     if surface.workload is None:
         return make_workload(model or "tiny", global_batch, gpus or 1)
     return surface.workload
@@ -286,6 +291,19 @@ def replay_space(surface_path: Surface | str | Path, workload: Workload, hardwar
     return surface_space(surface, hardware, workload, choices).require_configs()
 
 
+def check_replay_budget(surface: Surface, budget: int) -> None:
+    """Refuse, in one line, a budget above the one a surface's out-of-memory configs were recorded under: such a
+    config only ran out of that budget, and would replay as out of memory under any larger one (a wrong
+    recommendation, the configs that fit between the two never offered)."""
+    recorded = [r.memory_budget_bytes for r in surface.results.values() if r.status == "oom" and r.memory_budget_bytes]
+    if recorded and budget > min(recorded):
+        ooms = sum(r.status == "oom" for r in surface.results.values())
+        raise ConfigError(f"--memory-budget (`memory_budget_bytes`) {format_size(budget)}: the surface {surface.path} "
+                          f"was recorded under {format_size(min(recorded))}, and its {ooms} out-of-memory config(s) "
+                          f"say nothing of a larger budget: allowed up to {format_size(min(recorded))} (or record "
+                          "the surface again under the larger budget)")
+
+
 def replay_settings(surface_path: str | Path, *, model: str | None = None, global_batch: int | None = None,
                     gpus: int | None = None, hardware: Hardware | str | None = None, space: str | None = None,
                     memory_budget: int | None = None, strategy: str, seed: int = 0) -> tuple["RunSettings", Space]:
@@ -294,6 +312,8 @@ def replay_settings(surface_path: str | Path, *, model: str | None = None, globa
     from autotune.values.settings import RunSettings, memory_budget as default_budget
 
     resolved = replay_space(surface_path, replay_workload(surface_path, model, global_batch, gpus), hardware, space)
+    if memory_budget is not None:
+        check_replay_budget(load_surface(surface_path), memory_budget)
     settings = RunSettings(resolved.workload, resolved.hardware, default_budget(memory_budget, resolved.hardware),
                            strategy, "replay", seed, resolved.choices, surface=str(Path(surface_path).resolve()))
     return settings, resolved

@@ -29,9 +29,9 @@ from autotune.values.config import Config, ConfigError, first_line
 from autotune.commands.common import (add_json_argument, add_workload_arguments, emit_json, json_command, make_dir,
                                       positive_int, size, space_from, target_from)
 from autotune.files import is_file
-from autotune.values.results import STATUSES
+from autotune.values.results import STATUSES, TrialResult, read_results
 from autotune.values.settings import RunSettings, memory_budget
-from autotune.drivers.recording import RecordingInterrupted, describe_workload, record_surface
+from autotune.drivers.recording import Recorded, RecordingInterrupted, describe_workload, record_surface
 from autotune.trials.interrupts import stop_signals_as_interrupt
 from autotune.values.units import counted, format_size
 from autotune.worker.measure import MeasureSettings
@@ -99,6 +99,7 @@ def run_record(args: argparse.Namespace) -> int:
                               defaults.rel_tol, args.max_measure_s)
     only = None if args.configs is None else configs_in(args.configs, space)
     make_dir(args.out.parent, "--out")  # every input checked: now the surface's folder may be created
+    before = len(read_results(args.out))  # the lines already there (record_surface refuses a file it cannot read)
     # A recording runs its trials one after another here: the next trial's ranks start ahead from its first.
     backend = make_backend(settings, options=TrialOptions(str(logs), args.timeout, measure, in_sequence=True))
     console = Console(highlight=False, soft_wrap=True)
@@ -115,27 +116,64 @@ def run_record(args: argparse.Namespace) -> int:
                                   retries=args.retries, repeats=args.repeats, only=only, progress=say)
     except RecordingInterrupted as stop:  # every finished trial is in the file: the same command skips them
         part = stop.recorded
-        print(f"{args._prog}: interrupted: {counted(part.recorded, 'config')} recorded now in {args.out}, "
-              f"{part.total_measured} of {part.total_measured + stop.left} measured; the same command records the "
-              "rest", file=sys.stderr)
+        counts = RecordCounts.read(args.out, before, space)
+        print(f"{args._prog}: interrupted: {counts.now(part, args.repeats)} in {args.out}, "
+              f"{counts.measured(part, part.total_measured + stop.left, args.repeats, only)}; the same command "
+              "records the rest", file=sys.stderr)
         if args.json:
-            emit_json(args, {"surface": str(args.out), **part.to_dict(), "left": stop.left, "interrupted": True})
+            emit_json(args, {"surface": str(args.out), **part.to_dict(), **counts.to_dict(), "left": stop.left,
+                             "interrupted": True})
         return 130
     finally:
         backend.close()  # the next trial's ranks, started ahead for a trial that will not come
-    console.print(f"{args.out}: {counted(done.recorded, 'config')} recorded now, {done.total_measured} of {len(space)} measured")
+    counts = RecordCounts.read(args.out, before, space)
+    console.print(f"{args.out}: {counts.now(done, args.repeats)}, "
+                  f"{counts.measured(done, len(space) if only is None else len(only), args.repeats, only)}"
+                  + (f"; the surface holds {counts.surface_configs} of the space's {len(space)} configs"
+                     if only is not None else ""))
     if done.fatal:
         console.print(f"stopped: {done.fatal}")
     if args.json:
         emit_json(args, {"surface": str(args.out), "workload": workload.to_dict(), "hardware": hardware.name,
-                         "backend": args.backend, **done.to_dict(), "configs": len(space),
+                         "backend": args.backend, **done.to_dict(), **counts.to_dict(), "configs": len(space),
+                         "selected": None if only is None else len(only),
                          "logs": str(logs) if args.backend == "deepspeed" else None})
     return 1 if done.fatal else 0
+
+
+class RecordCounts:
+    """What this call added to the surface, read back from the file (read_results) past the `before` lines it held:
+    `Recorded.recorded` counts configs run to an end once per pass, so with --repeats it is trials, not configs."""
+
+    def __init__(self, new: list[TrialResult], surface_configs: int) -> None:
+        self.trials = len(new)  # lines appended: every measurement and every crashed attempt
+        self.configs = len({r.config for r in new})
+        self.surface_configs = surface_configs  # configs of the space with at least one line in the file
+
+    @classmethod
+    def read(cls, out: Path, before: int, space) -> "RecordCounts":
+        results = read_results(out)
+        return cls(results[before:], len({r.config for r in results if r.config in space}))
+
+    def now(self, done: Recorded, repeats: int) -> str:
+        if repeats == 1:  # one trial a config (a crash's retries aside): configs run to an end
+            return f"{counted(done.recorded, 'config')} recorded now"
+        return f"{counted(self.trials, 'trial')} of {counted(self.configs, 'config')} recorded now"
+
+    def measured(self, done: Recorded, of: int, repeats: int, only: list[Config] | None) -> str:
+        times = f" {repeats} times" if repeats > 1 else ""
+        return (f"{done.total_measured} of {of} measured{times}" if only is None
+                else f"{done.total_measured} of the {counted(of, 'config')} of --configs measured{times}")
+
+    def to_dict(self) -> dict[str, int]:
+        return {"trials": self.trials, "trial_configs": self.configs, "surface_configs": self.surface_configs}
 
 
 def configs_in(path: Path, space) -> list[Config]:
     """The configs named in a JSONL file (lines with a "config" object, or config objects), each of `space`."""
     if not is_file(path):
+        if path.is_dir():
+            raise ConfigError(f"--configs {str(path)!r} is a directory: name a JSONL file of configs")
         raise ConfigError(f"--configs {str(path)!r}: no such file")
     configs: list[Config] = []
     for n, line in enumerate(path.read_text().splitlines(), 1):
@@ -170,7 +208,8 @@ def run_show(args: argparse.Namespace) -> int:
     console.print(f"{args.surface}: {counted(len(results), 'config')} of {who} on {surface.hardware or 'unknown hardware'}; "
                   + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
                   + (f" under a budget of {format_size(budget)}" if budget else ""))
-    for note in (*surface.notes, *([f"{args.surface}: {surface.mixed}: replay refuses it"] if surface.mixed else [])):
+    notes = [*surface.notes, *([f"{args.surface}: {surface.mixed}: replay refuses it"] if surface.mixed else [])]
+    for note in notes:  # --json carries them too (`notes`, `mixed`)
         console.print(note)
     ranked = sorted((r for r in results if r.ok), key=lambda r: -(r.throughput_samples_per_s or 0))
     table = Table(title=f"Fastest {counted(min(args.top, len(ranked)), 'config')}" + (f" within {format_size(budget)}" if budget
@@ -180,6 +219,7 @@ def run_show(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(args, {"surface": str(args.surface), "workload": None if workload is None else workload.to_dict(),
                          "hardware": surface.hardware, "configs": len(results), "status_counts": counts,
+                         "notes": notes, "mixed": surface.mixed,
                          "memory_budget_bytes": budget,
                          "fastest": [dict(r.to_dict(), rank=i, label=r.config.label())
                                      for i, r in enumerate(ranked[:args.top], 1)]})

@@ -7,6 +7,7 @@ be built (one line naming the fix, nothing recorded), 2 for bad input."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -26,7 +27,7 @@ from autotune.values.config import OFFLOADS, PRECISIONS, ZERO_STAGES, Config, Co
 from autotune.values.dsconfig import DsOptions
 from autotune.prediction.estimate import MEMORY_TERMS, Calibration, Estimate, estimate
 from autotune.values.hardware import PROFILES, Hardware
-from autotune.values.results import TrialResult, append_result, read_results
+from autotune.values.results import TrialResult, append_result, read_results, repair_tail
 from autotune.commands.script import add_arguments as script_arguments, script_from
 from autotune.script.batch import settle
 from autotune.script.inspect_model import describe
@@ -102,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
     measure = measure_settings(args)
     name = workload.model.name.replace("/", "--")  # a preset's name, or a file's model's (a Hub id: owner--name)
     run_dir = created_run_dir(args, f"runs/trials/{name}-b{workload.global_batch}-g{workload.gpus}")
+    check_record(run_dir / "trials.jsonl", read=args.calibrate)  # a trial that runs is recorded (and refitted on)
     calibration = load_calibration(run_dir, workload, hardware) or Calibration()
     backend = deepspeed_backend(workload, args.memory_budget, hardware, DsOptions(nvme_path=args.nvme_path),
                                 run_dir / "logs", args.timeout, measure, calibration=calibration)
@@ -136,6 +138,23 @@ def created_run_dir(args: argparse.Namespace, default: str) -> Path:
     run_dir = make_dir(Path(args.run_dir or default), "--run-dir" if args.run_dir else "the default run directory")
     args._run_dir = run_dir
     return run_dir
+
+
+def check_record(path: Path, read: bool = False) -> None:
+    """Refuse, before anything is launched, a record file the trial's result could not be appended to, or (`read`:
+    --calibrate) one whose lines the refit after the trial could not read: a trial that runs is recorded and shown.
+    The append's own checks (repair_tail: a symbolic link, a file that cannot be opened for appending, a torn last
+    line moved aside, as the append would) and the refit's own reader (read_results) do it, as ConfigErrors."""
+    if os.path.lexists(path) and not os.path.islink(path) and not os.path.isfile(path):
+        kind = "is a directory" if os.path.isdir(path) else "is not a regular file"
+        raise ConfigError(f"{path} {kind}: the trial's result cannot be appended to it (remove it)")
+    repaired = repair_tail(path)  # ConfigError for a link or an unwritable file; a torn tail moved aside
+    if repaired:
+        print(repaired, file=sys.stderr)
+    if not os.path.lexists(path) and not os.access(path.parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{path}: cannot be created ({path.parent} is not writable)")
+    if read:
+        read_results(path)  # what _recalibrate reads after the trial: a bad line refused now, not after
 
 
 def check_config(config: Config, workload: Workload, hardware: Hardware, nvme_path: str | None) -> None:
@@ -254,6 +273,7 @@ def run_script_trial(args: argparse.Namespace) -> int:
     measure = measure_settings(args)
     run_dir = created_run_dir(args, f"runs/trials/script-{Path(script.path).stem}"
                                     f"{'' if keep else f'-b{workload.global_batch}'}-g{workload.gpus}")
+    check_record(run_dir / "trials.jsonl")
     backend = script_backend(script, workload, args.memory_budget, hardware, DsOptions(nvme_path=args.nvme_path),
                              run_dir / "logs", args.timeout, measure, shape_known=False, keep_script_batch=keep)
     result = backend.run(config) if args.json else _run_with_progress(backend, config)

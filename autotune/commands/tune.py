@@ -202,7 +202,7 @@ def spec_from(args: argparse.Namespace) -> TuneSpec:
     if args.backend == "replay":
         if args.surface is None:
             raise ConfigError("--backend replay needs --surface FILE (a JSONL of measured results)")
-        workload = replay_workload(args.surface, args.model, args.global_batch, args.gpus)
+        workload = replay_workload(args.surface, args.model, args.global_batch, args.gpus, getattr(args, "seq_len", None))
         hardware = args.hardware
     else:
         args.model = args.model or DEFAULT_MODEL

@@ -92,6 +92,9 @@ def record_surface(space: Space, backend: Backend, out: Path, *, order_seed: int
             raise ConfigError(f"{out} was recorded for another workload ({describe_workload(recorded_for)}): "
                               f"choose another --out (`out`) or the same --model/--gpus/--global-batch (the space's "
                               "workload)")
+        if result.backend != backend.name:  # a simulation's figures beside measurements would replay as measured
+            raise ConfigError(f"{out} was recorded by the {result.backend} backend, not {backend.name}: choose another "
+                              "--out (`out`), or the same backend")
         on = result.extra.get("hardware")
         if on is not None and on != hardware.name:
             raise ConfigError(f"{out} was recorded on {on!r}, not {hardware.name!r}: choose another --out (`out`) or "
