@@ -26,7 +26,10 @@ from autotune.values.argtypes import given_path, whole
 from autotune.values.config import Config, ConfigError
 from autotune.values.results import TrialResult, append_result, read_results, repair_tail
 from autotune.values.space import Space
-from autotune.values.units import counted, format_size
+from autotune.values.units import counted, exact_size, format_size
+
+
+SAME_BUDGET = 0.001  # budgets this close (relative) are one surface's
 
 
 def _limit(limit: Any) -> int | None:
@@ -99,10 +102,12 @@ def record_surface(space: Space, backend: Backend, out: Path, *, order_seed: int
         if on is not None and on != hardware.name:
             raise ConfigError(f"{out} was recorded on {on!r}, not {hardware.name!r}: choose another --out (`out`) or "
                               "the same --hardware (the space's)")
-        # A trial past its budget is stopped as out of memory: measurements at two budgets are not one surface.
-        if budget is not None and result.memory_budget_bytes not in (None, budget):
-            raise ConfigError(f"{out} was recorded under a memory budget of {format_size(result.memory_budget_bytes)}, "
-                              f"not {format_size(budget)}: choose another --out (`out`) or the same --memory-budget "
+        # A trial past its budget is stopped as out of memory: measurements at two budgets are not one surface. The
+        # default budget is the machine's memory as read now, which moves by a few hundred KiB from boot to boot.
+        recorded = result.memory_budget_bytes
+        if budget is not None and recorded is not None and abs(recorded - budget) > SAME_BUDGET * max(recorded, budget):
+            raise ConfigError(f"{out} was recorded under a memory budget of {exact_size(recorded)}, not "
+                              f"{exact_size(budget)}: choose another --out (`out`) or the same --memory-budget "
                               "(the backend's)")
     if only is not None:
         for config in only:

@@ -16,7 +16,7 @@ from autotune.files import short
 from autotune.values.argtypes import whole
 from autotune.values.hardware import Hardware, hardware_from_dict
 from autotune.values.space import Choices, Space, parse_choices
-from autotune.values.units import format_size
+from autotune.values.units import exact_size, format_size
 from autotune.values.workload import Workload
 
 SETTINGS = "run.json"  # the file a sweep's settings are written to, in its run directory
@@ -53,8 +53,8 @@ def within_device(budget: int, hardware: Hardware) -> int:
     """A chosen budget is at most the device's memory: no config could use more, and a recommendation
     "peak 88 GiB of 200 GiB" on an 80 GiB device would not run (one-line ConfigError)."""
     if budget > hardware.memory_bytes:
-        device = format_size(hardware.memory_bytes)
-        raise ConfigError(f"memory budget {format_size(budget)} exceeds {hardware.name}'s {device} per device: allowed "
+        device = exact_size(hardware.memory_bytes)
+        raise ConfigError(f"memory budget {exact_size(budget)} exceeds {hardware.name}'s {device} per device: allowed "
                           f"up to {device} (the device's memory)")
     return budget
 

@@ -62,6 +62,12 @@ def parse_size(text: str | int | float) -> int:
 SIZE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 
 
+def exact_size(size: int) -> str:
+    """A size as format_size says it, with its bytes where that rounds: two sizes a refusal compares must not read
+    alike ("23.5 GiB exceeds 23.5 GiB")."""
+    return format_size(size) if parse_size(format_size(size)) == size else f"{format_size(size)} ({size} bytes)"
+
+
 def format_size(num_bytes: float | None) -> str:
     """Binary units with three significant figures, e.g. '1.50 GiB'."""
     if num_bytes is None:
