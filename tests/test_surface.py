@@ -338,3 +338,29 @@ def test_a_recording_goes_on_under_the_machines_memory_read_again(space_file, tm
     assert "was recorded under a memory budget of 1 GiB, not 2 GiB" in capsys.readouterr().err
     assert main([*moved, "--memory-budget", f"{2**30 + 2**21}B"]) == 2  # 0.2% more: another budget, said exactly
     assert "not 1 GiB (1075838976 bytes)" in capsys.readouterr().err
+
+
+def test_a_replay_where_nothing_fits_quotes_the_smallest_peak_measured(space_file, tmp_path, capsys):
+    """It quoted the smallest predicted peak (792 MiB) where the surface had measured 592 MiB."""
+    from dataclasses import replace as changed
+
+    from autotune.values.results import append_result
+    from autotune.values.units import format_size
+
+    out = tmp_path / "surface.jsonl"
+    assert record(space_file, out) == 0
+    measured = tmp_path / "measured.jsonl"
+    # Measured 8% below their predictions; the budget just below the smallest: the trials run and all are oom.
+    lines = [changed(line, backend="deepspeed", peak_memory_bytes=int(line.peak_memory_bytes * 0.92))
+             for line in read_results(out)]
+    for line in lines:
+        append_result(measured, line)
+    smallest = min(lines, key=lambda r: r.peak_memory_bytes)
+    budget = f"{smallest.peak_memory_bytes - 2**20}B"
+    capsys.readouterr()
+    assert main(["tune", "--backend", "replay", "--surface", str(measured), "--memory-budget", budget,
+                 "--out", str(tmp_path / "r")]) == 1
+    assert (f"no config fits the budget of {format_size(smallest.peak_memory_bytes - 2**20)}: the smallest peak its "
+            "trials saw is "
+            f"{format_size(smallest.peak_memory_bytes)} ({smallest.config.label()}), its prediction dominated by"
+            in capsys.readouterr().out)

@@ -306,9 +306,17 @@ def no_fit_verdict(settings: RunSettings, results: Sequence[TrialResult] = (), i
         return f"no config ran within the budget of {budget}, for reasons other than memory (see the failures)"
     if set(counts) == {DEVICE_MEMORY}:
         smallest = min((pruner.predict(c) for c in fate), key=lambda e: e.peak_bytes)
+        # A peak its trials saw (measured, or recorded in a replayed surface) says more than a prediction.
+        seen = [(r.peak_memory_bytes, c) for c, r in fate.items() if r is not None and r.peak_memory_bytes
+                and settings.backend != "simulated"]
+        if seen and min(seen, key=lambda s: s[0])[0] <= smallest.peak_bytes:
+            peak, config = min(seen, key=lambda s: s[0])
+            smallest = pruner.predict(config)
+            said = f"the smallest peak its trials saw is {format_size(peak)} ({config.label()}), its prediction"
+        else:
+            said = f"the smallest predicted peak is {format_size(smallest.peak_bytes)} ({smallest.config.label()}),"
         term = smallest.memory.dominant
-        return (f"no config fits the budget of {budget}: the smallest predicted peak is "
-                f"{format_size(smallest.peak_bytes)} ({smallest.config.label()}), dominated by {term} "
+        return (f"no config fits the budget of {budget}: {said} dominated by {term} "
                 f"({format_size(getattr(smallest.memory, term))}): {_fits_with(term)}")
     hw = settings.hardware
     details, fixes = [], []
