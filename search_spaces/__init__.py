@@ -29,7 +29,8 @@ def load_choices(name_or_path: str | Path) -> Choices:
     path = preset_path(text) if text in PRESETS else Path(text)
     if not is_file(path):
         hint = did_you_mean(text, PRESETS)  # defualt -> default
-        raise ConfigError(f"search space {text!r}{hint}: no such file; presets are {list(PRESETS)}")
+        what = "is a directory: name a YAML file in it" if path.is_dir() else "no such file"
+        raise ConfigError(f"search space {text!r}{hint}: {what}; presets are {list(PRESETS)}")
     data = load_yaml(path, "a search space (YAML: knob -> list of values)")
     return parse_choices(data, str(path))
 

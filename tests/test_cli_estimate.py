@@ -76,3 +76,10 @@ def test_console_script_runs():
     done = subprocess.run([sys.executable, "-m", "autotune.cli", "estimate", "--top", "3"],
                           capture_output=True, text=True)
     assert done.returncode == 0 and "tiny" in done.stdout
+
+
+def test_a_space_that_is_a_directory_says_so(tmp_path, capsys):
+    from autotune.cli import main
+
+    assert main(["estimate", "--model", "tiny", "--space", str(tmp_path)]) == 2
+    assert f"search space '{tmp_path}': is a directory: name a YAML file in it" in capsys.readouterr().err
