@@ -40,7 +40,7 @@ from autotune.drivers.local import run_local
 from autotune.drivers.progress import Progress, QuietProgress
 from autotune.drivers.stop import StopReason
 from autotune.drivers.sweep import Budget, Hooks, Sweep
-from autotune.files import SQLITE_FULL, NoSpaceLeft, disk_full, make_dir, short
+from autotune.files import SQLITE_FULL, NoSpaceLeft, disk_full, make_dir, sha256, short
 from autotune.outputs.handoff import narrow_choices
 from autotune.outputs.launch import ORIGIN_FILE, Origin
 from autotune.values.hardware import Hardware, load_hardware
@@ -460,6 +460,7 @@ def _model_resolution(spec: TuneSpec) -> Resolved:
     settings = RunSettings(space.workload, space.hardware, memory_budget(spec.memory_budget_bytes, space.hardware),
                            spec.strategy_name, spec.backend_name, spec.seed, space.choices,
                            surface=None if spec.surface is None else str(Path(spec.surface).resolve()),
+                           surface_sha256=None if spec.surface is None else sha256(spec.surface),
                            storage=None if spec.storage is None else canonical_storage(spec.storage),
                            stack=spec.stack, target_gpus=spec.target_gpus, policy=spec.policy_folder,
                            policy_sha256=spec.policy_sha256)

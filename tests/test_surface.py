@@ -364,3 +364,24 @@ def test_a_replay_where_nothing_fits_quotes_the_smallest_peak_measured(space_fil
             "trials saw is "
             f"{format_size(smallest.peak_memory_bytes)} ({smallest.config.label()}), its prediction dominated by"
             in capsys.readouterr().out)
+
+
+def test_a_replay_resumes_only_on_the_surface_it_began_with(space_file, tmp_path, capsys):
+    """A surface whose figures changed was taken: the record mixed the old file's throughputs with the new one's."""
+    import json
+
+    out = tmp_path / "surface.jsonl"
+    assert record(space_file, out) == 0
+    run = ["tune", "--backend", "replay", "--surface", str(out), "--out", str(tmp_path / "r")]
+    assert main([*run, "--trials", "2"]) == 0
+    settings = json.loads((tmp_path / "r" / "run.json").read_text())
+    assert len(settings["surface_sha256"]) == 64
+    assert main([*run, "--trials", "3", "--resume"]) == 0  # the same file: it goes on
+    lines = out.read_text().splitlines()
+    out.write_text("\n".join([*lines[:-1], lines[-1].replace('"status": "ok"', '"status": "oom"')]) + "\n")
+    capsys.readouterr()
+    assert main([*run, "--trials", "4", "--resume"]) == 2
+    assert "was started with other settings (surface_sha256: recorded " in capsys.readouterr().err
+    # A run.json of a sweep begun before the digest resumes as it did (nothing to compare).
+    (tmp_path / "r" / "run.json").write_text(json.dumps({**settings, "surface_sha256": None}))
+    assert main([*run, "--trials", "4", "--resume"]) == 0

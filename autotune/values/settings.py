@@ -79,6 +79,9 @@ class RunSettings:
     policy: str | None = None
     # Its files' digest (autotune.rl.policy.digest): a policy exported again into the same folder is another policy.
     policy_sha256: str | None = None
+    # The replay surface's digest (files.sha256): a surface whose lines changed replays other figures. None: not
+    # replayed, or a run.json written before the digest (its resume is not checked).
+    surface_sha256: str | None = None
 
     def __post_init__(self) -> None:
         # Every builder of settings gets the same one-line refusal, naming the value and what is allowed. A whole
@@ -109,7 +112,7 @@ class RunSettings:
                 "backend": self.backend, "seed": self.seed, "space": self.choices.to_dict(),
                 "surface": self.surface, "storage": masked(self.storage), "stack": self.stack,
                 "target_gpus": self.target_gpus, "policy": self.policy,
-                "policy_sha256": self.policy_sha256}
+                "policy_sha256": self.policy_sha256, "surface_sha256": self.surface_sha256}
 
     @classmethod
     def from_dict(cls, data: Any, source: str = SETTINGS) -> "RunSettings":
@@ -151,17 +154,23 @@ class RunSettings:
         digest = data.get("policy_sha256")  # absent from the run.json of sweeps before the digest
         if digest is not None and not (isinstance(digest, str) and digest):
             raise ConfigError(f"{source}: policy_sha256: {short(digest)}: allowed a policy's digest or null")
+        surface_digest = data.get("surface_sha256")  # absent from the run.json of sweeps before it
+        if surface_digest is not None and not (isinstance(surface_digest, str) and surface_digest):
+            raise ConfigError(f"{source}: surface_sha256: {short(surface_digest)}: allowed a surface's digest or null")
         return cls(workload=workload, hardware=hardware, memory_budget_bytes=data["memory_budget_bytes"],
                    strategy=data["strategy"], backend=data["backend"], seed=data["seed"],
                    choices=parse_choices(data["space"], f"{source}: space"), surface=surface,
                    storage=storage, stack=stack, target_gpus=target, policy=policy,
-                   policy_sha256=digest)
+                   policy_sha256=digest, surface_sha256=surface_digest)
 
     def differences(self, given: "RunSettings") -> list[str]:
         """`key: recorded X, given Y` for every setting that differs, `self` being the recorded settings
         (`hardware.allocator: ...` inside a mapping); the space's last, as --stack and --target-gpus narrow it: the
         flag at fault first."""
-        return sorted(differences(self.to_dict(), given.to_dict()), key=lambda line: line.startswith("space."))
+        recorded = self.to_dict()
+        if self.surface_sha256 is None:  # a sweep recorded before the digest: its surface's lines are not checked
+            recorded["surface_sha256"] = given.surface_sha256
+        return sorted(differences(recorded, given.to_dict()), key=lambda line: line.startswith("space."))
 
 
 def differences(recorded: Mapping[str, Any], given: Mapping[str, Any], prefix: str = "") -> list[str]:
