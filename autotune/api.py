@@ -1043,7 +1043,7 @@ def check_out(run_dir: RunDir, resume: bool) -> None:
     holder = run_dir.busy()
     if holder is not None:
         raise RunDirBusy(f"{run_dir.path} is in use by another tuner (pid {holder}); wait for it to finish or choose "
-                         "another --out (`out` from Python)")
+                         "another --out (`out`)")
     if resume and not run_dir.exists():
         raise ConfigError(f"--resume (resume=True): {run_dir.path} holds no sweep to resume (nothing of one was "
                           "recorded there, e.g. one interrupted before it wrote its settings, or a script's interrupted in "
