@@ -144,11 +144,22 @@ def test_rank_0_names_a_taken_rendezvous_port_and_its_report_says_which(monkeypa
         port = taken.getsockname()[1]
         for name, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1"}.items():
             monkeypatch.setenv(name, value)
-        monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+        # Set (empty: not torchrun's), so that monkeypatch restores its absence after host_store sets it: left set
+        # in this process, every later trial it launched waited on a store nobody served.
+        monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "")
         with pytest.raises(PortTaken, match=f"127.0.0.1:{port} was taken by another process") as raised:
             host_store(torch, datetime.timedelta(seconds=5))
     assert port_evidence(raised.value) == {"port_taken": port}
     assert port_evidence(OSError(98, "Address already in use")) == {}
+
+
+def test_a_trials_ranks_host_their_own_store_whatever_the_tuner_inherited(monkeypatch):
+    """A tuner started under torchrun's agent (or a process where host_store ran) passed TORCHELASTIC_USE_AGENT_STORE
+    on: rank 0 then hosted no store and every rank waited 30 minutes in dist_init (seen in CI)."""
+    from autotune.trials.runner import ranks_environment
+
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    assert "TORCHELASTIC_USE_AGENT_STORE" not in ranks_environment(LaunchOptions(), "cpu", free_port())
 
 
 def test_a_config_deepspeed_cannot_express_is_unsupported_without_a_launch(tmp_path):

@@ -485,6 +485,9 @@ def ranks_environment(options: LaunchOptions, accelerator: str, master_port: int
         base.update(place.env)
         if place.ifname:  # the interface of this node's cluster address ('=': NCCL's exact match, not a prefix)
             base.update(GLOO_SOCKET_IFNAME=place.ifname, NCCL_SOCKET_IFNAME=f"={place.ifname}")
+    # The trial's rank 0 hosts its rendezvous store (autotune.worker.main.host_store); this variable inherited (a
+    # tuner started under torchrun's agent) would have every rank wait, 30 minutes, on a store nobody serves.
+    base.pop("TORCHELASTIC_USE_AGENT_STORE", None)
     base["OMP_NUM_THREADS"] = rank_threads(base, int(base["LOCAL_SIZE"]))
     return base
 
