@@ -92,7 +92,8 @@ def test_outputs_from_a_run_directory(results, settings, tmp_path):
     assert outputs.best == results[2]
     # Trials recorded and no stop.json: the session that ran them was killed; its best is no recommendation yet.
     assert outputs.verdict.startswith("ended without writing its outputs (killed?) after 7 finished trials, "
-                                      f"unfinished: continue it with the same command and --resume --out {run.path}; ")
+                                      f"unfinished: continue it with the same command and --resume --out {run.path} "
+                                      "(resume=True from Python); ")
     assert "best so far z2 mb2 ck0 bf16" in outputs.verdict and "(trial 3)" in outputs.verdict
     for name in ("summary.json", "best_ds_config.json", "best_hf_ds_config.json", "report.md",
                  "plots/throughput_vs_memory.png", "plots/best_so_far.png", "plots/memory_breakdown.png"):
