@@ -411,31 +411,33 @@ def _foreign_folder(path: Path, own: Iterable[str], kinds: Iterable[tuple[str, t
     return f"files that are not {'a training run' if own == OWN_FILES else 'an exported policy'}'s ({some(foreign)})"
 
 
+def _refuse_foreign(out: str | Path, own: Iterable[str], kinds: Iterable[tuple[str, tuple[str, ...]]], whose: str,
+                    kept: tuple[str, str]) -> None:
+    """ConfigError, one line, where `out` holds what `_foreign_folder` finds: not `whose` folder (`kept`: what --out
+    takes besides a new or empty folder)."""
+    path = Path(out)
+    what = _foreign_folder(path, own, kinds)
+    if what == "a file":
+        raise ConfigError(f"{path} exists and is not a directory: give --out a new folder or {whose}")
+    if what is not None:
+        raise ConfigError(f"{path} holds {what}, not {kept[0]}: --out takes a new or empty folder, or {kept[1]}")
+
+
 def check_run_folder(out: str | Path) -> None:
     """ConfigError, one line, where `out` is neither new, nor empty, nor a training run's folder: a `tune` sweep's,
     an exported policy's, a checkpoint's or any other folder of files is refused before anything is written there."""
-    path = Path(out)
-    what = _foreign_folder(path, OWN_FILES, (("a `tune` sweep", SWEEP_FILES), ("an exported policy", POLICY_FILES),
-                                             ("an RLlib checkpoint", CHECKPOINT_FILES)))
-    if what == "a file":
-        raise ConfigError(f"{path} exists and is not a directory: give --out a new folder or a training run's")
-    if what is not None:
-        raise ConfigError(f"{path} holds {what}, not an `autotune rl train` run: --out takes a new or empty folder, "
-                          f"or the folder of a training run to resume it")
+    _refuse_foreign(out, OWN_FILES, (("a `tune` sweep", SWEEP_FILES), ("an exported policy", POLICY_FILES),
+                                     ("an RLlib checkpoint", CHECKPOINT_FILES)), "a training run's",
+                    ("an `autotune rl train` run", "the folder of a training run to resume it"))
 
 
 def check_policy_folder(out: str | Path) -> None:
     """ConfigError, one line, where `out` (where `autotune rl export` writes a policy) is neither new, nor empty, nor
     an exported policy's folder (policy.pt, policy.json, PROVENANCE.md, which the export replaces): a training run's,
     a `tune` sweep's, a checkpoint's or any other folder of files is refused before anything is written there."""
-    path = Path(out)
-    what = _foreign_folder(path, EXPORT_FILES, (("an `autotune rl train` run", RUN_FILES), ("a `tune` sweep", SWEEP_FILES),
-                                                ("an RLlib checkpoint", CHECKPOINT_FILES)))
-    if what == "a file":
-        raise ConfigError(f"{path} exists and is not a directory: give --out a new folder or an exported policy's")
-    if what is not None:
-        raise ConfigError(f"{path} holds {what}, not an exported policy: --out takes a new or empty folder, or the "
-                          f"folder of an earlier exported policy to replace it")
+    _refuse_foreign(out, EXPORT_FILES, (("an `autotune rl train` run", RUN_FILES), ("a `tune` sweep", SWEEP_FILES),
+                                        ("an RLlib checkpoint", CHECKPOINT_FILES)), "an exported policy's",
+                    ("an exported policy", "the folder of an earlier exported policy to replace it"))
 
 
 def check_resumable(run: TrainingRun, settings: TrainSettings) -> None:
