@@ -237,12 +237,12 @@ def surface_space(surface: Surface, hardware: Hardware | None = None, workload: 
     return Space(choices or surface_choices(surface), workload, hardware).restrict(surface.results)
 
 
-def replay_workload(surface_path: str | Path, model: str | None = None, global_batch: int | None = None,
+def replay_workload(surface_path: Surface | str | Path, model: str | None = None, global_batch: int | None = None,
                     gpus: int | None = None, seq_len: int | None = None) -> Workload:
     """A replay sweep's workload: the surface's (a given model, batch or GPU count must agree with it: check_replay),
     or, when no line of the surface records one (records older than that key), the one these name (tiny by
     default)."""
-    surface = load_surface(surface_path)
+    surface = surface_path if isinstance(surface_path, Surface) else load_surface(surface_path)
     check_replay(surface, model=model, global_batch=global_batch, gpus=gpus, seq_len=seq_len)
     if surface.workload is None:
         return make_workload(model or "tiny", global_batch, gpus or 1)
@@ -311,9 +311,10 @@ def replay_settings(surface_path: str | Path, *, model: str | None = None, globa
     autotune.values.settings.memory_budget's, as for every sweep)."""
     from autotune.values.settings import RunSettings, memory_budget as default_budget
 
-    resolved = replay_space(surface_path, replay_workload(surface_path, model, global_batch, gpus), hardware, space)
+    surface = load_surface(surface_path)  # read once: the workload, the space and the budget's check all read it
+    resolved = replay_space(surface, replay_workload(surface, model, global_batch, gpus), hardware, space)
     if memory_budget is not None:
-        check_replay_budget(load_surface(surface_path), memory_budget)
+        check_replay_budget(surface, memory_budget)
     settings = RunSettings(resolved.workload, resolved.hardware, default_budget(memory_budget, resolved.hardware),
                            strategy, "replay", seed, resolved.choices, surface=str(Path(surface_path).resolve()))
     return settings, resolved

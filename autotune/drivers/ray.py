@@ -31,7 +31,6 @@ trials they leave RUNNING are taken over by the resumed study.
 
 from __future__ import annotations
 
-import numbers
 import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -40,6 +39,7 @@ from rich.console import Console
 
 from autotune.backends import Backend
 from autotune.backends.factory import TrialOptions, as_backend, backend_kind, make_backend
+from autotune.values.argtypes import whole
 from autotune.values.config import Config, ConfigError
 from autotune.drivers.loop import Flight, Job, TrialReply, TrialResources, run_jobs
 from autotune.drivers.ray_ranks import NodeLost
@@ -79,10 +79,11 @@ class RayOptions:
             value = getattr(self, name)
             if value is None and name != "max_failures":
                 continue
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+            number = whole(value)
+            if number is None or number < least:
                 raise ConfigError(f"RayOptions {name} {value!r}: allowed a whole number >= {least}"
                                   + ("" if name == "max_failures" else " or None"))
-            object.__setattr__(self, name, int(value))
+            object.__setattr__(self, name, number)
         if not (self.refuse_unplaceable is None or isinstance(self.refuse_unplaceable, bool)):
             raise ConfigError(f"RayOptions refuse_unplaceable {self.refuse_unplaceable!r}: allowed True, False or None")
 
