@@ -167,7 +167,8 @@ def run(args: argparse.Namespace) -> int:
 
 def run_train(args: argparse.Namespace) -> int:
     from autotune.rl.train import (RunDir, Start, TrainSettings, check_replay_budgets, check_run_folder,
-                                   deferred_signals, replay_budgets, shown_budgets, train)
+                                   replay_budgets, shown_budgets, train)
+    from autotune.trials.interrupts import deferred_signals
 
     if args.backend == "replay" and not args.surface:
         raise ConfigError("--backend replay needs --surface FILE (one or more)")

@@ -34,21 +34,18 @@ import math
 import os
 import shlex
 import shutil
-import signal
 import sys
 import tempfile
-import threading
 import time
-from contextlib import contextmanager
 from datetime import datetime, timezone
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from autotune.backends.factory import backend_names
 from autotune.values.config import ConfigError
 from autotune.files import _umask, fsync_dir, sha256, write_atomic
-from autotune.trials.interrupts import stop_signals_as_interrupt
+from autotune.trials.interrupts import deferred_signals, stop_signals_as_interrupt
 from autotune.search.rundir import RunFolder
 from autotune.values.settings import differences
 from autotune.values.units import format_size, shown
@@ -877,31 +874,6 @@ def _stop(algo: Any, disconnect: Callable[[], None] | None, finished: bool) -> N
     except KeyboardInterrupt:
         if not finished:
             raise
-
-
-@contextmanager
-def deferred_signals() -> Iterator[list[int]]:
-    """Within the block, the first SIGINT, SIGTERM or SIGHUP (unless ignored) is noted in the list yielded rather than
-    raised; a second raises KeyboardInterrupt. The previous handlers come back afterwards. Outside the main thread it
-    notes nothing."""
-    caught: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield caught
-        return
-
-    def note(signum: int, frame: Any) -> None:
-        if caught:
-            raise KeyboardInterrupt
-        caught.append(signum)
-
-    handled = [signal.SIGINT, signal.SIGTERM] + \
-        ([signal.SIGHUP] if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN else [])
-    previous = {signum: signal.signal(signum, note) for signum in handled}
-    try:
-        yield caught
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 def _checkpoint(algo: Any, run: TrainingRun, row: Iteration, meta: Mapping[str, Any]) -> Path:

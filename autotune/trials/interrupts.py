@@ -83,3 +83,28 @@ def _leave(terminals: list[tuple[TextIO, int]]) -> None:
             except (OSError, ValueError):  # the terminal is gone already: what was buffered goes with the rest
                 pass
             os.dup2(null.fileno(), fd)
+
+
+@contextmanager
+def deferred_signals() -> Iterator[list[int]]:
+    """Within the block, the first SIGINT, SIGTERM or SIGHUP (unless ignored) is noted in the list yielded rather than
+    raised; a second raises KeyboardInterrupt. The previous handlers come back afterwards. Outside the main thread it
+    notes nothing."""
+    caught: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield caught
+        return
+
+    def note(signum: int, frame: Any) -> None:
+        if caught:
+            raise KeyboardInterrupt
+        caught.append(signum)
+
+    handled = [signal.SIGINT, signal.SIGTERM] + \
+        ([signal.SIGHUP] if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN else [])
+    previous = {signum: signal.signal(signum, note) for signum in handled}
+    try:
+        yield caught
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
