@@ -4,18 +4,20 @@ Phases, in order, each ending by its deadline (benchmarks/kit_plan.py; a phase t
 to the next):
 
 1. install: scripts/gpu-validate installs the bundle offline before this starts and says how long it took;
-2. preflight: DeepSpeed's JIT ops that the recording's and tune's configs load, built once in a child
+2. startup: this process's imports, the device probe and the plan;
+3. preflight: the packages the later phases import, imported (seconds: tune and the trials' ranks in a child started
+   as they are), then DeepSpeed's JIT ops that the recording's and tune's configs load, built once in a child
    (DeepSpeedBackend.preflight, autotune/trials/ops.py), so that no trial waits for a build;
-3. recording: real surfaces of two models (llama-1b and llama-3b at sequence length 1024 on a GPU), pairs of
+4. recording: real surfaces of two models (llama-1b and llama-3b at sequence length 1024 on a GPU), pairs of
    configs on either side of each layout's predicted out-of-memory cliff, round-robin over the models, cliffs
    inside the range first, cheap layouts first among equals; a pair starts only if its expected time fits;
-4. tune: `autotune tune` on the first model, as a user runs it (study.db, hybrid, `--confirm 1`; on the GPU with
+5. tune: `autotune tune` on the first model, as a user runs it (study.db, hybrid, `--confirm 1`; on the GPU with
    `--allocator expandable`, the recording having run PyTorch's default: `allocator_pairs`), under a memory
    budget that half of its space is predicted to fit, so that the cliff lies inside; stopped at its deadline as
    Ctrl-C would stop it;
-5. analysis: per surface, gpu_validation's figures (peak error raw and calibrated, cliffs, replayed searches);
+6. analysis: per surface, gpu_validation's figures (peak error raw and calibrated, cliffs, replayed searches);
    tune's trials against the raw estimator;
-6. pack: at most 8 files in --out (kit.md, kit.json, console.log, the two surfaces, tune's summary and report,
+7. pack: at most 8 files in --out (kit.md, kit.json, console.log, the two surfaces, tune's summary and report,
    logs.tar.gz with everything else).
 
     scripts/gpu-validate gpu-bundle -- --out DIR               # on the GPU machine: the whole call
@@ -24,14 +26,17 @@ to the next):
 A second call with the same --work resumes the recording with layouts not recorded yet (the surfaces are analysed
 whole) and runs tune in a fresh folder (work/tune-2, ...): no call reports an earlier call's results as its own.
 
-Exit 0 with results written, 1 when this machine cannot run the trials (the ops do not build, no GPU seen by the
-ranks) or tune exits with an error (results written all the same), 2 on bad input, 130 when interrupted.
+Exit 0 with results written; 1 when the call ran but this machine cannot run its trials (a package the later phases
+import is missing, the ops do not build, the ranks see no GPU), tune exits with an error, or the results could not be
+packed (kit.md, kit.json and console.log written all the same); 2 before anything runs, nothing written: bad input,
+or no CUDA GPU here without --cpu; 130 when interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -51,7 +56,7 @@ sys.path.insert(0, str(HERE))  # the kit's modules beside this file
 
 import gpu_validation as gv  # noqa: E402
 import kit_plan as kp  # noqa: E402
-from kit_pack import MAX_FILES, pack  # noqa: E402
+from kit_pack import MAX_FILES, PackError, check_folders, pack  # noqa: E402
 from kit_tune import GRACE_S, TuneArgs, fresh_run_dir, run_until, tune_outcome, tune_succeeded  # noqa: E402
 
 from autotune.values.argtypes import positive_float, positive_int  # noqa: E402
@@ -329,10 +334,92 @@ def measured_scale(ran: Sequence[tuple[str, TrialResult]], expected: dict[tuple[
     return min(3.0, max(0.5, took / planned)) if planned > 0 else 1.0
 
 
+# What the phases after the preflight import, imported at its start (seconds), so that a package the bundle lacks
+# fails the call there in one line rather than after minutes of recording (11-26: tune's "No module named
+# 'sqlalchemy'"). `?name`: found, not imported.
+# The kit's own process: the recording's driver and the analysis (its top-level imports ran at its start).
+KIT_IMPORTS = ("autotune.backends.deepspeed", "autotune.values.dsconfig", "autotune.drivers.recording",
+               "autotune.worker.measure", "autotune.backends.replay", "autotune.prediction.calibrate", "scipy.stats")
+# What it starts with `python -m` from its folder (tune_phase, the backend's ranks: this interpreter, this
+# environment): tune's command and strategy, Optuna's storage of study.db (SQLAlchemy; alembic, which imports Mako)
+# and the ranks' module. DeepSpeed is only found: the ops' child imports it next (seconds), and its one line names a
+# module that DeepSpeed lacks.
+CHILD_IMPORTS = ("autotune.cli", "autotune.commands.tune", "autotune.strategies.hybrid", "autotune.worker.main",
+                 "optuna", "sqlalchemy", "sqlalchemy.orm", "alembic.command", "alembic.config", "alembic.migration",
+                 "alembic.script", "?deepspeed")
+
+
+def first_import_failure(names: Sequence[str]) -> str | None:
+    """The first of `names` that cannot be imported (`?name`: found), as one line naming the missing module; None when
+    all can. Runs in the kit's process and, as its source, in a child (import_failure_in_child)."""
+    import importlib
+    import importlib.util
+
+    for entry in names:
+        name = entry.lstrip("?")
+        try:
+            if entry.startswith("?"):
+                if importlib.util.find_spec(name) is None:
+                    return f"no module named {name!r}"
+            else:
+                importlib.import_module(name)
+        except ModuleNotFoundError as err:
+            missing = err.name or name
+            return f"no module named {missing!r}" + ("" if missing == name else f" (imported by {name})")
+        except Exception as err:  # there but failing to load (a broken or mismatched build): its first line
+            return f"{name}: {type(err).__name__}: {err}".splitlines()[0]
+    return None
+
+
+def import_failure_in_child(names: Sequence[str], env: dict[str, str] | None = None, cwd: Path | None = None,
+                            timeout_s: float = 120.0) -> str | None:
+    """first_import_failure in a child of this interpreter started as tune and the ranks are (the environment and
+    folder given, default this process's: the folder's autotune/ first on its path)."""
+    code = ("from __future__ import annotations\nimport sys\nfrom typing import Sequence\n"
+            + inspect.getsource(first_import_failure)
+            + "\nprint(first_import_failure(sys.argv[1:]) or '')\n")
+    try:
+        done = subprocess.run([sys.executable, "-c", code, *names], capture_output=True, text=True,
+                              timeout=timeout_s, env=env, cwd=cwd)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"the check's child failed: {err}"
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0:
+        return f"the check's child exited {done.returncode}: {(done.stderr.strip().splitlines() or ['-'])[-1][:200]}"
+    return lines[-1] if lines and lines[-1] else None
+
+
+def check_imports(log: Log) -> None:
+    """Raises KitError (one line naming the module) when the kit's process, or a child started as tune and the
+    ranks are, cannot import what the later phases import."""
+    def fix(failure: str, autotune: str) -> str:
+        if "'autotune" in failure:
+            return f"{autotune} lacks it"
+        return ("install it for this Python: scripts/gpu-validate with a bundle that holds it (scripts/gpu-bundle's "
+                "list of packages)")
+
+    started = time.monotonic()
+    failure = first_import_failure(KIT_IMPORTS)
+    if failure:
+        how = fix(failure, "the autotune on its path (the bundle's: rebuild it with scripts/gpu-bundle)")
+        raise gv.KitError(f"the kit's Python ({sys.executable}) cannot import what its recording and analysis need: "
+                          f"{failure}; fix: {how}")
+    failure = import_failure_in_child(CHILD_IMPORTS)
+    if failure:
+        # 11-27: tune, started from the root, imported the checkout's autotune/, which lacked a module
+        how = fix(failure, "the autotune/ that folder puts first (run from the root of a whole checkout)")
+        raise gv.KitError(f"{sys.executable} started from {os.getcwd()}, as tune and the trials' ranks are, cannot "
+                          f"import what they need: {failure}; fix: {how}")
+    log(f"preflight: the later phases' packages import ({len(KIT_IMPORTS) + len(CHILD_IMPORTS)} modules, "
+        f"{time.monotonic() - started:.1f} s)")
+
+
 def preflight(plans: Sequence[gv.Plan], groups: Sequence[kp.Group], tune: TunePlan, timeout_s: float,
               log: Log) -> tuple[str, ...]:
-    """Build the ops the recording's and tune's configs load, once, before any trial (autotune.trials.ops; the ops
-    depend on a config's optimizer and offload, not on its workload, so one backend asks for all)."""
+    """Check that the later phases' packages import (check_imports: seconds), then build the ops the recording's and
+    tune's configs load, once, before any trial (autotune.trials.ops; the ops depend on a config's optimizer and
+    offload, not on its workload, so one backend asks for all)."""
+    check_imports(log)
     from autotune.backends.deepspeed import DeepSpeedBackend
     from autotune.values.dsconfig import DsOptions
 
@@ -819,7 +906,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = ArgumentParser(prog="gpu_kit", description=__doc__.splitlines()[0])
     parser.add_argument("--cpu", action="store_true", help="the CPU check (CI): tiny models, DeepSpeed's CPU accelerator")
     parser.add_argument("--out", type=Path, default=HERE.parent / "runs" / f"gpu-kit-{time.strftime('%Y%m%d-%H%M%S')}",
-                        help=f"results folder: at most {MAX_FILES} files (default: runs/gpu-kit-<time>)")
+                        help=f"results folder: at most {MAX_FILES} files (default: the repository's "
+                             "runs/gpu-kit-<time>)")
     parser.add_argument("--work", type=Path, default=None,
                         help="surfaces, logs and tune's run directory (default: <out>-work beside --out), tarred "
                              "into the results")
@@ -841,11 +929,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--started-at", type=float, default=None,
                         help="epoch seconds the call started (scripts/gpu-validate: before its install)")
     parser.add_argument("--install-s", type=float, default=None, help="seconds the install took (scripts/gpu-validate)")
+    parser.add_argument("--caller-dir", type=Path, default=None,
+                        help="the folder scripts/gpu-validate was called from: a relative --out or --work is taken "
+                             "from there (the script changes to the repository root)")
     args = parser.parse_args(argv)
+    if args.caller_dir is not None:  # an absolute --out or --work stays as it is (Path's / keeps the right side)
+        args.out = args.caller_dir / args.out
+        args.work = None if args.work is None else args.caller_dir / args.work
     mode = CPU_KIT if args.cpu else GPU_KIT
     if args.models is not None:
         if len(args.models) != 2:
             parser.error(f"--models: {len(args.models)} models given: the kit records two")
+        if args.models[0].name == args.models[1].name:
+            parser.error(f"--models: {args.models[0].name} given twice: the kit records two different models")
         if args.models[0].name not in PRESETS:
             parser.error(f"--models: {args.models[0].name} is tuned too, so it must be one of tune's presets: "
                          f"{', '.join(PRESETS)}")
@@ -859,6 +955,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.mode = mode
     if args.work is None:  # beside the results, never inside them: the results' tarball holds it
         args.work = args.out.parent / f"{args.out.name}-work"
+    try:  # pack's rule, refused here before any phase runs rather than by pack after all of them
+        check_folders(args.out, args.work)
+    except PackError as err:
+        parser.error(f"--out: {err}; allowed: a folder outside --work (by default --work is <out>-work, beside it)")
     return args
 
 
@@ -934,6 +1034,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     phases.append(PhaseRecord("install", call.deadline("install"), 0.0, install or 0.0,
                               f"{install:.1f} s (scripts/gpu-validate)" if install is not None
                               else "not run here (no bundle: run through scripts/gpu-validate)"))
+    phases.append(PhaseRecord("startup", call.deadline("startup"), install or 0.0, clock.now(),
+                              "imports, device probe, plan"))
     scale = 1.0
     try:
         start = clock.now()
@@ -1000,8 +1102,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     report["checks"] = checks(mode, call, report["recording"], report["tune"], report["seconds"], files,
                               report["training"], copies=report["autotune"])
     texts = {"kit.json": json.dumps(gv.finite(report), indent=1) + "\n", "kit.md": kit_markdown(report)}
-    written = pack(args.out, copies, texts, args.work, reserved=1)
+    try:
+        written, unpacked = pack(args.out, copies, texts, args.work, reserved=1), None
+    except PackError as err:  # never loses the summary: kit.md, kit.json and console.log still written
+        args.out.mkdir(parents=True, exist_ok=True)
+        for name, text in texts.items():
+            (args.out / name).write_text(text)
+        written, unpacked = [args.out / name for name in texts], err
     log(kit_markdown(report))
+    if unpacked is not None:
+        log(f"gpu_kit: error: the results could not be packed ({unpacked}): {args.out} holds kit.md, kit.json and "
+            f"console.log only; the surfaces and logs stay in {args.work}")
+        code = code or 1
     log(f"gpu_kit: {len(written) + 1} files in {args.out} ({clock.now():.0f} s since the call started)")
     (args.out / "console.log").write_text("\n".join(log.lines) + "\n")
     return code

@@ -14,7 +14,16 @@ TARBALL = "logs.tar.gz"
 
 
 class PackError(ValueError):
-    """More files than the folder may hold (a bug of the caller: one line)."""
+    """Results that cannot be packed as asked (one line): the results folder inside the work folder, more files than
+    it may hold, a name that is not a plain file name."""
+
+
+def check_folders(out: Path, work: Path) -> None:
+    """Raises PackError when `out` is `work` or lies inside it: the tarball of `work` would hold the results and
+    itself. The one rule, for pack and for the kit's command line (which refuses it before anything runs)."""
+    if out.resolve().is_relative_to(work.resolve()):
+        raise PackError(f"results folder {out} is the work folder {work} or inside it: the logs' tarball of the work "
+                        "folder would hold the results and itself")
 
 
 def pack(out: Path, copies: Mapping[str, Path | None], texts: Mapping[str, str], work: Path,
@@ -22,9 +31,9 @@ def pack(out: Path, copies: Mapping[str, Path | None], texts: Mapping[str, str],
     """Into `out`: each of `copies` (name -> file; a missing file, or None, is left out, and a file of that name an
     earlier call left in `out` is removed: `out` never shows an earlier call's result as this one's), each of `texts`
     (name -> content) and the tarball of `work`, leaving room for `reserved` files written later (the console log).
-    Returns the files written. Raises PackError before writing anything when they would exceed MAX_FILES."""
-    if out.resolve().is_relative_to(work.resolve()):
-        raise PackError(f"results folder {out} is inside the work folder {work}: the tarball would hold itself")
+    Returns the files written. Raises PackError before writing anything when `out` lies in `work` (check_folders) or
+    the files would exceed MAX_FILES."""
+    check_folders(out, work)
     present = {name: path for name, path in copies.items() if path is not None and path.is_file()}
     count = len(present) + len(texts) + 1 + reserved
     if count > MAX_FILES:

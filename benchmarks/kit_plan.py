@@ -8,8 +8,8 @@ layout's two micro-batches on either side of its predicted cliff) round-robin ov
 expected time fits what is left of its window; tune gets a fixed share after it.
 
 A trial's expected time is the product's (autotune/prediction/trial_time.py, fitted on both GPU runs' `phases_s`);
-the phases' overheads below are measured where marked (the first GPU run, benchmarks/gpu-runs/h200-2026-11-26, its
-console), the other figures are the plan's.
+the phases' overheads below are measured where marked (the H200 runs, benchmarks/gpu-runs/h200-2026-11-26 and
+h200-2026-11-27: their consoles and kit.md), the other figures are the plan's.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from autotune.prediction.trial_time import (CPU, CPU_ADAM, CUDA, FUSED_ADAM, Job
                                             trial_time_at)
 from autotune.values.config import Config
 
-PHASES = ("install", "preflight", "recording", "tune", "analysis", "pack")
+# startup: the kit's own start between the install and the preflight (its imports, the device probe, the plan)
+PHASES = ("install", "startup", "preflight", "recording", "tune", "analysis", "pack")
 MIN_CONFIGS = 10  # recorded configs over the two models (issue 25)
 TUNE_TRIALS = 5  # 4 search trials and 1 confirmation repeat (confirm.SHARE: a quarter of --trials at most)
 MIN_TUNE_TRIALS = 4  # below this, confirm.SHARE leaves no trial for the repeat
@@ -66,8 +67,13 @@ CPU_TIMES = TrialTimes(CPU, warmup_steps=1, measure_steps=1)
 class Overheads:
     """The phases' fixed costs, in seconds (planned; measured where noted)."""
 
-    install_s: float  # pip install --no-index of the bundle (the H200 run: about 1 s)
-    preflight_s: float  # a child imports torch and DeepSpeed (3.5-4 s) and builds the first op (fused_adam: 30.5 s)
+    # scripts/gpu-validate from its start: its checks of the interpreter (`import torch`: seconds) and the
+    # pip install --no-index of the bundle (11-27 on the H200: 10.2 s; 19 s on a 2-core CPU machine)
+    install_s: float
+    startup_s: float  # the kit's process until its preflight: imports, device probe, plan (11-27: 5.7 s)
+    # the import check (seconds: tune's command, Optuna's study.db storage), then a child imports torch and DeepSpeed
+    # and builds the first op (fused_adam: 30.5 s on 11-26; 42 s with the child's imports on 11-27)
+    preflight_s: float
     tune_fixed_s: float  # tune's start, its own preflight (ops built: a load), report and plots
     analysis_s: float  # the surfaces' figures and replayed searches
     pack_s: float  # copying the results, the logs' tarball
@@ -77,13 +83,13 @@ class Overheads:
         return asdict(self)
 
 
-GPU_OVERHEADS = Overheads(install_s=10.0, preflight_s=45.0, tune_fixed_s=20.0, analysis_s=20.0, pack_s=5.0,
-                          margin_s=20.0)
+GPU_OVERHEADS = Overheads(install_s=15.0, startup_s=10.0, preflight_s=50.0, tune_fixed_s=20.0, analysis_s=20.0,
+                          pack_s=5.0, margin_s=20.0)
 # On the CPU the ops (shm_comm, fused_adam, cpu_adam) take minutes to build the first time (405 s here), 11 s after;
 # the preflight's own, fused_adam, took 90 s on a fresh AMD EPYC (2 cores), so its deadline is the ~130 s its line
 # announces (autotune.trials.ops.FIRST_BUILD_S) plus the imports: a first call's build is not "past its deadline".
-CPU_OVERHEADS = Overheads(install_s=10.0, preflight_s=140.0, tune_fixed_s=25.0, analysis_s=40.0, pack_s=5.0,
-                          margin_s=20.0)
+CPU_OVERHEADS = Overheads(install_s=30.0, startup_s=15.0, preflight_s=140.0, tune_fixed_s=25.0, analysis_s=40.0,
+                          pack_s=5.0, margin_s=20.0)
 
 
 @dataclass(frozen=True)
@@ -171,12 +177,13 @@ def plan_call(limit_s: float, overheads: Overheads, queue: Sequence[Group], tune
         raise PlanError(f"tune trials {tune_trials}: at least {MIN_TUNE_TRIALS}, so that one is a confirmation repeat")
     tune_s = overheads.tune_fixed_s + tune_trials * tune_trial_s
     ends, t = [], 0.0
-    window = (limit_s - overheads.margin_s - overheads.install_s - overheads.preflight_s - tune_s
-              - overheads.analysis_s - overheads.pack_s)
+    window = (limit_s - overheads.margin_s - overheads.install_s - overheads.startup_s - overheads.preflight_s
+              - tune_s - overheads.analysis_s - overheads.pack_s)
     if window <= 0:
-        raise PlanError(f"a limit of {limit_s:.0f} s leaves no time for recording: install, preflight, tune "
+        raise PlanError(f"a limit of {limit_s:.0f} s leaves no time for recording: install, start-up, preflight, tune "
                         f"({tune_s:.0f} s), analysis and packing take {limit_s - window:.0f} s")
-    for name, seconds in (("install", overheads.install_s), ("preflight", overheads.preflight_s),
+    for name, seconds in (("install", overheads.install_s), ("startup", overheads.startup_s),
+                          ("preflight", overheads.preflight_s),
                           ("recording", window), ("tune", tune_s), ("analysis", overheads.analysis_s),
                           ("pack", overheads.pack_s)):
         t += seconds

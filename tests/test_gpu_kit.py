@@ -75,9 +75,22 @@ def test_the_plan_ends_every_phase_in_order_within_the_limit_less_its_margin():
     assert ends == sorted(ends) and ends[-1] == pytest.approx(540 - kp.GPU_OVERHEADS.margin_s)
     o = kp.GPU_OVERHEADS
     assert plan.planned_s("tune") == pytest.approx(o.tune_fixed_s + kp.TUNE_TRIALS * 25)
-    window = 540 - o.margin_s - o.install_s - o.preflight_s - plan.planned_s("tune") - o.analysis_s - o.pack_s
+    window = (540 - o.margin_s - o.install_s - o.startup_s - o.preflight_s - plan.planned_s("tune") - o.analysis_s
+              - o.pack_s)
     assert plan.planned_s("recording") == pytest.approx(window)
     assert plan.recording_trials_s <= window and len(plan.recording) == int(window // 40)
+
+
+def test_the_plan_holds_the_measured_install_and_start_up_before_the_preflight():
+    """11-27 on the H200 (benchmarks/gpu-runs/h200-2026-11-27/kit/kit.md): scripts/gpu-validate took 10.2 s, its
+    install deadline was 10 s; the preflight started 5.7 s later and took 42 s, 3 s past its deadline.
+    On this 2-core CPU machine the install took 19 s."""
+    plan = kp.plan_call(540, kp.GPU_OVERHEADS, groups("a", 40), tune_trial_s=25)
+    assert plan.deadline("install") >= 10.2 * 1.2
+    assert plan.planned_s("startup") >= 6.0 and plan.deadline("startup") >= 10.2 + 6.0
+    assert plan.deadline("preflight") >= 10.2 + 6.0 + 42.0 + 2.0  # and the import check's seconds
+    cpu = kp.plan_call(1200, kp.CPU_OVERHEADS, groups("a", 40), tune_trial_s=13, tune_trials=4)
+    assert cpu.deadline("install") >= 19.0 * 1.2 and cpu.planned_s("startup") >= 6.0
 
 
 def test_the_window_skips_a_pair_that_does_not_fit_for_a_cheaper_one_later():
@@ -244,8 +257,10 @@ def test_pack_writes_at_most_eight_files_and_tars_the_work_folder(tmp_path):
     with pytest.raises(kit_pack.PackError, match="at most 8"):
         kit_pack.pack(tmp_path / "out2", {}, texts, work, reserved=1)
     assert not (tmp_path / "out2").exists()
-    with pytest.raises(kit_pack.PackError, match="inside the work folder"):
+    with pytest.raises(kit_pack.PackError, match="or inside it"):
         kit_pack.pack(work / "results", {}, {}, work)
+    with pytest.raises(kit_pack.PackError, match="or inside it"):
+        kit_pack.pack(work, {}, {}, work)
 
 
 def test_checks_hold_the_issue_targets():
@@ -325,8 +340,11 @@ def test_a_tiny_model_has_its_parameters_in_millions_not_zero_billions():
 
 
 @pytest.mark.parametrize("flags, word", [(["--models", "llama-1b"], "two"), (["--models", "tiny-llama,tiny"], "preset"),
+                                         (["--models", "tiny,tiny"], "tiny given twice"),
                                          (["--limit", "0"], "0"), (["--seq-len", "x"], "x"),
-                                         (["--global-batch", "0"], "0")])
+                                         (["--global-batch", "0"], "0"),
+                                         (["--out", "w/out", "--work", "w"], "w/out is the work folder w or inside"),
+                                         (["--out", "w", "--work", "w"], "w is the work folder w or inside")])
 def test_bad_flags_exit_2_with_one_line(flags, word, capsys):
     with pytest.raises(SystemExit) as exit_:
         k.parse_args(["--cpu", *flags])
@@ -341,6 +359,113 @@ def test_global_batch_is_an_option_with_the_documented_defaults():
     assert k.kit_workload(mode.models[0], mode).global_batch == 8
     assert all(p.workload.global_batch == 8 for p in k.make_plans(mode, PROFILES["cpu"], Path("/nonexistent")))
     assert k.make_tune_plan(mode, PROFILES["cpu"]).workload.global_batch == 8
+
+
+def test_out_inside_work_is_refused_before_anything_runs(tmp_path, capsys):
+    """It used to run every phase, then die in pack with a traceback and no kit.md."""
+    with pytest.raises(SystemExit) as exit_:
+        k.main(["--cpu", "--out", str(tmp_path / "w" / "out"), "--work", str(tmp_path / "w")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1 and "--out:" in err
+    assert not (tmp_path / "w").exists()
+
+
+def test_a_relative_out_and_work_are_taken_from_the_folder_gpu_validate_was_called_from():
+    args = k.parse_args(["--cpu", "--caller-dir", "/here", "--out", "res"])
+    assert args.out == Path("/here/res") and args.work == Path("/here/res-work")
+    args = k.parse_args(["--cpu", "--caller-dir", "/here", "--out", "/abs/res", "--work", "w"])
+    assert args.out == Path("/abs/res") and args.work == Path("/here/w")
+    assert k.parse_args(["--cpu", "--out", "res"]).out == Path("res")  # run directly: from its own folder
+
+
+def header_comment(script: Path) -> list[str]:
+    lines = script.read_text().splitlines()[1:]
+    header = lines[:next(i for i, line in enumerate(lines) if not line.startswith("#"))]
+    return [line[2:] if line.startswith("# ") else line[1:] for line in header]
+
+
+@pytest.mark.parametrize("script, last", [("gpu-validate", "the same bundle)."),
+                                          ("gpu-bundle", "benchmarks/gpu-runs/h200-2026-11-26).")])
+def test_the_kit_scripts_help_prints_their_whole_header_comment(script, last):
+    done = subprocess.run(["bash", f"scripts/{script}", "--help"], capture_output=True, text=True, cwd=ROOT,
+                          timeout=30)
+    assert done.returncode == 0 and done.stdout.splitlines() == header_comment(ROOT / "scripts" / script)
+    assert done.stdout.rstrip().endswith(last)
+
+
+def test_gpu_validate_takes_relative_paths_from_the_folder_it_was_called_from(tmp_path):
+    """A stand-in interpreter that says it is Python 3.12, imports torch, installs nothing and records the kit's
+    arguments: the script resolves BUNDLE_DIR and GPU_VALIDATE_TARGET from the caller and passes --caller-dir."""
+    (tmp_path / "bundle").mkdir()
+    (tmp_path / "bundle" / "BUNDLE.txt").write_text("python_version=3.12\n")
+    (tmp_path / "bundle" / "x-1-py3-none-any.whl").write_text("")
+    python = tmp_path / "python"
+    python.write_text('#!/bin/sh\ncase "$1" in -c) case "$2" in *version_info*) echo 3.12 ;; esac; exit 0 ;; '
+                      '-m) exit 0 ;; esac\nprintf "%s\\n" "$PWD" "$@" > "$KIT_ARGS"\n')
+    python.chmod(0o755)
+    env = {**os.environ, "PYTHON": "./python", "GPU_VALIDATE_TARGET": "site", "KIT_ARGS": str(tmp_path / "args")}
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu-validate"), "bundle", "--", "--out", "res"],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=30)
+    assert done.returncode == 0, done.stderr
+    cwd, *argv = (tmp_path / "args").read_text().splitlines()
+    assert cwd == str(ROOT) and (tmp_path / "site" / ".bundle-stamp").is_file()
+    assert argv[argv.index("--bundle") + 1] == str(tmp_path / "bundle")
+    assert argv[argv.index("--caller-dir") + 1] == str(tmp_path) and argv[-2:] == ["--out", "res"]
+
+
+# -- the import check at the preflight -----------------------------------------------------------------------
+
+def test_the_import_check_names_the_missing_module_and_what_imported_it(tmp_path, monkeypatch):
+    (tmp_path / "kitprobe_needs.py").write_text("import kitprobe_absent\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert k.first_import_failure(["json", "?json"]) is None
+    assert k.first_import_failure(["json", "kitprobe_absent_too"]) == "no module named 'kitprobe_absent_too'"
+    assert k.first_import_failure(["?kitprobe_absent_too"]) == "no module named 'kitprobe_absent_too'"
+    needed = "no module named 'kitprobe_absent' (imported by kitprobe_needs)"
+    assert k.first_import_failure(["kitprobe_needs"]) == needed
+    # In a child of this interpreter started in a folder, as tune and the ranks are: that folder first on its path.
+    assert k.import_failure_in_child(["json", "kitprobe_needs"], cwd=tmp_path) == needed
+    assert k.import_failure_in_child(["json", "?json"], cwd=tmp_path) is None
+
+
+def test_the_preflight_fails_in_one_line_naming_a_missing_module_before_building_anything(monkeypatch):
+    monkeypatch.setattr(k, "KIT_IMPORTS", ("json",))
+    monkeypatch.setattr(k, "CHILD_IMPORTS", ("json", "sqlalchemy_not_here"))
+    with pytest.raises(k.gv.KitError) as err:
+        k.preflight([], [], None, 30.0, k.Log())  # type: ignore[arg-type]  # it never gets to the plans
+    assert "no module named 'sqlalchemy_not_here'" in str(err.value) and len(str(err.value).splitlines()) == 1
+    assert "tune and the trials' ranks" in str(err.value) and "scripts/gpu-bundle" in str(err.value)
+    monkeypatch.setattr(k, "KIT_IMPORTS", ("json", "autotune.not_here"))
+    with pytest.raises(k.gv.KitError, match="the kit's Python .* no module named 'autotune.not_here'.*the bundle"):
+        k.preflight([], [], None, 30.0, k.Log())  # type: ignore[arg-type]
+
+
+def stand_ins(monkeypatch) -> None:
+    """The phases that run trials, tune and the autotune probe replaced: main's planning, checks and results only."""
+    monkeypatch.setattr(k, "preflight", lambda *a: ("fused_adam",))
+    monkeypatch.setattr(k, "record", lambda *a: {"configs": 0, "per_model": {}, "status_counts": {}, "trials_s": 0.0,
+                                                 "phase_s": 1.0, "trial_share": 0.0, "groups_skipped": 0,
+                                                 "time_scale": 1.0})
+    monkeypatch.setattr(k, "tune_phase", lambda *a: {"ran": False, "note": "stand-in"})
+    monkeypatch.setattr(k, "analysis", lambda *a: [])
+    monkeypatch.setattr(k, "autotune_copies", lambda bundle: {
+        "kit": {"path": None}, "children": {"path": None}, "differing": 0, "bundle": None, "bundle_built_from": None,
+        "checkout_head": None, "checkout_head_found": "not looked up", "warnings": []})
+
+
+def test_a_pack_error_at_the_end_still_writes_the_summary_and_says_so_in_one_line(tmp_path, monkeypatch):
+    stand_ins(monkeypatch)
+
+    def refuse(*a, **kw):
+        raise kit_pack.PackError("9 result files: at most 8 come back from a device call")
+
+    monkeypatch.setattr(k, "pack", refuse)
+    out = tmp_path / "out"
+    assert k.main(["--cpu", "--out", str(out)]) == 1
+    assert sorted(p.name for p in out.iterdir()) == ["console.log", "kit.json", "kit.md"]
+    assert json.loads((out / "kit.json").read_text())["phases"][1]["name"] == "startup"
+    console = (out / "console.log").read_text().splitlines()
+    assert any(line.startswith("gpu_kit: error: the results could not be packed (9 result files") for line in console)
 
 
 # -- a second call, and which autotune each phase imports ------------------------------------------------------
@@ -513,7 +638,7 @@ def test_the_cpu_form_runs_every_phase_in_one_call_and_writes_at_most_eight_file
     bounds = [x for p in phases[1:] for x in (p["start_s"], p["end_s"])]
     assert bounds == sorted(bounds) and report["seconds"] <= report["limit_s"]
     assert phases[0]["outcome"].endswith("(scripts/gpu-validate)")  # the install ran, timed by the script
-    assert phases[1]["outcome"].startswith("ops ready")
+    assert phases[2]["name"] == "preflight" and phases[2]["outcome"].startswith("ops ready")
     assert report["recording"]["configs"] == 4 and set(report["recording"]["per_model"]) == {"tiny", "tiny-llama"}
     # Each pair's second trial ran on ranks started during its first (imports off its clock), its first did not.
     recorded = [r for r in report["training"] if r["source"] in ("cpu-tiny", "cpu-tiny-llama")]
