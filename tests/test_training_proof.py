@@ -55,7 +55,7 @@ def test_a_scaler_at_its_minimum_still_skipping_is_untrained():
 
 
 def test_warm_up_is_bounded_when_the_scale_is_unknown():
-    ledger = Ledger()
+    ledger = Ledger(fp16=True)  # fp16 whose optimizer shows no scale (outside fp16 a skipped step ends warm-up at once)
     for _ in range(1 + SETTLE_STEPS - 1):
         ledger.record(False, 10.0, None)
         assert ledger.warming(1)
@@ -64,11 +64,14 @@ def test_warm_up_is_bounded_when_the_scale_is_unknown():
         ledger.warming(1)
 
 
+@pytest.mark.parametrize("fp16", [False, True])
 @pytest.mark.parametrize("losses, fault", [
     ([], OVERFLOW), ([8.3, math.nan, 8.1], NONFINITE), ([8.3, math.inf], NONFINITE), ([8.3, 8.3, 8.3], FLAT),
     ([8.3, 8.2], None), ([8.3], None)])
-def test_verdicts(losses, fault):
-    ledger = Ledger()
+def test_verdicts(losses, fault, fp16):
+    if not losses and not fp16:
+        fault = NONFINITE  # no loss scaler: a skipped step's gradients were not finite, never an overflow
+    ledger = Ledger(fp16=fp16)
     for loss in losses:
         ledger.record(True, loss, None)
     if not losses:
@@ -134,6 +137,82 @@ def test_a_loss_never_passed_is_not_judged():
     for _ in range(3):
         ledger.record(True, None, None)
     assert ledger.verdict() is None and ledger.evidence()["loss_first"] is None
+
+
+def _run(fp16, steps, warmup_steps=1):
+    """A ledger as a rank keeps it: warm-up while `warming`, then measured steps; `steps`: (applied, loss) each."""
+    ledger = Ledger(fp16=fp16)
+    measuring = False
+    for applied, loss in steps:
+        ledger.record(applied, loss, 1024.0 if fp16 else None, measuring)
+        measuring = measuring or not ledger.warming(warmup_steps)
+    return ledger
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+def test_a_loss_that_goes_nan_mid_run_is_not_a_measurement(fp16):
+    """The review's script: its loss NaN from step 6 of 10. In fp32 and bf16 DeepSpeed's ZeRO skips those steps (not
+    finite gradients), and the trial was recorded ok: 5 applied, 5 skipped, loss_last the last finite loss. In fp16 a
+    NaN on an applied step (ZeRO-0 applies it) is no more a measurement."""
+    losses = [10.0, 9.5, 9.1, 8.8, 8.6] + [math.nan] * 5
+    ledger = _run(False, [(loss == loss, loss) for loss in losses])
+    assert (ledger.applied, ledger.skipped) == (5, 5)
+    fault, message = ledger.verdict()
+    assert fault == NONFINITE and "the loss was nan at step 6 of 10" in message and "overflow" not in message
+    assert "5 of 10 steps skipped" in message and "the last step's loss nan" in message and "\n" not in message
+    evidence = ledger.evidence()
+    assert evidence["loss_first"] == 10.0 and evidence["loss_last"] is None  # the last step's loss: NaN, not 8.6
+    record = TrialResult.from_dict({"config": {"zero_stage": 2, "micro_batch": 2, "ckpt_interval": 0,
+                                               "precision": "bf16"}, "status": "untrained", "backend": "deepspeed",
+                                    "error": message, "fault": fault, **evidence})
+    assert json.loads(record.to_json())["loss_last"] is None  # trials.jsonl stays JSON (no NaN token)
+    applied = _run(fp16, [(True, loss) for loss in losses])  # a NaN loss the optimizer applied
+    assert applied.verdict()[0] == NONFINITE and "the loss was nan at step 6 of 10" in applied.verdict()[1]
+
+
+def test_outside_fp16_any_skipped_step_is_not_a_measurement():
+    """fp32 and bf16 have no loss scaler: a skipped step had gradients that were not finite, whatever its loss."""
+    ledger = _run(False, [(True, 10.0), (True, 9.0), (False, 8.5), (True, 8.0)])
+    fault, message = ledger.verdict()
+    assert fault == NONFINITE and "step 3 of 4 was skipped, its gradients not finite (its loss 8.5" in message
+    assert ledger.evidence()["loss_last"] == 8.0
+    assert _run(True, [(True, 10.0), (True, 9.0), (False, 8.5), (True, 8.0)]).verdict() is None  # fp16: an overflow
+
+
+def test_a_nan_loss_from_the_first_step_in_bf16_is_named_so_never_an_overflow():
+    """The review's bf16 script, NaN from step 1: it read 'every one of 10 optimizer steps overflowed', fault
+    overflow, loss_first null. Warm-up now ends at the first such step; the verdict says what happened."""
+    ledger = Ledger()
+    ledger.record(False, math.nan, None)
+    with pytest.raises(Untrained) as caught:
+        ledger.warming(1)
+    assert caught.value.fault == NONFINITE and "the loss was nan at step 1 of 1" in str(caught.value)
+    for _ in range(9):  # a script that runs its steps anyway: the shim's verdict at its end
+        ledger.record(False, math.nan, None)
+    fault, message = ledger.verdict()
+    assert fault == NONFINITE and "the loss was nan at step 1 of 10" in message and "overflow" not in message
+    assert "10 of 10 steps skipped" in message and ledger.evidence()["steps_applied"] == 0
+
+
+def test_fp16_skipped_steps_in_warm_up_are_normal_but_a_stuck_scaler_is_not():
+    warm_up = [(False, 10.4)] * 4 + [(True, 10.4)]  # the scaler's search for its scale, then an applied step
+    trained = _run(True, warm_up + [(True, 10.2), (False, 10.1), (True, 10.0), (True, 9.8)])
+    assert trained.verdict() is None and trained.skipped == 5 and trained.measured == 4
+    assert _run(True, warm_up + [(True, 10.2), (False, math.inf), (False, 10.1), (True, 9.8)]).verdict() is None
+    # loss_first: where training started (the first applied step; the worker's overflow fault makes the skipped
+    # steps' losses inf); loss_last: the last step's, applied or not.
+    scaled = _run(True, [(False, math.inf)] * 3 + [(True, 10.4), (True, 10.2), (False, 10.1)])
+    assert (scaled.evidence()["loss_first"], scaled.evidence()["loss_last"]) == (10.4, 10.1)
+    # The last STUCK_STEPS steps skipped: the scaler overflows still at half the scale the run trained at.
+    stuck = _run(True, warm_up + [(True, 10.2), (True, 10.0), (True, 9.9)] + [(False, 9.9)] * 3)
+    fault, message = stuck.verdict()
+    assert fault == OVERFLOW and "3 of the 6 measured optimizer steps overflowed" in message
+    assert "the last 3 in a row" in message and "did not settle" in message
+    # Most of the measured steps skipped, none STUCK_STEPS in a row.
+    mostly = _run(True, warm_up + [(False, 10.2), (True, 10.1), (False, 10.0), (False, 10.0), (True, 9.9)])
+    assert mostly.verdict()[0] == OVERFLOW and "3 of the 5 measured" in mostly.verdict()[1]
+    # A loss not finite on an applied step is no overflow: nonfinite, as outside fp16.
+    assert _run(True, warm_up + [(True, math.nan), (True, 9.9)]).verdict()[0] == NONFINITE
 
 
 def test_skipped_steps_in_the_measurement_count_towards_its_limit():

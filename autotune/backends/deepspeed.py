@@ -14,9 +14,10 @@ Result (ARCHITECTURE.md section 3, plus extra keys written flat):
   ranks made before the trial, started ahead: autotune.trials.runner.Spares; None: started with it), build (rank 0's model as built:
   dtype, device, the build's peak over the baseline, and what deepspeed.initialize cast, moved or kept of its
   parameters: autotune.worker.main), what its optimizer steps did (steps_applied, steps_skipped,
-  steps_skipped_measuring, first_applied_step, loss_first and loss_last of the applied steps, loss_scale,
-  optimizer_state_bytes when the memory window opened: autotune.worker.training), model_revision, expected_step_time_s (a step
-  `slow_factor` times longer ends the measurement: stop_reason `slow`, autotune.worker.measure); on CUDA also
+  steps_skipped_measuring, first_applied_step, loss_first (the first applied step's) and loss_last (the last step's), loss_scale,
+  optimizer_state_bytes when the memory window opened: autotune.worker.training), model_revision, expected_step_time_s (most
+  measured steps, two at least, `slow_factor` times longer end the measurement: stop_reason `slow`,
+  autotune.worker.measure.far_behind); on CUDA also
   peak_allocated_bytes, peak_reserved_bytes, cuda_context_bytes and outside_allocator_bytes.
 Trials run on the hardware profile's accelerator (`Hardware.accelerator`; CPU without a profile). A rank that
 finds another one (e.g. a GPU profile on a machine without CUDA) ends its trial `unsupported` and sets

@@ -6,10 +6,13 @@ deviation) is within `rel_tol` of the median, and the memory peak has stopped gr
 raised it by at most `mem_rel_tol` of the peak growth: on the CPU the resident set creeps up over the
 first steps, by up to ~20% for ZeRO-3, as freed blocks are reused imperfectly); never more than
 `max_steps` steps or `max_measure_s` seconds. A noisy config is thus measured longer and a steady one
-stops early; `stop_reason` records which. A config far behind stops after its first measured step (`slow`):
-its step took `slow_factor` times what the tuner expected (`expected_step_s`: the larger of the estimator's
-prediction and the fastest step measured so far; unset before any config was measured), so more steps would
-only refine a throughput already known to lose (on a CPU that emulates bf16 a step takes ~30x its fp32 time: minutes per trial).
+stops early; `stop_reason` records which. A config far behind stops early (`slow`): more than half of its measured
+steps, and two at least, took over `slow_factor` times what the tuner expected (`expected_step_s`: the larger of the
+estimator's prediction and the fastest step measured so far; unset before any config was measured), so its median
+is past that limit and more steps would only refine a throughput already known to lose (on a CPU that emulates bf16
+a step takes ~30x its fp32 time: minutes per trial). One step never decides it, however slow: a single step's noise
+(48 ms against 8 ms expected; configs' first measured steps at 4-5x their medians) once ended a trial as `slow`
+with that one step recorded as its throughput (`far_behind`).
 A config behind the best stops at `min_steps` (`behind`, issue 41: a measurement ends once its figure is good
 enough for the decision at hand): every measured step slower than the fastest step time any trial of the sweep
 measured (`best_step_s`, a median) by more than `behind_margin`, so its median cannot come near the best's
@@ -92,8 +95,7 @@ def stop_reason(times: Sequence[float], elapsed_s: float, settings: MeasureSetti
     peak's growth over the baseline after each measured step (empty: not known); `skipped`: steps taken since
     measurement began that the loss scaler skipped (not timed; they count towards `max_steps`)."""
     n = len(times)
-    slow = settings.slow_step_s()
-    if n >= 1 and slow is not None and statistics.median(times) > slow:
+    if far_behind(times, settings):
         return SLOW
     if n + skipped >= settings.max_steps:
         return MAX_STEPS
@@ -107,6 +109,14 @@ def stop_reason(times: Sequence[float], elapsed_s: float, settings: MeasureSetti
     if behind is not None and min(times) > behind:
         return BEHIND
     return None
+
+
+def far_behind(times: Sequence[float], settings: MeasureSettings) -> bool:
+    """Whether these measured step times put the config far behind (`slow`): at least two measured, and their lower
+    median past MeasureSettings.slow_step_s, i.e. more than half of them past it. A single step past the limit among
+    steps within it never is, wherever it falls; a config whose every step is past it is at its second step."""
+    slow = settings.slow_step_s()
+    return slow is not None and len(times) >= 2 and statistics.median_low(times) > slow
 
 
 def memory_growing(peaks: Sequence[int], settings: MeasureSettings) -> bool:

@@ -8,6 +8,14 @@ applied step (the optimizer's state exists), and at the end `verdict()` names wh
 skipped, a loss that is not finite, or one that never moved. Overflow decisions are all-reduced inside DeepSpeed,
 so every rank's ledger agrees.
 
+Only fp16 has a loss scaler, so only there is a skipped step normal (the search for its scale, an overflow now and
+then). In fp32 and bf16 DeepSpeed skips a step only when its gradients were not finite: any skipped step, or any loss
+that is not finite, makes the trial `nonfinite` (never `overflow`), and ends warm-up at once. In fp16 a loss that is
+not finite on an applied step is `nonfinite`, and a scaler that did not settle over the measured steps (most of them
+skipped, or the last STUCK_STEPS in a row) `overflow`. The record's `loss_first` is the first applied step's loss (the
+first step's where none was applied), `loss_last` the last step's, applied or not: a run whose loss turned NaN ends on
+NaN, not on its last finite loss; null in JSON where not finite, the fault's message naming it.
+
 A loss held in 16 bits moves in steps of its quantum (bf16: 2^-5 near 6.4, 8 bits of mantissa), so a run that trains
 can repeat one value for several steps; a loss whose values are all exactly representable in bf16 or fp16 counts as
 flat only after FLAT_STEPS_16BIT applied steps, any other (fp32) after 2.
@@ -32,6 +40,10 @@ MIN_LOSS_SCALE = 1.0  # autotune.values.dsconfig's min_loss_scale: a step that o
 # 6.4375 four times, then 5.7188): only so many repeats say its updates changed nothing.
 FLAT_STEPS = 2
 FLAT_STEPS_16BIT = 16
+# fp16: skipped steps in a row at the end of a run that say its scaler did not settle. DeepSpeed's hysteresis of 2 lets
+# a settled scaler skip one step keeping its scale, then skip one halving it; a third in a row overflowed at half the
+# scale the run trained at: its last steps did not train.
+STUCK_STEPS = 3
 
 
 # The keys of a rank's report, and of the trial's record, that show what its optimizer steps did (Ledger.evidence).
@@ -56,10 +68,13 @@ class Ledger:
     skipped: int = 0
     skipped_measuring: int = 0  # skipped steps after warm-up: not timed
     losses: list[float] = field(default_factory=list)  # each applied step's loss (its last micro-step's)
+    trace: list[tuple[bool, float | None]] = field(default_factory=list)  # every step: (applied, loss or None)
     first_applied: int | None = None  # 1-based step number of the first applied step
     loss_scale: float | None = None  # fp16: the scaler's scale after the latest step
     last_applied: bool = False
     optimizer_state_bytes: int | None = None  # when measurement began (autotune.worker.training.state_bytes)
+    measured: int = 0  # steps after warm-up, applied or skipped
+    skipped_in_a_row: int = 0  # skipped steps since the latest applied one
 
     @property
     def steps(self) -> int:
@@ -74,8 +89,11 @@ class Ledger:
         """One optimizer step; `loss` None where it is not known (a script that never passed one to backward)."""
         self.last_applied = applied
         self.loss_scale = loss_scale
+        self.trace.append((applied, loss))
+        self.measured += measuring
         if applied:
             self.applied += 1
+            self.skipped_in_a_row = 0
             if loss is not None:
                 self.losses.append(loss)
             if self.first_applied is None:
@@ -83,6 +101,7 @@ class Ledger:
         else:
             self.skipped += 1
             self.skipped_measuring += measuring
+            self.skipped_in_a_row += 1
 
     def observe(self, engine: Any, skipped_before: int, loss: Any, measuring: bool = False) -> bool:
         """Record the optimizer step a DeepSpeed `engine` just took (`skipped_before`: its `skipped_steps` before the
@@ -95,7 +114,11 @@ class Ledger:
 
     def warming(self, warmup_steps: int) -> bool:
         """Whether warm-up goes on: fewer than `warmup_steps` steps (at least one), or the latest skipped; raises
-        Untrained when the scaler still skips at its minimum scale, or after SETTLE_STEPS more steps."""
+        Untrained at once on a step that did not train (`nonfinite`: a loss not finite; outside fp16 any skipped
+        step), and in fp16 when the scaler still skips at its minimum scale, or after SETTLE_STEPS more steps."""
+        fault = self.nonfinite()
+        if fault is not None:
+            raise self.untrained(*fault)
         if self.steps < max(warmup_steps, 1):  # at least one step: the memory window opens after an applied one
             return True
         if self.settled:
@@ -107,18 +130,38 @@ class Ledger:
 
     def verdict(self) -> tuple[str, str] | None:
         """(fault, message) when the steps do not show training, else None."""
-        if not self.applied:
+        fault = self.nonfinite()
+        if fault is not None:
+            return fault
+        if not self.applied:  # fp16 (outside it a skipped step is `nonfinite` above), or no step at all
             return OVERFLOW, self._overflow_message()
-        bad = next((i for i, loss in enumerate(self.losses) if not math.isfinite(loss)), None)
-        if bad is not None:
-            return NONFINITE, (f"the loss was {self.losses[bad]} at applied step {bad + 1} of {self.applied}: the "
-                               "steps did not train")
+        if self.fp16 and self.measured and (2 * self.skipped_measuring > self.measured
+                                            or self.skipped_in_a_row >= STUCK_STEPS):
+            return OVERFLOW, self._unsettled_message()
         if all(loss == self.losses[0] for loss in self.losses[1:]):
             width = sixteen_bit(self.losses)
             if len(self.losses) >= (FLAT_STEPS_16BIT if width else FLAT_STEPS):
                 held = f", held in {width}" if width else ""
                 return FLAT, (f"the loss never moved over {self.applied} applied optimizer steps ({self.losses[0]:g}"
                               f"{held}): the updates changed nothing")
+        return None
+
+    def nonfinite(self) -> tuple[str, str] | None:
+        """(`nonfinite`, message) naming the first step that did not train for want of finite numbers: one whose loss
+        was not finite (in fp16 an applied one: a skipped one is the loss scaler's), or outside fp16 a skipped one
+        (without a loss scaler DeepSpeed skips a step only when its gradients were not finite); else None."""
+        for number, (applied, loss) in enumerate(self.trace, 1):
+            bad_loss = loss is not None and not math.isfinite(loss)
+            if not (bad_loss and (applied or not self.fp16) or not (applied or self.fp16)):
+                continue
+            where = f"step {number} of {self.steps}"
+            what = (f"the loss was {loss} at {where}" if bad_loss else
+                    f"{where} was skipped, its gradients not finite (its loss {_shown(loss)})")
+            notes = [f"the last step's loss {_shown(self.trace[-1][1])}"] if number < self.steps else []
+            notes += [f"{self.skipped} of {self.steps} steps skipped"] if self.skipped else []
+            shown = f" ({', '.join(notes)})" if notes else ""
+            scaler = "" if self.fp16 else "; without fp16's loss scaler a step that trains is never skipped"
+            return NONFINITE, f"{what}{shown}{scaler}: the steps did not train"
         return None
 
     def untrained(self, fault: str, message: str) -> Untrained:
@@ -130,15 +173,26 @@ class Ledger:
         return (f"{kind}every one of {self.steps} optimizer steps overflowed and was skipped{scale}: no step trained, "
                 "so no figure of this config would be a measurement")
 
+    def _unsettled_message(self) -> str:
+        scale = f", loss scale down to {self.loss_scale:g}" if self.loss_scale is not None else ""
+        return (f"fp16: {self.skipped_measuring} of the {self.measured} measured optimizer steps overflowed and were "
+                f"skipped, the last {self.skipped_in_a_row} in a row{scale}: the loss scaler did not settle, so no "
+                "figure of this config would be a measurement")
+
     def evidence(self) -> dict[str, Any]:
-        """The keys a rank's report (and the trial's record) carries: TRAINING_EVIDENCE."""
-        def finite(loss: float | None) -> float | None:  # JSON has no NaN: the message names a loss that was not
+        """The keys a rank's report (and the trial's record) carries: TRAINING_EVIDENCE. `loss_first`: the first
+        applied step's loss (the first step's where none was applied); `loss_last`: the last step's, applied or not."""
+        def finite(loss: float | None) -> float | None:  # JSON has no NaN: the fault's message names a loss that was not
             return loss if loss is not None and math.isfinite(loss) else None
 
-        values = (self.applied, self.skipped, self.skipped_measuring, self.first_applied,
-                  finite(self.losses[0] if self.losses else None), finite(self.losses[-1] if self.losses else None),
-                  self.loss_scale, self.optimizer_state_bytes)
+        first = self.trace[self.first_applied - 1 if self.first_applied else 0][1] if self.trace else None
+        values = (self.applied, self.skipped, self.skipped_measuring, self.first_applied, finite(first),
+                  finite(self.trace[-1][1] if self.trace else None), self.loss_scale, self.optimizer_state_bytes)
         return dict(zip(TRAINING_EVIDENCE, values))
+
+
+def _shown(loss: float | None) -> str:
+    return "unknown" if loss is None else f"{loss:g}"
 
 
 def sixteen_bit(losses: list[float]) -> str | None:
