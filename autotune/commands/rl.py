@@ -14,6 +14,7 @@ is what `autotune tune --strategy rl --policy DIR` (or `--strategy hybrid --poli
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 from datetime import datetime
 from pathlib import Path
@@ -251,19 +252,13 @@ def run_train(args: argparse.Namespace) -> int:
     return 0
 
 
-_IGNORING_AT_EXIT: list[bool] = []
-
-
+@functools.cache  # once per process
 def ignore_stops_at_exit() -> None:
     """At this process's exit, before the exit handlers registered until now (Ray's shutdown, registered at its
     import), ignore Ctrl-C, SIGTERM and SIGHUP: the command's outcome and exit status are decided by then, and a
-    KeyboardInterrupt there would print a traceback ("Exception ignored in atexit callback"). Once per process."""
+    KeyboardInterrupt there would print a traceback ("Exception ignored in atexit callback")."""
     import atexit
     import signal
-
-    if _IGNORING_AT_EXIT:
-        return
-    _IGNORING_AT_EXIT.append(True)
 
     def ignore() -> None:
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
