@@ -15,6 +15,7 @@ import pytest
 
 import autotune
 from autotune.cli import main
+from autotune.script import alike
 from autotune.values.config import ConfigError
 from autotune.outputs.handoff import validate
 from autotune.values.results import read_results
@@ -252,8 +253,9 @@ def test_a_script_that_cannot_be_tuned_stops_the_sweep_after_the_first_trial(ver
 @pytest.mark.slow
 def test_a_script_failing_at_its_third_step_whatever_the_config_stops_the_sweep_in_one_line(space_file, tmp_path,
                                                                                              capsys):
-    """Past the first trial: three configs (two ZeRO stages) crashing alike end the sweep (drivers/loop.py), where
-    a reviewer's sweep ran all its trials into the same `fatal: bad data (exit code 3)`."""
+    """Past the first trial: two configs apart in layout crashing alike after their steps (the same exit, at the same line, after the
+    same 3 optimizer steps) end the sweep (autotune.script.alike), where a reviewer's sweep ran all its trials into
+    the same `fatal: bad data (exit code 3)`; their records keep the steps they took."""
     script = tmp_path / "train.py"
     script.write_text("import sys, deepspeed, torch\nmodel = torch.nn.Linear(4, 1)\n"
                       "engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config={"
@@ -266,9 +268,18 @@ def test_a_script_failing_at_its_third_step_whatever_the_config_stops_the_sweep_
     code, printed = tune(tmp_path / "run", space_file, script, "", capsys, trials=8)
     assert code == 1
     results = read_results(tmp_path / "run" / "trials.jsonl")
-    assert len(results) == 4 and {r.status for r in results} == {"crash"}  # the first trial, then three alike
-    assert "configs crashed alike" in printed and "fatal: bad data" in printed
-    assert "stopped: a failure no other config can avoid" in printed
+    assert {r.status for r in results} == {"crash"}
+    # It stops at the first trial whose config is apart in layout (alike.apart) from an earlier one crashed alike.
+    *earlier, last = results
+    assert any(alike.apart(r.config, last.config) for r in earlier)
+    assert not any(alike.apart(a.config, b.config) for i, a in enumerate(earlier) for b in earlier[i + 1:])
+    assert [r.extra.get("steps_applied") for r in results] == [3] * len(results)  # what ran before the failure, kept
+    assert last.extra["script_verdict"] == "fails_alike_after_initialize"
+    said = "fails_alike_after_initialize: fatal: bad data (train.py:9 in <module>), after 3 optimizer steps, in "
+    assert f"stopping: {said}" in printed and "stopped: a failure no other config can avoid" in printed
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert report.split("\n")[2].startswith(f"**The script cannot be tuned as it is: {said}")
+    assert "No trial has figures: the script stopped the sweep" in report and "run more trials" not in report
 
 
 @pytest.mark.slow

@@ -31,7 +31,7 @@ from autotune.values.results import TrialResult, append_result, read_results, re
 from autotune.commands.script import add_arguments as script_arguments, script_from
 from autotune.script.batch import settle
 from autotune.script.inspect_model import describe
-from autotune.outputs.script import learned_workload, script_batch_of
+from autotune.outputs.script import learned_workload, reached_initialize, script_batch_of
 from autotune.values.settings import within_device
 from autotune.values.space import invalid_reason
 from autotune.values.units import counted, format_size
@@ -275,7 +275,8 @@ def run_script_trial(args: argparse.Namespace) -> int:
                                     f"{'' if keep else f'-b{workload.global_batch}'}-g{workload.gpus}")
     check_record(run_dir / "trials.jsonl")
     backend = script_backend(script, workload, args.memory_budget, hardware, DsOptions(nvme_path=args.nvme_path),
-                             run_dir / "logs", args.timeout, measure, shape_known=False, keep_script_batch=keep)
+                             run_dir / "logs", args.timeout, measure, shape_known=False, keep_script_batch=keep,
+                             micro_batch_fix=MICRO_BATCH_FIX)
     result = backend.run(config) if args.json else _run_with_progress(backend, config)
     model = result.script_model
     prediction = None
@@ -292,9 +293,7 @@ def run_script_trial(args: argparse.Namespace) -> int:
                          "model": model, "global_batch": settled.to_dict() if settled else None,
                          "run_dir": str(run_dir)})
     else:
-        unseen = "" if model else (f"{Path(script.path).name}: its model not seen (the trial did not reach "
-                                   "deepspeed.initialize), global batch "
-                                   + ("not read" if keep else f"{workload.global_batch} (--global-batch)"))
+        unseen = "" if model else unseen_model(Path(script.path).name, result, keep, workload.global_batch)
         show(result, prediction, calibrator(workload, hardware)([]), workload, hardware, run_dir, unseen)
         if settled is not None and settled.defaulted and settled.global_batch != default:
             print(f"global batch {settled.global_batch}: micro-batch {config.micro_batch} x "
@@ -306,6 +305,26 @@ def run_script_trial(args: argparse.Namespace) -> int:
             print(f"model seen at deepspeed.initialize: {model.get('class')}, {model['params']:,} parameters, "
                   f"{model.get('layers', '?')} layers, hidden {model.get('hidden', '?')}, "
                   f"checkpointing switch: {model.get('checkpoint_switch') or 'none'}; {describe(model)}")
-        if result.extra.get("script_verdict"):
-            print(f"the script cannot be tuned as it is ({result.extra['script_verdict']})")
+        verdict = result.extra.get("script_verdict")
+        if verdict == "global_batch_indivisible" and keep:  # this trial's micro-batch, not the script, is at fault
+            print(f"--micro-batch {config.micro_batch} cannot keep the script's global batch ({verdict}): the error "
+                  "above names the micro-batches that can")
+        elif verdict:
+            print(f"the script cannot be tuned as it is ({verdict})")
     return 0 if result.ok else 1
+
+
+# The advice of a trial whose micro-batch cannot keep the script's global batch: this command's flags, not a space's.
+MICRO_BATCH_FIX = "pass --micro-batch one of them, or --global-batch to change the recipe"
+
+
+def unseen_model(name: str, result: TrialResult, keep: bool, global_batch: int) -> str:
+    """The header of a script trial that never showed its model: how far the trial got (into deepspeed.initialize,
+    where the shim stopped it before reading the model, or not that far), and the global batch."""
+    where = ("the trial stopped in deepspeed.initialize before the model was read" if reached_initialize(result)
+             else "the trial did not reach deepspeed.initialize")
+    if result.extra.get("script_verdict") == "global_batch_indivisible":
+        batch = "the script's, which this micro-batch cannot keep (below)"
+    else:
+        batch = "not read" if keep else f"{global_batch} (--global-batch)"
+    return f"{name}: its model not seen ({where}), global batch {batch}"

@@ -266,12 +266,13 @@ def _summary(results: Sequence[TrialResult], settings: RunSettings, best: TrialR
 
 
 def no_fit_verdict(settings: RunSettings, results: Sequence[TrialResult] = (), interrupted: bool = False,
-                   no_node: bool = False) -> str:
+                   no_node: bool = False, at_fault: str = "the program's or the environment's") -> str:
     """Why there is no recommendation, naming the resource that ran out (device memory, host memory for
     offloaded state, NVMe space): configs predicted to fit are still untried (`interrupted`: no advice, as
     interrupted_verdict puts the resume first), or none is left. The budget is named as the fix only where raising
     it would let some config run. `no_node`: the sweep stopped because the Ray cluster cannot run one trial
-    (StopReason.NO_NODE), which no budget or further trial on it changes."""
+    (StopReason.NO_NODE), which no budget or further trial on it changes. `at_fault`: whose failure one that every
+    config tried had is (a mode's own input: OwnOutputs.at_fault)."""
     if no_node:
         return no_node_verdict(settings)
     space = searched_space(settings)
@@ -289,13 +290,14 @@ def no_fit_verdict(settings: RunSettings, results: Sequence[TrialResult] = (), i
         hit = f"; the trials ran out of {_cause_list(ran)}" if ran else ""
         if interrupted:  # interrupted_verdict says to go on with --resume: not "run more trials" (a new sweep)
             return f"no trial ran within the budget of {budget} yet, though {left}{hit}"
-        failed = [r for r in results if r.status in ("crash", "timeout")]
+        failed = [r for r in results if r.status in ("crash", "timeout", "untrained")]
         if failed and len(failed) == sum(r.status != "pruned" for r in results):
             # Every trial failed without a verdict on its config (no oom, no unsupported): more trials of the same
-            # program fail the same way (a script crashing at step 3, hanging).
+            # program fail the same way (a script crashing at step 3, hanging, or whose loss is not finite).
             return (f"no trial ran within the budget of {budget}, though {left}: every launched trial failed "
-                    f"({_status_list(failed)}; the first: {error_line(failed[0].error)[:200]}): fix what fails "
-                    "(logs/ and the failures below), then start again")
+                    f"({_status_list(failed)}; the first: {error_line(failed[0].error)[:200]}), in every config "
+                    f"tried: {at_fault} failure, not a config's; fix what fails (logs/ and the failures below), then "
+                    "start again")
         # The budget is the fix only for device memory, and only below the device's own.
         below = settings.memory_budget_bytes < settings.hardware.memory_bytes
         advice = "run more trials" + (" or raise the budget" if below and ran and ran.most_common(1)[0][0] == DEVICE_MEMORY
@@ -395,6 +397,9 @@ class OwnOutputs(Protocol):
     @property
     def no_local_rank(self) -> bool: ...  # the program takes no --local_rank: DeepSpeed's launcher must not pass it
 
+    @property
+    def at_fault(self) -> str: ...  # whose failure one in every config tried is ("the script's"), for the verdict
+
 
 OwnWriter = Callable[[RunDir, RunSettings, "TrialResult | None"], OwnOutputs]
 
@@ -458,7 +463,8 @@ def write_outputs(run: RunDir, settings: RunSettings, results: Sequence[TrialRes
     elif script is not None and script.verdict:  # the script, not the configs, stopped the sweep: no "run more"
         verdict = script.verdict
     else:
-        verdict = no_fit_verdict(settings, results, stop.unfinished, no_node=stop.reason == StopReason.NO_NODE.value)
+        verdict = no_fit_verdict(settings, results, stop.unfinished, no_node=stop.reason == StopReason.NO_NODE.value,
+                                 **({"at_fault": script.at_fault} if script is not None else {}))
     if scaled is not None:
         if scaled.rows:  # else no trial fits even here: the verdict above says why
             verdict = target_verdict(scaled, settings)
@@ -707,7 +713,7 @@ def markdown(results: Sequence[TrialResult], settings: RunSettings, summary: dic
         else:  # script mode: its own config and command, no files for other stacks
             lines += [f"{use} as the script's own config (`best_ds_config.json`), launched by `launch.sh` (torchrun "
                       "or deepspeed, the script's command with it): see [Script mode](#script-mode).", ""]
-    lines += _top_table(results, budget)
+    lines += _top_table(results, budget, _no_figures(results, own))
     lines += target_table(scaled)
     lines += _confirmation(results, budget, settings.backend)
     lines += _failures(results, stop)
@@ -749,12 +755,24 @@ def tables(results: Sequence[TrialResult], budget: int) -> dict[str, list[dict[s
     return whole_bytes({"top_configs": top, "failures": failures})
 
 
-def _top_table(results: Sequence[TrialResult], budget: int) -> list[str]:
+def _no_figures(results: Sequence[TrialResult], own: OwnOutputs | None) -> str:
+    """What the top-configs table says where it has no row: why no trial has figures within the budget."""
+    if own is not None and own.verdict:  # the mode's input (a script) stopped the sweep: no budget was involved
+        return ("No trial has figures: the script stopped the sweep before any config was measured (the verdict "
+                "above says why).")
+    launched = [r for r in results if r.status != "pruned"]
+    if launched and all(r.status in ("crash", "timeout", "untrained", "unsupported") for r in launched):
+        return ("No trial has figures: every launched trial failed before it was measured (the failures below say "
+                "how).")
+    return "No trial ran within the budget."
+
+
+def _top_table(results: Sequence[TrialResult], budget: int, none: str = "No trial ran within the budget.") -> list[str]:
     # One row per config, as the recommendation counts it: the median of its runs where it was re-run (the
     # confirmation section has each run), so the table and the headline say the same figure.
     fitting = top_configs(results, budget)
     if not fitting:
-        return ["## Top configs", "", "No trial ran within the budget.", ""]
+        return ["## Top configs", "", none, ""]
     lines = [f"## Top {counted(len(fitting), 'config')} within budget", "",
              "| rank | trial | stage | micro | ckpt | precision | offload opt | offload param | samples/s | runs | "
              "tokens/s | step s | peak | of budget | predicted peak |",
@@ -780,7 +798,8 @@ def run_calibration(run: RunDir) -> Calibration:
 def _status_list(results: Sequence[TrialResult]) -> str:
     """'3 crashes, 1 timeout': the failures' statuses, counted."""
     counts = Counter(r.status for r in results)
-    return ", ".join(counted(n, status, status + ("es" if status == "crash" else "s")) for status, n in counts.items())
+    plural = {"crash": "crashes", "untrained": "untrained"}
+    return ", ".join(counted(n, status, plural.get(status, status + "s")) for status, n in counts.items())
 
 
 def _fits_with(term: str) -> str:

@@ -37,7 +37,7 @@ from autotune.values.results import TrialResult, error_line
 from autotune.worker.protocol import read_events
 from autotune.search.rundir import RunDir
 from autotune.values.settings import RunSettings
-from autotune.script import accelerate_loop, apply, batch, lightning_loop, merge
+from autotune.script import accelerate_loop, alike, apply, batch, lightning_loop, merge
 from autotune.script.inspect_model import describe, shape_from_info
 from autotune.values.space import Space
 from autotune.values.units import format_size
@@ -49,6 +49,7 @@ DEFAULT_TIMEOUT_S = 600.0  # a trial's limit without --trial-timeout (the backen
 # it is the same whatever the config, so every trial would (the shim's own verdicts: autotune.script.shim.VERDICTS).
 TIMED_OUT = "timed_out_before_initialize"
 RUNNING_SCRIPT = "script"  # the shim's phase from the script's start to deepspeed.initialize (autotune.script.shim)
+INITIALIZING = "initialize"  # the shim's phase inside deepspeed.initialize
 
 
 def placeholder(global_batch: int | None, gpus: int) -> Workload:
@@ -171,6 +172,7 @@ def first_trial(run_dir: RunDir, settings: RunSettings, space: Space, script: Sc
         say(f"model: {model.get('class')}, {model['params']:,} parameters; {describe(model)}")
         settings = replace(settings, workload=learned_workload(model, settings.workload, script))
         settings, more = narrowed(settings, model)
+        more += precision_unrun(asked_precision(user_config(result), model), settings)
         notes += more
         for line in more:  # before the search: what the space lost and why
             say(line)
@@ -187,12 +189,96 @@ def first_trial(run_dir: RunDir, settings: RunSettings, space: Space, script: Sc
     return settings, settings.space(), fatal
 
 
+def asked_precision(user: dict[str, Any] | None, model: dict[str, Any] | None) -> str | None:
+    """The precision the script's own DeepSpeed config `user` asks for: fp16 or bf16 where that block is enabled, fp32
+    where neither is (DeepSpeed's default); None where it is not known: no config recorded, a value left to the
+    framework ("auto"), a Trainer's config without the blocks (its TrainingArguments decide), or a loop whose framework
+    runs a precision of its own (narrowed: `script_precision` says it)."""
+    model = model or {}
+    if not isinstance(user, dict) or model.get("script_precision"):
+        return None
+    stated = False
+    for name, key in (("fp16", "fp16"), ("bf16", "bf16"), ("bf16", "bfloat16")):
+        block = user.get(key)
+        if isinstance(block, dict) and "enabled" in block:
+            if block["enabled"] == "auto":
+                return None
+            stated = True
+            if block["enabled"] is True:
+                return name
+    if not stated and model.get("via") == "transformers.TrainingArguments":
+        return None
+    return "fp32"
+
+
+def precision_refused(precision: str, settings: RunSettings) -> str | None:
+    """Why no trial runs `precision`: the hardware does not (fp16 on the CPU: DeepSpeed refuses it), or the space
+    leaves it out; None where trials may run it."""
+    hw = settings.hardware
+    if not hw.supports(precision):
+        return ("DeepSpeed refuses fp16 on the CPU (its CPU accelerator)" if hw.is_cpu and precision == "fp16"
+                else f"the {hw.name} profile does not run it")
+    if precision not in settings.choices.precision:
+        return f"the space's precisions are {list(settings.choices.precision)}"
+    return None
+
+
+def precision_unrun(asked: str | None, settings: RunSettings) -> list[str]:
+    """The first trial's note where the script's config asks for a precision no trial will run: its trials and
+    recommendation run another, said before the search."""
+    why = precision_refused(asked, settings) if asked else None
+    if asked is None or why is None:
+        return []
+    return [f"precision: the script's config asks for {asked}, which no trial runs ({why}): the trials and the "
+            f"recommendation run {' or '.join(settings.choices.precision)} instead"]
+
+
+def precision_changed(asked: str | None, best: TrialResult, settings: RunSettings,
+                      results: list[TrialResult]) -> list[str]:
+    """The line where the recommendation runs another precision than the script's config asked for, and why."""
+    runs = best.config.precision
+    if asked is None or asked == runs:
+        return []
+    why = precision_refused(asked, settings)
+    if why is None:
+        theirs = [r for r in results if r.config.precision == asked and r.status != "pruned"]
+        ok = [r for r in theirs if r.ok and r.throughput_samples_per_s]
+        if ok:
+            fastest = max(r.throughput_samples_per_s or 0.0 for r in ok)
+            why = (f"the fastest {asked} trial measured {fastest:.3g} samples/s, the recommendation "
+                   f"{best.throughput_samples_per_s:.3g}")
+        elif theirs:
+            why = f"no {asked} trial ran within the budget ({', '.join(sorted({r.status for r in theirs}))})"
+        else:
+            why = f"no {asked} config was tried"
+        why += f"; a space of precision [{asked}] keeps the script's"
+    return [f"precision: the script's config asks for {asked}; the recommendation runs {runs} ({why})"]
+
+
+def later_verdict(results: list[TrialResult]) -> str | None:
+    """The verdict of a trial after the first that stopped the sweep (the shim's, or a failure of the script's own in
+    two configs: autotune.script.alike), as `verdict: why`; None where none did."""
+    stopped = next((r for r in reversed(results) if r.extra.get("script_verdict")), None)
+    if stopped is None:
+        return None
+    return f"{stopped.extra['script_verdict']}: {stopped.extra.get(alike.WHY) or stopped.error or ''}"
+
+
 def waited_in_script(result: TrialResult) -> bool:
     """Whether a trial's rank 0 was last running the script itself (not importing or building ops), before it
     reached deepspeed.initialize (its events in the trial's log folder; unknown: False)."""
+    return _phases(result)[-1:] == [RUNNING_SCRIPT]
+
+
+def reached_initialize(result: TrialResult) -> bool:
+    """Whether a trial's rank 0 got into deepspeed.initialize (its events; unknown: False): a trial stopped there
+    before the model was read (a micro-batch that cannot keep the script's global batch) did."""
+    return INITIALIZING in _phases(result)
+
+
+def _phases(result: TrialResult) -> list[Any]:
     log_dir = result.extra.get("log_dir")
-    phases = [e.get("phase") for e in read_events(log_dir, 0)] if isinstance(log_dir, str) else []
-    return phases[-1:] == [RUNNING_SCRIPT]
+    return [e.get("phase") for e in read_events(log_dir, 0)] if isinstance(log_dir, str) else []
 
 
 def save(run_dir: RunDir, script: Script, model: dict[str, Any] | None, notes: list[str], fatal: str | None,
@@ -262,6 +348,7 @@ class ScriptOutputs:
     workload: str = ""
     launch_notes: tuple[str, ...] = ()  # comment lines for launch.sh's header: how its command applies the config
     no_local_rank: bool = False  # the script's parser takes no --local_rank (launch.sh's deepspeed form says so)
+    at_fault: str = "the script's (or its data's)"  # a failure every config tried had (the report's verdict)
 
 
 # What to do about each verdict, where its message does not say it already.
@@ -273,6 +360,8 @@ VERDICT_HINTS = {
                "model), else see where it waits (the trial's rank0.stdout and rank0.stderr in logs/)",
     "never_initialized": "ds-autotune tunes the config a script hands to deepspeed.initialize (itself, or through "
                          "the Hugging Face Trainer, Accelerate or Lightning), and this one never called it",
+    alike.VERDICT: "no config avoids a failure the script has after its steps: fix the script (the trials' "
+                   "rank0.stderr and rank0.stdout in logs/), then start a new sweep",
 }
 
 
@@ -303,8 +392,11 @@ def outputs(run_dir: RunDir, settings: RunSettings, best: TrialResult | None) ->
     lines = list(info.get("notes") or [])
     tail: list[str] = []  # the failed first trial's stderr lines, after its verdict
     verdict = ""
-    if info.get("fatal"):
-        line, tail = cannot_be_tuned(str(info["fatal"]))
+    results = run_dir.results()
+    # The first trial's verdict, else (nothing recommended) a later trial's that stopped the sweep
+    fatal = info.get("fatal") or (later_verdict(results) if best is None else None)
+    if fatal:
+        line, tail = cannot_be_tuned(str(fatal))
         if best is None:
             verdict = line
         else:  # a resumed sweep went on from a first trial that had shown the model
@@ -341,6 +433,7 @@ def outputs(run_dir: RunDir, settings: RunSettings, best: TrialResult | None) ->
         elif via in loops:
             text += f"; {advice}"
         lines.append(text)
+        lines += precision_changed(asked_precision(user_config(best), info.get("model")), best, settings, results)
         if no_local_rank:
             lines.append("the script's parser takes no --local_rank, which DeepSpeed's launcher passes by default: "
                          "launch.sh's deepspeed form passes --no_local_rank (torchrun passes none)")
@@ -403,7 +496,8 @@ def outputs(run_dir: RunDir, settings: RunSettings, best: TrialResult | None) ->
     for line in lines:
         section.append(f"- {line}")
         if tail and line.startswith("the script cannot be tuned"):
-            section += ["", "  The first trial's last lines of stderr:", "", "  ```",
+            whose = "The first trial's" if info.get("fatal") else "The trial's"
+            section += ["", f"  {whose} last lines of stderr:", "", "  ```",
                         *(f"  {t}" for t in tail), "  ```", ""]
     section.append("")
     console = [lines[0] + "".join(f"\n  {t}" for t in tail), *lines[1:]] if verdict else lines

@@ -6,6 +6,8 @@
 - `apply` (`python -m autotune.script.apply best_ds_config.json train.py ...`): the recommendation merged the
   same way into the config a script builds in code, for launch.sh's command (no measuring);
 - `inspect_model`: the model's shape and checkpointing switch, for the estimator;
+- `alike`: the one rule by which a failure after `deepspeed.initialize` is the script's (two configs failing the
+  same way after their steps), which stops the sweep;
 - `accelerate_loop`, `lightning_loop` (with `loaders`): a hand-written Accelerate loop and a Lightning
   script, whose own DataLoader and gradient accumulation are brought to the trial's;
 - `session`: what `autotune tune --script` and `autotune trial --script` add (the first trial learns the

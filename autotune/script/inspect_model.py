@@ -46,6 +46,9 @@ EXPERT_KEYS = {"experts": ("num_local_experts", "num_experts", "n_routed_experts
                "experts_per_token": ("num_experts_per_tok", "moe_top_k")}
 DROPOUT_KEYS = ("attn_pdrop", "attention_dropout", "attention_probs_dropout_prob", "attn_dropout")
 NONE_SEEN = "none seen"  # attention_source where the first forward ran no attention torch could see (an MLP)
+# attention_source where the model shows none before its first forward (no config, no module named for attention):
+# what a trial that ended before that forward (a verdict in the engine's first-batch check) says of an MLP
+NO_MODULE = "no attention module"
 # Hugging Face attn_implementation values -> the estimator's attention (flex attention is a fused kernel).
 HF_ATTENTION = {"eager": "eager", "sdpa": "sdpa", "flash_attention_2": "flash", "flash_attention_3": "flash",
                 "flex_attention": "sdpa"}
@@ -107,6 +110,8 @@ def model_info(model: Any) -> dict[str, Any]:
     if mha and "attention" not in info:
         info["attention"], info["attention_source"] = "eager", "nn.MultiheadAttention"  # need_weights=True
         info["attention_dropout"] = any(float(m.dropout) > 0 for m in mha)
+    if "attention" not in info and not any(_names_attention(m) for m in model.modules()):
+        info["attention_source"] = NO_MODULE  # the first forward, once watched, says what it saw instead
     tied = _tied_embeddings(model, torch)
     if tied is not None:
         info["tied_embeddings"] = tied
@@ -131,6 +136,13 @@ def model_info(model: Any) -> dict[str, Any]:
                 info["heads"] = heads
                 break
     return info
+
+
+def _names_attention(module: Any) -> bool:
+    """A module whose class is named for attention (`CausalSelfAttention`, `GPT2Attention`, `MultiheadAttention`,
+    `Attn`): the model may run one, whatever its first forward was seen to do."""
+    name = type(module).__name__.lower()
+    return "attention" in name or "attn" in name
 
 
 def _tied_embeddings(model: Any, torch: Any) -> bool | None:
@@ -287,6 +299,8 @@ def describe(info: dict[str, Any]) -> str:
              "sdpa": "fused SDPA", "flash": "flash"}
     if info.get("attention_source") == NONE_SEEN and not info.get("attention"):
         parts = ["no attention seen in the first forward (no s x s scores priced)"]
+    elif info.get("attention_source") == NO_MODULE and not info.get("attention"):  # its first forward not seen
+        parts = ["no attention seen (no attention module in the model; no s x s scores priced)"]
     else:
         parts = [f"attention {words.get(attention, attention)} ({source})"
                  + (", with dropout" if info.get("attention_dropout") and attention in ("eager", "math") else "")]

@@ -50,7 +50,7 @@ from autotune.worker.training import Ledger, Untrained, state_bytes
 from autotune.worker.measure import iqr, median_rel_se, stop_reason
 from autotune.worker.protocol import WorkerSpec, record_phase, report_path, write_json_atomic
 from autotune.values.config import ConfigError
-from autotune.script import accelerate_loop, batch as script_batch, lightning_loop, merge
+from autotune.script import accelerate_loop, alike, batch as script_batch, lightning_loop, merge
 from autotune.script.verdict import ScriptVerdict
 from autotune.script.inspect_model import checkpoint_switch, model_info, set_checkpointing, watch_attention
 from autotune.script.loaders import first_tensor
@@ -62,6 +62,10 @@ VERDICTS = ("crashed_before_initialize", "never_initialized", "never_stepped", "
             "ignores_micro_batch", "global_batch_indivisible", "ignores_accumulation")
 KEEP_SCRIPT_BATCH = "keep_script_batch"  # spec extra: run the script's own global batch, not the spec's
 SCRIPT_CWD = "script_cwd"  # spec extra: the working directory the script runs in (a Ray trial's shipped copy)
+# spec extra: how the command that runs the trial takes another micro-batch, for global_batch_indivisible's advice
+# (a sweep's space by default; `autotune trial`'s --micro-batch)
+MICRO_BATCH_FIX = "micro_batch_fix"
+SPACE_FIX = "give the space one of them, or pass --global-batch to change the recipe"
 SCRIPT_ENDED = "script_ended"  # stop reason: the script finished its own loop before the measurement did
 # The training frameworks whose import a spare rank makes ahead (~2 s for transformers' Trainer on the 2-core CPU),
 # those the script had imported by deepspeed.initialize in its first trial (the model's `frameworks`): the backend
@@ -227,9 +231,9 @@ class Shim:
                 trial.update(script_batch.trial_keys(self.script_batch.global_batch, self.spec.config.micro_batch,
                                                      self.ranks))
             except ConfigError as err:
-                raise ScriptVerdict("global_batch_indivisible", (
-                    f"the script's global batch {self.script_batch.describe()}: {err}; give the space one of them, "
-                    "or pass --global-batch to change the recipe")) from None
+                fix = self.spec.extra.get(MICRO_BATCH_FIX) or SPACE_FIX
+                raise ScriptVerdict("global_batch_indivisible",
+                                    f"the script's global batch {self.script_batch.describe()}: {err}; {fix}") from None
         return prepared_ds_config(merge.merge(user, trial))
 
     def batch_of(self, user: dict[str, Any]) -> script_batch.ScriptBatch | None:
@@ -363,15 +367,16 @@ class Shim:
                 "data loader with engine.train_micro_batch_size_per_gpu() (or pass training_data to "
                 "deepspeed.initialize) so that the micro-batch can be tuned"))
 
-    def start_measuring(self) -> None:
-        """After warm-up, which ends with an applied step: the optimizer's state exists when the window opens."""
+    def start_measuring(self, **taken: Any) -> None:
+        """After warm-up, which ends with an applied step: the optimizer's state exists when the window opens.
+        `taken`: the step's event keys (optimizer_stepped)."""
         self.measuring = True
         self.ledger.optimizer_state_bytes = state_bytes(self.engine.basic_optimizer)
         self.startup_peak = self.memory.peak()
         self.memory.reset_peak()
         self.first_step = time.time()
         self.lap("warmup_s")
-        self.phase("measure")
+        self.phase("measure", **{**taken, "optimizer_state_bytes": self.ledger.optimizer_state_bytes})
 
     def optimizer_stepped(self, skipped_before: int) -> None:
         self.accel.synchronize()
@@ -379,13 +384,17 @@ class Shim:
         elapsed, self.mark = now - self.mark, now
         self.steps += 1
         applied = self.ledger.observe(self.engine, skipped_before, self.loss, self.measuring)
+        # Every step's event says how far the script got and what its steps did: a trial that runs out of time
+        # keeps them (autotune.backends.script), and a script that stops stepping shows it (autotune.script.alike).
+        taken = {"steps": self.steps, **self.ledger.evidence()}
         if not self.measuring:
             try:
                 if self.ledger.warming(self.spec.measure.warmup_steps):  # until a step was applied (fp16's scale)
+                    self.phase("warmup", **taken)
                     return
             except Untrained as err:
                 self.finish(self.failure(err), 1)
-            self.start_measuring()
+            self.start_measuring(**taken)
             return
         if applied:  # a skipped step skips the update: not a step of this config's training
             self.times.append(elapsed)
@@ -393,7 +402,7 @@ class Shim:
         reason = agree(self.torch, self.world, self.engine.device,
                        lambda: stop_reason(self.times, time.time() - self.first_step, self.spec.measure, self.peaks,
                                            self.ledger.skipped_measuring))
-        self.phase("measure", step=len(self.times))  # for the live progress line: steps measured so far
+        self.phase("measure", step=len(self.times), **taken)  # step: measured so far, for the live progress line
         if reason is not None:
             self.finish_measured(reason)
 
@@ -462,8 +471,13 @@ class Shim:
             message = f"the script failed before calling deepspeed.initialize: {message}"
         elif verdict is not None:
             message = str(err)
+        # What the script got to before it failed (its steps' ledger, the steps measured) and where it was raised:
+        # the record keeps them, and a failure two configs share is the script's (autotune.script.alike).
+        done = {"steps": self.steps, **self.ledger.evidence(),
+                **({"step_times_s": list(self.times)} if self.times else {})} if self.initialized else {}
         return {"status": status, "error": message, "exception": type(err).__name__, "phase": self.last_phase,
                 "rank": self.rank, "pid": os.getpid(), "verdict": verdict, "model": self.model or None,
+                "initialized": self.initialized, "site": alike.site_of(err), **done,
                 "fatal": isinstance(err, AcceleratorMismatch), **untrained_evidence(err), **port_evidence(err),
                 **({"cause": oom_cause(err, self.spec.accelerator)} if status == "oom" else {})}
 
