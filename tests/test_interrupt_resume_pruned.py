@@ -68,13 +68,28 @@ def interrupted_at(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str, n: in
     return lambda: monkeypatch.setattr(owner, name, original)
 
 
-def interrupt_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, owner: Any, name: str, n: int,
-                         strategy: str = "optuna") -> None:
-    """The uninterrupted sweep's record, and the record of the same sweep interrupted at the `n`th call of
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, bool], list[tuple[Config, str]]]:
+    """The uninterrupted sweep's record of a strategy, guided or not: each made once for this module's tests."""
+    made: dict[tuple[str, bool], list[tuple[Config, str]]] = {}
+
+    def record_of(strategy: str, guided: bool) -> list[tuple[Config, str]]:
+        if (strategy, guided) not in made:
+            folder = tmp_path_factory.mktemp("whole")
+            with pytest.MonkeyPatch.context() as patch:
+                if not guided:
+                    patch.setattr(OptunaStrategy, "_guided", lambda self: None)
+                autotune.tune(spec(folder, strategy), folder / "whole")
+            made[strategy, guided] = record(folder / "whole")
+        return made[strategy, guided]
+
+    return record_of
+
+
+def interrupt_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, expected: list[tuple[Config, str]],
+                         owner: Any, name: str, n: int, strategy: str = "optuna") -> None:
+    """The uninterrupted sweep's record `expected`, and the record of the same sweep interrupted at the `n`th call of
     `owner.name` and resumed: the same configs, each once, with the same outcomes, in the same order."""
-    whole = tmp_path / "whole"
-    autotune.tune(spec(tmp_path, strategy), whole)
-    expected = record(whole)
     assert len(expected) > 40 and Counter(s for _, s in expected)["oom"] == 1  # one trial, the rest pruned
 
     run = tmp_path / "interrupted"
@@ -97,20 +112,22 @@ def interrupt_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, owner:
 
 @pytest.mark.parametrize("strategy", ["optuna", "hybrid"])
 @pytest.mark.parametrize("n", [2, 30])
-def test_a_resume_records_every_config_the_interrupted_session_had_not_reached(tmp_path, monkeypatch, n, strategy):
+def test_a_resume_records_every_config_the_interrupted_session_had_not_reached(tmp_path, monkeypatch, uninterrupted,
+                                                                              n, strategy):
     """Interrupted at the nth line of trials.jsonl (the oom is the first, each pruned config one more). The hybrid's
     policy has its turns among the pruned configs (each of its proposals refused as unlikely to fit, or pruned)."""
-    interrupt_and_resume(tmp_path, monkeypatch, RunDir, "append", n, strategy)
+    interrupt_and_resume(tmp_path, monkeypatch, uninterrupted(strategy, True), RunDir, "append", n, strategy)
 
 
 @pytest.mark.parametrize("n", [5, 9])
-def test_a_resumed_optuna_study_does_not_count_its_refused_proposals_as_tried(tmp_path, monkeypatch, n):
+def test_a_resumed_optuna_study_does_not_count_its_refused_proposals_as_tried(tmp_path, monkeypatch, uninterrupted, n):
     """Every turn TPE's (no guided pick): each sampled proposal unlikely to fit is refused (told to the study, not
     recorded) and the nearest untried config runs in its place (here, pruned); the refused configs stay untried,
     and later proposals reach them. Interrupted at the nth proposal asked of the study, the resumed search must
     reach them too."""
+    expected = uninterrupted("optuna", False)
     monkeypatch.setattr(OptunaStrategy, "_guided", lambda self: None)
-    interrupt_and_resume(tmp_path, monkeypatch, optuna.Study, "ask", n)
+    interrupt_and_resume(tmp_path, monkeypatch, expected, optuna.Study, "ask", n)
 
 
 def test_a_resumed_study_keeps_a_refused_proposal_untried(tmp_path, monkeypatch):
