@@ -44,15 +44,16 @@ class _CheckoutFolders:
 
 
 def _serve_checkout_folders() -> None:
-    """The finder, once, when this package is a checkout's (installed, the folders are inside it), after every
-    other finder: an editable install's hook keeps precedence."""
+    """The finder, once, when this package is a checkout's (installed, the folders are inside it), before every
+    other finder: it serves only this autotune/'s own sub-packages, which an editable install of another checkout
+    (a venv shared by two clones) would otherwise serve from that one."""
     package = os.path.dirname(os.path.abspath(__file__))
     if any(os.path.exists(os.path.join(package, name)) for name in _MAPPED) or not all(
             os.path.isfile(os.path.join(os.path.dirname(package), name, "__init__.py")) for name in _MAPPED):
         return
     if not any(type(f).__name__ == "_CheckoutFolders" and getattr(f, "package", None) == package
                for f in sys.meta_path):  # by name: a re-imported autotune has a class of its own
-        sys.meta_path.append(_CheckoutFolders(package))
+        sys.meta_path.insert(0, _CheckoutFolders(package))
 
 
 _serve_checkout_folders()

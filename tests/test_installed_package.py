@@ -75,7 +75,7 @@ def the_checkouts(seen: dict) -> None:
     assert seen["autotune"] == str(ROOT / "autotune" / "__init__.py")
     assert seen["envs"] == str(ROOT / "envs" / "__init__.py")
     assert seen["search_spaces"] == str(ROOT / "search_spaces" / "__init__.py")
-    assert seen["finders"][-1] == "_CheckoutFolders"  # last: any other finder comes first
+    assert seen["finders"][0] == "_CheckoutFolders"  # first: another checkout's editable hook comes after it
 
 
 def tune(pythonpath: list[str], out: Path) -> dict:
@@ -87,6 +87,29 @@ def tune(pythonpath: list[str], out: Path) -> dict:
 
 def test_the_checkout_imports_whole_from_the_root_with_no_install():
     the_checkouts(probe([SITE]))
+
+
+def test_another_checkouts_editable_hook_does_not_serve_this_checkouts_sub_packages(tmp_path):
+    """A clone run with a venv that holds an editable install of another checkout: its hook, ahead on sys.meta_path,
+    would serve that checkout's envs/ and search_spaces/ beside this clone's autotune/ (a reviewer's edit of the
+    clone's search_spaces/cpu.yaml had no effect)."""
+    other = tmp_path / "other"
+    for name in ("envs", "search_spaces"):
+        (other / name).mkdir(parents=True)
+        (other / name / "__init__.py").write_text("")
+    hook = ("import importlib.util, sys\n"
+            "class Other:\n"
+            "    def find_spec(self, fullname, path, target=None):\n"
+            "        parent, _, name = fullname.rpartition('.')\n"
+            "        if parent != 'autotune' or name not in ('envs', 'search_spaces'):\n"
+            "            return None\n"
+            f"        folder = {str(other)!r} + '/' + name\n"
+            "        return importlib.util.spec_from_file_location(fullname, folder + '/__init__.py',\n"
+            "                                                      submodule_search_locations=[folder])\n"
+            "sys.meta_path.insert(0, Other())\n")
+    done = run([SITE], "-c", hook + PROBE)
+    assert done.returncode == 0, done.stderr[-3000:]
+    the_checkouts(json.loads(done.stdout))
 
 
 def test_with_the_wheel_installed_the_root_imports_the_checkout_whole_and_elsewhere_the_install(target, tmp_path):
