@@ -8,6 +8,7 @@ settings to a WorkloadSampler, ...) and raises a one-line ConfigError naming wha
 
 from __future__ import annotations
 
+import inspect
 import numbers
 import os
 from dataclasses import dataclass, field, fields
@@ -27,6 +28,8 @@ from autotune.envs.reward import Reward
 from autotune.envs.sampler import WorkloadSampler
 
 BACKENDS = backend_names(sweep=None, env=True)  # the kinds the environment offers (the factory's flags)
+# The deepspeed backend's arguments that the environment passes from its own keys (TaskSource.task_backend).
+ENV_SET_OPTIONS = ("workload", "memory_budget_bytes", "hardware")
 STARTS = ("random", "default", "estimator")
 DEFAULT_SAMPLER = {"split": "train", "pool_size": 256}
 
@@ -36,8 +39,8 @@ class EnvConfig:
     """What one environment tunes and how (all keys optional).
 
     backend         "simulated" (default) | "replay" | "deepspeed", or an object with `run(config) ->
-                    TrialResult` (and optionally `name`, `fatal`, `close`: autotune.backends.factory.as_backend
-                    adapts it; then workload, hardware and budget are required)
+                    TrialResult` (and optionally `name`, `fatal`, `close`, which the environment's close() calls:
+                    autotune.backends.factory.as_backend adapts it; then workload, hardware and budget are required)
     workload        preset name, Workload, or {"model": preset | shape dict, "global_batch": n, "gpus": n};
                     without it the simulated backend draws tasks from the sampler
     sampler         WorkloadSampler or a dict of its settings (default: split "train", pool of 256 tasks)
@@ -58,12 +61,14 @@ class EnvConfig:
                     SECONDS_FEATURES, after the base layout); a policy trained with it needs it (default False)
     mask_revisits   also mask edits to configs measured earlier in the episode (default False)
     flat_info       info as numbers and strings with the same keys at every step (the TrialResult and the
-                    configs as JSON strings, NaN where unknown), as gymnasium's vector environments and
-                    RLlib need (they merge infos key by key); default False
+                    configs as JSON strings, -1 where a figure is unknown: ABSENT), as gymnasium's vector
+                    environments and RLlib need (they merge infos key by key); default False
     chance_info     info carries `chance_of_better` (default True); ~16 ms a step of Monte Carlo draws, so
                     training, which never reads it, turns it off (autotune.rl.train)
     reference_throughput  object/deepspeed backends: the reward's normaliser instead of the estimator's best
-    backend_options deepspeed: keyword arguments of DeepSpeedBackend
+    backend_options deepspeed: keyword arguments of DeepSpeedBackend but those the environment's keys set
+                    (ENV_SET_OPTIONS); an unknown one is refused here. Its trial logs go to its `logs_dir`,
+                    default "runs/logs" under the current directory
     cache_size      landscapes kept per environment (default 256)
     seed            seed of the first reset when reset() is given none: an integer >= 0 (default None)
 
@@ -118,7 +123,7 @@ class EnvConfig:
             raise ConfigError(f"noise={noise!r}: must be a number >= 0 (step-time noise sigma)")
         if self.kind != "simulated" and noise:
             raise ConfigError("noise applies to the simulated backend only")
-        put("backend_options", dict(self.backend_options or {}))
+        put("backend_options", _backend_options(self.kind, self.backend_options))
         reference = self.reference_throughput
         if reference is not None and not (isinstance(reference, (int, float)) and reference > 0):
             raise ConfigError(f"reference_throughput={reference!r}: must be a positive number")
@@ -261,6 +266,29 @@ def _sampler(settings: Any) -> WorkloadSampler:
         if key in values:  # lists from JSON/YAML settings
             values[key] = tuple(values[key])
     return WorkloadSampler(**values)
+
+
+def _backend_options(kind: str, options: Any) -> dict[str, Any]:
+    """deepspeed: keyword arguments of DeepSpeedBackend, the names read from its signature, refused here rather than
+    as a TypeError at the first reset."""
+    if options is None:
+        return {}
+    if not isinstance(options, Mapping):
+        raise ConfigError(f"backend_options {shown(options)}: allowed a dict of DeepSpeedBackend keyword arguments")
+    if not options:
+        return {}
+    if kind != "deepspeed":
+        raise ConfigError(f"backend_options applies to the deepspeed backend only, not backend={kind!r}")
+    from autotune.backends.deepspeed import DeepSpeedBackend  # only its signature: imported where it is used
+
+    allowed = [n for n in inspect.signature(DeepSpeedBackend).parameters if n not in ENV_SET_OPTIONS]
+    unknown = sorted(set(options) - set(allowed), key=str)
+    if set(unknown) & set(ENV_SET_OPTIONS):
+        raise ConfigError(f"backend_options key(s) {unknown}: the environment sets {list(ENV_SET_OPTIONS)} from "
+                          f"env_config's workload, memory_budget and hardware; allowed {allowed}")
+    if unknown:
+        raise ConfigError(f"unknown backend_options key(s) {unknown}: allowed {allowed}")
+    return dict(options)
 
 
 def _budgets(value: Any) -> tuple[int, ...]:

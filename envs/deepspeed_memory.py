@@ -10,21 +10,25 @@ and a start config (not yet measured). Each `step` applies an action (envs/actio
 current config, or a `jump` to the best unmeasured config of the predictions corrected by the episode's
 trials (envs/residuals.py), followed by one trial of the new config through the backend; `run` (a trial
 of the current config); or `stop`. The episode terminates on `stop` and is truncated after `horizon`
-steps.
+steps (a masked action uses one up too); a step after either is a ResetNeeded error, no trial run. A step
+changes the episode only once its trial returned: one interrupted (Ctrl-C in the backend) leaves it as it was.
+`close()` closes the backends the episode source made (a real backend's ranks started ahead).
 
 Observation: `{"observations": float32 vector (envs/observation.py FEATURES), "action_mask": float32
 0/1 per action}` (the layout of RLlib's action-masking examples). The mask forbids edits that lead to
 configs invalid for the task (Space.invalid_reason) or, on replay, not measured in the surface;
 `run` once the current config was measured; `stop` before any trial.
 
-Reward: envs/reward.py. `info`: `result` (the TrialResult as a dict, None when nothing ran), `config`
-(current), `best` (the episode's best feasible config, throughput, peak and step, or None), `trials`,
+Reward: envs/reward.py. `info`: `result` (the TrialResult as a dict, {} when nothing ran), `config`
+(current), `best` (the episode's best feasible config, throughput, peak and step, or {}), `trials`,
 `action`, `invalid_action`, `task`, `reference_throughput` (the reward's normaliser),
 `optimum_throughput` (the task's true best where known: simulated without noise, replay; else None) and
 `chance_of_better` (unless `chance_info` is off: the sweep's convergence stop's figure, autotune.search.convergence: the chance that an unmeasured
 config fits and is more than 2% faster than the best, from the episode's corrected predictions);
 with `flat_info`, numbers and strings with the same keys at every step (`_flat_info`; a figure not there is -1,
-`ABSENT`). A source may
+`ABSENT`). `result` and `best` are dicts at every step, so that gymnasium's vector environments
+can merge them; a figure that is None in one copy and an integer in another (a real out-of-memory trial's missing
+peak) can still trip that merge, which `flat_info` avoids. A source may
 rewrite the info (the training simulator's flat info judges the best config by its hidden truth).
 """
 
@@ -73,6 +77,7 @@ class DeepSpeedMemoryEnv(gym.Env):
             "action_mask": gym.spaces.Box(0.0, 1.0, (len(ACTIONS),), np.float32),
         })
         self._episode: Episode | None = None
+        self._ended = True  # no episode under way: before the first reset, after the step that ended one, after close()
 
     # -- gymnasium API ------------------------------------------------------------------------------
 
@@ -80,9 +85,11 @@ class DeepSpeedMemoryEnv(gym.Env):
         if seed is None and self._episode is None and self.config.seed is not None:
             seed = int(self.config.seed)
         super().reset(seed=seed)
-        self._episode = episode = self.source.episode(self.np_random)
+        episode = self.source.episode(self.np_random)
+        start = self.source.start(episode, self.np_random)
         land = episode.landscape
-        self._current = self.source.start(episode, self.np_random)
+        self._episode, self._current = episode, start  # after the draws, which may build a landscape (slow)
+        self._ended = False
         self._measured = np.zeros(len(land), dtype=bool)
         self._steps = 0
         self._trials = 0
@@ -99,18 +106,22 @@ class DeepSpeedMemoryEnv(gym.Env):
     def step(self, action: Any):
         if self._episode is None:
             raise gym.error.ResetNeeded("call reset() before step()")
+        if self._ended:  # as gymnasium's OrderEnforcing refuses a step before reset: no trial past the end
+            raise gym.error.ResetNeeded("step() called after the episode ended: call reset()")
         if not self.action_space.contains(action):  # outside Discrete(18): no action at all, not a masked one
             raise ValueError(f"action {action!r}: allowed an integer 0..{len(ACTIONS) - 1} (autotune.envs.actions.ACTIONS)")
         action = int(action)
+        target = self._target(action)
+        invalid = not self._mask_now[action] or (action != STOP and target < 0)
+        # The trial before any change: one interrupted (Ctrl-C in the backend) leaves the episode as it was.
+        result = None if invalid or action == STOP else self._trial(target)
         self._steps += 1
-        invalid = not self._mask_now[action]
-        result = None
-        if not invalid and action != STOP:
-            self._current = self._target(action)
-            result = self._trial(self._current)
+        if result is not None:
+            self._record(target, result)
         reward = self._reward(action, invalid, result)
         terminated = not invalid and action == STOP
         truncated = not terminated and self._steps >= self.horizon
+        self._ended = terminated or truncated
         return self._observation(), float(reward), terminated, truncated, self._info(result, ACTIONS[action], invalid)
 
     def _reward(self, action: int, invalid: bool, result: TrialResult | None) -> float:
@@ -133,12 +144,23 @@ class DeepSpeedMemoryEnv(gym.Env):
         best = "-" if self._best is None else f"{self._best['throughput_samples_per_s']:.4g} samples/s"
         return f"step {self._steps}/{self.horizon} {config.label()}: {status}; best {best}"
 
+    def close(self) -> None:
+        """Close the backends the episode source made (its `close`, where it has one); a later reset makes new ones."""
+        close = getattr(self.source, "close", None)
+        if callable(close):
+            close()
+        self._ended = True  # its backend is closed: a step needs a reset first
+        super().close()
+
     # -- episode mechanics --------------------------------------------------------------------------
 
     def _target(self, action: int) -> int:
-        """The config an allowed trial action (run, an edit, jump) leads to."""
+        """The config a trial action (run, an edit, jump) leads to; -1 where none (`stop`, an edit off the space,
+        `jump` with nowhere to go), whatever the mask says."""
         ep = self._episode
         assert ep is not None
+        if action == STOP:
+            return -1
         if action == JUMP:
             return self._jump
         if action == RUN:
@@ -146,11 +168,18 @@ class DeepSpeedMemoryEnv(gym.Env):
         return int(ep.landscape.moves[self._current, action])
 
     def _trial(self, index: int) -> TrialResult:
+        """One trial of config `index`, as seen under the task's budget; changes nothing of the episode."""
+        ep = self._episode
+        assert ep is not None
+        return ep.backend.run(ep.landscape.configs[index]).under_budget(ep.task.memory_budget_bytes)
+
+    def _record(self, index: int, result: TrialResult) -> None:
+        """The episode after a trial of config `index`: there now, its result observed, the best updated."""
         ep = self._episode
         assert ep is not None
         config = ep.landscape.configs[index]
         budget = ep.task.memory_budget_bytes
-        result = ep.backend.run(config).under_budget(budget)
+        self._current = index
         self._residuals.observe(index, result, budget)
         self._measured[index] = True
         if result.status != "pruned":  # a trial that ran loaded its op, out of memory or not
@@ -163,7 +192,6 @@ class DeepSpeedMemoryEnv(gym.Env):
             self._best_index = index
             self._best = {"config": config.to_dict(), "throughput_samples_per_s": self._best_throughput,
                           "peak_memory_bytes": result.peak_memory_bytes, "step": self._steps}
-        return result
 
     # -- observation --------------------------------------------------------------------------------
 
@@ -266,9 +294,10 @@ class DeepSpeedMemoryEnv(gym.Env):
             info = self._flat_info(result, action, invalid, current)
         else:
             config = {k: getattr(current, k) for k in KNOBS}
-            info = {"result": None if result is None else _result_dict(result, config),
+            # {} rather than None where nothing is there: gymnasium's vector environments merge a dict key by key
+            info = {"result": {} if result is None else _result_dict(result, config),
                     "config": config,
-                    "best": None if self._best is None else dict(self._best),
+                    "best": {} if self._best is None else dict(self._best),
                     "trials": self._trials, "action": action, "invalid_action": invalid,
                     "task": ep.task_info, "reference_throughput": ep.reference,
                     "optimum_throughput": ep.optimum}

@@ -34,7 +34,7 @@ from autotune.values.hardware import Hardware, load_hardware
 from autotune.values.results import TrialResult
 from autotune.values.settings import memory_budget
 from autotune.search_spaces import default_choices
-from autotune.values.space import Choices, Space
+from autotune.values.space import Space
 from autotune.values.workload import Workload
 
 from autotune.envs import observation as obs
@@ -64,10 +64,10 @@ class Episode:
 
 def episode_of(task: Task, backend: Backend, land: Landscape, reference: float, optimum: float | None) -> Episode:
     """An Episode with its precomputed observation blocks."""
+    if len(land) == 0:  # (a sampled task's, or another source's: TaskSource refuses its own when made)
+        land.space.require_configs()
     budget = task.memory_budget_bytes
     predicted_best = land.predicted_best(budget)
-    if len(land) == 0:
-        raise ConfigError(f"the space has no valid config for {task.workload.model.name} on {task.hardware.name}")
     share = float(land.feasible(budget).mean())
     return Episode(task, backend, land, reference, optimum, predicted_best,
                    obs.config_blocks(land, budget, predicted_best), obs.task_features(task, share),
@@ -129,18 +129,21 @@ class EstimatorCaches:
 
 class TaskSource:
     """The episodes `env_config` describes: replay surfaces (one drawn per episode), tasks drawn by a
-    WorkloadSampler, or a fixed workload; budgets drawn from `memory_budget` where it lists several."""
+    WorkloadSampler, or a fixed workload; budgets drawn from `memory_budget` where it lists several.
+    A fixed workload's or a surface's space that holds no valid config is refused when the source is made."""
 
     def __init__(self, config: EnvConfig, caches: EstimatorCaches | None = None) -> None:
         self.config = config
         self.caches = caches if caches is not None else EstimatorCaches.sized(config.cache_size)
-        self.episodes: LruCache[Episode] = LruCache(config.cache_size)  # per task: landscape, budget, backend
+        # Per task: landscape, budget, backend; an evicted episode's backend is closed (a real one holds ranks).
+        self.episodes: LruCache[Episode] = LruCache(config.cache_size, on_evict=self._close_backend)
         self.sampler = config.task_sampler()
         self.surfaces: tuple[Surface, ...] = tuple(load_surface(p) for p in config.surface) \
             if config.kind == "replay" else ()
         for surface in self.surfaces:  # another workload's or machine's measurements are refused here, not replayed
             check_replay_workload(surface, config.workload, config.hardware, names=ENV_KEYS)
-        self._choices: Choices | None = config.space
+        self._replay_spaces = {surface.path: self._replay_space(surface) for surface in self.surfaces}
+        self._fixed = self._fixed_space() if config.workload is not None and config.kind != "replay" else None
         self._backend_object = as_backend(config.backend) if config.kind == "object" else None
 
     # -- EpisodeSource
@@ -150,10 +153,10 @@ class TaskSource:
         config = self.config
         if config.kind == "replay":
             surface = self.surfaces[int(rng.integers(len(self.surfaces)))]
-            hardware = config.hardware or load_hardware(surface.hardware or "cpu")
-            budget = self._pick_budget(rng, hardware)
+            space = self._replay_spaces[surface.path]
+            budget = self._pick_budget(rng, space.hardware)
             episode = self.episodes.get(("replay", surface.path, budget),
-                                        lambda: self._replay_episode(surface, hardware, budget))
+                                        lambda: self._replay_episode(surface, space, budget))
         else:
             sampler = sampler if sampler is not None else self.sampler
             task = sampler.sample(rng) if sampler is not None else self._fixed_task(rng)
@@ -170,6 +173,17 @@ class TaskSource:
     def info(self, episode: Episode, info: dict[str, Any], result: TrialResult | None) -> dict[str, Any]:
         return info
 
+    def close(self) -> None:
+        """Close every backend this source made (the environment's close()) and forget their episodes; a backend
+        object given is closed too, as a sweep's end closes it."""
+        self.episodes.clear()
+        if self._backend_object is not None:
+            self._backend_object.close()
+
+    def _close_backend(self, episode: Episode) -> None:
+        if episode.backend is not self._backend_object:  # the object given serves every episode until close()
+            episode.backend.close()
+
     def task_backend(self, task: Task, surface: Surface | None = None) -> Backend:
         """The one place the environment builds a backend for a task: simulated (at the device's memory;
         an episode narrows it with `with_budget`), replay (of `surface`), the given object, or deepspeed."""
@@ -182,8 +196,8 @@ class TaskSource:
             return replay_backend(surface, task.memory_budget_bytes)
         if self._backend_object is not None:
             return self._backend_object
-        options = {"hardware": task.hardware, **config.backend_options}
-        return deepspeed_backend(task.workload, memory_budget_bytes=task.memory_budget_bytes, **options)
+        return deepspeed_backend(task.workload, memory_budget_bytes=task.memory_budget_bytes, hardware=task.hardware,
+                                 **config.backend_options)  # (EnvConfig refuses options that these set)
 
     # -- tasks
 
@@ -193,12 +207,27 @@ class TaskSource:
         return memory_budget(budgets[int(rng.integers(len(budgets)))] if budgets else None, hardware)
 
     def _fixed_task(self, rng: np.random.Generator) -> Task:
+        space = self._fixed
+        assert space is not None
+        return Task(space.workload, space.hardware, self._pick_budget(rng, space.hardware), space.choices)
+
+    def _fixed_space(self) -> Space:
+        """A fixed workload's space: the given one (else the hardware's default) on the given hardware (else cpu
+        for tiny, a100-80gb for the rest)."""
         workload = self.config.workload
         assert workload is not None
         hardware, _ = resolve_hardware(self.config.hardware, real=False, model=workload.model.name)
-        if self._choices is None:
-            self._choices = default_choices(hardware)
-        return Task(workload, hardware, self._pick_budget(rng, hardware), self._choices)
+        return Space(self.config.space or default_choices(hardware), workload, hardware).require_configs()
+
+    def _replay_space(self, surface: Surface) -> Space:
+        """A surface's measured configs within the given space (else the values it measured), on the given hardware
+        (else its own)."""
+        workload = self.config.workload or surface.workload
+        if workload is None:
+            raise ConfigError(f"surface {surface.path} does not record its workload: set env_config['workload']")
+        hardware = self.config.hardware or load_hardware(surface.hardware or "cpu")
+        choices = self.config.space or surface_choices(surface)
+        return surface_space(surface, hardware, workload, choices).require_configs()
 
     # -- episodes per backend
 
@@ -216,15 +245,11 @@ class TaskSource:
         optimum = best if land.feasible(budget).any() and not self.config.noise else None
         return episode_of(task, base.with_budget(budget), land, best, optimum)
 
-    def _replay_episode(self, surface: Surface, hardware: Hardware, budget: int) -> Episode:
-        choices = self._choices or surface_choices(surface)
-        workload = self.config.workload or surface.workload
-        if workload is None:
-            raise ConfigError(f"surface {surface.path} does not record its workload: set env_config['workload']")
+    def _replay_episode(self, surface: Surface, space: Space, budget: int) -> Episode:
+        workload, hardware, choices = space.workload, space.hardware, space.choices
         task = Task(workload, hardware, budget, choices)
         land = self.caches.landscapes.get(("replay", surface.path, workload, repr(hardware), choices),
-                                          lambda: build_landscape(surface_space(surface, hardware, workload, choices),
-                                                                  self._estimator(workload, hardware)))
+                                          lambda: build_landscape(space, self._estimator(workload, hardware)))
         best = surface.best(budget)
         if best is not None:
             reference = optimum = float(best.throughput_samples_per_s or 0.0)

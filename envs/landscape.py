@@ -212,10 +212,12 @@ def _moves(space: Space, configs: tuple[Config, ...]) -> np.ndarray:
 
 
 class LruCache(Generic[T]):
-    """Least-recently-used values by key; an environment keeps its own (no global state)."""
+    """Least-recently-used values by key; an environment keeps its own (no global state). `on_evict` is told each
+    value dropped (by `get` beyond `size`, or by `clear`): what holds processes is closed there."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, on_evict: Callable[[T], None] | None = None) -> None:
         self.size = size
+        self.on_evict = on_evict
         self._items: OrderedDict[Hashable, T] = OrderedDict()
 
     def __len__(self) -> int:
@@ -227,5 +229,14 @@ class LruCache(Generic[T]):
             return self._items[key]
         item = self._items[key] = build()
         while len(self._items) > self.size:
-            self._items.popitem(last=False)
+            self._evict()
         return item
+
+    def clear(self) -> None:
+        while self._items:
+            self._evict()
+
+    def _evict(self) -> None:
+        _, item = self._items.popitem(last=False)
+        if self.on_evict is not None:
+            self.on_evict(item)

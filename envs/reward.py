@@ -41,6 +41,7 @@ Defaults are chosen so that one OOM costs about as much as a trial at the optimu
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
@@ -67,8 +68,8 @@ class Reward:
         for f in fields(self):
             if f.name != "mode":
                 value = getattr(self, f.name)
-                if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-                    raise ConfigError(f"reward {f.name}={value!r}: must be a number >= 0")
+                if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < math.inf:
+                    raise ConfigError(f"reward {f.name}={value!r}: must be a finite number >= 0")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> "Reward":

@@ -125,7 +125,7 @@ def test_mask_avoids_unmeasured_configs_on_replay(partial_surface):
     visited = 0
     for episode in range(30):  # the replay backend raises on an unmeasured config: none may be reached
         for _, action, _, info in random_episode(env, rng, seed=episode):
-            if info["result"] is not None:
+            if info["result"]:
                 assert Config.from_dict(info["result"]["config"]) in measured
                 visited += 1
     assert visited > 150
@@ -147,7 +147,7 @@ def test_stop_and_run_masks_truncation_and_best_tracking():
     env = DeepSpeedMemoryEnv({"workload": "tiny", "memory_budget": "1GiB", "horizon": 3, "start": "default"})
     observation, info = env.reset(seed=0)
     mask = observation["action_mask"]
-    assert mask[STOP] == 0 and mask[RUN] == 1 and info["result"] is None and info["best"] is None
+    assert mask[STOP] == 0 and mask[RUN] == 1 and info["result"] == {} and info["best"] == {}
     start = info["config"]
     observation, reward, terminated, truncated, info = env.step(RUN)
     assert info["result"]["config"] == start and info["trials"] == 1
@@ -166,7 +166,7 @@ def test_masked_action_runs_nothing_and_is_penalised():
     env = DeepSpeedMemoryEnv({"workload": "tiny", "memory_budget": "1GiB"})
     env.reset(seed=0)
     observation, reward, terminated, truncated, info = env.step(STOP)  # no trial yet
-    assert reward == -Reward().invalid_action_penalty and info["invalid_action"] and info["result"] is None
+    assert reward == -Reward().invalid_action_penalty and info["invalid_action"] and info["result"] == {}
     assert info["trials"] == 0 and not terminated
     # No action at all (outside Discrete(18)) is the caller's error, not a masked action: it was penalised as one.
     for action in (18, -1, 2.5):
@@ -180,7 +180,7 @@ def test_info_result_is_the_trial_result_dict():
     rng = np.random.default_rng(1)
     backend = SimulatedBackend(TINY, CPU, 900 * MiB)
     for _, _, _, info in random_episode(env, rng, seed=3):
-        if info["result"] is not None:
+        if info["result"]:
             result = TrialResult.from_dict(info["result"])
             assert result.to_dict() == info["result"]
             assert result.status == backend.run(result.config).status

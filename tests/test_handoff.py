@@ -6,6 +6,9 @@ and a stack that cannot apply a knob is not offered it (--stack)."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import importlib.abc
+import importlib.util
 import json
 import math
 import os
@@ -18,7 +21,7 @@ from types import ModuleType, SimpleNamespace
 import pytest
 import yaml
 
-from autotune.api import TuneSpec, resolution
+from autotune.api import TuneSpec, resolution, tune
 from autotune.cli import main
 from autotune.values.config import Config, ConfigError
 from autotune.values.dsconfig import RECIPE_AUTO, hf_ds_config
@@ -448,9 +451,12 @@ def test_the_written_torchrun_form_trains_and_reuses_the_tuners_op_build(recomme
 def test_checking_a_config_with_deepspeeds_parser_prints_nothing(tmp_path):
     """`autotune.tune()` prints nothing: DeepSpeed's import, in the tuner's own process to check the recommended
     config, logged "Setting accelerator to CPU. If you have GPU ..." on stdout where no GPU is seen (a reviewer's
-    notebook run); its other warnings stay."""
-    code = ("import logging\nfrom autotune.outputs.handoff import validate\n"
+    notebook run); its other warnings stay. Nor does that import change os.environ (lightning_fabric, which it
+    pulls in, sets PYTORCH_NVML_BASED_CUDA_CHECK=1)."""
+    code = ("import logging, os\nfrom autotune.outputs.handoff import validate\nbefore = dict(os.environ)\n"
             "validate({'train_batch_size': 4, 'train_micro_batch_size_per_gpu': 4})\n"
+            "print('ENVIRON CHANGED', sorted(k for k in before.keys() | os.environ.keys() "
+            "if before.get(k) != os.environ.get(k)))\n"
             "logging.getLogger('DeepSpeed').warning('still said')\n")
     env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
     ran = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], env=env,
@@ -458,3 +464,41 @@ def test_checking_a_config_with_deepspeeds_parser_prints_nothing(tmp_path):
     assert ran.returncode == 0, ran.stderr
     said = ran.stdout + ran.stderr
     assert "Setting accelerator" not in said and "still said" in said, said
+    assert "ENVIRON CHANGED []" in ran.stdout, said
+
+
+class StandIn(importlib.abc.MetaPathFinder):
+    """Imports module `name` from the file `path` instead of where it lives."""
+
+    def __init__(self, name: str, path: Path) -> None:
+        self.name, self.path = name, path
+
+    def find_spec(self, fullname, path=None, target=None):
+        return importlib.util.spec_from_file_location(fullname, self.path) if fullname == self.name else None
+
+
+def test_a_simulated_tune_leaves_the_environment_as_it_was(tmp_path, monkeypatch):
+    """tune() checks its recommendation with DeepSpeed's config parser, imported in this process: os.environ stays as
+    it was across that import (ARCHITECTURE.md). The parser imported is a stand-in whose import adds one variable and
+    changes another, as lightning_fabric's sets PYTORCH_NVML_BASED_CUDA_CHECK (the real one is imported once per
+    process); monkeypatch puts the modules and variables back after the test."""
+    kept = dict(os.environ)
+    real = importlib.import_module("deepspeed.runtime.config")  # the parent packages, as tune() finds them
+    for key in set(os.environ) - set(kept):  # what a first import here changed, undone: not this test's subject
+        del os.environ[key]
+    os.environ.update(kept)
+    stand_in = tmp_path / "config.py"
+    stand_in.write_text("import os\nos.environ['AUTOTUNE_TEST_ADDED'] = '1'\nos.environ['AUTOTUNE_TEST_KEPT'] = 'after'\n"
+                        "class DeepSpeedConfig:\n    def __init__(self, config):\n        self.config = config\n")
+    monkeypatch.setattr(sys.modules["deepspeed.runtime"], "config", real)
+    monkeypatch.delitem(sys.modules, "deepspeed.runtime.config")  # so that the next import runs the stand-in
+    monkeypatch.setattr(sys, "meta_path", [StandIn("deepspeed.runtime.config", stand_in), *sys.meta_path])
+    monkeypatch.setenv("AUTOTUNE_TEST_KEPT", "before")
+    monkeypatch.setenv("AUTOTUNE_TEST_ADDED", "x")
+    monkeypatch.delenv("AUTOTUNE_TEST_ADDED")  # absent now, and removed after the test whatever the tune did
+    before = dict(os.environ)
+    spec = TuneSpec(make_workload("tiny"), PROFILES["cpu"], memory_budget_bytes=2**30, strategy="random", trials=1,
+                    backend="simulated", seed=0)
+    tune(spec, out=tmp_path / "run")
+    assert sys.modules["deepspeed.runtime.config"].__file__ == str(stand_in)  # the stand-in was imported
+    assert dict(os.environ) == before

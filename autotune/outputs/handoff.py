@@ -34,7 +34,7 @@ from autotune.outputs.launch import LAUNCH_FILE, Launch, Origin, ops_built, temp
 from autotune.values.settings import DEFAULT_STACK, STACKS, RunSettings, check_stack  # noqa: F401  (the stacks' names are settings)
 from autotune.values.space import Choices
 from autotune.values.workload import Workload
-from autotune.worker.imports import accelerator_guess_unsaid, mlflow_kept_out
+from autotune.worker.imports import accelerator_guess_unsaid, environ_kept, mlflow_kept_out
 from autotune.values.units import counted
 
 if TYPE_CHECKING:  # rundir reads the stack names from here
@@ -372,7 +372,7 @@ def validate(ds: dict[str, Any], world_size: int = 1) -> Any:
     (train_batch_size / world_size = micro-batch x accumulation) — the same arithmetic.
     """
     # MLflow kept out: 1-4 s of the tuner's start (autotune.outputs.tracking may still import MLflow later)
-    with mlflow_kept_out(), accelerator_guess_unsaid():
+    with mlflow_kept_out(), accelerator_guess_unsaid(), environ_kept():
         from deepspeed.runtime.config import DeepSpeedConfig
 
     checked = copy.deepcopy(ds)

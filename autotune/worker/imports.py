@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 from typing import Iterator
 
@@ -52,3 +53,18 @@ def accelerator_guess_unsaid() -> Iterator[None]:
         yield
     finally:
         logger.removeFilter(guess)
+
+
+@contextlib.contextmanager
+def environ_kept() -> Iterator[None]:
+    """os.environ as it was before, whatever an import inside set: DeepSpeed's parser pulls in lightning_fabric,
+    which sets PYTORCH_NVML_BASED_CUDA_CHECK=1 (ARCHITECTURE.md: importing a module never changes os.environ)."""
+    before = dict(os.environ)
+    try:
+        yield
+    finally:
+        for key in set(os.environ) - set(before):
+            del os.environ[key]
+        for key, value in before.items():
+            if os.environ.get(key) != value:
+                os.environ[key] = value
