@@ -584,6 +584,9 @@ def check_plans(plans: Any) -> None:
         if not isinstance(plan, Plan) or not isinstance(plan.spec, TuneSpec):
             raise ConfigError(f"plan {short(plan)}: allowed a Plan of a TuneSpec")
         out = check_out_arg(plan.out)
+        if out is None and plan.resume:  # a default run directory is a new one: nothing there to continue
+            raise ConfigError("--resume needs --out DIR (the run directory to continue; from Python, resume=True "
+                              "needs out=DIR)")
         if out is None:
             continue
         key = Path(os.path.abspath(out))

@@ -15,12 +15,13 @@ from autotune.values.config import ConfigError
 from autotune.commands.common import add_json_argument, emit_json, json_command
 from autotune.commands.tune import add_tracking_arguments, tracking_uri
 from autotune.outputs import wandb_tracking
-from autotune.search.rundir import SWEEP_COPY
+from autotune.drivers.stop import StopReason
+from autotune.search.rundir import SWEEP_COPY, RunDir
 from autotune.values.units import counted
 
 if TYPE_CHECKING:
     from autotune.api import Plan
-    from autotune.search.rundir import RunDir
+    from autotune.commands.sweep_file import SweepFile
     from autotune.values.settings import RunSettings
 
 
@@ -49,11 +50,11 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from autotune.api import holds_trials, tune_many
+    from autotune.commands.report import sweep_rows
     from autotune.commands.sweep_file import load_sweep
     from autotune.drivers.ray import LabelledProgress, RayOptions
     from autotune.files import read_bytes, write_atomic
     from autotune.outputs.sweep import SUMMARY_CSV, SUMMARY_MD, summary_row, write_summary
-    from autotune.search.rundir import RunDir
     from autotune.trials.cluster import LOCAL
     from autotune.trials.interrupts import stop_signals_as_interrupt
     from autotune.values.settings import masked
@@ -72,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
                     require_here(spec.settings.hardware, spec.settings.workload.gpus, spec.chosen_budget)
                 except ConfigError as err:
                     raise ConfigError(f"{sweep_file.path}: workload {spec.name!r}: {err}") from None
+    check_same_sweep(out, sweep_file, args.resume)
     # A workload's directory with a trial recorded holds the sweep; one interrupted before its first, its settings
     # only, is started over by the same command (api.check_out), and continued by --resume
     held = [holds_trials(RunDir(out / spec.name)) for spec in sweep_file.workloads]
@@ -92,18 +94,24 @@ def run(args: argparse.Namespace) -> int:
     executor = RayOptions(args.ray_address, args.concurrency or sweep_file.concurrency, refuse_unplaceable=False)
 
     def started() -> None:  # every run directory held: what produced them
+        check_same_sweep(out, sweep_file, args.resume)  # another sweep file's, kept since the check above
         write_atomic(out / SWEEP_COPY, read_bytes(sweep_file.path, "the sweep file"))
-    with stop_signals_as_interrupt():
-        try:
-            results = tune_many(plans, executor=executor, progress=lambda plan: shows[str(plan.name)],
-                                say=lambda line: console.print(line, highlight=False),
-                                resume_hint=f"restore {sweep_file.path} as it was", started=started)
-        finally:
-            for show in shows.values():
-                show.close()  # the last batch of pruned configs
-    rows = {name: summary_row(name, _settings(RunDir(result.run_dir), plan), result.run_dir, out, result.best,
-                              result.summary, result.verdict, result.stopped)
-            for name, plan, result in zip(names, plans, results)}
+    if args.resume and all(finished(plan) for plan in plans):  # nothing to run: no Ray started for it
+        console.print(f"nothing left to run: every workload of {out} has finished with this budget; the summary is "
+                      "rewritten from their run directories", highlight=False)
+        rows = dict(zip(names, sweep_rows(out, names)))
+    else:
+        with stop_signals_as_interrupt():
+            try:
+                results = tune_many(plans, executor=executor, progress=lambda plan: shows[str(plan.name)],
+                                    say=lambda line: console.print(line, highlight=False),
+                                    resume_hint=f"restore {sweep_file.path} as it was", started=started)
+            finally:
+                for show in shows.values():
+                    show.close()  # the last batch of pruned configs
+        rows = {name: summary_row(name, _settings(RunDir(result.run_dir), plan), result.run_dir, out, result.best,
+                                  result.summary, result.verdict, result.stopped)
+                for name, plan, result in zip(names, plans, results)}
     write_summary(out, list(rows.values()))
     for name, row in rows.items():  # why each one stopped, as its report says it (a resume says the same)
         console.print(f"[bold]{name}[/bold] stopped: {row['stopped']}; {counted(row['trials'], 'trial')} launched, "
@@ -120,6 +128,52 @@ def run(args: argparse.Namespace) -> int:
     # 1 when any workload got no recommendation (nothing fits, a script that cannot be tuned, no trial within the
     # budget): the others' outputs are written all the same (docs/ray.md, "Exit status").
     return 0 if all(r["recommended"] for r in rows.values()) else 1
+
+
+def check_same_sweep(out: Path, sweep_file: "SweepFile", resume: bool) -> None:
+    """A sweep directory holds one sweep: the one its kept sweep file (SWEEP_COPY) names the workloads of. Another
+    file's (workloads added or left out) is refused in one line naming them, with --resume too (a resume is the same
+    sweep): its copy, summary and run directories stay the first sweep's."""
+    from autotune.commands.sweep_file import kept_names
+
+    kept = kept_names(out)
+    ours = [spec.name for spec in sweep_file.workloads]
+    if kept is None or set(kept) == set(ours):
+        return
+    lacks, adds = [n for n in kept if n not in ours], [n for n in ours if n not in kept]
+    differs = "; ".join(part for part in (lacks and f"it lacks {', '.join(lacks)}", adds and f"it adds {', '.join(adds)}")
+                        if part)
+    way_out = ("a resume continues the same sweep: its workloads as they were, or choose another --out" if resume
+               else "choose another --out")
+    raise ConfigError(f"{out} holds another sweep ({out / SWEEP_COPY}: workloads {', '.join(kept)}), not "
+                      f"{sweep_file.path}'s ({differs}): {way_out}")
+
+
+# Why a session ended that a resume with the same settings and budget ends on again at once, running nothing: the budget
+# spent, or the search over by its own rule (replayed from the same record). Not interrupted or unrecorded (a session
+# to go on), nor a fatal failure, no node or a stalled strategy, which a resume may get past (a script fixed, a
+# cluster grown, another proposal).
+FINISHED = frozenset({StopReason.TRIALS, StopReason.TIME, StopReason.DONE, StopReason.EXHAUSTED, StopReason.CONVERGED,
+                      StopReason.NOT_WORTH, StopReason.NOTHING_FITS})
+
+
+def finished(plan: "Plan") -> bool:
+    """A workload's run directory whose last session ended for good (FINISHED, stop.json matching the record) under
+    the plan's settings and budget, with no tracker to catch up (MLflow or W&B, which a resume logs to) and no tuner
+    on it. Anything else (a script's settings, known after its first trial, included) is for the runner to take."""
+    from autotune.outputs.report import read_stop
+
+    run_dir = RunDir(Path(str(plan.out)))
+    if plan.spec.mlflow_uri or plan.spec.wandb or plan.resolved is None or not run_dir.exists() \
+            or run_dir.busy() is not None:
+        return False
+    try:
+        recorded = read_stop(run_dir)
+        same = (not run_dir.read_settings().differences(plan.resolved.settings)
+                and run_dir.recorded_budget() == plan.spec.budget_record())
+        return same and recorded is not None and recorded[0] in FINISHED and recorded[1] == len(run_dir.results())
+    except ConfigError:  # a damaged record: the runner's checks say what is wrong with it
+        return False
 
 
 def _settings(run_dir: "RunDir", plan: "Plan") -> "RunSettings":

@@ -56,7 +56,8 @@ from autotune.api import BUILT_IN_TRAINER, Plan, Resolved, TuneSpec, refuse_untr
 from autotune.backends.replay import replay_workload
 from autotune.commands.tune import DEFAULT_MODEL
 from autotune.files import exists, is_file, load_yaml, short
-from autotune.search.rundir import RunDir
+from autotune.outputs.sweep import OWN_NAMES
+from autotune.search.rundir import SWEEP_COPY, RunDir
 from autotune.search_spaces import PRESETS as SPACE_PRESETS, load_choices
 from autotune.trials.devices import AUTO
 from autotune.values.argtypes import positive_int
@@ -130,6 +131,9 @@ def load_sweep(path: str | Path) -> SweepFile:
             raise ConfigError(f"sweep file {str(path)!r}: not a regular file: allowed a sweep YAML file")
         raise ConfigError(f"sweep file {str(path)!r}: no such file")
     data = load_yaml(path, f"a sweep file (YAML with {', '.join(TOP_KEYS)})")
+    if data is None:  # nothing but blanks and comments: YAML's null, not a wrong type
+        raise ConfigError(f"{path}: the file is empty: expected a mapping with keys {', '.join(TOP_KEYS)} "
+                          "(see examples/sweep.yaml)")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping with keys {', '.join(TOP_KEYS)}, got {type(data).__name__}")
     _check_keys(data, TOP_KEYS, str(path))
@@ -140,7 +144,8 @@ def load_sweep(path: str | Path) -> SweepFile:
     entries = data.get("workloads")
     if not isinstance(entries, list) or not entries:
         raise ConfigError(f"{path}: workloads: expected a non-empty list of workloads, got {short(entries)}")
-    specs, names = [], set()
+    specs: list[WorkloadSpec] = []
+    names: dict[str, str] = {}  # a name without case -> as first given: one run directory on any file system
     for i, entry in enumerate(entries):
         where = f"{path}: workloads[{i}]"
         if not isinstance(entry, dict):
@@ -149,14 +154,34 @@ def load_sweep(path: str | Path) -> SweepFile:
         taken = _taken(defaults, entry)
         spec = _workload({**taken, **entry}, _Where(where, f"{path}: defaults", frozenset(taken) - set(entry)),
                          path.parent)
-        if spec.name in names:
+        first = names.get(spec.name.casefold())
+        if first == spec.name:
             raise ConfigError(f"{where}.name: {spec.name!r} is used twice: names must be unique (one run directory each)")
-        names.add(spec.name)
+        if first is not None:
+            raise ConfigError(f"{where}.name: {spec.name!r}: the same as {first!r} but for case, one folder on a "
+                              "case-insensitive file system: allowed names that differ in more than case")
+        names[spec.name.casefold()] = spec.name
         specs.append(spec)
     concurrency = data.get("concurrency")
     if concurrency is not None and (not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1):
         raise ConfigError(f"{path}: concurrency: {short(concurrency)}: allowed a positive integer")
     return SweepFile(path, tuple(specs), concurrency)
+
+
+def kept_names(folder: Path) -> tuple[str, ...] | None:
+    """The workload names of the sweep file a sweep directory keeps (its copy, SWEEP_COPY), read as written: nothing
+    resolved (its relative paths were the original file's folder's). None where it keeps none; a copy that names no
+    workloads is a ConfigError naming it (the folder's sweep cannot be told)."""
+    path = folder / SWEEP_COPY
+    if not os.path.lexists(path):
+        return None
+    data = load_yaml(path, "the sweep file kept by its sweep directory")
+    entries = data.get("workloads") if isinstance(data, dict) else None
+    names = [e.get("name") for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+    if not names or not all(isinstance(name, str) for name in names):
+        raise ConfigError(f"{path}: names no workloads: not the copy of a sweep file that `autotune sweep` keeps, so "
+                          f"which sweep {folder} holds is unknown: choose another --out")
+    return tuple(str(name) for name in names)
 
 
 # A workload tunes a model or a script: its own one replaces the other that defaults give, as its own keys replace
@@ -250,6 +275,9 @@ def _workload(entry: dict[str, Any], where: _Where, base: Path) -> WorkloadSpec:
                           "'-', at most 100: its run directory's)")
     if not _NAME.match(name):
         raise ConfigError(f"{where}.name: {short(name)}: allowed letters, digits, '.', '_' and '-', at most 100 (a directory name)")
+    if name.casefold() in {own.casefold() for own in OWN_NAMES}:
+        raise ConfigError(f"{where}.name: {short(name)}: the sweep directory's own file or folder: allowed any name "
+                          f"but {', '.join(OWN_NAMES)}")
     script = entry.get("script")
     model = entry.get("model")
     notes: tuple[str, ...] = ()

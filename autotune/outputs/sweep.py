@@ -9,12 +9,19 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from autotune.files import write_atomic
+from autotune.outputs.tracking import LOCAL_ARTIFACTS, LOCAL_DB
+from autotune.search.rundir import SWEEP_COPY
 from autotune.values.results import TrialResult
 from autotune.values.settings import RunSettings
 from autotune.values.units import format_size
 
 SUMMARY_MD = "sweep_summary.md"
 SUMMARY_CSV = "sweep_summary.csv"
+# What a sweep directory holds of its own beside the workloads' run directories (<out>/<name>): a workload of one
+# of these names would collide with it (compared without case: a case-insensitive file system takes A for a).
+# logs/: autotune.cli's tracebacks; mlflow.db (and SQLite's side files) and mlartifacts/: --mlflow's local store.
+OWN_NAMES = (SWEEP_COPY, SUMMARY_MD, SUMMARY_CSV, "logs", LOCAL_DB, f"{LOCAL_DB}-journal", f"{LOCAL_DB}-wal",
+             f"{LOCAL_DB}-shm", LOCAL_ARTIFACTS)
 CSV_COLUMNS = ("workload", "model", "gpus", "global_batch", "hardware", "memory_budget", "strategy", "backend",
                "trials", "pruned", "recommended", "throughput_samples_per_s", "peak_memory_bytes", "config_json",
                "stopped", "verdict", "report")
