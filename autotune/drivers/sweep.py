@@ -380,7 +380,7 @@ class Sweep:
         self.spent_s += result.wall_time_s
         self.repeats_run += first is not None
         # The one rule (confirm.recommend) the outputs' recommendation uses too (outputs.report.recommendation,
-        # which only adds --target-gpus' pick): the best median within the budget, the earliest among equals.
+        # which only adds --target-gpus' pick): the best median within the budget (ties: confirm.candidates).
         self.best = confirm.recommend(self.results, self.pruner.budget_bytes)
         if first is not None and measurable(result):
             self._learn()

@@ -122,7 +122,9 @@ class Candidate:
 
 
 def candidates(results: Iterable[TrialResult], budget_bytes: int | None) -> list[Candidate]:
-    """Every config with a run within the budget, best median first (the earliest first among equals)."""
+    """Every config with a run within the budget, best median first; among equal medians the lower peak (the highest
+    of its runs within the budget: what as_one reports), then the config's label. Never the record's order: trials in
+    flight together (a Ray cluster) are recorded as they finish, and a tie then went to whichever finished first."""
     runs: dict[Config, list[TrialResult]] = {}
     for r in results:
         if r.status != "pruned":
@@ -132,8 +134,11 @@ def candidates(results: Iterable[TrialResult], budget_bytes: int | None) -> list
         if any(r.fits(budget_bytes) for r in group):
             out.append(Candidate(config, tuple(group),
                                  tuple(r.throughput if r.fits(budget_bytes) else 0.0 for r in group)))
-    order = {c.config: i for i, c in enumerate(out)}
-    return sorted(out, key=lambda c: (-c.median, order[c.config]))
+
+    def rank(c: Candidate) -> tuple[float, float, str, str]:
+        peaks = [r.peak_memory_bytes for r in c.results if r.fits(budget_bytes) and r.peak_memory_bytes]
+        return -c.median, max(peaks) if peaks else math.inf, c.config.label(), c.config.to_json()
+    return sorted(out, key=rank)
 
 
 def spread(cands: Sequence[Candidate], prior: float | None) -> Spread:
@@ -220,8 +225,8 @@ def trials_to_confirm(results: Sequence[TrialResult], budget_bytes: int | None, 
 
 
 def recommend(results: Sequence[TrialResult], budget_bytes: int | None) -> TrialResult | None:
-    """The config with the best median over its runs (fastest single run where none was repeated; the
-    earliest among equals), as one result (`as_one`)."""
+    """The config with the best median over its runs (fastest single run where none was repeated; among equals
+    the lower peak, then the label: candidates), as one result (`as_one`)."""
     cands = candidates(results, budget_bytes)
     return as_one(cands[0], budget_bytes) if cands else None
 
