@@ -185,6 +185,9 @@ def test_a_result_without_tokens_per_second_gets_no_flops_figure():
     best = TrialResult(Config(1, 4, 0, "fp32"), "ok", throughput_samples_per_s=8.0, step_time_s=1.0)
     assert best_measures(best, settings) == "latency 1 s per optimizer step (global batch 8)"
     assert "model FLOPS" in best_measures(replace(best, tokens_per_s=2048.0), settings)
+    # a user's objective may give no step time (it raised TypeError): from the throughput
+    assert best_measures(replace(best, step_time_s=None, throughput_samples_per_s=4.0), settings) == \
+        "latency 2 s per optimizer step (global batch 8)"
 
 
 def test_a_resumes_refusal_shows_sizes_as_people_read_them():

@@ -648,7 +648,9 @@ def best_measures(best: TrialResult, settings: RunSettings) -> str:
     """The recommendation in the measures other than throughput a user may rank by (DeepSpeed's autotuning metric:
     latency, flops): at a fixed model and global batch each is throughput in other units, so the ranking is the same."""
     w = settings.workload
-    latency = f"latency {best.step_time_s:.3g} s per optimizer step (global batch {w.global_batch})"
+    # A result without its step time (a user's objective) has it from its throughput (an ok result's is positive)
+    step_s = best.step_time_s or w.global_batch / best.throughput
+    latency = f"latency {step_s:.3g} s per optimizer step (global batch {w.global_batch})"
     if not best.tokens_per_s:  # a result without tokens/s (a user's objective): no FLOPS to give, not 0
         return latency
     tflops = model_flops_per_token(w.model) * best.tokens_per_s / w.gpus / 1e12
