@@ -61,7 +61,7 @@ def test_the_pick_is_the_best_median_not_the_fastest_single_run():
     assert pick.peak_memory_bytes == int(1.3 * GiB)  # the highest peak of its runs: what to plan for
     assert pick.tokens_per_s == pytest.approx(8.75 * 256)
     assert pick.step_time_s == pytest.approx(16 / 8.75)  # the step of the median throughput, not a median of steps
-    # Without repeats it is the fastest run itself; among equals the lower peak, then the label (never the record's
+    # Without repeats it is the fastest run itself; among equals the lower peak, then the smaller config (never the record's
     # order, which on a Ray cluster is the order trials finished in).
     single = [run(A, 10.0, 1), run(B, 10.0, 2), run(C, 11.0, 3, peak_gib=2.5)]  # C is over budget
     assert confirm.recommend(single, BUDGET) is single[0]
@@ -437,7 +437,7 @@ def test_the_confirmation_line_says_when_fewer_trials_are_left_than_it_wants(tmp
 
 def test_a_tie_goes_the_same_way_whatever_order_the_trials_finished_in():
     """Two configs measured at exactly the same throughput (a simulated sweep on Ray, recorded in finish order): the
-    pick is the lower peak, then the config's label, in either order of the record."""
+    pick is the lower peak, then the smaller config, in either order of the record."""
     same_peak = [run(B, 6.051, 1), run(A, 6.051, 2)]
     assert confirm.recommend(same_peak, BUDGET).config == A
     assert confirm.recommend(same_peak[::-1], BUDGET).config == A

@@ -123,7 +123,7 @@ class Candidate:
 
 def candidates(results: Iterable[TrialResult], budget_bytes: int | None) -> list[Candidate]:
     """Every config with a run within the budget, best median first; among equal medians the lower peak (the highest
-    of its runs within the budget: what as_one reports), then the config's label. Never the record's order: trials in
+    of its runs within the budget: what as_one reports), then the smaller config (its knobs in order: stage, micro-batch, ...). Never the record's order: trials in
     flight together (a Ray cluster) are recorded as they finish, and a tie then went to whichever finished first."""
     runs: dict[Config, list[TrialResult]] = {}
     for r in results:
@@ -135,9 +135,9 @@ def candidates(results: Iterable[TrialResult], budget_bytes: int | None) -> list
             out.append(Candidate(config, tuple(group),
                                  tuple(r.throughput if r.fits(budget_bytes) else 0.0 for r in group)))
 
-    def rank(c: Candidate) -> tuple[float, float, str, str]:
+    def rank(c: Candidate) -> tuple[float, float, Config]:
         peaks = [r.peak_memory_bytes for r in c.results if r.fits(budget_bytes) and r.peak_memory_bytes]
-        return -c.median, max(peaks) if peaks else math.inf, c.config.label(), c.config.to_json()
+        return -c.median, max(peaks) if peaks else math.inf, c.config  # Config's order: its knobs', smallest first
     return sorted(out, key=rank)
 
 
@@ -226,7 +226,7 @@ def trials_to_confirm(results: Sequence[TrialResult], budget_bytes: int | None, 
 
 def recommend(results: Sequence[TrialResult], budget_bytes: int | None) -> TrialResult | None:
     """The config with the best median over its runs (fastest single run where none was repeated; among equals
-    the lower peak, then the label: candidates), as one result (`as_one`)."""
+    the lower peak, then the smaller config: candidates), as one result (`as_one`)."""
     cands = candidates(results, budget_bytes)
     return as_one(cands[0], budget_bytes) if cands else None
 
