@@ -62,7 +62,7 @@ from kit_tune import GRACE_S, TuneArgs, fresh_run_dir, run_until, tune_outcome, 
 from autotune.values.argtypes import positive_float, positive_int  # noqa: E402
 from autotune.cli import ArgumentParser  # noqa: E402
 from autotune.values.config import Config, ConfigError  # noqa: E402
-from autotune.prediction.estimate import estimate  # noqa: E402
+from autotune.prediction.estimate import estimate, states_fit  # noqa: E402
 from autotune.values.hardware import PROFILES, Hardware  # noqa: E402
 from autotune.values.results import TrialResult, read_results  # noqa: E402
 from autotune.values.space import Choices, Space  # noqa: E402
@@ -203,12 +203,18 @@ def recording_groups(plan: gv.Plan, times: kp.TrialTimes) -> list[kp.Group]:
         by_layout[gv.layout(config)].append(config)
     pairs = {key: gv.bracket(configs, fits.__getitem__) for key, configs in by_layout.items()}
 
-    def seconds(config: Config) -> float:
-        return times.seconds(config, plan.workload.model.params, predicted[config].step_time_s, fits[config])
+    def seconds(config: Config, ahead: bool) -> float:
+        est = predicted[config]
+        return times.seconds(config, plan.workload.model.params, est.step_time_s, fits[config], ahead=ahead,
+                             states_fit=states_fit(est, plan.planning_budget))
+
+    def pair_seconds(key: tuple) -> tuple[float, ...]:
+        # a pair's second trial runs on the rank its first started (11-30: its imports made ahead)
+        return tuple(seconds(c, ahead=i > 0) for i, c in enumerate(pairs[key]))
 
     order = cliff_first_layouts(list(by_layout), lambda key: 0 < sum(fits[c] for c in by_layout[key]) < len(by_layout[key]),
-                                lambda key: sum(seconds(c) for c in pairs[key]))
-    return [kp.Group(plan.name, tuple(pairs[key]), tuple(seconds(c) for c in pairs[key])) for key in order]
+                                lambda key: sum(pair_seconds(key)))
+    return [kp.Group(plan.name, tuple(pairs[key]), pair_seconds(key)) for key in order]
 
 
 def make_plans(mode: KitMode, hardware: Hardware, work: Path) -> list[gv.Plan]:

@@ -47,12 +47,15 @@ class TrialTimes:
         """Launch and imports: the overhead gpu_validation's Mode charges every trial."""
         return self.model.launch_s
 
-    def seconds(self, config: Config, params: float, step_s: float, fits: bool) -> float:
-        """Expected wall time of `config`'s trial: a config that does not fit fails in its first step. The kit's
-        cap on measuring (8 s) cuts only configs slower than 4 s a step: planned uncut, the safe side."""
+    def seconds(self, config: Config, params: float, step_s: float, fits: bool, *, ahead: bool = False,
+                states_fit: bool = True) -> float:
+        """Expected wall time of `config`'s trial: a config that does not fit fails in its first step (in
+        deepspeed.initialize where its model states do not fit, `states_fit` False); `ahead`: on the rank the trial
+        before started (a pair's second). The kit's cap on measuring (8 s) cuts only configs slower than 4 s a step:
+        planned uncut, the safe side."""
         measure = Steps(self.warmup_steps, self.measure_steps, self.measure_steps, UNCAPPED_S)
         return trial_time_at(config, JobSize(params), step_s, self.model, fits=fits, ops_built=PREFLIGHT_OPS,
-                             measure=measure).total_s
+                             measure=measure, ahead=ahead, states_fit=states_fit).total_s
 
 
 UNCAPPED_S = 1e9

@@ -1,12 +1,14 @@
 """Predicted vs recorded wall time of the real trials committed in benchmarks/ (issue 41: trial cost as a
 prediction, autotune/prediction/trial_time.py).
 
-GPU: every trial of both H200 runs (benchmarks/gpu-runs/h200-2026-11-26, -27) that ran to its end or died out of
-memory, each once (its log folder's result.json; the 12-step fp16 trial of 11-27 from its JSON). The fp16 trials are
-read as today's reader reads them, untrained (every step skipped: their time was spent all the same, so they are
-listed, but they are not the valid trials). Each is predicted as the code that ran it ran it, through the model's own
-terms: the trials of 11-26 built the model in fp32 on the host (ZeRO 0-2: HOST_BUILD_S_PER_B), and no record has
-issue 40's warm-up until an applied step (no `steps_applied`: fp16's expected skipped steps 0). The op a trial built
+GPU: every trial of the three H200 runs (benchmarks/gpu-runs/h200-2026-11-26, -27, -30) that ran to its end or died
+out of memory, each once (its log folder's result.json; the 12-step fp16 trial of 11-27 from its JSON; the user's
+`tune` of 11-30, kept without its log folders, from its trials.jsonl: KEPT_RECORDS). The fp16 trials of 11-26 and
+11-27 are read as today's reader reads them, untrained (every step skipped: their time was spent all the same, so
+they are listed, but they are not the valid trials); those of 11-30 trained. Each is predicted as the code that ran
+it ran it, through the model's own terms: the trials of 11-26 built the model in fp32 on the host (ZeRO 0-2:
+HOST_BUILD_S_PER_B), and no record of 11-26 or 11-27 has issue 40's warm-up until an applied step (no
+`steps_applied`: fp16's expected skipped steps 0). The op a trial built
 on its first use is priced where its rank's events say it built one (or its build_ops phase took over 5 s). Three
 step times:
 - estimator: the estimator's raw step time now, what a search has before any trial: the wall-time error column;
@@ -34,15 +36,23 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from autotune.prediction.estimate import estimate
-from autotune.prediction.trial_time import (CPU_ADAM, CUDA, FUSED_ADAM, HOST_BUILD_S_PER_B, Steps, TrialTime,
+from autotune.prediction.trial_time import (CPU_ADAM, CUDA, FUSED_ADAM, HOST_BUILD_S_PER_B, Steps,
+                                            ran_ahead, TrialTime,
                                             TrialTimeModel, calibrated, model_for, op_for, trial_time)
 from autotune.values.config import Config
 from autotune.values.hardware import PROFILES, Hardware
 from autotune.values.results import TrialResult, as_recorded_proves, read_results
-from autotune.values.workload import Workload
+from autotune.values.workload import Workload, make_workload
 
 HERE = Path(__file__).resolve().parent
-RUNS = (HERE / "gpu-runs" / "h200-2026-11-26", HERE / "gpu-runs" / "h200-2026-11-27")
+RUNS = (HERE / "gpu-runs" / "h200-2026-11-26", HERE / "gpu-runs" / "h200-2026-11-27",
+        HERE / "gpu-runs" / "h200-2026-11-30")
+# `tune` runs kept as their records alone (trials.jsonl, summary.json, report.md, console.log: no run.json, no
+# log folders, so no spec.json): the workload their report.md and console.log name ("llama-1b (1,100.0M
+# parameters, seq 2048), global batch 32, 1 x h200": the preset at its 2048 tokens), checked against each record
+# (tokens / samples = seq_len, one rank); measured with the worker's default steps (`autotune tune` sets no
+# others: the kit's tune of 11-30 recorded them in its spec.json); the op the rank loaded from `basic_optimizer`.
+KEPT_RECORDS = {("h200-2026-11-30", "tune"): make_workload("llama-1b", 32)}
 OUT = HERE / "results" / "trial_time.md"
 # The runs whose trials built the model in fp32 on the host, then moved it (the 11-26 README: "since this run,
 # trials build it on the GPU in its training dtype").
@@ -69,6 +79,9 @@ class GpuTrial:
     measure: Steps
     ops_built: frozenset[str]
     ds_cpu_adam: bool
+    launched: float = 0.0  # its spec's launch_time where recorded (11-30's kit renamed its surfaces' log folders)
+    ahead: bool = False  # ran on ranks started ahead (imports_ahead)
+    states_fit: bool = True  # False: it died in deepspeed.initialize, as a trial whose model states do not fit
 
     @property
     def fits(self) -> bool:
@@ -102,7 +115,7 @@ class GpuTrial:
     def predict(self, step_s: float, model: TrialTimeModel | None = None) -> TrialTime:
         return trial_time(self.result.config, self.workload, self.hardware, step_s, fits=self.fits,
                           ops_built=self.ops_built, measure=self.measure, model=model or self.model(),
-                          ds_cpu_adam=self.ds_cpu_adam)
+                          ds_cpu_adam=self.ds_cpu_adam, ahead=self.ahead, states_fit=self.states_fit)
 
     def calibrated_model(self, earlier: Sequence["GpuTrial"]) -> TrialTimeModel:
         return calibrated(self.model(), [t.result for t in earlier], self.workload, self.hardware, self.measure)
@@ -111,6 +124,26 @@ class GpuTrial:
 def _events(folder: Path) -> list[dict[str, Any]]:
     path = folder / "rank0.events.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+# A rank's imports (torch, DeepSpeed) took 3.1-4.6 s on the H200 host from its `start` event to its next; a rank started
+# ahead had made them: 0.2-0.3 s.
+AHEAD_IMPORTS_S = 1.0
+
+
+def imports_ahead(result: TrialResult, folder: Path) -> bool:
+    """Whether the trial ran on ranks started ahead: its record says so (`import_ahead_s`), or, for a failure recorded
+    before failures kept it (11-30's out-of-memory trials), its rank's events show no imports after its start."""
+    if ran_ahead(result):
+        return True
+    events = _events(folder)
+    return len(events) > 1 and events[0].get("phase") == "start" and events[1]["t"] - events[0]["t"] < AHEAD_IMPORTS_S
+
+
+def _died(folder: Path) -> str | None:
+    """The phase its rank 0 failed in (its report), None where it did not fail or reported none."""
+    path = folder / "rank0.json"
+    return json.loads(path.read_text()).get("phase") if path.exists() else None
 
 
 def _ops_built(config: Config, folder: Path, phases: dict[str, float]) -> frozenset[str]:
@@ -126,7 +159,9 @@ def _trial(run: Path, folder: Path, data: dict[str, Any], spec: dict[str, Any], 
     return GpuTrial(run.name, sweep, folder.name, result, Workload.from_dict(spec["workload"]), PROFILES["h200"],
                     Steps(m["warmup_steps"], m["min_steps"], m["max_steps"], m["max_measure_s"]),
                     _ops_built(result.config, folder, dict(data.get("phases_s") or {})),
-                    spec["ds_config"].get("zero_force_ds_cpu_optimizer", True) is not False)
+                    spec["ds_config"].get("zero_force_ds_cpu_optimizer", True) is not False,
+                    float(spec.get("launch_time") or 0.0), imports_ahead(result, folder),
+                    _died(folder) != "initialize")
 
 
 RAN = ("ok", "oom")  # ran to their end or died out of memory
@@ -153,12 +188,38 @@ def gpu_trials(runs: Sequence[Path] = RUNS) -> list[GpuTrial]:
             spec["measure"] = Steps().__dict__  # run with the default steps (the README)
             if ran(data):
                 out.append(_trial(run, path.parent / path.stem, data, spec, path.stem))
+        for path in sorted(run.rglob("trials.jsonl")):
+            sweep = path.parent.relative_to(run).as_posix()
+            if (run.name, sweep) in KEPT_RECORDS and not (path.parent / "logs").exists():
+                out += kept_records(run, path, sweep, KEPT_RECORDS[run.name, sweep])
+    return out
+
+
+def kept_records(run: Path, path: Path, sweep: str, workload: Workload) -> list[GpuTrial]:
+    """The trials of a `tune` run kept as its trials.jsonl alone (KEPT_RECORDS), each named by its log folder."""
+    out = []
+    for line in path.read_text().splitlines():
+        data = json.loads(line)
+        if not ran(data):
+            continue
+        samples = data.get("throughput_samples_per_s")
+        seq_len = data["tokens_per_s"] / samples if samples else None
+        if (seq_len is not None and round(seq_len) != workload.model.seq_len) or data.get("ranks", 1) != workload.gpus:
+            raise ValueError(f"{path}: trial {data.get('trial')} ran {seq_len} tokens a sample on {data.get('ranks')} "
+                             f"ranks, not the workload KEPT_RECORDS names")
+        config = TrialResult.from_dict(data).config
+        spec = {"workload": workload.to_dict(), "measure": Steps().__dict__,
+                "ds_config": {"zero_force_ds_cpu_optimizer": config.offload_optimizer == "none"
+                              or data.get("basic_optimizer") == "DeepSpeedCPUAdam"}}
+        out.append(_trial(run, path.parent / Path(data["log_dir"]).name, data, spec, sweep))
     return out
 
 
 def earlier_in_sweep(trials: Sequence[GpuTrial], trial: GpuTrial) -> list[GpuTrial]:
-    """The trials its sweep ran before it (log folders are numbered in launch order)."""
-    return [t for t in trials if (t.run, t.sweep) == (trial.run, trial.sweep) and t.name < trial.name]
+    """The trials its sweep ran before it: by their specs' launch times, else their log folders' numbers (numbered in
+    launch order where not renamed)."""
+    return [t for t in trials if (t.run, t.sweep) == (trial.run, trial.sweep)
+            and (t.launched, t.name) < (trial.launched, trial.name)]
 
 
 def cpu_trials() -> Iterator[tuple[str, Steps, list[TrialResult]]]:
@@ -250,10 +311,11 @@ def report() -> str:
     trials = gpu_trials()
     return "\n".join([
         "# Trial time: predicted vs recorded (autotune/prediction/trial_time.py)", "",
-        "`python benchmarks/trial_time.py`. GPU: both H200 runs, each trial predicted as the code that ran it ran it "
-        "(11-26: the model built on the host; no record has issue 40's warm-up, so fp16 skips none), its first op "
-        "build priced where it built one. fp16 trials are untrained (every step skipped): listed, not held to the "
-        "goal. Error: predicted / recorded - 1.", "", *summary(trials), "",
+        "`python benchmarks/trial_time.py`. GPU: the three H200 runs (11-30's `tune` from its trials.jsonl alone), "
+        "each trial predicted as the code that ran it ran it (11-26: the model built on the host; no record of 11-26 "
+        "or 11-27 has issue 40's warm-up, so their fp16 skips none), its first op build priced where it built one. "
+        "The fp16 trials of 11-26 and 11-27 are untrained (every step skipped): listed, not held to the goal. "
+        "Error: predicted / recorded - 1.", "", *summary(trials), "",
         *gpu_table(trials), "", "## CPU surfaces (at the measured step times)", "", *cpu_table(), ""])
 
 

@@ -89,10 +89,11 @@ def test_an_out_of_memory_trial_dies_in_its_first_step_and_still_builds_its_op()
     assert backend.run(PLAIN).wall_time_s == pytest.approx(model_s(PLAIN))  # the OOM trial had built FusedAdam
 
 
-def test_fp16_and_zero3_take_longer_and_unsupported_takes_nothing():
+def test_fp16_takes_bf16s_time_zero3_longer_and_unsupported_nothing():
     backend = clocked()
     backend.run(PLAIN)
-    assert backend.run(Config(2, 4, 0, "fp16")).wall_time_s > backend.run(PLAIN).wall_time_s  # skipped steps
+    # no skipped steps expected: every fp16 trial of the 11-30 H200 run applied its first step
+    assert backend.run(Config(2, 4, 0, "fp16")).wall_time_s == pytest.approx(backend.run(PLAIN).wall_time_s)
     assert backend.run(Config(3, 4, 0, "bf16")).wall_time_s > backend.run(PLAIN).wall_time_s + 2  # initialize
     unsupported = backend.run(Config(0, 64, 0, "bf16"))  # 64 does not divide the global batch of 32
     assert unsupported.status == "unsupported" and unsupported.wall_time_s == 0

@@ -272,9 +272,10 @@ def test_an_old_record_whose_loss_never_moved_is_read_as_untrained():
 
 
 def test_the_h200_runs_fp16_trials_are_recognized_and_no_other():
-    """Both runs' files (benchmarks/gpu-runs): the 11-26 kit's two llama-3b fp16 trials and each tune's fp16 trial
-    were recorded ok with loss_first == loss_last; the 11-27 30-step fp16 trial crashed when the scaler gave up."""
-    found = {}
+    """The runs' files (benchmarks/gpu-runs): the 11-26 kit's two llama-3b fp16 trials and each tune's fp16 trial
+    were recorded ok with loss_first == loss_last; the 11-27 30-step fp16 trial crashed when the scaler gave up. On
+    11-30 (the model's RMSNorm in fp32) every fp16 trial trained: each step applied, its loss moving."""
+    found, fp16_trained = {}, 0
     for path in sorted(RUNS.glob("h200-*/**/*.jsonl")):
         if path.name.endswith("events.jsonl") or {"work", "logs"} & set(path.relative_to(RUNS).parts):
             continue  # the kit's own copies and the ranks' event logs
@@ -282,9 +283,13 @@ def test_the_h200_runs_fp16_trials_are_recognized_and_no_other():
         found[str(path.relative_to(RUNS))] = sorted((r.config.label(), r.extra.get("recorded_status"))
                                                      for r in results if r.status == "untrained")
         for r in results:
-            assert r.status != "ok" or r.config.precision != "fp16", (path, r.config.label())
+            if r.status == "ok" and r.config.precision == "fp16":
+                assert path.relative_to(RUNS).parts[0] == "h200-2026-11-30", (path, r.config.label())
+                assert r.extra["steps_skipped"] == 0 and r.extra["steps_applied"] >= 3
+                fp16_trained += 1
             if r.status == "ok":
                 assert r.extra["loss_first"] != r.extra["loss_last"]  # every remaining ok trial trained
+    assert fp16_trained == 4  # the kit's surfaces; its tune's fp16 trial is in work/ (kit.md: fp16_trained 5)
     assert found == {
         "h200-2026-11-26/kit/surfaces/h200-llama-1b.jsonl": [],
         "h200-2026-11-26/kit/surfaces/h200-llama-3b.jsonl": [("z3 mb16 ck1 fp16 oo=cpu op=cpu", "ok"),
@@ -293,6 +298,9 @@ def test_the_h200_runs_fp16_trials_are_recognized_and_no_other():
         "h200-2026-11-27/fp16-trial/trials.jsonl": [("z2 mb2 ck0 fp16", "crash")],
         "h200-2026-11-27/kit/h200-llama-1b.jsonl": [],
         "h200-2026-11-27/tune/trials.jsonl": [("z3 mb4 ck2 fp16 oo=cpu", "ok")],
+        "h200-2026-11-30/kit/h200-llama-1b.jsonl": [],
+        "h200-2026-11-30/kit/h200-llama-3b.jsonl": [],
+        "h200-2026-11-30/tune/trials.jsonl": [],
     }
     single = json.loads((RUNS / "h200-2026-11-27" / "fp16-trial" / "trial-12-steps.json").read_text())["result"]
     assert as_recorded_proves(TrialResult.from_dict(single)).status == "untrained"

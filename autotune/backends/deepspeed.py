@@ -291,6 +291,9 @@ class DeepSpeedBackend:
             if outcome.status == "crash" and ops is not None:  # the environment's failure, not the config's
                 arch_list = trial_environment(self.launch, self.accelerator).get(ARCH_ENV)
                 extra["op_failure"] = BuildFailure.of(ops, arch_list, extra.get("log_dir")).to_dict()
+            timed = next((r for r in outcome.reports if r and r.get("phases_s")), None)
+            if timed is not None:  # the phases rank 0 (or the first that reported them) finished before it failed
+                extra.update(phases_s=timed["phases_s"], import_ahead_s=timed.get("import_ahead_s"))
             untrained = next((r for r in outcome.reports if r and r.get("status") == "untrained"), None)
             if outcome.status == "untrained" and untrained is not None:  # what its steps did, as rank 0 counted them
                 extra.update({k: untrained.get(k) for k in ("fault", *TRAINING_EVIDENCE)})

@@ -8,7 +8,7 @@ On CUDA, trials that recorded their allocator's figures (allocated and reserved 
 allocator) fit each part against its own measurement (`_fit_memory_cuda`; overhead is then the offset of the
 memory outside the allocator from the model, and may be negative); without them the whole peak is fitted.
 Time (wall time of one optimizer step):
-    step = (compute + recompute) / flops_scale[precision] + (communication + offload + optimizer) + step_overhead
+    step = (compute + recompute) / flops_scale[precision] + (communication + zero + offload + optimizer) + step_overhead
 (one FLOP/s scale per precision measured: `flops_scale` is the most measured one's, `precision_scales`
 the others' relative to it, so an unmeasured precision takes the measured machine's speed)
 Both are linear in the unknowns, fitted by bounded least squares on relative errors (scipy's lsq_linear),
@@ -216,7 +216,7 @@ def _fit_memory_cuda(rows: list[TrialResult], workload: Workload,
 
 def _time_terms(result: TrialResult, workload: Workload, hardware: Hardware) -> tuple[float, float]:
     time = estimate(result.config, workload, hardware, Calibration(step_overhead_s=0.0)).time
-    return time["compute"] + time["recompute"], time["communication"] + time["offload"] + time["optimizer"]
+    return time["compute"] + time["recompute"], time["communication"] + time["zero"] + time["offload"] + time["optimizer"]
 
 
 def _fit_time(rows: list[TrialResult], workload: Workload, hardware: Hardware) -> tuple[dict[str, float], float]:

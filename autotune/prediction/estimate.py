@@ -112,7 +112,7 @@ class Estimate:
     host_bytes: int  # per device, offloaded state and pinned buffers in host memory
     nvme_bytes: int  # per device
     step_time_s: float
-    time: dict[str, float] = field(compare=False)  # compute, recompute, communication, offload, optimizer, overhead
+    time: dict[str, float] = field(compare=False)  # compute, recompute, communication, zero, offload, optimizer, overhead
     global_batch: int = 0
     tokens_per_sample: int = 0
 
@@ -159,9 +159,17 @@ def trial_time_of(est: Estimate, workload: Workload, hardware: Hardware, *, budg
                   model: TrialTimeModel | None = None) -> TrialTime:
     """What running `est`'s config as a trial would take (autotune.prediction.trial_time), at its predicted step time
     (calibrated where `est` is): a trial whose predicted peak is over the sweep's `budget_bytes` dies out of memory in
-    its first step. `ops_built`: the ops the sweep has built; `model`: calibrated terms."""
+    its first step, one whose model states alone are over it in deepspeed.initialize. `ops_built`: the ops the sweep
+    has built; `model`: calibrated terms."""
     return trial_time(est.config, workload, hardware, est.step_time_s, fits=est.fits(budget_bytes),
-                      ops_built=ops_built, measure=measure, model=model)
+                      ops_built=ops_built, measure=measure, model=model, states_fit=states_fit(est, budget_bytes))
+
+
+def states_fit(est: Estimate, budget_bytes: int) -> bool:
+    """Whether the device's model states (weights, gradients, optimizer states) alone fit `budget_bytes`: where they
+    do not, a trial dies as deepspeed.initialize allocates them."""
+    m = est.memory
+    return m.weights + m.gradients + m.optimizer_states <= budget_bytes
 
 
 def model_states(config: Config, workload: Workload) -> tuple[int, int, int]:
@@ -391,6 +399,14 @@ def _step_time(config: Config, workload: Workload, hardware: Hardware, calibrati
         optimizer = n_local / hardware.cpu_adam_params_per_s
     else:
         optimizer = (2 * (16 + p) * n_local) / hardware.mem_bandwidth  # read and write weights and states
+    # ZeRO's own work each micro-step (hooks, buckets, gathers), in proportion to the model's parameters: every
+    # rank's hooks see each of them, whatever its partition. A ZeRO-2 optimizer offloaded streams the gradients to
+    # the host instead (priced in `offload`).
+    per_gparam = {1: hardware.zero1_micro_step_s, 2: hardware.zero2_micro_step_s,
+                  3: hardware.zero3_micro_step_s}.get(config.zero_stage, 0.0)
+    if config.zero_stage == 2 and config.offload_optimizer != "none":
+        per_gparam = 0.0
+    zero = gas * per_gparam * m.params / 1e9
     overhead = hardware.step_overhead_s if calibration.step_overhead_s is None else calibration.step_overhead_s
-    return {"compute": compute, "recompute": recompute, "communication": comm, "offload": offload,
+    return {"compute": compute, "recompute": recompute, "communication": comm, "zero": zero, "offload": offload,
             "optimizer": optimizer, "overhead": overhead}

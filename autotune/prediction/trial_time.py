@@ -12,7 +12,10 @@ A trial of the deepspeed backend (autotune.worker.main) goes through these phase
                 in fp16, the loss scale's search down from 2^16                            (warmup_s)
     measure     min_steps .. max_steps at the step time, at most max_measure_s             (measure_s)
     exit        the rank's exit, freeing offload's pinned host memory                      (exit_s)
-A config that does not fit dies in its first step, after launch, build and initialize (`fits=False`).
+A config that does not fit dies in its first step, after launch, build and initialize (`fits=False`); one whose model
+states alone do not fit (`states_fit=False`), inside deepspeed.initialize as it allocates them. A trial on
+ranks started ahead, during the trial before (`ahead=True`: the deepspeed backend's spares, a result's
+`import_ahead_s`), finds its imports made: its launch is a handoff and its initialize lacks the first call's imports.
 
 The terms (CUDA and CPU below) were fitted on the phases of the real trials committed in benchmarks/: both H200
 runs (benchmarks/gpu-runs/h200-2026-11-26 and -27: 11 trials with `phases_s`, 3 out of memory, read from their
@@ -80,6 +83,7 @@ class TrialTimeModel:
     where ZeRO partitions them), and the scales calibration fitted (1: none)."""
 
     launch_s: float  # spawn, imports, process group: one rank
+    ahead_launch_s: float  # a rank started ahead, during the trial before (autotune.trials.runner.Spares): its handoff
     launch_s_per_extra_rank: float  # ranks of one node importing side by side on its cores
     dist_init_s: float  # the communicator, when there are several ranks
     op_load_s: float  # loading a built op
@@ -88,7 +92,8 @@ class TrialTimeModel:
     build_s_per_b: float  # ZeRO 0-2: the model in its dtype on the device
     zero3_build_s_per_b: float  # ZeRO-3: under zero.Init, each parameter partitioned as it is made
     param_offload_build_s_per_b: float  # ... and moved to pinned host memory
-    initialize_s: float
+    initialize_s: float  # fixed: mostly what deepspeed.initialize's first call imports ...
+    ahead_initialize_s: float  # ... which a rank started ahead has made: what is left of it there
     initialize_s_per_b: float
     zero3_initialize_s: float  # ZeRO-3's partitioned optimizer and its hooks
     offload_initialize_s: float  # optimizer offload: DeepSpeedCPUAdam and its pinned host buffers, fixed ...
@@ -100,6 +105,7 @@ class TrialTimeModel:
     extra_measure_steps: float  # measured steps beyond min_steps expected: the stop rule waits out a spread
     oom_s: float  # an out-of-memory trial: from its first step's start to its exit, fixed ...
     oom_step_fraction: float  # ... and this part of a step
+    oom_initialize_fraction: float  # the part of deepspeed.initialize a trial whose model states do not fit gets through
     exit_s: float
     offload_exit_s: float  # freeing offload's pinned host memory, fixed ...
     offload_exit_s_per_b: float  # ... and per 1e9 parameters of the partition
@@ -115,36 +121,42 @@ class TrialTimeModel:
         return replace(self, **changes)
 
 
-# CUDA, fitted on the H200 runs (one rank, llama-1b 1.1e9 and llama-3b 3.0e9 parameters; `phases_s` of 11 trials, the
-# rank event logs of 3 out-of-memory ones). The two runs' host-side phases differ by up to 1.7x (11-27's imports and
-# offload initialize slower): where they differ a term sits between the two runs' medians (11-27 ran the code of
-# today's trials), and `calibrated` moves the terms to the machine at hand.
-# - launch: spawn + imports + process group 3.6-7.2 s; medians 4.0 s (11-26) and 5.7 s (11-27): 4.8 priced;
+# CUDA, fitted on the H200 runs (one rank, llama-1b 1.1e9 and llama-3b 3.0e9 parameters; 11-26 and 11-27: `phases_s`
+# of 11 trials, the rank event logs of 3 out-of-memory ones; 11-30: 17 trained trials and 5 out of memory, the first
+# with fp16 trials that trained and with trials on ranks started ahead). The runs' host-side phases differ by up to
+# 1.7x (11-27's imports and offload initialize slower): where they differ a term sits between the runs' medians, and
+# `calibrated` moves the terms to the machine at hand.
+# - launch: spawn + imports + process group 3.6-7.2 s; medians 4.0 s (11-26) and 5.7 s (11-27): 4.8 priced; 3.1-4.6 s
+#   cold on 11-30; on a rank started ahead 0.0-1.95 s (median 0.01 over 10 trials): 0.05 priced;
 # - op load 0.3-1.1 s once built; first builds: fused_adam 30.5 s (11-26 kit, trial 1), cpu_adam 37.0 s (11-26 tune,
 #   trial 1) with their loads;
 # - build on the device (11-27): 0.04-0.07 s at ZeRO 0-2; under zero.Init 0.43-0.58 s for 1.1e9 (0.45 s per 1e9),
 #   with parameter offload 5.4 and 7.2 s for 3.0e9 (+1.7 s per 1e9);
 # - initialize without offload: ZeRO 0-2 6.4-9.3 s at 1.1e9 (median 7.0), 7.8 and 8.4 s at 3.0e9 (ZeRO 0); ZeRO-3
-#   8.8 and 10.4 s at 1.1e9 (+2.5 s). With the optimizer offloaded (pinning ~16 bytes a parameter on the host):
-#   ZeRO 1-2 at 1.1e9 17.3, 17.4 (11-26) and 29.1 s (11-27): +10.3 s and +22.0 s, 14 s per 1e9 priced; ZeRO-3 at
+#   8.8 and 10.4 s at 1.1e9 (+2.5 s); cold on 11-30 6.1 and 8.7 s. On a rank started ahead the first call's imports
+#   are made: 0.39-0.58 s in 5 of 7 trials at ZeRO 0-2 (the per-parameter term's 0.66 s alone priced; the other two
+#   paid 6.7 and 7.1 s), ZeRO-3 3.9 s. With the optimizer offloaded (pinning ~16 bytes a parameter on the host): ZeRO 1-2 at
+#   1.1e9 17.3, 17.4 (11-26) and 29.1 s (11-27): +10.3 s and +22.0 s; 11-30: 9.7-12.8 s per 1e9: 13 s priced; ZeRO-3 at
 #   1.1e9 14.0 (11-26) and 20.5 s (11-27), with both offloads at 3.0e9 23.8 and 34.5 s (11-26): +4.1 to +10.0 s per
 #   1e9, 6.5 s priced, and 0.5 s per 1e9 for the parameters (the only trials that offload them offload both);
-# - warm-up (one step) over the measured step: 0.4-5.1 s, median 2.0;
+# - warm-up (one step) over the measured step: 0.4-5.1 s, median 2.0 (11-26, 11-27); 0.36-6.8 s, median 1.02 over
+#   17 trials of 11-30, the code that runs now: 1.0 priced;
 # - measured steps: 10 of 11 stopped at min_steps (2 or 3), one (fp16, its skipped steps' times spread) at 12 of 3;
 #   half a step beyond min_steps is priced (the CPU surfaces' mean: 0.6);
-# - out of memory: 0.9-1.8 s from the first step's start to the record;
+# - out of memory: 0.9-1.8 s from the first step's start to the record; in initialize (11-30: llama-3b at ZeRO 0,
+#   its 48 GB of model states over a 45 GiB budget) 2.9 s (ahead) and 4.4 s (cold) from its start: half of it priced;
 # - exit: 0.2 s after the last step; with an offload 1.6-5.1 s at 1.1e9 (median 3.0), 5.8 and 5.9 s at 3.0e9.
-# fp16's expected skipped steps are unmeasured (no fp16 trial trained on either run): 3, the hysteresis step and two
-# halvings of the scale.
+# fp16's expected skipped steps: none. No fp16 trial of 11-26 or 11-27 trained; the five of 11-30 (the model's RMSNorm
+# in fp32) each applied its first step at the initial scale 2^16 (FP16_WORST_SKIPPED_STEPS stays the worst case).
 CUDA = TrialTimeModel(
-    launch_s=4.8, launch_s_per_extra_rank=0.0, dist_init_s=2.0,  # NCCL's communicator: unmeasured
+    launch_s=4.8, ahead_launch_s=0.05, launch_s_per_extra_rank=0.0, dist_init_s=2.0,  # NCCL's communicator: unmeasured
     op_load_s=0.8, op_build_s=((FUSED_ADAM, 30.0), (CPU_ADAM, 36.0)),
     build_s=0.05, build_s_per_b=0.02, zero3_build_s_per_b=0.45, param_offload_build_s_per_b=1.7,
-    initialize_s=6.4, initialize_s_per_b=0.6, zero3_initialize_s=2.5,
+    initialize_s=6.4, ahead_initialize_s=0.0, initialize_s_per_b=0.6, zero3_initialize_s=2.5,
     offload_initialize_s=0.0, offload_initialize_s_per_b=14.0, zero3_offload_initialize_s_per_b=6.5,
     param_offload_initialize_s_per_b=0.5,
-    first_step_s=2.0, fp16_skipped_steps=3.0, extra_measure_steps=0.5,
-    oom_s=0.6, oom_step_fraction=0.3, exit_s=0.2, offload_exit_s=0.7, offload_exit_s_per_b=2.0)
+    first_step_s=1.0, fp16_skipped_steps=0.0, extra_measure_steps=0.5,
+    oom_s=0.6, oom_step_fraction=0.3, oom_initialize_fraction=0.5, exit_s=0.2, offload_exit_s=0.7, offload_exit_s_per_b=2.0)
 
 # The model built in fp32 on the host and moved by deepspeed.initialize, as trials did before 2026-11-27 (11-26:
 # 9.2-12.5 s for 1.1e9, 25.8 s for 3.0e9: 8.6 s per 1e9), and as the CPU profile's trials do.
@@ -164,15 +176,15 @@ HOST_BUILD_S_PER_B = 8.6
 # - warm-up over a measured step: median 0.07 s quiet, 0.6 s under load; measured steps: min_steps + 0.6 (tiny, mean);
 # - exit 0.1-0.3 s.
 CPU = TrialTimeModel(
-    launch_s=3.2, launch_s_per_extra_rank=2.5, dist_init_s=0.6,
+    launch_s=3.2, ahead_launch_s=3.2, launch_s_per_extra_rank=2.5, dist_init_s=0.6,
     op_load_s=0.15, op_build_s=((FUSED_ADAM, 130.0), (CPU_ADAM, 200.0)),
     build_s=0.15, build_s_per_b=HOST_BUILD_S_PER_B, zero3_build_s_per_b=HOST_BUILD_S_PER_B,
     param_offload_build_s_per_b=0.0,
-    initialize_s=2.4, initialize_s_per_b=0.0, zero3_initialize_s=0.8,
+    initialize_s=2.4, ahead_initialize_s=2.4, initialize_s_per_b=0.0, zero3_initialize_s=0.8,
     offload_initialize_s=0.6, offload_initialize_s_per_b=0.0, zero3_offload_initialize_s_per_b=0.0,
     param_offload_initialize_s_per_b=0.0,
     first_step_s=0.2, fp16_skipped_steps=3.0, extra_measure_steps=0.5,
-    oom_s=0.5, oom_step_fraction=0.5, exit_s=0.15, offload_exit_s=0.0, offload_exit_s_per_b=0.0)
+    oom_s=0.5, oom_step_fraction=0.5, oom_initialize_fraction=0.5, exit_s=0.15, offload_exit_s=0.0, offload_exit_s_per_b=0.0)
 
 
 def model_for(hardware: Hardware) -> TrialTimeModel:
@@ -242,29 +254,37 @@ class JobSize:
 def trial_time(config: Config, workload: Workload, hardware: Hardware, predicted_step_s: float, *,
                fits: bool = True, ops_built: frozenset[str] | set[str] = frozenset(),
                measure: Measure = DEFAULT_MEASURE, model: TrialTimeModel | None = None,
-               ds_cpu_adam: bool = True) -> TrialTime:
+               ds_cpu_adam: bool = True, ahead: bool = False, states_fit: bool = True) -> TrialTime:
     """The predicted wall time of `config`'s trial at `predicted_step_s` a step (the estimator's, calibrated where
     the sweep has trials). `fits` False: it dies out of memory in its first step. `ops_built`: the ops the sweep
     has built (the preflight's), whose first build it no longer pays. `model`: calibrated terms (default: the
-    hardware's accelerator's)."""
+    hardware's accelerator's). `ahead`: on ranks started during the trial before. `states_fit` False (with `fits`
+    False): it dies in deepspeed.initialize."""
     return trial_time_at(config, JobSize.of(workload, hardware), predicted_step_s, model or model_for(hardware),
-                         fits=fits, ops_built=ops_built, measure=measure, ds_cpu_adam=ds_cpu_adam)
+                         fits=fits, ops_built=ops_built, measure=measure, ds_cpu_adam=ds_cpu_adam, ahead=ahead,
+                         states_fit=states_fit)
 
 
 def trial_time_at(config: Config, size: JobSize, predicted_step_s: float, model: TrialTimeModel, *,
                   fits: bool = True, ops_built: frozenset[str] | set[str] = frozenset(),
-                  measure: Measure = DEFAULT_MEASURE, ds_cpu_adam: bool = True) -> TrialTime:
+                  measure: Measure = DEFAULT_MEASURE, ds_cpu_adam: bool = True, ahead: bool = False,
+                  states_fit: bool = True) -> TrialTime:
     """trial_time for a model of `size.params` parameters (a plan that knows no more of its workload)."""
     m = model
     op = op_for(config, ds_cpu_adam)
     fixed = m.fixed_scale
-    launch = _launch(m, size) * fixed
+    launch = _launch(m, size, ahead) * fixed
     ops = (m.op_load_s if op else 0.0) * fixed
     ops_build = m.op_build(op) if op and op not in ops_built else 0.0
     build = _build(m, config, size) * fixed
-    initialize = _initialize(m, config, size) * m.initialize_scale
+    initialize = _initialize(m, config, size, ahead) * m.initialize_scale
     step = predicted_step_s * m.step_scale
     before = launch + ops + ops_build + build + initialize
+    if not fits and not states_fit:
+        initialize *= m.oom_initialize_fraction
+        before = launch + ops + ops_build + build + initialize
+        return TrialTime(launch, ops, ops_build, build, initialize, 0.0, 0.0, m.oom_s * fixed, False,
+                         before + m.oom_s * fixed)
     if not fits:
         dying, exit_s = m.oom_step_fraction * step, m.oom_s * fixed
         return TrialTime(launch, ops, ops_build, build, initialize, dying, 0.0, exit_s, False, before + dying + exit_s)
@@ -277,7 +297,9 @@ def trial_time_at(config: Config, size: JobSize, predicted_step_s: float, model:
     return TrialTime(launch, ops, ops_build, build, initialize, warmup, measured, exit_s, True, worst)
 
 
-def _launch(m: TrialTimeModel, size: JobSize) -> float:
+def _launch(m: TrialTimeModel, size: JobSize, ahead: bool = False) -> float:
+    if ahead:  # imported and joined while the trial before ran
+        return m.ahead_launch_s
     shared = m.launch_s_per_extra_rank * (size.ranks_per_node - 1)  # ranks of a node import on its cores
     return m.launch_s + shared + (m.dist_init_s if size.ranks > 1 else 0.0)
 
@@ -289,8 +311,8 @@ def _build(m: TrialTimeModel, config: Config, size: JobSize) -> float:
     return m.build_s + rate * size.billions(True)
 
 
-def _initialize(m: TrialTimeModel, config: Config, size: JobSize) -> float:
-    seconds = m.initialize_s + m.initialize_s_per_b * size.billions(config.zero_stage == 3)
+def _initialize(m: TrialTimeModel, config: Config, size: JobSize, ahead: bool = False) -> float:
+    seconds = (m.ahead_initialize_s if ahead else m.initialize_s) + m.initialize_s_per_b * size.billions(config.zero_stage == 3)
     seconds += m.zero3_initialize_s if config.zero_stage == 3 else 0.0
     if config.offload_optimizer != "none":
         rate = m.zero3_offload_initialize_s_per_b if config.zero_stage == 3 else m.offload_initialize_s_per_b
@@ -333,13 +355,18 @@ def calibrated(model: TrialTimeModel, results: Sequence[TrialResult], workload: 
     ratios: dict[str, list[float]] = {"fixed": [], "initialize": [], "steps": []}
     for result, phases in rows:
         predicted = trial_time(result.config, workload, hardware, result.step_time, measure=measure, model=base,
-                               ops_built=ALL_OPS)
+                               ops_built=ALL_OPS, ahead=ran_ahead(result))
         for group, (recorded, ours) in _groups(result, phases, predicted).items():
             if recorded > 0 and ours > 0:
                 ratios[group].append(math.log(recorded / ours))
     scale = {group: _shrunk(logs) for group, logs in ratios.items()}
     return base.with_(fixed_scale=scale["fixed"], initialize_scale=scale["initialize"], step_scale=scale["steps"],
                       samples=len(rows))
+
+
+def ran_ahead(result: TrialResult) -> bool:
+    """Whether the trial ran on ranks started ahead (its imports made before it: `import_ahead_s` recorded)."""
+    return result.extra.get("import_ahead_s") is not None
 
 
 def without_ops_s(result: TrialResult) -> float:

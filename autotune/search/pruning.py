@@ -35,9 +35,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from autotune.values.config import Config, ConfigError
-from autotune.prediction.estimate import Calibration, Estimate, estimate, host_need_bytes, nvme_need_bytes
-from autotune.prediction.trial_time import (TrialTime, TrialTimeModel, calibrated, model_for, op_for, trial_time,
-                                            without_ops_s)
+from autotune.prediction.estimate import (Calibration, Estimate, estimate, host_need_bytes, nvme_need_bytes,
+                                          states_fit)
+from autotune.prediction.trial_time import (TrialTime, TrialTimeModel, calibrated, model_for, op_for, ran_ahead,
+                                            trial_time, without_ops_s)
 from autotune.values.hardware import Hardware
 from autotune.values.results import DEVICE_MEMORY, HOST_MEMORY, NVME_SPACE, VALUE, TrialResult
 from autotune.prediction.uncertainty import PRIOR_MEMORY, PRIOR_UNCERTAINTY, Forecast, Uncertainty, normal_cdf
@@ -165,6 +166,12 @@ class Pruner:
         return calibrated(model_for(self.hardware), self.measured, self.workload, self.hardware)
 
     @cached_property
+    def ranks_ahead(self) -> bool:
+        """Whether this sweep's next trial is expected on ranks started ahead (autotune.trials.runner.Spares): a
+        measured trial ran on them, so its backend starts them."""
+        return any(ran_ahead(r) for r in self.measured)
+
+    @cached_property
     def ops_used(self) -> frozenset[str]:
         """The ops this sweep's trials have loaded (built once, then only loaded)."""
         configs = [r.config for r in self.measured] + sorted(self.out_of_memory)
@@ -184,7 +191,8 @@ class Pruner:
         est = self.predict(config)
         p = (forecast or self.forecast(config)).fit_probability(self.budget_bytes)
         seconds = [part(trial_time(config, self.workload, self.hardware, est.step_time_s, fits=fits,
-                                   ops_built=self.ops_used, model=self.trial_time_model)) for fits in (True, False)]
+                                   ops_built=self.ops_used, model=self.trial_time_model, ahead=self.ranks_ahead,
+                                   states_fit=states_fit(est, self.budget_bytes))) for fits in (True, False)]
         return p * seconds[0] + (1 - p) * seconds[1]
 
     def expected_wall_s(self, configs: Iterable[Config], ran: Sequence[TrialResult]) -> float | None:

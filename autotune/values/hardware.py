@@ -61,11 +61,14 @@ _RANGES: dict[str, tuple[Any, Any, str]] = {
     "step_overhead_s": (lambda v: v >= 0, lambda v: True, "a number of seconds >= 0"),
     **{key: (lambda v: v >= 0, lambda v: v <= 1, "a number of seconds in [0, 1] (e.g. 1e-5)")
        for key in ("intra_node_latency_s", "inter_node_latency_s")},
+    **{key: (lambda v: v >= 0, lambda v: True, "a number of seconds >= 0 (e.g. 0.2)")
+       for key in ("zero1_micro_step_s", "zero2_micro_step_s", "zero3_micro_step_s")},
     "max_efficiency": (lambda v: v > 0, lambda v: v <= 1, "a fraction in (0, 1]"),
     "half_efficiency_tokens": (lambda v: v >= 0, lambda v: True, "a number of tokens >= 0"),
 }
 _FLOAT_KEYS = set(_RANGES) - _INT_KEYS
-_ADDED_KEYS = {"intra_node_latency_s", "inter_node_latency_s"}  # keys later than the first run.json files
+_ADDED_KEYS = {"intra_node_latency_s", "inter_node_latency_s",  # keys later than the first run.json files
+               "zero1_micro_step_s", "zero2_micro_step_s", "zero3_micro_step_s"}
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,13 @@ class Hardware:
     # profiles and run.json files written before these keys loading.
     intra_node_latency_s: float = 1e-5
     inter_node_latency_s: float = 3e-5
+    # DeepSpeed's own work per micro-step at ZeRO stages 1-3 beyond compute and collectives, in seconds per 1e9
+    # parameters of the model: gradient bucketing and hooks (stage 2 without an offloaded optimizer, whose
+    # gradients take the offload path, priced there), gathering and releasing every module's parameters twice
+    # (stage 3). 0: not measured on this device (every profile but the Hopper ones: autotune.prediction.estimate).
+    zero1_micro_step_s: float = 0.0
+    zero2_micro_step_s: float = 0.0
+    zero3_micro_step_s: float = 0.0
     # A CPU profile read off the machine it runs on (autotune.trials.devices): "native" or "emulated" bf16 (then
     # peak_flops prices bf16 EMULATED_BF16_SLOWDOWN times below fp32); None: not read (GPUs, the stock profile).
     cpu_bf16: str | None = None
@@ -170,14 +180,21 @@ def _gpu(name: str, memory_gib: int, fp32: float, half: float, bf16: bool, bw: f
     return Hardware(name, memory_gib * GiB, flops, bw * GB, pcie * GB, nvlink * GB, net * GB, **extra)
 
 
+# ZeRO's per-micro-step work on one H200 (DeepSpeed 0.19.8, torch 2.11, 1 rank: no collective to hide it), fitted
+# on the step times of benchmarks/gpu-runs (benchmarks/gpu_step_time.py): a 1.1B Llama's ZeRO-3 steps took 2.3x the
+# prediction without it (+0.18 to +0.26 s per micro-step over 4 trials), ZeRO-2's at micro-batch 2 2.4x (+0.079 s;
+# 1 trial), ZeRO-1's 1.3x (+0.017 s; 1 trial), where ZeRO 0's were within 3-26%. The H100 shares the chip's
+# generation and DeepSpeed's code path; no other GPU was measured.
+HOPPER_ZERO = {"zero1_micro_step_s": 0.015, "zero2_micro_step_s": 0.072, "zero3_micro_step_s": 0.2}
+
 PROFILES: dict[str, Hardware] = {
     "v100-32gb": _gpu("v100-32gb", 32, 15.7, 125, False, 900, 12, 130, 6, host_memory_bytes=512 * GiB),
     "a100-40gb": _gpu("a100-40gb", 40, 19.5, 312, True, 1555, 24, 230, 22),
     "a100-80gb": _gpu("a100-80gb", 80, 19.5, 312, True, 2039, 24, 230, 22, host_memory_bytes=2048 * GiB),
     "h100-80gb": _gpu("h100-80gb", 80, 67, 989, True, 3350, 50, 370, 45, host_memory_bytes=2048 * GiB,
-                      cpu_adam_params_per_s=2.0e9, half_efficiency_tokens=2048.0),
+                      cpu_adam_params_per_s=2.0e9, half_efficiency_tokens=2048.0, **HOPPER_ZERO),
     "h200": _gpu("h200", 140, 67, 989, True, 4800, 50, 370, 45, host_memory_bytes=2048 * GiB,
-                 cpu_adam_params_per_s=2.0e9, half_efficiency_tokens=2048.0),
+                 cpu_adam_params_per_s=2.0e9, half_efficiency_tokens=2048.0, **HOPPER_ZERO),
     "b200": _gpu("b200", 178, 80, 2250, True, 8000, 50, 700, 45, host_memory_bytes=2048 * GiB,
                  cpu_adam_params_per_s=2.0e9, half_efficiency_tokens=4096.0),
     "l40s": _gpu("l40s", 48, 91.6, 362, True, 864, 24, 24, 12, host_memory_bytes=512 * GiB,

@@ -102,8 +102,9 @@ def main(argv: list[str]) -> int:
     record_phase(spec.log_dir, rank, "start")
     if spec.fault == "hang":
         _hang(spec, rank)
+    phases: dict[str, float] = {}  # run() fills it phase by phase: a failure reports those it finished
     try:
-        report = run(spec, rank, started, ahead)
+        report = run(spec, rank, started, ahead, phases)
         code = 0
     except BaseException as err:  # every failure becomes a report; the runner decides what to do next
         traceback.print_exc()
@@ -111,7 +112,9 @@ def main(argv: list[str]) -> int:
         report = {"status": status, "error": message, "exception": type(err).__name__,
                   "phase": _last_phase, "rank": rank, "pid": os.getpid(),
                   "fatal": isinstance(err, (AcceleratorMismatch, UnsupportedModel)),  # nor would any other config
-                  **untrained_evidence(err), **port_evidence(err)}
+                  **untrained_evidence(err), **port_evidence(err),
+                  # where its seconds went before it failed (the trial-time model prices an out-of-memory trial too)
+                  "phases_s": dict(phases), "import_ahead_s": ahead}
         if status == "oom":
             report["cause"] = oom_cause(err, spec.accelerator)
         if _last_phase == "build_ops":  # the op, and whether TORCH_CUDA_ARCH_LIST is to blame (autotune.trials.ops)
@@ -179,10 +182,13 @@ def oom_cause(err: BaseException, accelerator: str) -> str:
     return "host_memory" if host and accelerator != "cpu" else "device_memory"
 
 
-def run(spec: WorkerSpec, rank: int, started: float, ahead: float | None = None) -> dict[str, Any]:
+def run(spec: WorkerSpec, rank: int, started: float, ahead: float | None = None,
+        phases: dict[str, float] | None = None) -> dict[str, Any]:
     """The trial; `ahead`: the seconds a spare rank spent importing before its trial was handed to it (reported as
-    import_ahead_s, off the trial's clock: its spawn_s is then the hand-over, its import_s what was left of them)."""
-    phases: dict[str, float] = {"spawn_s": started - spec.launch_time if spec.launch_time else 0.0}
+    import_ahead_s, off the trial's clock: its spawn_s is then the hand-over, its import_s what was left of them).
+    `phases`: filled with each phase's seconds as it ends (the caller's, to report a failure's)."""
+    phases = {} if phases is None else phases
+    phases["spawn_s"] = started - spec.launch_time if spec.launch_time else 0.0
     clock = _PhaseClock(phases)
 
     import torch
