@@ -3,6 +3,7 @@ estimator under a known calibration must give that calibration back; the fit on 
 test_trial_real.py."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -11,7 +12,7 @@ from autotune.prediction.calibrate import (CALIBRATION_FILE, calibrator, fit_cal
 from autotune.values.config import Config, ConfigError
 from autotune.prediction.estimate import Calibration, estimate
 from autotune.values.hardware import PROFILES
-from autotune.values.results import TrialResult
+from autotune.values.results import TrialResult, read_results
 from autotune.values.workload import make_workload
 
 CPU = PROFILES["cpu"]
@@ -122,3 +123,19 @@ def test_plain_calibration_files_load_and_absent_ones_are_none(tmp_path):
     (tmp_path / CALIBRATION_FILE).write_text("{not json")
     with pytest.raises(ConfigError, match=r"calibration.json: not valid JSON \(.*\): expected a calibration file \(JSON\)$"):
         load_calibration(tmp_path)
+
+
+def test_two_alike_gpu_trials_do_not_price_compute_as_free():
+    """11-30 on the H200 (benchmarks/gpu-runs/h200-2026-11-30/tune): a user's tune calibrated on its first two trials,
+    both with the optimizer offloaded, fitted a 1000x FLOP/s scale and a 2.0 s overhead, and launched an fp32 config
+    predicted at 2.1 s a step that took 17.2 s (71 s of trial). Now its step is predicted within 2x of that."""
+    runs = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu-runs" / "h200-2026-11-30" / "tune" / "trials.jsonl"
+    results = read_results(runs)
+    workload, h200 = make_workload("llama-1b", 32, 1, 2048), PROFILES["h200"]
+    assert [r.config.offload_optimizer for r in results[:2]] == ["cpu", "cpu"]
+    fp32 = results[2]
+    assert fp32.config == Config(0, 1, 4, "fp32") and fp32.step_time_s == pytest.approx(17.2, rel=0.01)
+    fitted = fit_calibration(results[:2], workload, h200)
+    assert 0.5 < fitted.flops_scale < 2.0 and fitted.step_overhead_s < 1.0
+    predicted = estimate(fp32.config, workload, h200, fitted).step_time_s
+    assert fp32.step_time_s / 2 < predicted < fp32.step_time_s * 2

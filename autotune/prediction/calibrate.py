@@ -51,6 +51,7 @@ CALIBRATION_FILE = "calibration.json"
 # it near 1 unless the data insist (held-out error on benchmarks/memory_accuracy.py: 7% instead of 10-20%).
 PRIOR_WEIGHT = 0.01
 MEMORY_SCALE_PRIOR = 0.1
+OVERHEAD_PRIOR = 0.1  # the step overhead's pull towards the profile's (_fit_time)
 GiB = 2**30
 SCALE_BOUNDS = (0.05, 20.0)
 # FLOP/s scales may go far higher: the cpu profile's 0.1 TFLOPS is a guess that a 2-core AMD EPYC's native bf16
@@ -234,6 +235,15 @@ def _fit_time(rows: list[TrialResult], workload: Workload, hardware: Hardware) -
     for i in range(len(precisions)):
         a.append([PRIOR_WEIGHT if j == i else 0.0 for j in range(len(precisions) + 1)])
         b.append(PRIOR_WEIGHT)
+    # The overhead's pull towards the profile's, OVERHEAD_PRIOR of one result's relative error at the median step:
+    # where the trials' compute shares are alike, scale and overhead trade off freely, and an unpulled fit priced
+    # compute as nearly free (11-30 on the H200: two offloaded trials fitted a 1000x FLOP/s scale and a 2.0 s
+    # overhead, and the next trial, in fp32, was predicted at 2.1 s a step against the 17.2 s it took; with ZeRO's
+    # step term and this pull the same two fit 1.7x and 0.77 s: 23 s). A firmer pull (0.3) kept a CPU's 150x scale
+    # from its fit (tests/test_calibrate.py), where the overhead is a real share of a step of milliseconds.
+    typical = statistics.median(r.step_time for r in rows)
+    a.append([0.0] * len(precisions) + [OVERHEAD_PRIOR / typical])
+    b.append(OVERHEAD_PRIOR * hardware.step_overhead_s / typical)
     lower = [1.0 / TIME_SCALE_BOUNDS[1]] * len(precisions) + [0.0]
     upper = [1.0 / TIME_SCALE_BOUNDS[0]] * len(precisions) + [max(r.step_time for r in rows)]
     *inverses, overhead = lsq_linear(np.array(a), np.array(b), bounds=(lower, upper)).x
