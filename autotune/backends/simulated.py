@@ -16,9 +16,10 @@ What a result holds:
   the measured steps (`trial_overhead_s + measured_steps * step`); with `trial_times=True` a GPU-like trial time
   (`TrialClock`, issue 41): autotune.prediction.trial_time's phases at the config's noise-free step time
   (launch, op load, model build, deepspeed.initialize with ZeRO-3's and optimizer offload's longer ones,
-  warm-up with fp16's expected skipped steps, measurement, exit), a config over the budget or the host's
+  warm-up with fp16's expected skipped steps (none since 11-30), measurement, exit), a config over the budget or the host's
   memory dying in its first step (`fits=False`), the first trial of the run that uses an op (FusedAdam,
-  DeepSpeedCPUAdam) paying its build once, and the world's noise on the whole (exp(noise * N(0, 1)), drawn
+  DeepSpeedCPUAdam) paying its build once, every trial after the run's first on ranks started ahead (its launch
+  a handoff, its initialize without the first call's imports; `import_ahead_s` recorded), and the world's noise on the whole (exp(noise * N(0, 1)), drawn
   from a stream of its own, so the step-time noise draws are the same with and without it). Off by default:
   tests pin the flat figure, and the environment's reward reads no wall time.
 
@@ -63,7 +64,8 @@ class TrialClock:
     """A simulated world's GPU-like trial times (issue 41), one clock per run: what
     autotune.prediction.trial_time predicts for a config at its true step time, the first trial of the run that
     loads an op paying its build (once per op and run, out of memory or not: the op loads before the model is
-    built), and the world's multiplicative noise exp(noise * N(0, 1)) on the whole, from `rng`."""
+    built), every trial after the run's first on ranks started ahead (`ahead`: as the deepspeed backend's spares
+    run them), and the world's multiplicative noise exp(noise * N(0, 1)) on the whole, from `rng`."""
 
     def __init__(self, workload: Workload, hardware: Hardware, noise: float, rng: np.random.Generator,
                  measure: Measure = DEFAULT_MEASURE, model: TrialTimeModel | None = None) -> None:
@@ -73,28 +75,35 @@ class TrialClock:
         self.rng = rng
         self.measure = measure
         self.ops_built: set[str] = set()
-        self._seconds: dict[tuple[Config, bool], float] = {}  # without op builds and noise, per (config, fits)
+        self.launched = 0  # trials of this run so far
+        self._seconds: dict[tuple[Config, bool, bool], float] = {}  # without op builds and noise, per (config, fits, ahead)
 
     def new_run(self, rng: np.random.Generator) -> "TrialClock":
         """The same world's clock for another run: no op built yet, noise from `rng` (the cache is shared)."""
         other = copy.copy(self)
-        other.rng, other.ops_built = rng, set()
+        other.rng, other.ops_built, other.launched = rng, set(), 0
         return other
 
-    def expected_s(self, config: Config, step_time_s: float, fits: bool) -> float:
+    @property
+    def ahead(self) -> bool:
+        """Whether the next trial runs on ranks started ahead: every trial after the run's first."""
+        return self.launched > 0
+
+    def expected_s(self, config: Config, step_time_s: float, fits: bool, ahead: bool = False) -> float:
         """The trial's predicted seconds with every op built and no noise."""
-        key = (config, fits)
+        key = (config, fits, ahead)
         seconds = self._seconds.get(key)
         if seconds is None:
             seconds = trial_time_at(config, self.size, step_time_s, self.model, fits=fits, ops_built=ALL_OPS,
-                                    measure=self.measure).total_s
+                                    measure=self.measure, ahead=ahead).total_s
             self._seconds[key] = seconds
         return seconds
 
     def seconds(self, config: Config, step_time_s: float, fits: bool) -> float:
-        """A trial of `config` now: its expected seconds, the op's first build if this run has not built it,
-        noise."""
-        seconds = self.expected_s(config, step_time_s, fits)
+        """A trial of `config` now: its expected seconds (on ranks started ahead after the run's first), the op's
+        first build if this run has not built it, noise."""
+        seconds = self.expected_s(config, step_time_s, fits, self.ahead)
+        self.launched += 1
         op = op_for(config)
         if op is not None and op not in self.ops_built:
             self.ops_built.add(op)
@@ -102,6 +111,12 @@ class TrialClock:
         if self.noise:
             seconds *= math.exp(self.noise * self.rng.standard_normal())
         return seconds
+
+
+def ahead_record(clock: TrialClock) -> dict[str, float]:
+    """What a result records of ranks started ahead, as the deepspeed backend's (`import_ahead_s`: the imports they
+    made before the trial, the launch it saves), for the trial the clock times next; {} for a run's first."""
+    return {"import_ahead_s": clock.model.launch_s} if clock.ahead else {}
 
 
 class _Prediction(NamedTuple):
@@ -188,7 +203,8 @@ class SimulatedBackend:
         if self._clock is None or result.status == "unsupported":
             return result
         step = self._lookup(config).step_time_s  # noise-free: the config's true step time
-        return replace(result, wall_time_s=self._clock.seconds(config, step, result.status == "ok"))
+        extra = {**result.extra, **ahead_record(self._clock)}
+        return replace(result, wall_time_s=self._clock.seconds(config, step, result.status == "ok"), extra=extra)
 
     def _outcome(self, config: Config) -> TrialResult:
         result = self._results.get(config)
