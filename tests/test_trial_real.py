@@ -210,11 +210,11 @@ def test_tiny_budget_gives_a_real_oom(real):
     events = read_events(r.extra["log_dir"], 0)
     assert events[-1]["phase"] in ("build", "initialize", "warmup", "measure")  # the model's memory, not start-up
     assert all(_gone(e["pid"]) for e in events)
-    # the phases it finished before it failed, as an ok trial records them (the trial-time model prices an oom too)
+    # the phases it finished before it was stopped past the budget (its events: a rank stopped from outside reports
+    # none), as an ok trial records them (the trial-time model prices an oom too)
     phases = r.extra["phases_s"]
     assert {"spawn_s", "import_s", "build_ops_s", "dist_init_s"} <= set(phases) and "measure_s" not in phases
     assert all(v >= 0 for v in phases.values()) and sum(phases.values()) < r.wall_time_s
-    assert "import_ahead_s" in r.extra
 
 
 def test_fp16_refused_by_the_accelerator_is_unsupported(real):

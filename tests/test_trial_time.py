@@ -310,3 +310,16 @@ def test_the_estimator_prices_an_estimates_trial():
     ours = trial_time_of(est, LLAMA_1B, H200, budget_bytes=H200.memory_bytes, ops_built=BOTH)
     assert ours == trial_time(config, LLAMA_1B, H200, est.step_time_s, ops_built=BOTH) and ours.fits
     assert not trial_time_of(est, LLAMA_1B, H200, budget_bytes=est.peak_bytes - 1).fits
+
+
+def test_a_rank_stopped_from_outside_has_its_phases_read_from_its_events():
+    """A rank the runner stops past the memory budget reports nothing: its events give the phases that ended, as the
+    rank's own report would (the phase it died in left out), and the spawn from the trial's launch."""
+    from autotune.worker.protocol import phases_from_events
+
+    events = [{"t": 10.0, "phase": "start"}, {"t": 13.5, "phase": "build_ops"},
+              {"t": 13.9, "phase": "build_ops", "op": "fused_adam", "building": False}, {"t": 14.0, "phase": "dist_init"},
+              {"t": 14.1, "phase": "build"}, {"t": 14.6, "phase": "initialize"}, {"t": 21.0, "phase": "warmup"}]
+    assert phases_from_events(events, launch_time=9.8) == pytest.approx(
+        {"spawn_s": 0.2, "import_s": 3.5, "build_ops_s": 0.5, "dist_init_s": 0.1, "build_s": 0.5, "initialize_s": 6.4})
+    assert phases_from_events(events[:1], None) == {} and phases_from_events([], 9.8) == {}

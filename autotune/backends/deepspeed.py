@@ -55,7 +55,7 @@ from autotune.values.settings import check_budget
 from autotune.trials.runner import LaunchOptions, RunOutcome, Spares, run_worker, trial_environment
 from autotune.worker.main import needed_builders
 from autotune.worker.measure import MeasureSettings
-from autotune.worker.protocol import WorkerSpec, current_phase, write_json_atomic
+from autotune.worker.protocol import WorkerSpec, current_phase, phases_from_events, read_events, write_json_atomic
 from autotune.worker.training import TRAINING_EVIDENCE
 from autotune.values.workload import Workload
 
@@ -294,6 +294,10 @@ class DeepSpeedBackend:
             timed = next((r for r in outcome.reports if r and r.get("phases_s")), None)
             if timed is not None:  # the phases rank 0 (or the first that reported them) finished before it failed
                 extra.update(phases_s=timed["phases_s"], import_ahead_s=timed.get("import_ahead_s"))
+            elif extra.get("log_dir"):  # stopped from outside, no report: rank 0's events say how far it got
+                phases = phases_from_events(read_events(extra["log_dir"], 0), outcome.launch_time)
+                if phases:
+                    extra["phases_s"] = phases
             untrained = next((r for r in outcome.reports if r and r.get("status") == "untrained"), None)
             if outcome.status == "untrained" and untrained is not None:  # what its steps did, as rank 0 counted them
                 extra.update({k: untrained.get(k) for k in ("fault", *TRAINING_EVIDENCE)})

@@ -116,6 +116,25 @@ def read_events(log_dir: str | Path, rank: int) -> list[dict[str, Any]]:
     return events
 
 
+# The worker's phases as its events mark their starts (autotune.worker.main), and the `phases_s` key of each one's
+# seconds: from one event to the next.
+PHASE_KEYS = (("start", "import_s"), ("build_ops", "build_ops_s"), ("dist_init", "dist_init_s"), ("build", "build_s"),
+              ("initialize", "initialize_s"), ("warmup", "warmup_s"), ("measure", "measure_s"))
+
+
+def phases_from_events(events: list[dict[str, Any]], launch_time: float | None) -> dict[str, float]:
+    """A rank's `phases_s` as its events show them: each phase that ended (the next began) and, from the trial's
+    launch, its spawn; for a rank stopped from outside (past the memory budget, a timeout), which reports none."""
+    starts: dict[str, float] = {}
+    for event in events:
+        starts.setdefault(event.get("phase", ""), float(event["t"]))  # a phase's first event is its start
+    phases = {"spawn_s": starts["start"] - launch_time} if launch_time and "start" in starts else {}
+    for (phase, key), (following, _) in zip(PHASE_KEYS, PHASE_KEYS[1:]):
+        if phase in starts and following in starts:
+            phases[key] = starts[following] - starts[phase]
+    return phases
+
+
 def read_report(log_dir: str | Path, rank: int) -> dict[str, Any] | None:
     path = report_path(log_dir, rank)
     if not path.exists():
