@@ -391,8 +391,10 @@ def bound_lines(result: dict) -> list[str]:
             f"tasks the cheapest trial costs at least {CHEAP_SHARE:.0%} of the median one: there a search that picks "
             f"cheap trials saves at most {1 - CHEAP_SHARE:.0%} a trial, and the first trial (the first op builds in "
             f"it) costs about the same in every strategy ({first:.0f} s, then {each:.0f} s a trial, medians over "
-            f"these tasks). So {limit}x optuna-flat's {se.fmt(flat)} trials in seconds asks for {needed:.1f} trials "
-            "at those costs: fewer trials, not cheaper ones.", "",
+            f"these tasks). So {limit}x optuna-flat's {se.fmt(flat)} trials in seconds "
+            + (f"asks for {needed:.1f} trials at those costs: fewer trials, not cheaper ones." if needed >= 1 else
+               f"is less than the first trial alone ({limit * (first + each * (flat - 1)):.0f} s against {first:.0f} "
+               "s), which every strategy pays alike: no order of the trials after it can reach that ratio."), "",
             "| task | trials | first trial s (median) | cheapest s | p10 s | median s | cheapest / median |",
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
             *(f"| {t['task']} | {t['trials']} | {sec(t['first_s'])} | {t['cheapest_s']:.1f} | {t['p10_s']:.1f} | "
