@@ -135,10 +135,10 @@ class TrialTimeModel:
 # - initialize without offload: ZeRO 0-2 6.4-9.3 s at 1.1e9 (median 7.0), 7.8 and 8.4 s at 3.0e9 (ZeRO 0); ZeRO-3
 #   8.8 and 10.4 s at 1.1e9 (+2.5 s); cold on 11-30 6.1 and 8.7 s. On a rank started ahead the first call's imports
 #   are made: 0.39-0.58 s in 5 of 7 trials at ZeRO 0-2 (the per-parameter term's 0.66 s alone priced; the other two
-#   paid 6.7 and 7.1 s), ZeRO-3 3.9 s. With the optimizer offloaded (pinning ~16 bytes a parameter on the host): ZeRO 1-2 at
-#   1.1e9 17.3, 17.4 (11-26) and 29.1 s (11-27): +10.3 s and +22.0 s; 11-30: 9.7-12.8 s per 1e9: 13 s priced; ZeRO-3 at
-#   1.1e9 14.0 (11-26) and 20.5 s (11-27), with both offloads at 3.0e9 23.8 and 34.5 s (11-26): +4.1 to +10.0 s per
-#   1e9, 6.5 s priced, and 0.5 s per 1e9 for the parameters (the only trials that offload them offload both);
+#   paid 6.7 and 7.1 s), ZeRO-3 3.9 s. With the optimizer offloaded (pinning ~16 bytes a parameter on the host):
+#   ZeRO 1-2 at 1.1e9 17.3, 17.4 (11-26) and 29.1 s (11-27): +10.3 s and +22.0 s; 11-30: 9.7-12.8 s per 1e9; 14 s
+#   priced, as before (at 12 the slow 11-27 trial fell 33% short); ZeRO-3 at 1.1e9 14.0 (11-26) and 20.5 s (11-27),
+#   with both offloads at 3.0e9 23.8 and 34.5 s (11-26): +4.1 to +10.0 s per 1e9, 6.5 s priced, and 0.5 s per 1e9 for the parameters (the only trials that offload them offload both);
 # - warm-up (one step) over the measured step: 0.4-5.1 s, median 2.0 (11-26, 11-27); 0.36-6.8 s, median 1.02 over
 #   17 trials of 11-30, the code that runs now: 1.0 priced;
 # - measured steps: 10 of 11 stopped at min_steps (2 or 3), one (fp16, its skipped steps' times spread) at 12 of 3;
