@@ -6,7 +6,7 @@ DeepSpeedSchedule) runs through the same loop as `autotune tune` (estimator prun
 trials, the run's budget of launched trials) on:
   (a) the committed replay surfaces (benchmarks/surfaces/*.jsonl, real measurements of this machine),
       at the device's memory and at a budget through the middle of the surface's measured peaks; and
-      (`replay-gpu`) the shared H200 runs' surfaces (GPU_SURFACES: 2-4 configs each) at the budgets they were
+      (`replay-gpu`) the shared H200 runs' surfaces (GPU_SURFACES: 2-8 configs each) at the budgets they were
       recorded with;
   (b) 12 simulated GPU workloads (GPT-2 and Llama presets, 1 to 32 GPUs, five hardware profiles,
       budgets from a quarter of the card to all of it), in two worlds:
@@ -260,7 +260,9 @@ SCHEDULES: dict[str, Callable[[SearchContext], Strategy]] = {
 # The shared H200 runs' surfaces (benchmarks/gpu-runs): replayed at the budgets they were recorded with.
 GPU_SURFACES = ("gpu-runs/h200-2026-11-26/kit/surfaces/h200-llama-1b.jsonl",
                 "gpu-runs/h200-2026-11-26/kit/surfaces/h200-llama-3b.jsonl",
-                "gpu-runs/h200-2026-11-27/kit/h200-llama-1b.jsonl")
+                "gpu-runs/h200-2026-11-27/kit/h200-llama-1b.jsonl",
+                "gpu-runs/h200-2026-11-30/kit/h200-llama-1b.jsonl",
+                "gpu-runs/h200-2026-11-30/kit/h200-llama-3b.jsonl")
 WORLDS = ("replay", "replay-gpu", "distorted", "estimator")
 STOP_TRIALS = 12  # issue 28: median launched trials until the convergence stop, at most
 STOP_MEDIAN = 0.98  # ... best/opt at the stop, in the median

@@ -12,7 +12,7 @@ Trials take seconds here as they would on a GPU (issue 41, "Measured in seconds"
   - `distorted`: search_efficiency's 12 GPU workloads (GPT-2 and Llama presets, 1 to 32 GPUs);
 - replay worlds, their recorded wall times (no noise: the same at either level): `replay` the committed CPU
   surfaces (benchmarks/surfaces, at the device's memory and at the median measured peak), `replay-gpu` the shared
-  H200 surfaces (search_efficiency.GPU_SURFACES, 2-4 configs each, at the budgets they were recorded with).
+  H200 surfaces (search_efficiency.GPU_SURFACES, 2-8 configs each, at the budgets they were recorded with).
 
 Strategies: rl, hybrid, optuna (the default), `optuna-flat` (optuna with every trial costing alike, as before
 issue 41's cost-aware picks: search_efficiency.SCHEDULES; `hybrid-flat` on request), random, grid, and `deepspeed`: DeepSpeed's autotuner's own order in
