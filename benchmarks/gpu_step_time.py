@@ -2,10 +2,9 @@
 H200), the estimator's raw step time (no calibration: what a search has before its first trial) with and without
 ZeRO's per-micro-step term (Hardware.zero{1,2,3}_micro_step_s, fitted on these trials).
 
-Trials are read as the product reads them (autotune.values.results.read_results): every record file of each run,
-a trial recorded twice (a kit's surface and its work/ copy) once; valid trials only (status ok: the fp16 trials of
-11-26 and 11-27 skipped every step and are read as untrained). A record's workload is its own (a kit surface's),
-its run's run.json, or, for the one run folder kept without run.json, WORKLOADS below.
+Trials are read by benchmarks/trial_time.py's loader (each once, as the product reads them, with the workload its
+spec names; KEPT_RECORDS for the one run folder kept without its logs); valid trials with a step time only (status
+ok: the fp16 trials of 11-26 and 11-27 skipped every step and are read as untrained).
 
     python benchmarks/gpu_step_time.py
 
@@ -14,32 +13,27 @@ Prints the table and writes benchmarks/results/gpu_step_time.md. tests/test_gpu_
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+import trial_time  # beside this script: its loader reads every trial of the runs as the product reads them
 from autotune.prediction.estimate import estimate
 from autotune.values.config import Config
-from autotune.values.hardware import PROFILES, Hardware, hardware_from_dict
-from autotune.values.results import TrialResult, read_results
-from autotune.values.workload import Workload, make_workload
+from autotune.values.hardware import Hardware
+from autotune.values.results import TrialResult
+from autotune.values.workload import Workload
 
 HERE = Path(__file__).resolve().parent
-RUNS = tuple(HERE / "gpu-runs" / name for name in ("h200-2026-11-26", "h200-2026-11-27", "h200-2026-11-30"))
 OUT = HERE / "results" / "gpu_step_time.md"
-# The user's `tune` of 11-30 came back without its run.json: its command (the run's README) names the model, the
-# GPU and the default global batch; its records' tokens per sample give the preset's sequence length.
-WORKLOADS = {("h200-2026-11-30", "tune"): (make_workload("llama-1b", 32, 1, 2048), PROFILES["h200"])}
 NO_ZERO_TERM = {"zero1_micro_step_s": 0.0, "zero2_micro_step_s": 0.0, "zero3_micro_step_s": 0.0}
 
 
 @dataclass(frozen=True)
 class StepTrial:
     run: str
-    where: str  # the record file, relative to the run
     result: TrialResult
     workload: Workload
     hardware: Hardware
@@ -67,34 +61,10 @@ class StepTrial:
         return "ZeRO 0" if c.zero_stage == 0 else "ZeRO 1-3"
 
 
-def _planned(run: Path, path: Path, result: TrialResult) -> tuple[Workload, Hardware]:
-    extra = result.extra
-    if extra.get("workload"):
-        profile = extra.get("hardware")
-        hardware = PROFILES[profile] if isinstance(profile, str) else hardware_from_dict(profile, str(path))
-        return Workload.from_dict(extra["workload"]), hardware
-    run_json = path.parent / "run.json"
-    if run_json.exists():
-        data = json.loads(run_json.read_text())
-        return Workload.from_dict(data["workload"]), hardware_from_dict(data["hardware"], str(run_json))
-    return WORKLOADS[(run.name, path.relative_to(run).parts[0])]
-
-
-def load(runs: Sequence[Path] = RUNS) -> list[StepTrial]:
-    """The valid trials with a step time, each once (by run, log folder and config)."""
-    seen: set[tuple[str, str, str]] = set()
-    trials = []
-    for run in runs:
-        for path in sorted(p for p in run.rglob("*.jsonl") if not p.name.endswith(".events.jsonl")):
-            for result in read_results(path):
-                if not result.ok or not result.step_time_s:
-                    continue
-                key = (run.name, Path(str(result.extra.get("log_dir"))).name, result.config.label())
-                if key in seen:
-                    continue
-                seen.add(key)
-                trials.append(StepTrial(run.name, str(path.relative_to(run)), result, *_planned(run, path, result)))
-    return trials
+def load(runs: Sequence[Path] = trial_time.RUNS) -> list[StepTrial]:
+    """The valid trials of the runs with a step time (trained: status ok), each once (trial_time.gpu_trials)."""
+    return [StepTrial(t.run, t.result, t.workload, t.hardware) for t in trial_time.gpu_trials(runs)
+            if t.result.ok and t.result.step_time_s]
 
 
 def error(predicted: float, measured: float) -> float:

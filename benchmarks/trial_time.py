@@ -131,12 +131,11 @@ def _events(folder: Path) -> list[dict[str, Any]]:
 AHEAD_IMPORTS_S = 1.0
 
 
-def imports_ahead(result: TrialResult, folder: Path) -> bool:
+def imports_ahead(result: TrialResult, events: list[dict[str, Any]]) -> bool:
     """Whether the trial ran on ranks started ahead: its record says so (`import_ahead_s`), or, for a failure recorded
     before failures kept it (11-30's out-of-memory trials), its rank's events show no imports after its start."""
     if ran_ahead(result):
         return True
-    events = _events(folder)
     return len(events) > 1 and events[0].get("phase") == "start" and events[1]["t"] - events[0]["t"] < AHEAD_IMPORTS_S
 
 
@@ -146,21 +145,21 @@ def _died(folder: Path) -> str | None:
     return json.loads(path.read_text()).get("phase") if path.exists() else None
 
 
-def _ops_built(config: Config, folder: Path, phases: dict[str, float]) -> frozenset[str]:
+def _ops_built(config: Config, events: list[dict[str, Any]], phases: dict[str, float]) -> frozenset[str]:
     """The ops built before this trial: all but the one its rank built, if it built one."""
-    built = any(e.get("building") for e in _events(folder) if e.get("phase") == "build_ops")
+    built = any(e.get("building") for e in events if e.get("phase") == "build_ops")
     built = built or phases.get("build_ops_s", 0.0) > BUILT_IN_TRIAL_S
     return ALL_OPS - {op_for(config) or ""} if built else ALL_OPS
 
 
 def _trial(run: Path, folder: Path, data: dict[str, Any], spec: dict[str, Any], sweep: str) -> GpuTrial:
     result = as_recorded_proves(TrialResult.from_dict(data))
-    m = spec["measure"]
+    m, events = spec["measure"], _events(folder)
     return GpuTrial(run.name, sweep, folder.name, result, Workload.from_dict(spec["workload"]), PROFILES["h200"],
                     Steps(m["warmup_steps"], m["min_steps"], m["max_steps"], m["max_measure_s"]),
-                    _ops_built(result.config, folder, dict(data.get("phases_s") or {})),
+                    _ops_built(result.config, events, dict(data.get("phases_s") or {})),
                     spec["ds_config"].get("zero_force_ds_cpu_optimizer", True) is not False,
-                    float(spec.get("launch_time") or 0.0), imports_ahead(result, folder),
+                    float(spec.get("launch_time") or 0.0), imports_ahead(result, events),
                     _died(folder) != "initialize")
 
 

@@ -3,7 +3,6 @@ search that spends GPU seconds where the optimum is needs ZeRO's cost on a GPU):
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -11,16 +10,14 @@ import pytest
 
 from autotune.values.hardware import PROFILES, hardware_from_dict
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # as tests/test_trial_time.py
+
+import gpu_step_time  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("gpu_step_time", ROOT / "benchmarks" / "gpu_step_time.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return gpu_step_time
 
 
 @pytest.fixture(scope="module")
