@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autotune.backends.simulated import TrialClock, ahead_record, side_stream
+from autotune.backends.simulated import TrialClock, side_stream
 from autotune.values.config import KNOBS, Config
 from autotune.values.results import TrialResult
 from autotune.values.space import Space
@@ -143,10 +143,11 @@ class DistortedBackend:
             other.clock = self.clock.new_run(side_stream(seed))
         return other
 
-    def _clocked(self, config: Config, index: int, fits: bool) -> float:
-        """The trial's GPU-like seconds at the config's true step time (self.clock set)."""
+    def _clocked(self, config: Config, index: int, fits: bool) -> tuple[float, dict[str, float]]:
+        """The trial's GPU-like seconds at the config's true step time and what its result records of ranks started
+        ahead (TrialClock.launch; self.clock set)."""
         assert self.clock is not None
-        return self.clock.seconds(config, self.workload.global_batch / float(self.throughput[index]), fits)
+        return self.clock.launch(config, self.workload.global_batch / float(self.throughput[index]), fits)
 
     @property
     def optimum(self) -> float | None:
@@ -169,16 +170,14 @@ class DistortedBackend:
         if not self.feasible[index]:
             why = (f"peak {format_size(peak)} exceeds the budget {format_size(budget)}" if peak > budget
                    else "offloaded state exceeds the node's host memory")
-            extra = {} if self.clock is None else ahead_record(self.clock)
-            wall = self.trial_overhead_s if self.clock is None else self._clocked(config, index, False)
+            wall, extra = (self.trial_overhead_s, {}) if self.clock is None else self._clocked(config, index, False)
             return TrialResult(config, "oom", peak_memory_bytes=peak, memory_budget_bytes=budget,
                                wall_time_s=wall, backend=self.name, error=why, extra=extra)
         samples = float(self.throughput[index])
         if self.noise:
             samples /= math.exp(self.noise * self.rng.standard_normal())
         step = self.workload.global_batch / samples
-        extra = {} if self.clock is None else ahead_record(self.clock)
-        wall = self.trial_overhead_s + self.measured_steps * step if self.clock is None \
+        wall, extra = (self.trial_overhead_s + self.measured_steps * step, {}) if self.clock is None \
             else self._clocked(config, index, True)
         return TrialResult(config, "ok", throughput_samples_per_s=samples,
                            tokens_per_s=samples * self.workload.model.seq_len, step_time_s=step,

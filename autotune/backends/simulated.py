@@ -99,11 +99,18 @@ class TrialClock:
             self._seconds[key] = seconds
         return seconds
 
-    def seconds(self, config: Config, step_time_s: float, fits: bool) -> float:
-        """A trial of `config` now: its expected seconds (on ranks started ahead after the run's first), the op's
-        first build if this run has not built it, noise."""
-        seconds = self.expected_s(config, step_time_s, fits, self.ahead)
+    def launch(self, config: Config, step_time_s: float, fits: bool) -> tuple[float, dict[str, float]]:
+        """A trial of `config` now: its seconds (expected, on ranks started ahead after the run's first; the op's
+        first build if this run has not built it; noise) and what its result records of ranks started ahead, as
+        the deepspeed backend's (`import_ahead_s`: the imports made before it, the launch it saves; none for a
+        run's first)."""
+        ahead = self.ahead
         self.launched += 1
+        record = {"import_ahead_s": self.model.launch_s} if ahead else {}
+        return self._seconds_now(config, step_time_s, fits, ahead), record
+
+    def _seconds_now(self, config: Config, step_time_s: float, fits: bool, ahead: bool) -> float:
+        seconds = self.expected_s(config, step_time_s, fits, ahead)
         op = op_for(config)
         if op is not None and op not in self.ops_built:
             self.ops_built.add(op)
@@ -111,12 +118,6 @@ class TrialClock:
         if self.noise:
             seconds *= math.exp(self.noise * self.rng.standard_normal())
         return seconds
-
-
-def ahead_record(clock: TrialClock) -> dict[str, float]:
-    """What a result records of ranks started ahead, as the deepspeed backend's (`import_ahead_s`: the imports they
-    made before the trial, the launch it saves), for the trial the clock times next; {} for a run's first."""
-    return {"import_ahead_s": clock.model.launch_s} if clock.ahead else {}
 
 
 class _Prediction(NamedTuple):
@@ -203,8 +204,8 @@ class SimulatedBackend:
         if self._clock is None or result.status == "unsupported":
             return result
         step = self._lookup(config).step_time_s  # noise-free: the config's true step time
-        extra = {**result.extra, **ahead_record(self._clock)}
-        return replace(result, wall_time_s=self._clock.seconds(config, step, result.status == "ok"), extra=extra)
+        seconds, ahead = self._clock.launch(config, step, result.status == "ok")
+        return replace(result, wall_time_s=seconds, extra={**result.extra, **ahead})
 
     def _outcome(self, config: Config) -> TrialResult:
         result = self._results.get(config)
