@@ -14,7 +14,8 @@ import psutil
 import pytest
 
 from autotune.backends.deepspeed import DeepSpeedBackend
-from autotune.trials.runner import LaunchOptions, Placement, SpareRank, Spares, ahead_allowed, run_worker
+from autotune.trials.runner import (LaunchOptions, Placement, SpareRank, Spares, ahead_allowed, run_worker,
+                                   trial_environment)
 from autotune.values.config import Config
 from autotune.values.dsconfig import ds_config
 from autotune.values.hardware import PROFILES
@@ -140,8 +141,11 @@ def test_a_spares_imports_leave_deepspeeds_initialize_nothing_to_import():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
+    # A trial's environment: the ops (fused_adam, the CPU's shm_comm) the other real trials build and load, not
+    # a second build in torch's default folder (~2 minutes on a fresh machine).
+    env = trial_environment(LaunchOptions(ranks=1), "cpu")
     done = subprocess.run([sys.executable, "-c", INITIALIZE_AFTER_SPARE, str(port)], capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     imported = json.loads(done.stdout.splitlines()[-1])
     assert not [m for m in imported if m.startswith(("torch._dynamo", "torch._inductor", "deepspeed."))], imported
