@@ -1161,22 +1161,26 @@ def close_run(run_dir: RunDir, settings: RunSettings, sweep: Sweep, tracker: Tra
               progress: Progress) -> TuneResult:
     """The outputs of a sweep whose trials have ended (close_sweep), told to its tracker; `progress` hears a
     script sweep's lines on its own config."""
-    outputs = close_sweep(run_dir, settings, sweep, reason)
+    # The record, not the sweep's list: Ctrl-C (or a closed terminal) between a trial's durable line and the list
+    # leaves the record one trial ahead, and the outputs count what a resume finds.
+    results = run_dir.results()
+    outputs = close_sweep(run_dir, settings, sweep, results, reason)
     # The tracker keeps the record beside the outputs: every trial, why the session ended, the calibration
     record = [path for path in (run_dir.trials_path, run_dir.path / STOP_FILE, run_dir.path / CALIBRATION_FILE)
               if path.is_file()]
     tracker.finish(outputs.best, outputs.summary, [*outputs.files, *record], outputs.verdict, reason.value)
     for line in [*getattr(sweep.strategy, "notes", ()), *outputs.notes]:  # what following trials.jsonl changed
         progress.message(line)
-    return TuneResult(outputs.best, tuple(sweep.results), reason, run_dir.path, outputs.summary, outputs.verdict,
+    return TuneResult(outputs.best, tuple(results), reason, run_dir.path, outputs.summary, outputs.verdict,
                       outputs.files, sweep.convergence, outputs.notes)
 
 
-def close_sweep(run_dir: RunDir, settings: RunSettings, sweep: Sweep, reason: StopReason | None = None) -> Outputs:
-    """Save the calibration and write the outputs (summary, recommended configs, report, plots; `reason`: why the
-    session ended, recorded in summary.json and said in report.md)."""
+def close_sweep(run_dir: RunDir, settings: RunSettings, sweep: Sweep, results: Sequence[TrialResult],
+                reason: StopReason | None = None) -> Outputs:
+    """Save the calibration and write the outputs of the recorded `results` (summary, recommended configs, report,
+    plots; `reason`: why the session ended, recorded in summary.json and said in report.md)."""
     if sweep.pruner.calibration.samples:
         measured = sweep.measured()
         save_calibration(run_dir.path, sweep.pruner.calibration, settings.workload, settings.hardware,
                          quality(measured, settings.workload, settings.hardware, sweep.pruner.calibration))
-    return write_outputs(run_dir, settings, sweep.results, own_outputs(settings), stop_reason=reason)
+    return write_outputs(run_dir, settings, results, own_outputs(settings), stop_reason=reason)

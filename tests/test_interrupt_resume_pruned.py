@@ -12,6 +12,7 @@ Nth proposal asked of the Optuna study."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
@@ -147,3 +148,23 @@ def test_a_resumed_study_keeps_a_refused_proposal_untried(tmp_path, monkeypatch)
     sweep = Sweep.open(run_dir, run_dir.read_settings(), resolve(spec(tmp_path))[1])
     tried = {c.label() for c in sweep.strategy.outcomes}  # type: ignore[attr-defined]
     assert tried == recorded
+
+
+def test_ctrl_c_just_after_a_trials_line_is_written_is_counted_by_the_outputs(tmp_path, monkeypatch):
+    """The interrupt lands after the second trial's line is durable and before the sweep's own list holds it (a closed
+    terminal's SIGHUP did, in CI): summary.json, stop.json and the result count what the record holds."""
+    original, calls = RunDir.append, [0]
+
+    def recorded_then_interrupted(self: RunDir, result: Any) -> None:
+        original(self, result)
+        calls[0] += 1
+        if calls[0] == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(RunDir, "append", recorded_then_interrupted)
+    run = tmp_path / "run"
+    result = autotune.tune(spec(tmp_path), run)
+    lines = len(record(run))
+    assert result.stop_reason is StopReason.INTERRUPTED and lines == 2 == len(result.results)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["trials"] == lines and json.loads((run / "stop.json").read_text())["trials"] == lines
