@@ -12,16 +12,11 @@ from autotune.values.hardware import PROFILES, hardware_from_dict
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # as tests/test_trial_time.py
 
-import gpu_step_time  # noqa: E402
+import gpu_step_time as bench  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def bench():
-    return gpu_step_time
-
-
-@pytest.fixture(scope="module")
-def trials(bench):
+def trials():
     return bench.load()
 
 
@@ -32,7 +27,7 @@ def test_every_valid_trial_of_the_three_runs_is_read_once(trials):
     assert {t.run for t in trials} == {"h200-2026-11-26", "h200-2026-11-27", "h200-2026-11-30"}
 
 
-def test_zero_1_to_3_steps_were_under_predicted_by_a_third_and_the_zero_term_brings_them_within_10_percent(bench, trials):
+def test_zero_1_to_3_steps_were_under_predicted_by_a_third_and_the_zero_term_brings_them_within_10_percent(trials):
     groups = bench.summary(trials)
     assert groups["ZeRO 1-3"]["trials"] == 12
     assert groups["ZeRO 1-3"]["median_error_without"] > 0.3
@@ -41,7 +36,7 @@ def test_zero_1_to_3_steps_were_under_predicted_by_a_third_and_the_zero_term_bri
     assert groups["ZeRO 0"]["median_error"] == groups["ZeRO 0"]["median_error_without"]
 
 
-def test_each_zero_step_without_offload_is_within_15_percent_and_ranks_as_measured(bench, trials):
+def test_each_zero_step_without_offload_is_within_15_percent_and_ranks_as_measured(trials):
     """ZeRO-3 at 2.3x, ZeRO-2 at micro-batch 2 at 2.4x the prediction before: the kit's tune of 11-30 launched a
     ZeRO-3 config first, predicted 2.3x faster than it ran."""
     plain = [t for t in trials if t.kind == "ZeRO 1-3" and t.config.offload_optimizer == "none"]

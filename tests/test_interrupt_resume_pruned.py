@@ -54,16 +54,21 @@ def record(run: Path) -> list[tuple[Config, str]]:
     return [(r.config, r.status) for r in read_results(run / "trials.jsonl")]
 
 
-def interrupted_at(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str, n: int) -> Callable[[], None]:
-    """`owner.name` raises KeyboardInterrupt (Ctrl-C) at its `n`th call; returns what restores it."""
+def interrupted_at(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str, n: int,
+                   after: bool = False) -> Callable[[], None]:
+    """`owner.name` raises KeyboardInterrupt (Ctrl-C) at its `n`th call (`after`: once that call is done); returns
+    what restores it."""
     original = getattr(owner, name)
     calls = [0]
 
     def interrupting(*args: Any, **kwargs: Any) -> Any:
         calls[0] += 1
+        if calls[0] == n and not after:
+            raise KeyboardInterrupt
+        done = original(*args, **kwargs)
         if calls[0] == n:
             raise KeyboardInterrupt
-        return original(*args, **kwargs)
+        return done
 
     monkeypatch.setattr(owner, name, interrupting)
     return lambda: monkeypatch.setattr(owner, name, original)
@@ -153,15 +158,7 @@ def test_a_resumed_study_keeps_a_refused_proposal_untried(tmp_path, monkeypatch)
 def test_ctrl_c_just_after_a_trials_line_is_written_is_counted_by_the_outputs(tmp_path, monkeypatch):
     """The interrupt lands after the second trial's line is durable and before the sweep's own list holds it (a closed
     terminal's SIGHUP did, in CI): summary.json, stop.json and the result count what the record holds."""
-    original, calls = RunDir.append, [0]
-
-    def recorded_then_interrupted(self: RunDir, result: Any) -> None:
-        original(self, result)
-        calls[0] += 1
-        if calls[0] == 2:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(RunDir, "append", recorded_then_interrupted)
+    interrupted_at(monkeypatch, RunDir, "append", 2, after=True)
     run = tmp_path / "run"
     result = autotune.tune(spec(tmp_path), run)
     lines = len(record(run))

@@ -106,10 +106,6 @@ class TrialClock:
         run's first)."""
         ahead = self.ahead
         self.launched += 1
-        record = {"import_ahead_s": self.model.launch_s} if ahead else {}
-        return self._seconds_now(config, step_time_s, fits, ahead), record
-
-    def _seconds_now(self, config: Config, step_time_s: float, fits: bool, ahead: bool) -> float:
         seconds = self.expected_s(config, step_time_s, fits, ahead)
         op = op_for(config)
         if op is not None and op not in self.ops_built:
@@ -117,7 +113,7 @@ class TrialClock:
             seconds += self.model.op_build(op)
         if self.noise:
             seconds *= math.exp(self.noise * self.rng.standard_normal())
-        return seconds
+        return seconds, {"import_ahead_s": self.model.launch_s} if ahead else {}
 
 
 class _Prediction(NamedTuple):
