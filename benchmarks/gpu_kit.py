@@ -206,7 +206,7 @@ def recording_groups(plan: gv.Plan, times: kp.TrialTimes) -> list[kp.Group]:
     def seconds(config: Config, ahead: bool) -> float:
         est = predicted[config]
         return times.seconds(config, plan.workload.model.params, est.step_time_s, fits[config], ahead=ahead,
-                             states_fit=states_fit(est, plan.planning_budget))
+                             states_fit=states_fit(est, plan.workload, plan.planning_budget))
 
     def pair_seconds(key: tuple) -> tuple[float, ...]:
         # a pair's second trial runs on the rank its first started (11-30: its imports made ahead)

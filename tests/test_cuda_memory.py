@@ -38,13 +38,19 @@ def test_nccl_buffers_only_with_several_ranks_and_more_across_nodes():
     assert outside_allocator_bytes(c, eight, H200) - outside_allocator_bytes(c, one, H200) == nccl_bytes(eight, H200)
 
 
-def test_zero3_costs_more_outside_the_allocator_only_with_an_offload():
-    """11-26's ZeRO-3 trials, all offloaded, held 0.40 GiB more; 11-27's z3 mb8 ck0 bf16 on one rank as ZeRO 0 did."""
+def test_zero3_costs_more_outside_the_allocator_only_in_fp16_with_an_offload():
+    """11-26's ZeRO-3 trials, all fp16 and offloaded, held 0.40 GiB more, and 11-30's fp16 ones with the parameters
+    offloaded; 11-27's z3 mb8 ck0 bf16 on one rank as ZeRO 0 did, and 11-30's bf16 ones with the optimizer
+    offloaded as ZeRO-2's offload did."""
     w = Workload(LLAMA, 32)
     assert outside_allocator_bytes(cfg(zero_stage=3), w, H200) == outside_allocator_bytes(cfg(zero_stage=2), w, H200)
     for offload in ({"offload_optimizer": "cpu"}, {"offload_param": "cpu"}):
-        assert (outside_allocator_bytes(cfg(zero_stage=3, **offload), w, H200)
-                - outside_allocator_bytes(cfg(zero_stage=2, offload_optimizer="cpu"), w, H200) == ZERO3_OUTSIDE)
+        zero2 = outside_allocator_bytes(cfg(zero_stage=2, offload_optimizer="cpu"), w, H200)
+        assert outside_allocator_bytes(cfg(zero_stage=3, **offload), w, H200) == zero2  # bf16
+        fp16 = outside_allocator_bytes(cfg(zero_stage=3, precision="fp16", **offload), w, H200)
+        assert fp16 - zero2 == ZERO3_OUTSIDE
+    assert (outside_allocator_bytes(cfg(zero_stage=3, precision="fp16"), w, H200)
+            == outside_allocator_bytes(cfg(zero_stage=2, precision="fp16"), w, H200))
 
 
 def test_zero3_step_gradient_is_a_cached_segment_on_cuda():

@@ -111,7 +111,7 @@ def test_a_rank_started_ahead_and_a_death_in_initialize_are_priced_as_they_ran(g
         ours = t.predict(t.estimator_step_s())
         assert ours.warmup_s == 0 and near(ours.total_s, t.result.wall_time_s), t.name
         est = estimate(t.result.config, t.workload, t.hardware)
-        assert not states_fit(est, t.result.memory_budget_bytes)  # what the product decides it from
+        assert not states_fit(est, t.workload, t.result.memory_budget_bytes)  # what the product decides it from
         assert not trial_time_of(est, t.workload, t.hardware, budget_bytes=t.result.memory_budget_bytes).fits
 
 

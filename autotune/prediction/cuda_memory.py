@@ -19,11 +19,12 @@ Outside the allocator (`outside_allocator_bytes`):
 - Libraries: kernel images of cuBLAS/cuBLASLt, PyTorch, flash attention and DeepSpeed's ops loaded on first use
   (their workspaces come from the caching allocator and count as allocated): measured 0.78 GiB beyond the
   context with ZeRO 0 (both trials), 0.82-0.83 with ZeRO 1-2.
-- ZeRO-3 with an offload: 0.40 GiB more (1.69-1.74 GiB outside against 1.29-1.34 for stages 0-2 in the three
-  ZeRO-3 trials of 11-26, all with the optimizer offloaded, all fp16). Not ZeRO-3 itself: on one rank without
-  offload it held 1.389 GB outside, as ZeRO 0 did (11-27, z3 mb8 ck0 bf16); not fp16 either: z2 mb2 fp16 held
-  1.389 GB too (11-27 fp16-trial). Those ZeRO-3 trials are untrained, but what lies outside the allocator
-  (kernel images, context) does not depend on the optimizer's state; no valid trial checks it. Mechanism unknown.
+- ZeRO-3 in fp16 with an offload: 0.40 GiB more (1.69-1.74 GiB outside against 1.29-1.34 for stages 0-2 in the
+  three ZeRO-3 trials of 11-26, all with the optimizer offloaded, all fp16; 1.69 in the two trained ones of 11-30,
+  the parameters offloaded). Not ZeRO-3 itself: on one rank without offload it held 1.389 GB outside, as ZeRO 0 did
+  (11-27 and 11-30, bf16); nor its offload in bf16: 1.31-1.34 GiB with the optimizer offloaded (11-30, llama-1b and
+  llama-3b); nor fp16 at other stages: z2 mb2 fp16 held 1.389 GB too (11-27 fp16-trial), ZeRO 0's fp16 trials 1.29
+  GiB (11-30). Mechanism unknown.
 - ZeRO-1/2 with the optimizer offloaded: 42-48 MB more (1.431 and 1.437 GB; the pinned host buffers' mappings,
   most likely): 0.3% of those peaks, left out as block rounding is below.
 - NCCL, when a trial has several ranks: buffers per channel and connection (NCCL's defaults: 4 MiB Simple +
@@ -127,7 +128,8 @@ def outside_allocator_bytes(config: Config, workload: Workload, hardware: Hardwa
     if hardware.is_cpu:
         return 0
     offloaded = config.offload_optimizer != "none" or config.offload_param != "none"
-    zero3 = ZERO3_OUTSIDE if config.zero_stage == 3 and offloaded else 0  # not on one rank without offload (11-27)
+    # Measured only with an offload in fp16 (module docstring); not in bf16, nor on one rank without offload.
+    zero3 = ZERO3_OUTSIDE if config.zero_stage == 3 and offloaded and config.precision == "fp16" else 0
     return cuda_context_bytes(hardware) + LIBRARIES + zero3 + nccl_bytes(workload, hardware)
 
 

@@ -162,14 +162,15 @@ def trial_time_of(est: Estimate, workload: Workload, hardware: Hardware, *, budg
     its first step, one whose model states alone are over it in deepspeed.initialize. `ops_built`: the ops the sweep
     has built; `model`: calibrated terms."""
     return trial_time(est.config, workload, hardware, est.step_time_s, fits=est.fits(budget_bytes),
-                      ops_built=ops_built, measure=measure, model=model, states_fit=states_fit(est, budget_bytes))
+                      ops_built=ops_built, measure=measure, model=model, states_fit=states_fit(est, workload, budget_bytes))
 
 
-def states_fit(est: Estimate, budget_bytes: int) -> bool:
-    """Whether the device's model states (weights, gradients, optimizer states) alone fit `budget_bytes`: where they
-    do not, a trial dies as deepspeed.initialize allocates them."""
+def states_fit(est: Estimate, workload: Workload, budget_bytes: int) -> bool:
+    """Whether the device's model states (weights, gradients, optimizer states, and what deepspeed.initialize holds
+    with them) alone fit `budget_bytes`: where they do not, a trial dies as deepspeed.initialize allocates them."""
     m = est.memory
-    return m.weights + m.gradients + m.optimizer_states <= budget_bytes
+    initialize = fp16_fp32_gradient_bytes(est.config, workload)
+    return m.weights + m.gradients + m.optimizer_states + initialize <= budget_bytes
 
 
 def model_states(config: Config, workload: Workload) -> tuple[int, int, int]:
@@ -179,14 +180,29 @@ def model_states(config: Config, workload: Workload) -> tuple[int, int, int]:
     stage = config.zero_stage
     weights = p * n if stage < 3 else p * n // dp
     if stage == 0:
-        # Mixed precision: fp32 master + m + v, and fp32 gradients (DeepSpeed's bf16/fp16 optimizers).
-        grads = p * n + (4 * n if p == 2 else 0)
+        # Mixed precision: fp32 master + m + v. DeepSpeed's BF16_Optimizer also accumulates fp32 gradients all
+        # along; its FP16_Optimizer keeps the 16-bit ones, and makes fp32 ones only in its steps
+        # (fp16_fp32_gradient_bytes).
+        grads = p * n + (4 * n if config.precision == "bf16" else 0)
         optim = 12 * n if p == 2 else 8 * n
     else:
         low_grads = p * n if stage == 1 else p * n // dp
         grads = low_grads + (4 * n // dp if stage < 3 else 0)
         optim = 12 * n // dp
     return weights, grads, optim
+
+
+def fp16_fp32_gradient_bytes(config: Config, workload: Workload) -> int:
+    """ZeRO 0's fp16 optimizer (deepspeed/runtime/fp16/fused_optimizer.py) keeps 16-bit gradients and makes fp32 ones
+    only in its steps, 4 bytes a parameter: in deepspeed.initialize, zeros for the one step that creates Adam's
+    state (so the states hold 18 bytes a parameter there); in training, each gradient cast to fp32 and those copies
+    flattened into one, twice as much at once, after backward freed the activations. Measured on the H200 (11-30,
+    llama-1b, 1,024 tokens): micro-batch 1 without checkpointing and 16 with it both peaked at 24.06 bytes a
+    parameter allocated, the states' 16 and the step's 8; llama-3b's states (16 bytes a parameter: 44.9 of a 45
+    GiB budget) died in deepspeed.initialize."""
+    if config.zero_stage != 0 or config.precision != "fp16":
+        return 0
+    return 4 * workload.model.params
 
 
 def _attention_bytes(config: Config, m: ModelShape, p: int) -> int:
@@ -336,7 +352,7 @@ def estimate(config: Config, workload: Workload, hardware: Hardware,
     # On CUDA at 16 bits the head's peak also holds its gradient cast back to the training dtype (cuda_memory).
     activations = int((_activation_bytes(config, workload) + logit_gradient_cast_bytes(config, workload, hardware))
                       * calibration.activation_scale)
-    buffers = 0
+    buffers = max(0, 2 * fp16_fp32_gradient_bytes(config, workload) - activations)  # the step's peak above backward's
     if stage == 0 and dp > 1:
         buffers += min(n, STAGE0_ALLREDUCE_BUCKET) * p
     elif stage in (1, 2):

@@ -192,7 +192,7 @@ class Pruner:
         p = (forecast or self.forecast(config)).fit_probability(self.budget_bytes)
         seconds = [part(trial_time(config, self.workload, self.hardware, est.step_time_s, fits=fits,
                                    ops_built=self.ops_used, model=self.trial_time_model, ahead=self.ranks_ahead,
-                                   states_fit=states_fit(est, self.budget_bytes))) for fits in (True, False)]
+                                   states_fit=states_fit(est, self.workload, self.budget_bytes))) for fits in (True, False)]
         return p * seconds[0] + (1 - p) * seconds[1]
 
     def expected_wall_s(self, configs: Iterable[Config], ran: Sequence[TrialResult]) -> float | None:
