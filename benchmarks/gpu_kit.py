@@ -1007,8 +1007,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         recorded = {p.name: recorded_configs(p.path) for p in plans}  # by an earlier call with this --work
         queue = kp.interleave([unrecorded(recording_groups(p, mode.times), recorded[p.name]) for p in plans])
         queue = cap_groups(queue, mode.max_configs)
-        call = kp.plan_call(mode.limit_s, mode.overheads, queue, tune.trial_s,
-                            tune_trials=mode.max_tune_trials or kp.TUNE_TRIALS)
+        call = kp.plan_holding_configs(mode.limit_s, mode.overheads, queue, tune.trial_s,
+                                       tune_trials=mode.max_tune_trials or kp.TUNE_TRIALS)
     except (ConfigError, kp.PlanError) as err:
         print(f"gpu_kit: error: {err}", file=sys.stderr)
         return 2

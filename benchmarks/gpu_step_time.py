@@ -1,6 +1,7 @@
 """Predicted vs measured step time of the real GPU trials committed under benchmarks/gpu-runs/ (three runs on one
 H200), the estimator's raw step time (no calibration: what a search has before its first trial) with and without
-ZeRO's per-micro-step term (Hardware.zero{1,2,3}_micro_step_s, fitted on these trials).
+the terms fitted on these trials: ZeRO's per micro-step (Hardware.zero{1,2,3}_micro_step_s) and parameter offload's
+per step (Hardware.param_offload_step_s).
 
 Trials are read by benchmarks/trial_time.py's loader (each once, as the product reads them, with the workload its
 spec names; KEPT_RECORDS for the one run folder kept without its logs); valid trials with a step time only (status
@@ -28,7 +29,9 @@ from autotune.values.workload import Workload
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "results" / "gpu_step_time.md"
-NO_ZERO_TERM = {"zero1_micro_step_s": 0.0, "zero2_micro_step_s": 0.0, "zero3_micro_step_s": 0.0}
+# The terms fitted on these trials: ZeRO's per micro-step, and parameter offload's per step.
+NO_ZERO_TERM = {"zero1_micro_step_s": 0.0, "zero2_micro_step_s": 0.0, "zero3_micro_step_s": 0.0,
+                "param_offload_step_s": 0.0}
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,7 @@ def error(predicted: float, measured: float) -> float:
 
 
 def summary(trials: Sequence[StepTrial]) -> dict[str, dict[str, float]]:
-    """Per group: trials, median absolute error with and without the ZeRO term."""
+    """Per group: trials, median absolute error with and without the fitted terms."""
     out = {}
     for kind in sorted({t.kind for t in trials}):
         group = [t for t in trials if t.kind == kind]
@@ -83,14 +86,14 @@ def summary(trials: Sequence[StepTrial]) -> dict[str, dict[str, float]]:
 
 
 def table(trials: Sequence[StepTrial]) -> list[str]:
-    lines = ["| run | model | seq | config | micro-steps | measured s | predicted s (no ZeRO term) | predicted s | "
+    lines = ["| run | model | seq | config | micro-steps | measured s | predicted s (no fitted term) | predicted s | "
              "predicted / measured |", "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
     for t in trials:
         w = t.workload
         lines.append(f"| {t.run[5:]} | {w.model.name} | {w.model.seq_len} | {t.config.label()} | "
                      f"{w.grad_accumulation(t.config.micro_batch)} | {t.measured_s:.3f} | {t.predicted_s(False):.3f} | "
                      f"{t.predicted_s():.3f} | {t.predicted_s() / t.measured_s:.2f} |")
-    lines += ["", "| group | trials | median error, no ZeRO term | median error |", "| --- | ---: | ---: | ---: |"]
+    lines += ["", "| group | trials | median error, no fitted term | median error |", "| --- | ---: | ---: | ---: |"]
     for kind, row in summary(trials).items():
         lines.append(f"| {kind} | {row['trials']} | {row['median_error_without']:.0%} | {row['median_error']:.0%} |")
     return lines
@@ -101,10 +104,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     lines = ["# GPU step time: the estimator's raw prediction against the H200 trials", "",
              "`python benchmarks/gpu_step_time.py`: every valid trial of benchmarks/gpu-runs (1 x H200, DeepSpeed "
              "0.19.8, torch 2.11), its median measured step against the `h200` profile's raw step time without and "
-             "with ZeRO's per-micro-step term (Hardware.zero{1,2,3}_micro_step_s, fitted on these trials: the "
-             "ZeRO 1-3 rows are not held out).", "", *table(trials), "",
-             "Not priced yet (too few trials to fit a term): parameters offloaded to the host (2 trials, each 3.5-4.3x "
-             "its prediction), fp32 (1 trial, at micro-batch 1: 0.46x its prediction)."]
+             "with the terms fitted on these trials: ZeRO's per micro-step (Hardware.zero{1,2,3}_micro_step_s) and "
+             "parameter offload's per step (Hardware.param_offload_step_s, on its two trials): the ZeRO 1-3 and "
+             "parameter-offload rows are not held out.", "", *table(trials), "",
+             "Not priced yet (one trial): fp32, at micro-batch 1 0.46x its prediction."]
     text = "\n".join(lines) + "\n"
     print(text)
     OUT.parent.mkdir(parents=True, exist_ok=True)

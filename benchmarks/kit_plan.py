@@ -194,6 +194,19 @@ def plan_call(limit_s: float, overheads: Overheads, queue: Sequence[Group], tune
     return CallPlan(limit_s, tuple(ends), tuple(fill(queue, window)), tune_trials, tune_trial_s, overheads)
 
 
+def plan_holding_configs(limit_s: float, overheads: Overheads, queue: Sequence[Group], tune_trial_s: float,
+                         tune_trials: int = TUNE_TRIALS) -> CallPlan:
+    """plan_call, with tune given a trial fewer (never under MIN_TUNE_TRIALS) while that lets the recording hold
+    MIN_CONFIGS it would not hold otherwise: the recorded configs are the kit's first goal (issue 25)."""
+    plan = plan_call(limit_s, overheads, queue, tune_trial_s, tune_trials)
+    while plan.recording_configs < MIN_CONFIGS and plan.tune_trials > MIN_TUNE_TRIALS:
+        fewer = plan_call(limit_s, overheads, queue, tune_trial_s, plan.tune_trials - 1)
+        if fewer.recording_configs <= plan.recording_configs:
+            break
+        plan = fewer
+    return plan
+
+
 def tune_trials_for(available_s: float, fixed_s: float, trial_s: float) -> int:
     """Trials tune is given for the time it has: what fits, and never fewer than MIN_TUNE_TRIALS (its time
     budget and the deadline end it if they run long)."""

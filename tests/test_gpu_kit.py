@@ -93,6 +93,17 @@ def test_the_plan_holds_the_measured_install_and_start_up_before_the_preflight()
     assert cpu.deadline("install") >= 19.0 * 1.2 and cpu.planned_s("startup") >= 6.0
 
 
+def test_tune_gives_a_trial_to_the_recording_only_where_that_makes_its_ten_configs():
+    """At 5 tune trials of 25 s the window (275 s) holds four pairs of 56 s, 8 configs; at 4 (300 s) five, 10."""
+    queue = groups("a", *[56] * 8)
+    assert kp.plan_call(540, kp.GPU_OVERHEADS, queue, tune_trial_s=25).recording_configs == 8
+    plan = kp.plan_holding_configs(540, kp.GPU_OVERHEADS, queue, tune_trial_s=25)
+    assert plan.recording_configs == kp.MIN_CONFIGS and plan.tune_trials == kp.TUNE_TRIALS - 1
+    # Pairs too long for a trial's seconds to add one: tune keeps its trials.
+    wide = kp.plan_holding_configs(540, kp.GPU_OVERHEADS, groups("a", *[200] * 3), tune_trial_s=25)
+    assert wide.recording_configs == 2 and wide.tune_trials == kp.TUNE_TRIALS
+
+
 def test_the_window_skips_a_pair_that_does_not_fit_for_a_cheaper_one_later():
     queue = groups("a", 100, 300, 50, 40)
     chosen = kp.fill(queue, 200)
@@ -112,11 +123,13 @@ def test_given_h200_trial_estimates_the_plan_holds_ten_configs_over_two_models_a
         plans = k.make_plans(k.GPU_KIT, hardware, Path("/nonexistent"))
         tune = k.make_tune_plan(k.GPU_KIT, hardware)
         queue = kp.interleave([k.recording_groups(p, k.GPU_KIT.times) for p in plans])
-        call = kp.plan_call(k.GPU_KIT.limit_s, k.GPU_KIT.overheads, queue, tune.trial_s)
+        call = kp.plan_holding_configs(k.GPU_KIT.limit_s, k.GPU_KIT.overheads, queue, tune.trial_s)
         assert call.recording_configs >= kp.MIN_CONFIGS, hardware.name
+        assert call.tune_trials >= kp.MIN_TUNE_TRIALS
         assert set(call.models()) == {"llama-1b", "llama-3b"}
         assert call.recording_trials_s <= call.planned_s("recording")
-        assert call.planned_s("tune") >= k.GPU_KIT.overheads.tune_fixed_s + kp.MIN_TUNE_TRIALS * tune.trial_s
+        # (to a microsecond: planned_s is a difference of deadlines)
+        assert call.planned_s("tune") >= k.GPU_KIT.overheads.tune_fixed_s + kp.MIN_TUNE_TRIALS * tune.trial_s - 1e-6
         assert call.deadline("pack") <= 540 - k.GPU_KIT.overheads.margin_s
         assert 0 < tune.fit_share < 1 and tune.budget_bytes < hardware.memory_bytes  # the cliff inside tune's space
 

@@ -408,6 +408,8 @@ def _step_time(config: Config, workload: Workload, hardware: Hardware, calibrati
         # Each micro-step fetches this rank's partition for forward and again for backward.
         link = hardware.host_link_bw if config.offload_param == "cpu" else hardware.nvme_bw / ranks_per_node
         offload += gas * 2 * p * n_local / link
+        if config.offload_param == "cpu" and config.offload_optimizer == "none":
+            offload += hardware.param_offload_step_s * n_local / 1e9  # the step's update copied to the host
     if config.offload_optimizer != "none":
         offload += 2 * p * n_local / hardware.host_link_bw  # gradients down, updated weights up
         if config.offload_optimizer == "nvme":

@@ -62,13 +62,13 @@ _RANGES: dict[str, tuple[Any, Any, str]] = {
     **{key: (lambda v: v >= 0, lambda v: v <= 1, "a number of seconds in [0, 1] (e.g. 1e-5)")
        for key in ("intra_node_latency_s", "inter_node_latency_s")},
     **{key: (lambda v: v >= 0, lambda v: True, "a number of seconds >= 0 (e.g. 0.2)")
-       for key in ("zero1_micro_step_s", "zero2_micro_step_s", "zero3_micro_step_s")},
+       for key in ("zero1_micro_step_s", "zero2_micro_step_s", "zero3_micro_step_s", "param_offload_step_s")},
     "max_efficiency": (lambda v: v > 0, lambda v: v <= 1, "a fraction in (0, 1]"),
     "half_efficiency_tokens": (lambda v: v >= 0, lambda v: True, "a number of tokens >= 0"),
 }
 _FLOAT_KEYS = set(_RANGES) - _INT_KEYS
 _ADDED_KEYS = {"intra_node_latency_s", "inter_node_latency_s",  # keys later than the first run.json files
-               "zero1_micro_step_s", "zero2_micro_step_s", "zero3_micro_step_s"}
+               "zero1_micro_step_s", "zero2_micro_step_s", "zero3_micro_step_s", "param_offload_step_s"}
 
 
 @dataclass(frozen=True)
@@ -101,6 +101,11 @@ class Hardware:
     zero1_micro_step_s: float = 0.0
     zero2_micro_step_s: float = 0.0
     zero3_micro_step_s: float = 0.0
+    # ZeRO-3 with its parameters on the host and its optimizer on the device, per optimizer step, in seconds per 1e9
+    # parameters of a rank's partition: the updated fp32 partition copied into the host's 16-bit one (DeepSpeed's
+    # stage3.py, _reassign_or_swap_out_partitioned_parameters: a device-to-host copy that changes dtype, which torch
+    # makes through an fp32 copy on the host). 0: not measured on this device (as the ZeRO terms).
+    param_offload_step_s: float = 0.0
     # A CPU profile read off the machine it runs on (autotune.trials.devices): "native" or "emulated" bf16 (then
     # peak_flops prices bf16 EMULATED_BF16_SLOWDOWN times below fp32); None: not read (GPUs, the stock profile).
     cpu_bf16: str | None = None
@@ -185,7 +190,10 @@ def _gpu(name: str, memory_gib: int, fp32: float, half: float, bf16: bool, bw: f
 # prediction without it (+0.18 to +0.26 s per micro-step over 4 trials), ZeRO-2's at micro-batch 2 2.4x (+0.079 s;
 # 1 trial), ZeRO-1's 1.3x (+0.017 s; 1 trial), where ZeRO 0's were within 3-26%. The H100 shares the chip's
 # generation and DeepSpeed's code path; no other GPU was measured.
-HOPPER_ZERO = {"zero1_micro_step_s": 0.015, "zero2_micro_step_s": 0.072, "zero3_micro_step_s": 0.2}
+HOPPER_ZERO = {"zero1_micro_step_s": 0.015, "zero2_micro_step_s": 0.072, "zero3_micro_step_s": 0.2,
+               # 11-30: z3 ck1 fp16 with the parameters offloaded at 1 and 2 micro-steps took 3.15 and 3.19 s a step
+               # more than predicted without it (the same at either count: once a step), 1.1e9 parameters on one rank.
+               "param_offload_step_s": 2.9}
 
 PROFILES: dict[str, Hardware] = {
     "v100-32gb": _gpu("v100-32gb", 32, 15.7, 125, False, 900, 12, 130, 6, host_memory_bytes=512 * GiB),
