@@ -190,7 +190,7 @@ def _gpu(name: str, memory_gib: int, fp32: float, half: float, bf16: bool, bw: f
 # prediction without it (+0.18 to +0.26 s per micro-step over 4 trials), ZeRO-2's at micro-batch 2 2.4x (+0.079 s;
 # 1 trial), ZeRO-1's 1.3x (+0.017 s; 1 trial), where ZeRO 0's were within 3-26%. The H100 shares the chip's
 # generation and DeepSpeed's code path; no other GPU was measured.
-HOPPER_ZERO = {"zero1_micro_step_s": 0.015, "zero2_micro_step_s": 0.072, "zero3_micro_step_s": 0.2,
+HOPPER_STEP_TERMS = {"zero1_micro_step_s": 0.015, "zero2_micro_step_s": 0.072, "zero3_micro_step_s": 0.2,
                # 11-30: z3 ck1 fp16 with the parameters offloaded at 1 and 2 micro-steps took 3.15 and 3.19 s a step
                # more than predicted without it (the same at either count: once a step), 1.1e9 parameters on one rank.
                "param_offload_step_s": 2.9}
@@ -200,9 +200,9 @@ PROFILES: dict[str, Hardware] = {
     "a100-40gb": _gpu("a100-40gb", 40, 19.5, 312, True, 1555, 24, 230, 22),
     "a100-80gb": _gpu("a100-80gb", 80, 19.5, 312, True, 2039, 24, 230, 22, host_memory_bytes=2048 * GiB),
     "h100-80gb": _gpu("h100-80gb", 80, 67, 989, True, 3350, 50, 370, 45, host_memory_bytes=2048 * GiB,
-                      cpu_adam_params_per_s=2.0e9, half_efficiency_tokens=2048.0, **HOPPER_ZERO),
+                      cpu_adam_params_per_s=2.0e9, half_efficiency_tokens=2048.0, **HOPPER_STEP_TERMS),
     "h200": _gpu("h200", 140, 67, 989, True, 4800, 50, 370, 45, host_memory_bytes=2048 * GiB,
-                 cpu_adam_params_per_s=2.0e9, half_efficiency_tokens=2048.0, **HOPPER_ZERO),
+                 cpu_adam_params_per_s=2.0e9, half_efficiency_tokens=2048.0, **HOPPER_STEP_TERMS),
     "b200": _gpu("b200", 178, 80, 2250, True, 8000, 50, 700, 45, host_memory_bytes=2048 * GiB,
                  cpu_adam_params_per_s=2.0e9, half_efficiency_tokens=4096.0),
     "l40s": _gpu("l40s", 48, 91.6, 362, True, 864, 24, 24, 12, host_memory_bytes=512 * GiB,
