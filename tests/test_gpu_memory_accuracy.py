@@ -100,7 +100,7 @@ def test_raw_peaks_of_all_valid_trials(trials):
     # 16-bit gradient moved z0 mb16 ck0 from 2.5% to 4.7% over, whose head reserve the model overstates).
     first = _errors([t for t in trials if t.run == "h200-2026-11-26"])
     assert statistics.median(first) <= 0.03 and max(first) <= 0.05
-    # All three runs: 3.3% median. Two trials beyond issue 25's 15%: the only fp32 one, 27% under (its allocated
+    # All three runs: 3.6% median. Two trials beyond issue 25's 15%: the only fp32 one, 27% under (its allocated
     # peak 3.4 GiB above the states and activations predicted: not modeled), and ZeRO-3's fp16 parameter offload at
     # micro-batch 32, 19% over (its reserve predicted twice what it held).
     everything = _errors(trials)
@@ -131,8 +131,8 @@ def test_zero0_fp16_step_is_the_peak_where_backward_holds_less(trials):
 
 
 def test_held_out_trials_within_the_issue_goal(bench, trials):
-    """Issue 40: raw median <= 5% and worst <= 10% on the trials of its runs no term was fitted on; 11-30's trials
-    are held out too but two (test_raw_peaks_of_all_valid_trials)."""
+    """Issue 40: raw median <= 5% and worst <= 10% on the trials of its runs no term was fitted on. 11-30's are held
+    out too, but the two the fp16 step was checked on; two of them are beyond 15% (test_raw_peaks_of_all_valid_trials)."""
     held = bench.held_out(trials)
     issue_40 = [t for t in held if t.run in bench.ISSUE_40_RUNS]
     assert [t.key for t in issue_40] == ["h200-2026-11-27/tune/0001-z2_mb8_ck4_bf16_oo_cpu"]
