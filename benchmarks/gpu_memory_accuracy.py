@@ -129,6 +129,11 @@ class GpuTrial:
         off = norm_upcast_bytes(self.config, self.workload) if self.old_model else 0
         return self.predict().peak_bytes - off
 
+    def raw_allocated_bytes(self) -> int:
+        """The raw prediction's allocated peak: its peak less the allocator's reserve and the memory outside it."""
+        mem = self.predict().memory
+        return self.raw_bytes() - mem.allocator_reserve - mem.outside_allocator
+
 
 @dataclass(frozen=True)
 class Loaded:
@@ -254,10 +259,8 @@ def raw_errors(trials: Sequence[GpuTrial]) -> tuple[float, float]:
 
 def allocated_gap_per_logit(t: GpuTrial) -> float:
     """Measured minus predicted allocated peak, in bytes per logit of a micro-batch (the LM head's unit)."""
-    est = t.predict()
-    predicted = t.raw_bytes() - est.memory.allocator_reserve - est.memory.outside_allocator
     m = t.workload.model
-    return (t.allocated - predicted) / (t.config.micro_batch * m.seq_len * m.vocab)
+    return (t.allocated - t.raw_allocated_bytes()) / (t.config.micro_batch * m.seq_len * m.vocab)
 
 
 def _row(t: GpuTrial, calibrated: dict[str, int], mark: str) -> str:
@@ -265,7 +268,7 @@ def _row(t: GpuTrial, calibrated: dict[str, int], mark: str) -> str:
     est = t.predict()
     mem = est.memory
     raw = t.raw_bytes()
-    alloc_pred = raw - mem.allocator_reserve - mem.outside_allocator
+    alloc_pred = t.raw_allocated_bytes()
     cal = calibrated.get(t.key)
     return (f"| {t.run[5:]} {t.sweep} | {t.workload.model.name} s{t.workload.model.seq_len} | {t.label}{mark} | "
             f"{g(t.peak)} | {g(t.allocated)} / {g(alloc_pred)} | {allocated_gap_per_logit(t):+.2f} | "

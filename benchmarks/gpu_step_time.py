@@ -30,7 +30,7 @@ from autotune.values.workload import Workload
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "results" / "gpu_step_time.md"
 # The terms fitted on these trials: ZeRO's per micro-step, and parameter offload's per step.
-NO_ZERO_TERM = {"zero1_micro_step_s": 0.0, "zero2_micro_step_s": 0.0, "zero3_micro_step_s": 0.0,
+NO_FITTED_TERMS = {"zero1_micro_step_s": 0.0, "zero2_micro_step_s": 0.0, "zero3_micro_step_s": 0.0,
                 "param_offload_step_s": 0.0}
 
 
@@ -49,8 +49,8 @@ class StepTrial:
     def measured_s(self) -> float:
         return float(self.result.step_time_s or 0.0)
 
-    def predicted_s(self, zero_term: bool = True) -> float:
-        hardware = self.hardware if zero_term else self.hardware.with_(**NO_ZERO_TERM)
+    def predicted_s(self, fitted_terms: bool = True) -> float:
+        hardware = self.hardware if fitted_terms else self.hardware.with_(**NO_FITTED_TERMS)
         return estimate(self.config, self.workload, hardware).step_time_s
 
     @property

@@ -191,9 +191,10 @@ def _gpu(name: str, memory_gib: int, fp32: float, half: float, bf16: bool, bw: f
 # 1 trial), ZeRO-1's 1.3x (+0.017 s; 1 trial), where ZeRO 0's were within 3-26%. The H100 shares the chip's
 # generation and DeepSpeed's code path; no other GPU was measured.
 HOPPER_STEP_TERMS = {"zero1_micro_step_s": 0.015, "zero2_micro_step_s": 0.072, "zero3_micro_step_s": 0.2,
-               # 11-30: z3 ck1 fp16 with the parameters offloaded at 1 and 2 micro-steps took 3.15 and 3.19 s a step
-               # more than predicted without it (the same at either count: once a step), 1.1e9 parameters on one rank.
-               "param_offload_step_s": 2.9}
+                     # 11-30: z3 ck1 fp16 with the parameters offloaded at 1 and 2 micro-steps took 3.15 and 3.19 s
+                     # a step more than predicted without it (the same at either count: once a step), 1.1e9
+                     # parameters on one rank.
+                     "param_offload_step_s": 2.9}
 
 PROFILES: dict[str, Hardware] = {
     "v100-32gb": _gpu("v100-32gb", 32, 15.7, 125, False, 900, 12, 130, 6, host_memory_bytes=512 * GiB),
