@@ -5,7 +5,8 @@ Trials take seconds here as they would on a GPU (issue 41, "Measured in seconds"
 - simulated worlds: the distorted simulation (autotune.rl.simulator: a hidden structured distortion of the
   estimator, step-time noise) with GPU-like trial times (the distorted backend's `trial_times`:
   autotune.prediction.trial_time at the config's true step time, `fits` from its true peak, each op's first build
-  once per run, optimizer offload's and ZeRO-3's initialize, fp16's expected skipped warm-up steps; the world's
+  once per run, every trial on ranks started ahead (the run's first: during its op's build), optimizer offload's
+  and ZeRO-3's initialize, fp16's expected skipped warm-up steps; the world's
   noise, 3% or 10%, on the step times and on the trial times alike). Worlds:
   - `held-out GPU`: rl_evaluation's held-out simulated GPU tasks (the test split of the policy's training samplers,
     held-out shapes, budgets and the l4 profile), `held-out CPU` its CPU ones, a fresh distortion per seed;
@@ -313,7 +314,8 @@ def markdown(result: dict) -> str:
              + (". A later part's run replaces an earlier one of the same strategy, world, noise, task and seed."
                 if len(result["parts"]) > 1 else "."), "",
              "Trials take seconds as on a GPU: a simulated trial the trial-time model's wall time "
-             "(autotune.prediction.trial_time at the config's true step time: launch, op load and each op's first "
+             "(autotune.prediction.trial_time at the config's true step time: launch (every trial on ranks started "
+             "ahead, the run's first during its op's build), op load and each op's first "
              "build once per run, model build, deepspeed.initialize with ZeRO-3's and optimizer offload's longer "
              "ones, warm-up with fp16's expected skipped steps, measurement, exit; a config that does not fit dies "
              "in its first step) times the world's noise (the level named, on the step times too); a replayed trial "

@@ -18,8 +18,9 @@ What a result holds:
   (launch, op load, model build, deepspeed.initialize with ZeRO-3's and optimizer offload's longer ones,
   warm-up with fp16's expected skipped steps (none since 11-30), measurement, exit), a config over the budget or the host's
   memory dying in its first step (`fits=False`), the first trial of the run that uses an op (FusedAdam,
-  DeepSpeedCPUAdam) paying its build once, every trial after the run's first on ranks started ahead (its launch
-  a handoff, its initialize without the first call's imports; `import_ahead_s` recorded), and the world's noise on the whole (exp(noise * N(0, 1)), drawn
+  DeepSpeedCPUAdam) paying its build once, every trial after the run's first, and a first one that builds its op, on
+  ranks started ahead (its launch a handoff, its initialize without the first call's imports; `import_ahead_s`
+  recorded), and the world's noise on the whole (exp(noise * N(0, 1)), drawn
   from a stream of its own, so the step-time noise draws are the same with and without it). Off by default:
   tests pin the flat figure, and the environment's reward reads no wall time.
 
@@ -64,8 +65,10 @@ class TrialClock:
     """A simulated world's GPU-like trial times (issue 41), one clock per run: what
     autotune.prediction.trial_time predicts for a config at its true step time, the first trial of the run that
     loads an op paying its build (once per op and run, out of memory or not: the op loads before the model is
-    built), every trial after the run's first on ranks started ahead (`ahead`: as the deepspeed backend's spares
-    run them), and the world's multiplicative noise exp(noise * N(0, 1)) on the whole, from `rng`."""
+    built), every trial after the run's first on ranks started ahead (as the deepspeed backend's spares run them),
+    and the run's first too where it builds its op (the backend starts its ranks while the op builds, `Spares.
+    start_first`: the H200's tune of 2026-11-30, trial 1, imports made 12 s ahead during cpu_adam's build), and the
+    world's multiplicative noise exp(noise * N(0, 1)) on the whole, from `rng`."""
 
     def __init__(self, workload: Workload, hardware: Hardware, noise: float, rng: np.random.Generator,
                  measure: Measure = DEFAULT_MEASURE, model: TrialTimeModel | None = None) -> None:
@@ -84,10 +87,10 @@ class TrialClock:
         other.rng, other.ops_built, other.launched = rng, set(), 0
         return other
 
-    @property
-    def ahead(self) -> bool:
-        """Whether the next trial runs on ranks started ahead: every trial after the run's first."""
-        return self.launched > 0
+    def ahead(self, builds: bool) -> bool:
+        """Whether the next trial runs on ranks started ahead: every trial after the run's first, and one whose op
+        is built first (`builds`)."""
+        return self.launched > 0 or builds
 
     def expected_s(self, config: Config, step_time_s: float, fits: bool, ahead: bool = False) -> float:
         """The trial's predicted seconds with every op built and no noise."""
@@ -103,12 +106,14 @@ class TrialClock:
         """A trial of `config` now: its seconds (expected, on ranks started ahead after the run's first; the op's
         first build if this run has not built it; noise) and what its result records of ranks started ahead, as
         the deepspeed backend's (`import_ahead_s`: the imports made before it, the launch it saves; none for a
-        run's first)."""
-        ahead = self.ahead
+        run's first that builds no op)."""
+        op = op_for(config)
+        builds = op is not None and op not in self.ops_built
+        ahead = self.ahead(builds)
         self.launched += 1
         seconds = self.expected_s(config, step_time_s, fits, ahead)
-        op = op_for(config)
-        if op is not None and op not in self.ops_built:
+        if builds:
+            assert op is not None
             self.ops_built.add(op)
             seconds += self.model.op_build(op)
         if self.noise:
