@@ -66,9 +66,9 @@ class TrialClock:
     autotune.prediction.trial_time predicts for a config at its true step time, the first trial of the run that
     loads an op paying its build (once per op and run, out of memory or not: the op loads before the model is
     built), every trial after the run's first on ranks started ahead (as the deepspeed backend's spares run them),
-    and the run's first too where it builds its op (the backend starts its ranks while the op builds, `Spares.
-    start_first`: the H200's tune of 2026-11-30, trial 1, imports made 12 s ahead during cpu_adam's build), and the
-    world's multiplicative noise exp(noise * N(0, 1)) on the whole, from `rng`."""
+    and the run's first too where it builds its op (the backend starts its ranks while the op builds,
+    `Spares.start_first`: the H200's tune of 2026-11-30, trial 1, imports made 12 s ahead during cpu_adam's build),
+    and the world's multiplicative noise exp(noise * N(0, 1)) on the whole, from `rng`."""
 
     def __init__(self, workload: Workload, hardware: Hardware, noise: float, rng: np.random.Generator,
                  measure: Measure = DEFAULT_MEASURE, model: TrialTimeModel | None = None) -> None:
@@ -103,8 +103,8 @@ class TrialClock:
         return seconds
 
     def launch(self, config: Config, step_time_s: float, fits: bool) -> tuple[float, dict[str, float]]:
-        """A trial of `config` now: its seconds (expected, on ranks started ahead after the run's first; the op's
-        first build if this run has not built it; noise) and what its result records of ranks started ahead, as
+        """A trial of `config` now: its seconds (expected, on ranks started ahead after the run's first or while its
+        op builds; the op's first build if this run has not built it; noise) and what its result records of ranks started ahead, as
         the deepspeed backend's (`import_ahead_s`: the imports made before it, the launch it saves; none for a
         run's first that builds no op)."""
         op = op_for(config)
