@@ -87,11 +87,6 @@ class TrialClock:
         other.rng, other.ops_built, other.launched = rng, set(), 0
         return other
 
-    def ahead(self, builds: bool) -> bool:
-        """Whether the next trial runs on ranks started ahead: every trial after the run's first, and one whose op
-        is built first (`builds`)."""
-        return self.launched > 0 or builds
-
     def expected_s(self, config: Config, step_time_s: float, fits: bool, ahead: bool = False) -> float:
         """The trial's predicted seconds with every op built and no noise."""
         key = (config, fits, ahead)
@@ -104,18 +99,17 @@ class TrialClock:
 
     def launch(self, config: Config, step_time_s: float, fits: bool) -> tuple[float, dict[str, float]]:
         """A trial of `config` now: its seconds (expected, on ranks started ahead after the run's first or while its
-        op builds; the op's first build if this run has not built it; noise) and what its result records of ranks started ahead, as
-        the deepspeed backend's (`import_ahead_s`: the imports made before it, the launch it saves; none for a
-        run's first that builds no op)."""
+        op builds; the op's first build if this run has not built it; noise) and what its result records of ranks
+        started ahead, as the deepspeed backend's (`import_ahead_s`: the imports made before it, the launch it
+        saves; none for a run's first that builds no op)."""
         op = op_for(config)
-        builds = op is not None and op not in self.ops_built
-        ahead = self.ahead(builds)
+        building = op if op is not None and op not in self.ops_built else None
+        ahead = self.launched > 0 or building is not None
         self.launched += 1
         seconds = self.expected_s(config, step_time_s, fits, ahead)
-        if builds:
-            assert op is not None
-            self.ops_built.add(op)
-            seconds += self.model.op_build(op)
+        if building is not None:
+            self.ops_built.add(building)
+            seconds += self.model.op_build(building)
         if self.noise:
             seconds *= math.exp(self.noise * self.rng.standard_normal())
         return seconds, {"import_ahead_s": self.model.launch_s} if ahead else {}
