@@ -188,6 +188,12 @@ def test_cli_refuses_a_missing_script_and_a_model_with_a_script(tmp_path, capsys
     assert err.count("\n") == 0 and "choose one" in err
     assert main(["tune", "--script", str(script), "--script-args", "'unclosed", "--out", str(tmp_path / "r")]) == 2
     assert "--script-args" in capsys.readouterr().err
+    for command in ("tune", "trial"):  # a sequence length the script's own data decide would be ignored
+        where = ["--out", str(tmp_path / "r")] if command == "tune" else [
+            "--run-dir", str(tmp_path / "r"), "--zero-stage", "0", "--micro-batch", "1", "--precision", "fp32"]
+        assert main([command, "--script", str(script), "--seq-len", "512", *where]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and "--seq-len 512 with --script" in err and "allowed: --seq-len with --model" in err
     assert not (tmp_path / "r").exists()
 
 

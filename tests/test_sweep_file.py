@@ -133,7 +133,7 @@ def test_cli_usage_errors(tmp_path, capsys):
     ("stack", "5"), ("allocator", "true"), ("strategy", "5"), ("backend", "[simulated]"), ("trials", "true"),
     ("seed", "1.5"), ("confirm", "true"), ("gpus", "[1]"), ("global_batch", "true"), ("gpus_per_trial", "1.5"),
     ("memory_budget", "true"), ("time_budget", "[1]"), ("train_for", "true"), ("trial_timeout", "{a: 1}"),
-    ("target_gpus", "true"), ("stop_when", "[0.1]"), ("script_args", "'--a b'"),
+    ("target_gpus", "true"), ("stop_when", "[0.1]"), ("script_args", "'--a b'"), ("seq_len", "true"), ("seq_len", "0"),
 ])
 def test_a_wrong_type_for_any_workload_key_is_refused_naming_the_key(tmp_path, key, value):
     """Every key of a workload (in `defaults:` too) refuses a value of the wrong type: none slips through as its str()."""
@@ -151,6 +151,27 @@ def test_a_wrong_type_for_any_workload_key_is_refused_naming_the_key(tmp_path, k
         where = "defaults" if body.startswith("defaults") else "workloads[0]"
         message = str(err.value)
         assert "\n" not in message and message.startswith(f"{path}: {where}.{key}: ") and "allowed" in message, message
+
+
+def test_seq_len_replaces_the_models_as_tunes_flag_and_goes_with_the_model(tmp_path):
+    (tmp_path / "train.py").write_text("")
+    sweep = load_sweep(write(tmp_path, """
+defaults: {model: gpt2-small, seq_len: 512}
+workloads:
+  - {name: a}
+  - {name: b, model: {layers: 2, hidden: 64, heads: 4, vocab: 100, seq_len: 64}, seq_len: 128}
+  - {name: c, model: llama-1b}
+  - {name: d, script: train.py}
+"""))
+    a, b, c, d = sweep.workloads
+    assert a.settings.workload.model.seq_len == 512 and a.settings.workload.model.name == "gpt2-small"
+    assert b.settings.workload.model.seq_len == 128 and c.settings.workload.model.seq_len == 512
+    assert d.tune.script is not None  # its own script replaces the defaults' model and seq_len (REPLACES)
+    path = write(tmp_path, "workloads:\n  - {name: a, script: train.py, seq_len: 256}")
+    with pytest.raises(ConfigError) as err:
+        load_sweep(path)
+    assert str(err.value) == (f"{path}: workloads[0].seq_len: 256: a script brings its model and its sequence length "
+                              "(allowed: seq_len with model)")
 
 
 def test_space_and_other_paths_resolve_from_the_sweep_files_folder(tmp_path, monkeypatch):

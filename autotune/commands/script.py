@@ -45,6 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def script_from(args: argparse.Namespace) -> "Script":
     from autotune.backends.script import Script  # not at import: the CLI builds every command's parser at start
 
+    if getattr(args, "seq_len", None) is not None:  # it would be ignored: the script's own data decide it
+        raise ConfigError(f"--seq-len {args.seq_len} with --script {args.script}: the script brings its model and its "
+                          "sequence length (allowed: --seq-len with --model)")
     if getattr(args, "script_argv", None) is not None:  # after `--`: as the shell split them
         return Script(str(args.script), tuple(args.script_argv))
     try:

@@ -16,15 +16,17 @@ workloads:
     hardware: a100-40gb
     memory_budget: 40GiB
 ```
-Workload keys: name, model, script, script_args, gpus, global_batch, hardware, gpus_per_trial, and every option of
+Workload keys: name, model, seq_len (tokens per sample, as --seq-len: it replaces the model's), script, script_args,
+gpus, global_batch, hardware, gpus_per_trial, and every option of
 `autotune tune` under its flag's name (api.spec_options: memory_budget, strategy, trials, time_budget, backend,
 space, seed, surface, storage, confirm, mlflow_uri, stack, target_gpus, stop_when, train_for, trial_timeout, wandb,
 allocator, policy: an exported policy's folder, relative to this file's folder, for strategy rl or hybrid); `space:`
 may also be written out, a mapping of knob -> list of values as a search-space YAML holds
 (`space: {zero_stage: [1, 2], precision: [bf16]}`). A key whose value is text (a path, a URI, a W&B project) takes a
 string only; a count, size or duration a number or its text, as its flag does. Neither model nor script: the model is
-tiny, as `autotune tune`'s (WorkloadSpec.notes says so). A workload's own `script:` replaces the defaults' `model:`,
-and its own `model:` the defaults' `script:` and `script_args:` (REPLACES); both in one workload is an error.
+tiny, as `autotune tune`'s (WorkloadSpec.notes says so). A workload's own `script:` replaces the defaults' `model:`
+and `seq_len:`, and its own `model:` the defaults' `script:` and `script_args:` (REPLACES); both in one workload is an
+error.
 `concurrency:` (top level): trials in flight at most, over all workloads. Every error names the file, the key
 (`defaults.<key>` for a value the workload takes from defaults), the value and what is allowed. A model the built-in
 trial model does not build (a mixture of experts, multi-head latent attention) is refused with backend deepspeed,
@@ -67,7 +69,7 @@ from autotune.values.models import SHAPE_KEYS, UnknownModel
 from autotune.values.space import Choices, parse_choices
 from autotune.values.workload import PRESETS, ModelShape, Workload, make_workload
 
-WORKLOAD_KEYS = ("name", "model", "script", "script_args", "gpus", "global_batch", "hardware", "gpus_per_trial",
+WORKLOAD_KEYS = ("name", "model", "seq_len", "script", "script_args", "gpus", "global_batch", "hardware", "gpus_per_trial",
                  *(opt.key for _, opt, _ in spec_options()))
 TOP_KEYS = ("defaults", "workloads", "concurrency")
 # A sweep's own defaults where they differ from `autotune tune`'s: many workloads at once, simulated unless asked
@@ -186,7 +188,7 @@ def kept_names(folder: Path) -> tuple[str, ...] | None:
 
 # A workload tunes a model or a script: its own one replaces the other that defaults give, as its own keys replace
 # the defaults' (a script's arguments go with the script).
-REPLACES = {"script": ("model",), "model": ("script", "script_args")}
+REPLACES = {"script": ("model", "seq_len"), "model": ("script", "script_args")}
 
 
 def _taken(defaults: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
@@ -294,6 +296,10 @@ def _workload(entry: dict[str, Any], where: _Where, base: Path) -> WorkloadSpec:
                           "workload that names a script)")
     options = _options(entry, where, base)
     backend = options["backend"]
+    seq_len = parse("seq_len", positive_int, "a positive integer: tokens per sample, as --seq-len")
+    if seq_len is not None and script is not None:
+        raise ConfigError(f"{where.at('seq_len')}: {seq_len}: a script brings its model and its sequence length "
+                          "(allowed: seq_len with model)")
     gpus = parse("gpus", positive_int, "a positive integer")
     global_batch = parse("global_batch", positive_int, "a positive integer")
     gpus_per_trial = parse("gpus_per_trial", positive_int, "a positive integer")
@@ -311,7 +317,8 @@ def _workload(entry: dict[str, Any], where: _Where, base: Path) -> WorkloadSpec:
         if backend == "replay":
             if options.get("surface") is None:
                 raise ConfigError("backend replay needs a surface (a JSONL of measured results)")
-            workload = replay_workload(options["surface"], model if isinstance(model, str) else None, global_batch, gpus)
+            workload = replay_workload(options["surface"], model if isinstance(model, str) else None, global_batch, gpus,
+                                       seq_len)
         elif options.get("surface") is not None:
             raise ConfigError(f"surface is only for backend replay (got backend {backend})")
         if script is not None:
@@ -320,7 +327,7 @@ def _workload(entry: dict[str, Any], where: _Where, base: Path) -> WorkloadSpec:
                                        hardware=hardware, **options)
         else:
             if backend != "replay":
-                workload = _model_workload(model, global_batch, gpus or 1, where.at("model"), base)
+                workload = _model_workload(model, global_batch, gpus or 1, where.at("model"), base, seq_len)
                 if backend == BUILT_IN_TRAINER:  # before any trial launches (the worker would find it unsupported)
                     refuse_untrained(workload.model, f"{where}.model: {short(model)}",
                                      "allowed with backend simulated, or script: your own training script in "
@@ -358,14 +365,15 @@ def _script(entry: dict[str, Any], where: _Where, base: Path) -> tuple[str, tupl
 
 
 def _model_workload(model: Any, global_batch: int | None, gpus: int, key: str,
-                    base: Path | None = None) -> Workload:
+                    base: Path | None = None, seq_len: int | None = None) -> Workload:
     """`model:` as a preset, a Hugging Face config.json or model directory (relative to the sweep file's
     folder), a cached Hub id, a YAML/JSON shape file (autotune.values.models), or a mapping of shape keys; `key`
-    names it in errors (`<file>: workloads[0].model`)."""
+    names it in errors (`<file>: workloads[0].model`); `seq_len` (the workload's own key) replaces the model's."""
     if isinstance(model, str):
         local = base / model if base is not None and model not in PRESETS else None
         try:
-            return make_workload(str(local) if local is not None and exists(local) else model, global_batch, gpus)
+            return make_workload(str(local) if local is not None and exists(local) else model, global_batch, gpus,
+                                 seq_len)
         except UnknownModel:
             raise ConfigError(f"{key}: {short(model)}: {ALLOWED_MODELS}") from None
         except ConfigError as err:
@@ -380,7 +388,7 @@ def _model_workload(model: Any, global_batch: int | None, gpus: int, key: str,
             raise ConfigError(f"{key}: {short(model)}: unknown key {short(unknown[0])}; allowed keys "
                               f"{', '.join(SHAPE_KEYS)}")
         try:
-            return Workload(ModelShape(**shape), global_batch or 32 * gpus, gpus)
+            return make_workload(ModelShape(**shape), global_batch or 32 * gpus, gpus, seq_len)
         except TypeError as err:
             raise ConfigError(f"{key}: {short(model)}: {err}; allowed keys "
                               f"{', '.join(SHAPE_KEYS)}") from None
