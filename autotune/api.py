@@ -44,10 +44,10 @@ from autotune.files import SQLITE_FULL, NoSpaceLeft, disk_full, make_dir, sha256
 from autotune.outputs.handoff import narrow_choices
 from autotune.outputs.launch import ORIGIN_FILE, Origin
 from autotune.values.hardware import Hardware, load_hardware
-from autotune.outputs.report import STOP_FILE, Outputs, OwnWriter, check_not_gone, write_outputs
+from autotune.outputs.report import OUTPUT_FILES, STOP_FILE, Outputs, OwnWriter, check_not_gone, write_outputs
 from autotune.values.results import TrialResult, relabel_note, relabelled
 from autotune.trials.runner import remove_stale_shm_at_start
-from autotune.search.rundir import STUDY, RunDir, RunDirBusy, read_only_named
+from autotune.search.rundir import STUDY, SWEEP_COPY, RunDir, RunDirBusy, read_only_named
 from autotune.values.settings import (DEFAULT_STACK, SETTINGS, STACKS, RunSettings, check_budget, check_stack, is_url,
                                       masked, memory_budget)
 from autotune.prediction.scale import check_target, narrow_choices as narrow_for_target
@@ -1047,12 +1047,25 @@ def check_out(run_dir: RunDir, resume: bool) -> None:
     if holder is not None:
         raise RunDirBusy(f"{run_dir.path} is in use by another tuner (pid {holder}); wait for it to finish or choose "
                          "another --out (`out`)")
+    if os.path.lexists(run_dir.path / SWEEP_COPY):  # `autotune sweep`'s directory: its workloads' folders are inside
+        raise ConfigError(f"{run_dir.path} holds a batch sweep ({SWEEP_COPY}), not a run directory: choose another --out "
+                          "(`out`)")
+    if run_dir.trials_path.exists() and not os.path.lexists(run_dir.settings_path):
+        raise ConfigError(f"{run_dir.path} holds a {run_dir.trials_path.name} but no {SETTINGS} (`autotune trial`'s "
+                          "trials, or a sweep whose settings are gone): no sweep can be resumed or started over there; "
+                          f"choose another --out (`out`), or restore the sweep's {SETTINGS} to resume it")
     if resume and not run_dir.exists():
         raise ConfigError(f"--resume (resume=True): {run_dir.path} holds no sweep to resume (nothing of one was "
                           "recorded there, e.g. one interrupted before it wrote its settings, or a script's interrupted in "
                           "its first trial): run the command without --resume (the call with resume=False)")
     if not resume and holds_trials(run_dir):
         raise already_held(run_dir)
+    if not run_dir.exists():  # a new sweep would replace these, which no sweep of this folder wrote
+        found = [name for name in (*OUTPUT_FILES, run_dir.plots_dir.name, run_dir.logs_dir.name, CALIBRATION_FILE)
+                 if os.path.lexists(run_dir.path / name)]
+        if found:
+            raise ConfigError(f"{run_dir.path} holds {', '.join(found)} but no sweep (no {SETTINGS}): a new sweep "
+                              "would write over them; choose another --out (`out`), or move them")
     if run_dir.exists():  # its trials.jsonl gone while its outputs count trials: not a sweep to start over on them
         check_not_gone(run_dir)
 
@@ -1115,6 +1128,9 @@ def startup_files(run_dir: RunDir, resume: bool) -> set[str]:
     return set(STARTUP_FILES) if resume else {n for n in STARTUP_FILES if (run_dir.path / n).exists()}
 
 
+RESUME_DIFFERENCES_SHOWN = 6  # of a refused resume's differing settings, in its one line
+
+
 def begin(run_dir: RunDir, settings: RunSettings, resume: bool, hint: str = RESUME_HINT,
           budget: dict[str, Any] | None = None) -> None:
     """Write a new sweep's settings, or check that a resumed one is started with the same (under its lock;
@@ -1122,9 +1138,11 @@ def begin(run_dir: RunDir, settings: RunSettings, resume: bool, hint: str = RESU
     recorded once its sweep opened: _Session.hold_and_open)."""
     if resume:
         differences = run_dir.read_settings().differences(settings)
-        if differences:
-            raise ConfigError(f"--resume (resume=True): {run_dir.path} was started with other settings ({'; '.join(differences)}): "
-                              f"{hint}")
+        if differences:  # the first ones name the flag at fault; a knob's values that follow from it, counted
+            shown = "; ".join(differences[:RESUME_DIFFERENCES_SHOWN]) + (
+                f"; and {len(differences) - RESUME_DIFFERENCES_SHOWN} more" if len(differences) > RESUME_DIFFERENCES_SHOWN
+                else "")
+            raise ConfigError(f"--resume (resume=True): {run_dir.path} was started with other settings ({shown}): {hint}")
     else:
         run_dir.write_settings(settings, budget)
     # This session's trials start here: launch.sh, also as `autotune report` writes it elsewhere, gives their environment.

@@ -115,6 +115,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         owner.error("--quiet and --verbose: choose one")
     if script_argv is not None and not getattr(args, "script", None):
         owner.error(f"arguments after --: {' '.join(script_argv) or 'none'}: only with --script (they are the script's)")
+    if vars(args).get("script_args") and not getattr(args, "script", None):
+        owner.error(f"--script-args {args.script_args!r}: only with --script (they are the script's)")
     if script_argv is not None and vars(args).get("script_args"):
         owner.error("--script-args and arguments after --: choose one way to give the script's arguments")
     return args

@@ -47,6 +47,12 @@ def test_bare_autotune_prints_the_commands_and_exits_2(capsys):
     one_line_error(code, err, "autotune", "a command is required: one of estimate, tune,")
 
 
+@pytest.mark.parametrize("command, choices", [("rl", "{train,export}"), ("surface", "{record,show}")])
+def test_a_command_without_its_subcommand_names_the_choices(command, choices, capsys):
+    code, _, err = cli([command], capsys)
+    one_line_error(code, err, f"autotune {command}", f"the following arguments are required: {choices}")
+
+
 def test_version_prints_the_package_version(capsys):
     assert cli(["--version"], capsys) == (0, f"autotune {autotune.__version__}\n", "")
 

@@ -84,7 +84,7 @@ def one_line_error(code, err: str, prog: str, *fragments: str) -> None:
     (["estimate", "--model", "1" * 300], "argument --model: model '111"),  # too long a name for a file: not OSError
     (["estimate", "--hardware", "1" * 300], "argument --hardware:"),
     (["rl", "export", "1" * 300, "--out", "x"], "autotune rl export: error: '111"),
-    (["rl", "export", "nope", "--out", "x"], "autotune rl export: error: 'nope': no such checkpoint"),
+    (["rl", "export", "nope", "--out", "x"], "autotune rl export: error: 'nope': no such checkpoint; allowed a training run's folder (RUN), "),
     (["estimate", "--model", "x\ry\u2028z"], "argument --model: model x\\ry\\u2028z"),  # one line, whatever it holds
 ])
 def test_bad_numbers_are_one_line_exit_2_and_write_nothing(argv, fragment, workdir, capsys):
@@ -171,6 +171,16 @@ def test_files_read_are_checked_before_anything_starts(workdir, capsys):
     code, _, err = cli(["rl", "train", "--out", "p", "--backend", "replay", "--surface", "s.jsonl"], capsys)
     one_line_error(code, err, "autotune rl train", "s.jsonl")
     assert sorted(p.name for p in workdir.iterdir()) == ["a-dir", "s.jsonl"]
+
+
+def test_an_empty_model_or_space_file_is_called_empty_and_a_folder_not_a_hardware_name(workdir, capsys):
+    (workdir / "empty.yaml").write_text("")
+    code, _, err = cli(["estimate", "--model", "empty.yaml"], capsys)
+    one_line_error(code, err, "autotune estimate", "empty.yaml: the file is empty: expected a mapping of model shape keys")
+    code, _, err = cli(["estimate", "--space", "empty.yaml"], capsys)
+    one_line_error(code, err, "autotune estimate", "empty.yaml: empty: expected a mapping of knob -> list of values")
+    code, _, err = cli(["estimate", "--hardware", str(workdir)], capsys)  # a folder: never "unknown hardware"
+    one_line_error(code, err, "autotune estimate", f"hardware {workdir}: not a file; allowed [")
 
 
 # -- output paths ------------------------------------------------------------------------------------------------

@@ -117,6 +117,10 @@ def test_report_json_says_the_repair_on_stderr_and_keeps_stdout_one_document(run
     ("calibration.json", "[1, 2]", ["calibration.json: not a calibration file (expected a JSON object)"]),
     ("calibration.json", '{"memory_scale": "big"}', ["calibration.json: memory_scale: 'big': expected a number"]),
     ("calibration.json", '{"precision_scales": [1]}', ["calibration.json: precision_scales: [1]"]),
+    # another JSON file, or a term misspelt (which would be silently the default): never read as a calibration
+    ("calibration.json", '{"a": 1}', ["calibration.json: not a calibration file: unknown key 'a'; allowed overhead_bytes,"]),
+    ("calibration.json", '{"memory_scal": 1.2}', ["not a calibration file: unknown key 'memory_scal'"]),
+    ("calibration.json", '{}', ["calibration.json: not a calibration file: no key; allowed overhead_bytes,"]),
     ("stop.json", "garbage", ["stop.json: not valid JSON (", "column 1"]),
     ("stop.json", '{"stop_reason": "bogus", "trials": 5}', ["stop.json: stop reason 'bogus': allowed trials"]),
     ("stop.json", '{"stop_reason": "trials", "trials": -1}', ["stop.json: trials: -1: expected a whole number"]),

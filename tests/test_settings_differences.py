@@ -24,3 +24,10 @@ def test_a_space_names_only_the_knobs_that_differ_and_says_when_only_the_order_d
         f"space.micro_batch: recorded {list(choices.micro_batch)}, given [1, 2]",
         f"space.precision: recorded {list(choices.precision)}, given {list(reversed(choices.precision))} "
         "(the same values in another order)"]
+
+
+def test_another_model_or_hardware_is_named_by_its_name_alone():
+    settings = _settings()
+    other = replace(settings, workload=make_workload("gpt2-small", global_batch=8), hardware=PROFILES["a100-80gb"])
+    assert settings.differences(other) == ["workload.model: recorded 'tiny', given 'gpt2-small'",
+                                           "hardware: recorded 'cpu', given 'a100-80gb'"]

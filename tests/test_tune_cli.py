@@ -197,6 +197,13 @@ def test_resume_with_other_settings_is_refused(simulated_run, capsys):
     assert code == 2 and err.count("\n") == 1 and "memory_budget_bytes" in err and "--resume" in err
 
 
+def test_a_resume_with_another_model_says_so_first_and_counts_what_follows(simulated_run, capsys):
+    code, _, err = cli(["tune", "--backend", "simulated", "--model", "gpt2-small", "--out", str(simulated_run),
+                        "--resume"], capsys)
+    assert code == 2 and err.count("\n") == 1 and len(err) < 800, err  # not one key of each setting it implies
+    assert "other settings (workload.model: recorded 'tiny', given 'gpt2-small'; " in err and " more): " in err
+
+
 BAD_FLAGS = [
     (["--trials", "0"], "'0'"),
     (["--trials", "many"], "'many'"),
@@ -218,6 +225,7 @@ BAD_FLAGS = [
     (["--backend", "replay", "--surface", "missing.jsonl"], "missing.jsonl"),
     (["--trails", "3"], "--trails"),
     (["--resume"], "--resume"),
+    (["--script-args", "--steps 5"], "--script-args '--steps 5': only with --script"),  # never silently ignored
 ]
 
 
@@ -238,6 +246,38 @@ def test_an_existing_sweep_is_not_overwritten_without_resume(simulated_run, caps
     code, _, err = cli(["tune", "--backend", "simulated", "--out", str(simulated_run)], capsys)
     assert code == 2 and "already holds a sweep" in err and err.count("\n") == 1
     assert (simulated_run / "trials.jsonl").read_bytes() == before
+
+
+def test_a_folder_a_new_sweep_would_write_over_is_refused_and_left_as_it_was(simulated_run, tmp_path, capsys):
+    """Nothing the user keeps there is replaced: their own report.md, a trials.jsonl without the run.json a sweep
+    resumes from (autotune trial's, or a sweep's whose settings are gone), `autotune sweep`'s directory; nor does a
+    sweep go into a tune run's."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "report.md").write_text("MY NOTES\n")
+    code, _, err = cli(["tune", "--backend", "simulated", "--trials", "2", "--out", str(mine)], capsys)
+    assert code == 2 and err.count("\n") == 1 and "holds report.md but no sweep (no run.json)" in err, err
+    assert sorted(p.name for p in mine.iterdir()) == ["report.md"] and (mine / "report.md").read_text() == "MY NOTES\n"
+
+    orphan = tmp_path / "orphan"
+    shutil.copytree(simulated_run, orphan, ignore=shutil.ignore_patterns("run.json", ".lock"))
+    before = (orphan / "trials.jsonl").read_bytes()
+    for resume in ([], ["--resume"]):  # neither way a dead end: the line says what to do
+        code, _, err = cli(["tune", "--backend", "simulated", "--out", str(orphan), *resume], capsys)
+        assert code == 2 and err.count("\n") == 1 and "holds a trials.jsonl but no run.json" in err, err
+        assert "restore the sweep's run.json to resume it" in err
+    assert (orphan / "trials.jsonl").read_bytes() == before and not (orphan / "run.json").exists()
+
+    swept = tmp_path / "swept"
+    swept.mkdir()
+    (swept / "sweep.yaml").write_text("workloads:\n  - {name: a}\n")
+    code, _, err = cli(["tune", "--backend", "simulated", "--out", str(swept)], capsys)
+    assert code == 2 and err.count("\n") == 1 and "holds a batch sweep (sweep.yaml)" in err, err
+    assert [p.name for p in swept.iterdir()] == ["sweep.yaml"]
+    run_json = (simulated_run / "run.json").read_bytes()
+    code, _, err = cli(["sweep", str(swept / "sweep.yaml"), "--out", str(simulated_run)], capsys)
+    assert code == 2 and err.count("\n") == 1 and "holds an `autotune tune` run (run.json)" in err, err
+    assert (simulated_run / "run.json").read_bytes() == run_json and not (simulated_run / "sweep.yaml").exists()
 
 
 def test_a_resume_of_nothing_says_to_start_without_resume(tmp_path, capsys):

@@ -87,7 +87,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from autotune.rl.train import BACKENDS, TrainSettings
 
     defaults = TrainSettings()
-    sub = parser.add_subparsers(dest="rl_command", required=True, parser_class=type(parser))
+    sub = parser.add_subparsers(dest="rl_command", required=True, parser_class=type(parser),
+                                metavar="{train,export}")  # what a missing one's error names
     train = sub.add_parser("train", help="train a policy with RLlib PPO (resumes the run in --out)",
                            description="Train a policy with RLlib PPO on autotune/DeepSpeedMemory-v0; resumes the run "
                                        "in --out from its last checkpoint.")

@@ -40,7 +40,8 @@ BACKENDS = backend_names(sweep=None, measures=True)  # replay reads a surface; s
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="surface_command", required=True, parser_class=type(parser))
+    sub = parser.add_subparsers(dest="surface_command", required=True, parser_class=type(parser),
+                                metavar="{record,show}")  # what a missing one's error names
     record = sub.add_parser("record", help="run every config of a space and append each result to a JSONL surface")
     add_workload_arguments(record)
     record.add_argument("--out", type=output_file, required=True,

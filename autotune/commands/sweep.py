@@ -4,6 +4,7 @@ directory each, and write the sweep summary (markdown and CSV)."""
 from __future__ import annotations
 
 import argparse
+import os
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,7 +17,7 @@ from autotune.commands.common import add_json_argument, emit_json, json_command
 from autotune.commands.tune import add_tracking_arguments, tracking_uri
 from autotune.outputs import wandb_tracking
 from autotune.drivers.stop import StopReason
-from autotune.search.rundir import SWEEP_COPY, RunDir
+from autotune.search.rundir import SETTINGS, SWEEP_COPY, RunDir
 from autotune.values.units import counted
 
 if TYPE_CHECKING:
@@ -73,6 +74,9 @@ def run(args: argparse.Namespace) -> int:
                     require_here(spec.settings.hardware, spec.settings.workload.gpus, spec.chosen_budget)
                 except ConfigError as err:
                     raise ConfigError(f"{sweep_file.path}: workload {spec.name!r}: {err}") from None
+    if os.path.lexists(out / SETTINGS):
+        raise ConfigError(f"{out} holds an `autotune tune` run ({SETTINGS}), not a sweep directory (one folder per "
+                          "workload): choose another --out")
     check_same_sweep(out, sweep_file, args.resume)
     # A workload's directory with a trial recorded holds the sweep; one interrupted before its first, its settings
     # only, is started over by the same command (api.check_out), and continued by --resume
@@ -82,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"{out} already holds this sweep (workload {busy!r}): pass --resume to continue it, "
                           "or choose another --out")
     if args.resume and not any(RunDir(out / spec.name).exists() for spec in sweep_file.workloads):
-        raise ConfigError(f"--resume: {out} holds no sweep of {sweep_file.path} to resume")
+        raise ConfigError(f"--resume: {out} holds no sweep of {sweep_file.path} to resume: run the command without "
+                          "--resume")
     console = Console(soft_wrap=True)  # one line per event, wrapped by the terminal (COLUMNS where set)
     plans = [spec.plan(out, mlflow, args.wandb) for spec in sweep_file.workloads]
     for spec in sweep_file.workloads:  # what a workload took by default (a model: tiny, as `autotune tune` says)

@@ -612,13 +612,17 @@ def target_table(scaled: ScaleReport | None) -> list[str]:
     return lines + [""]
 
 
+# The files the outputs replace as a set (with plots/): what a new sweep must not find in a folder that holds none.
+OUTPUT_FILES = ("summary.json", "report.md", STOP_FILE, DS_CONFIG, HF_DS_CONFIG, TRAINER_ARGS, ACCELERATE_CONFIG,
+                LAUNCH_FILE)
+
+
 def check_output_paths(run: RunDir) -> None:
     """Refuse, before writing any output, a run directory where an output file is a directory or plots/ is not
     one: the outputs are replaced as a set, never half of them."""
     if run.plots_dir.exists() and not run.plots_dir.is_dir():
         raise ConfigError(f"{run.plots_dir} is not a directory: the report's plots go there (remove or rename it)")
-    for name in ("summary.json", "report.md", STOP_FILE, DS_CONFIG, HF_DS_CONFIG, TRAINER_ARGS, ACCELERATE_CONFIG,
-                 LAUNCH_FILE):
+    for name in OUTPUT_FILES:
         if (run.path / name).is_dir():
             raise ConfigError(f"{run.path / name} is a directory: the report writes a file there (remove or rename it)")
 

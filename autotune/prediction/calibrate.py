@@ -308,10 +308,17 @@ def load_calibration(path: str | Path, workload: Workload | None = None,
     return Calibration(**_terms(data, path))
 
 
+FILE_KEYS = ("workload", "hardware", "fit")  # what a calibration file says it was made for (save_calibration)
+
+
 def _terms(data: dict[str, Any], path: Path) -> dict[str, Any]:
     """The Calibration's terms of a calibration file, each checked (a file's other keys: the workload, hardware and
     fit it was made for); one-line ConfigError for a term that is not what it holds."""
-    known = {f.name for f in fields(Calibration)}
+    known = [f.name for f in fields(Calibration)]
+    unknown = [name for name in data if name not in known and name not in FILE_KEYS]
+    if unknown or not data:  # a typo's term would be silently the default; another JSON file, none of them
+        found = f"unknown key {short(unknown[0])}" if unknown else "no key"
+        raise ConfigError(f"{path}: not a calibration file: {found}; allowed {', '.join(known + list(FILE_KEYS))}")
     terms = {}
     for name, value in data.items():
         if name not in known:

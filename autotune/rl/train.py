@@ -139,7 +139,8 @@ class TrainSettings:
         if not 0 <= self.cpu_share < 1:
             raise ConfigError(f"cpu_share={self.cpu_share!r}: must be in [0, 1)")
         if self.minibatch > self.train_batch:
-            raise ConfigError(f"minibatch={self.minibatch} exceeds train_batch={self.train_batch}")
+            raise ConfigError(f"minibatch={self.minibatch} exceeds train_batch={self.train_batch} (--minibatch, "
+                              "--train-batch): allowed a minibatch of at most the train batch")
         object.__setattr__(self, "surfaces", tuple(str(s) for s in self.surfaces))
         object.__setattr__(self, "memory_budget_bytes", tuple(self.memory_budget_bytes))
         object.__setattr__(self, "hiddens", tuple(int(h) for h in self.hiddens))
@@ -452,6 +453,10 @@ def check_resumable(run: TrainingRun, settings: TrainSettings) -> None:
                           f"use another --out, or the same settings to resume it{unsaved}")
 
 
+# What `rl export` takes, as its errors say.
+CHECKPOINT_FORMS = "allowed a training run's folder (RUN), RUN/checkpoints, RUN/checkpoints/NNNNNN or RUN/checkpoints/latest"
+
+
 def resolve_checkpoint(given: str | Path) -> Path:
     """The checkpoint folder `autotune rl export` exports: `given` itself (RUN/checkpoints/NNNNNN), or the one a
     `latest` pointer names, or the latest of a training run's folder (RUN) or of its `checkpoints` folder.
@@ -469,7 +474,7 @@ def resolve_checkpoint(given: str | Path) -> Path:
             kept = f"its newest {keep}" if keep else "every one"
             hint = (f" ({path.parent} holds {', '.join(held)}: the run keeps {kept}, --keep-checkpoints)"
                     if held else f" ({path.parent} holds no checkpoint)")
-        raise ConfigError(f"{shown(str(path), 200)}: no such checkpoint{hint}")
+        raise ConfigError(f"{shown(str(path), 200)}: no such checkpoint{hint}; {CHECKPOINT_FORMS}")
     if path.is_dir() and path.name == "checkpoints" and (path / "latest").is_file():
         path = path / "latest"
     elif path.is_dir() and (path / "checkpoints").is_dir() and not (path / "learner_group").exists():
@@ -625,7 +630,8 @@ def export_checkpoint(checkpoint: str | Path, folder: str | Path, meta: Mapping[
     checkpoint = resolve_checkpoint(checkpoint)  # a run's folder or its checkpoints/latest: the one it names
     module_dir = checkpoint / "learner_group" / "learner" / "rl_module" / "default_policy"
     if not module_dir.is_dir():
-        raise ConfigError(f"{checkpoint}: not an RLlib algorithm checkpoint of this policy ({module_dir} is missing)")
+        raise ConfigError(f"{checkpoint}: not an RLlib algorithm checkpoint of this policy ({module_dir} is missing); "
+                          f"{CHECKPOINT_FORMS}")
     check_policy_folder(folder)  # never over a run's, a sweep's or anyone's files: they would be replaced
     from ray.rllib.core.rl_module.rl_module import RLModule
 

@@ -296,6 +296,9 @@ def load_hardware(name_or_path: str | Path) -> Hardware:
         what = "not a file" if exists(path) else "no such file"
         raise ConfigError(f"hardware {name_or_path}: {what}; allowed {sorted(PROFILES)} or a YAML file of "
                           "profile keys")
+    if path.suffix not in (".yaml", ".yml") and exists(path) and not is_file(path):
+        raise ConfigError(f"hardware {name_or_path}: not a file; allowed {sorted(PROFILES)} or a YAML "
+                          "file of profile keys")
     if path.suffix not in (".yaml", ".yml"):
         hint = did_you_mean(str(name_or_path), PROFILES)  # h100 -> h100-80gb
         raise ConfigError(

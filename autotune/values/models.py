@@ -149,7 +149,8 @@ def _read_json(path: Path) -> dict[str, Any]:
 def _read_yaml(path: Path) -> dict[str, Any]:
     data = parse_yaml(_text(path), path, "a mapping of model shape keys")  # a key given twice refused too
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping of model shape keys, got {type(data).__name__}")
+        got = "the file is empty" if data is None else f"got {type(data).__name__}"
+        raise ConfigError(f"{path}: {got}: expected a mapping of model shape keys")
     return data
 
 

@@ -175,11 +175,14 @@ class RunSettings:
 
 def differences(recorded: Mapping[str, Any], given: Mapping[str, Any], prefix: str = "") -> list[str]:
     """`key: recorded X, given Y` for every key whose value differs between a recorded run's settings and the
-    ones given now (a mapping inside both: its keys, as `key.inner`). Sizes (keys ending `_bytes`) read as 2 GiB."""
+    ones given now (a mapping inside both: its keys, as `key.inner`; a named one of another name, a model or a
+    hardware profile, by its name alone: the rest follows from it). Sizes (keys ending `_bytes`) read as 2 GiB."""
     out = []
     for key in [*recorded, *(k for k in given if k not in recorded)]:
         a, b = recorded.get(key), given.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):  # the keys that differ (space.precision), not the whole
+        if isinstance(a, dict) and isinstance(b, dict) and "name" in a and "name" in b and a["name"] != b["name"]:
+            out.append(f"{prefix}{key}: recorded {a['name']!r}, given {b['name']!r}")
+        elif isinstance(a, dict) and isinstance(b, dict):  # the keys that differ (space.precision), not the whole
             out += differences(a, b, f"{prefix}{key}.")
         elif a != b:
             # a knob's values in another order: the same configs, proposed in another order (grid, Optuna's indices)

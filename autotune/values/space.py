@@ -255,7 +255,8 @@ def parse_choices(data: Any, source: str = "<space>") -> Choices:
     """Choices from a mapping of knob -> list of values (a search-space YAML's, a run.json's `space`); ConfigError naming
     `source` and the first value not allowed."""
     if not isinstance(data, dict):
-        raise ConfigError(f"{source}: expected a mapping of knob -> list of values, got {type(data).__name__}")
+        got = "empty" if data is None else f"got {type(data).__name__}"
+        raise ConfigError(f"{source}: {got}: expected a mapping of knob -> list of values")
     unknown = set(data) - set(KNOBS) - {"nvme_path"}
     if unknown:
         key = sorted(unknown, key=str)[0]
