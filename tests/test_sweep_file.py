@@ -245,3 +245,14 @@ def test_docs_ray_md_says_the_sweep_files_defaults_concurrency_and_relative_path
                  "`--wandb PROJECT`"):
         assert said in paragraph, said
     assert "(`script:`, `space:`, `surface:`, `policy:`, a hardware or model YAML) are relative to the sweep file's folder" in paragraph
+
+
+def test_report_of_a_sweep_directory_whose_workloads_recorded_nothing_is_one_line(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    out.mkdir()
+    (out / "sweep.yaml").write_text("workloads:\n  - {name: a}\n  - {name: b}\n")
+    code = main(["report", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"{out}: a sweep directory whose workloads (a, b) recorded nothing: no summary to write" in err
+    assert sorted(p.name for p in out.iterdir()) == ["sweep.yaml"]

@@ -91,13 +91,13 @@ def _sweep(args: argparse.Namespace, out: Path) -> int:
 
     names = kept_names(out) or ()
     recorded = [name for name in names if RunDir(out / name).exists()]
+    if not recorded:  # one line, not one per workload before it
+        raise ConfigError(f"{out}: a sweep directory whose workloads ({', '.join(names)}) recorded nothing: no summary "
+                          "to write")
     for name in names:
         if name not in recorded:
             print(f"{name}: nothing recorded in {out / name} (interrupted before its settings were written): not in "
                   "the summary", file=sys.stderr)
-    if not recorded:
-        raise ConfigError(f"{out}: a sweep directory whose workloads ({', '.join(names)}) recorded nothing: no summary "
-                          "to write")
     rows = sweep_rows(out, recorded)
     write_summary(out, rows)
     if args.json:
