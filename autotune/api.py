@@ -1060,8 +1060,9 @@ def check_out(run_dir: RunDir, resume: bool) -> None:
                           "its first trial): run the command without --resume (the call with resume=False)")
     if not resume and holds_trials(run_dir):
         raise already_held(run_dir)
-    if not run_dir.exists():  # a new sweep would replace these, which no sweep of this folder wrote
-        found = [name for name in (*OUTPUT_FILES, run_dir.plots_dir.name, run_dir.logs_dir.name, CALIBRATION_FILE)
+    if not run_dir.exists():  # a new sweep would replace these, which no sweep of this folder wrote (logs/ it adds to:
+        # a sweep that failed before its first trial leaves its error log or op build's there for the corrected command)
+        found = [name for name in (*OUTPUT_FILES, run_dir.plots_dir.name, CALIBRATION_FILE)
                  if os.path.lexists(run_dir.path / name)]
         if found:
             raise ConfigError(f"{run_dir.path} holds {', '.join(found)} but no sweep (no {SETTINGS}): a new sweep "

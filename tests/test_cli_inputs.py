@@ -128,6 +128,8 @@ def test_a_new_sweep_that_fails_before_its_first_trial_leaves_no_sweep_behind(wo
     code, _, err = cli(FAST_TUNE + ["--out", "run"], capsys)
     one_line_error(code, err, "autotune tune", "cannot connect to Ray")
     assert sorted(p.name for p in (workdir / "run").iterdir()) == [".lock"]  # no run.json, no study.db
+    (workdir / "run" / "logs").mkdir()  # what a failed op build or an internal error leaves: the corrected command adds to it
+    (workdir / "run" / "logs" / "preflight.stderr").write_text("error: ...\n")
     monkeypatch.setattr(tune_command, "open_sweep", real_open_sweep)
     code, _, err = cli(FAST_TUNE + ["--out", "run"], capsys)
     assert code == 0, err
