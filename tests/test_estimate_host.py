@@ -15,6 +15,7 @@ from autotune.search.pruning import Pruner, cause_of
 from autotune.search_spaces import space_for
 from autotune.values.config import Config
 from autotune.values.hardware import load_hardware
+from autotune.values.dsconfig import DsOptions, ds_config
 from autotune.values.results import HOST_MEMORY
 
 # A user's command: 28 configs fit 40 GiB per device, all with offloaded state over the profile's 1 TiB of host memory.
@@ -133,4 +134,9 @@ def test_nvme_offload_prices_the_pinned_buffers_deepspeed_allocates_per_rank(gpu
     optimizer = estimate(Config(3, 1, 1, "bf16", "nvme"), workload, hardware).host_bytes
     both = estimate(Config(3, 1, 1, "bf16", "nvme", "nvme"), workload, hardware).host_bytes
     assert optimizer == 4 * min(10**9, n_local) * 4
-    assert both - optimizer == 5 * 10**8 * 2
+    # buffer_size: DeepSpeed's 1e8 elements, or the largest parameter's partition (the 32000 x 4096 embedding) on one
+    # rank, where 1e8 would fail zero.Init's "More elements ... than buffer size"; the config writes the same number
+    ds = ds_config(Config(3, 1, 1, "bf16", "nvme", "nvme"), workload, DsOptions(nvme_path="/nvme"))
+    buffer = 32000 * 4096 if gpus == 1 else 10**8
+    assert ds["zero_optimization"]["offload_param"]["buffer_size"] == buffer
+    assert both - optimizer == 5 * buffer * 2

@@ -5,10 +5,12 @@ Stacks (`--stack`, `TuneSpec.stack`):
 - `deepspeed`: the user's own loop around `deepspeed.initialize`; every knob applies (activation
   checkpointing in segments of k layers is the model's code: `checkpoint_code`).
 - `trainer`: the Hugging Face Trainer. Its `activation_checkpointing` (`gradient_checkpointing` before
-  transformers 5.x; the key follows the installed version: `checkpointing_key`) is on/off (every layer or none),
-  so the space keeps ckpt_interval 0 and 1 only.
+  transformers 5.x; the key follows the installed version: `checkpointing_key`) checkpoints every layer or none,
+  so the space keeps ckpt_interval 0 and 1 only. (transformers 5.x's `every_n_layers` checkpoints one layer in n
+  and keeps the others' activations whole: another trade than segments of k layers, not tuned here.)
 - `accelerate`: Accelerate's DeepSpeed integration; checkpointing is the model's
-  `activation_checkpointing_enable()` (`gradient_checkpointing_enable()` before transformers 5.x), on/off as well.
+  `activation_checkpointing_enable()` (`gradient_checkpointing_enable()` before transformers 5.x), every layer or
+  none as well.
 
 Files (all in the run directory): `best_ds_config.json` (complete, for `deepspeed.initialize`),
 `best_hf_ds_config.json` ("auto" only for the recipe's learning rate, weight decay and clipping:
@@ -227,7 +229,8 @@ class Handoff:
         if k <= 1:
             return None
         return (f"ckpt_interval {k} is applied in the model's code ({see}); the Trainer's and Accelerate's "
-                "on/off gradient checkpointing checkpoints every layer instead (less memory, slower than measured): "
+                "gradient checkpointing checkpoints every layer instead (less memory, slower than measured; their "
+                "every_n_layers is another scheme, one layer in n): "
                 "tune with --stack trainer or --stack accelerate for a recommendation they apply as measured")
 
     def markdown(self) -> list[str]:

@@ -40,7 +40,7 @@ from autotune.prediction.cuda_memory import (allocator_reserve_bytes, logit_grad
                                              outside_allocator_bytes,
                                              zero3_live_params_bytes, zero3_step_allocated_bytes)
 from autotune.prediction.trial_time import DEFAULT_MEASURE, Measure, TrialTime, TrialTimeModel, trial_time
-from autotune.values.dsconfig import NVME_OPTIMIZER_BUFFERS, NVME_PARAM_BUFFER_ELEMENTS, NVME_PARAM_BUFFERS, Buckets
+from autotune.values.dsconfig import NVME_OPTIMIZER_BUFFERS, NVME_PARAM_BUFFERS, Buckets, nvme_param_buffer_elements
 from autotune.values.hardware import Hardware
 from autotune.values.workload import ModelShape, Workload
 
@@ -341,7 +341,7 @@ def estimate(config: Config, workload: Workload, hardware: Hardware,
             nvme += weights
             # Pinned swap buffers, per rank whatever the ranks: buffer_count x buffer_size in the training dtype
             # (partitioned_param_swapper.py).
-            host_weights += NVME_PARAM_BUFFERS * NVME_PARAM_BUFFER_ELEMENTS * p
+            host_weights += NVME_PARAM_BUFFERS * nvme_param_buffer_elements(workload) * p
         else:
             host_weights += weights
         weights = 0

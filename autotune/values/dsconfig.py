@@ -46,21 +46,29 @@ class Buckets:
 
 
 # NVMe offload's pinned host buffers (DeepSpeed's swappers): the optimizer's `buffer_count` buffers of its largest
-# sub-group partition in fp32; the parameters' `buffer_count` buffers of `buffer_size` elements. The estimator prices
-# these very numbers (autotune.prediction.estimate).
+# sub-group partition in fp32; the parameters' `buffer_count` buffers of `buffer_size` elements
+# (nvme_param_buffer_elements). The estimator prices these very numbers (autotune.prediction.estimate).
 NVME_OPTIMIZER_BUFFERS = 4
 NVME_PARAM_BUFFERS = 5
-NVME_PARAM_BUFFER_ELEMENTS = 10**8
+NVME_PARAM_BUFFER_ELEMENTS = 10**8  # DeepSpeed's default buffer_size
 
 
-def _offload(device: str, nvme_path: str | None, *, param: bool) -> dict[str, Any]:
+def nvme_param_buffer_elements(workload: Workload) -> int:
+    """The parameters' swap buffer: DeepSpeed holds each parameter's partition in one (zero.Init asserts it fits:
+    partitioned_param_swapper.get_buffer, "More elements ... than buffer size"), so its default 1e8 elements, or the
+    largest parameter's partition where that is more (llama-13b's embedding on one rank: 1.6e8)."""
+    return max(NVME_PARAM_BUFFER_ELEMENTS, -(-workload.model.largest_module_params // workload.gpus))
+
+
+def _offload(device: str, nvme_path: str | None, param_buffer: int | None = None) -> dict[str, Any]:
+    """An offload section; `param_buffer`: the parameters' swap buffer in elements (None: the optimizer's)."""
     if device == "cpu":
         return {"device": "cpu", "pin_memory": True}
     if not nvme_path:
         raise ConfigError("NVMe offload needs an nvme_path")
     section: dict[str, Any] = {"device": "nvme", "nvme_path": nvme_path, "pin_memory": True}
-    section.update({"buffer_count": NVME_PARAM_BUFFERS, "buffer_size": NVME_PARAM_BUFFER_ELEMENTS, "max_in_cpu": 10**9}
-                   if param else {"buffer_count": NVME_OPTIMIZER_BUFFERS})
+    section.update({"buffer_count": NVME_PARAM_BUFFERS, "buffer_size": param_buffer, "max_in_cpu": 10**9}
+                   if param_buffer is not None else {"buffer_count": NVME_OPTIMIZER_BUFFERS})
     return section
 
 
@@ -80,9 +88,9 @@ def zero_section(config: Config, workload: Workload, options: DsOptions) -> dict
                      "stage3_max_reuse_distance": buckets.max_live_parameters,
                      "sub_group_size": buckets.sub_group})
     if config.offload_optimizer != "none":
-        zero["offload_optimizer"] = _offload(config.offload_optimizer, options.nvme_path, param=False)
+        zero["offload_optimizer"] = _offload(config.offload_optimizer, options.nvme_path)
     if config.offload_param != "none":
-        zero["offload_param"] = _offload(config.offload_param, options.nvme_path, param=True)
+        zero["offload_param"] = _offload(config.offload_param, options.nvme_path, nvme_param_buffer_elements(workload))
     return zero
 
 
