@@ -355,6 +355,22 @@ def test_launch_file_of_a_gpu_job_over_several_machines(tmp_path, monkeypatch):
     assert "export DS_ACCELERATOR=cuda" in text and "export OMP_NUM_THREADS=3" in text
     assert "exec torchrun --nnodes 2 --nproc_per_node 8 --node_rank \"${NODE_RANK:?" in text
     assert "exec deepspeed --num_nodes 2 --num_gpus 8 --hostfile \"${HOSTFILE:?" in text and "on 2 machines of 8" in text
+    # DeepSpeed's launcher forwards to the other machines only a few prefixes and a .deepspeed_env's lines: the
+    # settings go into the file DS_ENV_FILE names, after the user's own lines. Run with a stand-in `deepspeed`.
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "deepspeed").write_text('#!/bin/sh\necho "$*"; cat "$DS_ENV_FILE"\n')
+    (fake / "deepspeed").chmod(0o755)
+    path = tmp_path / "launch-here.sh"
+    path.write_text("\n".join(f'export PATH={fake}:"$PATH"' if line.startswith("export PATH=") else line
+                              for line in text.splitlines()) + "\n")
+    (tmp_path / ".deepspeed_env").write_text("MY_SETTING=1")  # no final newline: still a line of its own
+    ran = subprocess.run(["bash", str(path), "deepspeed", "train.py", "--epochs", "1"], cwd=tmp_path, text=True,
+                         capture_output=True, env={**os.environ, "HOME": str(tmp_path / "home"), "HOSTFILE": "hosts"})
+    assert ran.returncode == 0, ran.stderr
+    args, *forwarded = ran.stdout.splitlines()
+    assert args == "--num_nodes 2 --num_gpus 8 --hostfile hosts train.py --epochs 1"
+    assert forwarded[0] == "MY_SETTING=1" and "DS_ACCELERATOR=cuda" in forwarded and "OMP_NUM_THREADS=3" in forwarded
 
 
 def test_launch_file_of_a_cpu_job_keeps_every_rank_on_this_machine(tmp_path):

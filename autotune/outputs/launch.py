@@ -234,10 +234,22 @@ class Launch:
         if self.program:  # script mode: the tuned script's own command unless another is given
             lines += [f"[ $# -gt 0 ] || set -- {self.train()}"]
         lines += ['set -- ${options[@]+"${options[@]}"} "$@"', 'case "$launcher" in']
-        lines += [f'  {name}) exec {form} "$@" ;;' for name, form in self.launchers().items()]
+        lines += [f'  {name}) {self._forwarded() if name == "deepspeed" else ""}exec {form} "$@" ;;'
+                  for name, form in self.launchers().items()]
         lines += [f'  *) echo "usage: bash $0 {"|".join(self.launchers())} train.py [arguments]" >&2; exit 2 ;;',
                   "esac"]
         return "\n".join(lines) + "\n"
+
+    def _forwarded(self) -> str:
+        """Over several machines, DeepSpeed's launcher starts the others' ranks over ssh with only the variables of
+        a few prefixes (its runner's EXPORT_ENVS: MLFLOW, PYTHON, MV2, UCX, NCCL) and those of a `.deepspeed_env` (in
+        ~ and ., or the file DS_ENV_FILE names): so the exported settings go into such a file, after the user's own
+        .deepspeed_env lines, and DS_ENV_FILE names it (shell text before the launcher; '' on one machine)."""
+        if self.nodes == 1 or not self.exported():
+            return ""
+        lines = " ".join(shlex.quote(f"{s.name}={s.value}") for s in self.exported())
+        return ('env_file="$(mktemp)"; { for f in ~/.deepspeed_env ./.deepspeed_env; do [ ! -f "$f" ] || awk NF "$f"; '
+                f"done; printf '%s\\n' {lines}; }} > \"$env_file\"; export DS_ENV_FILE=\"$env_file\"; ")
 
     def _notes(self) -> list[str]:
         notes = []
@@ -250,7 +262,8 @@ class Launch:
                      "--no_local_rank ...` if it takes none.")
         if self.nodes > 1:
             notes.append("# Several machines: torchrun on each (NODE_RANK, MASTER_ADDR); DeepSpeed's launcher on "
-                         "machine 0 starts the others over ssh with the variables named in ./.deepspeed_env.")
+                         "machine 0 starts the others over ssh, with the settings below written to the file DS_ENV_FILE "
+                         "names (after your ~/.deepspeed_env and ./.deepspeed_env lines).")
             if self.nodes * self.per_node != self.processes:
                 notes.append(f"# {self.processes} processes do not split evenly over {self.nodes} machines: "
                              "the launchers start the same number on each.")
