@@ -140,3 +140,15 @@ def test_nvme_offload_prices_the_pinned_buffers_deepspeed_allocates_per_rank(gpu
     buffer = 32000 * 4096 if gpus == 1 else 10**8
     assert ds["zero_optimization"]["offload_param"]["buffer_size"] == buffer
     assert both - optimizer == 5 * buffer * 2
+
+
+@pytest.mark.parametrize("hardware, budget, said", [("a100-40gb", [], True), ("a100-40gb", ["--memory-budget", "39GiB"], False),
+                                                    ("cpu", [], False)])
+def test_a_named_gpu_profiles_default_budget_says_it_is_the_size_sold(hardware, budget, said, capsys):
+    """The profile carries the size the device is sold as (40 GiB), a little over what CUDA exposes of it: a default
+    budget from it says so, in the console and in --json; a chosen budget, or the cpu profile, says nothing."""
+    line = f"memory budget: the {hardware} profile's 40 GiB, the size the device is sold as; CUDA exposes a little less"
+    assert main(["estimate", "--model", "gpt2-small", "--hardware", hardware, "--top", "1", *budget]) == 0
+    assert (line in capsys.readouterr().out) == said
+    assert main(["estimate", "--model", "gpt2-small", "--hardware", hardware, "--top", "1", "--json", *budget]) == 0
+    assert json.loads(capsys.readouterr().out).get("budget_note", "").startswith(line) == said

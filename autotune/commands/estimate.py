@@ -20,7 +20,7 @@ from autotune.values.allocator import describe as describe_allocator
 from autotune.commands.common import (add_json_argument, add_workload_arguments, emit_json, json_command, positive_int,
                                       size, space_from, target_from)
 from autotune.prediction.estimate import MEMORY_TERMS, Calibration, Estimate, host_need_bytes, over_host_memory
-from autotune.values.hardware import Hardware
+from autotune.values.hardware import Hardware, sold_size_note
 from autotune.search.pruning import Pruner
 from autotune.prediction.ranking import Ranking, rank_configs
 from autotune.search_spaces import space_note
@@ -50,16 +50,19 @@ def run(args: argparse.Namespace) -> int:
     space = space_from(args, workload, hardware)
     ranking = rank_configs(space, budget, pruner.calibration if pruner else Calibration())
     note = space_note(hardware, space.choices)
+    sold = sold_size_note(hardware) if args.memory_budget is None else None
     if args.json:
         out = as_json(ranking, hardware, args.top, pruner)
         if target.machine is not None:
             out["detected"] = {"machine": target.machine.describe(), "hardware": hardware.to_dict()}
         if note is not None:
             out["note"] = note
+        if sold is not None:
+            out["budget_note"] = sold
         emit_json(args, out)
     else:
         console = Console()  # the terminal's width (COLUMNS where set): a narrow one folds the table's columns
-        for line in () if getattr(args, "quiet", False) else (target.detected(), note):  # notes; the tables: results
+        for line in () if getattr(args, "quiet", False) else (target.detected(), note, sold):  # notes; tables: results
             if line:
                 console.print(line, soft_wrap=True)  # prose: one line each, the terminal folds it
         show(ranking, hardware, args.top, pruner, console)

@@ -34,7 +34,7 @@ from autotune.outputs import tracking, wandb_tracking
 from autotune.values.units import counted, format_size
 from autotune.values.ds_autotuning import read_autotuning
 from autotune.files import load_json
-from autotune.values.hardware import Hardware
+from autotune.values.hardware import Hardware, sold_size_note
 from autotune.values.models import load_model
 
 if TYPE_CHECKING:
@@ -171,6 +171,8 @@ def run(args: argparse.Namespace) -> int:
     spec = script_spec_from(args) if args.script else spec_from(args)
     ray = ray_options(args)
     notes = ([DEFAULT_MODEL_NOTE] if defaulted else []) + getattr(args, "_notes", [])
+    sold = sold_size_note(spec.hardware) if isinstance(spec.hardware, Hardware) and args.memory_budget is None else None
+    notes += [sold] if sold and not args.resume else []
     progress = TuneConsole(args, spec.trials, notes, spec.time_budget_s)
     with stop_signals_as_interrupt():
         try:

@@ -17,7 +17,7 @@ from autotune.values.argtypes import given_path
 from autotune.values.config import PRECISIONS, ConfigError
 from autotune.files import exists, is_file, load_yaml, short
 from autotune.values.models import did_you_mean
-from autotune.values.units import parse_size
+from autotune.values.units import format_size, parse_size
 
 GB = 10**9
 GiB = 2**30
@@ -323,3 +323,14 @@ def load_hardware(name_or_path: str | Path) -> Hardware:
     base.update(data)
     base.setdefault("name", path.stem)
     return hardware_from_dict(base, str(path))
+
+
+def sold_size_note(hardware: Hardware) -> str | None:
+    """The line a default budget gets from a named GPU profile taken as it is (not `--hardware auto`'s device, whose
+    memory is what CUDA exposes): the profile carries the size the device is sold as, a little more than CUDA
+    exposes of it (an "80 GB" device about 79.2 GiB, docs/estimate.md), so a recommendation near it may not fit."""
+    if hardware.is_cpu or PROFILES.get(hardware.name) != hardware:
+        return None
+    return (f"memory budget: the {hardware.name} profile's {format_size(hardware.memory_bytes)}, the size the device is "
+            'sold as; CUDA exposes a little less of it (an "80 GB" device about 79.2 GiB): --memory-budget at the '
+            "device's own figure, or --hardware auto on it, for a recommendation that fits it")
