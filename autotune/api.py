@@ -538,8 +538,6 @@ def tune(spec: TuneSpec, out: str | Path | None = None, *, resume: bool = False,
         raise ConfigError(f"spec {short(spec)}: allowed a TuneSpec, e.g. autotune.TuneSpec(autotune.make_workload("
                           "'tiny'), 'cpu', backend='simulated')")
     out = check_out_arg(out)
-    if not isinstance(resume, bool):
-        raise ConfigError(f"resume {short(resume)}: allowed True (continue the sweep in `out`) or False")
     if executor is not None:
         from autotune.drivers.ray import RayOptions
 
@@ -609,6 +607,10 @@ class Plan:
     resolved: Resolved | None = None
     gpus_per_trial: int | None = None
     tracking_name: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.resume, bool):  # "no" is a true string: it would resume
+            raise ConfigError(f"resume {short(self.resume)}: allowed True (continue the sweep in `out`) or False")
 
 
 @optuna_warnings_only()
@@ -1031,7 +1033,10 @@ def default_run_dir(name: str, strategy: str, taken: Collection[Path] = ()) -> P
     the same call took it (`taken`), the first of <...>-2, <...>-3, ... that is free."""
     # One folder under runs/ whatever the names hold: a user strategy's name is the user's to choose ("a/../../x").
     strategy = re.sub(r"[/\\\x00]+", "-", strategy)
-    base = Path("runs") / f"{name.replace('/', '--')}-{strategy}-{datetime.now():%Y%m%d-%H%M%S}"
+    # Within a file name's 255 bytes however long the names (the time and a -N suffix after them).
+    model, strategy = (part.encode()[:limit].decode(errors="ignore")
+                       for part, limit in ((name.replace("/", "--"), 128), (strategy, 96)))
+    base = Path("runs") / f"{model}-{strategy}-{datetime.now():%Y%m%d-%H%M%S}"
     path, n = base, 1
     while os.path.lexists(path) or path in taken:
         n += 1

@@ -385,3 +385,39 @@ def test_no_connection_to_the_study_is_left_open_after_tune_returns(tmp_path):
     fds = Path("/proc/self/fd")
     held = [os.readlink(fd) for fd in fds.iterdir() if os.path.exists(fd)]
     assert not [path for path in held if path.startswith(str(out))], held
+
+
+# -- the Python door's inputs a notebook user gets wrong (a review of 190: each one line, nothing written) ------
+
+TINY = autotune.make_workload("tiny")
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: autotune.predict(Config(0, 1, 0, "fp16"), TINY, "cpu"), "config z0 mb1 ck0 fp16: precision fp16 is not supported"),
+    (lambda: autotune.predict(Config(0, 1, 0, "bf16", offload_param="cpu"), TINY, "cpu"), "offload_param needs zero_stage 3"),
+    (lambda: autotune.predict(Config(0, 3, 0, "bf16"), TINY, "cpu"), "is not a multiple of micro_batch 3"),
+    (lambda: autotune.predict(Config(0, 1, 99, "bf16"), TINY, "cpu"), "ckpt_interval 99 exceeds the model's 4 layers"),
+    (lambda: autotune.Space(autotune.Choices(), "tiny", autotune.load_hardware("cpu")), "Space workload 'tiny': allowed a Workload"),
+    (lambda: autotune.Space(autotune.Choices(), TINY, "cpu"), "Space hardware 'cpu': allowed a Hardware"),
+    (lambda: autotune.Space({"zero_stage": [0]}, TINY, autotune.load_hardware("cpu")), "Space choices {'zero_stage': [0]}: allowed a Choices"),
+    (lambda: Config.from_dict(5), "config 5: allowed an object of its knobs"),
+    (lambda: Config.from_dict([1, 2]), "config [1, 2]: allowed an object of its knobs"),
+    (lambda: Config.from_json("{zero"), "config '{zero': not JSON ("),
+    (lambda: autotune.Plan(spec(), "out", "no"), "resume 'no': allowed True (continue the sweep in `out`) or False"),
+    (lambda: autotune.tune(spec(memory_budget_bytes=10**30)), "memory budget 1000000000000000000000000000000: too large: allowed 1 B to 1024 TiB"),
+])
+def test_a_bad_library_input_is_one_config_error_naming_it(call, words, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as err:
+        call()
+    assert words in str(err.value) and "\n" not in str(err.value), err.value
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_numpy_integers_make_the_same_config_and_a_long_strategy_name_a_folder_that_can_exist():
+    import numpy  # torch's dependency: always here
+
+    made = Config(numpy.int64(0), numpy.int64(2), 0, "bf16")
+    assert made == Config(0, 2, 0, "bf16") and type(made.micro_batch) is int and json.loads(made.to_json())["micro_batch"] == 2
+    folder = api.default_run_dir("org/" + "m" * 300, "é" * 5000)
+    assert len(folder.name.encode()) <= 255 - len("-99") and folder.name.startswith("org--mmm")

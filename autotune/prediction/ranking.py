@@ -14,7 +14,7 @@ from autotune.prediction.estimate import Calibration, Estimate, estimate
 from autotune.values.argtypes import given_path, whole
 from autotune.values.config import Config, ConfigError
 from autotune.values.hardware import Hardware, load_hardware
-from autotune.values.space import Choices, Space
+from autotune.values.space import Choices, Space, invalid_reason
 from autotune.values.units import parse_size
 from autotune.values.workload import Workload
 
@@ -65,7 +65,12 @@ def predict(config: Config | Mapping[str, Any], workload: Workload, hardware: Ha
     if not isinstance(workload, Workload):
         raise ConfigError(f"workload {short(workload)}: allowed a Workload, e.g. autotune.make_workload('llama-7b', "
                           "global_batch=256, gpus=8)")
-    return estimate(config, workload, hardware_of(hardware), _calibration(calibration))
+    hardware = hardware_of(hardware)
+    # A config that cannot run has no figures to give (no nvme_path is needed to price NVMe offload)
+    reason = invalid_reason(config, workload, hardware, nvme_path="any")
+    if reason is not None:
+        raise ConfigError(f"config {config.label()}: {reason}")
+    return estimate(config, workload, hardware, _calibration(calibration))
 
 
 def hardware_of(hardware: Any) -> Hardware:

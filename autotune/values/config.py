@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import numbers
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -30,10 +31,11 @@ class Config:
     offload_param: str = "none"
 
     def __post_init__(self) -> None:
-        for name, kind in (("zero_stage", int), ("micro_batch", int), ("ckpt_interval", int)):
+        for name in ("zero_stage", "micro_batch", "ckpt_interval"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool):
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool):
                 raise ConfigError(f"{name}={value!r}: must be an integer")
+            object.__setattr__(self, name, int(value))  # numpy's integers as Python's: hashed, compared, dumped alike
         if self.zero_stage not in ZERO_STAGES:
             raise ConfigError(f"zero_stage={self.zero_stage!r}: allowed {list(ZERO_STAGES)}")
         if self.micro_batch < 1:
@@ -54,6 +56,8 @@ class Config:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Config":
+        if not isinstance(data, dict):
+            raise ConfigError(f"config {repr(data)[:80]}: allowed an object of its knobs {list(KNOBS)}")
         unknown = set(data) - {f.name for f in fields(cls)}
         if unknown:
             raise ConfigError(f"unknown config key(s) {sorted(unknown)}: allowed {list(KNOBS)}")
@@ -64,7 +68,12 @@ class Config:
 
     @classmethod
     def from_json(cls, text: str) -> "Config":
-        return cls.from_dict(json.loads(text))
+        try:
+            data = json.loads(text)
+        except (TypeError, ValueError) as err:
+            raise ConfigError(f"config {repr(text)[:80]}: not JSON ({first_line(err)}): allowed an object of its knobs "
+                              f"{list(KNOBS)}") from None
+        return cls.from_dict(data)
 
     def label(self) -> str:
         """Short human-readable form for tables and plots."""

@@ -16,7 +16,7 @@ from autotune.files import short
 from autotune.values.argtypes import whole
 from autotune.values.hardware import Hardware, hardware_from_dict
 from autotune.values.space import Choices, Space, parse_choices
-from autotune.values.units import exact_size, format_size
+from autotune.values.units import MAX_SIZE, exact_size, format_size
 from autotune.values.workload import Workload
 
 SETTINGS = "run.json"  # the file a sweep's settings are written to, in its run directory
@@ -40,6 +40,8 @@ def check_budget(value: Any) -> int:
         number = int(float(value))  # numpy's float32 too
     if number is None or not number > 0:
         raise ConfigError(f"memory budget {short(value)}: must be a positive number of bytes")
+    if number > MAX_SIZE:  # no device holds it: a typo (the sizes of the command line stop there too)
+        raise ConfigError(f"memory budget {short(value)}: too large: allowed 1 B to {format_size(MAX_SIZE)}")
     return number
 
 

@@ -85,6 +85,14 @@ class Space:
     hardware: Hardware
     only: frozenset[Config] | None = field(default=None, compare=False)  # e.g. the configs of a replay surface
 
+    def __post_init__(self) -> None:  # a wrong part would fail later, deep in a sweep, as an AttributeError
+        for name, kind, example in (("choices", Choices, "autotune.Choices(zero_stage=(1, 2))"),
+                                    ("workload", Workload, "autotune.make_workload('tiny')"),
+                                    ("hardware", Hardware, "autotune.load_hardware('cpu')")):
+            if not isinstance(getattr(self, name), kind):
+                raise ConfigError(f"Space {name} {repr(getattr(self, name))[:80]}: allowed a {kind.__name__}, e.g. "
+                                  f"{example}")
+
     def invalid_reason(self, config: Config) -> str | None:
         outside = self.choices.outside(config)
         if outside is not None:
