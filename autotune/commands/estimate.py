@@ -62,10 +62,12 @@ def run(args: argparse.Namespace) -> int:
         emit_json(args, out)
     else:
         console = Console()  # the terminal's width (COLUMNS where set): a narrow one folds the table's columns
-        for line in () if getattr(args, "quiet", False) else (target.detected(), note, sold):  # notes; tables: results
+        for line in () if getattr(args, "quiet", False) else (target.detected(), note):  # notes; the tables: results
             if line:
                 console.print(line, soft_wrap=True)  # prose: one line each, the terminal folds it
         show(ranking, hardware, args.top, pruner, console)
+        if sold and not getattr(args, "quiet", False):  # under the ranking its budget made
+            console.print(sold, soft_wrap=True)
     return 0
 
 
