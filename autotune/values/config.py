@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from autotune.errors import ConfigError as ConfigError  # where the library's callers have always found it
+from autotune.files import short
 
 ZERO_STAGES = (0, 1, 2, 3)
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -33,6 +34,8 @@ class Config:
     def __post_init__(self) -> None:
         for name in ("zero_stage", "micro_batch", "ckpt_interval"):
             value = getattr(self, name)
+            if type(value) is int:  # the common case, on every config a space or episode makes
+                continue
             if not isinstance(value, numbers.Integral) or isinstance(value, bool):
                 raise ConfigError(f"{name}={value!r}: must be an integer")
             object.__setattr__(self, name, int(value))  # numpy's integers as Python's: hashed, compared, dumped alike
@@ -57,7 +60,7 @@ class Config:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Config":
         if not isinstance(data, dict):
-            raise ConfigError(f"config {repr(data)[:80]}: allowed an object of its knobs {list(KNOBS)}")
+            raise ConfigError(f"config {short(data)}: allowed an object of its knobs {list(KNOBS)}")
         unknown = set(data) - {f.name for f in fields(cls)}
         if unknown:
             raise ConfigError(f"unknown config key(s) {sorted(unknown)}: allowed {list(KNOBS)}")
@@ -71,7 +74,7 @@ class Config:
         try:
             data = json.loads(text)
         except (TypeError, ValueError) as err:
-            raise ConfigError(f"config {repr(text)[:80]}: not JSON ({first_line(err)}): allowed an object of its knobs "
+            raise ConfigError(f"config {short(text)}: not JSON ({first_line(err)}): allowed an object of its knobs "
                               f"{list(KNOBS)}") from None
         return cls.from_dict(data)
 

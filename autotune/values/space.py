@@ -90,7 +90,7 @@ class Space:
                                     ("workload", Workload, "autotune.make_workload('tiny')"),
                                     ("hardware", Hardware, "autotune.load_hardware('cpu')")):
             if not isinstance(getattr(self, name), kind):
-                raise ConfigError(f"Space {name} {repr(getattr(self, name))[:80]}: allowed a {kind.__name__}, e.g. "
+                raise ConfigError(f"Space {name} {short(getattr(self, name))}: allowed a {kind.__name__}, e.g. "
                                   f"{example}")
 
     def invalid_reason(self, config: Config) -> str | None:
