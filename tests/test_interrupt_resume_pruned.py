@@ -34,7 +34,7 @@ from autotune.values.results import read_results
 # memory; then every config is pruned, each recorded with its reason.
 SPACE = """\
 zero_stage: [0, 1, 2, 3]
-micro_batch: [1, 2, 4, 8]
+micro_batch: [1, 4]
 ckpt_interval: [0, 1]
 precision: [bf16]
 offload_optimizer: [none, cpu]
@@ -96,7 +96,7 @@ def interrupt_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, expect
                          owner: Any, name: str, n: int, strategy: str = "optuna") -> None:
     """The uninterrupted sweep's record `expected`, and the record of the same sweep interrupted at the `n`th call of
     `owner.name` and resumed: the same configs, each once, with the same outcomes, in the same order."""
-    assert len(expected) > 40 and Counter(s for _, s in expected)["oom"] == 1  # one trial, the rest pruned
+    assert len(expected) > 30 and Counter(s for _, s in expected)["oom"] == 1  # one trial, the rest pruned
 
     run = tmp_path / "interrupted"
     restore = interrupted_at(monkeypatch, owner, name, n)
@@ -117,7 +117,7 @@ def interrupt_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, expect
 
 
 @pytest.mark.parametrize("strategy", ["optuna", "hybrid"])
-@pytest.mark.parametrize("n", [2, 30])
+@pytest.mark.parametrize("n", [2, 20])
 def test_a_resume_records_every_config_the_interrupted_session_had_not_reached(tmp_path, monkeypatch, uninterrupted,
                                                                               n, strategy):
     """Interrupted at the nth line of trials.jsonl (the oom is the first, each pruned config one more). The hybrid's
