@@ -97,10 +97,10 @@ def real(tmp_path_factory):
     out["oom"] = _backend(tmp / "oom", budget=out["oom_budget"]).run(Config(0, 4, 0, "fp32"))
     out["fp16"] = _backend(tmp / "fp16", env=NO_FP16_CPU).run(Config(1, 4, 0, "fp16"))
     # fp16 through DeepSpeed's own fp16 optimizer and loss scaler on the CPU (the overflow fault lets the CPU
-    # accelerator run it: autotune.worker.main), at 64 tokens a sample (fp16 is emulated on most CPUs): the first 3
+    # accelerator run it: autotune.worker.main), at 16 tokens a sample (fp16 is emulated on most CPUs): the first 3
     # steps' gradients overflow, then it trains; in the other every step overflows.
     for name, fault in (("fp16-settles", "overflow:3"), ("fp16-overflows", "overflow")):
-        out[name] = _backend(tmp / name, global_batch=2, seq_len=64, fault=fault).run(Config(0, 2, 0, "fp16"))
+        out[name] = _backend(tmp / name, global_batch=2, seq_len=16, fault=fault).run(Config(0, 2, 0, "fp16"))
     killed: list[int] = []
     killer = threading.Thread(target=_kill_rank_when_measuring, args=(tmp / "killed" / "logs", 1, killed), daemon=True)
     killer.start()
