@@ -326,6 +326,31 @@ def test_the_memory_breakdown_title_is_whole_and_names_the_devices_it_shows(figu
         assert peak.get_xdata()[0] * GiB == pytest.approx(outputs.summary["target"]["pick"]["predicted_peak_bytes"])
 
 
+
+def test_every_plot_keeps_its_texts_inside_the_figure_and_its_legend_off_the_axes(figures, tmp_path):
+    """The margins are measured from the texts (no layout engine): the widest ones still fit, a long config label,
+    six-digit throughput ticks, a two-line title with the target's devices, failures past the axis's edge."""
+    from autotune.prediction.estimate import estimate
+
+    wide = Config(3, 128, 12, "fp32", "nvme", "nvme")
+    ok = [point(Config(2, mb, 0, "bf16"), "ok", 123456.7 * mb, 10 + mb, i) for i, mb in enumerate((1, 2, 4), 1)]
+    failed = [point(wide, "oom", None, 900.0, 4)]
+    best = replace(ok[-1], config=wide)
+    plots.throughput_vs_memory([*ok, *failed], 30 * GiB, best, tmp_path / "t.png", figures="replayed")
+    plots.best_so_far([*ok, *failed], 30 * GiB, tmp_path / "b.png")
+    est = estimate(wide, make_workload("tiny"), PROFILES["cpu"])
+    plots.memory_breakdown(est, 30 * GiB, 25 * GiB, tmp_path / "m.png", figures="predicted", calibrated=12,
+                           devices=64, measured_devices=8)
+    assert set(figures) == {"t.png", "b.png", "m.png"}
+    for name, fig in figures.items():
+        renderer = fig.canvas.get_renderer()
+        inside = fig.get_tightbbox(renderer).transformed(fig.dpi_scale_trans)  # every text, in pixels
+        assert (inside.x0 >= 0 and inside.y0 >= 0 and inside.x1 <= fig.bbox.x1 and inside.y1 <= fig.bbox.y1), name
+        ax = fig.axes[0]
+        for legend in fig.legends:  # below the axes' tick labels and axis label, not over them
+            assert legend.get_window_extent(renderer).y1 <= ax.get_tightbbox(renderer).y0, name
+
+
 # -- item 5: byte counts in --json
 
 def test_report_json_byte_counts_are_whole_numbers(run, capfd):

@@ -8,7 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.legend import Legend
 from matplotlib.ticker import MaxNLocator
 
 from autotune.prediction.estimate import MEMORY_TERMS, Estimate
@@ -17,12 +20,33 @@ from autotune.values.results import FAILURES, TrialResult
 from autotune.values.units import counted
 
 GiB = 2**30
+DPI = 110
+PAD, RIGHT = 0.1, 0.3  # inches: between texts; right of the axes, for its last x tick label's overhang
+
+
+def _arrange(fig: Figure, ax: Axes, legend: Legend | None = None) -> None:
+    """Margins around the one axes `ax` measured from the texts around it (tick labels, axis labels, its title,
+    the figure `legend` below it), not by a layout engine: constrained layout drew every figure twice on saving,
+    a whole draw to lay it out, most of a sweep's output time."""
+    renderer = FigureCanvasAgg(fig).get_renderer()
+
+    def inches(texts: Sequence[Any], side: str) -> float:
+        return max((getattr(t.get_window_extent(renderer), side) / fig.dpi for t in texts
+                    if t.get_visible() and t.get_text()), default=0.0)
+
+    width, height = fig.get_size_inches()
+    left = inches(ax.get_yticklabels(), "width") + inches([ax.yaxis.label], "width") + 3 * PAD
+    below = inches(ax.get_xticklabels(), "height") + inches([ax.xaxis.label], "height") + 3 * PAD
+    if legend is not None:
+        below += legend.get_window_extent(renderer).height / fig.dpi + PAD
+    top = inches([ax.title], "height") + 2 * PAD
+    fig.subplots_adjust(left=left / width, right=1 - RIGHT / width, top=1 - top / height, bottom=below / height)
 
 
 def _save(fig: Figure, path: Path) -> None:
     """PNG to a unique temporary name, then renamed over `path`: a reader never sees half a plot."""
     with atomic_output(path) as handle:
-        fig.savefig(handle, format="png", dpi=110)
+        fig.savefig(handle, format="png")
 
 
 def pareto_front(results: Sequence[TrialResult]) -> list[TrialResult]:
@@ -51,7 +75,7 @@ def throughput_vs_memory(results: Sequence[TrialResult], budget_bytes: int, best
     (configs pruned far over the budget) is drawn at its right edge as a '>' and counted in its legend entry.
     A log axis was the other way; it keeps the far configs but spreads the ones that ran (a few GiB apart near the
     budget) over a sliver of it, and reads less directly as GiB against the budget."""
-    fig = Figure(figsize=(8, 5.5), layout="constrained")
+    fig = Figure(figsize=(8, 5.5), dpi=DPI)
     ax = fig.subplots()
     ok = [r for r in results if r.ok and r.peak_memory_bytes]
     failed = [r for r in results if r.status in FAILURES and r.peak_memory_bytes]
@@ -101,13 +125,14 @@ def throughput_vs_memory(results: Sequence[TrialResult], budget_bytes: int, best
     ax.set_ylim(-0.04 * top, top)  # below 0: the zero line's markers whole, not cut by the axis
     ax.set_xlim(0, x_max)
     ax.grid(alpha=0.3)
-    fig.legend(fontsize="small", loc="outside lower center", ncol=3)  # beside the points, never over them
+    # Below the axes, beside the points, never over them.
+    _arrange(fig, ax, fig.legend(fontsize="small", loc="lower center", ncol=3, bbox_to_anchor=(0.5, 0.01)))
     _save(fig, path)
     return path
 
 
 def best_so_far(results: Sequence[TrialResult], budget_bytes: int, path: Path) -> Path:
-    fig = Figure(figsize=(8, 4.5), layout="constrained")
+    fig = Figure(figsize=(8, 4.5), dpi=DPI)
     ax = fig.subplots()
     launched = [r for r in results if r.status != "pruned"]
     xs = list(range(1, len(launched) + 1))
@@ -126,6 +151,7 @@ def best_so_far(results: Sequence[TrialResult], budget_bytes: int, path: Path) -
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small", loc="lower right")
+    _arrange(fig, ax)
     _save(fig, path)
     return path
 
@@ -136,7 +162,7 @@ def memory_breakdown(est: Estimate, budget_bytes: int, measured_bytes: int | Non
     """The estimator's breakdown of `est`'s config on `devices` devices, beside the budget and its peak:
     `measured_bytes` as the trials' `figures` say, or with `measured_devices` (a --target-gpus recommendation, its
     breakdown on the target) the peak predicted there from the trials on that many."""
-    fig = Figure(figsize=(8, 3.8), layout="constrained")
+    fig = Figure(figsize=(8, 3.8), dpi=DPI)
     ax = fig.subplots()
     left = 0.0
     colors = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:olive", "tab:cyan", "tab:gray")
@@ -159,6 +185,6 @@ def memory_breakdown(est: Estimate, budget_bytes: int, measured_bytes: int | Non
                                   ", predicted: no trial ran" if figures == "predicted" and measured_devices is None
                                   else ""),
                  fontsize="medium")
-    fig.legend(fontsize="small", loc="outside lower center", ncol=3)
+    _arrange(fig, ax, fig.legend(fontsize="small", loc="lower center", ncol=3, bbox_to_anchor=(0.5, 0.01)))
     _save(fig, path)
     return path
