@@ -221,6 +221,23 @@ def test_optuna_without_a_sweep_is_warm_started_with_the_estimators_best_configs
     assert all(estimate(c, WORKLOAD, HARDWARE).fits(BUDGET) for c in first)
 
 
+def test_a_queued_proposal_shows_it_is_running_with_only_what_changed_written(gpu_space, monkeypatch):
+    # Its knobs, label and proposer were written when it was enqueued: asking it writes its status alone (each
+    # attribute a storage commit, ~9 a trial before).
+    strategy = make_strategy("optuna", SearchContext(gpu_space, BUDGET))
+    writes: list[str] = []
+    storage = strategy.study._storage
+    set_attr = storage.set_trial_user_attr
+    monkeypatch.setattr(storage, "set_trial_user_attr", lambda tid, key, value: writes.append(key) or
+                        set_attr(tid, key, value))
+    config = strategy.propose()
+    running = strategy.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    assert len(running) == 1 and writes == ["status"]
+    attrs = running[0].user_attrs
+    assert attrs["status"] == "running" and attrs["config"] == config.label() and attrs["proposed_by"] == "warm start"
+    assert {knob: attrs[knob] for knob in config.to_dict()} == config.to_dict()
+
+
 def test_optuna_starts_with_the_smallest_predicted_config_when_none_is_predicted_to_fit(gpu_space):
     estimates = [estimate(c, WORKLOAD, HARDWARE) for c in gpu_space]
     smallest = min(estimates, key=lambda e: e.peak_bytes)

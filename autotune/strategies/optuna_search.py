@@ -461,9 +461,11 @@ class OptunaStrategy:
     def _asked(self, trial: optuna.trial.Trial, config: Config) -> None:
         """A proposal about to run: its knobs' values show in the study while it runs."""
         self.pending[config] = trial
+        held = trial.user_attrs  # a queued trial's, set when it was enqueued: each write is a storage commit
         for key, value in {**config.to_dict(), "config": config.label(), "proposed_by": self._proposer(trial),
                            "status": "running"}.items():
-            trial.set_user_attr(key, value)
+            if key not in held or held[key] != value:
+                trial.set_user_attr(key, value)
 
     def _result_attrs(self, result: TrialResult, constraint: float) -> dict[str, Any]:
         return result_attrs(result, constraint)
