@@ -129,3 +129,16 @@ def test_sweep_never_launches_what_an_earlier_out_of_memory_rules_out():
     resumed = Sweep(make_strategy("random", SearchContext(space, budget, 1)), pruner, [].append, "simulated", record)
     assert resumed.pruner.out_of_memory == frozenset(ooms)
     assert resumed.pruner.uncertainty == sweep.pruner.uncertainty
+
+
+def test_a_pruner_estimates_a_config_once_and_a_recalibrated_one_afresh(monkeypatch):
+    import autotune.search.pruning as pruning
+
+    made: list[Calibration] = []
+    monkeypatch.setattr(pruning, "estimate", lambda *args: made.append(args[3]) or estimate(*args))
+    pruner = Pruner(WORKLOAD, HARDWARE, 2**30)
+    assert pruner.predict(BIG) is pruner.predict(BIG) and pruner.forecast(BIG) and len(made) == 1
+    faster = pruner.recalibrated(Calibration(flops_scale=2.0), [])  # twice the FLOP/s: not the cached estimate
+    assert faster.predict(BIG).step_time_s == estimate(BIG, WORKLOAD, HARDWARE, Calibration(flops_scale=2.0)).step_time_s
+    assert made == [Calibration(), Calibration(flops_scale=2.0)]
+    assert faster.predict(BIG).step_time_s < pruner.predict(BIG).step_time_s

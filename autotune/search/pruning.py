@@ -114,6 +114,9 @@ class Pruner:
     # What the uncertainty was fitted on: the measured results, and each device out-of-memory's peak if known.
     measured: tuple[TrialResult, ...] = field(default=(), compare=False, repr=False)
     oom_peaks: tuple[tuple[Config, int | None], ...] = field(default=(), compare=False, repr=False)
+    # Each config's estimate under this calibration, made once: a sweep's figure asks for every untried config's
+    # twice a trial (its forecast and its trial's seconds). A pruner `replace`d gets an empty one.
+    _estimates: dict[Config, Estimate] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     @classmethod
     def for_settings(cls, settings: "RunSettings") -> "Pruner":
@@ -150,7 +153,10 @@ class Pruner:
         return pruner.recalibrated(calibration, usable(results))
 
     def predict(self, config: Config) -> Estimate:
-        return estimate(config, self.workload, self.hardware, self.calibration)
+        found = self._estimates.get(config)
+        if found is None:
+            found = self._estimates[config] = estimate(config, self.workload, self.hardware, self.calibration)
+        return found
 
     def forecast(self, config: Config) -> Forecast:
         """The calibrated prediction of `config` with its uncertainty."""
