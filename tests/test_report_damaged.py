@@ -326,7 +326,6 @@ def test_the_memory_breakdown_title_is_whole_and_names_the_devices_it_shows(figu
         assert peak.get_xdata()[0] * GiB == pytest.approx(outputs.summary["target"]["pick"]["predicted_peak_bytes"])
 
 
-
 def test_every_plot_keeps_its_texts_inside_the_figure_and_its_legend_off_the_axes(figures, tmp_path):
     """The margins are measured from the texts (no layout engine): the widest ones still fit, a long config label,
     six-digit throughput ticks, a two-line title with the target's devices, failures past the axis's edge."""
