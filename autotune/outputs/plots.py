@@ -11,7 +11,6 @@ from typing import Any, Sequence
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.legend import Legend
 from matplotlib.ticker import MaxNLocator
 
 from autotune.prediction.estimate import MEMORY_TERMS, Estimate
@@ -24,10 +23,10 @@ DPI = 110
 PAD, RIGHT = 0.1, 0.3  # inches: between texts; right of the axes, for its last x tick label's overhang
 
 
-def _arrange(fig: Figure, ax: Axes, legend: Legend | None = None) -> None:
+def _arrange(fig: Figure, ax: Axes, legend_below: bool = False) -> None:
     """Margins around the one axes `ax` measured from the texts around it (tick labels, axis labels, its title,
-    the figure `legend` below it), not by a layout engine: constrained layout drew every figure twice on saving,
-    a whole draw to lay it out, most of a sweep's output time."""
+    with `legend_below` the figure's legend, beside the points, never over them), not by a layout engine:
+    constrained layout drew every figure twice on saving, a whole draw to lay it out, most of a sweep's output time."""
     renderer = FigureCanvasAgg(fig).get_renderer()
 
     def inches(texts: Sequence[Any], side: str) -> float:
@@ -37,7 +36,8 @@ def _arrange(fig: Figure, ax: Axes, legend: Legend | None = None) -> None:
     width, height = fig.get_size_inches()
     left = inches(ax.get_yticklabels(), "width") + inches([ax.yaxis.label], "width") + 3 * PAD
     below = inches(ax.get_xticklabels(), "height") + inches([ax.xaxis.label], "height") + 3 * PAD
-    if legend is not None:
+    if legend_below:
+        legend = fig.legend(fontsize="small", loc="lower center", ncol=3, bbox_to_anchor=(0.5, 0.01))
         below += legend.get_window_extent(renderer).height / fig.dpi + PAD
     top = inches([ax.title], "height") + 2 * PAD
     fig.subplots_adjust(left=left / width, right=1 - RIGHT / width, top=1 - top / height, bottom=below / height)
@@ -125,8 +125,7 @@ def throughput_vs_memory(results: Sequence[TrialResult], budget_bytes: int, best
     ax.set_ylim(-0.04 * top, top)  # below 0: the zero line's markers whole, not cut by the axis
     ax.set_xlim(0, x_max)
     ax.grid(alpha=0.3)
-    # Below the axes, beside the points, never over them.
-    _arrange(fig, ax, fig.legend(fontsize="small", loc="lower center", ncol=3, bbox_to_anchor=(0.5, 0.01)))
+    _arrange(fig, ax, legend_below=True)
     _save(fig, path)
     return path
 
@@ -185,6 +184,6 @@ def memory_breakdown(est: Estimate, budget_bytes: int, measured_bytes: int | Non
                                   ", predicted: no trial ran" if figures == "predicted" and measured_devices is None
                                   else ""),
                  fontsize="medium")
-    _arrange(fig, ax, fig.legend(fontsize="small", loc="lower center", ncol=3, bbox_to_anchor=(0.5, 0.01)))
+    _arrange(fig, ax, legend_below=True)
     _save(fig, path)
     return path

@@ -464,7 +464,7 @@ class OptunaStrategy:
         held = trial.user_attrs  # a queued trial's, set when it was enqueued: each write is a storage commit
         for key, value in {**config.to_dict(), "config": config.label(), "proposed_by": self._proposer(trial),
                            "status": "running"}.items():
-            if key not in held or held[key] != value:
+            if held.get(key) != value:  # no attribute's value is None
                 trial.set_user_attr(key, value)
 
     def _result_attrs(self, result: TrialResult, constraint: float) -> dict[str, Any]:
